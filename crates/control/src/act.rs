@@ -1,0 +1,237 @@
+//! Carry out a [`Plan`]: launch with fallback across offerings, terminate, cancel.
+//!
+//! A launch that fails with [`FleetErrorKind::InsufficientCapacity`] (or is only partly filled)
+//! marks its offering unavailable for `offers.unavailable_ttl_s` and moves the rest of the launch
+//! to the next best eligible offering (fallback types), up to [`MAX_FALLBACKS`] times.
+
+use onoff_policy::choice::{self, Request};
+use onoff_policy::{Action, Offering, OfferingKey, Plan, PolicyConfig, Reason, UnavailableOffering, WorkerState};
+
+use crate::ports::{
+    Fleet, FleetError, FleetErrorKind, LaunchRequest, Launched, OfferingAvailability, WorkerRecord, WorkerRegistry,
+};
+
+/// Offerings tried after the first one fails for lack of capacity.
+pub const MAX_FALLBACKS: usize = 4;
+
+/// A worker launched by [`act`], with the reason of its launch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchedWorker {
+    /// The instance.
+    pub launched: Launched,
+    /// Lane index.
+    pub lane: usize,
+    /// Project it was launched for.
+    pub project: Option<String>,
+    /// Job it is pinned to.
+    pub job: Option<String>,
+    /// Price, $/h.
+    pub price_usd_per_h: f64,
+    /// Why it was launched.
+    pub reason: Reason,
+}
+
+/// What [`act`] did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ActOutcome {
+    /// Instances launched.
+    pub launched: Vec<LaunchedWorker>,
+    /// Offerings that failed with a capacity error (and were marked unavailable).
+    pub capacity_errors: Vec<OfferingKey>,
+    /// Instances not launched at all after every fallback, with the lane.
+    pub unlaunched: Vec<(usize, u32)>,
+    /// Workers whose termination was requested.
+    pub terminated: Vec<String>,
+    /// Launches cancelled.
+    pub cancelled: Vec<String>,
+    /// Other errors, as text for the decision log (never fatal: the next reconcile retries).
+    pub errors: Vec<String>,
+}
+
+/// Inputs [`act`] reads besides the plan.
+#[derive(Debug, Clone, Copy)]
+pub struct ActContext<'a> {
+    /// The policy configuration (lane names, offer settings).
+    pub cfg: &'a PolicyConfig,
+    /// Offerings (to rank fallbacks and read prices).
+    pub offerings: &'a [Offering],
+    /// Offerings already unavailable.
+    pub unavailable: &'a [UnavailableOffering],
+    /// Now, unix seconds.
+    pub now: f64,
+}
+
+/// Execute `plan` through the ports. Never fails as a whole: per-action errors are collected in
+/// [`ActOutcome::errors`] and the next reconcile starts from what exists.
+pub async fn act<F, R, A>(plan: &Plan, ctx: ActContext<'_>, fleet: &F, registry: &R, avail: &A) -> ActOutcome
+where
+    F: Fleet,
+    R: WorkerRegistry,
+    A: OfferingAvailability,
+{
+    let mut out = ActOutcome::default();
+    let mut unavailable: Vec<UnavailableOffering> = ctx.unavailable.to_vec();
+    let oc = &ctx.cfg.offers;
+    let mut to_terminate = Vec::new();
+    let mut to_cancel = Vec::new();
+    for action in &plan.actions {
+        match action {
+            Action::Launch {
+                lane,
+                offering,
+                count,
+                request,
+                project,
+                job,
+                reason,
+            } => {
+                let lane_name = ctx
+                    .cfg
+                    .lanes
+                    .get(*lane)
+                    .map_or("standard", |l| l.name.as_str())
+                    .to_string();
+                let req = Request {
+                    gpus: request.gpus,
+                    min_mem_gib: request.min_gpu_memory_gib,
+                    capacity: request.capacity,
+                    instances: 1,
+                    runtime_s: request.runtime_s,
+                };
+                let mut remaining = *count;
+                let mut key = offering.clone();
+                for attempt in 0..=MAX_FALLBACKS {
+                    let lr = LaunchRequest {
+                        lane: lane_name.clone(),
+                        offering: key.clone(),
+                        count: remaining,
+                        project: project.clone(),
+                        job: job.clone(),
+                    };
+                    let price = ctx
+                        .offerings
+                        .iter()
+                        .find(|o| o.key == key)
+                        .map_or(0.0, |o| o.price_usd_per_h);
+                    let short = match fleet.launch(&lr).await {
+                        Ok(got) => {
+                            for l in got {
+                                remaining = remaining.saturating_sub(1);
+                                let rec = WorkerRecord {
+                                    id: l.instance_id.clone(),
+                                    lane: lane_name.clone(),
+                                    offering: l.offering.clone(),
+                                    price_usd_per_h: price,
+                                    state: WorkerState::Pending,
+                                    launched_at: ctx.now,
+                                    project: project.clone(),
+                                };
+                                if let Err(e) = registry.register_launch(rec).await {
+                                    out.errors.push(format!("register {}: {e}", l.instance_id));
+                                }
+                                out.launched.push(LaunchedWorker {
+                                    launched: l,
+                                    lane: *lane,
+                                    project: project.clone(),
+                                    job: job.clone(),
+                                    price_usd_per_h: price,
+                                    reason: reason.clone(),
+                                });
+                            }
+                            remaining > 0
+                        }
+                        Err(FleetError {
+                            kind: FleetErrorKind::InsufficientCapacity,
+                            ..
+                        }) => true,
+                        Err(e) => {
+                            out.errors.push(format!("launch {key}: {e}"));
+                            break;
+                        }
+                    };
+                    if !short {
+                        break;
+                    }
+                    // Capacity shortage: skip this offering for a while, fall back to the next one.
+                    let until = ctx.now + oc.unavailable_ttl_s;
+                    if let Err(e) = avail.mark_unavailable(&key, until).await {
+                        out.errors.push(format!("mark unavailable {key}: {e}"));
+                    }
+                    unavailable.push(UnavailableOffering {
+                        key: key.clone(),
+                        until,
+                    });
+                    out.capacity_errors.push(key.clone());
+                    if attempt == MAX_FALLBACKS {
+                        break;
+                    }
+                    match choice::rank(ctx.offerings, &req, oc, &unavailable, ctx.now).first() {
+                        Some((next, _)) => key = next.key.clone(),
+                        None => break,
+                    }
+                }
+                if remaining > 0 {
+                    out.unlaunched.push((*lane, remaining));
+                }
+            }
+            Action::Terminate { worker, .. } => to_terminate.push(worker.clone()),
+            Action::CancelLaunch { worker, .. } => to_cancel.push(worker.clone()),
+        }
+    }
+    for (ids, cancel) in [(to_terminate, false), (to_cancel, true)] {
+        if ids.is_empty() {
+            continue;
+        }
+        for id in &ids {
+            match registry.set_state(id, WorkerState::Terminating).await {
+                Ok(()) | Err(crate::ports::StoreError::NotFound(_)) => {}
+                Err(e) => out.errors.push(format!("mark {id} terminating: {e}")),
+            }
+        }
+        let r = if cancel {
+            fleet.cancel_launch(&ids).await
+        } else {
+            fleet.terminate(&ids).await
+        };
+        match r {
+            Ok(()) => {
+                if cancel {
+                    out.cancelled.extend(ids);
+                } else {
+                    out.terminated.extend(ids);
+                }
+            }
+            Err(e) => out
+                .errors
+                .push(format!("{} {ids:?}: {e}", if cancel { "cancel" } else { "terminate" })),
+        }
+    }
+    out
+}
+
+/// Handle a spot interruption notice or rebalance recommendation for a worker: mark it Draining
+/// (it takes no new work) and its offering unavailable for `offers.unavailable_ttl_s`, so the next
+/// decision launches replacement capacity elsewhere. Idempotent.
+///
+/// # Errors
+/// Store failures other than the worker being gone.
+pub async fn handle_interruption_notice<R, A>(
+    registry: &R,
+    avail: &A,
+    cfg: &PolicyConfig,
+    worker_id: &str,
+    offering: &OfferingKey,
+    now: f64,
+) -> Result<(), crate::ports::StoreError>
+where
+    R: WorkerRegistry,
+    A: OfferingAvailability,
+{
+    match registry.set_state(worker_id, WorkerState::Draining).await {
+        Ok(()) | Err(crate::ports::StoreError::NotFound(_)) => {}
+        Err(e) => return Err(e),
+    }
+    avail
+        .mark_unavailable(offering, now + cfg.offers.unavailable_ttl_s)
+        .await
+}

@@ -1,0 +1,887 @@
+//! The instance catalogue: builds [`Offering`]s from the CSV files in `data/catalog/`.
+//!
+//! Three inputs, all CSV with a header line (columns are found by name, extra columns are ignored):
+//!
+//! * instance specs (`gpu_instance_specs.csv`): `instance_type, vcpu, gpu_count, gpu_model,
+//!   gpu_memory_gib_total`, one row per EC2 type;
+//! * Linux prices per region (`prices-*.csv`, from `gpu_instance_linux_prices_by_region.csv`):
+//!   `instance_type, region, linux_ondemand_usd_hr, spot_avg_usd_hr, pct_interrupt`;
+//! * optionally the Spot Instance Advisor feed (`spot-advisor-gpu.csv`): `snapshot_commit_date,
+//!   region, os, instance_type, interrupt_label` (and `interrupt_index`).
+//!
+//! Only the rows of the selected region are checked; a malformed value there is an error naming the
+//! file, the line (the header is line 1) and the column. Price rows for instance types missing from
+//! the specs are skipped, since no offering can be described without specs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use onoff_policy::{CapacityType, InterruptionBucket, Offering, OfferingKey};
+
+/// What to build offerings for.
+#[derive(Debug, Clone)]
+pub struct CatalogOptions {
+    /// AWS region, e.g. `us-east-1`. Default `us-east-1`.
+    pub region: String,
+    /// Availability zones to offer in. Default [`zones_for`] the region; an empty list also means
+    /// [`zones_for`] the region.
+    pub zones: Vec<String>,
+    /// Keep only types whose `gpu_model` starts with `NVIDIA`. Default true.
+    pub nvidia_only: bool,
+}
+
+impl Default for CatalogOptions {
+    fn default() -> Self {
+        Self::for_region("us-east-1")
+    }
+}
+
+impl CatalogOptions {
+    /// Options for `region` with its default zones and `nvidia_only`.
+    pub fn for_region(region: &str) -> Self {
+        CatalogOptions {
+            region: region.to_string(),
+            zones: zones_for(region),
+            nvidia_only: true,
+        }
+    }
+}
+
+/// Default zone names of a region: `us-east-1a..f`, `us-west-2a..d`, `eu-west-1a..c`, otherwise
+/// `<region>a..c`.
+///
+/// Zone names are account-specific letters, not zone IDs; these are the letters that exist.
+pub fn zones_for(region: &str) -> Vec<String> {
+    let letters = match region {
+        "us-east-1" => "abcdef",
+        "us-west-2" => "abcd",
+        _ => "abc",
+    };
+    letters.chars().map(|c| format!("{region}{c}")).collect()
+}
+
+/// Why the catalogue could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A required file is missing from the catalogue directory.
+    #[error("{dir}: no file matching {pattern}")]
+    MissingFile {
+        /// The directory.
+        dir: String,
+        /// The file name or pattern looked for.
+        pattern: String,
+    },
+    /// The file is not well-formed CSV (e.g. a row with the wrong number of fields).
+    #[error("{file}, line {line}: malformed CSV: {reason}")]
+    Csv {
+        /// The file.
+        file: String,
+        /// 1-based line (the header is line 1).
+        line: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A required column is not in the header.
+    #[error("{file}, line 1: missing column `{column}` in the header")]
+    MissingColumn {
+        /// The file.
+        file: String,
+        /// The column looked for.
+        column: String,
+    },
+    /// A value could not be used.
+    #[error("{file}, line {line}, column `{column}`: {reason} (value {value:?})")]
+    BadValue {
+        /// The file.
+        file: String,
+        /// 1-based line (the header is line 1).
+        line: u64,
+        /// The column.
+        column: String,
+        /// The value as read.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The same instance type appears twice where it must appear once.
+    #[error("{file}, line {line}: second row for `{key}` (the first is {first_file}, line {first_line})")]
+    Duplicate {
+        /// The file of the second row.
+        file: String,
+        /// Its line.
+        line: u64,
+        /// What is duplicated (instance type, and region where relevant).
+        key: String,
+        /// The file of the first row.
+        first_file: String,
+        /// Its line.
+        first_line: u64,
+    },
+    /// Nothing could be offered in the region.
+    #[error("no GPU offerings for region `{region}`: {detail}")]
+    NoOfferings {
+        /// The region asked for.
+        region: String,
+        /// Why, with the regions that do have prices.
+        detail: String,
+    },
+}
+
+/// Builds offerings: for each instance type with whole GPUs (gpu_count >= 1 and integral; skip fractional g6f/gr6f),
+/// priced in the region: one OnDemand offering per zone at linux_ondemand_usd_hr, and one Spot offering per zone at
+/// spot_avg_usd_hr when present, with interruption bucket from the spot advisor CSV (newest snapshot, Linux, region)
+/// or else from the prices CSV's pct_interrupt column. gpu_memory_gib = gpu_memory_gib_total / gpu_count.
+/// nvidia_only keeps gpu_model starting with "NVIDIA". Sorted by key.
+///
+/// Errors name the inputs as `specs CSV`, `prices CSV` and `spot advisor CSV`;
+/// [`load_offerings_from_dir`] names the files.
+pub fn load_offerings(
+    specs_csv: &str,
+    prices_csv: &str,
+    advisor_csv: Option<&str>,
+    opts: &CatalogOptions,
+) -> Result<Vec<Offering>, CatalogError> {
+    build(
+        Source {
+            name: "specs CSV".into(),
+            text: specs_csv,
+        },
+        &[Source {
+            name: "prices CSV".into(),
+            text: prices_csv,
+        }],
+        advisor_csv.map(|text| Source {
+            name: "spot advisor CSV".into(),
+            text,
+        }),
+        opts,
+    )
+}
+
+/// Reads `gpu_instance_specs.csv`, every `prices-*.csv` (in name order) and, if present,
+/// `spot-advisor-gpu.csv` from `dir`, then does what [`load_offerings`] does.
+pub fn load_offerings_from_dir(dir: &Path, opts: &CatalogOptions) -> Result<Vec<Offering>, CatalogError> {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).map_err(|source| CatalogError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let specs_path = dir.join("gpu_instance_specs.csv");
+    if !specs_path.is_file() {
+        return Err(CatalogError::MissingFile {
+            dir: dir.display().to_string(),
+            pattern: "gpu_instance_specs.csv".into(),
+        });
+    }
+    let specs_text = read(&specs_path)?;
+
+    let entries = std::fs::read_dir(dir).map_err(|source| CatalogError::Io {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let mut price_paths = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| CatalogError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("prices-") && name.ends_with(".csv") && entry.path().is_file() {
+            price_paths.push(entry.path());
+        }
+    }
+    price_paths.sort();
+    if price_paths.is_empty() {
+        return Err(CatalogError::MissingFile {
+            dir: dir.display().to_string(),
+            pattern: "prices-*.csv".into(),
+        });
+    }
+    let price_texts = price_paths.iter().map(|p| read(p)).collect::<Result<Vec<_>, _>>()?;
+
+    let advisor_path = dir.join("spot-advisor-gpu.csv");
+    let advisor_text = if advisor_path.is_file() {
+        Some(read(&advisor_path)?)
+    } else {
+        None
+    };
+
+    let prices: Vec<Source> = price_paths
+        .iter()
+        .zip(&price_texts)
+        .map(|(p, t)| Source {
+            name: p.display().to_string(),
+            text: t,
+        })
+        .collect();
+    build(
+        Source {
+            name: specs_path.display().to_string(),
+            text: &specs_text,
+        },
+        &prices,
+        advisor_text.as_deref().map(|text| Source {
+            name: advisor_path.display().to_string(),
+            text,
+        }),
+        opts,
+    )
+}
+
+struct Source<'a> {
+    name: String,
+    text: &'a str,
+}
+
+/// One instance type's specs (whole-GPU types only).
+struct Spec {
+    gpus: u32,
+    gpu_model: String,
+    gpu_memory_gib: f64,
+    vcpus: u32,
+}
+
+/// One priced type in the region.
+struct Price {
+    ondemand: f64,
+    spot_avg: Option<f64>,
+    pct_interrupt: Option<InterruptionBucket>,
+    file: String,
+    line: u64,
+}
+
+fn build(
+    specs: Source,
+    prices: &[Source],
+    advisor: Option<Source>,
+    opts: &CatalogOptions,
+) -> Result<Vec<Offering>, CatalogError> {
+    let region = opts.region.as_str();
+    let zones = if opts.zones.is_empty() {
+        zones_for(region)
+    } else {
+        opts.zones.clone()
+    };
+    let specs = parse_specs(&specs)?;
+
+    let mut priced: BTreeMap<String, Price> = BTreeMap::new();
+    let mut regions_seen = BTreeSet::new();
+    for src in prices {
+        parse_prices(src, region, &mut priced, &mut regions_seen)?;
+    }
+    let advisor = match &advisor {
+        Some(src) => parse_advisor(src, region)?,
+        None => BTreeMap::new(),
+    };
+
+    let mut offerings = Vec::new();
+    for (instance_type, price) in &priced {
+        let Some(spec) = specs.get(instance_type) else { continue };
+        if opts.nvidia_only && !spec.gpu_model.starts_with("NVIDIA") {
+            continue;
+        }
+        let offering = |zone: &str, capacity_type, price_usd_per_h, interruption| Offering {
+            key: OfferingKey {
+                instance_type: instance_type.clone(),
+                zone: zone.to_string(),
+                capacity_type,
+            },
+            gpus: spec.gpus,
+            gpu_model: spec.gpu_model.clone(),
+            gpu_memory_gib: spec.gpu_memory_gib,
+            vcpus: spec.vcpus,
+            price_usd_per_h,
+            interruption,
+        };
+        for zone in &zones {
+            offerings.push(offering(zone, CapacityType::OnDemand, price.ondemand, None));
+            if let Some(spot) = price.spot_avg {
+                let bucket = advisor.get(instance_type).copied().or(price.pct_interrupt);
+                offerings.push(offering(zone, CapacityType::Spot, spot, bucket));
+            }
+        }
+    }
+    if offerings.is_empty() {
+        let present = regions_seen.iter().cloned().collect::<Vec<_>>().join(", ");
+        let detail = if priced.is_empty() {
+            format!("the prices have no row with an on-demand price for this region (regions present: {present})")
+        } else {
+            format!(
+                "{} instance types are priced there but none has whole {}GPUs in the specs",
+                priced.len(),
+                if opts.nvidia_only { "NVIDIA " } else { "" }
+            )
+        };
+        return Err(CatalogError::NoOfferings {
+            region: region.to_string(),
+            detail,
+        });
+    }
+    offerings.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(offerings)
+}
+
+/// A parsed CSV: header (trimmed) and data records with their line numbers.
+struct Table<'a> {
+    file: &'a str,
+    headers: Vec<String>,
+    rows: Vec<(u64, csv::StringRecord)>,
+}
+
+impl<'a> Table<'a> {
+    fn read(src: &'a Source) -> Result<Table<'a>, CatalogError> {
+        let file = src.name.as_str();
+        let text = src.text.strip_prefix('\u{feff}').unwrap_or(src.text);
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(true)
+            .trim(csv::Trim::All)
+            .from_reader(text.as_bytes());
+        let csv_err = |e: csv::Error| {
+            let line = e.position().map(|p| p.line()).unwrap_or(0);
+            let reason = match e.kind() {
+                csv::ErrorKind::UnequalLengths { expected_len, len, .. } => {
+                    format!("expected {expected_len} fields, found {len}")
+                }
+                _ => e.to_string(),
+            };
+            CatalogError::Csv {
+                file: file.to_string(),
+                line,
+                reason,
+            }
+        };
+        let headers = reader.headers().map_err(csv_err)?.iter().map(str::to_string).collect();
+        let mut rows = Vec::new();
+        for rec in reader.records() {
+            let rec = rec.map_err(csv_err)?;
+            let line = rec.position().map(|p| p.line()).unwrap_or(0);
+            rows.push((line, rec));
+        }
+        Ok(Table { file, headers, rows })
+    }
+
+    fn col(&self, name: &str) -> Result<usize, CatalogError> {
+        self.headers
+            .iter()
+            .position(|h| h == name)
+            .ok_or_else(|| CatalogError::MissingColumn {
+                file: self.file.to_string(),
+                column: name.to_string(),
+            })
+    }
+
+    fn bad(&self, line: u64, column: &str, value: &str, reason: &str) -> CatalogError {
+        CatalogError::BadValue {
+            file: self.file.to_string(),
+            line,
+            column: column.to_string(),
+            value: value.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// A finite number >= 0 (or > 0 when `positive`); `None` for an empty cell.
+    fn number(
+        &self,
+        line: u64,
+        rec: &csv::StringRecord,
+        col: usize,
+        name: &str,
+        positive: bool,
+    ) -> Result<Option<f64>, CatalogError> {
+        let v = rec.get(col).unwrap_or("");
+        if v.is_empty() {
+            return Ok(None);
+        }
+        match v.parse::<f64>() {
+            Ok(x) if x.is_finite() && (x > 0.0 || (!positive && x == 0.0)) => Ok(Some(x)),
+            _ => Err(self.bad(
+                line,
+                name,
+                v,
+                if positive {
+                    "expected a positive number"
+                } else {
+                    "expected a number >= 0"
+                },
+            )),
+        }
+    }
+
+    fn required_number(
+        &self,
+        line: u64,
+        rec: &csv::StringRecord,
+        col: usize,
+        name: &str,
+        positive: bool,
+    ) -> Result<f64, CatalogError> {
+        self.number(line, rec, col, name, positive)?
+            .ok_or_else(|| self.bad(line, name, "", "value is missing"))
+    }
+}
+
+fn parse_specs(src: &Source) -> Result<BTreeMap<String, Spec>, CatalogError> {
+    let t = Table::read(src)?;
+    let (c_type, c_vcpu, c_count, c_model, c_mem) = (
+        t.col("instance_type")?,
+        t.col("vcpu")?,
+        t.col("gpu_count")?,
+        t.col("gpu_model")?,
+        t.col("gpu_memory_gib_total")?,
+    );
+    let mut specs = BTreeMap::new();
+    let mut first_line: BTreeMap<String, u64> = BTreeMap::new();
+    for (line, rec) in &t.rows {
+        let line = *line;
+        let instance_type = rec.get(c_type).unwrap_or("");
+        if instance_type.is_empty() {
+            return Err(t.bad(line, "instance_type", "", "value is missing"));
+        }
+        if let Some(&first) = first_line.get(instance_type) {
+            return Err(CatalogError::Duplicate {
+                file: t.file.to_string(),
+                line,
+                key: instance_type.to_string(),
+                first_file: t.file.to_string(),
+                first_line: first,
+            });
+        }
+        first_line.insert(instance_type.to_string(), line);
+        // No GPU count, fewer than one GPU, or a fractional GPU (g6f, gr6f): not an offering.
+        let Some(count) = t.number(line, rec, c_count, "gpu_count", false)? else {
+            continue;
+        };
+        if count < 1.0 || count.fract() != 0.0 || count > u32::MAX as f64 {
+            continue;
+        }
+        let vcpu_s = rec.get(c_vcpu).unwrap_or("");
+        let vcpus = vcpu_s
+            .parse::<u32>()
+            .map_err(|_| t.bad(line, "vcpu", vcpu_s, "expected a whole number"))?;
+        let mem_total = t.required_number(line, rec, c_mem, "gpu_memory_gib_total", false)?;
+        specs.insert(
+            instance_type.to_string(),
+            Spec {
+                gpus: count as u32,
+                gpu_model: rec.get(c_model).unwrap_or("").to_string(),
+                gpu_memory_gib: mem_total / count,
+                vcpus,
+            },
+        );
+    }
+    Ok(specs)
+}
+
+fn parse_prices(
+    src: &Source,
+    region: &str,
+    priced: &mut BTreeMap<String, Price>,
+    regions_seen: &mut BTreeSet<String>,
+) -> Result<(), CatalogError> {
+    let t = Table::read(src)?;
+    let (c_type, c_region, c_od, c_spot, c_pct) = (
+        t.col("instance_type")?,
+        t.col("region")?,
+        t.col("linux_ondemand_usd_hr")?,
+        t.col("spot_avg_usd_hr")?,
+        t.col("pct_interrupt")?,
+    );
+    for (line, rec) in &t.rows {
+        let line = *line;
+        let row_region = rec.get(c_region).unwrap_or("");
+        regions_seen.insert(row_region.to_string());
+        if row_region != region {
+            continue;
+        }
+        let instance_type = rec.get(c_type).unwrap_or("");
+        if instance_type.is_empty() {
+            return Err(t.bad(line, "instance_type", "", "value is missing"));
+        }
+        if let Some(first) = priced.get(instance_type) {
+            return Err(CatalogError::Duplicate {
+                file: t.file.to_string(),
+                line,
+                key: format!("{instance_type} in {region}"),
+                first_file: first.file.clone(),
+                first_line: first.line,
+            });
+        }
+        // No on-demand price: the type is not sold in the region.
+        let Some(ondemand) = t.number(line, rec, c_od, "linux_ondemand_usd_hr", true)? else {
+            continue;
+        };
+        let spot_avg = t.number(line, rec, c_spot, "spot_avg_usd_hr", true)?;
+        let pct = rec.get(c_pct).unwrap_or("");
+        let pct_interrupt = if pct.is_empty() {
+            None
+        } else {
+            Some(InterruptionBucket::from_label(pct).ok_or_else(|| {
+                t.bad(
+                    line,
+                    "pct_interrupt",
+                    pct,
+                    "expected one of <5%, 5-10%, 10-15%, 15-20%, >20%",
+                )
+            })?)
+        };
+        priced.insert(
+            instance_type.to_string(),
+            Price {
+                ondemand,
+                spot_avg,
+                pct_interrupt,
+                file: t.file.to_string(),
+                line,
+            },
+        );
+    }
+    Ok(())
+}
+
+/// Interruption bucket per instance type from the newest advisor snapshot for (region, Linux).
+fn parse_advisor(src: &Source, region: &str) -> Result<BTreeMap<String, InterruptionBucket>, CatalogError> {
+    let t = Table::read(src)?;
+    let (c_snap, c_region, c_os, c_type, c_label) = (
+        t.col("snapshot_commit_date")?,
+        t.col("region")?,
+        t.col("os")?,
+        t.col("instance_type")?,
+        t.col("interrupt_label")?,
+    );
+    let c_index = t.col("interrupt_index").ok();
+    let rows: Vec<&(u64, csv::StringRecord)> = t
+        .rows
+        .iter()
+        .filter(|(_, r)| {
+            r.get(c_region) == Some(region) && r.get(c_os).is_some_and(|os| os.eq_ignore_ascii_case("linux"))
+        })
+        .collect();
+    // Snapshot dates are ISO `YYYY-MM-DD`, so the newest is the greatest string.
+    let Some(newest) = rows
+        .iter()
+        .filter_map(|(_, r)| r.get(c_snap))
+        .filter(|s| !s.is_empty())
+        .max()
+    else {
+        return Ok(BTreeMap::new());
+    };
+    let mut out = BTreeMap::new();
+    let mut first_line: BTreeMap<&str, u64> = BTreeMap::new();
+    for (line, rec) in rows.iter().map(|(l, r)| (*l, r)) {
+        if rec.get(c_snap) != Some(newest) {
+            continue;
+        }
+        let instance_type = rec.get(c_type).unwrap_or("");
+        if instance_type.is_empty() {
+            return Err(t.bad(line, "instance_type", "", "value is missing"));
+        }
+        if let Some(&first) = first_line.get(instance_type) {
+            return Err(CatalogError::Duplicate {
+                file: t.file.to_string(),
+                line,
+                key: format!("{instance_type} in {region} (Linux, snapshot {newest})"),
+                first_file: t.file.to_string(),
+                first_line: first,
+            });
+        }
+        first_line.insert(instance_type, line);
+        let label = rec.get(c_label).unwrap_or("");
+        let bucket = InterruptionBucket::from_label(label)
+            .or_else(|| {
+                c_index
+                    .and_then(|c| rec.get(c))
+                    .and_then(|i| i.parse::<u8>().ok())
+                    .and_then(InterruptionBucket::from_index)
+            })
+            .ok_or_else(|| {
+                t.bad(
+                    line,
+                    "interrupt_label",
+                    label,
+                    "expected one of <5%, 5-10%, 10-15%, 15-20%, >20%",
+                )
+            })?;
+        out.insert(instance_type.to_string(), bucket);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CATALOG_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/catalog");
+
+    fn shipped(opts: &CatalogOptions) -> Result<Vec<Offering>, CatalogError> {
+        load_offerings_from_dir(Path::new(CATALOG_DIR), opts)
+    }
+
+    fn find<'a>(offs: &'a [Offering], ty: &str, zone: &str, ct: CapacityType) -> &'a Offering {
+        offs.iter()
+            .find(|o| o.key.instance_type == ty && o.key.zone == zone && o.key.capacity_type == ct)
+            .unwrap_or_else(|| panic!("no offering {ty}/{zone}/{ct:?}"))
+    }
+
+    const SPECS: &str = "instance_type,vcpu,memory_gib,gpu_count,gpu_model,gpu_memory_gib_total\n\
+                         g5.xlarge,4,16,1,NVIDIA A10G,24\n\
+                         g5.12xlarge,48,192,4,NVIDIA A10G,96\n\
+                         g6f.large,2,8,0.125,NVIDIA L4,3\n\
+                         g4ad.xlarge,4,16,1,AMD Radeon Pro V520,8\n";
+    const PRICES: &str = "instance_type,region,linux_ondemand_usd_hr,spot_min_usd_hr,spot_avg_usd_hr,spot_max_usd_hr,pct_interrupt,pct_savings_od\n\
+                          g5.xlarge,us-east-1,1.006,0.3837,0.39388,0.4034,>20%,56\n\
+                          g5.12xlarge,us-east-1,5.672,,,,,\n\
+                          g6f.large,us-east-1,0.2,0.1,0.1,0.1,<5%,50\n\
+                          g4ad.xlarge,us-east-1,0.37853,0.1011,0.104475,0.1089,<5%,68\n\
+                          g5.xlarge,ap-south-1,0.9,,,,,\n";
+    const ADVISOR: &str = "snapshot_commit_date,region,os,instance_type,interrupt_index,interrupt_label\n\
+                           2024-02-28,us-east-1,Linux,g5.xlarge,0,<5%\n\
+                           2025-06-28,us-east-1,Windows,g5.xlarge,1,5-10%\n\
+                           2025-06-28,us-east-1,Linux,g5.xlarge,3,15-20%\n";
+
+    #[test]
+    fn zones_per_region() {
+        assert_eq!(zones_for("us-east-1").len(), 6);
+        assert_eq!(zones_for("us-east-1")[5], "us-east-1f");
+        assert_eq!(
+            zones_for("us-west-2"),
+            ["us-west-2a", "us-west-2b", "us-west-2c", "us-west-2d"]
+        );
+        assert_eq!(zones_for("eu-west-1"), ["eu-west-1a", "eu-west-1b", "eu-west-1c"]);
+        assert_eq!(zones_for("ap-south-1"), ["ap-south-1a", "ap-south-1b", "ap-south-1c"]);
+        let d = CatalogOptions::default();
+        assert_eq!(
+            (d.region.as_str(), d.zones.len(), d.nvidia_only),
+            ("us-east-1", 6, true)
+        );
+    }
+
+    #[test]
+    fn shipped_catalog_loads_for_us_east_1() {
+        let offs = shipped(&CatalogOptions::default()).unwrap();
+        let od = find(&offs, "g5.xlarge", "us-east-1a", CapacityType::OnDemand);
+        assert_eq!(od.price_usd_per_h, 1.006);
+        assert_eq!(od.gpus, 1);
+        assert_eq!(od.gpu_memory_gib, 24.0);
+        assert_eq!(od.vcpus, 4);
+        assert_eq!(od.gpu_model, "NVIDIA A10G");
+        assert_eq!(od.interruption, None);
+        let spot = find(&offs, "g5.xlarge", "us-east-1f", CapacityType::Spot);
+        assert_eq!(spot.price_usd_per_h, 0.39388);
+        assert_eq!(spot.interruption, Some(InterruptionBucket::Over20));
+        // The advisor (15-20%) wins over the prices file's pct_interrupt (>20%).
+        let g4dn = find(&offs, "g4dn.xlarge", "us-east-1b", CapacityType::Spot);
+        assert_eq!(g4dn.interruption, Some(InterruptionBucket::From15To20));
+        // Not in the advisor feed: the prices file's bucket.
+        let b200 = find(&offs, "p6-b200.48xlarge", "us-east-1c", CapacityType::Spot);
+        assert_eq!(b200.interruption, Some(InterruptionBucket::Under5));
+        assert_eq!(b200.gpus, 8);
+        let p4d = find(&offs, "p4d.24xlarge", "us-east-1a", CapacityType::OnDemand);
+        assert_eq!((p4d.gpus, p4d.gpu_memory_gib), (8, 40.0));
+
+        // 58 NVIDIA whole-GPU types priced in us-east-1, 48 of them with a spot price, 6 zones.
+        assert_eq!(offs.len(), (58 + 48) * 6);
+        assert!(
+            offs.windows(2).all(|w| w[0].key < w[1].key),
+            "sorted by key, no duplicates"
+        );
+        assert!(offs
+            .iter()
+            .all(|o| o.gpu_model.starts_with("NVIDIA") && o.gpus >= 1 && o.price_usd_per_h > 0.0));
+        assert!(offs.iter().all(|o| o.key.zone.starts_with("us-east-1")));
+        assert!(offs
+            .iter()
+            .all(|o| (o.key.capacity_type == CapacityType::OnDemand) == o.interruption.is_none()));
+        // Fractional-GPU types are never offerings.
+        assert!(!offs
+            .iter()
+            .any(|o| o.key.instance_type.starts_with("g6f.") || o.key.instance_type.starts_with("gr6f.")));
+    }
+
+    #[test]
+    fn shipped_catalog_other_regions_and_non_nvidia() {
+        let west = shipped(&CatalogOptions::for_region("us-west-2")).unwrap();
+        let zones: BTreeSet<&str> = west.iter().map(|o| o.key.zone.as_str()).collect();
+        assert_eq!(zones.len(), 4);
+        let eu = shipped(&CatalogOptions::for_region("eu-west-1")).unwrap();
+        assert!(eu
+            .iter()
+            .all(|o| ["eu-west-1a", "eu-west-1b", "eu-west-1c"].contains(&o.key.zone.as_str())));
+        assert!(!eu.is_empty());
+
+        let all = shipped(&CatalogOptions {
+            nvidia_only: false,
+            ..CatalogOptions::default()
+        })
+        .unwrap();
+        assert!(all.iter().any(|o| o.gpu_model.starts_with("AMD")));
+        assert!(!all.iter().any(|o| o.key.instance_type.starts_with("g6f.")));
+
+        let one_zone = CatalogOptions {
+            zones: vec!["us-east-1d".into()],
+            ..CatalogOptions::default()
+        };
+        assert_eq!(shipped(&one_zone).unwrap().len(), 58 + 48);
+    }
+
+    #[test]
+    fn unknown_region_is_a_clear_error() {
+        let err = shipped(&CatalogOptions::for_region("mars-north-1")).unwrap_err();
+        assert!(matches!(err, CatalogError::NoOfferings { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("mars-north-1") && msg.contains("us-east-1") && msg.contains("eu-west-1"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn malformed_price_names_file_line_and_column() {
+        let bad = PRICES.replace("g5.12xlarge,us-east-1,5.672", "g5.12xlarge,us-east-1,5.67.2");
+        let err = load_offerings(SPECS, &bad, None, &CatalogOptions::default()).unwrap_err();
+        match &err {
+            CatalogError::BadValue {
+                line, column, value, ..
+            } => {
+                assert_eq!(
+                    (*line, column.as_str(), value.as_str()),
+                    (3, "linux_ondemand_usd_hr", "5.67.2")
+                );
+            }
+            other => panic!("expected BadValue, got {other:?}"),
+        }
+        let msg = err.to_string();
+        assert!(
+            msg.contains("prices CSV") && msg.contains("line 3") && msg.contains("linux_ondemand_usd_hr"),
+            "{msg}"
+        );
+
+        let neg = PRICES.replace("0.39388", "-1");
+        assert!(matches!(
+            load_offerings(SPECS, &neg, None, &CatalogOptions::default()),
+            Err(CatalogError::BadValue { line: 2, .. })
+        ));
+        let label = PRICES.replace(">20%,56", "often,56");
+        assert!(matches!(
+            load_offerings(SPECS, &label, None, &CatalogOptions::default()),
+            Err(CatalogError::BadValue { line: 2, .. })
+        ));
+        // A malformed value in another region's row does not matter.
+        let other = PRICES.replace("ap-south-1,0.9", "ap-south-1,cheap");
+        assert!(load_offerings(SPECS, &other, None, &CatalogOptions::default()).is_ok());
+        // Wrong field count and missing column.
+        let short = PRICES.replace("g5.12xlarge,us-east-1,5.672,,,,,", "g5.12xlarge,us-east-1");
+        assert!(matches!(
+            load_offerings(SPECS, &short, None, &CatalogOptions::default()),
+            Err(CatalogError::Csv { line: 3, .. })
+        ));
+        let nocol = PRICES.replace("linux_ondemand_usd_hr", "od");
+        assert!(matches!(
+            load_offerings(SPECS, &nocol, None, &CatalogOptions::default()),
+            Err(CatalogError::MissingColumn { .. })
+        ));
+        let bad_spec = SPECS.replace("g5.12xlarge,48", "g5.12xlarge,many");
+        let err = load_offerings(&bad_spec, PRICES, None, &CatalogOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("specs CSV, line 3, column `vcpu`"), "{err}");
+        let dup = format!("{PRICES}g5.xlarge,us-east-1,1.1,,,,,\n");
+        assert!(matches!(
+            load_offerings(SPECS, &dup, None, &CatalogOptions::default()),
+            Err(CatalogError::Duplicate {
+                line: 7,
+                first_line: 2,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn offerings_from_strings() {
+        let zones = vec!["us-east-1a".to_string(), "us-east-1b".to_string()];
+        let opts = CatalogOptions {
+            zones,
+            ..CatalogOptions::default()
+        };
+        let offs = load_offerings(SPECS, PRICES, None, &opts).unwrap();
+        let keys: Vec<String> = offs.iter().map(|o| o.key.to_string()).collect();
+        assert_eq!(
+            keys,
+            [
+                "g5.12xlarge/us-east-1a/on-demand",
+                "g5.12xlarge/us-east-1b/on-demand",
+                "g5.xlarge/us-east-1a/spot",
+                "g5.xlarge/us-east-1a/on-demand",
+                "g5.xlarge/us-east-1b/spot",
+                "g5.xlarge/us-east-1b/on-demand",
+            ]
+        );
+        assert_eq!(offs[0].gpu_memory_gib, 24.0);
+        assert_eq!(
+            offs[2].interruption,
+            Some(InterruptionBucket::Over20),
+            "from pct_interrupt"
+        );
+
+        // Newest Linux snapshot of the advisor wins over pct_interrupt.
+        let offs = load_offerings(SPECS, PRICES, Some(ADVISOR), &opts).unwrap();
+        assert_eq!(offs[2].interruption, Some(InterruptionBucket::From15To20));
+        // Label missing: the index is used.
+        let by_index = ADVISOR.replace("3,15-20%", "3,");
+        let offs = load_offerings(SPECS, PRICES, Some(&by_index), &opts).unwrap();
+        assert_eq!(offs[2].interruption, Some(InterruptionBucket::From15To20));
+
+        // Empty zone list: the region's default zones.
+        let offs = load_offerings(
+            SPECS,
+            PRICES,
+            None,
+            &CatalogOptions {
+                zones: vec![],
+                ..CatalogOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(offs.len(), 3 * 6);
+
+        // Another region with its default zones.
+        let south = load_offerings(SPECS, PRICES, None, &CatalogOptions::for_region("ap-south-1")).unwrap();
+        assert_eq!(south.len(), 3);
+        assert!(south
+            .iter()
+            .all(|o| o.price_usd_per_h == 0.9 && o.key.zone.starts_with("ap-south-1")));
+        // No NVIDIA type with whole GPUs priced in the region.
+        let specs_no_g5 = SPECS.replace("g5.xlarge,4,16,1,NVIDIA A10G,24\n", "");
+        let err = load_offerings(&specs_no_g5, PRICES, None, &CatalogOptions::for_region("ap-south-1")).unwrap_err();
+        assert!(err.to_string().contains("none has whole NVIDIA GPUs"), "{err}");
+    }
+
+    #[test]
+    fn missing_files_in_dir() {
+        let dir = std::env::temp_dir().join(format!("onoff-catalog-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("gpu_instance_specs.csv"), SPECS).unwrap();
+        let err = load_offerings_from_dir(&dir, &CatalogOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, CatalogError::MissingFile { .. }) && err.to_string().contains("prices-*.csv"),
+            "{err}"
+        );
+        std::fs::write(dir.join("prices-test.csv"), PRICES).unwrap();
+        let offs = load_offerings_from_dir(&dir, &CatalogOptions::default()).unwrap();
+        assert_eq!(offs.len(), 3 * 6);
+        let bad = PRICES.replace("1.006", "x");
+        std::fs::write(dir.join("prices-test.csv"), bad).unwrap();
+        let err = load_offerings_from_dir(&dir, &CatalogOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("prices-test.csv, line 2"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let err = load_offerings_from_dir(&dir, &CatalogOptions::default()).unwrap_err();
+        assert!(matches!(err, CatalogError::MissingFile { .. }));
+    }
+}

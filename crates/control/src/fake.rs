@@ -1,0 +1,187 @@
+//! In-memory fakes of the ports, for unit tests and the simulator.
+//!
+//! [`FakeFleet`] records every call, can inject one-shot errors and declare offerings without
+//! capacity; [`FakeRegistry`] and [`FakeAvailability`] keep state in memory.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+
+use onoff_policy::{OfferingKey, WorkerState};
+
+use crate::ports::{
+    Fleet, FleetError, FleetErrorKind, LaunchRequest, Launched, OfferingAvailability, StoreError, WorkerRecord,
+    WorkerRegistry,
+};
+
+/// A call made to [`FakeFleet`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum FleetCall {
+    /// `launch`.
+    Launch(LaunchRequest),
+    /// `terminate`.
+    Terminate(Vec<String>),
+    /// `cancel_launch`.
+    Cancel(Vec<String>),
+}
+
+/// A fleet in memory.
+#[derive(Debug, Default)]
+pub struct FakeFleet {
+    inner: Mutex<FleetInner>,
+}
+
+#[derive(Debug, Default)]
+struct FleetInner {
+    calls: Vec<FleetCall>,
+    next_id: u64,
+    running: BTreeMap<String, OfferingKey>,
+    no_capacity: Vec<OfferingKey>,
+    /// Max instances per launch call per offering (partial fulfilment), if set.
+    limit: BTreeMap<OfferingKey, u32>,
+    one_shot: VecDeque<FleetError>,
+}
+
+impl FakeFleet {
+    /// An empty fleet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every launch of `key` fails with InsufficientCapacity.
+    pub fn set_no_capacity(&self, key: OfferingKey) {
+        self.inner.lock().expect("lock").no_capacity.push(key);
+    }
+
+    /// Launches of `key` create at most `n` instances per call.
+    pub fn set_capacity_limit(&self, key: OfferingKey, n: u32) {
+        self.inner.lock().expect("lock").limit.insert(key, n);
+    }
+
+    /// The next call fails with `err` (one-shot; queue several for several calls).
+    pub fn fail_next(&self, err: FleetError) {
+        self.inner.lock().expect("lock").one_shot.push_back(err);
+    }
+
+    /// Calls made so far.
+    pub fn calls(&self) -> Vec<FleetCall> {
+        self.inner.lock().expect("lock").calls.clone()
+    }
+
+    /// Instances running (launched and not terminated), with their offering.
+    pub fn running(&self) -> BTreeMap<String, OfferingKey> {
+        self.inner.lock().expect("lock").running.clone()
+    }
+
+    /// Forget calls and state.
+    pub fn reset(&self) {
+        *self.inner.lock().expect("lock") = FleetInner::default();
+    }
+}
+
+impl Fleet for FakeFleet {
+    async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Launched>, FleetError> {
+        let mut s = self.inner.lock().expect("lock");
+        s.calls.push(FleetCall::Launch(req.clone()));
+        if let Some(e) = s.one_shot.pop_front() {
+            return Err(e);
+        }
+        if s.no_capacity.contains(&req.offering) {
+            return Err(FleetError {
+                kind: FleetErrorKind::InsufficientCapacity,
+                message: format!("InsufficientInstanceCapacity: no capacity for {}", req.offering),
+            });
+        }
+        let n = s.limit.get(&req.offering).map_or(req.count, |l| req.count.min(*l));
+        let mut out = Vec::new();
+        for _ in 0..n {
+            s.next_id += 1;
+            let id = format!("i-fake{:012}", s.next_id);
+            s.running.insert(id.clone(), req.offering.clone());
+            out.push(Launched {
+                instance_id: id,
+                offering: req.offering.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn terminate(&self, instance_ids: &[String]) -> Result<(), FleetError> {
+        let mut s = self.inner.lock().expect("lock");
+        s.calls.push(FleetCall::Terminate(instance_ids.to_vec()));
+        if let Some(e) = s.one_shot.pop_front() {
+            return Err(e);
+        }
+        for id in instance_ids {
+            s.running.remove(id);
+        }
+        Ok(())
+    }
+
+    async fn cancel_launch(&self, instance_ids: &[String]) -> Result<(), FleetError> {
+        let mut s = self.inner.lock().expect("lock");
+        s.calls.push(FleetCall::Cancel(instance_ids.to_vec()));
+        if let Some(e) = s.one_shot.pop_front() {
+            return Err(e);
+        }
+        for id in instance_ids {
+            s.running.remove(id);
+        }
+        Ok(())
+    }
+}
+
+/// A workers table in memory.
+#[derive(Debug, Default)]
+pub struct FakeRegistry {
+    workers: Mutex<BTreeMap<String, WorkerRecord>>,
+}
+
+impl FakeRegistry {
+    /// Snapshot of the records.
+    pub fn records(&self) -> BTreeMap<String, WorkerRecord> {
+        self.workers.lock().expect("lock").clone()
+    }
+}
+
+impl WorkerRegistry for FakeRegistry {
+    async fn register_launch(&self, record: WorkerRecord) -> Result<(), StoreError> {
+        self.workers
+            .lock()
+            .expect("lock")
+            .entry(record.id.clone())
+            .or_insert(record);
+        Ok(())
+    }
+
+    async fn set_state(&self, id: &str, state: WorkerState) -> Result<(), StoreError> {
+        match self.workers.lock().expect("lock").get_mut(id) {
+            Some(w) => {
+                w.state = state;
+                Ok(())
+            }
+            None => Err(StoreError::NotFound(id.to_string())),
+        }
+    }
+}
+
+/// Unavailable offerings in memory.
+#[derive(Debug, Default)]
+pub struct FakeAvailability {
+    until: Mutex<BTreeMap<OfferingKey, f64>>,
+}
+
+impl FakeAvailability {
+    /// Offerings marked, with their expiry.
+    pub fn marked(&self) -> BTreeMap<OfferingKey, f64> {
+        self.until.lock().expect("lock").clone()
+    }
+}
+
+impl OfferingAvailability for FakeAvailability {
+    async fn mark_unavailable(&self, key: &OfferingKey, until: f64) -> Result<(), StoreError> {
+        let mut m = self.until.lock().expect("lock");
+        let e = m.entry(key.clone()).or_insert(until);
+        *e = e.max(until);
+        Ok(())
+    }
+}

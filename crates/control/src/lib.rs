@@ -1,0 +1,19 @@
+//! onoff's control plane core: ports (narrow traits over the fleet and the state stores) and the
+//! use cases that run the policy through them. No AWS here: `crates/aws` implements the ports with
+//! the AWS SDK, the simulator with a simulated fleet, [`fake`] in memory.
+//!
+//! # Layout
+//! - [`ports`]: `Fleet`, `WorkerRegistry`, `OfferingAvailability`, their errors.
+//! - [`act`](mod@act): carry out a plan (launch with capacity-error fallback, terminate, cancel) and handle an
+//!   interruption notice.
+//! - [`catalog`]: the EC2 GPU catalogue (specs, prices, Spot Advisor buckets) as offerings.
+//! - [`fake`]: in-memory fakes (feature `fake`, on by default).
+#![warn(missing_docs)]
+
+pub mod act;
+pub mod catalog;
+#[cfg(feature = "fake")]
+pub mod fake;
+pub mod ports;
+
+pub use act::{act, handle_interruption_notice, ActContext, ActOutcome, LaunchedWorker};

@@ -1,0 +1,109 @@
+//! Cost-aware offering choice: filter, score by expected cost per job, diversify.
+
+use crate::config::{CapacityPreference, OfferConfig};
+use crate::observation::UnavailableOffering;
+use crate::offering::{CapacityType, Offering};
+
+/// True when a worker with `worker_gpus` GPUs of `worker_mem_gib` each may run a job asking for
+/// `job_gpus` GPUs per instance with at least `min_mem_gib` per GPU: enough GPUs and memory, and
+/// not more than `max_oversize` times the GPUs asked for rounded up to a power of two (with the
+/// default 1: a 1-GPU job runs on 1-GPU instances, a 3-GPU job on 4-GPU ones). Paying for GPUs a
+/// long job leaves unused costs more than waiting for a fitting worker.
+pub fn fits(worker_gpus: u32, worker_mem_gib: f64, job_gpus: u32, min_mem_gib: f64, max_oversize: u32) -> bool {
+    worker_gpus >= job_gpus
+        && worker_gpus <= job_gpus.max(1).next_power_of_two().saturating_mul(max_oversize)
+        && worker_mem_gib + 1e-9 >= min_mem_gib
+}
+
+/// Speed of `gpu_model` against the reference GPU (1.0 when not configured).
+pub fn speed(cfg: &OfferConfig, gpu_model: &str) -> f64 {
+    cfg.gpu_speed.get(gpu_model).copied().unwrap_or(1.0)
+}
+
+/// Expected cost of one job of `runtime_s` (on the reference GPU) on `offering`, in $:
+/// `price/3600 x (boot + T x (1 + rate x (checkpoint/2 + boot)))` where `T = runtime / speed` and
+/// `rate` is the offering's expected interruptions per second (0 on-demand). Each interruption
+/// loses half a checkpoint interval of work on average plus a cold start of the replacement.
+pub fn expected_cost_per_job(offering: &Offering, runtime_s: f64, instances: u32, cfg: &OfferConfig) -> f64 {
+    let t = runtime_s / speed(cfg, &offering.gpu_model);
+    let lost_per_interruption = cfg.checkpoint_interval_s / 2.0 + cfg.boot_estimate_s;
+    let work = t * (1.0 + offering.interruption_rate_per_s() * lost_per_interruption);
+    offering.price_usd_per_h / 3600.0 * (cfg.boot_estimate_s + work) * instances as f64
+}
+
+/// Filter for one request shape.
+#[derive(Debug, Clone, Copy)]
+pub struct Request {
+    /// GPUs per instance.
+    pub gpus: u32,
+    /// Minimum GPU memory per GPU, GiB (already the max of the job's and the config's).
+    pub min_mem_gib: f64,
+    /// Capacity types allowed.
+    pub capacity: CapacityPreference,
+    /// Instances needed at once.
+    pub instances: u32,
+    /// Expected run time on the reference GPU, seconds.
+    pub runtime_s: f64,
+}
+
+/// True when `o` passes every filter for `req` at `now`.
+pub fn eligible(o: &Offering, req: &Request, cfg: &OfferConfig, unavailable: &[UnavailableOffering], now: f64) -> bool {
+    let cap_ok = match req.capacity {
+        CapacityPreference::SpotFirst => true,
+        CapacityPreference::SpotOnly => o.key.capacity_type == CapacityType::Spot,
+        CapacityPreference::OnDemand => o.key.capacity_type == CapacityType::OnDemand,
+    };
+    cap_ok
+        && fits(
+            o.gpus,
+            o.gpu_memory_gib,
+            req.gpus,
+            req.min_mem_gib,
+            cfg.max_gpu_oversize,
+        )
+        && cfg.max_price_usd_per_h.is_none_or(|m| o.price_usd_per_h <= m)
+        && (o.key.capacity_type == CapacityType::OnDemand
+            || cfg
+                .max_interruption
+                .is_none_or(|m| o.interruption.is_some_and(|b| b <= m)))
+        && (cfg.allowed_instance_types.is_empty() || cfg.allowed_instance_types.contains(&o.key.instance_type))
+        && !unavailable.iter().any(|u| u.until > now && u.key == o.key)
+}
+
+/// Eligible offerings for `req`, best (lowest expected cost per job) first, with their cost in $.
+pub fn rank<'a>(
+    offerings: &'a [Offering],
+    req: &Request,
+    cfg: &OfferConfig,
+    unavailable: &[UnavailableOffering],
+    now: f64,
+) -> Vec<(&'a Offering, f64)> {
+    let mut v: Vec<(&Offering, f64)> = offerings
+        .iter()
+        .filter(|o| eligible(o, req, cfg, unavailable, now))
+        .map(|o| (o, expected_cost_per_job(o, req.runtime_s, req.instances, cfg)))
+        .collect();
+    v.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.key.cmp(&b.0.key)));
+    v
+}
+
+/// Spread `count` instances over the best offerings: those within `diversify_tolerance` of the best
+/// cost, at most `diversify` of them, round-robin (the best gets the remainder). Returns
+/// (offering, instances) pairs, best first; empty when `ranked` is empty.
+pub fn spread<'a>(ranked: &[(&'a Offering, f64)], count: u32, cfg: &OfferConfig) -> Vec<(&'a Offering, u32)> {
+    let Some(&(_, best)) = ranked.first() else {
+        return Vec::new();
+    };
+    let pool: Vec<&Offering> = ranked
+        .iter()
+        .take_while(|(_, c)| *c <= best * (1.0 + cfg.diversify_tolerance) + 1e-12)
+        .take(cfg.diversify as usize)
+        .map(|(o, _)| *o)
+        .collect();
+    let n = pool.len() as u32;
+    pool.into_iter()
+        .enumerate()
+        .map(|(i, o)| (o, count / n + u32::from((i as u32) < count % n)))
+        .filter(|(_, c)| *c > 0)
+        .collect()
+}

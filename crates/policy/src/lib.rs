@@ -1,0 +1,35 @@
+//! onoff's scaling policy: a pure function from what the control plane observes to a plan.
+//!
+//! `decide(&Observation, &PolicyConfig, now) -> Plan` decides on queue depth and cost per job,
+//! never on utilisation. No I/O, no async, no AWS, no clock, no randomness: the reconciler Lambda
+//! and the trace-replay simulator run exactly this code.
+//!
+//! # Layout
+//! - [`offering`]: offerings (instance type, zone, capacity type), Spot Advisor interruption buckets.
+//! - [`observation`]: backlog per lane, queued jobs, workers, the inter-arrival gap histogram.
+//! - [`config`]: [`PolicyConfig`], every knob with its default and source; TOML loading; `validate()`.
+//! - [`choice`]: offering filter, expected cost per job, diversified spread, GPU fit rule.
+//! - [`keepalive`]: ski-rental break-even keep-alive, gap quantile refinement, decay steps.
+//! - [`decide`](mod@decide): the policy itself.
+//! - [`plan`]: actions with reasons.
+#![warn(missing_docs)]
+
+pub mod choice;
+pub mod config;
+pub mod decide;
+pub mod keepalive;
+pub mod observation;
+pub mod offering;
+pub mod plan;
+
+pub use config::{
+    AntiThrashConfig, CapacityPreference, ConfigError, ConfigProblem, KeepAliveMode, LaneConfig, LimitsConfig,
+    OfferConfig, PolicyConfig, ProjectQuota, ScaleDownConfig, WarmWindow,
+};
+pub use decide::decide;
+pub use observation::{
+    GapHistogram, LaneBacklog, LaneId, LaneObservation, Observation, PendingJob, ShapeGaps, UnavailableOffering,
+    WorkerState, WorkerView,
+};
+pub use offering::{CapacityType, InterruptionBucket, Offering, OfferingKey};
+pub use plan::{Action, Held, LanePlan, LaunchShape, Plan, Reason};

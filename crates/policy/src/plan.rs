@@ -1,0 +1,239 @@
+//! The output of `decide`: actions as data, each with the reason it was taken.
+
+use serde::Serialize;
+
+use crate::config::CapacityPreference;
+use crate::observation::LaneId;
+use crate::offering::OfferingKey;
+
+/// Why an action was taken (or held back). Shown in logs and in the simulator's timeline.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reason {
+    /// The lane had no workers and its backlog reached the activation threshold (0 -> 1).
+    Activation {
+        /// Lane backlog (jobs).
+        backlog: u32,
+    },
+    /// Queued jobs that no idle or booting worker can take (1 -> N).
+    UnmetBacklog {
+        /// Jobs without capacity in the lane.
+        unmet_jobs: u32,
+    },
+    /// Filling the warm pool to its scheduled size.
+    WarmPool {
+        /// Scheduled size now.
+        target: u32,
+        /// Ready (idle or booting) workers before this launch.
+        ready: u32,
+    },
+    /// A job's deadline is at risk on spot: its capacity is launched on-demand.
+    DeadlineAtRisk {
+        /// The job.
+        job: String,
+        /// Seconds of slack left (deadline - now - expected runtime).
+        slack_s: f64,
+    },
+    /// An idle worker outlived the keep-alive.
+    KeepAliveExpired {
+        /// Seconds the worker has been idle.
+        idle_s: f64,
+        /// The keep-alive in force, seconds.
+        keep_alive_s: f64,
+    },
+    /// Cooldown with decay released this worker at a decay step.
+    DecayStep {
+        /// Seconds the worker has been idle.
+        idle_s: f64,
+        /// The step it was released at, seconds (e.g. 600 or 1800).
+        step_s: f64,
+    },
+    /// A booting worker is no longer needed: nothing is queued for it and the warm pool is full.
+    PendingNotNeeded,
+    /// The budget breaker is tripped: the fleet spends more than the cap.
+    BudgetBreaker {
+        /// Current spend rate, $/h.
+        spend_usd_per_h: f64,
+        /// The cap, $/h.
+        cap_usd_per_h: f64,
+    },
+    /// Manual freeze: no launches.
+    Frozen,
+    /// Capacity limited by the lane's or the fleet's maximum workers.
+    MaxWorkers {
+        /// The limit that bound.
+        limit: u32,
+    },
+    /// A project's GPU quota is reached.
+    ProjectQuota {
+        /// The project.
+        project: String,
+        /// Its maximum GPUs.
+        max_gpus: u32,
+    },
+    /// A job type's concurrency cap is reached.
+    JobTypeCap {
+        /// The job type.
+        job_type: String,
+        /// Its cap.
+        cap: u32,
+    },
+    /// No offering passes the filters (GPUs, memory, price, reliability, availability).
+    NoOffering {
+        /// GPUs per instance asked for.
+        gpus: u32,
+    },
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reason::Activation { backlog } => write!(f, "activation: backlog {backlog} on an empty lane"),
+            Reason::UnmetBacklog { unmet_jobs } => write!(f, "{unmet_jobs} queued job(s) without capacity"),
+            Reason::WarmPool { target, ready } => write!(f, "warm pool {ready}/{target}"),
+            Reason::DeadlineAtRisk { job, slack_s } => {
+                write!(f, "deadline of {job} at risk on spot (slack {slack_s:.0} s)")
+            }
+            Reason::KeepAliveExpired { idle_s, keep_alive_s } => {
+                write!(f, "idle {idle_s:.0} s > keep-alive {keep_alive_s:.0} s")
+            }
+            Reason::DecayStep { idle_s, step_s } => {
+                write!(f, "cooldown decay step at {step_s:.0} s (idle {idle_s:.0} s)")
+            }
+            Reason::PendingNotNeeded => write!(f, "booting worker no longer needed"),
+            Reason::BudgetBreaker {
+                spend_usd_per_h,
+                cap_usd_per_h,
+            } => {
+                write!(
+                    f,
+                    "budget breaker: {spend_usd_per_h:.2} $/h over cap {cap_usd_per_h:.2} $/h"
+                )
+            }
+            Reason::Frozen => write!(f, "manual freeze"),
+            Reason::MaxWorkers { limit } => write!(f, "max workers {limit} reached"),
+            Reason::ProjectQuota { project, max_gpus } => {
+                write!(f, "project {project} at its quota of {max_gpus} GPUs")
+            }
+            Reason::JobTypeCap { job_type, cap } => write!(f, "job type {job_type} at its cap of {cap}"),
+            Reason::NoOffering { gpus } => write!(f, "no eligible offering with >= {gpus} GPUs"),
+        }
+    }
+}
+
+/// The shape a launch was chosen for (GPUs, memory, capacity types).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LaunchShape {
+    /// GPUs per instance asked for.
+    pub gpus: u32,
+    /// Minimum GPU memory per GPU, GiB.
+    pub min_gpu_memory_gib: f64,
+    /// Capacity types allowed.
+    pub capacity: CapacityPreference,
+    /// Expected job run time on the reference GPU, seconds (for ranking fallbacks).
+    pub runtime_s: f64,
+}
+
+/// One thing to do.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// Launch `count` instances of `offering` for `lane`.
+    Launch {
+        /// Lane the new workers serve.
+        lane: LaneId,
+        /// Offering to launch.
+        offering: OfferingKey,
+        /// Number of instances.
+        count: u32,
+        /// What the capacity is for, so a launch that fails with a capacity error can fall back to
+        /// the next eligible offering.
+        request: LaunchShape,
+        /// Project the capacity is launched for (charged to its quota while booting), if any.
+        project: Option<String>,
+        /// The job the capacity is launched for when it is pinned (deadline moves), if any.
+        job: Option<String>,
+        /// Why.
+        reason: Reason,
+    },
+    /// Terminate an idle worker.
+    Terminate {
+        /// Worker id.
+        worker: String,
+        /// Why.
+        reason: Reason,
+    },
+    /// Cancel a launch that has not finished booting.
+    CancelLaunch {
+        /// Worker id.
+        worker: String,
+        /// Why.
+        reason: Reason,
+    },
+}
+
+impl Action {
+    /// The reason attached to the action.
+    pub fn reason(&self) -> &Reason {
+        match self {
+            Action::Launch { reason, .. } | Action::Terminate { reason, .. } | Action::CancelLaunch { reason, .. } => {
+                reason
+            }
+        }
+    }
+}
+
+/// Something the policy wanted and did not do, with the limit that stopped it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Held {
+    /// Lane concerned.
+    pub lane: LaneId,
+    /// Jobs (or workers) held back.
+    pub count: u32,
+    /// The limit.
+    pub reason: Reason,
+}
+
+/// Per-lane figures the plan hands to workers and logs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LanePlan {
+    /// Queued jobs the lane's idle and booting workers cannot take.
+    pub unmet_jobs: u32,
+    /// Warm-pool size scheduled now.
+    pub warm_target: u32,
+}
+
+/// The decision: actions plus what was held back.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Plan {
+    /// Actions to carry out, in order.
+    pub actions: Vec<Action>,
+    /// Wants not acted on, with the limit that stopped them.
+    pub held: Vec<Held>,
+    /// One entry per lane.
+    pub lanes: Vec<LanePlan>,
+}
+
+impl Plan {
+    /// Instances the plan launches.
+    pub fn launches(&self) -> u32 {
+        self.actions
+            .iter()
+            .map(|a| {
+                if let Action::Launch { count, .. } = a {
+                    *count
+                } else {
+                    0
+                }
+            })
+            .sum()
+    }
+
+    /// Worker ids the plan terminates or cancels.
+    pub fn releases(&self) -> impl Iterator<Item = &str> {
+        self.actions.iter().filter_map(|a| match a {
+            Action::Terminate { worker, .. } | Action::CancelLaunch { worker, .. } => Some(worker.as_str()),
+            Action::Launch { .. } => None,
+        })
+    }
+}

@@ -1,0 +1,145 @@
+//! Trace-replay simulator: the real onoff policy and control code over a virtual clock and a
+//! simulated fleet, side by side with the baselines users run today.
+//!
+//! # Layout
+//! - [`trace`]: Philly and Azure trace parsing.
+//! - [`engine`]: discrete-event engine, simulated fleet ports, billing, the run report.
+//! - [`strategies`]: `onoff`, `fixed-idle-10m`, `keda-like`, `min-one-warm`, `always-on`.
+//! - [`compare`]: run them all on one trace; [`lower_bound_usd`], [`peak_need`].
+#![warn(missing_docs)]
+
+pub mod engine;
+pub mod strategies;
+pub mod trace;
+
+use std::collections::BTreeMap;
+
+use onoff_policy::choice::{self, Request};
+use onoff_policy::{CapacityPreference, Offering, PolicyConfig};
+use serde::Serialize;
+
+pub use engine::{job_shape, run, RunReport, SimConfig, Strategy, TimelineRow};
+pub use trace::{AzureModel, Trace, TraceError, TraceFormat, TraceJob};
+
+/// Names of the strategies [`compare`] runs, in report order.
+pub const STRATEGIES: [&str; 5] = ["onoff", "always-on", "min-one-warm", "fixed-idle-10m", "keda-like"];
+
+/// Cheapest eligible price for one instance of `gpus` GPUs, $/h, any capacity type.
+fn cheapest_price(offerings: &[Offering], gpus: u32, cfg: &PolicyConfig) -> Option<f64> {
+    let req = Request {
+        gpus,
+        min_mem_gib: cfg.offers.min_gpu_memory_gib,
+        capacity: CapacityPreference::SpotFirst,
+        instances: 1,
+        runtime_s: cfg.offers.default_runtime_s,
+    };
+    offerings
+        .iter()
+        .filter(|o| choice::eligible(o, &req, &cfg.offers, &[], 0.0))
+        .map(|o| o.price_usd_per_h / choice::speed(&cfg.offers, &o.gpu_model))
+        .min_by(f64::total_cmp)
+}
+
+/// Offline lower bound, $: every job's run time on its instances at the cheapest eligible price
+/// (speed-adjusted), no idle, no boot, no interruption.
+///
+/// # Errors
+/// The GPUs per instance of a job no offering can serve.
+pub fn lower_bound_usd(trace: &Trace, offerings: &[Offering], cfg: &PolicyConfig, sim: &SimConfig) -> Result<f64, u32> {
+    let mut cache: BTreeMap<u32, f64> = BTreeMap::new();
+    let mut total = 0.0;
+    for j in &trace.jobs {
+        let (g, n) = job_shape(j.gpus, sim.max_gpus_per_instance);
+        let p = match cache.get(&g) {
+            Some(p) => *p,
+            None => {
+                let p = cheapest_price(offerings, g, cfg).ok_or(g)?;
+                cache.insert(g, p);
+                p
+            }
+        };
+        total += p * n as f64 * j.duration_s / 3600.0;
+    }
+    Ok(total)
+}
+
+/// Peak concurrent instances per GPUs-per-instance shape if every job started on arrival.
+pub fn peak_need(trace: &Trace, sim: &SimConfig) -> BTreeMap<u32, u32> {
+    let mut events: Vec<(f64, i64, u32)> = Vec::with_capacity(trace.jobs.len() * 2);
+    for j in &trace.jobs {
+        let (g, n) = job_shape(j.gpus, sim.max_gpus_per_instance);
+        events.push((j.arrival_s, n as i64, g));
+        events.push((j.arrival_s + j.duration_s, -(n as i64), g));
+    }
+    // Ends before starts at the same instant.
+    events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut cur: BTreeMap<u32, i64> = BTreeMap::new();
+    let mut peak: BTreeMap<u32, u32> = BTreeMap::new();
+    for (_, d, g) in events {
+        let c = cur.entry(g).or_default();
+        *c += d;
+        let p = peak.entry(g).or_default();
+        *p = (*p).max(*c as u32);
+    }
+    peak
+}
+
+/// Result of [`compare`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    /// Trace file name or label.
+    pub trace: String,
+    /// Jobs in the trace.
+    pub jobs: usize,
+    /// GPU-hours of work in the trace.
+    pub gpu_hours: f64,
+    /// Offline lower bound, $.
+    pub lower_bound_usd: f64,
+    /// One report per strategy.
+    pub policies: Vec<RunReport>,
+}
+
+/// Build the strategy called `name` (one of [`STRATEGIES`]) for `cfg`.
+///
+/// # Panics
+/// Never for the names in [`STRATEGIES`]; other names return `None`.
+pub fn strategy(name: &str, cfg: &PolicyConfig, trace: &Trace, sim: &SimConfig) -> Option<Box<dyn Strategy>> {
+    use strategies::*;
+    Some(match name {
+        "onoff" => Box::new(PolicyStrategy::new("onoff", cfg.clone())),
+        "always-on" => Box::new(AlwaysOn::new(cfg.clone(), peak_need(trace, sim))),
+        "min-one-warm" => Box::new(MinOneWarm::new(cfg.clone())),
+        "fixed-idle-10m" => Box::new(PolicyStrategy::fixed_idle_10m(cfg.clone())),
+        "keda-like" => Box::new(KedaLike::new(cfg.clone())),
+        _ => return None,
+    })
+}
+
+/// Run every strategy in `names` over `trace`. `progress(strategy_index, share_done)`.
+///
+/// # Errors
+/// A job shape no offering serves (the lower bound cannot be computed), or an unknown strategy name.
+pub fn compare(
+    label: &str,
+    trace: &Trace,
+    offerings: &[Offering],
+    cfg: &PolicyConfig,
+    sim: &SimConfig,
+    names: &[&str],
+    progress: &mut dyn FnMut(usize, f64),
+) -> Result<Comparison, String> {
+    let lower = lower_bound_usd(trace, offerings, cfg, sim)
+        .map_err(|g| format!("no offering in the catalogue has {g} GPUs with the configured filters"))?;
+    let mut policies = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let mut s = strategy(name, cfg, trace, sim).ok_or_else(|| format!("unknown strategy {name:?}"))?;
+        policies.push(run(trace, offerings, s.as_mut(), sim, &mut |p| progress(i, p)));
+    }
+    Ok(Comparison {
+        trace: label.to_string(),
+        jobs: trace.jobs.len(),
+        gpu_hours: trace.gpu_seconds() / 3600.0,
+        lower_bound_usd: lower,
+        policies,
+    })
+}

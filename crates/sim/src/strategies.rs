@@ -1,0 +1,406 @@
+//! The strategies compared side by side: onoff's policy and the baselines users run today.
+//!
+//! - `onoff`: [`onoff_policy::decide`] with the default configuration (adaptive keep-alive).
+//! - `fixed-idle-10m`: the same queue-depth policy with a fixed 10-minute idle timeout.
+//! - `keda-like`: KEDA's SQS scaler semantics: poll every 30 s, desired workers =
+//!   ceil(backlog / 5) with backlog = visible + in flight (at least a gang job's instances), idle
+//!   workers removed after a 300 s cooldown down to that (and empty ones no queued job fits),
+//!   cheapest $/h offering (Karpenter-style) for the queued jobs' shapes; idle workers only are
+//!   removed (a graceful drain; KEDA #157 shows the harsher real behaviour).
+//! - `min-one-warm`: the seed write-up's naive setup: at least one on-demand instance always on,
+//!   target tracking on utilisation (70 %), scale-out at most every 60 s, scale-in after 15 minutes
+//!   under target. A queued job no worker fits counts as a busy worker (the best a utilisation
+//!   metric can see of pending work).
+//! - `always-on`: a fleet fixed at the trace's peak concurrent need (zero-wait schedule), on-demand,
+//!   launched at the start and never released.
+
+use std::collections::BTreeMap;
+
+use onoff_policy::choice::{self, Request};
+use onoff_policy::{
+    decide, Action, CapacityPreference, KeepAliveMode, LaunchShape, Observation, Offering, Plan, PolicyConfig, Reason,
+    WorkerState, WorkerView,
+};
+
+use crate::engine::Strategy;
+
+/// The onoff policy (or any `PolicyConfig` of it).
+pub struct PolicyStrategy {
+    name: String,
+    cfg: PolicyConfig,
+}
+
+impl PolicyStrategy {
+    /// Wrap a configuration under a report name.
+    pub fn new(name: &str, cfg: PolicyConfig) -> Self {
+        Self { name: name.into(), cfg }
+    }
+
+    /// `fixed-idle-10m`: `cfg` with a fixed 600 s idle timeout and no warm pool.
+    pub fn fixed_idle_10m(mut cfg: PolicyConfig) -> Self {
+        cfg.scale_down.mode = KeepAliveMode::Fixed;
+        cfg.scale_down.fixed_idle_timeout_s = 600.0;
+        for l in &mut cfg.lanes {
+            l.warm_pool.clear();
+        }
+        Self::new("fixed-idle-10m", cfg)
+    }
+}
+
+impl Strategy for PolicyStrategy {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn config(&self) -> &PolicyConfig {
+        &self.cfg
+    }
+    fn tick_s(&self) -> f64 {
+        60.0
+    }
+    fn decides_on_submit(&self) -> bool {
+        true
+    }
+    fn decide(&mut self, obs: &Observation<'_>, now: f64) -> Plan {
+        decide(obs, &self.cfg, now)
+    }
+}
+
+/// Cheapest offering by $/h (how Karpenter, Cluster Autoscaler's price expander and AWS Batch
+/// choose) among those fitting `gpus` with the config's filters.
+fn cheapest_per_hour<'a>(
+    offerings: &'a [Offering],
+    gpus: u32,
+    capacity: CapacityPreference,
+    cfg: &PolicyConfig,
+    obs: &Observation<'_>,
+    now: f64,
+) -> Option<&'a Offering> {
+    let req = Request {
+        gpus,
+        min_mem_gib: cfg.offers.min_gpu_memory_gib,
+        capacity,
+        instances: 1,
+        runtime_s: cfg.offers.default_runtime_s,
+    };
+    offerings
+        .iter()
+        .filter(|o| choice::eligible(o, &req, &cfg.offers, obs.unavailable, now))
+        .min_by(|a, b| {
+            a.price_usd_per_h
+                .total_cmp(&b.price_usd_per_h)
+                .then_with(|| a.key.cmp(&b.key))
+        })
+}
+
+fn launch(
+    lane: usize,
+    o: &Offering,
+    gpus: u32,
+    count: u32,
+    capacity: CapacityPreference,
+    reason: Reason,
+    cfg: &PolicyConfig,
+) -> Action {
+    Action::Launch {
+        lane,
+        offering: o.key.clone(),
+        count,
+        request: LaunchShape {
+            gpus,
+            min_gpu_memory_gib: cfg.offers.min_gpu_memory_gib,
+            capacity,
+            runtime_s: cfg.offers.default_runtime_s,
+        },
+        project: None,
+        job: None,
+        reason,
+    }
+}
+
+/// Shapes (GPUs per instance) of queued jobs that idle or booting workers cannot take, oldest
+/// first, one entry per instance needed.
+fn unmatched_shapes(obs: &Observation<'_>, cfg: &PolicyConfig) -> Vec<u32> {
+    let mut free: Vec<(u32, f64)> = obs
+        .workers
+        .iter()
+        .filter(|w| matches!(w.state, WorkerState::Idle | WorkerState::Pending))
+        .map(|w| (w.gpus, w.gpu_memory_gib))
+        .collect();
+    free.sort_by_key(|f| f.0);
+    let mut jobs: Vec<_> = obs.jobs.iter().collect();
+    jobs.sort_by(|a, b| a.enqueued_at.total_cmp(&b.enqueued_at));
+    let mut out = Vec::new();
+    for j in jobs {
+        let min_mem = j.min_gpu_memory_gib.max(cfg.offers.min_gpu_memory_gib);
+        for _ in 0..j.instances.max(1) {
+            match free
+                .iter()
+                .position(|f| choice::fits(f.0, f.1, j.gpus_per_instance, min_mem, cfg.offers.max_gpu_oversize))
+            {
+                Some(p) => {
+                    free.remove(p);
+                }
+                None => out.push(j.gpus_per_instance),
+            }
+        }
+    }
+    out
+}
+
+/// KEDA-like queue-length scaler.
+pub struct KedaLike {
+    cfg: PolicyConfig,
+    /// Messages per replica (`queueLength`). 5.
+    pub queue_length: u32,
+    /// Idle seconds before a worker may be removed (cooldown). 300.
+    pub cooldown_s: f64,
+}
+
+impl KedaLike {
+    /// With KEDA's defaults: polling 30 s, queueLength 5, cooldown 300 s.
+    pub fn new(cfg: PolicyConfig) -> Self {
+        Self {
+            cfg,
+            queue_length: 5,
+            cooldown_s: 300.0,
+        }
+    }
+}
+
+impl Strategy for KedaLike {
+    fn name(&self) -> &str {
+        "keda-like"
+    }
+    fn config(&self) -> &PolicyConfig {
+        &self.cfg
+    }
+    fn tick_s(&self) -> f64 {
+        30.0
+    }
+    fn decides_on_submit(&self) -> bool {
+        false
+    }
+    fn decide(&mut self, obs: &Observation<'_>, now: f64) -> Plan {
+        let mut plan = Plan::default();
+        let lane = self.cfg.lane_index("standard").unwrap_or(0);
+        let backlog: u32 = obs.lanes.iter().map(|l| l.backlog.total(false)).sum();
+        let max = self.cfg.lanes[lane].max_workers.min(self.cfg.limits.max_workers_total);
+        // A multi-instance job's pods are pending together, so Karpenter provisions all of them.
+        let gang = obs.jobs.iter().map(|j| j.instances).max().unwrap_or(0);
+        let desired = backlog.div_ceil(self.queue_length).max(gang).min(max) as usize;
+        let live: Vec<_> = obs
+            .workers
+            .iter()
+            .filter(|w| matches!(w.state, WorkerState::Pending | WorkerState::Running | WorkerState::Idle))
+            .collect();
+        let unmatched = unmatched_shapes(obs, &self.cfg);
+        if desired > live.len() && !unmatched.is_empty() {
+            // Karpenter provisions nodes for the pending pods: shapes of unmatched jobs.
+            let mut by_shape: BTreeMap<u32, u32> = BTreeMap::new();
+            for g in unmatched.into_iter().take(desired - live.len()) {
+                *by_shape.entry(g).or_default() += 1;
+            }
+            for (g, n) in by_shape {
+                if let Some(o) = cheapest_per_hour(obs.offerings, g, CapacityPreference::SpotFirst, &self.cfg, obs, now)
+                {
+                    plan.actions.push(launch(
+                        lane,
+                        o,
+                        g,
+                        n,
+                        CapacityPreference::SpotFirst,
+                        Reason::UnmetBacklog { unmet_jobs: backlog },
+                        &self.cfg,
+                    ));
+                }
+            }
+            return plan;
+        }
+        // Scale-in after the cooldown: down to `desired`, and empty nodes no queued job fits
+        // (Karpenter consolidation) even at `desired`.
+        let fits_queue = |w: &WorkerView| {
+            obs.jobs.iter().any(|j| {
+                choice::fits(
+                    w.gpus,
+                    w.gpu_memory_gib,
+                    j.gpus_per_instance,
+                    self.cfg.offers.min_gpu_memory_gib,
+                    self.cfg.offers.max_gpu_oversize,
+                )
+            })
+        };
+        let mut idle: Vec<&&WorkerView> = live.iter().filter(|w| w.state == WorkerState::Idle).collect();
+        idle.sort_by(|a, b| a.idle_since.unwrap_or(now).total_cmp(&b.idle_since.unwrap_or(now)));
+        let surplus = live.len().saturating_sub(desired);
+        let mut removed = 0;
+        for w in idle {
+            let idle_s = now - w.idle_since.unwrap_or(now);
+            if idle_s < self.cooldown_s {
+                continue;
+            }
+            if removed < surplus || !fits_queue(w) {
+                removed += 1;
+                plan.actions.push(Action::Terminate {
+                    worker: w.id.clone(),
+                    reason: Reason::KeepAliveExpired {
+                        idle_s,
+                        keep_alive_s: self.cooldown_s,
+                    },
+                });
+            }
+        }
+        plan
+    }
+}
+
+/// Utilisation target tracking with a minimum of one instance.
+pub struct MinOneWarm {
+    cfg: PolicyConfig,
+    /// Target utilisation. 0.7.
+    pub target: f64,
+    /// Minutes under target before scale-in. 15 (EC2 target tracking's scale-in alarm).
+    pub scale_in_after_s: f64,
+    below_since: Option<f64>,
+}
+
+impl MinOneWarm {
+    /// With the defaults above.
+    pub fn new(cfg: PolicyConfig) -> Self {
+        Self {
+            cfg,
+            target: 0.7,
+            scale_in_after_s: 900.0,
+            below_since: None,
+        }
+    }
+}
+
+impl Strategy for MinOneWarm {
+    fn name(&self) -> &str {
+        "min-one-warm"
+    }
+    fn config(&self) -> &PolicyConfig {
+        &self.cfg
+    }
+    fn tick_s(&self) -> f64 {
+        60.0
+    }
+    fn decides_on_submit(&self) -> bool {
+        false
+    }
+    fn decide(&mut self, obs: &Observation<'_>, now: f64) -> Plan {
+        let mut plan = Plan::default();
+        let lane = self.cfg.lane_index("standard").unwrap_or(0);
+        let live: Vec<_> = obs
+            .workers
+            .iter()
+            .filter(|w| matches!(w.state, WorkerState::Pending | WorkerState::Running | WorkerState::Idle))
+            .collect();
+        let busy = live.iter().filter(|w| w.state == WorkerState::Running).count();
+        let unmatched = unmatched_shapes(obs, &self.cfg);
+        let demand = busy + unmatched.len();
+        let max = self.cfg.lanes[lane].max_workers.min(self.cfg.limits.max_workers_total) as usize;
+        let desired = ((demand as f64 / self.target).ceil() as usize).clamp(1, max.max(1));
+        if desired > live.len() {
+            self.below_since = None;
+            let mut shapes = unmatched;
+            shapes.resize(desired - live.len(), 1);
+            shapes.truncate(desired - live.len());
+            let mut by_shape: BTreeMap<u32, u32> = BTreeMap::new();
+            for g in shapes {
+                *by_shape.entry(g).or_default() += 1;
+            }
+            for (g, n) in by_shape {
+                if let Some(o) = cheapest_per_hour(obs.offerings, g, CapacityPreference::OnDemand, &self.cfg, obs, now)
+                {
+                    plan.actions.push(launch(
+                        lane,
+                        o,
+                        g,
+                        n,
+                        CapacityPreference::OnDemand,
+                        Reason::UnmetBacklog {
+                            unmet_jobs: demand as u32,
+                        },
+                        &self.cfg,
+                    ));
+                }
+            }
+        } else if desired < live.len() {
+            let since = *self.below_since.get_or_insert(now);
+            if now - since >= self.scale_in_after_s {
+                let mut idle: Vec<_> = live.iter().filter(|w| w.state == WorkerState::Idle).collect();
+                idle.sort_by(|a, b| a.idle_since.unwrap_or(now).total_cmp(&b.idle_since.unwrap_or(now)));
+                for w in idle.into_iter().take(live.len() - desired) {
+                    plan.actions.push(Action::Terminate {
+                        worker: w.id.clone(),
+                        reason: Reason::KeepAliveExpired {
+                            idle_s: now - w.idle_since.unwrap_or(now),
+                            keep_alive_s: self.scale_in_after_s,
+                        },
+                    });
+                }
+            }
+        } else {
+            self.below_since = None;
+        }
+        plan
+    }
+}
+
+/// A fixed fleet sized at the trace's peak need, never released.
+pub struct AlwaysOn {
+    cfg: PolicyConfig,
+    /// Instances per GPU shape.
+    pub fleet: BTreeMap<u32, u32>,
+    launched: bool,
+}
+
+impl AlwaysOn {
+    /// `fleet`: instances to hold per GPUs-per-instance shape (see [`crate::peak_need`]).
+    pub fn new(cfg: PolicyConfig, fleet: BTreeMap<u32, u32>) -> Self {
+        Self {
+            cfg,
+            fleet,
+            launched: false,
+        }
+    }
+}
+
+impl Strategy for AlwaysOn {
+    fn name(&self) -> &str {
+        "always-on"
+    }
+    fn config(&self) -> &PolicyConfig {
+        &self.cfg
+    }
+    fn tick_s(&self) -> f64 {
+        300.0
+    }
+    fn decides_on_submit(&self) -> bool {
+        false
+    }
+    fn decide(&mut self, obs: &Observation<'_>, now: f64) -> Plan {
+        let mut plan = Plan::default();
+        let lane = self.cfg.lane_index("standard").unwrap_or(0);
+        if self.launched {
+            return plan;
+        }
+        // Launch the whole fleet once, at the start.
+        for (&g, &n) in &self.fleet {
+            if let Some(o) = cheapest_per_hour(obs.offerings, g, CapacityPreference::OnDemand, &self.cfg, obs, now) {
+                plan.actions.push(launch(
+                    lane,
+                    o,
+                    g,
+                    n,
+                    CapacityPreference::OnDemand,
+                    Reason::WarmPool { target: n, ready: 0 },
+                    &self.cfg,
+                ));
+            }
+        }
+        self.launched = true;
+        plan
+    }
+}

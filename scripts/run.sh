@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The main job: build onoff (release) and replay the shipped busy week of the Philly trace through
+# onoff's policy and the baselines. Extra arguments go to `onoff simulate` (try --help).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v cargo >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs" >&2; exit 1; }
+cargo build --release --locked -p onoff
+exec ./target/release/onoff simulate "$@"
