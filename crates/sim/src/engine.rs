@@ -438,17 +438,19 @@ impl World {
 
     /// Give idle workers queued jobs they fit, oldest job first (workers pulling from the queue).
     fn dispatch(&mut self, pcfg: &PolicyConfig) {
+        let mut idle: Vec<usize> = (0..self.workers.len()).filter(|&i| self.workers[i].state == WorkerState::Idle).collect();
         let mut qi = 0;
-        while qi < self.queued.len() {
+        while qi < self.queued.len() && !idle.is_empty() {
             let pj = &self.queued[qi];
             let min_mem = pj.min_gpu_memory_gib.max(pcfg.offers.min_gpu_memory_gib);
             let need = pj.instances.max(1) as usize;
             // Smallest fitting idle workers of the lane.
-            let mut cands: Vec<usize> = (0..self.workers.len())
+            let mut cands: Vec<usize> = idle
+                .iter()
+                .copied()
                 .filter(|&i| {
                     let w = &self.workers[i];
-                    w.state == WorkerState::Idle
-                        && w.lane == pj.lane
+                    w.lane == pj.lane
                         && fits(
                             w.gpus,
                             w.gpu_memory_gib,
@@ -464,6 +466,7 @@ impl World {
             }
             cands.sort_by_key(|&i| (self.workers[i].gpus, self.workers[i].seq));
             cands.truncate(need);
+            idle.retain(|i| !cands.contains(i));
             let pj = self.queued.remove(qi);
             let job = self.queued_idx.remove(qi);
             self.lanes[pj.lane].backlog.visible -= 1;
