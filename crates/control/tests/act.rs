@@ -9,7 +9,11 @@ use onoff_policy::{
 };
 
 fn key(ty: &str, zone: &str) -> OfferingKey {
-    OfferingKey { instance_type: ty.into(), zone: zone.into(), capacity_type: CapacityType::Spot }
+    OfferingKey {
+        instance_type: ty.into(),
+        zone: zone.into(),
+        capacity_type: CapacityType::Spot,
+    }
 }
 
 fn offerings() -> Vec<Offering> {
@@ -33,7 +37,12 @@ fn launch_plan(offering: OfferingKey, count: u32) -> Plan {
             lane: 1,
             offering,
             count,
-            request: LaunchShape { gpus: 1, min_gpu_memory_gib: 16.0, capacity: CapacityPreference::SpotFirst, runtime_s: 3600.0 },
+            request: LaunchShape {
+                gpus: 1,
+                min_gpu_memory_gib: 16.0,
+                capacity: CapacityPreference::SpotFirst,
+                runtime_s: 3600.0,
+            },
             project: Some("p".into()),
             job: None,
             reason: Reason::UnmetBacklog { unmet_jobs: count },
@@ -46,7 +55,13 @@ fn launched_offerings(fleet: &FakeFleet) -> Vec<OfferingKey> {
     fleet
         .calls()
         .into_iter()
-        .filter_map(|c| if let FleetCall::Launch(r) = c { Some(r.offering) } else { None })
+        .filter_map(|c| {
+            if let FleetCall::Launch(r) = c {
+                Some(r.offering)
+            } else {
+                None
+            }
+        })
         .collect()
 }
 
@@ -56,17 +71,27 @@ fn capacity_error_falls_back_to_the_next_offering_and_marks_the_first_unavailabl
     fleet.set_no_capacity(key("a.1", "z1"));
     let cfg = PolicyConfig::default();
     let offs = offerings();
-    let ctx = ActContext { cfg: &cfg, offerings: &offs, unavailable: &[], now: 1000.0 };
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 1000.0,
+    };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
     assert_eq!(out.launched.len(), 2);
     assert!(out.launched.iter().all(|l| l.launched.offering == key("a.1", "z2")));
     assert_eq!(launched_offerings(&fleet), vec![key("a.1", "z1"), key("a.1", "z2")]);
     assert_eq!(out.capacity_errors, vec![key("a.1", "z1")]);
-    assert_eq!(avail.marked().get(&key("a.1", "z1")), Some(&(1000.0 + cfg.offers.unavailable_ttl_s)));
+    assert_eq!(
+        avail.marked().get(&key("a.1", "z1")),
+        Some(&(1000.0 + cfg.offers.unavailable_ttl_s))
+    );
     // Registered as Pending, lane name from the config, project kept.
     let recs = reg.records();
     assert_eq!(recs.len(), 2);
-    assert!(recs.values().all(|r| r.state == WorkerState::Pending && r.lane == "standard" && r.project.as_deref() == Some("p")));
+    assert!(recs
+        .values()
+        .all(|r| r.state == WorkerState::Pending && r.lane == "standard" && r.project.as_deref() == Some("p")));
     assert!(out.unlaunched.is_empty());
 }
 
@@ -76,10 +101,19 @@ fn partial_fulfilment_moves_the_rest_to_the_next_offering() {
     fleet.set_capacity_limit(key("a.1", "z1"), 1);
     let cfg = PolicyConfig::default();
     let offs = offerings();
-    let ctx = ActContext { cfg: &cfg, offerings: &offs, unavailable: &[], now: 0.0 };
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 0.0,
+    };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 3), ctx, &fleet, &reg, &avail));
     assert_eq!(out.launched.len(), 3);
-    let in_z2 = out.launched.iter().filter(|l| l.launched.offering == key("a.1", "z2")).count();
+    let in_z2 = out
+        .launched
+        .iter()
+        .filter(|l| l.launched.offering == key("a.1", "z2"))
+        .count();
     assert_eq!(in_z2, 2);
 }
 
@@ -91,7 +125,12 @@ fn when_no_offering_has_capacity_the_shortfall_is_reported_not_hidden() {
     }
     let cfg = PolicyConfig::default();
     let offs = offerings();
-    let ctx = ActContext { cfg: &cfg, offerings: &offs, unavailable: &[], now: 0.0 };
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 0.0,
+    };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
     assert!(out.launched.is_empty());
     assert_eq!(out.unlaunched, vec![(1, 2)]);
@@ -101,10 +140,18 @@ fn when_no_offering_has_capacity_the_shortfall_is_reported_not_hidden() {
 #[test]
 fn other_launch_errors_are_collected_and_not_retried_elsewhere() {
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
-    fleet.fail_next(FleetError { kind: FleetErrorKind::Other, message: "InvalidLaunchTemplateId.NotFound".into() });
+    fleet.fail_next(FleetError {
+        kind: FleetErrorKind::Other,
+        message: "InvalidLaunchTemplateId.NotFound".into(),
+    });
     let cfg = PolicyConfig::default();
     let offs = offerings();
-    let ctx = ActContext { cfg: &cfg, offerings: &offs, unavailable: &[], now: 0.0 };
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 0.0,
+    };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 1), ctx, &fleet, &reg, &avail));
     assert_eq!(out.errors.len(), 1);
     assert!(out.errors[0].contains("InvalidLaunchTemplateId"));
@@ -117,15 +164,29 @@ fn terminate_and_cancel_go_to_their_own_calls_and_mark_terminating() {
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
     let cfg = PolicyConfig::default();
     let offs = offerings();
-    let ctx = ActContext { cfg: &cfg, offerings: &offs, unavailable: &[], now: 0.0 };
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 0.0,
+    };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
     let ids: Vec<String> = out.launched.iter().map(|l| l.launched.instance_id.clone()).collect();
     let plan = Plan {
         actions: vec![
-            Action::Terminate { worker: ids[0].clone(), reason: Reason::PendingNotNeeded },
-            Action::CancelLaunch { worker: ids[1].clone(), reason: Reason::PendingNotNeeded },
+            Action::Terminate {
+                worker: ids[0].clone(),
+                reason: Reason::PendingNotNeeded,
+            },
+            Action::CancelLaunch {
+                worker: ids[1].clone(),
+                reason: Reason::PendingNotNeeded,
+            },
             // Already gone: not an error.
-            Action::Terminate { worker: "i-gone".into(), reason: Reason::PendingNotNeeded },
+            Action::Terminate {
+                worker: "i-gone".into(),
+                reason: Reason::PendingNotNeeded,
+            },
         ],
         ..Plan::default()
     };
@@ -143,14 +204,43 @@ fn an_interruption_notice_drains_the_worker_and_marks_its_offering() {
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
     let cfg = PolicyConfig::default();
     let offs = offerings();
-    let ctx = ActContext { cfg: &cfg, offerings: &offs, unavailable: &[], now: 0.0 };
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 0.0,
+    };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 1), ctx, &fleet, &reg, &avail));
     let id = out.launched[0].launched.instance_id.clone();
-    pollster::block_on(handle_interruption_notice(&reg, &avail, &cfg, &id, &key("a.1", "z1"), 50.0)).unwrap();
+    pollster::block_on(handle_interruption_notice(
+        &reg,
+        &avail,
+        &cfg,
+        &id,
+        &key("a.1", "z1"),
+        50.0,
+    ))
+    .unwrap();
     // Twice is the same as once.
-    pollster::block_on(handle_interruption_notice(&reg, &avail, &cfg, &id, &key("a.1", "z1"), 50.0)).unwrap();
+    pollster::block_on(handle_interruption_notice(
+        &reg,
+        &avail,
+        &cfg,
+        &id,
+        &key("a.1", "z1"),
+        50.0,
+    ))
+    .unwrap();
     assert_eq!(reg.records()[&id].state, WorkerState::Draining);
     assert_eq!(avail.marked()[&key("a.1", "z1")], 50.0 + cfg.offers.unavailable_ttl_s);
     // A notice for a worker already gone is not an error.
-    pollster::block_on(handle_interruption_notice(&reg, &avail, &cfg, "i-unknown", &key("b.1", "z1"), 60.0)).unwrap();
+    pollster::block_on(handle_interruption_notice(
+        &reg,
+        &avail,
+        &cfg,
+        "i-unknown",
+        &key("b.1", "z1"),
+        60.0,
+    ))
+    .unwrap();
 }

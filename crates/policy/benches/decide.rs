@@ -7,14 +7,24 @@ use onoff_policy::{
     WorkerView,
 };
 
-fn setup() -> (Vec<LaneObservation>, Vec<PendingJob>, Vec<WorkerView>, Vec<Offering>, PolicyConfig) {
+fn setup() -> (
+    Vec<LaneObservation>,
+    Vec<PendingJob>,
+    Vec<WorkerView>,
+    Vec<Offering>,
+    PolicyConfig,
+) {
     let now = 1_700_000_000.0;
     let mut offerings = Vec::new();
     for (i, gpus) in [1u32, 1, 2, 4, 8, 8].into_iter().enumerate() {
         for zone in ["a", "b", "c", "d", "e", "f"] {
             for (cap, p) in [(CapacityType::Spot, 0.3), (CapacityType::OnDemand, 1.0)] {
                 offerings.push(Offering {
-                    key: OfferingKey { instance_type: format!("t{i}.x"), zone: format!("us-east-1{zone}"), capacity_type: cap },
+                    key: OfferingKey {
+                        instance_type: format!("t{i}.x"),
+                        zone: format!("us-east-1{zone}"),
+                        capacity_type: cap,
+                    },
                     gpus,
                     gpu_model: "NVIDIA A10G".into(),
                     gpu_memory_gib: 24.0,
@@ -40,7 +50,12 @@ fn setup() -> (Vec<LaneObservation>, Vec<PendingJob>, Vec<WorkerView>, Vec<Offer
             enqueued_at: now - i as f64,
         })
         .collect();
-    let states = [WorkerState::Running, WorkerState::Running, WorkerState::Idle, WorkerState::Pending];
+    let states = [
+        WorkerState::Running,
+        WorkerState::Running,
+        WorkerState::Idle,
+        WorkerState::Pending,
+    ];
     let workers: Vec<WorkerView> = (0..1_000)
         .map(|i| {
             let state = states[i % states.len()];
@@ -73,7 +88,13 @@ fn setup() -> (Vec<LaneObservation>, Vec<PendingJob>, Vec<WorkerView>, Vec<Offer
 
 fn bench(c: &mut Criterion) {
     let (lanes, jobs, workers, offerings, cfg) = setup();
-    let obs = Observation { lanes: &lanes, jobs: &jobs, workers: &workers, offerings: &offerings, unavailable: &[] };
+    let obs = Observation {
+        lanes: &lanes,
+        jobs: &jobs,
+        workers: &workers,
+        offerings: &offerings,
+        unavailable: &[],
+    };
     c.bench_function("decide 10k jobs x 1k workers", |b| {
         b.iter(|| std::hint::black_box(decide(std::hint::black_box(&obs), &cfg, 1_700_000_000.0)))
     });

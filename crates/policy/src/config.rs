@@ -267,7 +267,7 @@ impl Default for ProjectQuota {
 }
 
 /// Quotas, caps and budget.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
     /// Maximum live workers over all lanes. Default 64.
@@ -286,6 +286,20 @@ pub struct LimitsConfig {
     pub deadline_margin_s: f64,
     /// Count SQS delayed messages in the backlog. Default false (KEDA's `scaleOnDelayed` default).
     pub count_delayed: bool,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_workers_total: 64,
+            projects: BTreeMap::new(),
+            job_type_caps: BTreeMap::new(),
+            max_usd_per_h: None,
+            frozen: false,
+            deadline_margin_s: 600.0,
+            count_delayed: false,
+        }
+    }
 }
 
 /// Every knob of the policy. See each field's type for defaults and their sources.
@@ -321,11 +335,7 @@ impl Default for PolicyConfig {
             scale_down: ScaleDownConfig::default(),
             anti_thrash: AntiThrashConfig::default(),
             offers: OfferConfig::default(),
-            limits: LimitsConfig {
-                max_workers_total: 64,
-                deadline_margin_s: 600.0,
-                ..LimitsConfig::default()
-            },
+            limits: LimitsConfig::default(),
         }
     }
 }

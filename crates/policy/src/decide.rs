@@ -255,6 +255,24 @@ pub fn decide(obs: &Observation<'_>, cfg: &PolicyConfig, now: f64) -> Plan {
                     runtime_s: oc.default_runtime_s,
                 };
                 let ranked = choice::rank(obs.offerings, &req, oc, obs.unavailable, now);
+                // The budget cap holds for the warm pool too.
+                let n = match (cfg.limits.max_usd_per_h, ranked.first()) {
+                    (Some(cap), Some((o, _))) if o.price_usd_per_h > 0.0 => {
+                        let fit = ((cap - b.spend) / o.price_usd_per_h).floor().max(0.0) as u32;
+                        if fit < n {
+                            plan.held.push(Held {
+                                lane,
+                                count: n - fit,
+                                reason: Reason::BudgetBreaker {
+                                    spend_usd_per_h: b.spend,
+                                    cap_usd_per_h: cap,
+                                },
+                            });
+                        }
+                        n.min(fit)
+                    }
+                    _ => n,
+                };
                 let reason = Reason::WarmPool {
                     target: warm_target,
                     ready: warm_idle + warm_pending,

@@ -438,7 +438,9 @@ impl World {
 
     /// Give idle workers queued jobs they fit, oldest job first (workers pulling from the queue).
     fn dispatch(&mut self, pcfg: &PolicyConfig) {
-        let mut idle: Vec<usize> = (0..self.workers.len()).filter(|&i| self.workers[i].state == WorkerState::Idle).collect();
+        let mut idle: Vec<usize> = (0..self.workers.len())
+            .filter(|&i| self.workers[i].state == WorkerState::Idle)
+            .collect();
         let mut qi = 0;
         while qi < self.queued.len() && !idle.is_empty() {
             let pj = &self.queued[qi];

@@ -8,7 +8,11 @@ const T0: f64 = 1_500_000_000.0;
 
 fn offering(ty: &str, cap: CapacityType, gpus: u32, price: f64) -> Offering {
     Offering {
-        key: OfferingKey { instance_type: ty.into(), zone: "us-east-1a".into(), capacity_type: cap },
+        key: OfferingKey {
+            instance_type: ty.into(),
+            zone: "us-east-1a".into(),
+            capacity_type: cap,
+        },
         gpus,
         gpu_model: "NVIDIA T".into(),
         gpu_memory_gib: 24.0,
@@ -20,7 +24,10 @@ fn offering(ty: &str, cap: CapacityType, gpus: u32, price: f64) -> Offering {
 
 /// One 1-GPU on-demand type at $1/h and one 4-GPU at $4/h: prices that make hand sums easy.
 fn offerings() -> Vec<Offering> {
-    vec![offering("one.gpu", CapacityType::OnDemand, 1, 1.0), offering("four.gpu", CapacityType::OnDemand, 4, 4.0)]
+    vec![
+        offering("one.gpu", CapacityType::OnDemand, 1, 1.0),
+        offering("four.gpu", CapacityType::OnDemand, 4, 4.0),
+    ]
 }
 
 fn trace(jobs: &[(f64, f64, u32)]) -> Trace {
@@ -54,7 +61,10 @@ fn sim(boot_s: f64) -> SimConfig {
 
 /// One lane, fixed idle timeout of `idle_s`.
 fn policy(idle_s: f64) -> PolicyConfig {
-    let mut cfg = PolicyConfig { lanes: vec![LaneConfig::default()], ..PolicyConfig::default() };
+    let mut cfg = PolicyConfig {
+        lanes: vec![LaneConfig::default()],
+        ..PolicyConfig::default()
+    };
     cfg.scale_down.mode = KeepAliveMode::Fixed;
     cfg.scale_down.fixed_idle_timeout_s = idle_s;
     cfg.offers.min_gpu_memory_gib = 0.0;
@@ -85,7 +95,11 @@ fn one_job_pays_boot_plus_run_and_waits_for_the_boot() {
 #[test]
 fn a_warm_worker_is_reused_within_the_idle_timeout() {
     // A: 0..600 s of work (runs 300..900), B arrives at 1200: the worker idled 300 s < 600 s.
-    let r = run_policy(&trace(&[(0.0, 600.0, 1), (1200.0, 600.0, 1)]), policy(600.0), &sim(300.0));
+    let r = run_policy(
+        &trace(&[(0.0, 600.0, 1), (1200.0, 600.0, 1)]),
+        policy(600.0),
+        &sim(300.0),
+    );
     assert_eq!(r.launches, 1);
     assert_eq!(r.jobs_completed, 2);
     // Billed from 0 to B's end at 1800 s.
@@ -135,7 +149,10 @@ fn multi_instance_jobs_use_several_instances_at_once() {
     let r = run_policy(&t, policy(600.0), &s);
     assert_eq!(r.launches, 3);
     assert!(close(r.total_usd, 3.0 * 4.0), "total {}", r.total_usd);
-    assert!(close(lower_bound_usd(&t, &offerings(), &policy(600.0), &s).unwrap(), 12.0));
+    assert!(close(
+        lower_bound_usd(&t, &offerings(), &policy(600.0), &s).unwrap(),
+        12.0
+    ));
 }
 
 #[test]
@@ -157,8 +174,16 @@ fn spot_interruptions_lose_at_most_the_work_since_the_last_checkpoint() {
         interruption: Some(onoff_policy::InterruptionBucket::Over20),
         ..offering("one.gpu", CapacityType::Spot, 1, 0.3)
     }];
-    let t = trace(&[(0.0, 20.0 * 3600.0, 1), (0.0, 20.0 * 3600.0, 1), (60.0, 10.0 * 3600.0, 1)]);
-    let s = SimConfig { interruptions: true, interruption_rate_factor: 2000.0, ..sim(300.0) };
+    let t = trace(&[
+        (0.0, 20.0 * 3600.0, 1),
+        (0.0, 20.0 * 3600.0, 1),
+        (60.0, 10.0 * 3600.0, 1),
+    ]);
+    let s = SimConfig {
+        interruptions: true,
+        interruption_rate_factor: 2000.0,
+        ..sim(300.0)
+    };
     let mut st = PolicyStrategy::new("onoff", policy(600.0));
     let r = run(&t, &spot, &mut st, &s, &mut |_| {});
     assert!(r.interruptions > 0, "the stress factor should interrupt");
@@ -167,8 +192,17 @@ fn spot_interruptions_lose_at_most_the_work_since_the_last_checkpoint() {
     // Each interruption loses less than one checkpoint interval on one GPU.
     assert!(r.lost_work_gpu_hours <= r.interruptions as f64 * s.checkpoint_interval_s / 3600.0 + 1e-9);
     // Checkpointing on the notice loses nothing.
-    let s2 = SimConfig { checkpoint_on_notice: true, ..s };
-    let r2 = run(&t, &spot, &mut PolicyStrategy::new("onoff", policy(600.0)), &s2, &mut |_| {});
+    let s2 = SimConfig {
+        checkpoint_on_notice: true,
+        ..s
+    };
+    let r2 = run(
+        &t,
+        &spot,
+        &mut PolicyStrategy::new("onoff", policy(600.0)),
+        &s2,
+        &mut |_| {},
+    );
     assert!(r2.interruptions > 0);
     assert!(close(r2.lost_work_gpu_hours, 0.0));
     assert_eq!(r2.jobs_lost, 0);
@@ -177,7 +211,10 @@ fn spot_interruptions_lose_at_most_the_work_since_the_last_checkpoint() {
 #[test]
 fn every_policy_finishes_the_shipped_short_slice_and_onoff_never_kills_a_busy_worker() {
     let t = Trace::load(
-        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/philly/philly-short.csv")),
+        std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../data/philly/philly-short.csv"
+        )),
         Default::default(),
     )
     .unwrap();
@@ -190,12 +227,25 @@ fn every_policy_finishes_the_shipped_short_slice_and_onoff_never_kills_a_busy_wo
     cfg.limits.max_workers_total = 1000;
     cfg.lanes.iter_mut().for_each(|l| l.max_workers = 1000);
     let s = SimConfig::default();
-    let c = compare("short", &t, &offerings, &cfg, &s, &onoff_sim::STRATEGIES, &mut |_, _| {}).unwrap();
+    let c = compare(
+        "short",
+        &t,
+        &offerings,
+        &cfg,
+        &s,
+        &onoff_sim::STRATEGIES,
+        &mut |_, _| {},
+    )
+    .unwrap();
     assert_eq!(c.policies.len(), 5);
     for p in &c.policies {
         assert_eq!(p.jobs_completed + p.jobs_lost, t.jobs.len() as u64, "{}", p.name);
         assert_eq!(p.jobs_lost, 0, "{} lost jobs", p.name);
-        assert!(p.total_usd >= c.lower_bound_usd * 0.999, "{} below the lower bound", p.name);
+        assert!(
+            p.total_usd >= c.lower_bound_usd * 0.999,
+            "{} below the lower bound",
+            p.name
+        );
     }
     let onoff = &c.policies[0];
     assert_eq!(onoff.name, "onoff");

@@ -70,7 +70,14 @@ fn worker_offering(gpus: u32) -> (&'static str, f64, f64) {
 }
 
 /// A worker in lane 0 on the spot offering of its GPU count (see [`offerings`]), no project.
-pub fn worker(id: &str, seq: u64, state: WorkerState, gpus: u32, launched_at: f64, idle_since: Option<f64>) -> WorkerView {
+pub fn worker(
+    id: &str,
+    seq: u64,
+    state: WorkerState,
+    gpus: u32,
+    launched_at: f64,
+    idle_since: Option<f64>,
+) -> WorkerView {
     let (ty, mem, price) = worker_offering(gpus);
     WorkerView {
         id: id.into(),
@@ -219,7 +226,9 @@ pub fn launched_for(plan: &Plan, project: &str) -> u32 {
         .iter()
         .map(|a| match a {
             Action::Launch {
-                count, project: Some(p), ..
+                count,
+                project: Some(p),
+                ..
             } if p == project => *count,
             _ => 0,
         })

@@ -1,0 +1,1445 @@
+//! Table-driven tests of `decide`: each row is bare input counts / times and the expected launches,
+//! terminations and held wants.
+
+mod common;
+
+use common::*;
+use onoff_policy::{
+    choice, keepalive, Action, CapacityPreference, CapacityType, ConfigError, KeepAliveMode, LaneConfig,
+    LaneObservation, Offering, PolicyConfig, ProjectQuota, Reason, ScaleDownConfig, UnavailableOffering, WarmWindow,
+    WorkerState,
+};
+
+fn pending(id: &str, seq: u64, gpus: u32, launched_ago: f64) -> onoff_policy::WorkerView {
+    worker(id, seq, WorkerState::Pending, gpus, NOW - launched_ago, None)
+}
+
+fn with_project(mut w: onoff_policy::WorkerView, p: &str) -> onoff_policy::WorkerView {
+    w.project = Some(p.into());
+    w
+}
+
+// ---------------------------------------------------------------------------------------------
+// Booting workers count as capacity.
+
+#[test]
+fn no_duplicate_launches_while_workers_boot() {
+    // (queued 1-GPU jobs, idle 1-GPU workers, pending 1-GPU workers, expected launches)
+    let rows: &[(usize, usize, usize, u32)] = &[
+        (0, 0, 0, 0),
+        (1, 0, 0, 1),
+        (5, 0, 0, 5),
+        (1, 0, 1, 0),
+        (5, 0, 5, 0),
+        (5, 0, 2, 3),
+        (5, 0, 4, 1),
+        (2, 0, 5, 0),
+        (3, 3, 0, 0),
+        (5, 2, 2, 1),
+        (8, 1, 3, 4),
+    ];
+    let cfg = cfg();
+    for &(queued, n_idle, n_pending, want) in rows {
+        let mut workers = Vec::new();
+        for i in 0..n_idle {
+            workers.push(idle(&format!("idle{i}"), i as u64, 5.0));
+        }
+        for i in 0..n_pending {
+            workers.push(pending(&format!("pend{i}"), 100 + i as u64, 1, 90.0));
+        }
+        let w = World::new(jobs("j", queued), workers);
+        let plan = w.decide(&cfg, NOW);
+        let row = format!("queued {queued}, idle {n_idle}, pending {n_pending}");
+        assert_eq!(plan.launches(), want, "{row}: {plan:#?}");
+        assert_eq!(plan.lanes[0].unmet_jobs, want, "{row}");
+        assert_eq!(plan.releases().count(), 0, "{row}: nothing is released: {plan:#?}");
+        for (k, _, reason, job) in launch_list(&plan) {
+            assert_eq!(k, &key(G5, CapacityType::Spot), "{row}");
+            assert_eq!(job, None, "{row}");
+            let expected = if n_idle + n_pending == 0 {
+                Reason::Activation { backlog: queued as u32 }
+            } else {
+                Reason::UnmetBacklog { unmet_jobs: want }
+            };
+            assert_eq!(reason, &expected, "{row}");
+        }
+    }
+}
+
+#[test]
+fn booting_workers_only_count_for_jobs_they_fit() {
+    // (job GPUs, pending worker GPUs, queued, pending, expected launches, expected instance type)
+    let rows: &[(u32, u32, usize, usize, u32, &str)] = &[
+        (1, 1, 2, 2, 0, G5),
+        (4, 1, 2, 2, 2, G5_12X), // a 4-GPU job does not fit a 1-GPU worker
+        (1, 4, 2, 2, 2, G5),     // a 1-GPU job may not take a 4-GPU worker (max_gpu_oversize 1)
+        (4, 4, 2, 1, 1, G5_12X), // one of two covered
+        (8, 8, 3, 3, 0, P4D),    // covered
+        (8, 4, 1, 2, 1, P4D),    // two 4-GPU workers are not one 8-GPU one
+    ];
+    let cfg = cfg();
+    for &(jg, wg, queued, n_pending, want, ty) in rows {
+        let js: Vec<_> = (0..queued).map(|i| job(&format!("j{i}"), jg, NOW - 60.0)).collect();
+        let ws: Vec<_> = (0..n_pending)
+            .map(|i| pending(&format!("p{i}"), i as u64, wg, 90.0))
+            .collect();
+        let plan = World::new(js, ws).decide(&cfg, NOW);
+        let row = format!("{queued} x {jg}-GPU jobs, {n_pending} x {wg}-GPU pending");
+        assert_eq!(plan.launches(), want, "{row}: {plan:#?}");
+        for (k, ..) in launch_list(&plan) {
+            assert_eq!(k, &key(ty, CapacityType::Spot), "{row}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation (0 -> 1) apart from the 1 -> N target.
+
+#[test]
+fn activation_is_apart_from_scale_out() {
+    // (activation_backlog, queued, running workers, SQS visible override, expected launches, reason)
+    type Row = (u32, usize, usize, Option<u32>, u32, Option<Reason>);
+    let rows: Vec<Row> = vec![
+        (1, 1, 0, None, 1, Some(Reason::Activation { backlog: 1 })),
+        (3, 1, 0, None, 0, None),
+        (3, 2, 0, None, 0, None),
+        (3, 3, 0, None, 3, Some(Reason::Activation { backlog: 3 })),
+        (3, 5, 0, None, 5, Some(Reason::Activation { backlog: 5 })),
+        // The queue reports more than the jobs listed: the queue's figure activates the lane.
+        (3, 1, 0, Some(3), 1, Some(Reason::Activation { backlog: 3 })),
+        // Lane already live: the activation threshold does not apply.
+        (3, 1, 1, None, 1, Some(Reason::UnmetBacklog { unmet_jobs: 1 })),
+        (3, 2, 2, None, 2, Some(Reason::UnmetBacklog { unmet_jobs: 2 })),
+        (1, 4, 3, None, 4, Some(Reason::UnmetBacklog { unmet_jobs: 4 })),
+    ];
+    for (threshold, queued, n_running, visible, want, reason) in rows {
+        let mut cfg = cfg();
+        cfg.lanes[0].activation_backlog = threshold;
+        let ws: Vec<_> = (0..n_running).map(|i| running(&format!("r{i}"))).collect();
+        let mut w = World::new(jobs("j", queued), ws);
+        if let Some(v) = visible {
+            w.lanes[0].backlog.visible = v;
+        }
+        let plan = w.decide(&cfg, NOW);
+        let row = format!("threshold {threshold}, queued {queued}, running {n_running}, visible {visible:?}");
+        assert_eq!(plan.launches(), want, "{row}: {plan:#?}");
+        let reasons: Vec<_> = launch_list(&plan).into_iter().map(|l| l.2.clone()).collect();
+        match &reason {
+            Some(r) => assert!(
+                reasons.iter().all(|x| x == r) && !reasons.is_empty(),
+                "{row}: {reasons:?}"
+            ),
+            None => assert!(reasons.is_empty(), "{row}"),
+        }
+    }
+}
+
+#[test]
+fn draining_workers_do_not_keep_a_lane_active() {
+    let mut cfg = cfg();
+    cfg.lanes[0].activation_backlog = 2;
+    let d = worker("d", 0, WorkerState::Draining, 1, NOW - 3600.0, None);
+    // (queued, expected launches)
+    for (queued, want) in [(1usize, 0u32), (2, 2)] {
+        let plan = World::new(jobs("j", queued), vec![d.clone()]).decide(&cfg, NOW);
+        assert_eq!(plan.launches(), want, "queued {queued}: {plan:#?}");
+        if want > 0 {
+            assert!(matches!(launch_list(&plan)[0].2, Reason::Activation { .. }));
+        }
+    }
+}
+
+#[test]
+fn scale_up_hysteresis_and_window() {
+    // (scale_up_unmet_jobs, scale_up_window_s, queued, job age s, running, expected launches)
+    let rows: &[(u32, f64, usize, f64, usize, u32)] = &[
+        (2, 0.0, 1, 60.0, 1, 0),
+        (2, 0.0, 2, 60.0, 1, 2),
+        (1, 120.0, 3, 60.0, 1, 0), // jobs too young
+        (1, 120.0, 3, 180.0, 1, 3),
+        (5, 0.0, 1, 60.0, 0, 1), // hysteresis does not hold back activation
+    ];
+    for &(band, window, queued, age, n_running, want) in rows {
+        let mut cfg = cfg();
+        cfg.anti_thrash.scale_up_unmet_jobs = band;
+        cfg.anti_thrash.scale_up_window_s = window;
+        let js: Vec<_> = (0..queued).map(|i| job(&format!("j{i}"), 1, NOW - age)).collect();
+        let ws: Vec<_> = (0..n_running).map(|i| running(&format!("r{i}"))).collect();
+        let plan = World::new(js, ws).decide(&cfg, NOW);
+        assert_eq!(
+            plan.launches(),
+            want,
+            "band {band}, window {window}, queued {queued} aged {age}, running {n_running}: {plan:#?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keep-alive (Fixed mode, 600 s) never touches busy or booting workers.
+
+#[test]
+fn fixed_keep_alive_releases_only_idle_workers_past_it() {
+    struct Row {
+        label: &'static str,
+        state: WorkerState,
+        launched_ago: f64,
+        idle_for: Option<f64>,
+        min_runtime: f64,
+        other_launched_ago: Option<f64>,
+        queued: usize,
+        terminated: bool,
+    }
+    let r = |label, state, launched_ago, idle_for, min_runtime, other_launched_ago, queued, terminated| Row {
+        label,
+        state,
+        launched_ago,
+        idle_for,
+        min_runtime,
+        other_launched_ago,
+        queued,
+        terminated,
+    };
+    use WorkerState::*;
+    let rows = [
+        r("running", Running, 7200.0, None, 60.0, None, 0, false),
+        r("draining", Draining, 7200.0, None, 60.0, None, 0, false),
+        r("pending, needed", Pending, 7200.0, None, 60.0, None, 1, false),
+        r("idle 601 s", Idle, 7200.0, Some(601.0), 60.0, None, 0, true),
+        r("idle 600 s", Idle, 7200.0, Some(600.0), 60.0, None, 0, true),
+        r("idle 599 s", Idle, 7200.0, Some(599.0), 60.0, None, 0, false),
+        r("idle 10 s", Idle, 7200.0, Some(10.0), 60.0, None, 0, false),
+        r("min runtime holds", Idle, 1000.0, Some(700.0), 1200.0, None, 0, false),
+        r("min runtime passed", Idle, 1300.0, Some(700.0), 1200.0, None, 0, true),
+        r(
+            "scale-up 60 s ago",
+            Idle,
+            7200.0,
+            Some(700.0),
+            60.0,
+            Some(60.0),
+            0,
+            false,
+        ),
+        r(
+            "scale-up 119 s ago",
+            Idle,
+            7200.0,
+            Some(700.0),
+            60.0,
+            Some(119.0),
+            0,
+            false,
+        ),
+        r(
+            "scale-up 200 s ago",
+            Idle,
+            7200.0,
+            Some(700.0),
+            60.0,
+            Some(200.0),
+            0,
+            true,
+        ),
+    ];
+    for row in rows {
+        let mut cfg = cfg();
+        cfg.scale_down.mode = KeepAliveMode::Fixed;
+        cfg.anti_thrash.min_runtime_s = row.min_runtime;
+        let mut ws = vec![worker(
+            "w",
+            0,
+            row.state,
+            1,
+            NOW - row.launched_ago,
+            row.idle_for.map(|i| NOW - i),
+        )];
+        if let Some(ago) = row.other_launched_ago {
+            let mut o = running("other");
+            o.launched_at = NOW - ago;
+            ws.push(o);
+        }
+        let plan = World::new(jobs("j", row.queued), ws).decide(&cfg, NOW);
+        let t = terminated(&plan);
+        assert_eq!(t.contains(&"w"), row.terminated, "{}: {plan:#?}", row.label);
+        assert!(!t.contains(&"other"), "{}", row.label);
+        assert!(cancelled(&plan).is_empty(), "{}: {plan:#?}", row.label);
+        for a in &plan.actions {
+            if let Action::Terminate { reason, .. } = a {
+                let idle_s = row.idle_for.unwrap();
+                assert_eq!(
+                    reason,
+                    &Reason::KeepAliveExpired {
+                        idle_s,
+                        keep_alive_s: 600.0
+                    },
+                    "{}",
+                    row.label
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn busy_and_booting_workers_survive_any_keep_alive_mode() {
+    // Very long-running busy workers, and a booting worker with a job for it, in every mode.
+    for mode in [
+        KeepAliveMode::Fixed,
+        KeepAliveMode::Adaptive,
+        KeepAliveMode::CooldownDecay,
+    ] {
+        let mut cfg = cfg();
+        cfg.scale_down.mode = mode;
+        let ws = vec![
+            worker("run", 0, WorkerState::Running, 1, NOW - 86_400.0, None),
+            worker("drain", 1, WorkerState::Draining, 1, NOW - 86_400.0, None),
+            worker("boot", 2, WorkerState::Pending, 4, NOW - 86_400.0, None),
+            worker("idle", 3, WorkerState::Idle, 1, NOW - 86_400.0, Some(NOW - 80_000.0)),
+        ];
+        let js = vec![job("j", 4, NOW - 10.0)];
+        let plan = World::new(js, ws).decide(&cfg, NOW);
+        assert_eq!(terminated(&plan), vec!["idle"], "{mode:?}: {plan:#?}");
+        assert!(cancelled(&plan).is_empty(), "{mode:?}");
+        assert_eq!(plan.launches(), 0, "{mode:?}: the 4-GPU job has its booting worker");
+    }
+}
+
+#[test]
+fn idle_workers_taken_by_queued_jobs_are_not_released() {
+    // Fixed keep-alive 600 s. A queued job takes the most recently idle worker that fits it.
+    // (queued job GPUs (one job per entry), idle 1-GPU workers idle for s, expected terminated, launches)
+    type Row = (&'static [u32], &'static [f64], &'static [&'static str], u32);
+    let rows: &[Row] = &[
+        (&[1], &[3000.0], &[], 0),
+        (&[1], &[1000.0, 3000.0], &["w3000"], 0),
+        (&[1, 1], &[1000.0, 3000.0], &[], 0),
+        (&[], &[1000.0, 3000.0], &["w1000", "w3000"], 0),
+        (&[4], &[3000.0], &["w3000"], 1),
+        (&[1, 1, 1], &[1000.0, 3000.0], &[], 1),
+    ];
+    for &(job_gpus, idles, want, launches) in rows {
+        let mut cfg = cfg();
+        cfg.scale_down.mode = KeepAliveMode::Fixed;
+        let js: Vec<_> = job_gpus
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| job(&format!("j{i}"), g, NOW - 5.0))
+            .collect();
+        let ws: Vec<_> = idles
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| idle(&format!("w{t}"), i as u64, t))
+            .collect();
+        let plan = World::new(js, ws).decide(&cfg, NOW);
+        let mut got = terminated(&plan);
+        got.sort();
+        assert_eq!(got, want.to_vec(), "jobs {job_gpus:?}, idle {idles:?}: {plan:#?}");
+        assert_eq!(plan.launches(), launches, "jobs {job_gpus:?}, idle {idles:?}");
+    }
+}
+
+#[test]
+fn booting_workers_nothing_needs_are_cancelled_not_terminated() {
+    // (queued jobs, pending launched s ago, expected cancelled)
+    let rows: &[(usize, f64, bool)] = &[
+        (0, 300.0, true),
+        (0, 60.0, false), // within scale_down_delay_after_scale_up_s (120 s)
+        (1, 300.0, false),
+    ];
+    for &(queued, ago, want) in rows {
+        let plan = World::new(jobs("j", queued), vec![pending("p", 0, 1, ago)]).decide(&cfg(), NOW);
+        assert!(terminated(&plan).is_empty());
+        assert_eq!(
+            !cancelled(&plan).is_empty(),
+            want,
+            "queued {queued}, ago {ago}: {plan:#?}"
+        );
+        for a in &plan.actions {
+            if let Action::CancelLaunch { reason, .. } = a {
+                assert_eq!(reason, &Reason::PendingNotNeeded);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Max workers.
+
+#[test]
+fn launches_capped_by_max_workers() {
+    // (queued, running, lane max_workers, max_workers_total, launches, held, held limit)
+    let rows: &[(usize, usize, u32, u32, u32, u32, u32)] = &[
+        (3, 0, 4, 64, 3, 0, 0),
+        (4, 0, 4, 64, 4, 0, 0),
+        (10, 0, 4, 64, 4, 6, 4),
+        (10, 3, 4, 64, 1, 9, 4),
+        (10, 4, 4, 64, 0, 10, 4),
+        (10, 6, 4, 64, 0, 10, 4), // already above the lane cap
+        (10, 0, 32, 5, 5, 5, 5),
+        (10, 2, 32, 5, 3, 7, 5),
+        (10, 7, 32, 5, 0, 10, 5),
+    ];
+    for &(queued, n_running, lane_max, total_max, want, held, limit) in rows {
+        let mut cfg = cfg();
+        cfg.lanes[0].max_workers = lane_max;
+        cfg.limits.max_workers_total = total_max;
+        let ws: Vec<_> = (0..n_running).map(|i| running(&format!("r{i}"))).collect();
+        let plan = World::new(jobs("j", queued), ws).decide(&cfg, NOW);
+        let row = format!("queued {queued}, running {n_running}, lane max {lane_max}, total max {total_max}");
+        assert_eq!(plan.launches(), want, "{row}: {plan:#?}");
+        assert_eq!(
+            held_count(&plan, |r| matches!(r, Reason::MaxWorkers { .. })),
+            held,
+            "{row}: {plan:#?}"
+        );
+        for h in &plan.held {
+            assert_eq!(h.reason, Reason::MaxWorkers { limit }, "{row}");
+        }
+    }
+}
+
+fn two_lanes(max_a: u32, max_b: u32, total: u32) -> PolicyConfig {
+    let mut cfg = cfg();
+    cfg.lanes = vec![
+        LaneConfig {
+            name: "a".into(),
+            priority: 0,
+            max_workers: max_a,
+            ..Default::default()
+        },
+        LaneConfig {
+            name: "b".into(),
+            priority: 1,
+            max_workers: max_b,
+            ..Default::default()
+        },
+    ];
+    cfg.limits.max_workers_total = total;
+    cfg
+}
+
+#[test]
+fn max_workers_total_is_shared_by_lane_priority() {
+    // (queued a, queued b, total max, launches a, launches b)
+    let rows: &[(usize, usize, u32, u32, u32)] = &[(3, 3, 4, 3, 1), (5, 3, 4, 4, 0), (1, 3, 10, 1, 3)];
+    for &(qa, qb, total, la, lb) in rows {
+        let cfg = two_lanes(8, 8, total);
+        let mut js = jobs("a", qa);
+        for mut j in jobs("b", qb) {
+            j.lane = 1;
+            js.push(j);
+        }
+        let mut w = World::new(js, vec![]);
+        w.lanes = vec![lane(qa as u32, 0), lane(qb as u32, 0)];
+        let plan = w.decide(&cfg, NOW);
+        let per_lane = |l| {
+            plan.actions
+                .iter()
+                .map(|a| match a {
+                    Action::Launch { lane, count, .. } if *lane == l => *count,
+                    _ => 0,
+                })
+                .sum::<u32>()
+        };
+        assert_eq!(
+            (per_lane(0), per_lane(1)),
+            (la, lb),
+            "{qa}/{qb} total {total}: {plan:#?}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "bug: decide.rs:481 holds later jobs with MaxWorkers { limit: min(lane max, total max) } even when \
+            the fleet total bound (reports lane limit 8 instead of max_workers_total 10)"]
+fn max_workers_held_reason_names_the_limit_that_bound() {
+    // Lane a holds 8 of the 10 workers the fleet may have; lane b (max 8) gets 5 jobs: 2 launched, 3
+    // held, all by the fleet total (10), not by lane b's own maximum (8).
+    let cfg = two_lanes(8, 8, 10);
+    let mut ws: Vec<_> = (0..8).map(|i| running(&format!("r{i}"))).collect();
+    ws.iter_mut().for_each(|w| w.lane = 0);
+    let js: Vec<_> = jobs("b", 5)
+        .into_iter()
+        .map(|mut j| {
+            j.lane = 1;
+            j
+        })
+        .collect();
+    let mut w = World::new(js, ws);
+    w.lanes = vec![lane(0, 8), lane(5, 0)];
+    let plan = w.decide(&cfg, NOW);
+    assert_eq!(plan.launches(), 2);
+    assert_eq!(held_count(&plan, |r| matches!(r, Reason::MaxWorkers { .. })), 3);
+    for h in &plan.held {
+        assert_eq!(h.reason, Reason::MaxWorkers { limit: 10 }, "{plan:#?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Project quotas and weighted fair share.
+
+#[test]
+fn weighted_fair_share_between_projects() {
+    // (weight a, weight b, lane max_workers, running for a, running for b, launched (a, b))
+    type Row = (f64, f64, u32, usize, usize, (u32, u32));
+    let rows: &[Row] = &[
+        (1.0, 3.0, 4, 0, 0, (1, 3)),
+        (1.0, 1.0, 4, 0, 0, (2, 2)),
+        (1.0, 3.0, 8, 0, 0, (2, 6)),
+        (1.0, 1.0, 5, 0, 0, (3, 2)),
+        (3.0, 1.0, 4, 0, 0, (3, 1)),
+        (2.0, 1.0, 6, 0, 0, (4, 2)),
+        (1.0, 1.0, 4, 2, 0, (0, 2)),
+        (1.0, 3.0, 6, 0, 2, (2, 2)),
+    ];
+    for &(wa, wb, lane_max, ra, rb, (la, lb)) in rows {
+        let mut cfg = cfg();
+        cfg.lanes[0].max_workers = lane_max;
+        cfg.limits.projects.insert(
+            "a".into(),
+            ProjectQuota {
+                max_gpus: None,
+                weight: wa,
+            },
+        );
+        cfg.limits.projects.insert(
+            "b".into(),
+            ProjectQuota {
+                max_gpus: None,
+                weight: wb,
+            },
+        );
+        let mut js = Vec::new();
+        for (p, n) in [("a", 10), ("b", 10)] {
+            for mut j in jobs(p, n) {
+                j.project = p.into();
+                js.push(j);
+            }
+        }
+        let mut ws = Vec::new();
+        for i in 0..ra {
+            ws.push(with_project(running(&format!("ra{i}")), "a"));
+        }
+        for i in 0..rb {
+            ws.push(with_project(running(&format!("rb{i}")), "b"));
+        }
+        let plan = World::new(js, ws).decide(&cfg, NOW);
+        let row = format!("weights {wa}/{wb}, room {lane_max} - {ra} - {rb}");
+        assert_eq!(
+            (launched_for(&plan, "a"), launched_for(&plan, "b")),
+            (la, lb),
+            "{row}: {plan:#?}"
+        );
+    }
+}
+
+#[test]
+fn project_quota_caps_gpus() {
+    // (max_gpus of a, running 1-GPU workers for a, GPUs per queued job, queued jobs of a,
+    //  launched for a, held ProjectQuota)
+    let rows: &[(u32, usize, u32, usize, u32, u32)] = &[
+        (2, 0, 1, 5, 2, 3),
+        (2, 1, 1, 5, 1, 4),
+        (2, 2, 1, 5, 0, 5),
+        (2, 3, 1, 5, 0, 5),
+        (6, 0, 4, 2, 1, 1),
+        (8, 0, 4, 2, 2, 0),
+        (8, 1, 4, 2, 1, 1),
+        (0, 0, 1, 1, 0, 1),
+    ];
+    for &(max, ra, gpus, queued, la, held) in rows {
+        let mut cfg = cfg();
+        cfg.limits.projects.insert(
+            "a".into(),
+            ProjectQuota {
+                max_gpus: Some(max),
+                weight: 1.0,
+            },
+        );
+        let mut js: Vec<_> = (0..queued).map(|i| job(&format!("a{i}"), gpus, NOW - 60.0)).collect();
+        js.iter_mut().for_each(|j| j.project = "a".into());
+        // Project b has no quota and is not affected.
+        for mut j in jobs("b", 2) {
+            j.project = "b".into();
+            js.push(j);
+        }
+        let ws: Vec<_> = (0..ra).map(|i| with_project(running(&format!("r{i}")), "a")).collect();
+        let plan = World::new(js, ws).decide(&cfg, NOW);
+        let row = format!("max {max}, running {ra}, {queued} x {gpus}-GPU jobs");
+        assert_eq!(launched_for(&plan, "a"), la, "{row}: {plan:#?}");
+        assert_eq!(launched_for(&plan, "b"), 2, "{row}");
+        assert_eq!(
+            held_count(&plan, |r| r
+                == &Reason::ProjectQuota {
+                    project: "a".into(),
+                    max_gpus: max
+                }),
+            held,
+            "{row}: {plan:#?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Job type caps.
+
+#[test]
+fn job_type_cap_limits_concurrent_jobs_of_a_type() {
+    // (cap, running of type, queued of type, queued untyped, launches, held JobTypeCap)
+    let rows: &[(u32, usize, usize, usize, u32, u32)] = &[
+        (2, 0, 1, 0, 1, 0),
+        (2, 1, 5, 2, 3, 4),
+        (2, 2, 5, 0, 0, 5),
+        (0, 0, 3, 3, 3, 3),
+        (5, 0, 3, 0, 3, 0),
+        (5, 3, 3, 1, 3, 1),
+    ];
+    for &(cap, n_running, queued_t, queued_u, want, held) in rows {
+        let mut cfg = cfg();
+        cfg.limits.job_type_caps.insert("train".into(), cap);
+        let mut js = jobs("t", queued_t);
+        js.iter_mut().for_each(|j| j.job_type = Some("train".into()));
+        js.extend(jobs("u", queued_u));
+        let ws: Vec<_> = (0..n_running)
+            .map(|i| {
+                let mut w = running(&format!("r{i}"));
+                w.job_type = Some("train".into());
+                w
+            })
+            .collect();
+        let plan = World::new(js, ws).decide(&cfg, NOW);
+        let row = format!("cap {cap}, running {n_running}, queued {queued_t} typed + {queued_u}");
+        assert_eq!(plan.launches(), want, "{row}: {plan:#?}");
+        assert_eq!(
+            held_count(&plan, |r| r
+                == &Reason::JobTypeCap {
+                    job_type: "train".into(),
+                    cap
+                }),
+            held,
+            "{row}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Budget breaker and freeze.
+
+#[test]
+fn budget_breaker_and_cap() {
+    // Workers: `n_p4d` running p4d spot workers ($10/h each), an idle 1-GPU worker launched 2 h ago
+    // ("old") and one launched 30 s ago ("young", within min_runtime_s); queued 4-GPU jobs ($1.60/h
+    // each), which the idle 1-GPU workers cannot take.
+    // (label, n_p4d, cap, queued, launches, held BudgetBreaker, terminated)
+    type Row = (
+        &'static str,
+        usize,
+        Option<f64>,
+        usize,
+        u32,
+        u32,
+        &'static [&'static str],
+    );
+    let rows: &[Row] = &[
+        ("tripped", 1, Some(5.0), 2, 0, 2, &["old"]),
+        ("tripped, no queue", 1, Some(5.0), 0, 0, 0, &["old"]),
+        ("room for one", 1, Some(12.0), 2, 1, 1, &[]),
+        ("room for two", 1, Some(20.0), 2, 2, 0, &[]),
+        ("no room", 1, Some(11.0), 2, 0, 2, &[]),
+        ("no cap", 2, None, 3, 3, 0, &[]),
+    ];
+    for &(label, n_p4d, cap, queued, want, held, term) in rows {
+        let mut cfg = cfg();
+        cfg.limits.max_usd_per_h = cap;
+        let mut ws: Vec<_> = (0..n_p4d)
+            .map(|i| {
+                worker(
+                    &format!("p4d{i}"),
+                    i as u64,
+                    WorkerState::Running,
+                    8,
+                    NOW - 3600.0,
+                    None,
+                )
+            })
+            .collect();
+        ws.push(worker("old", 10, WorkerState::Idle, 1, NOW - 7200.0, Some(NOW - 10.0)));
+        ws.push(worker("young", 11, WorkerState::Idle, 1, NOW - 30.0, Some(NOW - 5.0)));
+        let js: Vec<_> = (0..queued).map(|i| job(&format!("j{i}"), 4, NOW - 60.0)).collect();
+        let plan = World::new(js, ws).decide(&cfg, NOW);
+        assert_eq!(plan.launches(), want, "{label}: {plan:#?}");
+        assert_eq!(
+            held_count(&plan, |r| matches!(r, Reason::BudgetBreaker { .. })),
+            held,
+            "{label}: {plan:#?}"
+        );
+        assert_eq!(terminated(&plan), term.to_vec(), "{label}: {plan:#?}");
+        for a in &plan.actions {
+            if let Action::Terminate { reason, .. } = a {
+                assert!(
+                    matches!(reason, Reason::BudgetBreaker { cap_usd_per_h, spend_usd_per_h }
+                        if Some(*cap_usd_per_h) == cap && (*spend_usd_per_h - (10.0 * n_p4d as f64 + 0.2)).abs() < 1e-9),
+                    "{label}: {reason:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn warm_pool_launches_respect_the_budget_cap() {
+    let mut cfg = cfg();
+    cfg.limits.max_usd_per_h = Some(1.05);
+    cfg.lanes[0].warm_pool = vec![WarmWindow {
+        start_hour: 0,
+        end_hour: 24,
+        size: 2,
+    }];
+    // 9 running 1-GPU workers at $0.10/h: $0.90/h, room for one more $0.10 worker.
+    let ws: Vec<_> = (0..9).map(|i| running(&format!("r{i}"))).collect();
+    let plan = World::new(vec![], ws).decide(&cfg, NOW);
+    let launched_usd: f64 = launch_list(&plan).iter().map(|l| 0.10 * l.1 as f64).sum();
+    assert!(
+        0.90 + launched_usd <= 1.05 + 1e-9,
+        "spend after the plan {}: {plan:#?}",
+        0.90 + launched_usd
+    );
+}
+
+#[test]
+#[ignore = "bug: decide.rs:560-574 books the budget at the best offering's price, but spread() may put \
+            instances on pricier offerings within diversify_tolerance, so the cap is overshot"]
+fn diversified_launches_respect_the_budget_cap() {
+    // Two 1-GPU spot offerings 5 % apart: the spread uses both. Booked 2 x $1.00, launched $1.00 + $1.05.
+    use CapacityType::Spot;
+    let mut cfg = cfg();
+    cfg.limits.max_usd_per_h = Some(2.02);
+    let mut w = World::new(jobs("j", 2), vec![]);
+    w.offerings = vec![
+        offering("a.xlarge", Spot, 1, "NVIDIA A10G", 24.0, 1.00),
+        offering("b.xlarge", Spot, 1, "NVIDIA A10G", 24.0, 1.05),
+    ];
+    let plan = w.decide(&cfg, NOW);
+    let price = |k: &onoff_policy::OfferingKey| w.offerings.iter().find(|o| &o.key == k).unwrap().price_usd_per_h;
+    let spend: f64 = launch_list(&plan).iter().map(|l| price(l.0) * l.1 as f64).sum();
+    assert!(spend <= 2.02 + 1e-9, "launched {spend} $/h: {plan:#?}");
+}
+
+#[test]
+fn frozen_launches_nothing() {
+    // (frozen, queued, warm pool size, launches, held Frozen)
+    let rows: &[(bool, usize, u32, u32, u32)] = &[
+        (true, 3, 0, 0, 3),
+        (true, 0, 2, 0, 0),
+        (true, 3, 2, 0, 3),
+        (false, 3, 0, 3, 0),
+        (false, 0, 2, 2, 0),
+    ];
+    for &(frozen, queued, warm, want, held) in rows {
+        let mut cfg = cfg();
+        cfg.limits.frozen = frozen;
+        cfg.lanes[0].warm_pool = vec![WarmWindow {
+            start_hour: 0,
+            end_hour: 24,
+            size: warm,
+        }];
+        let plan = World::new(jobs("j", queued), vec![]).decide(&cfg, NOW);
+        let row = format!("frozen {frozen}, queued {queued}, warm {warm}");
+        assert_eq!(plan.launches(), want, "{row}: {plan:#?}");
+        assert_eq!(held_count(&plan, |r| r == &Reason::Frozen), held, "{row}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fallback after a capacity error.
+
+#[test]
+fn unavailable_offerings_fall_back_to_the_next_best() {
+    use CapacityType::{OnDemand, Spot};
+    // (unavailable (type, capacity, until - now), expected offering or None)
+    type Row = (
+        Vec<(&'static str, CapacityType, f64)>,
+        Option<(&'static str, CapacityType)>,
+    );
+    let rows: Vec<Row> = vec![
+        (vec![], Some((G5, Spot))),
+        (vec![(G5, Spot, 100.0)], Some((G6, Spot))),
+        (vec![(G5, Spot, 180.0)], Some((G6, Spot))),
+        (vec![(G5, Spot, -1.0)], Some((G5, Spot))), // expired: used again
+        (vec![(G5, Spot, 0.0)], Some((G5, Spot))),  // `until` is exclusive
+        (vec![(G5, OnDemand, 100.0)], Some((G5, Spot))),
+        (vec![(G5, Spot, 100.0), (G6, Spot, 100.0)], Some((G5, OnDemand))),
+        (
+            vec![(G5, Spot, 100.0), (G6, Spot, 100.0), (G5, OnDemand, 100.0)],
+            Some((G6, OnDemand)),
+        ),
+        (
+            vec![
+                (G5, Spot, 100.0),
+                (G6, Spot, 100.0),
+                (G5, OnDemand, 100.0),
+                (G6, OnDemand, 100.0),
+            ],
+            None,
+        ),
+    ];
+    for (unavail, want) in rows {
+        let mut w = World::new(jobs("j", 1), vec![]);
+        w.unavailable = unavail
+            .iter()
+            .map(|&(t, c, d)| UnavailableOffering {
+                key: key(t, c),
+                until: NOW + d,
+            })
+            .collect();
+        let plan = w.decide(&cfg(), NOW);
+        let got: Vec<_> = launch_list(&plan).iter().map(|l| (l.0.clone(), l.1)).collect();
+        match want {
+            Some((t, c)) => assert_eq!(got, vec![(key(t, c), 1)], "{unavail:?}"),
+            None => {
+                assert!(got.is_empty(), "{unavail:?}");
+                assert_eq!(held_count(&plan, |r| r == &Reason::NoOffering { gpus: 1 }), 1);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cooldown with decay.
+
+#[test]
+fn cooldown_decay_steps_at_10_and_30_minutes() {
+    // in_first_release(seq, 0.5) for seq 0..3 is false, true, false, true: seqs 1 and 3 go first.
+    let first: Vec<u64> = (0..4).filter(|&s| keepalive::in_first_release(s, 0.5)).collect();
+    assert_eq!(first, vec![1, 3]);
+
+    // (idle for s, expected released seqs, step)
+    let rows: &[(f64, &[u64], f64)] = &[
+        (60.0, &[], 0.0),
+        (540.0, &[], 0.0),
+        (599.0, &[], 0.0),
+        (660.0, &[1, 3], 600.0),
+        (1500.0, &[1, 3], 600.0),
+        (1860.0, &[0, 1, 2, 3], 1800.0),
+    ];
+    let mut cfg = cfg();
+    cfg.scale_down.mode = KeepAliveMode::CooldownDecay;
+    assert_eq!(
+        (
+            cfg.scale_down.warm_for_s,
+            cfg.scale_down.release_rest_at_s,
+            cfg.scale_down.release_fraction
+        ),
+        (600.0, 1800.0, 0.5)
+    );
+    for &(idle_for, want, step) in rows {
+        let ws: Vec<_> = (0..4).map(|s| idle(&format!("w{s}"), s, idle_for)).collect();
+        let plan = World::new(vec![], ws).decide(&cfg, NOW);
+        let mut got: Vec<String> = terminated(&plan).iter().map(|s| s.to_string()).collect();
+        got.sort();
+        let want_ids: Vec<String> = want.iter().map(|s| format!("w{s}")).collect();
+        assert_eq!(got, want_ids, "idle {idle_for}: {plan:#?}");
+        for a in &plan.actions {
+            if let Action::Terminate { reason, .. } = a {
+                assert_eq!(
+                    reason,
+                    &Reason::DecayStep {
+                        idle_s: idle_for,
+                        step_s: step
+                    }
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn in_first_release_is_about_the_fraction() {
+    // (fraction, expected share of seq 0..1000 within 0.02)
+    for fraction in [0.0, 0.25, 0.5, 0.75, 1.0] {
+        let n = (0..1000u64)
+            .filter(|&s| keepalive::in_first_release(s, fraction))
+            .count();
+        assert!((n as f64 / 1000.0 - fraction).abs() <= 0.02, "{fraction}: {n}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Adaptive keep-alive.
+
+#[test]
+fn break_even_is_boot_times_one_plus_wait_value_over_price() {
+    // (boot s, price $/h, wait value $/h, expected s)
+    let rows: &[(f64, f64, f64, f64)] = &[
+        (390.0, 0.10, 1.0, 4290.0),
+        (390.0, 0.50, 1.0, 1170.0),
+        (390.0, 1.00, 1.0, 780.0),
+        (390.0, 2.00, 0.0, 390.0),
+        (390.0, 0.10, 2.0, 8190.0),
+        (600.0, 4.00, 1.0, 750.0),
+    ];
+    for &(boot, price, wait, want) in rows {
+        let sd = ScaleDownConfig {
+            wait_value_usd_per_h: wait,
+            ..Default::default()
+        };
+        let got = keepalive::break_even_s(boot, price, &sd);
+        assert!((got - want).abs() < 1e-6, "{boot} {price} {wait}: {got}");
+        assert!((got - boot * (1.0 + wait / price)).abs() < 1e-9);
+    }
+    assert_eq!(ScaleDownConfig::default().wait_value_usd_per_h, 1.0);
+}
+
+#[test]
+fn adaptive_keep_alive_without_gaps_is_clamped_break_even() {
+    let sd = ScaleDownConfig::default();
+    // (price, expected keep-alive)
+    for (price, want) in [(0.10, 3600.0), (1.0, 780.0), (100.0, 393.9), (1e6, 390.0004)] {
+        let got = keepalive::keep_alive_s(None, 390.0, price, &sd);
+        assert!((got - want).abs() < 0.01, "{price}: {got}");
+    }
+    // In `decide`: a $0.10/h worker is kept 3600 s (break-even 4290 s clamped to max_keep_alive_s).
+    // (idle for, released)
+    for (idle_for, want) in [(3000.0, false), (3599.0, false), (3601.0, true)] {
+        let plan = World::new(vec![], vec![idle("w", 0, idle_for)]).decide(&cfg(), NOW);
+        assert_eq!(terminated(&plan) == vec!["w"], want, "idle {idle_for}: {plan:#?}");
+    }
+}
+
+#[test]
+fn adaptive_keep_alive_drops_to_the_gap_quantile() {
+    // (recorded gaps, GPU shape the gaps were recorded for, idle for, released)
+    let rows: &[(usize, u32, f64, bool)] = &[
+        (20, 1, 200.0, true),
+        (20, 1, 100.0, false),
+        (50, 1, 200.0, true),
+        (50, 1, 130.0, false),
+        (19, 1, 200.0, false), // below min_gap_samples: break-even (clamped 3600 s) alone
+        (20, 4, 200.0, false), // gaps of a shape the worker cannot serve do not count
+    ];
+    for &(n_gaps, shape, idle_for, want) in rows {
+        let mut lo = LaneObservation::default();
+        for k in 0..=n_gaps {
+            lo.record_arrival(shape, NOW - 20_000.0 + 120.0 * k as f64);
+        }
+        let hist = lo.gaps.get(&shape).map(|g| &g.hist).unwrap();
+        assert_eq!(hist.samples(), n_gaps as u64);
+        let p99 = hist.quantile(0.99).unwrap();
+        assert!((120.0..=1.25 * 120.0).contains(&p99), "p99 bucket edge {p99}");
+        let ka = keepalive::keep_alive_s(lo.gaps_for(1, 1), 390.0, 0.10, &ScaleDownConfig::default());
+        if shape == 1 && n_gaps >= 20 {
+            assert!((ka - p99).abs() < 1e-9 && ka <= 150.0, "keep-alive {ka}");
+        } else {
+            assert_eq!(ka, 3600.0);
+        }
+
+        let mut w = World::new(vec![], vec![idle("w", 0, idle_for)]);
+        w.lanes = vec![lo];
+        let plan = w.decide(&cfg(), NOW);
+        let row = format!("{n_gaps} gaps of shape {shape}, idle {idle_for}");
+        assert_eq!(terminated(&plan) == vec!["w"], want, "{row}: {plan:#?}");
+        for a in &plan.actions {
+            if let Action::Terminate { reason, .. } = a {
+                assert!(
+                    matches!(reason, Reason::KeepAliveExpired { keep_alive_s, .. } if *keep_alive_s <= 150.0),
+                    "{row}: {reason:?}"
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deadlines.
+
+#[test]
+fn deadline_at_risk_gets_on_demand() {
+    // Threshold: boot 390 + checkpoint 600 + margin 600 = 1590 s of slack.
+    // (slack s (None = no deadline), expected capacity, at risk)
+    let rows: &[(Option<f64>, CapacityType, bool)] = &[
+        (None, CapacityType::Spot, false),
+        (Some(-100.0), CapacityType::OnDemand, true),
+        (Some(0.0), CapacityType::OnDemand, true),
+        (Some(1000.0), CapacityType::OnDemand, true),
+        (Some(1589.0), CapacityType::OnDemand, true),
+        (Some(1590.0), CapacityType::Spot, false),
+        (Some(5000.0), CapacityType::Spot, false),
+    ];
+    for &(slack, cap, at_risk) in rows {
+        let mut j = job("d", 1, NOW - 60.0);
+        j.est_runtime_s = Some(3600.0);
+        j.deadline = slack.map(|s| NOW + 3600.0 + s);
+        let plan = World::new(vec![j], vec![]).decide(&cfg(), NOW);
+        let l = launch_list(&plan);
+        assert_eq!(l.len(), 1, "slack {slack:?}: {plan:#?}");
+        let (k, count, reason, jid) = l[0];
+        assert_eq!((k, count), (&key(G5, cap), 1), "slack {slack:?}");
+        if at_risk {
+            assert_eq!(
+                reason,
+                &Reason::DeadlineAtRisk {
+                    job: "d".into(),
+                    slack_s: slack.unwrap()
+                }
+            );
+            assert_eq!(jid, Some("d"));
+        } else {
+            assert_eq!(reason, &Reason::Activation { backlog: 1 });
+            assert_eq!(jid, None);
+        }
+    }
+}
+
+#[test]
+fn deadline_jobs_are_pinned_apart_from_the_rest() {
+    let mut urgent = job("urgent", 1, NOW - 10.0);
+    urgent.est_runtime_s = Some(3600.0);
+    urgent.deadline = Some(NOW + 3600.0 + 600.0);
+    let mut relaxed = job("relaxed", 1, NOW - 10.0);
+    relaxed.deadline = Some(NOW + 86_400.0);
+    let js = vec![urgent, relaxed, job("plain", 1, NOW - 10.0)];
+    let plan = World::new(js, vec![]).decide(&cfg(), NOW);
+    let l = launch_list(&plan);
+    assert_eq!(plan.launches(), 3, "{plan:#?}");
+    let od: Vec<_> = l
+        .iter()
+        .filter(|x| x.0.capacity_type == CapacityType::OnDemand)
+        .collect();
+    assert_eq!(od.len(), 1);
+    assert_eq!((od[0].1, od[0].3), (1, Some("urgent")));
+    let spot: u32 = l
+        .iter()
+        .filter(|x| x.0.capacity_type == CapacityType::Spot)
+        .map(|x| x.1)
+        .sum();
+    assert_eq!(spot, 2);
+}
+
+#[test]
+fn on_demand_lane_does_not_flag_deadlines() {
+    let mut cfg = cfg();
+    cfg.lanes[0].capacity = CapacityPreference::OnDemand;
+    let mut j = job("d", 1, NOW - 60.0);
+    j.deadline = Some(NOW + 100.0);
+    let plan = World::new(vec![j], vec![]).decide(&cfg, NOW);
+    let l = launch_list(&plan);
+    assert_eq!(l.len(), 1);
+    assert_eq!(l[0].0, &key(G5, CapacityType::OnDemand));
+    assert_eq!(l[0].2, &Reason::Activation { backlog: 1 });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cost-aware choice.
+
+fn slow_fast() -> Vec<Offering> {
+    vec![
+        offering("slow.xlarge", CapacityType::OnDemand, 1, "SLOW", 24.0, 1.00),
+        offering("fast.xlarge", CapacityType::OnDemand, 1, "FAST", 24.0, 2.00),
+    ]
+}
+
+#[test]
+fn cost_per_job_not_hourly_price_picks_the_offering() {
+    // slow: $1/h speed 1; fast: $2/h speed 3. cost = price/3600 x (390 + runtime/speed):
+    // equal at runtime 1170 s.
+    // (runtime s, expected type)
+    let rows: &[(f64, &str)] = &[
+        (60.0, "slow.xlarge"),
+        (600.0, "slow.xlarge"),
+        (1000.0, "slow.xlarge"),
+        (1400.0, "fast.xlarge"),
+        (3600.0, "fast.xlarge"),
+        (36_000.0, "fast.xlarge"),
+    ];
+    let mut cfg = cfg();
+    cfg.offers.gpu_speed.insert("FAST".into(), 3.0);
+    for &(runtime, ty) in rows {
+        let mut j = job("j", 1, NOW - 60.0);
+        j.est_runtime_s = Some(runtime);
+        let mut w = World::new(vec![j], vec![]);
+        w.offerings = slow_fast();
+        let plan = w.decide(&cfg, NOW);
+        let l = launch_list(&plan);
+        assert_eq!(l.len(), 1, "{runtime}: {plan:#?}");
+        assert_eq!(l[0].0, &key(ty, CapacityType::OnDemand), "runtime {runtime}");
+    }
+    // Without the speed table the cheaper one always wins.
+    let mut j = job("j", 1, NOW - 60.0);
+    j.est_runtime_s = Some(36_000.0);
+    let mut w = World::new(vec![j], vec![]);
+    w.offerings = slow_fast();
+    let plan = w.decide(&common::cfg(), NOW);
+    assert_eq!(launch_list(&plan)[0].0, &key("slow.xlarge", CapacityType::OnDemand));
+}
+
+#[test]
+#[ignore = "bug: decide.rs:547-550 and 599-607 cache the offering ranking (RankKey) and group launches (GroupKey) \
+            per shape without the job's runtime, so a long job queued behind a short one of the same shape \
+            gets the short job's choice (slow.xlarge at ~$10.1 per job instead of fast.xlarge at ~$6.9)"]
+fn cost_choice_is_per_job_runtime_not_per_shape() {
+    let mut cfg = cfg();
+    cfg.offers.gpu_speed.insert("FAST".into(), 3.0);
+    let mut short = job("short", 1, NOW - 120.0);
+    short.est_runtime_s = Some(60.0);
+    let mut long = job("long", 1, NOW - 60.0);
+    long.est_runtime_s = Some(36_000.0);
+    let mut w = World::new(vec![short, long], vec![]);
+    w.offerings = slow_fast();
+    let plan = w.decide(&cfg, NOW);
+    let mut got: Vec<_> = launch_list(&plan)
+        .iter()
+        .map(|l| (l.0.instance_type.clone(), l.1))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![("fast.xlarge".to_string(), 1), ("slow.xlarge".to_string(), 1)],
+        "{plan:#?}"
+    );
+}
+
+#[test]
+fn expected_cost_per_job_matches_hand_computation() {
+    let mut oc = onoff_policy::OfferConfig::default();
+    oc.gpu_speed.insert("FAST".into(), 3.0);
+    let [slow, fast] = <[Offering; 2]>::try_from(slow_fast()).unwrap();
+    // (offering, runtime, instances, expected $)
+    let rows: Vec<(&Offering, f64, u32, f64)> = vec![
+        (&fast, 36_000.0, 1, 2.0 / 3600.0 * (390.0 + 12_000.0)),
+        (&slow, 36_000.0, 1, 1.0 / 3600.0 * (390.0 + 36_000.0)),
+        (&slow, 3600.0, 2, 2.0 * (390.0 + 3600.0) / 3600.0),
+        (&fast, 0.0, 1, 2.0 * 390.0 / 3600.0),
+    ];
+    for (o, runtime, n, want) in rows {
+        let got = choice::expected_cost_per_job(o, runtime, n, &oc);
+        assert!((got - want).abs() < 1e-9, "{} {runtime} x{n}: {got} vs {want}", o.key);
+    }
+    assert!((choice::expected_cost_per_job(&fast, 36_000.0, 1, &oc) - 6.883_333_333).abs() < 1e-6);
+
+    // A spot offering prices interruptions in: rate = -ln(1 - 0.025) / (730 h), each losing half a
+    // checkpoint (300 s) plus a boot (390 s).
+    let spot = offering(G5, CapacityType::Spot, 1, "NVIDIA A10G", 24.0, 0.10);
+    let rate = -(1.0f64 - 0.025).ln() / (730.0 * 3600.0);
+    let want = 0.10 / 3600.0 * (390.0 + 3600.0 * (1.0 + rate * (300.0 + 390.0))) * 2.0;
+    let got = choice::expected_cost_per_job(&spot, 3600.0, 2, &onoff_policy::OfferConfig::default());
+    assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+    assert!(got > 0.10 / 3600.0 * (390.0 + 3600.0) * 2.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warm pool.
+
+fn warm_cfg(windows: &[(u32, u32, u32)]) -> PolicyConfig {
+    let mut cfg = cfg();
+    cfg.scale_down.mode = KeepAliveMode::Fixed;
+    cfg.lanes[0].warm_pool = windows
+        .iter()
+        .map(|&(start_hour, end_hour, size)| WarmWindow {
+            start_hour,
+            end_hour,
+            size,
+        })
+        .collect();
+    cfg
+}
+
+#[test]
+fn warm_pool_fills_inside_its_window() {
+    // (windows (start, end, size), hour of now, idle warm workers, launches)
+    type Row = (&'static [(u32, u32, u32)], u32, usize, u32);
+    let rows: &[Row] = &[
+        (&[(8, 18, 2)], 12, 0, 2),
+        (&[(8, 18, 2)], 12, 1, 1),
+        (&[(8, 18, 2)], 12, 2, 0),
+        (&[(8, 18, 2)], 12, 3, 0),
+        (&[(8, 18, 2)], 8, 0, 2),
+        (&[(8, 18, 2)], 17, 0, 2),
+        (&[(8, 18, 2)], 18, 0, 0),
+        (&[(8, 18, 2)], 7, 0, 0),
+        (&[(8, 18, 2)], 20, 0, 0),
+        (&[(22, 6, 1)], 23, 0, 1),
+        (&[(22, 6, 1)], 3, 0, 1),
+        (&[(22, 6, 1)], 12, 0, 0),
+        (&[(0, 24, 1), (9, 17, 3)], 12, 0, 3),
+        (&[(0, 24, 1), (9, 17, 3)], 20, 0, 1),
+    ];
+    for &(windows, hour, n_idle, want) in rows {
+        let cfg = warm_cfg(windows);
+        let now = DAY0 + hour as f64 * 3600.0 + 60.0;
+        let ws: Vec<_> = (0..n_idle)
+            .map(|i| {
+                worker(
+                    &format!("w{i}"),
+                    i as u64,
+                    WorkerState::Idle,
+                    1,
+                    now - 7200.0,
+                    Some(now - 10.0),
+                )
+            })
+            .collect();
+        let plan = World::new(vec![], ws).decide(&cfg, now);
+        let row = format!("{windows:?} at {hour}h, {n_idle} idle");
+        assert_eq!(plan.launches(), want, "{row}: {plan:#?}");
+        let target = cfg.lanes[0].warm_pool_size_at(hour);
+        assert_eq!(plan.lanes[0].warm_target, target, "{row}");
+        for (k, _, reason, _) in launch_list(&plan) {
+            assert_eq!(k, &key(G5, CapacityType::Spot), "{row}");
+            assert_eq!(
+                reason,
+                &Reason::WarmPool {
+                    target,
+                    ready: n_idle as u32
+                },
+                "{row}"
+            );
+        }
+    }
+}
+
+#[test]
+fn warm_pool_keeps_idle_workers_past_keep_alive() {
+    // Fixed keep-alive 600 s; idle 1-GPU workers idle 1000, 2000, 3000 s and a 4-GPU worker idle
+    // 5000 s (not of the warm shape). The most recently idle warm-shape workers are kept.
+    // (hour, warm size, expected terminated)
+    let rows: &[(u32, u32, &[&str])] = &[
+        (12, 2, &["w3000", "big"]),
+        (12, 1, &["w2000", "w3000", "big"]),
+        (12, 3, &["big"]),
+        (12, 5, &["big"]),
+        (20, 2, &["w1000", "w2000", "w3000", "big"]),
+    ];
+    for &(hour, size, want) in rows {
+        let cfg = warm_cfg(&[(8, 18, size)]);
+        let now = DAY0 + hour as f64 * 3600.0;
+        let mut ws: Vec<_> = [1000.0, 2000.0, 3000.0]
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                worker(
+                    &format!("w{t}"),
+                    i as u64,
+                    WorkerState::Idle,
+                    1,
+                    now - 7200.0,
+                    Some(now - t),
+                )
+            })
+            .collect();
+        ws.push(worker("big", 9, WorkerState::Idle, 4, now - 7200.0, Some(now - 5000.0)));
+        let plan = World::new(vec![], ws).decide(&cfg, now);
+        let mut got = terminated(&plan);
+        got.sort();
+        let mut want = want.to_vec();
+        want.sort();
+        assert_eq!(got, want, "hour {hour}, size {size}: {plan:#?}");
+    }
+}
+
+#[test]
+fn warm_pool_keeps_booting_warm_workers() {
+    // (hour, warm size, pending 1-GPU workers, expected cancelled)
+    let rows: &[(u32, u32, usize, usize)] = &[(12, 2, 2, 0), (12, 1, 2, 1), (20, 2, 2, 2)];
+    for &(hour, size, n, want) in rows {
+        let cfg = warm_cfg(&[(8, 18, size)]);
+        let now = DAY0 + hour as f64 * 3600.0;
+        let ws: Vec<_> = (0..n)
+            .map(|i| worker(&format!("p{i}"), i as u64, WorkerState::Pending, 1, now - 300.0, None))
+            .collect();
+        let plan = World::new(vec![], ws).decide(&cfg, now);
+        assert_eq!(cancelled(&plan).len(), want, "hour {hour}, size {size}: {plan:#?}");
+        assert_eq!(plan.launches(), 0);
+    }
+}
+
+#[test]
+fn warm_pool_is_capped_by_max_workers() {
+    let mut cfg = warm_cfg(&[(0, 24, 3)]);
+    cfg.limits.max_workers_total = 2;
+    let plan = World::new(vec![], vec![]).decide(&cfg, NOW);
+    assert_eq!(plan.launches(), 2, "{plan:#?}");
+    assert_eq!(held_count(&plan, |r| matches!(r, Reason::MaxWorkers { .. })), 1);
+}
+
+#[test]
+#[ignore = "bug: decide.rs:246 the warm pool's MaxWorkers hold always names the lane's max_workers (32), even \
+            when max_workers_total (2) is the limit that bound"]
+fn warm_pool_held_reason_names_the_limit_that_bound() {
+    let mut cfg = warm_cfg(&[(0, 24, 3)]);
+    cfg.limits.max_workers_total = 2;
+    let plan = World::new(vec![], vec![]).decide(&cfg, NOW);
+    assert_eq!(plan.held.len(), 1);
+    assert_eq!(plan.held[0].reason, Reason::MaxWorkers { limit: 2 }, "{plan:#?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration.
+
+fn problems(text: &str) -> String {
+    match PolicyConfig::from_toml_str(text) {
+        Ok(_) => panic!("expected an error for {text:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn default_and_empty_configs_are_valid() {
+    PolicyConfig::default().validate().unwrap();
+    let empty = PolicyConfig::from_toml_str("").unwrap();
+    assert_eq!(empty, PolicyConfig::default());
+    assert_eq!(
+        empty.lanes.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
+        ["express", "standard"]
+    );
+    cfg().validate().unwrap();
+}
+
+#[test]
+fn bad_config_values_name_the_field() {
+    // (TOML, text the error must contain)
+    let rows: &[(&str, &str)] = &[
+        ("[scale_down]\ngap_quantile = 2.0", "scale_down.gap_quantile"),
+        ("[scale_down]\ngap_quantile = 0.0", "scale_down.gap_quantile"),
+        ("[scale_down]\nrelease_fraction = 1.5", "scale_down.release_fraction"),
+        ("[scale_down]\nwarm_for_s = 2000.0", "scale_down.release_rest_at_s"),
+        ("[scale_down]\nmin_keep_alive_s = -1.0", "scale_down.min_keep_alive_s"),
+        ("[[lanes]]\nname = \"a\"\n[[lanes]]\nname = \"a\"", "lanes[1].name"),
+        ("[[lanes]]\nname = \"\"", "lanes[0].name"),
+        ("lanes = []", "lanes"),
+        (
+            "[[lanes]]\nname = \"a\"\njobs_per_worker = 0",
+            "lanes[0].jobs_per_worker",
+        ),
+        (
+            "[[lanes]]\nname = \"a\"\nmax_workers = 2\nwarm_pool = [{ start_hour = 8, end_hour = 18, size = 3 }]",
+            "lanes[0].warm_pool[0].size",
+        ),
+        (
+            "[[lanes]]\nname = \"a\"\nwarm_pool = [{ start_hour = 24, end_hour = 18, size = 1 }]",
+            "lanes[0].warm_pool[0]",
+        ),
+        ("[limits]\nmax_workers_total = 0", "limits.max_workers_total"),
+        ("[limits]\nmax_usd_per_h = 0.0", "limits.max_usd_per_h"),
+        ("[limits.projects.x]\nweight = 0.0", "limits.projects.x.weight"),
+        ("[offers]\ndiversify = 0", "offers.diversify"),
+        ("[offers]\nmax_gpu_oversize = 0", "offers.max_gpu_oversize"),
+        ("[offers]\ndefault_runtime_s = 0.0", "offers.default_runtime_s"),
+        ("[offers.gpu_speed]\n\"NVIDIA A10G\" = 0.0", "offers.gpu_speed"),
+        // Unknown keys and wrong types are parse errors naming the key.
+        ("[scale_down]\nbogus = 1", "bogus"),
+        ("unknown_top = 1", "unknown_top"),
+        ("[[lanes]]\nname = \"a\"\nmax_worker = 3", "max_worker"),
+        ("[limits]\nmax_workers_total = \"ten\"", "max_workers_total"),
+        ("[scale_down]\nmode = \"sometimes\"", "sometimes"),
+    ];
+    for &(text, field) in rows {
+        let e = problems(text);
+        assert!(e.contains(field), "{text:?}: error {e:?} does not name {field:?}");
+    }
+}
+
+#[test]
+fn validate_reports_every_problem_at_once() {
+    let text = "[scale_down]\ngap_quantile = 2.0\n[limits]\nmax_workers_total = 0";
+    match PolicyConfig::from_toml_str(text) {
+        Err(ConfigError::Invalid(p)) => {
+            let fields: Vec<_> = p.iter().map(|p| p.field.as_str()).collect();
+            assert_eq!(fields, ["scale_down.gap_quantile", "limits.max_workers_total"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        PolicyConfig::from_toml_str("[scale_down]\nbogus = 1"),
+        Err(ConfigError::Parse(_))
+    ));
+}
+
+#[test]
+fn example_toml_with_lanes_and_warm_pool_parses() {
+    let text = r#"
+[[lanes]]
+name = "express"
+priority = 0
+capacity = "on-demand"
+max_workers = 8
+warm_pool = [
+  { start_hour = 8, end_hour = 18, size = 2 },
+  { start_hour = 22, end_hour = 6, size = 1 },
+]
+
+[[lanes]]
+name = "standard"
+capacity = "spot-first"
+max_workers = 48
+activation_backlog = 2
+
+[scale_down]
+mode = "cooldown-decay"
+warm_for_s = 300
+release_rest_at_s = 900
+
+[anti_thrash]
+min_runtime_s = 120
+
+[offers]
+min_gpu_memory_gib = 24
+max_interruption = "From5To10"
+gpu_speed = { "NVIDIA A10G" = 1.3, "NVIDIA L4" = 1.1 }
+
+[limits]
+max_workers_total = 50
+max_usd_per_h = 40.0
+job_type_caps = { train = 4 }
+
+[limits.projects.vision]
+max_gpus = 16
+weight = 3.0
+"#;
+    let cfg = PolicyConfig::from_toml_str(text).unwrap();
+    assert_eq!(cfg.lanes.len(), 2);
+    assert_eq!(cfg.lane_index("standard"), Some(1));
+    let ex = &cfg.lanes[0];
+    assert_eq!(ex.capacity, CapacityPreference::OnDemand);
+    assert_eq!(ex.warm_pool.len(), 2);
+    assert_eq!(
+        (
+            ex.warm_pool_size_at(9),
+            ex.warm_pool_size_at(23),
+            ex.warm_pool_size_at(19)
+        ),
+        (2, 1, 0)
+    );
+    let st = &cfg.lanes[1];
+    assert_eq!((st.priority, st.max_workers, st.activation_backlog), (1, 48, 2));
+    assert_eq!(cfg.scale_down.mode, KeepAliveMode::CooldownDecay);
+    assert_eq!(
+        (cfg.scale_down.warm_for_s, cfg.scale_down.release_rest_at_s),
+        (300.0, 900.0)
+    );
+    assert_eq!(cfg.scale_down.release_fraction, 0.5);
+    assert_eq!(cfg.anti_thrash.min_runtime_s, 120.0);
+    assert_eq!(cfg.offers.gpu_speed["NVIDIA A10G"], 1.3);
+    assert_eq!(
+        cfg.offers.max_interruption,
+        Some(onoff_policy::InterruptionBucket::From5To10)
+    );
+    assert_eq!(cfg.limits.max_workers_total, 50);
+    assert_eq!(cfg.limits.max_usd_per_h, Some(40.0));
+    assert_eq!(cfg.limits.job_type_caps["train"], 4);
+    assert_eq!(
+        cfg.project_quota("vision"),
+        ProjectQuota {
+            max_gpus: Some(16),
+            weight: 3.0
+        }
+    );
+    assert_eq!(cfg.project_quota("other"), ProjectQuota::default());
+}
+
+#[test]
+fn partial_limits_table_keeps_the_documented_defaults() {
+    let cfg = PolicyConfig::from_toml_str("[limits]\nfrozen = true").unwrap();
+    assert!(cfg.limits.frozen);
+    assert_eq!(cfg.limits.max_workers_total, 64);
+    assert_eq!(cfg.limits.deadline_margin_s, 600.0);
+}
