@@ -2,7 +2,7 @@
 //!
 //! Events (arrival, boot done, job done, spot notice, spot interruption, decision tick) are
 //! processed in time order. Decisions run the strategy's `decide`, and plans are carried out by
-//! the real [`onoff_control::act`] through simulated ports, so capacity-error fallback, the
+//! the real [`onoff_control::act()`] through simulated ports, so capacity-error fallback, the
 //! unavailable-offering TTL and the interruption-notice handling are the control plane's own code.
 //!
 //! Billing follows EC2 Linux: per second from launch (boot and model load included) to

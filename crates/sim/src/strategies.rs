@@ -1,6 +1,6 @@
 //! The strategies compared side by side: onoff's policy and the baselines users run today.
 //!
-//! - `onoff`: [`onoff_policy::decide`] with the default configuration (adaptive keep-alive).
+//! - `onoff`: [`onoff_policy::decide()`] with the default configuration (adaptive keep-alive).
 //! - `fixed-idle-10m`: the same queue-depth policy with a fixed 10-minute idle timeout.
 //! - `keda-like`: KEDA's SQS scaler semantics: poll every 30 s, desired workers =
 //!   ceil(backlog / 5) with backlog = visible + in flight (at least a gang job's instances), idle

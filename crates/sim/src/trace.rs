@@ -10,7 +10,7 @@
 //!   timestamps like `2023-11-16 18:17:03.9799600` (7 fractional digits). One row is one request,
 //!   turned into a one-GPU item whose run time comes from an [`AzureModel`].
 //!
-//! Timestamps are read as UTC wall-clock times without a date crate ([`days_from_civil`]).
+//! Timestamps are read as UTC wall-clock times without a date crate (`days_from_civil`).
 //! Rows need not be sorted: jobs are sorted by arrival (stable, so ties keep the file's row order)
 //! and numbered from 0 in that order. Blank lines are ignored.
 
