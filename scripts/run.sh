@@ -4,5 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs" >&2; exit 1; }
-cargo build --release --locked -p onoff
-exec ./target/release/onoff simulate "$@"
+exec cargo run --release --locked --quiet -p onoff -- simulate "$@"
