@@ -419,7 +419,7 @@ impl World {
 
     fn enqueue(&mut self, job: usize) {
         let j = &self.jobs[job];
-        let lane = self.lane_index(&self.cfg.lane.clone());
+        let lane = self.lane_index(&self.cfg.lane);
         self.queued.push(PendingJob {
             id: format!("job-{job}"),
             lane,
@@ -752,11 +752,11 @@ pub fn run(
                 let _ = pollster::block_on(handle_interruption_notice(&ports, &ports, &pcfg, &id, &key, now));
                 let mut w = world.borrow_mut();
                 if let Some(i) = w.worker_idx(num) {
+                    // Draining (set by the notice handler) is not idle time.
                     if let Some(from) = w.wsim[i].idle_from.take() {
                         w.idle_gpu_s += (now - from) * w.workers[i].gpus as f64;
                         w.idle_usd += (now - from) * w.workers[i].price_usd_per_h / 3600.0;
                     }
-                    w.workers[i].state = WorkerState::Draining;
                 }
                 if let Some(job) = job {
                     // The agent releases the job for resume from its checkpoint.
@@ -829,7 +829,7 @@ pub fn run(
     } else {
         w.now
     };
-    w.now = end.max(w.now.min(end));
+    w.now = end;
     let nums: Vec<u64> = w.wsim.iter().map(|s| s.num).collect();
     for num in nums {
         if let Some(i) = w.worker_idx(num) {

@@ -117,6 +117,30 @@ fn launch(
     }
 }
 
+/// Launch one instance per entry of `shapes` (GPUs per instance), grouped by shape, each on the
+/// cheapest $/h offering that fits.
+#[allow(clippy::too_many_arguments)]
+fn launch_cheapest(
+    plan: &mut Plan,
+    shapes: impl IntoIterator<Item = u32>,
+    lane: usize,
+    capacity: CapacityPreference,
+    reason: &Reason,
+    cfg: &PolicyConfig,
+    obs: &Observation<'_>,
+    now: f64,
+) {
+    let mut by_shape: BTreeMap<u32, u32> = BTreeMap::new();
+    for g in shapes {
+        *by_shape.entry(g).or_default() += 1;
+    }
+    for (g, n) in by_shape {
+        if let Some(o) = cheapest_per_hour(obs.offerings, g, capacity, cfg, obs, now) {
+            plan.actions.push(launch(lane, o, g, n, capacity, reason.clone(), cfg));
+        }
+    }
+}
+
 /// Shapes (GPUs per instance) of queued jobs that idle or booting workers cannot take, oldest
 /// first, one entry per instance needed.
 fn unmatched_shapes(obs: &Observation<'_>, cfg: &PolicyConfig) -> Vec<u32> {
@@ -196,24 +220,18 @@ impl Strategy for KedaLike {
         let unmatched = unmatched_shapes(obs, &self.cfg);
         if desired > live.len() && !unmatched.is_empty() {
             // Karpenter provisions nodes for the pending pods: shapes of unmatched jobs.
-            let mut by_shape: BTreeMap<u32, u32> = BTreeMap::new();
-            for g in unmatched.into_iter().take(desired - live.len()) {
-                *by_shape.entry(g).or_default() += 1;
-            }
-            for (g, n) in by_shape {
-                if let Some(o) = cheapest_per_hour(obs.offerings, g, CapacityPreference::SpotFirst, &self.cfg, obs, now)
-                {
-                    plan.actions.push(launch(
-                        lane,
-                        o,
-                        g,
-                        n,
-                        CapacityPreference::SpotFirst,
-                        Reason::UnmetBacklog { unmet_jobs: backlog },
-                        &self.cfg,
-                    ));
-                }
-            }
+            let shapes = unmatched.into_iter().take(desired - live.len());
+            let reason = Reason::UnmetBacklog { unmet_jobs: backlog };
+            launch_cheapest(
+                &mut plan,
+                shapes,
+                lane,
+                CapacityPreference::SpotFirst,
+                &reason,
+                &self.cfg,
+                obs,
+                now,
+            );
             return plan;
         }
         // Scale-in after the cooldown: down to `desired`, and empty nodes no queued job fits
@@ -305,27 +323,19 @@ impl Strategy for MinOneWarm {
             self.below_since = None;
             let mut shapes = unmatched;
             shapes.resize(desired - live.len(), 1);
-            shapes.truncate(desired - live.len());
-            let mut by_shape: BTreeMap<u32, u32> = BTreeMap::new();
-            for g in shapes {
-                *by_shape.entry(g).or_default() += 1;
-            }
-            for (g, n) in by_shape {
-                if let Some(o) = cheapest_per_hour(obs.offerings, g, CapacityPreference::OnDemand, &self.cfg, obs, now)
-                {
-                    plan.actions.push(launch(
-                        lane,
-                        o,
-                        g,
-                        n,
-                        CapacityPreference::OnDemand,
-                        Reason::UnmetBacklog {
-                            unmet_jobs: demand as u32,
-                        },
-                        &self.cfg,
-                    ));
-                }
-            }
+            let reason = Reason::UnmetBacklog {
+                unmet_jobs: demand as u32,
+            };
+            launch_cheapest(
+                &mut plan,
+                shapes,
+                lane,
+                CapacityPreference::OnDemand,
+                &reason,
+                &self.cfg,
+                obs,
+                now,
+            );
         } else if desired < live.len() {
             let since = *self.below_since.get_or_insert(now);
             if now - since >= self.scale_in_after_s {
