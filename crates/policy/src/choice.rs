@@ -87,19 +87,33 @@ pub fn rank<'a>(
     v
 }
 
-/// Spread `count` instances over the best offerings: those within `diversify_tolerance` of the best
-/// cost, at most `diversify` of them, round-robin (the best gets the remainder). Returns
-/// (offering, instances) pairs, best first; empty when `ranked` is empty.
-pub fn spread<'a>(ranked: &[(&'a Offering, f64)], count: u32, cfg: &OfferConfig) -> Vec<(&'a Offering, u32)> {
+/// The offerings a launch is spread over: those within `diversify_tolerance` of the best
+/// expected cost, at most `diversify` of them, best first. Empty when `ranked` is empty.
+pub fn spread_pool<'a>(ranked: &[(&'a Offering, f64)], cfg: &OfferConfig) -> Vec<&'a Offering> {
     let Some(&(_, best)) = ranked.first() else {
         return Vec::new();
     };
-    let pool: Vec<&Offering> = ranked
+    ranked
         .iter()
         .take_while(|(_, c)| *c <= best * (1.0 + cfg.diversify_tolerance) + 1e-12)
         .take(cfg.diversify as usize)
         .map(|(o, _)| *o)
-        .collect();
+        .collect()
+}
+
+/// Highest price in the [`spread_pool`], $/h: what one instance of a spread launch may cost, so
+/// budget checks book that (0 when `ranked` is empty).
+pub fn spread_max_price(ranked: &[(&Offering, f64)], cfg: &OfferConfig) -> f64 {
+    spread_pool(ranked, cfg)
+        .iter()
+        .map(|o| o.price_usd_per_h)
+        .fold(0.0, f64::max)
+}
+
+/// Spread `count` instances over the [`spread_pool`] round-robin (the best gets the remainder).
+/// Returns (offering, instances) pairs, best first; empty when `ranked` is empty.
+pub fn spread<'a>(ranked: &[(&'a Offering, f64)], count: u32, cfg: &OfferConfig) -> Vec<(&'a Offering, u32)> {
+    let pool = spread_pool(ranked, cfg);
     let n = pool.len() as u32;
     pool.into_iter()
         .enumerate()

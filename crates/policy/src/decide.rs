@@ -234,59 +234,69 @@ pub fn decide(obs: &Observation<'_>, cfg: &PolicyConfig, now: f64) -> Plan {
             .fold((0, 0), |(i, p), c| (i + c.idle, p + c.pending));
         if warm_target > warm_idle + warm_pending && !frozen && breaker.is_none() {
             let want = warm_target - warm_idle - warm_pending;
-            let room = lc
-                .max_workers
-                .saturating_sub(b.lane_live[lane])
-                .min(cfg.limits.max_workers_total.saturating_sub(b.live_total));
-            let n = want.min(room);
+            let lane_room = lc.max_workers.saturating_sub(b.lane_live[lane]);
+            let total_room = cfg.limits.max_workers_total.saturating_sub(b.live_total);
+            let mut n = want.min(lane_room).min(total_room);
             if n < want {
+                let limit = if lane_room < total_room {
+                    lc.max_workers
+                } else {
+                    cfg.limits.max_workers_total
+                };
                 plan.held.push(Held {
                     lane,
                     count: want - n,
-                    reason: Reason::MaxWorkers { limit: lc.max_workers },
+                    reason: Reason::MaxWorkers { limit },
                 });
             }
+            let req = Request {
+                gpus: lc.warm_pool_gpus,
+                min_mem_gib: oc.min_gpu_memory_gib,
+                capacity: lc.capacity,
+                instances: 1,
+                runtime_s: oc.default_runtime_s,
+            };
+            let ranked = if n > 0 {
+                choice::rank(obs.offerings, &req, oc, obs.unavailable, now)
+            } else {
+                Vec::new()
+            };
+            if n > 0 && ranked.is_empty() {
+                plan.held.push(Held {
+                    lane,
+                    count: n,
+                    reason: Reason::NoOffering {
+                        gpus: lc.warm_pool_gpus,
+                    },
+                });
+                n = 0;
+            }
+            // The budget cap holds for the warm pool too.
+            let price = choice::spread_max_price(&ranked, oc);
+            if let (Some(cap), true) = (cfg.limits.max_usd_per_h, n > 0 && price > 0.0) {
+                let fit = ((cap - b.spend) / price).floor().max(0.0) as u32;
+                if fit < n {
+                    let reason = Reason::BudgetBreaker {
+                        spend_usd_per_h: b.spend,
+                        cap_usd_per_h: cap,
+                    };
+                    plan.held.push(Held {
+                        lane,
+                        count: n - fit,
+                        reason,
+                    });
+                    n = fit;
+                }
+            }
             if n > 0 {
-                let req = Request {
-                    gpus: lc.warm_pool_gpus,
-                    min_mem_gib: oc.min_gpu_memory_gib,
-                    capacity: lc.capacity,
-                    instances: 1,
-                    runtime_s: oc.default_runtime_s,
-                };
-                let ranked = choice::rank(obs.offerings, &req, oc, obs.unavailable, now);
-                // The budget cap holds for the warm pool too.
-                let n = match (cfg.limits.max_usd_per_h, ranked.first()) {
-                    (Some(cap), Some((o, _))) if o.price_usd_per_h > 0.0 => {
-                        let fit = ((cap - b.spend) / o.price_usd_per_h).floor().max(0.0) as u32;
-                        if fit < n {
-                            plan.held.push(Held {
-                                lane,
-                                count: n - fit,
-                                reason: Reason::BudgetBreaker {
-                                    spend_usd_per_h: b.spend,
-                                    cap_usd_per_h: cap,
-                                },
-                            });
-                        }
-                        n.min(fit)
-                    }
-                    _ => n,
-                };
                 let reason = Reason::WarmPool {
                     target: warm_target,
                     ready: warm_idle + warm_pending,
                 };
-                let launched = push_launches(&mut plan, lane, &ranked, &req, n, reason, oc, &mut b);
-                if launched == 0 {
-                    plan.held.push(Held {
-                        lane,
-                        count: n,
-                        reason: Reason::NoOffering {
-                            gpus: lc.warm_pool_gpus,
-                        },
-                    });
-                }
+                push_launches_booked(&mut plan, lane, &ranked, &req, n, None, None, reason, oc);
+                b.spend += price * n as f64;
+                b.live_total += n;
+                b.lane_live[lane] += n;
             }
         }
 
@@ -438,15 +448,14 @@ fn skip_consumed<'a>(idle: &[&'a WorkerView], after: &[FreeClass], consumed_tota
         .collect()
 }
 
-/// Request shape a ranking is cached for: (GPUs, min memory bits, instances, on-demand for a deadline).
-type RankKey = (u32, u64, u32, bool);
+/// Request a ranking is cached for: (GPUs, min memory bits, instances, on-demand for a deadline,
+/// run-time bucket). Run times within a factor of two share a ranking: the expected cost per job
+/// weighs boot against run time, so a long job may rank offerings differently from a short one.
+type RankKey = (u32, u64, u32, bool, i32);
 
-/// Shape of a launch group.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct GroupKey {
-    gpus: u32,
-    min_mem_bits: u64,
-    project: String,
+/// Run-time bucket of [`RankKey`]: ceil(log2(seconds)).
+fn runtime_bucket(runtime_s: f64) -> i32 {
+    runtime_s.max(1.0).log2().ceil() as i32
 }
 
 /// Allocate launches for the unmet jobs of one lane with weighted fair share between projects.
@@ -471,13 +480,14 @@ fn scale_up_lane(
     // Ranked offerings per request shape, computed once.
     let mut ranked_cache: HashMap<RankKey, Vec<(&Offering, f64)>> = HashMap::new();
     // Jobs allocated per group (for aggregated launches), in allocation order.
-    let mut groups: Vec<(GroupKey, RankKey, Request, u32)> = Vec::new();
+    let mut groups: Vec<(RankKey, &str, Request, u32)> = Vec::new();
     let mut held: BTreeMap<String, (u32, Reason)> = BTreeMap::new();
     let mut hold = |reason: Reason, n: u32| {
         let e = held.entry(reason.to_string()).or_insert((0, reason));
         e.0 += n;
     };
-    let mut lane_full = false;
+    // Once the lane or the fleet is full, the limit that bound.
+    let mut full: Option<u32> = None;
     while !queues.is_empty() {
         // Project with the least GPUs per unit of weight goes next.
         let project = *queues
@@ -493,13 +503,8 @@ fn scale_up_lane(
         if q.is_empty() {
             queues.remove(project);
         }
-        if lane_full {
-            hold(
-                Reason::MaxWorkers {
-                    limit: lc.max_workers.min(cfg.limits.max_workers_total),
-                },
-                1,
-            );
+        if let Some(limit) = full {
+            hold(Reason::MaxWorkers { limit }, 1);
             continue;
         }
         let instances = job.instances.max(1);
@@ -541,7 +546,7 @@ fn scale_up_lane(
                 cfg.limits.max_workers_total
             };
             hold(Reason::MaxWorkers { limit }, 1);
-            lane_full = true;
+            full = Some(limit);
             continue;
         }
         let runtime = job.est_runtime_s.unwrap_or(oc.default_runtime_s);
@@ -562,11 +567,17 @@ fn scale_up_lane(
             instances,
             runtime_s: runtime,
         };
-        let key = (job.gpus_per_instance, min_mem.to_bits(), instances, at_risk.is_some());
+        let key = (
+            job.gpus_per_instance,
+            min_mem.to_bits(),
+            instances,
+            at_risk.is_some(),
+            runtime_bucket(runtime),
+        );
         let ranked = ranked_cache
             .entry(key)
             .or_insert_with(|| choice::rank(obs.offerings, &req, oc, obs.unavailable, now));
-        let Some(&(best, _)) = ranked.first() else {
+        if ranked.is_empty() {
             hold(
                 Reason::NoOffering {
                     gpus: job.gpus_per_instance,
@@ -574,8 +585,9 @@ fn scale_up_lane(
                 1,
             );
             continue;
-        };
-        let price = best.price_usd_per_h * instances as f64;
+        }
+        // Book the dearest offering the launch may be spread over, so the cap holds.
+        let price = choice::spread_max_price(ranked, oc) * instances as f64;
         if let Some(cap) = cfg.limits.max_usd_per_h {
             if b.spend + price > cap {
                 hold(
@@ -614,17 +626,12 @@ fn scale_up_lane(
             );
             continue;
         }
-        let gk = GroupKey {
-            gpus: job.gpus_per_instance,
-            min_mem_bits: min_mem.to_bits(),
-            project: project.to_string(),
-        };
-        match groups.iter_mut().find(|g| g.0 == gk) {
+        match groups.iter_mut().find(|g| g.0 == key && g.1 == project) {
             Some(g) => g.3 += instances,
-            None => groups.push((gk, key, req, instances)),
+            None => groups.push((key, project, req, instances)),
         }
     }
-    for (gk, key, req, instances) in groups {
+    for (key, project, req, instances) in groups {
         // jobs_per_worker jobs share one worker (1 by default); the spare bookings are handed back.
         let workers = instances.div_ceil(lc.jobs_per_worker);
         let spare = instances - workers;
@@ -637,7 +644,7 @@ fn scale_up_lane(
             ranked,
             &req,
             workers,
-            Some(&gk.project),
+            Some(project),
             None,
             reason.clone(),
             oc,
@@ -679,26 +686,5 @@ fn push_launches_booked(
         });
         n += c;
     }
-    n
-}
-
-/// Push launch actions and book them in the budget.
-#[allow(clippy::too_many_arguments)]
-fn push_launches(
-    plan: &mut Plan,
-    lane: LaneId,
-    ranked: &[(&Offering, f64)],
-    req: &Request,
-    count: u32,
-    reason: Reason,
-    oc: &crate::config::OfferConfig,
-    b: &mut Budget,
-) -> u32 {
-    let n = push_launches_booked(plan, lane, ranked, req, count, None, None, reason, oc);
-    if let Some(&(o, _)) = ranked.first() {
-        b.spend += o.price_usd_per_h * n as f64;
-    }
-    b.live_total += n;
-    b.lane_live[lane] += n;
     n
 }

@@ -535,11 +535,9 @@ fn check_invariants(c: &Case, plan: &Plan) -> Result<(), TestCaseError> {
         }
     }
 
-    // Budget: no launch takes the spend above the cap. The warm pool is left out: it does not check
-    // the cap (see warm_pool_launches_respect_the_budget_cap in decide_table.rs).
+    // Budget: no launch, warm pool included, takes the spend above the cap.
     if let Some(cap) = cfg.limits.max_usd_per_h {
-        let warm = cfg.lanes.iter().any(|l| !l.warm_pool.is_empty());
-        if !warm && spend <= cap {
+        if spend <= cap {
             let launched_usd: f64 = rows.iter().map(|r| r.1.price_usd_per_h * r.2 as f64).sum();
             prop_assert!(
                 spend + launched_usd <= cap + 1e-6,

@@ -450,8 +450,6 @@ fn max_workers_total_is_shared_by_lane_priority() {
 }
 
 #[test]
-#[ignore = "bug: decide.rs:481 holds later jobs with MaxWorkers { limit: min(lane max, total max) } even when \
-            the fleet total bound (reports lane limit 8 instead of max_workers_total 10)"]
 fn max_workers_held_reason_names_the_limit_that_bound() {
     // Lane a holds 8 of the 10 workers the fleet may have; lane b (max 8) gets 5 jobs: 2 launched, 3
     // held, all by the fleet total (10), not by lane b's own maximum (8).
@@ -707,8 +705,6 @@ fn warm_pool_launches_respect_the_budget_cap() {
 }
 
 #[test]
-#[ignore = "bug: decide.rs:560-574 books the budget at the best offering's price, but spread() may put \
-            instances on pricier offerings within diversify_tolerance, so the cap is overshot"]
 fn diversified_launches_respect_the_budget_cap() {
     // Two 1-GPU spot offerings 5 % apart: the spread uses both. Booked 2 x $1.00, launched $1.00 + $1.05.
     use CapacityType::Spot;
@@ -1073,9 +1069,6 @@ fn cost_per_job_not_hourly_price_picks_the_offering() {
 }
 
 #[test]
-#[ignore = "bug: decide.rs:547-550 and 599-607 cache the offering ranking (RankKey) and group launches (GroupKey) \
-            per shape without the job's runtime, so a long job queued behind a short one of the same shape \
-            gets the short job's choice (slow.xlarge at ~$10.1 per job instead of fast.xlarge at ~$6.9)"]
 fn cost_choice_is_per_job_runtime_not_per_shape() {
     let mut cfg = cfg();
     cfg.offers.gpu_speed.insert("FAST".into(), 3.0);
@@ -1262,8 +1255,6 @@ fn warm_pool_is_capped_by_max_workers() {
 }
 
 #[test]
-#[ignore = "bug: decide.rs:246 the warm pool's MaxWorkers hold always names the lane's max_workers (32), even \
-            when max_workers_total (2) is the limit that bound"]
 fn warm_pool_held_reason_names_the_limit_that_bound() {
     let mut cfg = warm_cfg(&[(0, 24, 3)]);
     cfg.limits.max_workers_total = 2;
