@@ -79,6 +79,7 @@ where
             Action::Launch {
                 lane,
                 offering,
+                price_usd_per_h,
                 count,
                 request,
                 project,
@@ -100,6 +101,7 @@ where
                 };
                 let mut remaining = *count;
                 let mut key = offering.clone();
+                let mut price = *price_usd_per_h;
                 for attempt in 0..=MAX_FALLBACKS {
                     let lr = LaunchRequest {
                         lane: lane_name.clone(),
@@ -108,11 +110,6 @@ where
                         project: project.clone(),
                         job: job.clone(),
                     };
-                    let price = ctx
-                        .offerings
-                        .iter()
-                        .find(|o| o.key == key)
-                        .map_or(0.0, |o| o.price_usd_per_h);
                     let short = match fleet.launch(&lr).await {
                         Ok(got) => {
                             for l in got {
@@ -166,7 +163,10 @@ where
                         break;
                     }
                     match choice::rank(ctx.offerings, &req, oc, &unavailable, ctx.now).first() {
-                        Some((next, _)) => key = next.key.clone(),
+                        Some((next, _)) => {
+                            key = next.key.clone();
+                            price = next.price_usd_per_h;
+                        }
                         None => break,
                     }
                 }

@@ -70,7 +70,8 @@ pub fn eligible(o: &Offering, req: &Request, cfg: &OfferConfig, unavailable: &[U
         && !unavailable.iter().any(|u| u.until > now && u.key == o.key)
 }
 
-/// Eligible offerings for `req`, best (lowest expected cost per job) first, with their cost in $.
+/// Eligible offerings for `req`, best (lowest expected cost per job) first, with their cost in $;
+/// equal costs keep the order of `offerings`.
 pub fn rank<'a>(
     offerings: &'a [Offering],
     req: &Request,
@@ -83,8 +84,37 @@ pub fn rank<'a>(
         .filter(|o| eligible(o, req, cfg, unavailable, now))
         .map(|o| (o, expected_cost_per_job(o, req.runtime_s, req.instances, cfg)))
         .collect();
-    v.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.key.cmp(&b.0.key)));
+    // Stable: equal costs keep the input order (the catalogue is sorted by key), so the result is
+    // deterministic without comparing keys.
+    v.sort_by(|a, b| a.1.total_cmp(&b.1));
     v
+}
+
+/// The `k` best eligible offerings for `req` (lowest expected cost per job first; equal costs in
+/// the order of `offerings`), as [`rank`] would list them first, without sorting all of them.
+pub fn top<'a>(
+    offerings: &'a [Offering],
+    req: &Request,
+    cfg: &OfferConfig,
+    unavailable: &[UnavailableOffering],
+    now: f64,
+    k: usize,
+) -> Vec<(&'a Offering, f64)> {
+    let mut best: Vec<(&Offering, f64)> = Vec::with_capacity(k + 1);
+    if k == 0 {
+        return best;
+    }
+    for o in offerings.iter().filter(|o| eligible(o, req, cfg, unavailable, now)) {
+        let c = expected_cost_per_job(o, req.runtime_s, req.instances, cfg);
+        if best.len() == k && c >= best[k - 1].1 {
+            continue;
+        }
+        // After every entry with cost <= c: ties keep input order.
+        let at = best.partition_point(|e| e.1 <= c);
+        best.insert(at, (o, c));
+        best.truncate(k);
+    }
+    best
 }
 
 /// The offerings a launch is spread over: those within `diversify_tolerance` of the best
@@ -120,4 +150,52 @@ pub fn spread<'a>(ranked: &[(&'a Offering, f64)], count: u32, cfg: &OfferConfig)
         .map(|(i, o)| (o, count / n + u32::from((i as u32) < count % n)))
         .filter(|(_, c)| *c > 0)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::CapacityPreference;
+    use crate::offering::{CapacityType, OfferingKey};
+
+    fn offering(ty: &str, zone: &str, price: f64) -> Offering {
+        Offering {
+            key: OfferingKey {
+                instance_type: ty.into(),
+                zone: zone.into(),
+                capacity_type: CapacityType::OnDemand,
+            },
+            gpus: 1,
+            gpu_model: "NVIDIA X".into(),
+            gpu_memory_gib: 24.0,
+            vcpus: 4,
+            price_usd_per_h: price,
+            interruption: None,
+        }
+    }
+
+    #[test]
+    fn top_k_is_the_head_of_rank_ties_in_input_order() {
+        let prices = [0.5, 0.2, 0.9, 0.2, 0.3, 0.2, 0.7, 0.3];
+        let offs: Vec<Offering> = prices
+            .iter()
+            .enumerate()
+            .map(|(i, p)| offering("t", &format!("z{i}"), *p))
+            .collect();
+        let req = Request {
+            gpus: 1,
+            min_mem_gib: 0.0,
+            capacity: CapacityPreference::SpotFirst,
+            instances: 1,
+            runtime_s: 3600.0,
+        };
+        let cfg = OfferConfig::default();
+        let all = rank(&offs, &req, &cfg, &[], 0.0);
+        for k in 0..=offs.len() + 1 {
+            let t = top(&offs, &req, &cfg, &[], 0.0, k);
+            let want: Vec<_> = all.iter().take(k).map(|(o, _)| o.key.zone.clone()).collect();
+            let got: Vec<_> = t.iter().map(|(o, _)| o.key.zone.clone()).collect();
+            assert_eq!(got, want, "k = {k}");
+        }
+    }
 }

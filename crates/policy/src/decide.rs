@@ -29,13 +29,31 @@ struct FreeClass {
     pending: u32,
 }
 
+/// Counts per name for the few projects / job types of a fleet: a linear list beats hashing here
+/// (`decide` runs on every submission).
+#[derive(Default)]
+struct Tally<'a>(Vec<(&'a str, u32)>);
+
+impl<'a> Tally<'a> {
+    fn add(&mut self, name: &'a str, n: u32) {
+        match self.0.iter_mut().find(|(k, _)| *k == name) {
+            Some(e) => e.1 += n,
+            None => self.0.push((name, n)),
+        }
+    }
+
+    fn get(&self, name: &str) -> u32 {
+        self.0.iter().find(|(k, _)| *k == name).map_or(0, |e| e.1)
+    }
+}
+
 /// Launch bookkeeping while the plan is built.
-struct Budget {
+struct Budget<'a> {
     spend: f64,
     live_total: u32,
     lane_live: Vec<u32>,
-    project_gpus: HashMap<String, u32>,
-    type_jobs: HashMap<String, u32>,
+    project_gpus: Tally<'a>,
+    type_jobs: Tally<'a>,
 }
 
 /// Seconds of slack of a job: deadline - now - expected runtime; `None` without a deadline.
@@ -47,7 +65,7 @@ fn slack_s(job: &PendingJob, runtime_s: f64, now: f64) -> Option<f64> {
 ///
 /// `now` is unix seconds. See the module docs for the steps; every action carries a [`Reason`],
 /// every want not acted on lands in [`Plan::held`].
-pub fn decide(obs: &Observation<'_>, cfg: &PolicyConfig, now: f64) -> Plan {
+pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
     let nl = cfg.lanes.len();
     let oc = &cfg.offers;
     let mut plan = Plan::default();
@@ -58,10 +76,15 @@ pub fn decide(obs: &Observation<'_>, cfg: &PolicyConfig, now: f64) -> Plan {
         spend: 0.0,
         live_total: 0,
         lane_live: vec![0; nl],
-        project_gpus: HashMap::new(),
-        type_jobs: HashMap::new(),
+        project_gpus: Tally::default(),
+        type_jobs: Tally::default(),
     };
     let mut last_launch = vec![f64::NEG_INFINITY; nl];
+    // One pass over the workers: fleet figures, free capacity per lane by class, idle and booting
+    // workers per lane.
+    let mut free: Vec<Vec<FreeClass>> = (0..nl).map(|_| Vec::new()).collect();
+    let mut idle_by_lane: Vec<Vec<&'a WorkerView>> = vec![Vec::new(); nl];
+    let mut pending_by_lane: Vec<Vec<&'a WorkerView>> = vec![Vec::new(); nl];
     for w in obs.workers.iter().filter(|w| w.lane < nl) {
         if w.state != WorkerState::Terminating {
             b.spend += w.price_usd_per_h;
@@ -71,24 +94,15 @@ pub fn decide(obs: &Observation<'_>, cfg: &PolicyConfig, now: f64) -> Plan {
             b.lane_live[w.lane] += 1;
             last_launch[w.lane] = last_launch[w.lane].max(w.launched_at);
         }
-        if matches!(w.state, WorkerState::Pending | WorkerState::Running) {
-            if let Some(p) = &w.project {
-                *b.project_gpus.entry(p.clone()).or_default() += w.gpus;
-            }
-            if let Some(t) = &w.job_type {
-                *b.type_jobs.entry(t.clone()).or_default() += 1;
-            }
-        }
-    }
-    let breaker = cfg.limits.max_usd_per_h.filter(|cap| b.spend > *cap);
-    let frozen = cfg.limits.frozen;
-
-    // Free capacity per lane, by class.
-    let mut free: Vec<Vec<FreeClass>> = (0..nl).map(|_| Vec::new()).collect();
-    for w in obs.workers.iter().filter(|w| w.lane < nl) {
         let (idle, pending) = match w.state {
-            WorkerState::Idle => (1, 0),
-            WorkerState::Pending => (0, 1),
+            WorkerState::Idle => {
+                idle_by_lane[w.lane].push(w);
+                (1, 0)
+            }
+            WorkerState::Pending => {
+                pending_by_lane[w.lane].push(w);
+                (0, 1)
+            }
             _ => continue,
         };
         let classes = &mut free[w.lane];
@@ -108,6 +122,8 @@ pub fn decide(obs: &Observation<'_>, cfg: &PolicyConfig, now: f64) -> Plan {
             }),
         }
     }
+    let breaker = cfg.limits.max_usd_per_h.filter(|cap| b.spend > *cap);
+    let frozen = cfg.limits.frozen;
     for classes in &mut free {
         classes.sort_by(|a, b| a.gpus.cmp(&b.gpus).then(a.mem.total_cmp(&b.mem)));
     }
@@ -117,7 +133,7 @@ pub fn decide(obs: &Observation<'_>, cfg: &PolicyConfig, now: f64) -> Plan {
         .collect();
 
     // Queued jobs per lane, most urgent first.
-    let mut by_lane: Vec<Vec<&PendingJob>> = vec![Vec::new(); nl];
+    let mut by_lane: Vec<Vec<&'a PendingJob>> = vec![Vec::new(); nl];
     for j in obs.jobs.iter().filter(|j| j.lane < nl) {
         by_lane[j.lane].push(j);
     }
@@ -132,7 +148,7 @@ pub fn decide(obs: &Observation<'_>, cfg: &PolicyConfig, now: f64) -> Plan {
     }
 
     // 1. Match.
-    let mut unmet: Vec<Vec<&PendingJob>> = vec![Vec::new(); nl];
+    let mut unmet: Vec<Vec<&'a PendingJob>> = vec![Vec::new(); nl];
     for lane in 0..nl {
         for &job in &by_lane[lane] {
             let min_mem = job.min_gpu_memory_gib.max(oc.min_gpu_memory_gib);
@@ -152,6 +168,20 @@ pub fn decide(obs: &Observation<'_>, cfg: &PolicyConfig, now: f64) -> Plan {
                 let take = need.min(c.pending);
                 c.pending -= take;
                 need -= take;
+            }
+        }
+    }
+
+    // Per-project GPUs and per-type jobs, needed only when something is to be launched.
+    if unmet.iter().any(|u| !u.is_empty()) {
+        for w in obs.workers.iter().filter(|w| w.lane < nl) {
+            if matches!(w.state, WorkerState::Pending | WorkerState::Running) {
+                if let Some(p) = &w.project {
+                    b.project_gpus.add(p, w.gpus);
+                }
+                if let Some(t) = &w.job_type {
+                    b.type_jobs.add(t, 1);
+                }
             }
         }
     }
@@ -210,7 +240,7 @@ pub fn decide(obs: &Observation<'_>, cfg: &PolicyConfig, now: f64) -> Plan {
         } else {
             Reason::UnmetBacklog { unmet_jobs: n_unmet }
         };
-        let ripe: Vec<&PendingJob> = jobs
+        let ripe: Vec<&'a PendingJob> = jobs
             .into_iter()
             .filter(|j| now - j.enqueued_at >= cfg.anti_thrash.scale_up_window_s)
             .collect();
@@ -257,7 +287,7 @@ pub fn decide(obs: &Observation<'_>, cfg: &PolicyConfig, now: f64) -> Plan {
                 runtime_s: oc.default_runtime_s,
             };
             let ranked = if n > 0 {
-                choice::rank(obs.offerings, &req, oc, obs.unavailable, now)
+                choice::top(obs.offerings, &req, oc, obs.unavailable, now, oc.diversify as usize)
             } else {
                 Vec::new()
             };
@@ -305,18 +335,14 @@ pub fn decide(obs: &Observation<'_>, cfg: &PolicyConfig, now: f64) -> Plan {
         // Idle workers nobody matched: the matched ones are the most recently idle of their class.
         let (idle_before, _) = free_before[lane];
         let consumed_idle = idle_before - free_idle;
-        let mut idle: Vec<&WorkerView> = obs
-            .workers
-            .iter()
-            .filter(|w| w.lane == lane && w.state == WorkerState::Idle)
-            .collect();
+        let idle = &mut idle_by_lane[lane];
         idle.sort_by(|a, b| {
             b.idle_since
                 .unwrap_or(now)
                 .total_cmp(&a.idle_since.unwrap_or(now))
                 .then(b.seq.cmp(&a.seq))
         });
-        let idle_free = skip_consumed(&idle, &free[lane], consumed_idle);
+        let idle_free = skip_consumed(idle, &free[lane], consumed_idle);
 
         if let Some(cap) = breaker {
             for w in idle_free
@@ -390,11 +416,7 @@ pub fn decide(obs: &Observation<'_>, cfg: &PolicyConfig, now: f64) -> Plan {
         // Booting workers nothing needs: only when the lane has no queued job at all.
         if by_lane[lane].is_empty() && free_pending > 0 {
             let mut warm_left = warm_target.saturating_sub(warm_idle);
-            let mut pending: Vec<&WorkerView> = obs
-                .workers
-                .iter()
-                .filter(|w| w.lane == lane && w.state == WorkerState::Pending)
-                .collect();
+            let pending = &mut pending_by_lane[lane];
             // Keep the ones launched first (closest to ready).
             pending.sort_by(|a, b| a.launched_at.total_cmp(&b.launched_at).then(a.seq.cmp(&b.seq)));
             for w in pending {
@@ -460,27 +482,27 @@ fn runtime_bucket(runtime_s: f64) -> i32 {
 
 /// Allocate launches for the unmet jobs of one lane with weighted fair share between projects.
 #[allow(clippy::too_many_arguments)]
-fn scale_up_lane(
-    obs: &Observation<'_>,
+fn scale_up_lane<'a>(
+    obs: &Observation<'a>,
     cfg: &PolicyConfig,
     now: f64,
     lane: LaneId,
-    jobs: &[&PendingJob],
+    jobs: &[&'a PendingJob],
     reason: Reason,
-    b: &mut Budget,
+    b: &mut Budget<'a>,
     plan: &mut Plan,
 ) {
     let lc = &cfg.lanes[lane];
     let oc = &cfg.offers;
     // Per-project FIFO queues (jobs are already most-urgent first).
-    let mut queues: BTreeMap<&str, std::collections::VecDeque<&PendingJob>> = BTreeMap::new();
+    let mut queues: BTreeMap<&'a str, std::collections::VecDeque<&'a PendingJob>> = BTreeMap::new();
     for j in jobs {
         queues.entry(j.project.as_str()).or_default().push_back(j);
     }
     // Ranked offerings per request shape, computed once.
     let mut ranked_cache: HashMap<RankKey, Vec<(&Offering, f64)>> = HashMap::new();
     // Jobs allocated per group (for aggregated launches), in allocation order.
-    let mut groups: Vec<(RankKey, &str, Request, u32)> = Vec::new();
+    let mut groups: Vec<(RankKey, &'a str, Request, u32)> = Vec::new();
     let mut held: BTreeMap<String, (u32, Reason)> = BTreeMap::new();
     let mut hold = |reason: Reason, n: u32| {
         let e = held.entry(reason.to_string()).or_insert((0, reason));
@@ -493,8 +515,8 @@ fn scale_up_lane(
         let project = *queues
             .keys()
             .min_by(|a, b2| {
-                let ua = *b.project_gpus.get(**a).unwrap_or(&0) as f64 / cfg.project_quota(a).weight;
-                let ub = *b.project_gpus.get(**b2).unwrap_or(&0) as f64 / cfg.project_quota(b2).weight;
+                let ua = b.project_gpus.get(a) as f64 / cfg.project_quota(a).weight;
+                let ub = b.project_gpus.get(b2) as f64 / cfg.project_quota(b2).weight;
                 ua.total_cmp(&ub).then(a.cmp(b2))
             })
             .expect("non-empty");
@@ -511,7 +533,7 @@ fn scale_up_lane(
         let gpus = job.gpus_per_instance * instances;
         let quota = cfg.project_quota(project);
         if let Some(max) = quota.max_gpus {
-            if b.project_gpus.get(project).copied().unwrap_or(0) + gpus > max {
+            if b.project_gpus.get(project) + gpus > max {
                 hold(
                     Reason::ProjectQuota {
                         project: project.to_string(),
@@ -525,7 +547,7 @@ fn scale_up_lane(
         }
         if let Some(t) = &job.job_type {
             if let Some(&cap) = cfg.limits.job_type_caps.get(t) {
-                if b.type_jobs.get(t).copied().unwrap_or(0) + 1 > cap {
+                if b.type_jobs.get(t) + 1 > cap {
                     hold(
                         Reason::JobTypeCap {
                             job_type: t.clone(),
@@ -576,7 +598,7 @@ fn scale_up_lane(
         );
         let ranked = ranked_cache
             .entry(key)
-            .or_insert_with(|| choice::rank(obs.offerings, &req, oc, obs.unavailable, now));
+            .or_insert_with(|| choice::top(obs.offerings, &req, oc, obs.unavailable, now, oc.diversify as usize));
         if ranked.is_empty() {
             hold(
                 Reason::NoOffering {
@@ -604,9 +626,9 @@ fn scale_up_lane(
         b.spend += price;
         b.live_total += instances;
         b.lane_live[lane] += instances;
-        *b.project_gpus.entry(project.to_string()).or_default() += gpus;
+        b.project_gpus.add(project, gpus);
         if let Some(t) = &job.job_type {
-            *b.type_jobs.entry(t.clone()).or_default() += 1;
+            b.type_jobs.add(t, 1);
         }
         if let Some(slack) = at_risk {
             let reason = Reason::DeadlineAtRisk {
@@ -673,6 +695,7 @@ fn push_launches_booked(
         plan.actions.push(Action::Launch {
             lane,
             offering: o.key.clone(),
+            price_usd_per_h: o.price_usd_per_h,
             count: c,
             request: LaunchShape {
                 gpus: req.gpus,

@@ -144,6 +144,8 @@ pub enum Action {
         lane: LaneId,
         /// Offering to launch.
         offering: OfferingKey,
+        /// Its price, $/h.
+        price_usd_per_h: f64,
         /// Number of instances.
         count: u32,
         /// What the capacity is for, so a launch that fails with a capacity error can fall back to

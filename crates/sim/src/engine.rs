@@ -245,6 +245,7 @@ struct World {
     lanes: Vec<LaneObservation>,
     unavailable: Vec<UnavailableOffering>,
     offerings: Vec<Offering>,
+    offering_index: HashMap<OfferingKey, usize>,
     lane_names: Vec<String>,
     cfg: SimConfig,
     // Accounting.
@@ -287,7 +288,11 @@ impl World {
                 message: format!("InsufficientInstanceCapacity (simulated) for {}", req.offering),
             });
         }
-        let Some(o) = self.offerings.iter().find(|o| o.key == req.offering).cloned() else {
+        let Some(o) = self
+            .offering_index
+            .get(&req.offering)
+            .map(|&i| self.offerings[i].clone())
+        else {
             return Err(FleetError {
                 kind: FleetErrorKind::Other,
                 message: format!("unknown offering {}", req.offering),
@@ -438,6 +443,9 @@ impl World {
 
     /// Give idle workers queued jobs they fit, oldest job first (workers pulling from the queue).
     fn dispatch(&mut self, pcfg: &PolicyConfig) {
+        if self.queued.is_empty() {
+            return;
+        }
         let mut idle: Vec<usize> = (0..self.workers.len())
             .filter(|&i| self.workers[i].state == WorkerState::Idle)
             .collect();
@@ -656,6 +664,7 @@ pub fn run(
         lanes: vec![LaneObservation::default(); lane_names.len()],
         unavailable: Vec::new(),
         offerings: offerings.to_vec(),
+        offering_index: offerings.iter().enumerate().map(|(i, o)| (o.key.clone(), i)).collect(),
         lane_names,
         cfg: cfg.clone(),
         cost: 0.0,
@@ -800,14 +809,14 @@ pub fn run(
                 strategy.decide(&obs, now)
             };
             if !plan.actions.is_empty() {
-                let (offerings, unavailable, now) = {
+                let (unavailable, now) = {
                     let w = world.borrow();
-                    (w.offerings.clone(), w.unavailable.clone(), w.now)
+                    (w.unavailable.clone(), w.now)
                 };
                 let ports = SimPorts(&world);
                 let ctx = ActContext {
                     cfg: &pcfg,
-                    offerings: &offerings,
+                    offerings,
                     unavailable: &unavailable,
                     now,
                 };

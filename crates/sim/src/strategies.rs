@@ -104,6 +104,7 @@ fn launch(
     Action::Launch {
         lane,
         offering: o.key.clone(),
+        price_usd_per_h: o.price_usd_per_h,
         count,
         request: LaunchShape {
             gpus,
