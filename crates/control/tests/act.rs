@@ -32,10 +32,15 @@ fn offerings() -> Vec<Offering> {
 }
 
 fn launch_plan(offering: OfferingKey, count: u32) -> Plan {
+    let price_usd_per_h = offerings()
+        .iter()
+        .find(|o| o.key == offering)
+        .map_or(0.0, |o| o.price_usd_per_h);
     Plan {
         actions: vec![Action::Launch {
             lane: 1,
             offering,
+            price_usd_per_h,
             count,
             request: LaunchShape {
                 gpus: 1,
@@ -93,6 +98,7 @@ fn capacity_error_falls_back_to_the_next_offering_and_marks_the_first_unavailabl
         .values()
         .all(|r| r.state == WorkerState::Pending && r.lane == "standard" && r.project.as_deref() == Some("p")));
     assert!(out.unlaunched.is_empty());
+    assert!(out.launched.iter().all(|l| l.price_usd_per_h == 0.10));
 }
 
 #[test]
