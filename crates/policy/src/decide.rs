@@ -250,7 +250,15 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
     // 3. Warm pool and 4. scale down.
     for lane in 0..nl {
         let lc = &cfg.lanes[lane];
-        let warm_target = lc.warm_pool_size_at(hour);
+        let predicted = match (lc.predictive_max, obs.lanes.get(lane)) {
+            (0, _) | (_, None) => 0,
+            (max, Some(o)) => o
+                .peak_arrivals(now, lc.predictive_window_s, lc.predictive_lookback_s, |g| {
+                    choice::fits(lc.warm_pool_gpus, f64::INFINITY, g, 0.0, oc.max_gpu_oversize)
+                })
+                .min(max),
+        };
+        let warm_target = lc.warm_pool_size_at(hour).max(predicted);
         lane_plans[lane].warm_target = warm_target;
         let free_idle: u32 = free[lane].iter().map(|c| c.idle).sum();
         let free_pending: u32 = free[lane].iter().map(|c| c.pending).sum();

@@ -194,7 +194,14 @@ pub struct LaneObservation {
     /// Inter-arrival gaps seen on the lane, one histogram per GPUs-per-instance shape of the
     /// arriving jobs (for the adaptive keep-alive: a worker cares about arrivals it can serve).
     pub gaps: BTreeMap<u32, ShapeGaps>,
+    /// Recent arrivals as (unix seconds, GPUs per instance), oldest first, for the predictive warm
+    /// pool. [`LaneObservation::record_arrival`] keeps the last [`RECENT_ARRIVALS_KEPT_S`].
+    pub recent_arrivals: std::collections::VecDeque<(f64, u32)>,
 }
+
+/// How far back [`LaneObservation::recent_arrivals`] reaches, seconds (6 h: the longest
+/// predictive look-back).
+pub const RECENT_ARRIVALS_KEPT_S: f64 = 6.0 * 3600.0;
 
 /// Arrival gaps of one job shape in a lane.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -213,6 +220,43 @@ impl LaneObservation {
             g.hist.record(at - prev);
         }
         g.last_arrival = Some(at);
+        self.recent_arrivals.push_back((at, gpus));
+        while self
+            .recent_arrivals
+            .front()
+            .is_some_and(|(t, _)| *t < at - RECENT_ARRIVALS_KEPT_S)
+        {
+            self.recent_arrivals.pop_front();
+        }
+    }
+
+    /// Largest number of arrivals (whose GPUs per instance `fits` accepts) in any `window_s` window
+    /// ending within `(now - lookback_s, now]`: the biggest burst seen lately.
+    pub fn peak_arrivals(&self, now: f64, window_s: f64, lookback_s: f64, fits: impl Fn(u32) -> bool) -> u32 {
+        let times: Vec<f64> = self
+            .recent_arrivals
+            .iter()
+            .filter(|(t, g)| *t > now - lookback_s - window_s && *t <= now && fits(*g))
+            .map(|(t, _)| *t)
+            .collect();
+        let (mut lo, mut best) = (0, 0);
+        for hi in 0..times.len() {
+            while times[hi] - times[lo] >= window_s {
+                lo += 1;
+            }
+            best = best.max(hi + 1 - lo);
+        }
+        best as u32
+    }
+
+    /// Arrivals in `(now - window_s, now]` whose GPUs per instance `fits` accepts.
+    pub fn arrivals_since(&self, now: f64, window_s: f64, fits: impl Fn(u32) -> bool) -> u32 {
+        self.recent_arrivals
+            .iter()
+            .rev()
+            .take_while(|(t, _)| *t > now - window_s)
+            .filter(|(_, g)| fits(*g))
+            .count() as u32
     }
 
     /// The gap histogram relevant to a worker with `worker_gpus` GPUs: the shape it fits with the
