@@ -71,6 +71,10 @@ pub struct LaneConfig {
     /// in one window) seen in this long. Default 10,800 s (3 h); at most
     /// [`crate::observation::RECENT_ARRIVALS_KEPT_S`] minus the window.
     pub predictive_lookback_s: f64,
+    /// Separate bursts (runs of arrivals less than a window apart) the look-back must hold before
+    /// the predictive pool holds anything: one burst alone is left to the keep-alive, so a lone
+    /// job never keeps a worker warm for hours. Default 2.
+    pub predictive_min_bursts: u32,
 }
 
 impl Default for LaneConfig {
@@ -87,6 +91,7 @@ impl Default for LaneConfig {
             predictive_max: 40,
             predictive_window_s: 390.0,
             predictive_lookback_s: 10_800.0,
+            predictive_min_bursts: 2,
         }
     }
 }

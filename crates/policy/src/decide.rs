@@ -250,13 +250,19 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
     // 3. Warm pool and 4. scale down.
     for lane in 0..nl {
         let lc = &cfg.lanes[lane];
+        // Predictive warm pool: the biggest recent burst, once bursts recur (a single burst is
+        // served by the keep-alive alone).
         let predicted = match (lc.predictive_max, obs.lanes.get(lane)) {
             (0, _) | (_, None) => 0,
-            (max, Some(o)) => o
-                .peak_arrivals(now, lc.predictive_window_s, lc.predictive_lookback_s, |g| {
-                    choice::fits(lc.warm_pool_gpus, f64::INFINITY, g, 0.0, oc.max_gpu_oversize)
-                })
-                .min(max),
+            (max, Some(o)) => {
+                let fits_warm = |g| choice::fits(lc.warm_pool_gpus, f64::INFINITY, g, 0.0, oc.max_gpu_oversize);
+                let (peak, bursts) = o.recent_bursts(now, lc.predictive_window_s, lc.predictive_lookback_s, fits_warm);
+                if bursts >= lc.predictive_min_bursts {
+                    peak.min(max)
+                } else {
+                    0
+                }
+            }
         };
         let warm_target = lc.warm_pool_size_at(hour).max(predicted);
         lane_plans[lane].warm_target = warm_target;

@@ -230,23 +230,29 @@ impl LaneObservation {
         }
     }
 
-    /// Largest number of arrivals (whose GPUs per instance `fits` accepts) in any `window_s` window
-    /// ending within `(now - lookback_s, now]`: the biggest burst seen lately.
-    pub fn peak_arrivals(&self, now: f64, window_s: f64, lookback_s: f64, fits: impl Fn(u32) -> bool) -> u32 {
-        let times: Vec<f64> = self
+    /// Bursts seen lately, for arrivals whose GPUs per instance `fits` accepts, in
+    /// `(now - lookback_s - window_s, now]`: (the largest number of arrivals in any `window_s`
+    /// window, the number of separate bursts, i.e. runs of arrivals less than `window_s` apart).
+    pub fn recent_bursts(&self, now: f64, window_s: f64, lookback_s: f64, fits: impl Fn(u32) -> bool) -> (u32, u32) {
+        let mut times: Vec<f64> = self
             .recent_arrivals
             .iter()
             .filter(|(t, g)| *t > now - lookback_s - window_s && *t <= now && fits(*g))
             .map(|(t, _)| *t)
             .collect();
-        let (mut lo, mut best) = (0, 0);
+        // Recorded in arrival order as a rule; sort anyway so a late record cannot skew the count.
+        times.sort_by(f64::total_cmp);
+        let (mut lo, mut peak, mut bursts) = (0, 0, 0);
         for hi in 0..times.len() {
+            if hi == 0 || times[hi] - times[hi - 1] >= window_s {
+                bursts += 1;
+            }
             while times[hi] - times[lo] >= window_s {
                 lo += 1;
             }
-            best = best.max(hi + 1 - lo);
+            peak = peak.max(hi + 1 - lo);
         }
-        best as u32
+        (peak as u32, bursts)
     }
 
     /// Arrivals in `(now - window_s, now]` whose GPUs per instance `fits` accepts.

@@ -213,6 +213,7 @@ fn build(l: Limits, raw_jobs: Vec<RawJob>, raw_workers: Vec<RawWorker>, world: R
                 })
                 .collect(),
             warm_pool_gpus: 1,
+            ..LaneConfig::default()
         };
         lanes_cfg.push(lc);
     }
@@ -491,7 +492,9 @@ fn check_invariants(c: &Case, plan: &Plan) -> Result<(), TestCaseError> {
         );
         let target = plan.lanes[l].warm_target;
         let hour = ((now - DAY0) / 3600.0) as u32;
-        prop_assert_eq!(target, cfg.lanes[l].warm_pool_size_at(hour));
+        // The schedule, or more when the predictive pool saw a bigger burst (up to its cap).
+        let scheduled = cfg.lanes[l].warm_pool_size_at(hour);
+        prop_assert!(target >= scheduled && target <= scheduled.max(cfg.lanes[l].predictive_max));
         let warm_ready = c
             .workers
             .iter()

@@ -1440,20 +1440,24 @@ fn partial_limits_table_keeps_the_documented_defaults() {
 
 #[test]
 fn predictive_warm_pool_holds_the_biggest_recent_burst() {
-    // (arrivals: (seconds before now, GPUs), predictive_max, look-back s, idle 1-GPU workers, launches)
+    // (arrivals: (seconds before now, GPUs) oldest first, predictive_max, look-back s, idle 1-GPU
+    // workers, launches)
     type Row = (&'static [(f64, u32)], u32, f64, usize, u32);
-    let burst5: &[(f64, u32)] = &[(100.0, 1), (90.0, 1), (80.0, 1), (70.0, 1), (60.0, 1)];
+    // An earlier lone job, then a burst of 5: two bursts, the biggest 5.
+    let burst5: &[(f64, u32)] = &[(3000.0, 1), (100.0, 1), (90.0, 1), (80.0, 1), (70.0, 1), (60.0, 1)];
+    let lone_burst: &[(f64, u32)] = &[(100.0, 1), (90.0, 1), (80.0, 1)];
     let old_burst: &[(f64, u32)] = &[(7000.0, 1), (6990.0, 1), (6980.0, 1), (100.0, 1)];
-    let eight_gpu: &[(f64, u32)] = &[(100.0, 8), (90.0, 8), (80.0, 1)];
+    let eight_gpu: &[(f64, u32)] = &[(3000.0, 1), (100.0, 8), (90.0, 8), (80.0, 1)];
     let rows: &[Row] = &[
         (burst5, 40, 10_800.0, 0, 5),
-        (burst5, 3, 10_800.0, 0, 3),     // capped by predictive_max
-        (burst5, 0, 10_800.0, 0, 0),     // off
-        (burst5, 40, 10_800.0, 2, 3),    // idle warm workers count
-        (old_burst, 40, 10_800.0, 0, 3), // the burst 2 h ago is the biggest seen in 3 h
-        (old_burst, 40, 390.0, 0, 1),    // without look-back only the last window counts
-        (eight_gpu, 40, 10_800.0, 0, 1), // only arrivals the 1-GPU warm shape serves
-        (&[], 40, 10_800.0, 0, 0),       // quiet queue: nothing held
+        (burst5, 3, 10_800.0, 0, 3),      // capped by predictive_max
+        (burst5, 0, 10_800.0, 0, 0),      // off
+        (burst5, 40, 10_800.0, 2, 3),     // idle warm workers count
+        (lone_burst, 40, 10_800.0, 0, 0), // one burst alone is left to the keep-alive
+        (old_burst, 40, 10_800.0, 0, 3),  // the burst 2 h ago is the biggest seen in 3 h
+        (old_burst, 40, 390.0, 0, 0),     // without look-back: only the last job, one burst
+        (eight_gpu, 40, 10_800.0, 0, 1),  // only arrivals the 1-GPU warm shape serves
+        (&[], 40, 10_800.0, 0, 0),        // quiet queue: nothing held
     ];
     for &(arrivals, max, lookback, n_idle, want) in rows {
         let mut cfg = cfg();
@@ -1461,7 +1465,6 @@ fn predictive_warm_pool_holds_the_biggest_recent_burst() {
         cfg.lanes[0].predictive_lookback_s = lookback;
         let ws: Vec<_> = (0..n_idle).map(|i| idle(&format!("w{i}"), i as u64, 10.0)).collect();
         let mut w = World::new(vec![], ws);
-        // Listed oldest first, as they arrive.
         for &(ago, g) in arrivals {
             w.lanes[0].record_arrival(g, NOW - ago);
         }
@@ -1478,15 +1481,18 @@ fn predictive_warm_pool_holds_the_biggest_recent_burst() {
 }
 
 #[test]
-fn recent_arrivals_are_pruned_to_what_the_look_back_needs() {
+fn recent_arrivals_are_pruned_and_bursts_counted() {
     let mut l = LaneObservation::default();
     for i in 0..100 {
         l.record_arrival(1, NOW + i as f64 * 600.0);
     }
     let last = NOW + 99.0 * 600.0;
     assert!(l.recent_arrivals.front().unwrap().0 >= last - onoff_policy::observation::RECENT_ARRIVALS_KEPT_S);
-    assert_eq!(l.peak_arrivals(last, 390.0, 10_800.0, |_| true), 1);
-    assert_eq!(l.peak_arrivals(last, 1_200.0, 10_800.0, |_| true), 2);
+    // 600 s apart: with a 390 s window each arrival is its own burst (19 in 3 h + 390 s).
+    assert_eq!(l.recent_bursts(last, 390.0, 10_800.0, |_| true), (1, 19));
+    // With a 1200 s window they form one run, at most 2 in any window.
+    assert_eq!(l.recent_bursts(last, 1_200.0, 10_800.0, |_| true), (2, 1));
+    assert_eq!(l.recent_bursts(last, 390.0, 10_800.0, |g| g > 1), (0, 0));
 }
 
 #[test]

@@ -36,12 +36,14 @@ impl PolicyStrategy {
         Self { name: name.into(), cfg }
     }
 
-    /// `fixed-idle-10m`: `cfg` with a fixed 600 s idle timeout and no warm pool.
+    /// `fixed-idle-10m`: `cfg` with a fixed 600 s idle timeout and no warm pool (scheduled or
+    /// predictive).
     pub fn fixed_idle_10m(mut cfg: PolicyConfig) -> Self {
         cfg.scale_down.mode = KeepAliveMode::Fixed;
         cfg.scale_down.fixed_idle_timeout_s = 600.0;
         for l in &mut cfg.lanes {
             l.warm_pool.clear();
+            l.predictive_max = 0;
         }
         Self::new("fixed-idle-10m", cfg)
     }

@@ -61,8 +61,13 @@ fn sim(boot_s: f64) -> SimConfig {
 
 /// One lane, fixed idle timeout of `idle_s`.
 fn policy(idle_s: f64) -> PolicyConfig {
+    // No warm pool (the predictive one off): the sums below follow the keep-alive alone.
+    let lane = LaneConfig {
+        predictive_max: 0,
+        ..LaneConfig::default()
+    };
     let mut cfg = PolicyConfig {
-        lanes: vec![LaneConfig::default()],
+        lanes: vec![lane],
         ..PolicyConfig::default()
     };
     cfg.scale_down.mode = KeepAliveMode::Fixed;
