@@ -246,6 +246,11 @@ pub struct OfferConfig {
     pub checkpoint_interval_s: f64,
     /// Run time assumed for a job that declares none, seconds. Default 3600 s.
     pub default_runtime_s: f64,
+    /// Jobs shorter than this share workers instead of each causing a launch: they queue behind
+    /// each other on one worker until their run times add up to it, seconds. So a stream of
+    /// one-second inference items does not launch a GPU per item. Default 120 s (a short job waits
+    /// at most about two minutes behind others, well under a 3-10 minute cold start); 0 = off.
+    pub short_job_horizon_s: f64,
     /// Relative speed of a GPU model against the trace's reference GPU (`"NVIDIA A10G" = 1.3`);
     /// runtime on that type = runtime / speed. Models not listed have speed 1.0. Default empty.
     pub gpu_speed: BTreeMap<String, f64>,
@@ -265,6 +270,7 @@ impl Default for OfferConfig {
             boot_estimate_s: 390.0,
             checkpoint_interval_s: 600.0,
             default_runtime_s: 3600.0,
+            short_job_horizon_s: 120.0,
             gpu_speed: BTreeMap::new(),
         }
     }
@@ -484,6 +490,7 @@ impl PolicyConfig {
             ("offers.unavailable_ttl_s", self.offers.unavailable_ttl_s),
             ("offers.boot_estimate_s", self.offers.boot_estimate_s),
             ("offers.checkpoint_interval_s", self.offers.checkpoint_interval_s),
+            ("offers.short_job_horizon_s", self.offers.short_job_horizon_s),
             ("limits.deadline_margin_s", self.limits.deadline_margin_s),
         ] {
             if !nonneg(v) {

@@ -27,6 +27,17 @@ struct FreeClass {
     mem: f64,
     idle: u32,
     pending: u32,
+    /// Seconds of short-job work the workers already taken from this class can still absorb.
+    credit: f64,
+}
+
+/// A job shorter than `offers.short_job_horizon_s` does not get a worker of its own: short jobs
+/// queue behind each other on one worker (idle, booting or launched now) until their run times add
+/// up to the horizon, instead of paying a cold start each. Returns the job's run time when it is
+/// short (single-instance, shorter than the horizon).
+fn short_runtime(job: &PendingJob, oc: &crate::config::OfferConfig) -> Option<f64> {
+    let runtime = job.est_runtime_s.unwrap_or(oc.default_runtime_s);
+    (job.instances.max(1) == 1 && runtime < oc.short_job_horizon_s).then_some(runtime)
 }
 
 /// Counts per name for the few projects / job types of a fleet: a linear list beats hashing here
@@ -119,6 +130,7 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
                 mem: w.gpu_memory_gib,
                 idle,
                 pending,
+                credit: 0.0,
             }),
         }
     }
@@ -153,21 +165,31 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
         for &job in &by_lane[lane] {
             let min_mem = job.min_gpu_memory_gib.max(oc.min_gpu_memory_gib);
             let fit = |c: &FreeClass| choice::fits(c.gpus, c.mem, job.gpus_per_instance, min_mem, oc.max_gpu_oversize);
+            let short = short_runtime(job, oc);
+            if let Some(rt) = short {
+                if let Some(c) = free[lane].iter_mut().find(|c| fit(c) && c.credit >= rt) {
+                    c.credit -= rt;
+                    continue;
+                }
+            }
             let avail: u32 = free[lane].iter().filter(|c| fit(c)).map(|c| c.idle + c.pending).sum();
             if avail < job.instances.max(1) {
                 unmet[lane].push(job);
                 continue;
             }
             let mut need = job.instances.max(1);
-            for c in free[lane].iter_mut().filter(|c| fit(c)) {
-                let take = need.min(c.idle);
-                c.idle -= take;
-                need -= take;
-            }
-            for c in free[lane].iter_mut().filter(|c| fit(c)) {
-                let take = need.min(c.pending);
-                c.pending -= take;
-                need -= take;
+            for pending in [false, true] {
+                for c in free[lane].iter_mut().filter(|c| fit(c)) {
+                    let slot = if pending { &mut c.pending } else { &mut c.idle };
+                    let take = need.min(*slot);
+                    *slot -= take;
+                    need -= take;
+                    if take > 0 {
+                        if let Some(rt) = short {
+                            c.credit += oc.short_job_horizon_s - rt;
+                        }
+                    }
+                }
             }
         }
     }
@@ -524,6 +546,8 @@ fn scale_up_lane<'a>(
     };
     // Once the lane or the fleet is full, the limit that bound.
     let mut full: Option<u32> = None;
+    // Short-job work the workers launched here can still absorb, per (GPUs, min memory bits).
+    let mut credit: Vec<((u32, u64), f64)> = Vec::new();
     while !queues.is_empty() {
         // Project with the least GPUs per unit of weight goes next.
         let project = *queues
@@ -587,6 +611,15 @@ fn scale_up_lane<'a>(
         }
         let runtime = job.est_runtime_s.unwrap_or(oc.default_runtime_s);
         let min_mem = job.min_gpu_memory_gib.max(oc.min_gpu_memory_gib);
+        let short = short_runtime(job, oc).filter(|_| job.deadline.is_none());
+        let credit_key = (job.gpus_per_instance, min_mem.to_bits());
+        if let Some(rt) = short {
+            if let Some(c) = credit.iter_mut().find(|c| c.0 == credit_key && c.1 >= rt) {
+                // Rides on a worker launched for an earlier short job.
+                c.1 -= rt;
+                continue;
+            }
+        }
         // Deadline at risk on spot: on-demand capacity of its own.
         let at_risk = slack_s(job, runtime, now)
             .filter(|s| *s < oc.boot_estimate_s + oc.checkpoint_interval_s + cfg.limits.deadline_margin_s)
@@ -637,6 +670,12 @@ fn scale_up_lane<'a>(
             }
         }
         // Book the capacity.
+        if let Some(rt) = short {
+            match credit.iter_mut().find(|c| c.0 == credit_key) {
+                Some(c) => c.1 += oc.short_job_horizon_s - rt,
+                None => credit.push((credit_key, oc.short_job_horizon_s - rt)),
+            }
+        }
         b.spend += price;
         b.live_total += instances;
         b.lane_live[lane] += instances;

@@ -1502,3 +1502,57 @@ fn predictive_look_back_beyond_the_arrivals_kept_is_rejected() {
         .to_string();
     assert!(err.contains("lanes[0].predictive_lookback_s"), "{err}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Short jobs share workers.
+
+#[test]
+fn short_jobs_share_a_worker_instead_of_each_paying_a_cold_start() {
+    // (queued jobs' run time s, how many, booting 1-GPU workers, horizon s, launches)
+    let rows: &[(f64, usize, usize, f64, u32)] = &[
+        (10.0, 12, 0, 120.0, 1), // 12 x 10 s = 120 s: one worker takes them all
+        (10.0, 13, 0, 120.0, 2), // the 13th overflows the horizon
+        (10.0, 30, 1, 120.0, 2), // the booting worker takes 12, two launches for the other 18
+        (10.0, 12, 0, 0.0, 12),  // horizon 0: one worker per job
+        (200.0, 3, 0, 120.0, 3), // longer than the horizon: a worker each
+        (60.0, 4, 0, 120.0, 2),  // two per worker
+    ];
+    for &(runtime, n, booting, horizon, want) in rows {
+        let mut cfg = cfg();
+        cfg.offers.short_job_horizon_s = horizon;
+        let js: Vec<_> = jobs("s", n)
+            .into_iter()
+            .map(|mut j| {
+                j.est_runtime_s = Some(runtime);
+                j
+            })
+            .collect();
+        let ws: Vec<_> = (0..booting)
+            .map(|i| worker(&format!("b{i}"), i as u64, WorkerState::Pending, 1, NOW - 30.0, None))
+            .collect();
+        let plan = World::new(js, ws).decide(&cfg, NOW);
+        let row = format!("{n} jobs of {runtime} s, {booting} booting, horizon {horizon}");
+        assert_eq!(plan.launches(), want, "{row}: {plan:#?}");
+        assert!(plan.held.is_empty(), "{row}: nothing is held back, the jobs ride along");
+    }
+}
+
+#[test]
+fn deadline_jobs_and_gangs_never_ride_along() {
+    let mut cfg = cfg();
+    cfg.offers.short_job_horizon_s = 120.0;
+    let mut js = jobs("s", 3);
+    for j in &mut js {
+        j.est_runtime_s = Some(5.0);
+        j.instances = 2;
+    }
+    let plan = World::new(js, vec![]).decide(&cfg, NOW);
+    assert_eq!(plan.launches(), 6, "gangs: {plan:#?}");
+    let mut js = jobs("d", 3);
+    for j in &mut js {
+        j.est_runtime_s = Some(5.0);
+        j.deadline = Some(NOW + 1.0e6);
+    }
+    let plan = World::new(js, vec![]).decide(&cfg, NOW);
+    assert_eq!(plan.launches(), 3, "deadline jobs: {plan:#?}");
+}
