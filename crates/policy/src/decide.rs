@@ -278,7 +278,13 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
             (0, _) | (_, None) => 0,
             (max, Some(o)) => {
                 let fits_warm = |g| choice::fits(lc.warm_pool_gpus, f64::INFINITY, g, 0.0, oc.max_gpu_oversize);
-                let (peak, bursts) = o.recent_bursts(now, lc.predictive_window_s, lc.predictive_lookback_s, fits_warm);
+                let (peak, bursts) = o.recent_bursts(
+                    now,
+                    lc.predictive_window_s,
+                    lc.predictive_lookback_s,
+                    (max, lc.predictive_min_bursts),
+                    fits_warm,
+                );
                 if bursts >= lc.predictive_min_bursts {
                     peak.min(max)
                 } else {

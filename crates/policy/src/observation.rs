@@ -213,7 +213,8 @@ pub struct ShapeGaps {
 }
 
 impl LaneObservation {
-    /// Record an arrival of a job asking `gpus` GPUs per instance at `at` (unix seconds).
+    /// Record an arrival of a job asking `gpus` GPUs per instance at `at` (unix seconds). Record
+    /// arrivals in time order.
     pub fn record_arrival(&mut self, gpus: u32, at: f64) {
         let g = self.gaps.entry(gpus).or_default();
         if let Some(prev) = g.last_arrival {
@@ -233,26 +234,51 @@ impl LaneObservation {
     /// Bursts seen lately, for arrivals whose GPUs per instance `fits` accepts, in
     /// `(now - lookback_s - window_s, now]`: (the largest number of arrivals in any `window_s`
     /// window, the number of separate bursts, i.e. runs of arrivals less than `window_s` apart).
-    pub fn recent_bursts(&self, now: f64, window_s: f64, lookback_s: f64, fits: impl Fn(u32) -> bool) -> (u32, u32) {
-        let mut times: Vec<f64> = self
-            .recent_arrivals
-            .iter()
-            .filter(|(t, g)| *t > now - lookback_s - window_s && *t <= now && fits(*g))
-            .map(|(t, _)| *t)
-            .collect();
-        // Recorded in arrival order as a rule; sort anyway so a late record cannot skew the count.
-        times.sort_by(f64::total_cmp);
-        let (mut lo, mut peak, mut bursts) = (0, 0, 0);
-        for hi in 0..times.len() {
-            if hi == 0 || times[hi] - times[hi - 1] >= window_s {
+    ///
+    /// The scan stops early once the peak reaches `stop_at.0` and the bursts `stop_at.1` (the
+    /// caller needs no more), so then both are lower bounds; `(u32::MAX, u32::MAX)` scans it all.
+    pub fn recent_bursts(
+        &self,
+        now: f64,
+        window_s: f64,
+        lookback_s: f64,
+        stop_at: (u32, u32),
+        fits: impl Fn(u32) -> bool,
+    ) -> (u32, u32) {
+        // Arrivals are recorded in time order: find the range by binary search, then two cursors
+        // walk it once without allocating.
+        let q = &self.recent_arrivals;
+        let start = q.partition_point(|(t, _)| *t <= now - lookback_s - window_s);
+        let end = q.partition_point(|(t, _)| *t <= now);
+        let (mut lo, mut in_window, mut peak, mut bursts, mut prev) = (start, 0u32, 0u32, 0u32, f64::NEG_INFINITY);
+        for hi in start..end {
+            let (t, g) = q[hi];
+            if !fits(g) {
+                continue;
+            }
+            if t - prev >= window_s {
                 bursts += 1;
             }
-            while times[hi] - times[lo] >= window_s {
-                lo += 1;
+            prev = t;
+            in_window += 1;
+            // Drop arrivals a window or more before this one.
+            while lo < hi {
+                let (tl, gl) = q[lo];
+                if !fits(gl) {
+                    lo += 1;
+                } else if t - tl >= window_s {
+                    in_window -= 1;
+                    lo += 1;
+                } else {
+                    break;
+                }
             }
-            peak = peak.max(hi + 1 - lo);
+            peak = peak.max(in_window);
+            if peak >= stop_at.0 && bursts >= stop_at.1 {
+                break;
+            }
         }
-        (peak as u32, bursts)
+        (peak, bursts)
     }
 
     /// Arrivals in `(now - window_s, now]` whose GPUs per instance `fits` accepts.

@@ -1482,6 +1482,7 @@ fn predictive_warm_pool_holds_the_biggest_recent_burst() {
 
 #[test]
 fn recent_arrivals_are_pruned_and_bursts_counted() {
+    const ALL: (u32, u32) = (u32::MAX, u32::MAX);
     let mut l = LaneObservation::default();
     for i in 0..100 {
         l.record_arrival(1, NOW + i as f64 * 600.0);
@@ -1489,10 +1490,12 @@ fn recent_arrivals_are_pruned_and_bursts_counted() {
     let last = NOW + 99.0 * 600.0;
     assert!(l.recent_arrivals.front().unwrap().0 >= last - onoff_policy::observation::RECENT_ARRIVALS_KEPT_S);
     // 600 s apart: with a 390 s window each arrival is its own burst (19 in 3 h + 390 s).
-    assert_eq!(l.recent_bursts(last, 390.0, 10_800.0, |_| true), (1, 19));
+    assert_eq!(l.recent_bursts(last, 390.0, 10_800.0, ALL, |_| true), (1, 19));
     // With a 1200 s window they form one run, at most 2 in any window.
-    assert_eq!(l.recent_bursts(last, 1_200.0, 10_800.0, |_| true), (2, 1));
-    assert_eq!(l.recent_bursts(last, 390.0, 10_800.0, |g| g > 1), (0, 0));
+    assert_eq!(l.recent_bursts(last, 1_200.0, 10_800.0, ALL, |_| true), (2, 1));
+    assert_eq!(l.recent_bursts(last, 390.0, 10_800.0, ALL, |g| g > 1), (0, 0));
+    // Stopped early once enough is seen: lower bounds.
+    assert_eq!(l.recent_bursts(last, 390.0, 10_800.0, (1, 3), |_| true), (1, 3));
 }
 
 #[test]
