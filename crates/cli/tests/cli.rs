@@ -100,7 +100,7 @@ fn the_example_config_parses() {
         "--policies",
         "onoff",
         "--config",
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/policy-philly-warm20.toml"),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/policy.toml"),
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
