@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Dependency direction (STYLE.md): policy has no tokio / aws / lambda in its tree; control has no
-# aws / lambda; sim never depends on aws.
+# aws / lambda; sim never depends on aws; aws never on lambda_runtime (the agent reuses it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
@@ -17,4 +17,5 @@ check() { # crate, forbidden regex
 check onoff-policy '^(tokio|aws-|lambda_|onoff-control|onoff-sim|onoff-aws) '
 check onoff-control '^(aws-|lambda_|onoff-sim|onoff-aws) '
 check onoff-sim '^(aws-|lambda_|onoff-aws) '
+check onoff-aws '^(lambda_|lambda-runtime|aws_lambda_events|onoff-sim) '
 exit $fail

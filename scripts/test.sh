@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The test command: every test of the workspace, then the dependency-direction check.
+# The test command: every test of the workspace (the AWS adapters against a moto server this
+# script installs and starts on loopback, then stops), then the dependency-direction check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/moto.sh
+moto_start
+trap moto_stop EXIT
 cargo test --workspace --locked
 scripts/check-deps.sh

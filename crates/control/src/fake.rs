@@ -185,3 +185,72 @@ impl OfferingAvailability for FakeAvailability {
         Ok(())
     }
 }
+
+/// A fault-injecting decorator around a real [`Fleet`] adapter: offerings declared without
+/// capacity fail with InsufficientCapacity (as EC2 does and local emulators never do), queued
+/// one-shot errors fail the next calls; everything else goes to the wrapped adapter.
+#[derive(Debug)]
+pub struct FaultyFleet<F> {
+    inner: F,
+    no_capacity: Mutex<Vec<OfferingKey>>,
+    one_shot: Mutex<VecDeque<FleetError>>,
+}
+
+impl<F> FaultyFleet<F> {
+    /// Wrap `inner`.
+    pub fn new(inner: F) -> Self {
+        Self {
+            inner,
+            no_capacity: Mutex::new(Vec::new()),
+            one_shot: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Launches of `key` fail with InsufficientInstanceCapacity.
+    pub fn set_no_capacity(&self, key: OfferingKey) {
+        self.no_capacity.lock().expect("lock").push(key);
+    }
+
+    /// The next call fails with `err`.
+    pub fn fail_next(&self, err: FleetError) {
+        self.one_shot.lock().expect("lock").push_back(err);
+    }
+
+    /// The wrapped adapter.
+    pub fn inner(&self) -> &F {
+        &self.inner
+    }
+
+    fn injected(&self) -> Option<FleetError> {
+        self.one_shot.lock().expect("lock").pop_front()
+    }
+}
+
+impl<F: Fleet> Fleet for FaultyFleet<F> {
+    async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Launched>, FleetError> {
+        if let Some(e) = self.injected() {
+            return Err(e);
+        }
+        if self.no_capacity.lock().expect("lock").contains(&req.offering) {
+            return Err(FleetError {
+                kind: FleetErrorKind::InsufficientCapacity,
+                message: format!("InsufficientInstanceCapacity (injected) for {}", req.offering),
+            });
+        }
+        self.inner.launch(req).await
+    }
+
+    async fn terminate(&self, instance_ids: &[String]) -> Result<(), FleetError> {
+        match self.injected() {
+            Some(e) => Err(e),
+            None => self.inner.terminate(instance_ids).await,
+        }
+    }
+
+    async fn cancel_launch(&self, instance_ids: &[String]) -> Result<(), FleetError> {
+        match self.injected() {
+            Some(e) => Err(e),
+            None => self.inner.cancel_launch(instance_ids).await,
+        }
+    }
+}

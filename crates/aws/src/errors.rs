@@ -1,0 +1,74 @@
+//! AWS error codes classified once, into the kinds the core acts on.
+//!
+//! The core never branches on an AWS string: [`classify_ec2_code`] maps EC2 error codes to
+//! [`FleetErrorKind`], and the adapters keep the provider's code and message in the error text.
+
+use onoff_control::ports::{FleetError, FleetErrorKind};
+
+/// EC2 error codes that mean "no capacity for this offering now": try the next offering and
+/// mark this one unavailable for a while. Source: the EC2 API error-code reference, as
+/// karpenter-provider-aws groups them.
+pub const INSUFFICIENT_CAPACITY_CODES: &[&str] = &[
+    "InsufficientInstanceCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientReservedInstanceCapacity",
+    "InsufficientCapacity",
+    "MaxSpotInstanceCountExceeded",
+    "SpotMaxPriceTooLow",
+    "VcpuLimitExceeded",
+    "InstanceLimitExceeded",
+    "UnfulfillableCapacity",
+    "Unsupported",
+];
+
+/// EC2 error codes that mean "rate limited".
+pub const THROTTLING_CODES: &[&str] = &["RequestLimitExceeded", "Throttling", "ThrottlingException"];
+
+/// The kind of an EC2 error code.
+pub fn classify_ec2_code(code: &str) -> FleetErrorKind {
+    if INSUFFICIENT_CAPACITY_CODES.contains(&code) {
+        FleetErrorKind::InsufficientCapacity
+    } else if THROTTLING_CODES.contains(&code) {
+        FleetErrorKind::Throttled
+    } else if code.ends_with(".NotFound") || code == "InvalidInstanceID.Malformed" {
+        FleetErrorKind::NotFound
+    } else {
+        FleetErrorKind::Other
+    }
+}
+
+/// A [`FleetError`] from any SDK error that carries error metadata (code and message).
+pub fn fleet_error<E>(err: &E) -> FleetError
+where
+    E: aws_sdk_ec2::error::ProvideErrorMetadata + std::fmt::Display,
+{
+    let code = err.code().unwrap_or("Unknown");
+    FleetError {
+        kind: classify_ec2_code(code),
+        message: format!(
+            "{code}: {}",
+            err.message().map_or_else(|| err.to_string(), str::to_string)
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_map_to_kinds() {
+        for (code, kind) in [
+            ("InsufficientInstanceCapacity", FleetErrorKind::InsufficientCapacity),
+            ("MaxSpotInstanceCountExceeded", FleetErrorKind::InsufficientCapacity),
+            ("SpotMaxPriceTooLow", FleetErrorKind::InsufficientCapacity),
+            ("VcpuLimitExceeded", FleetErrorKind::InsufficientCapacity),
+            ("RequestLimitExceeded", FleetErrorKind::Throttled),
+            ("InvalidInstanceID.NotFound", FleetErrorKind::NotFound),
+            ("InvalidLaunchTemplateId.NotFound", FleetErrorKind::NotFound),
+            ("UnauthorizedOperation", FleetErrorKind::Other),
+        ] {
+            assert_eq!(classify_ec2_code(code), kind, "{code}");
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! The [`Fleet`] port on EC2: CreateFleet `instant` from the workers' launch template, tagged
+//! instances, TerminateInstances, and a tag-filtered, paginated DescribeInstances.
+
+use aws_sdk_ec2::types::{
+    DefaultTargetCapacityType, FleetLaunchTemplateConfigRequest, FleetLaunchTemplateOverridesRequest,
+    FleetLaunchTemplateSpecificationRequest, FleetType, InstanceType, ResourceType, SpotAllocationStrategy,
+    SpotOptionsRequest, Tag, TagSpecification, TargetCapacitySpecificationRequest,
+};
+use onoff_control::ports::{Fleet, FleetError, FleetErrorKind, LaunchRequest, Launched};
+use onoff_policy::{CapacityType, OfferingKey};
+
+use crate::errors::{classify_ec2_code, fleet_error};
+
+/// Tag every onoff worker carries (value `true`).
+pub const TAG_MANAGED: &str = "onoff:managed";
+/// Tag with the worker's lane.
+pub const TAG_LANE: &str = "onoff:lane";
+/// Tag with the project the worker was launched for.
+pub const TAG_PROJECT: &str = "onoff:project";
+
+/// An onoff instance as EC2 describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ManagedInstance {
+    /// Instance id.
+    pub instance_id: String,
+    /// Instance type.
+    pub instance_type: String,
+    /// Availability zone.
+    pub zone: String,
+    /// Spot or on-demand (from the instance lifecycle).
+    pub capacity_type: CapacityType,
+    /// EC2 state name (`pending`, `running`, ...).
+    pub state: String,
+    /// Value of the lane tag, if any.
+    pub lane: Option<String>,
+    /// Launch time, unix seconds.
+    pub launched_at: Option<f64>,
+}
+
+/// EC2 as the fleet.
+#[derive(Debug, Clone)]
+pub struct Ec2Fleet {
+    client: aws_sdk_ec2::Client,
+    launch_template: String,
+    subnets: Vec<(String, String)>,
+}
+
+impl Ec2Fleet {
+    /// Launch from the launch template called `launch_template` (version `$Latest`), placing by
+    /// availability zone alone.
+    pub fn new(client: aws_sdk_ec2::Client, launch_template: impl Into<String>) -> Self {
+        Self {
+            client,
+            launch_template: launch_template.into(),
+            subnets: Vec::new(),
+        }
+    }
+
+    /// Launch into these subnets, given as (availability zone, subnet id): an offering's zone picks
+    /// its subnet (the override names the subnet, which implies the zone). Zones without a subnet
+    /// are placed by zone alone.
+    pub fn with_subnets(mut self, subnets: Vec<(String, String)>) -> Self {
+        self.subnets = subnets;
+        self
+    }
+
+    /// Each availability zone's default subnet, as (zone, subnet id).
+    ///
+    /// # Errors
+    /// EC2 failures, classified.
+    pub async fn default_subnets(client: &aws_sdk_ec2::Client) -> Result<Vec<(String, String)>, FleetError> {
+        let out = client
+            .describe_subnets()
+            .filters(
+                aws_sdk_ec2::types::Filter::builder()
+                    .name("default-for-az")
+                    .values("true")
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(|e| fleet_error(&e))?;
+        Ok(out
+            .subnets()
+            .iter()
+            .filter_map(|s| Some((s.availability_zone()?.to_string(), s.subnet_id()?.to_string())))
+            .collect())
+    }
+
+    /// Every instance tagged `onoff:managed` that is pending or running, across all pages.
+    ///
+    /// # Errors
+    /// EC2 failures, classified.
+    pub async fn describe_managed(&self) -> Result<Vec<ManagedInstance>, FleetError> {
+        let mut out = Vec::new();
+        let mut pages = self
+            .client
+            .describe_instances()
+            .filters(
+                aws_sdk_ec2::types::Filter::builder()
+                    .name("tag-key")
+                    .values(TAG_MANAGED)
+                    .build(),
+            )
+            .filters(
+                aws_sdk_ec2::types::Filter::builder()
+                    .name("instance-state-name")
+                    .values("pending")
+                    .values("running")
+                    .build(),
+            )
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| fleet_error(&e))?;
+            for r in page.reservations() {
+                for i in r.instances() {
+                    let tag = |k: &str| {
+                        i.tags()
+                            .iter()
+                            .find(|t| t.key() == Some(k))
+                            .and_then(|t| t.value())
+                            .map(str::to_string)
+                    };
+                    out.push(ManagedInstance {
+                        instance_id: i.instance_id().unwrap_or_default().to_string(),
+                        instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
+                        zone: i
+                            .placement()
+                            .and_then(|p| p.availability_zone())
+                            .unwrap_or_default()
+                            .to_string(),
+                        // moto answers the `instance-lifecycle` filter with HTTP 500: read it here.
+                        capacity_type: if i.instance_lifecycle().is_some_and(|l| l.as_str() == "spot") {
+                            CapacityType::Spot
+                        } else {
+                            CapacityType::OnDemand
+                        },
+                        state: i
+                            .state()
+                            .and_then(|s| s.name())
+                            .map(|n| n.as_str().to_string())
+                            .unwrap_or_default(),
+                        lane: tag(TAG_LANE),
+                        launched_at: i.launch_time().map(|t| t.as_secs_f64()),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn terminate_ids(&self, ids: &[String]) -> Result<(), FleetError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        match self
+            .client
+            .terminate_instances()
+            .set_instance_ids(Some(ids.to_vec()))
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let err = fleet_error(&e);
+                if err.kind != FleetErrorKind::NotFound {
+                    return Err(err);
+                }
+                // One id of the batch is gone: the call failed as a whole, so go one by one and
+                // treat not-found as done (terminate is idempotent).
+                for id in ids {
+                    if let Err(e) = self.client.terminate_instances().instance_ids(id).send().await {
+                        let err = fleet_error(&e);
+                        if err.kind != FleetErrorKind::NotFound {
+                            return Err(err);
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn tag(key: &str, value: &str) -> Tag {
+    Tag::builder().key(key).value(value).build()
+}
+
+impl Fleet for Ec2Fleet {
+    async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Launched>, FleetError> {
+        let key = &req.offering;
+        let capacity = match key.capacity_type {
+            CapacityType::Spot => DefaultTargetCapacityType::Spot,
+            CapacityType::OnDemand => DefaultTargetCapacityType::OnDemand,
+        };
+        let target = TargetCapacitySpecificationRequest::builder()
+            .total_target_capacity(req.count as i32)
+            .default_target_capacity_type(capacity)
+            .build();
+        let config = FleetLaunchTemplateConfigRequest::builder()
+            .launch_template_specification(
+                FleetLaunchTemplateSpecificationRequest::builder()
+                    .launch_template_name(&self.launch_template)
+                    .version("$Latest")
+                    .build(),
+            )
+            .overrides({
+                let o = FleetLaunchTemplateOverridesRequest::builder()
+                    .instance_type(InstanceType::from(key.instance_type.as_str()));
+                match self.subnets.iter().find(|(z, _)| *z == key.zone) {
+                    Some((_, subnet)) => o.subnet_id(subnet),
+                    None => o.availability_zone(&key.zone),
+                }
+                .build()
+            })
+            .build();
+        let mut tags = TagSpecification::builder()
+            .resource_type(ResourceType::Instance)
+            .tags(tag(TAG_MANAGED, "true"))
+            .tags(tag(TAG_LANE, &req.lane));
+        if let Some(p) = &req.project {
+            tags = tags.tags(tag(TAG_PROJECT, p));
+        }
+        let resp = self
+            .client
+            .create_fleet()
+            .r#type(FleetType::Instant)
+            .launch_template_configs(config)
+            .target_capacity_specification(target)
+            .spot_options(
+                SpotOptionsRequest::builder()
+                    .allocation_strategy(SpotAllocationStrategy::PriceCapacityOptimized)
+                    .build(),
+            )
+            .tag_specifications(tags.build())
+            .send()
+            .await
+            .map_err(|e| fleet_error(&e))?;
+        let launched: Vec<Launched> = resp
+            .instances()
+            .iter()
+            .flat_map(|i| i.instance_ids())
+            .map(|id| Launched {
+                instance_id: id.clone(),
+                offering: key.clone(),
+            })
+            .collect();
+        if launched.is_empty() {
+            // An instant fleet reports capacity failures in `errors`, not as an API error.
+            let first = resp.errors().first();
+            let code = first.and_then(|e| e.error_code()).unwrap_or("UnfulfillableCapacity");
+            let msg = first.and_then(|e| e.error_message()).unwrap_or("no instance launched");
+            return Err(FleetError {
+                kind: classify_ec2_code(code),
+                message: format!("{code}: {msg} ({key})"),
+            });
+        }
+        Ok(launched)
+    }
+
+    async fn terminate(&self, instance_ids: &[String]) -> Result<(), FleetError> {
+        self.terminate_ids(instance_ids).await
+    }
+
+    async fn cancel_launch(&self, instance_ids: &[String]) -> Result<(), FleetError> {
+        // An `instant` fleet leaves no request behind to cancel: a launch still booting is an
+        // instance in `pending`, and terminating it is how it is cancelled.
+        self.terminate_ids(instance_ids).await
+    }
+}
+
+/// The offering an instance came from.
+pub fn offering_of(i: &ManagedInstance) -> OfferingKey {
+    OfferingKey {
+        instance_type: i.instance_type.clone(),
+        zone: i.zone.clone(),
+        capacity_type: i.capacity_type,
+    }
+}

@@ -1,0 +1,18 @@
+//! The only onoff crate that speaks AWS: aws-sdk adapters for the control ports, AWS error
+//! classification and typed settings. No `lambda_runtime` here: the worker agent reuses it.
+//!
+//! # Layout
+//! - [`settings`]: resource names from the environment; the SDK clients, built once.
+//! - [`errors`]: EC2 error codes classified into the kinds the core acts on.
+//! - [`fleet`]: [`onoff_control::ports::Fleet`] on EC2 (CreateFleet instant, TerminateInstances,
+//!   tag-filtered DescribeInstances).
+//! - [`state`]: [`onoff_control::ports::WorkerRegistry`] and
+//!   [`onoff_control::ports::OfferingAvailability`] on DynamoDB, with conditional writes.
+//! - [`queue`]: lane queues on SQS: backlog, send, receive, visibility, delete.
+#![warn(missing_docs)]
+
+pub mod errors;
+pub mod fleet;
+pub mod queue;
+pub mod settings;
+pub mod state;

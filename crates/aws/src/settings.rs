@@ -1,0 +1,181 @@
+//! Typed settings from the environment, loaded once at cold start, and the SDK clients built once.
+
+use aws_config::retry::RetryConfig;
+use aws_config::{BehaviorVersion, SdkConfig};
+
+/// Names of the AWS resources the control plane uses (the SAM template's outputs), read from
+/// environment variables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resources {
+    /// `ONOFF_QUEUE_URLS`: lane=url pairs, comma separated, e.g. `express=https://...,standard=https://...`.
+    pub queue_urls: Vec<(String, String)>,
+    /// `ONOFF_JOBS_TABLE`.
+    pub jobs_table: String,
+    /// `ONOFF_WORKERS_TABLE`.
+    pub workers_table: String,
+    /// `ONOFF_CONTROL_TABLE`: leases and unavailable offerings.
+    pub control_table: String,
+    /// `ONOFF_BUCKET`: job specs and checkpoints.
+    pub bucket: String,
+    /// `ONOFF_LAUNCH_TEMPLATE`: the workers' launch template name.
+    pub launch_template: String,
+    /// `ONOFF_SUBNETS` (optional): zone=subnet pairs, comma separated; launches in a zone go to
+    /// its subnet.
+    pub subnets: Vec<(String, String)>,
+}
+
+/// Parse `a=b,c=d` pairs of the variable `name`.
+fn pairs(name: &'static str, raw: &str, what: &str) -> Result<Vec<(String, String)>, SettingsError> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(a, b)| (a.trim().to_string(), b.trim().to_string()))
+                .ok_or_else(|| SettingsError::Malformed {
+                    name,
+                    reason: format!("{pair:?} is not {what}"),
+                })
+        })
+        .collect()
+}
+
+/// A missing or malformed setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    /// The variable is not set (or empty).
+    #[error("environment variable {0} is not set")]
+    Missing(&'static str),
+    /// The variable is set but malformed.
+    #[error("environment variable {name} is malformed: {reason}")]
+    Malformed {
+        /// Variable name.
+        name: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl Resources {
+    /// Read from a lookup (the process environment in production, a map in tests).
+    ///
+    /// # Errors
+    /// The first missing or malformed variable.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, SettingsError> {
+        let need = |name: &'static str| {
+            get(name)
+                .filter(|v| !v.trim().is_empty())
+                .ok_or(SettingsError::Missing(name))
+        };
+        let queue_urls = pairs("ONOFF_QUEUE_URLS", &need("ONOFF_QUEUE_URLS")?, "lane=url")?;
+        let subnets = pairs(
+            "ONOFF_SUBNETS",
+            &get("ONOFF_SUBNETS").unwrap_or_default(),
+            "zone=subnet",
+        )?;
+        Ok(Self {
+            queue_urls,
+            subnets,
+            jobs_table: need("ONOFF_JOBS_TABLE")?,
+            workers_table: need("ONOFF_WORKERS_TABLE")?,
+            control_table: need("ONOFF_CONTROL_TABLE")?,
+            bucket: need("ONOFF_BUCKET")?,
+            launch_template: need("ONOFF_LAUNCH_TEMPLATE")?,
+        })
+    }
+
+    /// Read from the process environment.
+    ///
+    /// # Errors
+    /// The first missing or malformed variable.
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Queue URL of `lane`.
+    pub fn queue_url(&self, lane: &str) -> Option<&str> {
+        self.queue_urls.iter().find(|(l, _)| l == lane).map(|(_, u)| u.as_str())
+    }
+}
+
+/// The SDK clients, built once per process from one `SdkConfig`.
+#[derive(Debug, Clone)]
+pub struct Clients {
+    /// SQS.
+    pub sqs: aws_sdk_sqs::Client,
+    /// EC2.
+    pub ec2: aws_sdk_ec2::Client,
+    /// DynamoDB.
+    pub dynamodb: aws_sdk_dynamodb::Client,
+    /// S3 (path-style addressing when an endpoint override is set, as local emulators need).
+    pub s3: aws_sdk_s3::Client,
+}
+
+impl Clients {
+    /// Load the default AWS configuration (region, credentials, `AWS_ENDPOINT_URL`) with the SDK's
+    /// standard retry mode (exponential backoff with jitter, 5 attempts) and build every client.
+    pub async fn from_env() -> Self {
+        let conf = aws_config::defaults(BehaviorVersion::latest())
+            .retry_config(RetryConfig::standard().with_max_attempts(5))
+            .load()
+            .await;
+        Self::from_conf(&conf)
+    }
+
+    /// Build the clients from a loaded configuration.
+    pub fn from_conf(conf: &SdkConfig) -> Self {
+        let s3_conf = aws_sdk_s3::config::Builder::from(conf)
+            .force_path_style(conf.endpoint_url().is_some())
+            .build();
+        Self {
+            sqs: aws_sdk_sqs::Client::new(conf),
+            ec2: aws_sdk_ec2::Client::new(conf),
+            dynamodb: aws_sdk_dynamodb::Client::new(conf),
+            s3: aws_sdk_s3::Client::from_conf(s3_conf),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    const ALL: &[(&str, &str)] = &[
+        ("ONOFF_QUEUE_URLS", "express=http://q/e, standard=http://q/s"),
+        ("ONOFF_JOBS_TABLE", "jobs"),
+        ("ONOFF_WORKERS_TABLE", "workers"),
+        ("ONOFF_CONTROL_TABLE", "control"),
+        ("ONOFF_BUCKET", "bucket"),
+        ("ONOFF_LAUNCH_TEMPLATE", "onoff-worker"),
+    ];
+
+    #[test]
+    fn reads_every_setting() {
+        let r = Resources::from_lookup(env(ALL)).unwrap();
+        assert_eq!(r.queue_url("standard"), Some("http://q/s"));
+        assert_eq!(r.queue_url("express"), Some("http://q/e"));
+        assert_eq!(r.launch_template, "onoff-worker");
+        assert!(r.subnets.is_empty());
+        let mut with = ALL.to_vec();
+        with.push(("ONOFF_SUBNETS", "us-east-1a=subnet-1,us-east-1b=subnet-2"));
+        let r = Resources::from_lookup(env(&with)).unwrap();
+        assert_eq!(r.subnets[1], ("us-east-1b".to_string(), "subnet-2".to_string()));
+    }
+
+    #[test]
+    fn names_the_missing_or_malformed_variable() {
+        let without: Vec<_> = ALL.iter().copied().filter(|(k, _)| *k != "ONOFF_BUCKET").collect();
+        assert_eq!(
+            Resources::from_lookup(env(&without)),
+            Err(SettingsError::Missing("ONOFF_BUCKET"))
+        );
+        let mut bad = ALL.to_vec();
+        bad[0] = ("ONOFF_QUEUE_URLS", "standard");
+        let err = Resources::from_lookup(env(&bad)).unwrap_err().to_string();
+        assert!(err.contains("ONOFF_QUEUE_URLS") && err.contains("lane=url"), "{err}");
+    }
+}

@@ -1,0 +1,298 @@
+//! Control-plane state on DynamoDB: the workers table ([`WorkerRegistry`]) and the control table
+//! ([`OfferingAvailability`]). Every write is conditional, so a transition happens once however
+//! many invocations race for it.
+//!
+//! Workers table (key `instance_id`): `lane`, `instance_type`, `zone`, `capacity_type`,
+//! `price_usd_per_h`, `state`, `launched_at`, `project`, and `expires_at` (TTL, set when a worker
+//! is terminating). Control table (key `pk`): `unavailable#<type>#<zone>#<capacity>` items with
+//! `until` and `expires_at`.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use onoff_control::ports::{OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry};
+use onoff_policy::{CapacityType, OfferingKey, UnavailableOffering, WorkerState};
+
+/// How long a finished worker's row is kept before DynamoDB's TTL removes it, seconds (7 days).
+pub const FINISHED_ROW_TTL_S: f64 = 7.0 * 86_400.0;
+
+fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+fn n(v: f64) -> AttributeValue {
+    AttributeValue::N(format!("{v}"))
+}
+
+/// Name of a worker state as stored.
+pub fn state_name(state: WorkerState) -> &'static str {
+    match state {
+        WorkerState::Pending => "Pending",
+        WorkerState::Running => "Running",
+        WorkerState::Idle => "Idle",
+        WorkerState::Draining => "Draining",
+        WorkerState::Terminating => "Terminating",
+    }
+}
+
+/// Parse a stored worker state.
+pub fn parse_state(name: &str) -> Option<WorkerState> {
+    Some(match name {
+        "Pending" => WorkerState::Pending,
+        "Running" => WorkerState::Running,
+        "Idle" => WorkerState::Idle,
+        "Draining" => WorkerState::Draining,
+        "Terminating" => WorkerState::Terminating,
+        _ => return None,
+    })
+}
+
+fn store_error<E>(what: &str, e: &aws_sdk_dynamodb::error::SdkError<E>) -> StoreError
+where
+    E: aws_sdk_dynamodb::error::ProvideErrorMetadata + std::error::Error + 'static,
+{
+    use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+    let code = e.code().unwrap_or("Unknown");
+    let msg = e.message().map_or_else(|| e.to_string(), str::to_string);
+    if code == "ResourceNotFoundException" {
+        // A missing table is a deployment error: say which operation hit it.
+        StoreError::Other(format!("{what}: table not found ({msg})"))
+    } else {
+        StoreError::Other(format!("{what}: {code}: {msg}"))
+    }
+}
+
+/// The workers table.
+#[derive(Debug, Clone)]
+pub struct DynamoWorkers {
+    client: aws_sdk_dynamodb::Client,
+    table: String,
+    now: fn() -> f64,
+}
+
+/// Unix seconds now.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+impl DynamoWorkers {
+    /// The table called `table`.
+    pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
+        Self {
+            client,
+            table: table.into(),
+            now: unix_now,
+        }
+    }
+
+    /// One worker's record, `None` when it does not exist.
+    ///
+    /// # Errors
+    /// Store failures, or a row that does not parse.
+    pub async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("instance_id", s(id))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| store_error("get worker", &e))?;
+        out.item().map(record_from_item).transpose()
+    }
+}
+
+fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<WorkerRecord, StoreError> {
+    let text = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
+    let num = |k: &str| {
+        item.get(k)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let bad = |k: &str| StoreError::Other(format!("worker row lacks a valid {k}"));
+    let capacity_type = match text("capacity_type").as_deref() {
+        Some("spot") => CapacityType::Spot,
+        Some("on-demand") => CapacityType::OnDemand,
+        _ => return Err(bad("capacity_type")),
+    };
+    Ok(WorkerRecord {
+        id: text("instance_id").ok_or_else(|| bad("instance_id"))?,
+        lane: text("lane").ok_or_else(|| bad("lane"))?,
+        offering: OfferingKey {
+            instance_type: text("instance_type").ok_or_else(|| bad("instance_type"))?,
+            zone: text("zone").ok_or_else(|| bad("zone"))?,
+            capacity_type,
+        },
+        price_usd_per_h: num("price_usd_per_h").ok_or_else(|| bad("price_usd_per_h"))?,
+        state: text("state")
+            .as_deref()
+            .and_then(parse_state)
+            .ok_or_else(|| bad("state"))?,
+        launched_at: num("launched_at").ok_or_else(|| bad("launched_at"))?,
+        project: text("project"),
+    })
+}
+
+impl WorkerRegistry for DynamoWorkers {
+    async fn register_launch(&self, r: WorkerRecord) -> Result<(), StoreError> {
+        let mut req = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("instance_id", s(&r.id))
+            .item("lane", s(&r.lane))
+            .item("instance_type", s(&r.offering.instance_type))
+            .item("zone", s(&r.offering.zone))
+            .item("capacity_type", s(r.offering.capacity_type.as_str()))
+            .item("price_usd_per_h", n(r.price_usd_per_h))
+            .item("state", s(state_name(r.state)))
+            .item("launched_at", n(r.launched_at))
+            .condition_expression("attribute_not_exists(instance_id)");
+        if let Some(p) = &r.project {
+            req = req.item("project", s(p));
+        }
+        match req.send().await {
+            Ok(_) => Ok(()),
+            // Already registered: registering is idempotent.
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(store_error("register worker", &e)),
+        }
+    }
+
+    async fn set_state(&self, id: &str, state: WorkerState) -> Result<(), StoreError> {
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("instance_id", s(id))
+            .condition_expression("attribute_exists(instance_id)")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":s", s(state_name(state)));
+        req = if state == WorkerState::Terminating {
+            req.update_expression("SET #s = :s, expires_at = :e")
+                .expression_attribute_values(
+                    ":e",
+                    AttributeValue::N(format!("{}", ((self.now)() + FINISHED_ROW_TTL_S) as i64)),
+                )
+        } else {
+            req.update_expression("SET #s = :s")
+        };
+        match req.send().await {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Err(StoreError::NotFound(id.to_string()))
+            }
+            Err(e) => Err(store_error("set worker state", &e)),
+        }
+    }
+}
+
+/// The control table: unavailable offerings (and, later, leases).
+#[derive(Debug, Clone)]
+pub struct DynamoControl {
+    client: aws_sdk_dynamodb::Client,
+    table: String,
+}
+
+fn unavailable_pk(key: &OfferingKey) -> String {
+    format!(
+        "unavailable#{}#{}#{}",
+        key.instance_type,
+        key.zone,
+        key.capacity_type.as_str()
+    )
+}
+
+impl DynamoControl {
+    /// The table called `table`.
+    pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
+        Self {
+            client,
+            table: table.into(),
+        }
+    }
+
+    /// Offerings marked unavailable until after `now`.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn unavailable(&self, now: f64) -> Result<Vec<UnavailableOffering>, StoreError> {
+        let mut out = Vec::new();
+        let mut pages = self
+            .client
+            .scan()
+            .table_name(&self.table)
+            .filter_expression("begins_with(pk, :p) AND #u > :now")
+            .expression_attribute_names("#u", "until")
+            .expression_attribute_values(":p", s("unavailable#"))
+            .expression_attribute_values(":now", n(now))
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| store_error("scan unavailable offerings", &e))?;
+            for item in page.items() {
+                let pk = item.get("pk").and_then(|v| v.as_s().ok());
+                let until = item
+                    .get("until")
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|v| v.parse::<f64>().ok());
+                let parts: Option<Vec<&str>> = pk.map(|p| p.splitn(4, '#').collect());
+                if let (Some([_, ty, zone, cap]), Some(until)) = (parts.as_deref(), until) {
+                    let capacity_type = if *cap == "spot" {
+                        CapacityType::Spot
+                    } else {
+                        CapacityType::OnDemand
+                    };
+                    out.push(UnavailableOffering {
+                        key: OfferingKey {
+                            instance_type: ty.to_string(),
+                            zone: zone.to_string(),
+                            capacity_type,
+                        },
+                        until,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl OfferingAvailability for DynamoControl {
+    async fn mark_unavailable(&self, key: &OfferingKey, until: f64) -> Result<(), StoreError> {
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(unavailable_pk(key)))
+            .update_expression("SET #u = :u, expires_at = :e")
+            // A later `until` wins; an earlier one is a no-op.
+            .condition_expression("attribute_not_exists(pk) OR #u < :u")
+            .expression_attribute_names("#u", "until")
+            .expression_attribute_values(":u", n(until))
+            .expression_attribute_values(":e", AttributeValue::N(format!("{}", (until + 3600.0) as i64)))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(store_error("mark offering unavailable", &e)),
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! The AWS adapters against a real AWS wire-protocol emulator (moto server on loopback).
+//!
+//! `scripts/test.sh` installs moto into `.venv`, starts it on a free port and exports
+//! `ONOFF_TEST_AWS_ENDPOINT`; these tests talk to nothing else. Each test uses its own resource
+//! names, so they run in parallel against one server.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use aws_config::{BehaviorVersion, SdkConfig};
+use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType};
+use aws_sdk_sqs::config::{Credentials, Region};
+use onoff_aws::fleet::{offering_of, Ec2Fleet, TAG_LANE, TAG_MANAGED, TAG_PROJECT};
+use onoff_aws::queue::SqsQueues;
+use onoff_aws::settings::Clients;
+use onoff_aws::state::{DynamoControl, DynamoWorkers};
+use onoff_control::fake::FaultyFleet;
+use onoff_control::ports::{Fleet, LaunchRequest, OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry};
+use onoff_control::{act, ActContext};
+use onoff_policy::{
+    Action, CapacityPreference, CapacityType, LaunchShape, Offering, OfferingKey, Plan, PolicyConfig, Reason,
+    WorkerState,
+};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A name unique to this test process and call.
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn conf() -> SdkConfig {
+    let endpoint = std::env::var("ONOFF_TEST_AWS_ENDPOINT").expect(
+        "ONOFF_TEST_AWS_ENDPOINT is not set: run the tests with scripts/test.sh, which installs and starts moto server",
+    );
+    assert!(
+        endpoint.starts_with("http://127.0.0.1:"),
+        "tests only talk to a loopback emulator, not {endpoint}"
+    );
+    aws_config::defaults(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(Credentials::new("test", "test", None, None, "onoff-tests"))
+        .load()
+        .await
+}
+
+async fn clients() -> Clients {
+    Clients::from_conf(&conf().await)
+}
+
+async fn table(c: &Clients, name: &str, key: &str) {
+    c.dynamodb
+        .create_table()
+        .table_name(name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(key)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(key)
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
+async fn launch_template(c: &Clients) -> String {
+    let name = unique("onoff-worker");
+    let image = c
+        .ec2
+        .describe_images()
+        .owners("amazon")
+        .send()
+        .await
+        .unwrap()
+        .images()
+        .first()
+        .and_then(|i| i.image_id())
+        .map(str::to_string)
+        .unwrap_or_else(|| "ami-12c6146b".into());
+    c.ec2
+        .create_launch_template()
+        .launch_template_name(&name)
+        .launch_template_data(
+            aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
+                .image_id(image)
+                .instance_initiated_shutdown_behavior(aws_sdk_ec2::types::ShutdownBehavior::Terminate)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    name
+}
+
+fn key(ty: &str, zone: &str, cap: CapacityType) -> OfferingKey {
+    OfferingKey {
+        instance_type: ty.into(),
+        zone: zone.into(),
+        capacity_type: cap,
+    }
+}
+
+#[tokio::test]
+async fn sqs_backlog_counts_visible_in_flight_and_delayed() {
+    let c = clients().await;
+    let url = c
+        .sqs
+        .create_queue()
+        .queue_name(unique("standard"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let q = SqsQueues::new(c.sqs.clone(), vec![("standard".into(), url)]);
+    q.send("standard", r#"{"job":"a"}"#, 0).await.unwrap();
+    q.send("standard", r#"{"job":"b"}"#, 0).await.unwrap();
+    q.send("standard", r#"{"job":"c"}"#, 600).await.unwrap();
+    let got = q.receive("standard", 1, 0, 300).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].receive_count, 1);
+    let b = q.backlog("standard").await.unwrap();
+    assert_eq!((b.visible, b.in_flight, b.delayed), (1, 1, 1));
+    assert_eq!(b.total(false), 2);
+    assert_eq!(b.total(true), 3);
+    // Release for resume, then finish it.
+    q.set_visibility("standard", &got[0].receipt, 0).await.unwrap();
+    let again = q.receive("standard", 10, 0, 300).await.unwrap();
+    assert_eq!(again.len(), 2);
+    assert!(again.iter().any(|m| m.receive_count == 2));
+    for m in &again {
+        q.delete("standard", &m.receipt).await.unwrap();
+    }
+    let b = q.backlog("standard").await.unwrap();
+    assert_eq!((b.visible, b.in_flight, b.delayed), (0, 0, 1));
+    let err = q.backlog("express").await.unwrap_err();
+    assert!(
+        err.to_string().contains("express") && err.to_string().contains("no queue"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
+    let c = clients().await;
+    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
+    let fleet = Ec2Fleet::new(c.ec2.clone(), launch_template(&c).await).with_subnets(subnets);
+    let lane = unique("lane");
+    let req = LaunchRequest {
+        lane: lane.clone(),
+        offering: key("g5.xlarge", "us-east-1b", CapacityType::Spot),
+        count: 2,
+        project: Some("vision".into()),
+        job: None,
+    };
+    let launched = fleet.launch(&req).await.unwrap();
+    assert_eq!(launched.len(), 2);
+    let mine: Vec<_> = fleet
+        .describe_managed()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|i| i.lane.as_deref() == Some(&lane))
+        .collect();
+    assert_eq!(mine.len(), 2);
+    for i in &mine {
+        assert_eq!(i.instance_type, "g5.xlarge");
+        assert_eq!(i.zone, "us-east-1b");
+        assert!(launched.iter().any(|l| l.instance_id == i.instance_id));
+    }
+    // Tags as EC2 stores them.
+    let d = c
+        .ec2
+        .describe_instances()
+        .instance_ids(&launched[0].instance_id)
+        .send()
+        .await
+        .unwrap();
+    let tags: Vec<(String, String)> = d.reservations()[0].instances()[0]
+        .tags()
+        .iter()
+        .map(|t| (t.key().unwrap().to_string(), t.value().unwrap().to_string()))
+        .collect();
+    for (k, v) in [
+        (TAG_MANAGED, "true"),
+        (TAG_LANE, lane.as_str()),
+        (TAG_PROJECT, "vision"),
+    ] {
+        assert!(tags.contains(&(k.to_string(), v.to_string())), "{k}={v} in {tags:?}");
+    }
+    let ids: Vec<String> = launched.iter().map(|l| l.instance_id.clone()).collect();
+    fleet.terminate(&ids).await.unwrap();
+    // Terminating again, and an id that never existed, is not an error.
+    fleet.terminate(&ids).await.unwrap();
+    fleet.terminate(&["i-0123456789abcdef0".to_string()]).await.unwrap();
+    let left = fleet
+        .describe_managed()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|i| i.lane.as_deref() == Some(&lane))
+        .count();
+    assert_eq!(left, 0);
+    assert_eq!(offering_of(&mine[0]).instance_type, "g5.xlarge");
+}
+
+#[tokio::test]
+async fn worker_registry_writes_are_conditional_and_idempotent() {
+    let c = clients().await;
+    let name = unique("workers");
+    table(&c, &name, "instance_id").await;
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &name);
+    let rec = WorkerRecord {
+        id: "i-0aaaaaaaaaaaaaaa1".into(),
+        lane: "standard".into(),
+        offering: key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+        price_usd_per_h: 0.39,
+        state: WorkerState::Pending,
+        launched_at: 1_700_000_000.0,
+        project: Some("p".into()),
+    };
+    reg.register_launch(rec.clone()).await.unwrap();
+    // A second registration (a retried invocation) changes nothing.
+    reg.register_launch(WorkerRecord {
+        state: WorkerState::Running,
+        ..rec.clone()
+    })
+    .await
+    .unwrap();
+    assert_eq!(reg.get(&rec.id).await.unwrap(), Some(rec.clone()));
+    reg.set_state(&rec.id, WorkerState::Draining).await.unwrap();
+    assert_eq!(reg.get(&rec.id).await.unwrap().unwrap().state, WorkerState::Draining);
+    assert_eq!(
+        reg.set_state("i-0bbbbbbbbbbbbbbb2", WorkerState::Draining).await,
+        Err(StoreError::NotFound("i-0bbbbbbbbbbbbbbb2".into()))
+    );
+    assert_eq!(reg.get("i-0bbbbbbbbbbbbbbb2").await.unwrap(), None);
+    // A missing table is a clear error, not a panic.
+    let missing = DynamoWorkers::new(c.dynamodb.clone(), unique("no-such-table"));
+    let err = missing.register_launch(rec).await.unwrap_err().to_string();
+    assert!(
+        err.contains("table not found") || err.contains("ResourceNotFound"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn unavailable_offerings_keep_the_latest_expiry() {
+    let c = clients().await;
+    let name = unique("control");
+    table(&c, &name, "pk").await;
+    let ctl = DynamoControl::new(c.dynamodb.clone(), &name);
+    let k = key("g6.xlarge", "us-east-1c", CapacityType::Spot);
+    ctl.mark_unavailable(&k, 1_000.0).await.unwrap();
+    ctl.mark_unavailable(&k, 900.0).await.unwrap(); // earlier: no-op
+    let got = ctl.unavailable(500.0).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].key, k);
+    assert_eq!(got[0].until, 1_000.0);
+    ctl.mark_unavailable(&k, 2_000.0).await.unwrap(); // later wins
+    assert_eq!(ctl.unavailable(500.0).await.unwrap()[0].until, 2_000.0);
+    assert!(ctl.unavailable(2_500.0).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn insufficient_capacity_on_the_first_offering_falls_back_to_the_next() {
+    let c = clients().await;
+    let workers = unique("workers");
+    let control = unique("control");
+    table(&c, &workers, "instance_id").await;
+    table(&c, &control, "pk").await;
+    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
+    let fleet = FaultyFleet::new(Ec2Fleet::new(c.ec2.clone(), launch_template(&c).await).with_subnets(subnets));
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &workers);
+    let ctl = DynamoControl::new(c.dynamodb.clone(), &control);
+    let first = key("g5.xlarge", "us-east-1a", CapacityType::Spot);
+    fleet.set_no_capacity(first.clone());
+    let offerings: Vec<Offering> = ["us-east-1a", "us-east-1b"]
+        .into_iter()
+        .map(|z| Offering {
+            key: key("g5.xlarge", z, CapacityType::Spot),
+            gpus: 1,
+            gpu_model: "NVIDIA A10G".into(),
+            gpu_memory_gib: 24.0,
+            vcpus: 4,
+            price_usd_per_h: 0.39,
+            interruption: None,
+        })
+        .collect();
+    let lane_name = unique("lane");
+    let mut cfg = PolicyConfig::default();
+    cfg.lanes[1].name = lane_name.clone();
+    let plan = Plan {
+        actions: vec![Action::Launch {
+            lane: 1,
+            offering: first.clone(),
+            price_usd_per_h: 0.39,
+            count: 2,
+            request: LaunchShape {
+                gpus: 1,
+                min_gpu_memory_gib: 16.0,
+                capacity: CapacityPreference::SpotFirst,
+                runtime_s: 3600.0,
+            },
+            project: None,
+            job: None,
+            reason: Reason::UnmetBacklog { unmet_jobs: 2 },
+        }],
+        ..Plan::default()
+    };
+    let now = 1_700_000_000.0;
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offerings,
+        unavailable: &[],
+        now,
+    };
+    let out = act(&plan, ctx, &fleet, &reg, &ctl).await;
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(out.capacity_errors, vec![first.clone()]);
+    assert_eq!(out.launched.len(), 2);
+    // The instances exist in EC2, in the second zone, tagged with the lane.
+    let mine: Vec<_> = fleet
+        .inner()
+        .describe_managed()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|i| i.lane.as_deref() == Some(&lane_name))
+        .collect();
+    assert_eq!(mine.len(), 2);
+    assert!(mine.iter().all(|i| i.zone == "us-east-1b"));
+    // Registered as Pending, and the first offering is skipped for the TTL.
+    for l in &out.launched {
+        assert_eq!(
+            reg.get(&l.launched.instance_id).await.unwrap().unwrap().state,
+            WorkerState::Pending
+        );
+    }
+    let un = ctl.unavailable(now).await.unwrap();
+    assert_eq!(un.len(), 1);
+    assert_eq!(un[0].key, first);
+    assert_eq!(un[0].until, now + cfg.offers.unavailable_ttl_s);
+}
