@@ -254,3 +254,153 @@ impl<F: Fleet> Fleet for FaultyFleet<F> {
         }
     }
 }
+
+/// A jobs table in memory, with the same conditional semantics as the DynamoDB adapter.
+#[derive(Debug, Default)]
+pub struct FakeJobs {
+    jobs: Mutex<BTreeMap<String, crate::ports::JobRecord>>,
+    errors: Mutex<BTreeMap<String, String>>,
+    fail_next: Mutex<Option<StoreError>>,
+}
+
+impl FakeJobs {
+    /// Records.
+    pub fn records(&self) -> BTreeMap<String, crate::ports::JobRecord> {
+        self.jobs.lock().expect("lock").clone()
+    }
+
+    /// Error records: source -> reason.
+    pub fn errors(&self) -> BTreeMap<String, String> {
+        self.errors.lock().expect("lock").clone()
+    }
+
+    /// The next call fails with `err`.
+    pub fn fail_next(&self, err: StoreError) {
+        *self.fail_next.lock().expect("lock") = Some(err);
+    }
+
+    fn injected(&self) -> Result<(), StoreError> {
+        match self.fail_next.lock().expect("lock").take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl crate::ports::JobStore for FakeJobs {
+    async fn create(&self, record: &crate::ports::JobRecord) -> Result<crate::ports::Created, StoreError> {
+        self.injected()?;
+        let mut m = self.jobs.lock().expect("lock");
+        match m.get(&record.id) {
+            Some(r) => Ok(crate::ports::Created::Existing(Box::new(r.clone()))),
+            None => {
+                m.insert(record.id.clone(), record.clone());
+                Ok(crate::ports::Created::New)
+            }
+        }
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<crate::ports::JobRecord>, StoreError> {
+        self.injected()?;
+        Ok(self.jobs.lock().expect("lock").get(id).cloned())
+    }
+
+    async fn set_enqueued(&self, id: &str) -> Result<(), StoreError> {
+        self.injected()?;
+        match self.jobs.lock().expect("lock").get_mut(id) {
+            Some(r) => {
+                r.enqueued = true;
+                Ok(())
+            }
+            None => Err(StoreError::NotFound(id.into())),
+        }
+    }
+
+    async fn transition(
+        &self,
+        id: &str,
+        from: crate::job::JobState,
+        to: crate::job::JobState,
+    ) -> Result<(), StoreError> {
+        self.injected()?;
+        let mut m = self.jobs.lock().expect("lock");
+        let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
+        if r.state != from || !from.can_go(to) {
+            return Err(StoreError::Conflict(format!(
+                "{id} is {}, not {}",
+                r.state.as_str(),
+                from.as_str()
+            )));
+        }
+        r.state = to;
+        if to != crate::job::JobState::Running {
+            r.lease_owner = None;
+            r.lease_expires_at = None;
+        }
+        Ok(())
+    }
+
+    async fn claim(
+        &self,
+        id: &str,
+        owner: &str,
+        lease_until: f64,
+        now: f64,
+    ) -> Result<crate::ports::Claim, StoreError> {
+        use crate::job::JobState;
+        self.injected()?;
+        let mut m = self.jobs.lock().expect("lock");
+        let Some(r) = m.get_mut(id) else {
+            return Ok(crate::ports::Claim::Unknown);
+        };
+        let free = matches!(r.state, JobState::Queued | JobState::Retrying)
+            || (r.state == JobState::Running && r.lease_expires_at.is_some_and(|t| t < now));
+        if !free {
+            return Ok(crate::ports::Claim::NotClaimable(r.state));
+        }
+        r.state = JobState::Running;
+        r.lease_owner = Some(owner.into());
+        r.lease_expires_at = Some(lease_until);
+        r.attempts += 1;
+        Ok(crate::ports::Claim::Claimed(Box::new(r.clone())))
+    }
+
+    async fn record_error(&self, key: &str, reason: &str, _now: f64) -> Result<(), StoreError> {
+        self.injected()?;
+        self.errors
+            .lock()
+            .expect("lock")
+            .entry(key.into())
+            .or_insert_with(|| reason.into());
+        Ok(())
+    }
+}
+
+/// Lane queues in memory: messages sent per lane.
+#[derive(Debug, Default)]
+pub struct FakeQueue {
+    sent: Mutex<Vec<(String, String)>>,
+    fail_next: Mutex<Option<String>>,
+}
+
+impl FakeQueue {
+    /// (lane, body) of every message sent.
+    pub fn sent(&self) -> Vec<(String, String)> {
+        self.sent.lock().expect("lock").clone()
+    }
+
+    /// The next send fails with `reason`.
+    pub fn fail_next(&self, reason: &str) {
+        *self.fail_next.lock().expect("lock") = Some(reason.into());
+    }
+}
+
+impl crate::ports::JobQueue for FakeQueue {
+    async fn send(&self, lane: &str, body: &str) -> Result<(), String> {
+        if let Some(e) = self.fail_next.lock().expect("lock").take() {
+            return Err(e);
+        }
+        self.sent.lock().expect("lock").push((lane.into(), body.into()));
+        Ok(())
+    }
+}

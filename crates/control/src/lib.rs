@@ -6,7 +6,9 @@
 //! - [`ports`]: `Fleet`, `WorkerRegistry`, `OfferingAvailability`, their errors.
 //! - [`act`](mod@act): carry out a plan (launch with capacity-error fallback, terminate, cancel) and handle an
 //!   interruption notice.
+//! - [`job`]: job spec validation, the job state machine, idempotent job ids.
 //! - [`catalog`]: the EC2 GPU catalogue (specs, prices, Spot Advisor buckets) as offerings.
+//! - [`submit`](mod@submit): validate a job spec, write the job, enqueue it (idempotent).
 //! - [`fake`]: in-memory fakes (feature `fake`, on by default).
 #![warn(missing_docs)]
 
@@ -14,6 +16,8 @@ pub mod act;
 pub mod catalog;
 #[cfg(feature = "fake")]
 pub mod fake;
+pub mod job;
 pub mod ports;
+pub mod submit;
 
 pub use act::{act, handle_interruption_notice, ActContext, ActOutcome, LaunchedWorker};

@@ -136,3 +136,110 @@ pub trait OfferingAvailability {
     /// [`StoreError::Other`] on store failure.
     async fn mark_unavailable(&self, key: &OfferingKey, until: f64) -> Result<(), StoreError>;
 }
+
+/// One job as the jobs table keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord {
+    /// Job id ([`crate::job::job_id_for`] of the idempotency key).
+    pub id: String,
+    /// The validated spec.
+    pub spec: crate::job::JobSpec,
+    /// State.
+    pub state: crate::job::JobState,
+    /// Attempts started that counted (spot releases do not count).
+    pub attempts: u32,
+    /// Worker holding the lease while RUNNING.
+    pub lease_owner: Option<String>,
+    /// Lease expiry, unix seconds.
+    pub lease_expires_at: Option<f64>,
+    /// S3 prefix of the last complete checkpoint.
+    pub last_checkpoint: Option<String>,
+    /// Whether the job's queue message was sent.
+    pub enqueued: bool,
+    /// Cost so far, $.
+    pub cost_usd: f64,
+    /// Where the submission came from (`s3://bucket/key#etag` or `sqs:<message id>`).
+    pub source: String,
+    /// Submission time, unix seconds.
+    pub created_at: f64,
+}
+
+/// Result of [`JobStore::create`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Created {
+    /// A new job.
+    New,
+    /// The id exists already (a resubmission): its record as stored.
+    Existing(Box<JobRecord>),
+}
+
+/// Result of [`JobStore::claim`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// The caller holds the lease now.
+    Claimed(Box<JobRecord>),
+    /// Someone else holds a live lease, or the job is finished or cancelled: drop the message.
+    NotClaimable(crate::job::JobState),
+    /// No such job.
+    Unknown,
+}
+
+/// The jobs table. Every state change is a conditional write: a transition from a state the job
+/// is no longer in fails with [`StoreError::Conflict`], never applies twice.
+#[allow(async_fn_in_trait)]
+pub trait JobStore {
+    /// Insert a new job. Idempotent by id: an existing id returns [`Created::Existing`].
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn create(&self, record: &JobRecord) -> Result<Created, StoreError>;
+
+    /// One job, `None` when unknown.
+    ///
+    /// # Errors
+    /// Store failures, or a record that does not parse.
+    async fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
+
+    /// Mark the job's queue message as sent.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown job; store failures.
+    async fn set_enqueued(&self, id: &str) -> Result<(), StoreError>;
+
+    /// Move `id` from `from` to `to` (which [`crate::job::JobState::can_go`] must allow), clearing the
+    /// lease unless `to` is RUNNING.
+    ///
+    /// # Errors
+    /// [`StoreError::Conflict`] when the job is not in `from`; [`StoreError::NotFound`]; store failures.
+    async fn transition(
+        &self,
+        id: &str,
+        from: crate::job::JobState,
+        to: crate::job::JobState,
+    ) -> Result<(), StoreError>;
+
+    /// Claim a job for `owner` until `lease_until`: succeeds from QUEUED or RETRYING, or from RUNNING
+    /// whose lease expired before `now`; counts an attempt.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn claim(&self, id: &str, owner: &str, lease_until: f64, now: f64) -> Result<Claim, StoreError>;
+
+    /// Keep an error record for a submission that could not become a job: `key` is its source,
+    /// `reason` the clear error. Idempotent by key.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn record_error(&self, key: &str, reason: &str, now: f64) -> Result<(), StoreError>;
+}
+
+/// Sending job messages to lane queues.
+#[allow(async_fn_in_trait)]
+pub trait JobQueue {
+    /// Send `body` to `lane`'s queue. Not idempotent: each call sends a message (duplicates are
+    /// dropped at claim time).
+    ///
+    /// # Errors
+    /// Queue failures, as text.
+    async fn send(&self, lane: &str, body: &str) -> Result<(), String>;
+}

@@ -1,0 +1,340 @@
+//! Jobs: the submitted spec, its validation, the job record and its state machine.
+//!
+//! A job spec is JSON (an S3 object under `jobs/` or an SQS message body):
+//!
+//! ```json
+//! {"image": "ghcr.io/acme/train:1.4", "command": ["python", "train.py", "--epochs", "3"],
+//!  "gpus": 1, "min_gpu_memory_gib": 16, "lane": "standard", "project": "vision",
+//!  "deadline": 1790000000, "max_attempts": 3, "checkpoint_interval_s": 600,
+//!  "est_runtime_s": 3600, "job_type": "train", "client_token": "run-42"}
+//! ```
+//!
+//! `command` is an argv array, never a shell string. Only `image`, `command` and `project` are
+//! required.
+
+use serde::{Deserialize, Serialize};
+
+/// A job as submitted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// Container image the worker runs the command in.
+    pub image: String,
+    /// argv of the command (first element is the program). Never a shell string.
+    pub command: Vec<String>,
+    /// GPUs needed. Default 1.
+    #[serde(default = "one")]
+    pub gpus: u32,
+    /// Minimum GPU memory per GPU, GiB. Default 0 (the policy's own minimum applies).
+    #[serde(default)]
+    pub min_gpu_memory_gib: f64,
+    /// Lane. Default `standard`.
+    #[serde(default = "standard")]
+    pub lane: String,
+    /// Project billed.
+    pub project: String,
+    /// Deadline, unix seconds. Default none.
+    #[serde(default)]
+    pub deadline: Option<f64>,
+    /// Attempts before the job is FAILED (interruptions do not count). Default 3.
+    #[serde(default = "three")]
+    pub max_attempts: u32,
+    /// Checkpoint upload interval, seconds. Default 600.
+    #[serde(default = "six_hundred")]
+    pub checkpoint_interval_s: f64,
+    /// Expected run time, seconds, if known.
+    #[serde(default)]
+    pub est_runtime_s: Option<f64>,
+    /// Job type, for per-type concurrency caps.
+    #[serde(default)]
+    pub job_type: Option<String>,
+    /// Idempotency token: two submissions with the same token are one job.
+    #[serde(default)]
+    pub client_token: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+fn three() -> u32 {
+    3
+}
+fn six_hundred() -> f64 {
+    600.0
+}
+fn standard() -> String {
+    "standard".into()
+}
+
+/// Why a spec was rejected. Every message names the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SpecError {
+    /// Not JSON, or not the spec's shape (a missing or unknown field, a wrong type).
+    #[error("job spec is not valid JSON for a job: {0}")]
+    Parse(String),
+    /// A field has a bad value.
+    #[error("job spec field {field}: {problem}")]
+    Invalid {
+        /// Field name.
+        field: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+impl JobSpec {
+    /// Parse and validate a spec. `lanes`: the lane names that exist; `now`: unix seconds.
+    ///
+    /// # Errors
+    /// [`SpecError`] naming the first bad field.
+    pub fn parse(text: &str, lanes: &[&str], now: f64) -> Result<Self, SpecError> {
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| SpecError::Parse(e.to_string()))?;
+        if value.get("command").is_some_and(serde_json::Value::is_string) {
+            return Err(SpecError::Invalid {
+                field: "command",
+                problem: "must be an argv array such as [\"python\", \"train.py\"], not a shell string".into(),
+            });
+        }
+        let spec: JobSpec = serde_json::from_value(value).map_err(|e| SpecError::Parse(e.to_string()))?;
+        spec.validate(lanes, now)?;
+        Ok(spec)
+    }
+
+    /// Check every field.
+    ///
+    /// # Errors
+    /// [`SpecError::Invalid`] naming the first bad field.
+    pub fn validate(&self, lanes: &[&str], now: f64) -> Result<(), SpecError> {
+        let bad = |field, problem: &str| {
+            Err(SpecError::Invalid {
+                field,
+                problem: problem.to_string(),
+            })
+        };
+        if self.image.trim().is_empty() {
+            return bad("image", "must not be empty");
+        }
+        if self.command.is_empty() || self.command[0].trim().is_empty() {
+            return bad(
+                "command",
+                "must be a non-empty argv array whose first element is the program",
+            );
+        }
+        if !(1..=64).contains(&self.gpus) {
+            return bad("gpus", "must be within 1..=64");
+        }
+        if !(self.min_gpu_memory_gib.is_finite() && self.min_gpu_memory_gib >= 0.0) {
+            return bad("min_gpu_memory_gib", "must be a number >= 0");
+        }
+        if !lanes.contains(&self.lane.as_str()) {
+            return Err(SpecError::Invalid {
+                field: "lane",
+                problem: format!("unknown lane {:?}; lanes: {}", self.lane, lanes.join(", ")),
+            });
+        }
+        let name_ok = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        };
+        if !name_ok(&self.project) {
+            return bad("project", "must be 1-64 characters of A-Z a-z 0-9 - _ .");
+        }
+        if let Some(t) = &self.job_type {
+            if !name_ok(t) {
+                return bad("job_type", "must be 1-64 characters of A-Z a-z 0-9 - _ .");
+            }
+        }
+        if let Some(d) = self.deadline {
+            if !(d.is_finite() && d > now) {
+                return bad("deadline", "must be a unix time in the future");
+            }
+        }
+        if !(1..=20).contains(&self.max_attempts) {
+            return bad("max_attempts", "must be within 1..=20");
+        }
+        if !(self.checkpoint_interval_s.is_finite() && self.checkpoint_interval_s >= 60.0) {
+            return bad("checkpoint_interval_s", "must be >= 60 seconds");
+        }
+        if let Some(r) = self.est_runtime_s {
+            if !(r.is_finite() && r > 0.0) {
+                return bad("est_runtime_s", "must be > 0 seconds");
+            }
+        }
+        if let Some(t) = &self.client_token {
+            if t.is_empty() || t.len() > 128 {
+                return bad("client_token", "must be 1-128 characters");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// State of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum JobState {
+    /// In its lane queue, waiting for a worker.
+    Queued,
+    /// Claimed by a worker under a lease.
+    Running,
+    /// Finished with exit code 0.
+    Succeeded,
+    /// Failed `max_attempts` times (or cannot run).
+    Failed,
+    /// Failed or lost, will be queued again.
+    Retrying,
+    /// Cancelled by the user.
+    Cancelled,
+}
+
+impl JobState {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "QUEUED",
+            JobState::Running => "RUNNING",
+            JobState::Succeeded => "SUCCEEDED",
+            JobState::Failed => "FAILED",
+            JobState::Retrying => "RETRYING",
+            JobState::Cancelled => "CANCELLED",
+        }
+    }
+
+    /// Parse a stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            Self::Queued,
+            Self::Running,
+            Self::Succeeded,
+            Self::Failed,
+            Self::Retrying,
+            Self::Cancelled,
+        ]
+        .into_iter()
+        .find(|st| st.as_str() == s)
+    }
+
+    /// Finished for good.
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
+    }
+
+    /// Whether the state machine allows `self -> to`: QUEUED -> RUNNING -> SUCCEEDED | FAILED |
+    /// RETRYING -> QUEUED; RUNNING -> QUEUED (released on a spot notice, attempt not counted);
+    /// any non-final state -> CANCELLED.
+    pub fn can_go(self, to: JobState) -> bool {
+        use JobState::*;
+        matches!(
+            (self, to),
+            (Queued, Running)
+                | (Running, Succeeded)
+                | (Running, Failed)
+                | (Running, Retrying)
+                | (Running, Queued)
+                | (Retrying, Queued)
+                | (Queued | Running | Retrying, Cancelled)
+        )
+    }
+}
+
+/// Job id for a submission: derived from the idempotency key (client token, or the S3 object key
+/// and ETag) so a resubmission maps to the same job. FNV-1a 64 over the key, hex, prefixed `job-`.
+pub fn job_id_for(idempotency_key: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in idempotency_key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("job-{h:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LANES: &[&str] = &["express", "standard"];
+
+    #[test]
+    fn a_minimal_spec_gets_defaults() {
+        let s = JobSpec::parse(
+            r#"{"image":"img","command":["python","x.py"],"project":"p"}"#,
+            LANES,
+            0.0,
+        )
+        .unwrap();
+        assert_eq!(
+            (s.gpus, s.lane.as_str(), s.max_attempts, s.checkpoint_interval_s),
+            (1, "standard", 3, 600.0)
+        );
+    }
+
+    #[test]
+    fn bad_specs_name_their_field() {
+        let cases = [
+            (r#"{"image":"img","command":"python x.py","project":"p"}"#, "command"),
+            (r#"{"image":"img","command":[],"project":"p"}"#, "command"),
+            (r#"{"image":"","command":["x"],"project":"p"}"#, "image"),
+            (r#"{"image":"i","command":["x"],"project":"p","gpus":0}"#, "gpus"),
+            (r#"{"image":"i","command":["x"],"project":"p","lane":"gold"}"#, "lane"),
+            (r#"{"image":"i","command":["x"],"project":"a b"}"#, "project"),
+            (
+                r#"{"image":"i","command":["x"],"project":"p","deadline":5}"#,
+                "deadline",
+            ),
+            (
+                r#"{"image":"i","command":["x"],"project":"p","max_attempts":0}"#,
+                "max_attempts",
+            ),
+            (
+                r#"{"image":"i","command":["x"],"project":"p","checkpoint_interval_s":1}"#,
+                "checkpoint_interval_s",
+            ),
+            (
+                r#"{"image":"i","command":["x"],"project":"p","colour":"red"}"#,
+                "colour",
+            ),
+            (r#"{"image":"i","command":["x"]}"#, "project"),
+            ("not json", "expected"),
+        ];
+        for (text, field) in cases {
+            let err = JobSpec::parse(text, LANES, 100.0).unwrap_err().to_string();
+            assert!(err.contains(field), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_state_machine_allows_only_its_edges() {
+        use JobState::*;
+        let all = [Queued, Running, Succeeded, Failed, Retrying, Cancelled];
+        let allowed = [
+            (Queued, Running),
+            (Running, Succeeded),
+            (Running, Failed),
+            (Running, Retrying),
+            (Running, Queued),
+            (Retrying, Queued),
+            (Queued, Cancelled),
+            (Running, Cancelled),
+            (Retrying, Cancelled),
+        ];
+        for a in all {
+            for b in all {
+                assert_eq!(a.can_go(b), allowed.contains(&(a, b)), "{a:?} -> {b:?}");
+            }
+            assert_eq!(JobState::parse(a.as_str()), Some(a));
+        }
+        assert!(all
+            .iter()
+            .filter(|s| s.is_final())
+            .all(|s| all.iter().all(|t| !s.can_go(*t))));
+    }
+
+    #[test]
+    fn job_ids_follow_the_idempotency_key() {
+        assert_eq!(job_id_for("token-1"), job_id_for("token-1"));
+        assert_ne!(job_id_for("token-1"), job_id_for("token-2"));
+        assert!(job_id_for("x").starts_with("job-") && job_id_for("x").len() == 20);
+    }
+}

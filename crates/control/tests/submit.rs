@@ -1,0 +1,122 @@
+//! The submit use case through the fakes: valid, invalid, resubmitted and half-failed submissions.
+
+use onoff_control::fake::{FakeJobs, FakeQueue};
+use onoff_control::job::JobState;
+use onoff_control::ports::{Claim, JobStore, StoreError};
+use onoff_control::submit::{submit, Source, SubmitError, Submitted};
+
+const LANES: &[&str] = &["express", "standard"];
+const NOW: f64 = 1_700_000_000.0;
+const GOOD: &str = r#"{"image":"img","command":["python","train.py"],"project":"vision","gpus":2}"#;
+
+fn s3(key: &str, etag: &str) -> Source {
+    Source::S3 {
+        bucket: "b".into(),
+        key: key.into(),
+        etag: etag.into(),
+    }
+}
+
+#[test]
+fn a_valid_spec_becomes_one_queued_job_and_one_message() {
+    let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
+    let got = pollster::block_on(submit(GOOD, &s3("jobs/a.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap();
+    let Submitted::New(id) = got else { panic!("{got:?}") };
+    let recs = jobs.records();
+    assert_eq!(recs.len(), 1);
+    let r = &recs[&id];
+    assert_eq!(
+        (r.state, r.enqueued, r.spec.gpus, r.source.as_str()),
+        (JobState::Queued, true, 2, "s3://b/jobs/a.json#e1")
+    );
+    assert_eq!(
+        queue.sent(),
+        vec![("standard".to_string(), format!(r#"{{"job_id":"{id}"}}"#))]
+    );
+}
+
+#[test]
+fn the_same_object_or_token_twice_is_one_job_and_one_message() {
+    let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
+    let a = pollster::block_on(submit(GOOD, &s3("jobs/a.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap();
+    let b = pollster::block_on(submit(GOOD, &s3("jobs/a.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap();
+    assert!(matches!(a, Submitted::New(_)) && matches!(b, Submitted::Existing(_)));
+    // New bytes (new ETag) are a new job.
+    pollster::block_on(submit(GOOD, &s3("jobs/a.json", "e2"), LANES, NOW, &jobs, &queue)).unwrap();
+    // A client token makes the source irrelevant.
+    let tok = r#"{"image":"img","command":["x"],"project":"vision","client_token":"run-7"}"#;
+    pollster::block_on(submit(
+        tok,
+        &Source::Sqs {
+            message_id: "m1".into(),
+        },
+        LANES,
+        NOW,
+        &jobs,
+        &queue,
+    ))
+    .unwrap();
+    pollster::block_on(submit(tok, &s3("jobs/b.json", "e9"), LANES, NOW, &jobs, &queue)).unwrap();
+    assert_eq!(jobs.records().len(), 3);
+    assert_eq!(queue.sent().len(), 3);
+}
+
+#[test]
+fn a_bad_spec_leaves_an_error_record_and_nothing_else() {
+    let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
+    let bad = r#"{"image":"img","command":"rm -rf /","project":"p"}"#;
+    let err = pollster::block_on(submit(bad, &s3("jobs/bad.json", "e"), LANES, NOW, &jobs, &queue)).unwrap_err();
+    let SubmitError::Rejected { reason, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(reason.contains("argv array"), "{reason}");
+    assert!(jobs.records().is_empty());
+    assert!(queue.sent().is_empty());
+    assert_eq!(jobs.errors().get("s3://b/jobs/bad.json#e"), Some(reason));
+}
+
+#[test]
+fn a_failed_send_is_retryable_and_the_retry_enqueues_once() {
+    let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
+    queue.fail_next("AWS.SimpleQueueService.NonExistentQueue");
+    let err = pollster::block_on(submit(GOOD, &s3("jobs/a.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap_err();
+    assert!(matches!(err, SubmitError::Retryable { .. }), "{err:?}");
+    let rec = jobs.records().into_values().next().unwrap();
+    assert!(!rec.enqueued);
+    // The retry (SQS redelivery, S3 event retry) finds the job and enqueues it.
+    let again = pollster::block_on(submit(GOOD, &s3("jobs/a.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap();
+    assert!(matches!(again, Submitted::Existing(_)));
+    assert_eq!(queue.sent().len(), 1);
+    assert!(jobs.records().into_values().next().unwrap().enqueued);
+    // A store failure is retryable too.
+    jobs.fail_next(StoreError::Other("ProvisionedThroughputExceeded".into()));
+    let err = pollster::block_on(submit(GOOD, &s3("jobs/c.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap_err();
+    assert!(matches!(err, SubmitError::Retryable { .. }));
+}
+
+#[test]
+fn a_claimed_job_cannot_be_claimed_twice_until_its_lease_expires() {
+    let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
+    let Submitted::New(id) = pollster::block_on(submit(GOOD, &s3("k", "e"), LANES, NOW, &jobs, &queue)).unwrap() else {
+        panic!()
+    };
+    let a = pollster::block_on(jobs.claim(&id, "i-a", NOW + 300.0, NOW)).unwrap();
+    assert!(matches!(a, Claim::Claimed(ref r) if r.attempts == 1 && r.lease_owner.as_deref() == Some("i-a")));
+    let b = pollster::block_on(jobs.claim(&id, "i-b", NOW + 300.0, NOW + 10.0)).unwrap();
+    assert_eq!(b, Claim::NotClaimable(JobState::Running));
+    let c = pollster::block_on(jobs.claim(&id, "i-b", NOW + 900.0, NOW + 301.0)).unwrap();
+    assert!(matches!(c, Claim::Claimed(ref r) if r.attempts == 2));
+    pollster::block_on(jobs.transition(&id, JobState::Running, JobState::Succeeded)).unwrap();
+    assert_eq!(
+        pollster::block_on(jobs.claim(&id, "i-c", NOW + 2000.0, NOW + 1000.0)).unwrap(),
+        Claim::NotClaimable(JobState::Succeeded)
+    );
+    assert!(matches!(
+        pollster::block_on(jobs.transition(&id, JobState::Running, JobState::Failed)),
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(
+        pollster::block_on(jobs.claim("job-nope", "i-c", 0.0, 0.0)).unwrap(),
+        Claim::Unknown
+    );
+}
