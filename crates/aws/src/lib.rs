@@ -8,11 +8,13 @@
 //!   tag-filtered DescribeInstances).
 //! - [`state`]: [`onoff_control::ports::WorkerRegistry`] and
 //!   [`onoff_control::ports::OfferingAvailability`] on DynamoDB, with conditional writes.
+//! - [`jobs`]: [`onoff_control::ports::JobStore`] on DynamoDB: conditional transitions, leases, error records.
 //! - [`queue`]: lane queues on SQS: backlog, send, receive, visibility, delete.
 #![warn(missing_docs)]
 
 pub mod errors;
 pub mod fleet;
+pub mod jobs;
 pub mod queue;
 pub mod settings;
 pub mod state;

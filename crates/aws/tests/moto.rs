@@ -14,6 +14,7 @@ use onoff_aws::queue::SqsQueues;
 use onoff_aws::settings::Clients;
 use onoff_aws::state::{DynamoControl, DynamoWorkers};
 use onoff_control::fake::FaultyFleet;
+use onoff_control::job::JobState;
 use onoff_control::ports::{Fleet, LaunchRequest, OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry};
 use onoff_control::{act, ActContext};
 use onoff_policy::{
@@ -355,4 +356,138 @@ async fn insufficient_capacity_on_the_first_offering_falls_back_to_the_next() {
     assert_eq!(un.len(), 1);
     assert_eq!(un[0].key, first);
     assert_eq!(un[0].until, now + cfg.offers.unavailable_ttl_s);
+}
+
+#[tokio::test]
+async fn submit_writes_one_job_and_one_message_and_rejects_bad_specs_with_a_record() {
+    use onoff_aws::jobs::DynamoJobs;
+    use onoff_control::ports::JobStore;
+    use onoff_control::submit::{submit, Source, SubmitError, Submitted};
+    let c = clients().await;
+    let table_name = unique("jobs");
+    table(&c, &table_name, "job_id").await;
+    let url = c
+        .sqs
+        .create_queue()
+        .queue_name(unique("standard"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let jobs = DynamoJobs::new(c.dynamodb.clone(), &table_name);
+    let queue = SqsQueues::new(c.sqs.clone(), vec![("standard".into(), url)]);
+    let lanes = ["express", "standard"];
+    let now = 1_700_000_000.0;
+    let src = Source::S3 {
+        bucket: "b".into(),
+        key: "jobs/train.json".into(),
+        etag: "\"abc\"".into(),
+    };
+    let spec = r#"{"image":"img","command":["python","train.py"],"project":"vision"}"#;
+    let Submitted::New(id) = submit(spec, &src, &lanes, now, &jobs, &queue).await.unwrap() else {
+        panic!()
+    };
+    // The S3 event delivered twice is one job, one message.
+    assert_eq!(
+        submit(spec, &src, &lanes, now, &jobs, &queue).await.unwrap(),
+        Submitted::Existing(id.clone())
+    );
+    let rec = jobs.get(&id).await.unwrap().unwrap();
+    assert_eq!(
+        (rec.state, rec.enqueued, rec.spec.command.len()),
+        (JobState::Queued, true, 2)
+    );
+    let msgs = queue.receive("standard", 10, 0, 60).await.unwrap();
+    assert_eq!(msgs.len(), 1);
+    assert!(msgs[0].body.contains(&id));
+    // A bad spec: an error record with the reason, no job, no message.
+    let bad_src = Source::S3 {
+        bucket: "b".into(),
+        key: "jobs/bad.json".into(),
+        etag: "\"def\"".into(),
+    };
+    let err = submit(
+        r#"{"image":"img","command":"bash -c x","project":"vision"}"#,
+        &bad_src,
+        &lanes,
+        now,
+        &jobs,
+        &queue,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, SubmitError::Rejected { .. }));
+    let reason = jobs.error_record(&bad_src.describe()).await.unwrap().unwrap();
+    assert!(reason.contains("argv array"), "{reason}");
+    assert!(queue.receive("standard", 10, 0, 60).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn two_workers_claiming_one_job_at_once_get_one_claim() {
+    use onoff_aws::jobs::DynamoJobs;
+    use onoff_control::ports::{Claim, JobStore};
+    use onoff_control::submit::{submit, Source, Submitted};
+    let c = clients().await;
+    let table_name = unique("jobs");
+    table(&c, &table_name, "job_id").await;
+    let url = c
+        .sqs
+        .create_queue()
+        .queue_name(unique("standard"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let jobs = DynamoJobs::new(c.dynamodb.clone(), &table_name);
+    let queue = SqsQueues::new(c.sqs.clone(), vec![("standard".into(), url)]);
+    let now = 1_700_000_000.0;
+    let spec = r#"{"image":"img","command":["x"],"project":"p","client_token":"t-1"}"#;
+    let Submitted::New(id) = submit(
+        spec,
+        &Source::Sqs { message_id: "m".into() },
+        &["standard"],
+        now,
+        &jobs,
+        &queue,
+    )
+    .await
+    .unwrap() else {
+        panic!()
+    };
+    for round in 0..5 {
+        let t = now + f64::from(round) * 1000.0;
+        let (a, b) = tokio::join!(
+            jobs.claim(&id, "i-a", t + 300.0, t),
+            jobs.claim(&id, "i-b", t + 300.0, t)
+        );
+        let claimed = [a.unwrap(), b.unwrap()]
+            .into_iter()
+            .filter(|c| matches!(c, Claim::Claimed(_)))
+            .count();
+        assert_eq!(claimed, 1, "round {round}");
+    }
+    let rec = jobs.get(&id).await.unwrap().unwrap();
+    assert_eq!(rec.attempts, 5);
+    // Transitions are conditional: only from the state the job is in.
+    jobs.transition(&id, JobState::Running, JobState::Succeeded)
+        .await
+        .unwrap();
+    assert!(matches!(
+        jobs.transition(&id, JobState::Running, JobState::Failed).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(
+        jobs.claim(&id, "i-c", now + 9e4, now + 9e3).await.unwrap(),
+        Claim::NotClaimable(JobState::Succeeded)
+    );
+    let rec = jobs.get(&id).await.unwrap().unwrap();
+    assert_eq!((rec.state, rec.lease_owner), (JobState::Succeeded, None));
+    assert_eq!(
+        jobs.claim("job-unknown", "i-c", 1.0, 0.0).await.unwrap(),
+        Claim::Unknown
+    );
 }

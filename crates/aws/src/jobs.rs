@@ -1,0 +1,290 @@
+//! The jobs table on DynamoDB ([`JobStore`]): every state change a conditional update, the claim
+//! a lease taken in one write, error records for submissions that could not become jobs.
+//!
+//! Item (key `job_id`): `spec` (the spec as JSON), `state`, `attempts`, `lease_owner`,
+//! `lease_expires_at`, `last_checkpoint`, `enqueued`, `cost_usd`, `source`, `created_at`.
+//! Error records use the key `error#<source>` with `reason`, `created_at` and a TTL (`expires_at`).
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+use onoff_control::job::{JobSpec, JobState};
+use onoff_control::ports::{Claim, Created, JobQueue, JobRecord, JobStore, StoreError};
+
+use crate::queue::SqsQueues;
+
+/// How long an error record is kept, seconds (30 days).
+pub const ERROR_RECORD_TTL_S: f64 = 30.0 * 86_400.0;
+
+fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+fn n(v: f64) -> AttributeValue {
+    AttributeValue::N(format!("{v}"))
+}
+
+fn dynamo_error<E>(what: &str, e: &aws_sdk_dynamodb::error::SdkError<E>) -> StoreError
+where
+    E: aws_sdk_dynamodb::error::ProvideErrorMetadata + std::error::Error + 'static,
+{
+    use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+    let code = e.code().unwrap_or("Unknown");
+    let msg = e.message().map_or_else(|| e.to_string(), str::to_string);
+    if code == "ResourceNotFoundException" {
+        StoreError::Other(format!("{what}: table not found ({msg})"))
+    } else {
+        StoreError::Other(format!("{what}: {code}: {msg}"))
+    }
+}
+
+fn condition_failed<E>(e: &aws_sdk_dynamodb::error::SdkError<E>) -> bool
+where
+    E: aws_sdk_dynamodb::error::ProvideErrorMetadata,
+{
+    use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+    e.code() == Some("ConditionalCheckFailedException")
+}
+
+/// Parse a stored job item.
+///
+/// # Errors
+/// [`StoreError::Other`] naming the attribute that is missing or malformed.
+pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<JobRecord, StoreError> {
+    let text = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
+    let num = |k: &str| {
+        item.get(k)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let bad = |k: &str| StoreError::Other(format!("job item lacks a valid {k}"));
+    let spec: JobSpec = serde_json::from_str(&text("spec").ok_or_else(|| bad("spec"))?).map_err(|_| bad("spec"))?;
+    Ok(JobRecord {
+        id: text("job_id").ok_or_else(|| bad("job_id"))?,
+        spec,
+        state: text("state")
+            .as_deref()
+            .and_then(JobState::parse)
+            .ok_or_else(|| bad("state"))?,
+        attempts: num("attempts").unwrap_or(0.0) as u32,
+        lease_owner: text("lease_owner"),
+        lease_expires_at: num("lease_expires_at"),
+        last_checkpoint: text("last_checkpoint"),
+        enqueued: item
+            .get("enqueued")
+            .and_then(|v| v.as_bool().ok())
+            .copied()
+            .unwrap_or(false),
+        cost_usd: num("cost_usd").unwrap_or(0.0),
+        source: text("source").unwrap_or_default(),
+        created_at: num("created_at").ok_or_else(|| bad("created_at"))?,
+    })
+}
+
+/// The jobs table.
+#[derive(Debug, Clone)]
+pub struct DynamoJobs {
+    client: aws_sdk_dynamodb::Client,
+    table: String,
+}
+
+impl DynamoJobs {
+    /// The table called `table`.
+    pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
+        Self {
+            client,
+            table: table.into(),
+        }
+    }
+
+    /// The reason stored for a rejected submission from `key`, if any.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn error_record(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("job_id", s(format!("error#{key}")))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| dynamo_error("get error record", &e))?;
+        Ok(out
+            .item()
+            .and_then(|i| i.get("reason"))
+            .and_then(|v| v.as_s().ok())
+            .cloned())
+    }
+
+    async fn state_of(&self, id: &str) -> Result<Option<JobState>, StoreError> {
+        Ok(self.get(id).await?.map(|r| r.state))
+    }
+}
+
+impl JobStore for DynamoJobs {
+    async fn create(&self, r: &JobRecord) -> Result<Created, StoreError> {
+        let spec = serde_json::to_string(&r.spec).map_err(|e| StoreError::Other(format!("encode spec: {e}")))?;
+        let res = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("job_id", s(&r.id))
+            .item("spec", s(spec))
+            .item("state", s(r.state.as_str()))
+            .item("attempts", n(f64::from(r.attempts)))
+            .item("enqueued", AttributeValue::Bool(r.enqueued))
+            .item("cost_usd", n(r.cost_usd))
+            .item("source", s(&r.source))
+            .item("created_at", n(r.created_at))
+            .item("lane", s(&r.spec.lane))
+            .item("project", s(&r.spec.project))
+            .condition_expression("attribute_not_exists(job_id)")
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(Created::New),
+            Err(e) if condition_failed(&e) => match self.get(&r.id).await? {
+                Some(existing) => Ok(Created::Existing(Box::new(existing))),
+                None => Err(StoreError::Conflict(format!("{} exists but cannot be read", r.id))),
+            },
+            Err(e) => Err(dynamo_error("create job", &e)),
+        }
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("job_id", s(id))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| dynamo_error("get job", &e))?;
+        out.item().map(record_from_item).transpose()
+    }
+
+    async fn set_enqueued(&self, id: &str) -> Result<(), StoreError> {
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("job_id", s(id))
+            .update_expression("SET enqueued = :t")
+            .condition_expression("attribute_exists(job_id)")
+            .expression_attribute_values(":t", AttributeValue::Bool(true))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if condition_failed(&e) => Err(StoreError::NotFound(id.into())),
+            Err(e) => Err(dynamo_error("mark job enqueued", &e)),
+        }
+    }
+
+    async fn transition(&self, id: &str, from: JobState, to: JobState) -> Result<(), StoreError> {
+        if !from.can_go(to) {
+            return Err(StoreError::Conflict(format!(
+                "{} -> {} is not a job transition",
+                from.as_str(),
+                to.as_str()
+            )));
+        }
+        let update = if to == JobState::Running {
+            "SET #s = :to"
+        } else {
+            "SET #s = :to REMOVE lease_owner, lease_expires_at"
+        };
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("job_id", s(id))
+            .update_expression(update)
+            .condition_expression("#s = :from")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":to", s(to.as_str()))
+            .expression_attribute_values(":from", s(from.as_str()))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if condition_failed(&e) => match self.state_of(id).await? {
+                None => Err(StoreError::NotFound(id.into())),
+                Some(now) => Err(StoreError::Conflict(format!(
+                    "{id} is {}, not {}",
+                    now.as_str(),
+                    from.as_str()
+                ))),
+            },
+            Err(e) => Err(dynamo_error("transition job", &e)),
+        }
+    }
+
+    async fn claim(&self, id: &str, owner: &str, lease_until: f64, now: f64) -> Result<Claim, StoreError> {
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("job_id", s(id))
+            .update_expression("SET #s = :run, lease_owner = :o, lease_expires_at = :u ADD attempts :one")
+            .condition_expression(
+                "attribute_exists(job_id) AND (#s = :q OR #s = :r OR (#s = :run AND lease_expires_at < :now))",
+            )
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":run", s(JobState::Running.as_str()))
+            .expression_attribute_values(":q", s(JobState::Queued.as_str()))
+            .expression_attribute_values(":r", s(JobState::Retrying.as_str()))
+            .expression_attribute_values(":o", s(owner))
+            .expression_attribute_values(":u", n(lease_until))
+            .expression_attribute_values(":now", n(now))
+            .expression_attribute_values(":one", n(1.0))
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await;
+        match res {
+            Ok(out) => match out.attributes() {
+                Some(item) => Ok(Claim::Claimed(Box::new(record_from_item(item)?))),
+                None => Err(StoreError::Other(format!("claim of {id} returned no item"))),
+            },
+            Err(e) if condition_failed(&e) => Ok(match self.state_of(id).await? {
+                None => Claim::Unknown,
+                Some(st) => Claim::NotClaimable(st),
+            }),
+            Err(e) => Err(dynamo_error("claim job", &e)),
+        }
+    }
+
+    async fn record_error(&self, key: &str, reason: &str, now: f64) -> Result<(), StoreError> {
+        let res = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("job_id", s(format!("error#{key}")))
+            .item("reason", s(reason))
+            .item("created_at", n(now))
+            .item(
+                "expires_at",
+                AttributeValue::N(format!("{}", (now + ERROR_RECORD_TTL_S) as i64)),
+            )
+            .condition_expression("attribute_not_exists(job_id)")
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if condition_failed(&e) => Ok(()),
+            Err(e) => Err(dynamo_error("record submission error", &e)),
+        }
+    }
+}
+
+impl JobQueue for SqsQueues {
+    async fn send(&self, lane: &str, body: &str) -> Result<(), String> {
+        SqsQueues::send(self, lane, body, 0)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
