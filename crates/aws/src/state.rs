@@ -5,7 +5,7 @@
 //! Workers table (key `instance_id`): `lane`, `instance_type`, `zone`, `capacity_type`,
 //! `price_usd_per_h`, `state`, `launched_at`, `project`, and `expires_at` (TTL, set when a worker
 //! is terminating). Control table (key `pk`): `unavailable#<type>#<zone>#<capacity>` items with
-//! `until` and `expires_at`.
+//! `until` and `expires_at`; `event#<id>` items (with `expires_at`) for events already handled.
 
 use std::collections::HashMap;
 
@@ -87,11 +87,7 @@ impl DynamoWorkers {
         }
     }
 
-    /// One worker's record, `None` when it does not exist.
-    ///
-    /// # Errors
-    /// Store failures, or a row that does not parse.
-    pub async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
+    async fn get_record(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
         let out = self
             .client
             .get_item()
@@ -196,6 +192,10 @@ impl WorkerRegistry for DynamoWorkers {
             Err(e) => Err(store_error("set worker state", &e)),
         }
     }
+
+    async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
+        self.get_record(id).await
+    }
 }
 
 /// The control table: unavailable offerings (and, later, leases).
@@ -266,6 +266,30 @@ impl DynamoControl {
             }
         }
         Ok(out)
+    }
+}
+
+impl onoff_control::ports::EventLog for DynamoControl {
+    async fn first_time(&self, event_id: &str, now: f64) -> Result<bool, StoreError> {
+        let res = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", s(format!("event#{event_id}")))
+            .item("expires_at", AttributeValue::N(format!("{}", (now + 86_400.0) as i64)))
+            .condition_expression("attribute_not_exists(pk)")
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(store_error("record event", &e)),
+        }
     }
 }
 

@@ -491,3 +491,51 @@ async fn two_workers_claiming_one_job_at_once_get_one_claim() {
         Claim::Unknown
     );
 }
+
+#[tokio::test]
+async fn a_spot_warning_drains_the_worker_and_marks_its_offering_once() {
+    use onoff_control::interruption::{handle_event, Handled};
+    let c = clients().await;
+    let workers = unique("workers");
+    let control = unique("control");
+    table(&c, &workers, "instance_id").await;
+    table(&c, &control, "pk").await;
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &workers);
+    let ctl = DynamoControl::new(c.dynamodb.clone(), &control);
+    let id = "i-0b662ef9931388ba0";
+    let offering = key("g5.xlarge", "us-east-1a", CapacityType::Spot);
+    reg.register_launch(WorkerRecord {
+        id: id.into(),
+        lane: "standard".into(),
+        offering: offering.clone(),
+        price_usd_per_h: 0.39,
+        state: WorkerState::Running,
+        launched_at: 1_700_000_000.0,
+        project: None,
+    })
+    .await
+    .unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../events/spot-interruption-warning.json"
+    ))
+    .unwrap();
+    let event: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cfg = PolicyConfig::default();
+    let now = 1_700_000_100.0;
+    assert_eq!(
+        handle_event(&event, &cfg, &reg, &ctl, &ctl, now).await.unwrap(),
+        Handled::Drained { worker: id.into() }
+    );
+    assert_eq!(
+        handle_event(&event, &cfg, &reg, &ctl, &ctl, now + 5.0).await.unwrap(),
+        Handled::Duplicate
+    );
+    assert_eq!(reg.get(id).await.unwrap().unwrap().state, WorkerState::Draining);
+    let un = ctl.unavailable(now).await.unwrap();
+    assert_eq!(un.len(), 1);
+    assert_eq!(
+        (un[0].key.clone(), un[0].until),
+        (offering, now + cfg.offers.unavailable_ttl_s)
+    );
+}

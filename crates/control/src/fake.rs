@@ -162,6 +162,22 @@ impl WorkerRegistry for FakeRegistry {
             None => Err(StoreError::NotFound(id.to_string())),
         }
     }
+
+    async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
+        Ok(self.workers.lock().expect("lock").get(id).cloned())
+    }
+}
+
+/// Handled event ids in memory.
+#[derive(Debug, Default)]
+pub struct FakeEventLog {
+    seen: Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl crate::ports::EventLog for FakeEventLog {
+    async fn first_time(&self, event_id: &str, _now: f64) -> Result<bool, StoreError> {
+        Ok(self.seen.lock().expect("lock").insert(event_id.to_string()))
+    }
 }
 
 /// Unavailable offerings in memory.

@@ -7,6 +7,8 @@
 //! - [`act`](mod@act): carry out a plan (launch with capacity-error fallback, terminate, cancel) and handle an
 //!   interruption notice.
 //! - [`job`]: job spec validation, the job state machine, idempotent job ids.
+//! - [`events`]: EventBridge events parsed by (source, detail-type); unknown kinds are a no-op.
+//! - [`interruption`]: spot warnings, rebalance recommendations, state changes (idempotent by event id).
 //! - [`catalog`]: the EC2 GPU catalogue (specs, prices, Spot Advisor buckets) as offerings.
 //! - [`submit`](mod@submit): validate a job spec, write the job, enqueue it (idempotent).
 //! - [`fake`]: in-memory fakes (feature `fake`, on by default).
@@ -14,8 +16,10 @@
 
 pub mod act;
 pub mod catalog;
+pub mod events;
 #[cfg(feature = "fake")]
 pub mod fake;
+pub mod interruption;
 pub mod job;
 pub mod ports;
 pub mod submit;

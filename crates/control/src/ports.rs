@@ -125,6 +125,22 @@ pub trait WorkerRegistry {
     /// # Errors
     /// [`StoreError`] as above.
     async fn set_state(&self, id: &str, state: WorkerState) -> Result<(), StoreError>;
+
+    /// One worker's record; `None` when unknown (not an onoff worker, or its row expired).
+    ///
+    /// # Errors
+    /// Store failures, or a row that does not parse.
+    async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError>;
+}
+
+/// Events handled once: EventBridge delivers at least once.
+#[allow(async_fn_in_trait)]
+pub trait EventLog {
+    /// Record `event_id` as handled; `true` the first time, `false` when it was already recorded.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn first_time(&self, event_id: &str, now: f64) -> Result<bool, StoreError>;
 }
 
 /// Offerings that failed with a capacity error, skipped until a time.

@@ -591,6 +591,10 @@ impl WorkerRegistry for SimPorts<'_> {
         w.workers[i].state = state;
         Ok(())
     }
+    async fn get(&self, _id: &str) -> Result<Option<WorkerRecord>, StoreError> {
+        // The simulated fleet answers from its own table; nothing in the simulation asks.
+        Ok(None)
+    }
 }
 
 impl OfferingAvailability for SimPorts<'_> {

@@ -1,0 +1,96 @@
+//! The interruption use case: EC2 events about onoff workers.
+//!
+//! Idempotent by event id (an [`EventLog`]). On a spot interruption warning or a rebalance
+//! recommendation the worker is marked Draining (it takes no new work; the agent checkpoints and
+//! releases its job) and its offering unavailable for `offers.unavailable_ttl_s`, so the next
+//! decision launches replacement capacity elsewhere. A terminated or stopping instance is marked
+//! Terminating. Instances onoff does not know are a no-op.
+
+use onoff_policy::{PolicyConfig, WorkerState};
+
+use crate::act::handle_interruption_notice;
+use crate::events::{parse, EventError, Trigger};
+use crate::ports::{EventLog, OfferingAvailability, StoreError, WorkerRegistry};
+
+/// What handling an event did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    /// Worker marked Draining and its offering unavailable; a decision should follow.
+    Drained {
+        /// The worker.
+        worker: String,
+    },
+    /// Worker marked Terminating.
+    Terminated {
+        /// The worker.
+        worker: String,
+    },
+    /// The event was handled before.
+    Duplicate,
+    /// Nothing to do, and why.
+    NoOp(String),
+    /// An alarm or schedule: the caller runs a reconcile.
+    Reconcile,
+}
+
+/// Why handling failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum HandleError {
+    /// The event is malformed: log and drop it (retrying cannot help).
+    #[error(transparent)]
+    Malformed(#[from] EventError),
+    /// A store failed: retry.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Handle one EventBridge event (as JSON).
+///
+/// # Errors
+/// [`HandleError::Malformed`] (drop), [`HandleError::Store`] (retry).
+pub async fn handle_event<R, A, L>(
+    event: &serde_json::Value,
+    cfg: &PolicyConfig,
+    registry: &R,
+    avail: &A,
+    log: &L,
+    now: f64,
+) -> Result<Handled, HandleError>
+where
+    R: WorkerRegistry,
+    A: OfferingAvailability,
+    L: EventLog,
+{
+    let (env, trigger) = parse(event)?;
+    let instance = match &trigger {
+        Trigger::SpotInterruption { instance_id, .. }
+        | Trigger::Rebalance { instance_id }
+        | Trigger::StateChange { instance_id, .. } => instance_id.clone(),
+        Trigger::Alarm { .. } | Trigger::Schedule => return Ok(Handled::Reconcile),
+        Trigger::Unknown { source, detail_type } => {
+            return Ok(Handled::NoOp(format!("unhandled event kind {source} / {detail_type}")));
+        }
+    };
+    let Some(worker) = registry.get(&instance).await? else {
+        return Ok(Handled::NoOp(format!("{instance} is not an onoff worker")));
+    };
+    if !log.first_time(&env.id, now).await? {
+        return Ok(Handled::Duplicate);
+    }
+    match trigger {
+        Trigger::SpotInterruption { .. } | Trigger::Rebalance { .. } => {
+            handle_interruption_notice(registry, avail, cfg, &worker.id, &worker.offering, now).await?;
+            Ok(Handled::Drained { worker: worker.id })
+        }
+        Trigger::StateChange { state, .. }
+            if matches!(state.as_str(), "shutting-down" | "terminated" | "stopping" | "stopped") =>
+        {
+            match registry.set_state(&worker.id, WorkerState::Terminating).await {
+                Ok(()) | Err(StoreError::NotFound(_)) => Ok(Handled::Terminated { worker: worker.id }),
+                Err(e) => Err(e.into()),
+            }
+        }
+        Trigger::StateChange { state, .. } => Ok(Handled::NoOp(format!("{instance} is {state}"))),
+        _ => unreachable!("alarm, schedule and unknown kinds returned above"),
+    }
+}
