@@ -120,3 +120,26 @@ fn a_claimed_job_cannot_be_claimed_twice_until_its_lease_expires() {
         Claim::Unknown
     );
 }
+
+#[test]
+fn concurrent_claims_of_one_job_give_one_claim() {
+    let (jobs, queue) = (std::sync::Arc::new(FakeJobs::default()), FakeQueue::default());
+    let Submitted::New(id) = pollster::block_on(submit(GOOD, &s3("race", "e"), LANES, NOW, &*jobs, &queue)).unwrap()
+    else {
+        panic!()
+    };
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let (jobs, id) = (jobs.clone(), id.clone());
+            std::thread::spawn(move || {
+                pollster::block_on(jobs.claim(&id, &format!("i-{i}"), NOW + 300.0, NOW)).unwrap()
+            })
+        })
+        .collect();
+    let claimed = handles
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .filter(|c| matches!(c, Claim::Claimed(_)))
+        .count();
+    assert_eq!(claimed, 1);
+}
