@@ -2,6 +2,7 @@
 //! classification and typed settings. No `lambda_runtime` here: the worker agent reuses it.
 //!
 //! # Layout
+//! - [`checkpoints`]: [`onoff_control::ports::CheckpointStore`] on S3: multipart, manifest last.
 //! - [`settings`]: resource names from the environment; the SDK clients, built once.
 //! - [`errors`]: EC2 error codes classified into the kinds the core acts on.
 //! - [`fleet`]: [`onoff_control::ports::Fleet`] on EC2 (CreateFleet instant, TerminateInstances,
@@ -12,6 +13,7 @@
 //! - [`queue`]: lane queues on SQS: backlog, send, receive, visibility, delete.
 #![warn(missing_docs)]
 
+pub mod checkpoints;
 pub mod errors;
 pub mod fleet;
 pub mod jobs;

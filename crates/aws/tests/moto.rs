@@ -540,3 +540,65 @@ async fn a_spot_warning_drains_the_worker_and_marks_its_offering_once() {
         (offering, now + cfg.offers.unavailable_ttl_s)
     );
 }
+
+#[tokio::test]
+async fn checkpoints_stream_up_manifest_last_and_only_complete_ones_count() {
+    use onoff_aws::checkpoints::{S3Checkpoints, MANIFEST};
+    use onoff_control::ports::CheckpointStore;
+    let c = clients().await;
+    let bucket = unique("onoff-ckpt");
+    c.s3.create_bucket().bucket(&bucket).send().await.unwrap();
+    let store = S3Checkpoints::new(c.s3.clone(), &bucket).with_part_size(5 * 1024 * 1024);
+    let dir = std::env::temp_dir().join(unique("ckpt-src"));
+    std::fs::create_dir_all(dir.join("opt")).unwrap();
+    // 11 MiB of non-repeating bytes: three multipart parts of 5 MiB, 5 MiB and 1 MiB.
+    let big: Vec<u8> = (0..11 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(dir.join("model.bin"), &big).unwrap();
+    std::fs::write(dir.join("opt/state.json"), br#"{"step": 1200}"#).unwrap();
+    assert_eq!(store.latest("job-1").await.unwrap(), None);
+    let r = store.upload("job-1", 3, &dir).await.unwrap();
+    assert_eq!(
+        r.files,
+        vec![
+            ("model.bin".to_string(), big.len() as u64),
+            ("opt/state.json".to_string(), 14)
+        ]
+    );
+    // A later checkpoint whose upload died before its manifest: its files exist, it does not count.
+    c.s3.put_object()
+        .bucket(&bucket)
+        .key("checkpoints/job-1/00000000000000000004/model.bin")
+        .body(aws_sdk_s3::primitives::ByteStream::from_static(b"half"))
+        .send()
+        .await
+        .unwrap();
+    let latest = store.latest("job-1").await.unwrap().unwrap();
+    assert_eq!(latest, r);
+    let dest = std::env::temp_dir().join(unique("ckpt-dst"));
+    store.download(&latest, &dest).await.unwrap();
+    assert_eq!(std::fs::read(dest.join("model.bin")).unwrap(), big);
+    assert_eq!(
+        std::fs::read(dest.join("opt/state.json")).unwrap(),
+        br#"{"step": 1200}"#
+    );
+    // Once checkpoint 5 is complete, it is the latest.
+    let r5 = store.upload("job-1", 5, &dir).await.unwrap();
+    assert_eq!(store.latest("job-1").await.unwrap().unwrap().seq, 5);
+    assert_eq!(r5.seq, 5);
+    let keys: Vec<String> =
+        c.s3.list_objects_v2()
+            .bucket(&bucket)
+            .prefix("checkpoints/job-1/00000000000000000005/")
+            .send()
+            .await
+            .unwrap()
+            .contents()
+            .iter()
+            .filter_map(|o| o.key().map(str::to_string))
+            .collect();
+    assert!(keys.iter().any(|k| k.ends_with(MANIFEST)), "{keys:?}");
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(&dest).ok();
+}

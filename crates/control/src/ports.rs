@@ -259,3 +259,38 @@ pub trait JobQueue {
     /// Queue failures, as text.
     async fn send(&self, lane: &str, body: &str) -> Result<(), String>;
 }
+
+/// A complete checkpoint of a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointRef {
+    /// Job id.
+    pub job_id: String,
+    /// Sequence number (higher is newer).
+    pub seq: u64,
+    /// Files (paths relative to the checkpoint directory) with their sizes in bytes.
+    pub files: Vec<(String, u64)>,
+}
+
+/// Checkpoints in object storage under `checkpoints/<job-id>/<seq>/`, each made complete by a
+/// manifest written after every file, so a half-written checkpoint is never resumed from.
+#[allow(async_fn_in_trait)]
+pub trait CheckpointStore {
+    /// Upload every file under `dir` as checkpoint `seq` of `job_id`, then its manifest.
+    /// Re-uploading the same `seq` overwrites it.
+    ///
+    /// # Errors
+    /// Local I/O or store failures (the checkpoint then has no manifest and does not count).
+    async fn upload(&self, job_id: &str, seq: u64, dir: &std::path::Path) -> Result<CheckpointRef, StoreError>;
+
+    /// The newest complete checkpoint of `job_id`, `None` when there is none.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn latest(&self, job_id: &str) -> Result<Option<CheckpointRef>, StoreError>;
+
+    /// Download checkpoint `r` into `dest` (created if missing).
+    ///
+    /// # Errors
+    /// Local I/O or store failures.
+    async fn download(&self, r: &CheckpointRef, dest: &std::path::Path) -> Result<(), StoreError>;
+}
