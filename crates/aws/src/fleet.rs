@@ -11,7 +11,8 @@ use onoff_policy::{CapacityType, OfferingKey};
 
 use crate::errors::{classify_ec2_code, fleet_error};
 
-/// Tag every onoff worker carries (value `true`).
+/// Tag every onoff worker carries; its value names the deployment (stack), so two deployments in
+/// one account never reap each other's workers.
 pub const TAG_MANAGED: &str = "onoff:managed";
 /// Tag with the worker's lane.
 pub const TAG_LANE: &str = "onoff:lane";
@@ -43,6 +44,7 @@ pub struct Ec2Fleet {
     client: aws_sdk_ec2::Client,
     launch_template: String,
     subnets: Vec<(String, String)>,
+    deployment: String,
 }
 
 impl Ec2Fleet {
@@ -53,7 +55,14 @@ impl Ec2Fleet {
             client,
             launch_template: launch_template.into(),
             subnets: Vec::new(),
+            deployment: "onoff".into(),
         }
+    }
+
+    /// Tag instances `onoff:managed=<name>` and list only those (default `onoff`).
+    pub fn with_deployment(mut self, name: impl Into<String>) -> Self {
+        self.deployment = name.into();
+        self
     }
 
     /// Launch into these subnets, given as (availability zone, subnet id): an offering's zone picks
@@ -87,7 +96,7 @@ impl Ec2Fleet {
             .collect())
     }
 
-    /// Every instance tagged `onoff:managed` that is pending or running, across all pages.
+    /// Every instance of this deployment (tag `onoff:managed`) that is pending or running, across all pages.
     ///
     /// # Errors
     /// EC2 failures, classified.
@@ -217,7 +226,7 @@ impl Fleet for Ec2Fleet {
             .build();
         let mut tags = TagSpecification::builder()
             .resource_type(ResourceType::Instance)
-            .tags(tag(TAG_MANAGED, "true"))
+            .tags(tag(TAG_MANAGED, &self.deployment))
             .tags(tag(TAG_LANE, &req.lane));
         if let Some(p) = &req.project {
             tags = tags.tags(tag(TAG_PROJECT, p));
@@ -267,6 +276,21 @@ impl Fleet for Ec2Fleet {
         // An `instant` fleet leaves no request behind to cancel: a launch still booting is an
         // instance in `pending`, and terminating it is how it is cancelled.
         self.terminate_ids(instance_ids).await
+    }
+}
+
+impl onoff_control::ports::FleetLister for Ec2Fleet {
+    async fn list_managed(&self) -> Result<Vec<onoff_control::ports::FleetInstance>, FleetError> {
+        Ok(self
+            .describe_managed()
+            .await?
+            .into_iter()
+            .map(|i| onoff_control::ports::FleetInstance {
+                offering: offering_of(&i),
+                launched_at: i.launched_at.unwrap_or(0.0),
+                instance_id: i.instance_id,
+            })
+            .collect())
     }
 }
 

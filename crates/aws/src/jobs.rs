@@ -278,6 +278,35 @@ impl JobStore for DynamoJobs {
             Err(e) => Err(dynamo_error("record submission error", &e)),
         }
     }
+
+    async fn active(&self) -> Result<Vec<JobRecord>, StoreError> {
+        let mut out = Vec::new();
+        let mut pages = self
+            .client
+            .scan()
+            .table_name(&self.table)
+            .filter_expression("#s IN (:q, :run, :r)")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":q", s(JobState::Queued.as_str()))
+            .expression_attribute_values(":run", s(JobState::Running.as_str()))
+            .expression_attribute_values(":r", s(JobState::Retrying.as_str()))
+            .consistent_read(true)
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| dynamo_error("scan active jobs", &e))?;
+            for item in page.items() {
+                out.push(record_from_item(item)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl onoff_control::ports::Backlog for SqsQueues {
+    async fn backlog(&self, lane: &str) -> Result<onoff_policy::LaneBacklog, String> {
+        SqsQueues::backlog(self, lane).await.map_err(|e| e.to_string())
+    }
 }
 
 impl JobQueue for SqsQueues {

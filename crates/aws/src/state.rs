@@ -129,6 +129,8 @@ fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<WorkerReco
             .ok_or_else(|| bad("state"))?,
         launched_at: num("launched_at").ok_or_else(|| bad("launched_at"))?,
         project: text("project"),
+        idle_since: num("idle_since"),
+        heartbeat_at: num("heartbeat_at"),
     })
 }
 
@@ -196,6 +198,68 @@ impl WorkerRegistry for DynamoWorkers {
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
         self.get_record(id).await
     }
+
+    async fn list_live(&self) -> Result<Vec<WorkerRecord>, StoreError> {
+        let mut out = Vec::new();
+        let mut pages = self
+            .client
+            .scan()
+            .table_name(&self.table)
+            .filter_expression("#s <> :t")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":t", s(state_name(WorkerState::Terminating)))
+            .consistent_read(true)
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| store_error("scan workers", &e))?;
+            for item in page.items() {
+                out.push(record_from_item(item)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl DynamoWorkers {
+    /// What the agent's heartbeat writes: state, idle-since and heartbeat time (the worker must
+    /// exist).
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown worker; store failures.
+    pub async fn heartbeat(
+        &self,
+        id: &str,
+        state: WorkerState,
+        idle_since: Option<f64>,
+        now: f64,
+    ) -> Result<(), StoreError> {
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("instance_id", s(id))
+            .condition_expression("attribute_exists(instance_id)")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":s", s(state_name(state)))
+            .expression_attribute_values(":h", n(now));
+        req = match idle_since {
+            Some(t) => req
+                .update_expression("SET #s = :s, heartbeat_at = :h, idle_since = :i")
+                .expression_attribute_values(":i", n(t)),
+            None => req.update_expression("SET #s = :s, heartbeat_at = :h REMOVE idle_since"),
+        };
+        match req.send().await {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Err(StoreError::NotFound(id.to_string()))
+            }
+            Err(e) => Err(store_error("heartbeat", &e)),
+        }
+    }
 }
 
 /// The control table: unavailable offerings (and, later, leases).
@@ -228,6 +292,10 @@ impl DynamoControl {
     /// # Errors
     /// Store failures.
     pub async fn unavailable(&self, now: f64) -> Result<Vec<UnavailableOffering>, StoreError> {
+        self.scan_unavailable(now).await
+    }
+
+    async fn scan_unavailable(&self, now: f64) -> Result<Vec<UnavailableOffering>, StoreError> {
         let mut out = Vec::new();
         let mut pages = self
             .client
@@ -318,5 +386,9 @@ impl OfferingAvailability for DynamoControl {
             }
             Err(e) => Err(store_error("mark offering unavailable", &e)),
         }
+    }
+
+    async fn list_unavailable(&self, now: f64) -> Result<Vec<UnavailableOffering>, StoreError> {
+        self.scan_unavailable(now).await
     }
 }

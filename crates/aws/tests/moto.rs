@@ -159,7 +159,10 @@ async fn sqs_backlog_counts_visible_in_flight_and_delayed() {
 async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
     let c = clients().await;
     let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
-    let fleet = Ec2Fleet::new(c.ec2.clone(), launch_template(&c).await).with_subnets(subnets);
+    let deployment = unique("deploy");
+    let fleet = Ec2Fleet::new(c.ec2.clone(), launch_template(&c).await)
+        .with_subnets(subnets)
+        .with_deployment(&deployment);
     let lane = unique("lane");
     let req = LaunchRequest {
         lane: lane.clone(),
@@ -197,7 +200,7 @@ async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
         .map(|t| (t.key().unwrap().to_string(), t.value().unwrap().to_string()))
         .collect();
     for (k, v) in [
-        (TAG_MANAGED, "true"),
+        (TAG_MANAGED, deployment.as_str()),
         (TAG_LANE, lane.as_str()),
         (TAG_PROJECT, "vision"),
     ] {
@@ -233,6 +236,8 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
         state: WorkerState::Pending,
         launched_at: 1_700_000_000.0,
         project: Some("p".into()),
+        idle_since: None,
+        heartbeat_at: None,
     };
     reg.register_launch(rec.clone()).await.unwrap();
     // A second registration (a retried invocation) changes nothing.
@@ -285,7 +290,11 @@ async fn insufficient_capacity_on_the_first_offering_falls_back_to_the_next() {
     table(&c, &workers, "instance_id").await;
     table(&c, &control, "pk").await;
     let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
-    let fleet = FaultyFleet::new(Ec2Fleet::new(c.ec2.clone(), launch_template(&c).await).with_subnets(subnets));
+    let fleet = FaultyFleet::new(
+        Ec2Fleet::new(c.ec2.clone(), launch_template(&c).await)
+            .with_subnets(subnets)
+            .with_deployment(unique("deploy")),
+    );
     let reg = DynamoWorkers::new(c.dynamodb.clone(), &workers);
     let ctl = DynamoControl::new(c.dynamodb.clone(), &control);
     let first = key("g5.xlarge", "us-east-1a", CapacityType::Spot);
@@ -513,6 +522,8 @@ async fn a_spot_warning_drains_the_worker_and_marks_its_offering_once() {
         state: WorkerState::Running,
         launched_at: 1_700_000_000.0,
         project: None,
+        idle_since: None,
+        heartbeat_at: None,
     })
     .await
     .unwrap();
@@ -601,4 +612,120 @@ async fn checkpoints_stream_up_manifest_last_and_only_complete_ones_count() {
     assert!(keys.iter().any(|k| k.ends_with(MANIFEST)), "{keys:?}");
     std::fs::remove_dir_all(&dir).ok();
     std::fs::remove_dir_all(&dest).ok();
+}
+
+#[tokio::test]
+async fn submit_then_scaler_launches_tagged_instances_and_the_reaper_terminates_an_orphan() {
+    use onoff_aws::jobs::DynamoJobs;
+    use onoff_control::reconcile::{reconcile, ReconcileOptions};
+    use onoff_control::submit::{submit, Source};
+    let c = clients().await;
+    let (jobs_t, workers_t, control_t) = (unique("jobs"), unique("workers"), unique("control"));
+    table(&c, &jobs_t, "job_id").await;
+    table(&c, &workers_t, "instance_id").await;
+    table(&c, &control_t, "pk").await;
+    let lane = unique("lane");
+    let url = c
+        .sqs
+        .create_queue()
+        .queue_name(unique("q"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let queues = SqsQueues::new(c.sqs.clone(), vec![(lane.clone(), url)]);
+    let jobs = DynamoJobs::new(c.dynamodb.clone(), &jobs_t);
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &workers_t);
+    let ctl = DynamoControl::new(c.dynamodb.clone(), &control_t);
+    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
+    let deployment = unique("deploy");
+    let fleet = Ec2Fleet::new(c.ec2.clone(), launch_template(&c).await)
+        .with_subnets(subnets)
+        .with_deployment(&deployment);
+    let cfg = PolicyConfig {
+        lanes: vec![onoff_policy::LaneConfig {
+            name: lane.clone(),
+            predictive_max: 0,
+            ..Default::default()
+        }],
+        ..PolicyConfig::default()
+    };
+    let offerings: Vec<Offering> = vec![Offering {
+        key: key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+        gpus: 1,
+        gpu_model: "NVIDIA A10G".into(),
+        gpu_memory_gib: 24.0,
+        vcpus: 4,
+        price_usd_per_h: 0.39,
+        interruption: None,
+    }];
+    let now = onoff_aws::state::unix_now();
+    for i in 0..2 {
+        let spec = format!(r#"{{"image":"img","command":["python","train.py"],"project":"vision","lane":"{lane}"}}"#);
+        let src = Source::S3 {
+            bucket: "b".into(),
+            key: format!("jobs/{i}.json"),
+            etag: "e".into(),
+        };
+        submit(&spec, &src, &[lane.as_str()], now, &jobs, &queues)
+            .await
+            .unwrap();
+    }
+    // The scaler (no reaping): one launch per job, through CreateFleet.
+    let opts = ReconcileOptions {
+        reap: false,
+        ..ReconcileOptions::default()
+    };
+    let r = reconcile(&cfg, &offerings, &opts, now, &queues, &reg, &jobs, &fleet, &ctl)
+        .await
+        .unwrap();
+    assert!(r.errors.is_empty() && r.acted.errors.is_empty(), "{r:?}");
+    assert_eq!(r.acted.launched.len(), 2);
+    let mine: Vec<_> = fleet
+        .describe_managed()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|i| i.lane.as_deref() == Some(&lane))
+        .collect();
+    assert_eq!(mine.len(), 2);
+    // Invoked again at once (the alarm after the submit): the booting workers count, no launch.
+    let r = reconcile(&cfg, &offerings, &opts, now + 5.0, &queues, &reg, &jobs, &fleet, &ctl)
+        .await
+        .unwrap();
+    assert!(r.acted.launched.is_empty(), "{:?}", r.plan);
+    // An instance tagged onoff:managed that the workers table does not know is terminated by the
+    // scheduled reconciler once past the launch grace period.
+    let orphan = fleet
+        .launch(&LaunchRequest {
+            lane: unique("other"),
+            offering: key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+            count: 1,
+            project: None,
+            job: None,
+        })
+        .await
+        .unwrap();
+    let reap = ReconcileOptions {
+        launch_grace_s: 0.0,
+        ..ReconcileOptions::default()
+    };
+    let r = reconcile(&cfg, &offerings, &reap, now + 10.0, &queues, &reg, &jobs, &fleet, &ctl)
+        .await
+        .unwrap();
+    assert!(r.orphans_terminated.contains(&orphan[0].instance_id), "{r:?}");
+    let still: Vec<String> = fleet
+        .describe_managed()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.instance_id)
+        .collect();
+    assert!(!still.contains(&orphan[0].instance_id));
+    assert!(
+        mine.iter().all(|m| still.contains(&m.instance_id)),
+        "the workers onoff knows stay"
+    );
 }

@@ -122,6 +122,8 @@ where
                                     state: WorkerState::Pending,
                                     launched_at: ctx.now,
                                     project: project.clone(),
+                                    idle_since: None,
+                                    heartbeat_at: None,
                                 };
                                 if let Err(e) = registry.register_launch(rec).await {
                                     out.errors.push(format!("register {}: {e}", l.instance_id));

@@ -130,6 +130,38 @@ impl Fleet for FakeFleet {
     }
 }
 
+impl<F: crate::ports::FleetLister> crate::ports::FleetLister for FaultyFleet<F> {
+    async fn list_managed(&self) -> Result<Vec<crate::ports::FleetInstance>, FleetError> {
+        self.inner.list_managed().await
+    }
+}
+
+impl crate::ports::FleetLister for FakeFleet {
+    async fn list_managed(&self) -> Result<Vec<crate::ports::FleetInstance>, FleetError> {
+        Ok(self
+            .running()
+            .into_iter()
+            .map(|(id, offering)| crate::ports::FleetInstance {
+                instance_id: id,
+                offering,
+                launched_at: 0.0,
+            })
+            .collect())
+    }
+}
+
+impl FakeFleet {
+    /// An instance that exists in the fleet without onoff having launched it through this fake
+    /// (an orphan, for reaper tests).
+    pub fn add_instance(&self, id: &str, offering: OfferingKey) {
+        self.inner
+            .lock()
+            .expect("lock")
+            .running
+            .insert(id.to_string(), offering);
+    }
+}
+
 /// A workers table in memory.
 #[derive(Debug, Default)]
 pub struct FakeRegistry {
@@ -166,6 +198,28 @@ impl WorkerRegistry for FakeRegistry {
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
         Ok(self.workers.lock().expect("lock").get(id).cloned())
     }
+
+    async fn list_live(&self) -> Result<Vec<WorkerRecord>, StoreError> {
+        Ok(self
+            .workers
+            .lock()
+            .expect("lock")
+            .values()
+            .filter(|w| w.state != WorkerState::Terminating)
+            .cloned()
+            .collect())
+    }
+}
+
+impl FakeRegistry {
+    /// Set a worker's agent-reported fields (what the agent's heartbeat writes).
+    pub fn set_agent_view(&self, id: &str, state: WorkerState, idle_since: Option<f64>, heartbeat_at: Option<f64>) {
+        if let Some(w) = self.workers.lock().expect("lock").get_mut(id) {
+            w.state = state;
+            w.idle_since = idle_since;
+            w.heartbeat_at = heartbeat_at;
+        }
+    }
 }
 
 /// Handled event ids in memory.
@@ -199,6 +253,20 @@ impl OfferingAvailability for FakeAvailability {
         let e = m.entry(key.clone()).or_insert(until);
         *e = e.max(until);
         Ok(())
+    }
+
+    async fn list_unavailable(&self, now: f64) -> Result<Vec<onoff_policy::UnavailableOffering>, StoreError> {
+        Ok(self
+            .until
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|(_, u)| **u > now)
+            .map(|(k, u)| onoff_policy::UnavailableOffering {
+                key: k.clone(),
+                until: *u,
+            })
+            .collect())
     }
 }
 
@@ -390,13 +458,45 @@ impl crate::ports::JobStore for FakeJobs {
             .or_insert_with(|| reason.into());
         Ok(())
     }
+
+    async fn active(&self) -> Result<Vec<crate::ports::JobRecord>, StoreError> {
+        self.injected()?;
+        Ok(self
+            .jobs
+            .lock()
+            .expect("lock")
+            .values()
+            .filter(|r| !r.state.is_final())
+            .cloned()
+            .collect())
+    }
 }
 
-/// Lane queues in memory: messages sent per lane.
+/// Lane queues in memory: messages sent per lane, and a settable backlog.
 #[derive(Debug, Default)]
 pub struct FakeQueue {
     sent: Mutex<Vec<(String, String)>>,
     fail_next: Mutex<Option<String>>,
+    backlog: Mutex<BTreeMap<String, onoff_policy::LaneBacklog>>,
+}
+
+impl FakeQueue {
+    /// Set the backlog `lane` reports.
+    pub fn set_backlog(&self, lane: &str, b: onoff_policy::LaneBacklog) {
+        self.backlog.lock().expect("lock").insert(lane.into(), b);
+    }
+}
+
+impl crate::ports::Backlog for FakeQueue {
+    async fn backlog(&self, lane: &str) -> Result<onoff_policy::LaneBacklog, String> {
+        Ok(self
+            .backlog
+            .lock()
+            .expect("lock")
+            .get(lane)
+            .copied()
+            .unwrap_or_default())
+    }
 }
 
 impl FakeQueue {
@@ -418,5 +518,12 @@ impl crate::ports::JobQueue for FakeQueue {
         }
         self.sent.lock().expect("lock").push((lane.into(), body.into()));
         Ok(())
+    }
+}
+
+impl FakeJobs {
+    /// Put a record as is (test setup: a job already leased, say).
+    pub fn put(&self, record: crate::ports::JobRecord) {
+        self.jobs.lock().expect("lock").insert(record.id.clone(), record);
     }
 }

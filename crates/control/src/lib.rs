@@ -10,6 +10,7 @@
 //! - [`events`]: EventBridge events parsed by (source, detail-type); unknown kinds are a no-op.
 //! - [`interruption`]: spot warnings, rebalance recommendations, state changes (idempotent by event id).
 //! - [`catalog`]: the EC2 GPU catalogue (specs, prices, Spot Advisor buckets) as offerings.
+//! - [`reconcile`](mod@reconcile): observe, reap, decide, act (the scaler and the reconciler).
 //! - [`submit`](mod@submit): validate a job spec, write the job, enqueue it (idempotent).
 //! - [`fake`]: in-memory fakes (feature `fake`, on by default).
 #![warn(missing_docs)]
@@ -22,6 +23,7 @@ pub mod fake;
 pub mod interruption;
 pub mod job;
 pub mod ports;
+pub mod reconcile;
 pub mod submit;
 
 pub use act::{act, handle_interruption_notice, ActContext, ActOutcome, LaunchedWorker};

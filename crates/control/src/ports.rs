@@ -95,6 +95,10 @@ pub struct WorkerRecord {
     pub launched_at: f64,
     /// Project it was launched for, if any.
     pub project: Option<String>,
+    /// When the worker last became idle (set by its agent), unix seconds.
+    pub idle_since: Option<f64>,
+    /// The agent's last heartbeat, unix seconds (`None` until the agent starts).
+    pub heartbeat_at: Option<f64>,
 }
 
 /// Errors of state stores.
@@ -131,6 +135,12 @@ pub trait WorkerRegistry {
     /// # Errors
     /// Store failures, or a row that does not parse.
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError>;
+
+    /// Every worker not yet Terminating.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn list_live(&self) -> Result<Vec<WorkerRecord>, StoreError>;
 }
 
 /// Events handled once: EventBridge delivers at least once.
@@ -151,6 +161,12 @@ pub trait OfferingAvailability {
     /// # Errors
     /// [`StoreError::Other`] on store failure.
     async fn mark_unavailable(&self, key: &OfferingKey, until: f64) -> Result<(), StoreError>;
+
+    /// Offerings unavailable after `now`.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn list_unavailable(&self, now: f64) -> Result<Vec<onoff_policy::UnavailableOffering>, StoreError>;
 }
 
 /// One job as the jobs table keeps it.
@@ -247,6 +263,43 @@ pub trait JobStore {
     /// # Errors
     /// Store failures.
     async fn record_error(&self, key: &str, reason: &str, now: f64) -> Result<(), StoreError>;
+
+    /// Every job not yet finished (QUEUED, RUNNING, RETRYING).
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn active(&self) -> Result<Vec<JobRecord>, StoreError>;
+}
+
+/// Queue depth per lane.
+#[allow(async_fn_in_trait)]
+pub trait Backlog {
+    /// Backlog of `lane`.
+    ///
+    /// # Errors
+    /// Queue failures, as text.
+    async fn backlog(&self, lane: &str) -> Result<onoff_policy::LaneBacklog, String>;
+}
+
+/// An instance the fleet reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetInstance {
+    /// Instance id.
+    pub instance_id: String,
+    /// Its offering.
+    pub offering: OfferingKey,
+    /// Launch time, unix seconds.
+    pub launched_at: f64,
+}
+
+/// Listing the fleet's instances.
+#[allow(async_fn_in_trait)]
+pub trait FleetLister {
+    /// Every pending or running instance onoff launched (tagged `onoff:managed`).
+    ///
+    /// # Errors
+    /// Provider failures.
+    async fn list_managed(&self) -> Result<Vec<FleetInstance>, FleetError>;
 }
 
 /// Sending job messages to lane queues.

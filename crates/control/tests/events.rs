@@ -29,6 +29,8 @@ fn registry() -> FakeRegistry {
         state: WorkerState::Running,
         launched_at: NOW - 3600.0,
         project: None,
+        idle_since: None,
+        heartbeat_at: None,
     }))
     .unwrap();
     reg

@@ -595,6 +595,9 @@ impl WorkerRegistry for SimPorts<'_> {
         // The simulated fleet answers from its own table; nothing in the simulation asks.
         Ok(None)
     }
+    async fn list_live(&self) -> Result<Vec<WorkerRecord>, StoreError> {
+        Ok(Vec::new())
+    }
 }
 
 impl OfferingAvailability for SimPorts<'_> {
@@ -607,6 +610,16 @@ impl OfferingAvailability for SimPorts<'_> {
             until,
         });
         Ok(())
+    }
+    async fn list_unavailable(&self, now: f64) -> Result<Vec<UnavailableOffering>, StoreError> {
+        Ok(self
+            .0
+            .borrow()
+            .unavailable
+            .iter()
+            .filter(|u| u.until > now)
+            .cloned()
+            .collect())
     }
 }
 

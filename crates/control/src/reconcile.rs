@@ -1,0 +1,283 @@
+//! The reconcile use case: observe, reap, decide, act. The `scaler` runs it without reaping on
+//! alarms and submissions; the `reconciler` runs it with reaping on its schedule.
+//!
+//! Reaping, the second layer behind each agent's own idle exit:
+//! - instances tagged `onoff:managed` that the workers table does not know (orphans) are terminated;
+//! - workers whose instance is gone are marked Terminating and their jobs re-queued;
+//! - workers whose heartbeat is older than `heartbeat_timeout_s`, or that never reported within
+//!   `boot_timeout_s` of launch, are terminated and their jobs re-queued;
+//! - RUNNING jobs whose lease expired are re-queued.
+//!
+//! Launches younger than `launch_grace_s` are left alone (the workers table and EC2 may not agree
+//! yet). Every step is idempotent: a re-queue is a conditional transition, so two reconcilers at
+//! once re-queue a job once.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use onoff_policy::{
+    decide, LaneObservation, Observation, Offering, PendingJob, Plan, PolicyConfig, WorkerState, WorkerView,
+};
+
+use crate::act::{act, ActContext, ActOutcome};
+use crate::job::JobState;
+use crate::ports::{
+    Backlog, Fleet, FleetLister, JobQueue, JobRecord, JobStore, OfferingAvailability, StoreError, WorkerRecord,
+    WorkerRegistry,
+};
+
+/// Reconcile settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReconcileOptions {
+    /// Run the reaper. The scheduled reconciler does; the scaler does not.
+    pub reap: bool,
+    /// A worker whose agent has not sent a heartbeat for this long is lost, seconds. Default 300 s
+    /// (five missed one-minute heartbeats).
+    pub heartbeat_timeout_s: f64,
+    /// A worker whose agent never reported this long after launch is lost, seconds. Default 1800 s
+    /// (three times the seed's 10-minute worst cold start).
+    pub boot_timeout_s: f64,
+    /// Launches younger than this are not reaped, seconds. Default 180 s.
+    pub launch_grace_s: f64,
+    /// GPUs of the largest instance; larger jobs run on several instances. Default 8.
+    pub max_gpus_per_instance: u32,
+}
+
+impl Default for ReconcileOptions {
+    fn default() -> Self {
+        Self {
+            reap: true,
+            heartbeat_timeout_s: 300.0,
+            boot_timeout_s: 1800.0,
+            launch_grace_s: 180.0,
+            max_gpus_per_instance: 8,
+        }
+    }
+}
+
+/// What a reconcile did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ReconcileReport {
+    /// The decision.
+    pub plan: Plan,
+    /// What carrying it out did.
+    pub acted: ActOutcome,
+    /// Orphan instances terminated.
+    pub orphans_terminated: Vec<String>,
+    /// Workers whose instance was gone.
+    pub workers_gone: Vec<String>,
+    /// Workers terminated for a stale heartbeat or a boot that never finished.
+    pub workers_lost: Vec<String>,
+    /// Jobs re-queued (lost worker or expired lease).
+    pub jobs_requeued: Vec<String>,
+    /// Non-fatal errors.
+    pub errors: Vec<String>,
+}
+
+/// Put a RUNNING job back in its queue: RUNNING -> RETRYING -> QUEUED, then a queue message.
+/// A job that is no longer RUNNING (someone else re-queued or finished it) is left alone.
+async fn requeue<J: JobStore, Q: JobQueue>(job: &JobRecord, jobs: &J, queue: &Q) -> Result<bool, String> {
+    match jobs.transition(&job.id, JobState::Running, JobState::Retrying).await {
+        Ok(()) => {}
+        Err(StoreError::Conflict(_) | StoreError::NotFound(_)) => return Ok(false),
+        Err(e) => return Err(e.to_string()),
+    }
+    jobs.transition(&job.id, JobState::Retrying, JobState::Queued)
+        .await
+        .map_err(|e| e.to_string())?;
+    let body = serde_json::json!({ "job_id": job.id }).to_string();
+    queue.send(&job.spec.lane, &body).await?;
+    Ok(true)
+}
+
+/// Shape of a job for the policy: (GPUs per instance, instances).
+fn shape(gpus: u32, max: u32) -> (u32, u32) {
+    let g = gpus.max(1);
+    if g <= max {
+        (g, 1)
+    } else {
+        (max, g.div_ceil(max))
+    }
+}
+
+/// Observe, reap (if `opts.reap`), decide and act.
+///
+/// # Errors
+/// Only when the state cannot be read at all (workers, jobs or unavailable offerings); failures
+/// of single actions are collected in the report.
+#[allow(clippy::too_many_arguments)]
+pub async fn reconcile<Q, W, J, F, A>(
+    cfg: &PolicyConfig,
+    offerings: &[Offering],
+    opts: &ReconcileOptions,
+    now: f64,
+    queues: &Q,
+    workers: &W,
+    jobs: &J,
+    fleet: &F,
+    avail: &A,
+) -> Result<ReconcileReport, StoreError>
+where
+    Q: Backlog + JobQueue,
+    W: WorkerRegistry,
+    J: JobStore,
+    F: Fleet + FleetLister,
+    A: OfferingAvailability,
+{
+    let mut report = ReconcileReport::default();
+    let mut live = workers.list_live().await?;
+    let mut active = jobs.active().await?;
+    let unavailable = avail.list_unavailable(now).await?;
+
+    if opts.reap {
+        let instances = match fleet.list_managed().await {
+            Ok(i) => Some(i),
+            Err(e) => {
+                report.errors.push(format!("list instances: {e}"));
+                None
+            }
+        };
+        let mut lost: BTreeSet<String> = BTreeSet::new();
+        if let Some(instances) = &instances {
+            let known: BTreeSet<&str> = live.iter().map(|w| w.id.as_str()).collect();
+            let orphans: Vec<String> = instances
+                .iter()
+                .filter(|i| !known.contains(i.instance_id.as_str()) && now - i.launched_at >= opts.launch_grace_s)
+                .map(|i| i.instance_id.clone())
+                .collect();
+            if !orphans.is_empty() {
+                match fleet.terminate(&orphans).await {
+                    Ok(()) => report.orphans_terminated = orphans,
+                    Err(e) => report.errors.push(format!("terminate orphans: {e}")),
+                }
+            }
+            let present: BTreeSet<&str> = instances.iter().map(|i| i.instance_id.as_str()).collect();
+            for w in live
+                .iter()
+                .filter(|w| !present.contains(w.id.as_str()) && now - w.launched_at >= opts.launch_grace_s)
+            {
+                report.workers_gone.push(w.id.clone());
+                lost.insert(w.id.clone());
+            }
+        }
+        let stale = |w: &WorkerRecord| match w.heartbeat_at {
+            Some(h) => now - h > opts.heartbeat_timeout_s,
+            None => now - w.launched_at > opts.boot_timeout_s,
+        };
+        let stale_ids: Vec<String> = live
+            .iter()
+            .filter(|w| !lost.contains(&w.id) && stale(w))
+            .map(|w| w.id.clone())
+            .collect();
+        if !stale_ids.is_empty() {
+            match fleet.terminate(&stale_ids).await {
+                Ok(()) => {
+                    report.workers_lost.extend(stale_ids.iter().cloned());
+                    lost.extend(stale_ids);
+                }
+                Err(e) => report.errors.push(format!("terminate lost workers: {e}")),
+            }
+        }
+        for id in &lost {
+            match workers.set_state(id, WorkerState::Terminating).await {
+                Ok(()) | Err(StoreError::NotFound(_)) => {}
+                Err(e) => report.errors.push(format!("mark {id} terminating: {e}")),
+            }
+        }
+        live.retain(|w| !lost.contains(&w.id));
+        // Jobs of lost workers, and jobs whose lease ran out.
+        for job in active.iter().filter(|j| j.state == JobState::Running) {
+            let owner_lost = job.lease_owner.as_deref().is_some_and(|o| lost.contains(o));
+            let expired = job.lease_expires_at.is_some_and(|t| t < now);
+            if owner_lost || expired {
+                match requeue(job, jobs, queues).await {
+                    Ok(true) => report.jobs_requeued.push(job.id.clone()),
+                    Ok(false) => {}
+                    Err(e) => report.errors.push(format!("requeue {}: {e}", job.id)),
+                }
+            }
+        }
+        if !report.jobs_requeued.is_empty() {
+            active = jobs.active().await?;
+        }
+    }
+
+    // Observe.
+    let mut lanes: Vec<LaneObservation> = Vec::with_capacity(cfg.lanes.len());
+    for lane in &cfg.lanes {
+        let mut lo = LaneObservation::default();
+        match queues.backlog(&lane.name).await {
+            Ok(b) => lo.backlog = b,
+            Err(e) => report.errors.push(format!("backlog of {}: {e}", lane.name)),
+        }
+        let mut arrivals: Vec<(f64, u32)> = active
+            .iter()
+            .filter(|j| {
+                j.spec.lane == lane.name && now - j.created_at <= onoff_policy::observation::RECENT_ARRIVALS_KEPT_S
+            })
+            .map(|j| (j.created_at, shape(j.spec.gpus, opts.max_gpus_per_instance).0))
+            .collect();
+        arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for (t, g) in arrivals {
+            lo.record_arrival(g, t);
+        }
+        lanes.push(lo);
+    }
+    let pending: Vec<PendingJob> = active
+        .iter()
+        .filter(|j| matches!(j.state, JobState::Queued | JobState::Retrying))
+        .filter_map(|j| {
+            let lane = cfg.lane_index(&j.spec.lane)?;
+            let (g, n) = shape(j.spec.gpus, opts.max_gpus_per_instance);
+            Some(PendingJob {
+                id: j.id.clone(),
+                lane,
+                project: j.spec.project.clone(),
+                job_type: j.spec.job_type.clone(),
+                gpus_per_instance: g,
+                instances: n,
+                min_gpu_memory_gib: j.spec.min_gpu_memory_gib,
+                est_runtime_s: j.spec.est_runtime_s,
+                deadline: j.spec.deadline,
+                enqueued_at: j.created_at,
+            })
+        })
+        .collect();
+    let specs: BTreeMap<&str, &Offering> = offerings.iter().map(|o| (o.key.instance_type.as_str(), o)).collect();
+    let views: Vec<WorkerView> = live
+        .iter()
+        .filter_map(|w| {
+            let lane = cfg.lane_index(&w.lane)?;
+            let spec = specs.get(w.offering.instance_type.as_str());
+            Some(WorkerView {
+                id: w.id.clone(),
+                seq: (w.launched_at * 1000.0) as u64,
+                lane,
+                offering: w.offering.clone(),
+                gpus: spec.map_or(1, |o| o.gpus),
+                gpu_memory_gib: spec.map_or(0.0, |o| o.gpu_memory_gib),
+                price_usd_per_h: w.price_usd_per_h,
+                state: w.state,
+                launched_at: w.launched_at,
+                idle_since: w.idle_since,
+                project: w.project.clone(),
+                job_type: None,
+            })
+        })
+        .collect();
+    let obs = Observation {
+        lanes: &lanes,
+        jobs: &pending,
+        workers: &views,
+        offerings,
+        unavailable: &unavailable,
+    };
+    report.plan = decide(&obs, cfg, now);
+    let ctx = ActContext {
+        cfg,
+        offerings,
+        unavailable: &unavailable,
+        now,
+    };
+    report.acted = act(&report.plan, ctx, fleet, workers, avail).await;
+    Ok(report)
+}

@@ -1,0 +1,226 @@
+//! The reconcile use case through the fakes: scale from zero without duplicate launches, the
+//! keep-alive, and the reaper (orphans, lost workers, stale heartbeats, expired leases).
+
+use onoff_control::fake::{FakeAvailability, FakeFleet, FakeJobs, FakeQueue, FakeRegistry};
+use onoff_control::job::JobState;
+use onoff_control::ports::{Claim, JobStore, WorkerRegistry};
+use onoff_control::reconcile::{reconcile, ReconcileOptions, ReconcileReport};
+use onoff_control::submit::{submit, Source, Submitted};
+use onoff_policy::{CapacityType, LaneBacklog, LaneConfig, Offering, OfferingKey, PolicyConfig, WorkerState};
+
+const NOW: f64 = 1_700_000_000.0;
+
+fn offerings() -> Vec<Offering> {
+    ["us-east-1a", "us-east-1b"]
+        .into_iter()
+        .map(|z| Offering {
+            key: OfferingKey {
+                instance_type: "g5.xlarge".into(),
+                zone: z.into(),
+                capacity_type: CapacityType::Spot,
+            },
+            gpus: 1,
+            gpu_model: "NVIDIA A10G".into(),
+            gpu_memory_gib: 24.0,
+            vcpus: 4,
+            price_usd_per_h: 0.39,
+            interruption: None,
+        })
+        .collect()
+}
+
+fn cfg() -> PolicyConfig {
+    let mut cfg = PolicyConfig {
+        lanes: vec![LaneConfig {
+            predictive_max: 0,
+            ..LaneConfig::default()
+        }],
+        ..PolicyConfig::default()
+    };
+    cfg.scale_down.mode = onoff_policy::KeepAliveMode::Fixed;
+    cfg.scale_down.fixed_idle_timeout_s = 600.0;
+    cfg
+}
+
+struct World {
+    queue: FakeQueue,
+    workers: FakeRegistry,
+    jobs: FakeJobs,
+    fleet: FakeFleet,
+    avail: FakeAvailability,
+}
+
+impl World {
+    fn new() -> Self {
+        Self {
+            queue: FakeQueue::default(),
+            workers: FakeRegistry::default(),
+            jobs: FakeJobs::default(),
+            fleet: FakeFleet::new(),
+            avail: FakeAvailability::default(),
+        }
+    }
+
+    fn submit(&self, n: usize) -> Vec<String> {
+        (0..n)
+            .map(|i| {
+                let spec = format!(r#"{{"image":"i","command":["x"],"project":"p","client_token":"t{i}"}}"#);
+                let src = Source::Sqs {
+                    message_id: format!("m{i}"),
+                };
+                match pollster::block_on(submit(&spec, &src, &["standard"], NOW, &self.jobs, &self.queue)).unwrap() {
+                    Submitted::New(id) | Submitted::Existing(id) => id,
+                }
+            })
+            .collect()
+    }
+
+    fn reconcile(&self, now: f64, reap: bool) -> ReconcileReport {
+        let opts = ReconcileOptions {
+            reap,
+            ..ReconcileOptions::default()
+        };
+        pollster::block_on(reconcile(
+            &cfg(),
+            &offerings(),
+            &opts,
+            now,
+            &self.queue,
+            &self.workers,
+            &self.jobs,
+            &self.fleet,
+            &self.avail,
+        ))
+        .unwrap()
+    }
+}
+
+#[test]
+fn scale_from_zero_launches_once_per_job_while_workers_boot() {
+    let w = World::new();
+    w.submit(3);
+    w.queue.set_backlog(
+        "standard",
+        LaneBacklog {
+            visible: 3,
+            in_flight: 0,
+            delayed: 0,
+        },
+    );
+    let r = w.reconcile(NOW + 1.0, false);
+    assert_eq!(r.acted.launched.len(), 3, "{:?}", r.plan);
+    assert_eq!(w.fleet.running().len(), 3);
+    assert_eq!(
+        w.workers
+            .records()
+            .values()
+            .filter(|r| r.state == WorkerState::Pending)
+            .count(),
+        3
+    );
+    // Alarm and schedule fire again while the workers boot: nothing more.
+    for t in [NOW + 30.0, NOW + 90.0, NOW + 150.0] {
+        let r = w.reconcile(t, true);
+        assert!(r.acted.launched.is_empty(), "{:?}", r.plan);
+        assert!(r.workers_lost.is_empty() && r.orphans_terminated.is_empty(), "{r:?}");
+    }
+}
+
+#[test]
+fn the_reaper_terminates_orphans_and_requeues_jobs_of_lost_workers() {
+    let w = World::new();
+    let ids = w.submit(2);
+    w.reconcile(NOW + 1.0, false);
+    let workers: Vec<String> = w.workers.records().keys().cloned().collect();
+    // Worker 0 claims job 0 and heartbeats; worker 1 claims job 1 and then goes silent.
+    for (wid, jid) in workers.iter().zip(&ids) {
+        assert!(matches!(
+            pollster::block_on(w.jobs.claim(jid, wid, NOW + 10_000.0, NOW + 400.0)).unwrap(),
+            Claim::Claimed(_)
+        ));
+    }
+    w.workers
+        .set_agent_view(&workers[0], WorkerState::Running, None, Some(NOW + 1_000.0));
+    w.workers
+        .set_agent_view(&workers[1], WorkerState::Running, None, Some(NOW + 500.0));
+    // An instance tagged onoff:managed that the table does not know.
+    w.fleet.add_instance("i-orphan", offerings()[0].key.clone());
+    let sent_before = w.queue.sent().len();
+    let r = w.reconcile(NOW + 1_100.0, true);
+    assert_eq!(r.orphans_terminated, vec!["i-orphan".to_string()]);
+    assert_eq!(r.workers_lost, vec![workers[1].clone()]);
+    assert_eq!(r.jobs_requeued, vec![ids[1].clone()]);
+    assert!(!w.fleet.running().contains_key("i-orphan"));
+    assert!(!w.fleet.running().contains_key(&workers[1]));
+    assert_eq!(w.workers.records()[&workers[1]].state, WorkerState::Terminating);
+    let job1 = pollster::block_on(w.jobs.get(&ids[1])).unwrap().unwrap();
+    assert_eq!((job1.state, job1.lease_owner), (JobState::Queued, None));
+    assert_eq!(
+        w.queue.sent().len(),
+        sent_before + 1,
+        "one message for the re-queued job"
+    );
+    // The healthy worker and its job are untouched.
+    assert_eq!(
+        pollster::block_on(w.jobs.get(&ids[0])).unwrap().unwrap().state,
+        JobState::Running
+    );
+    // A second reconciler run re-queues nothing twice.
+    let r2 = w.reconcile(NOW + 1_110.0, true);
+    assert!(r2.jobs_requeued.is_empty() && r2.workers_lost.is_empty(), "{r2:?}");
+}
+
+#[test]
+fn a_worker_whose_instance_is_gone_and_an_expired_lease_are_handled() {
+    let w = World::new();
+    let ids = w.submit(2);
+    w.reconcile(NOW + 1.0, false);
+    let workers: Vec<String> = w.workers.records().keys().cloned().collect();
+    pollster::block_on(w.jobs.claim(&ids[0], &workers[0], NOW + 10_000.0, NOW + 400.0)).unwrap();
+    pollster::block_on(w.jobs.claim(&ids[1], &workers[1], NOW + 900.0, NOW + 400.0)).unwrap();
+    for id in &workers {
+        w.workers
+            .set_agent_view(id, WorkerState::Running, None, Some(NOW + 990.0));
+    }
+    // Worker 0's instance disappears behind onoff's back.
+    pollster::block_on(onoff_control::ports::Fleet::terminate(
+        &w.fleet,
+        std::slice::from_ref(&workers[0]),
+    ))
+    .unwrap();
+    let r = w.reconcile(NOW + 1_000.0, true);
+    assert_eq!(r.workers_gone, vec![workers[0].clone()]);
+    let mut requeued = r.jobs_requeued.clone();
+    requeued.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(
+        requeued, want,
+        "job 0 (worker gone) and job 1 (lease expired at +900 s)"
+    );
+    assert_eq!(
+        pollster::block_on(w.workers.get(&workers[0])).unwrap().unwrap().state,
+        WorkerState::Terminating
+    );
+}
+
+#[test]
+fn idle_workers_past_the_keep_alive_are_released() {
+    let w = World::new();
+    w.submit(1);
+    w.reconcile(NOW + 1.0, false);
+    let id = w.workers.records().keys().next().unwrap().clone();
+    // The job ran and finished; the worker has been idle since +500 s.
+    let job = w.jobs.records().keys().next().unwrap().clone();
+    pollster::block_on(w.jobs.claim(&job, &id, NOW + 10_000.0, NOW + 400.0)).unwrap();
+    pollster::block_on(w.jobs.transition(&job, JobState::Running, JobState::Succeeded)).unwrap();
+    w.workers
+        .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_000.0));
+    let r = w.reconcile(NOW + 1_000.0, true);
+    assert!(r.acted.terminated.is_empty(), "idle 500 s < 600 s: {:?}", r.plan);
+    w.workers
+        .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_150.0));
+    let r = w.reconcile(NOW + 1_160.0, true);
+    assert_eq!(r.acted.terminated, vec![id.clone()]);
+    assert!(w.fleet.running().is_empty());
+}
