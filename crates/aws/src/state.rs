@@ -5,7 +5,7 @@
 //! Workers table (key `instance_id`): `lane`, `instance_type`, `zone`, `capacity_type`,
 //! `price_usd_per_h`, `state`, `launched_at`, `project`, and `expires_at` (TTL, set when a worker
 //! is terminating). Control table (key `pk`): `unavailable#<type>#<zone>#<capacity>` items with
-//! `until` and `expires_at`; `event#<id>` items (with `expires_at`) for events already handled.
+//! `until` and `expires_at`; `lease#<name>` items with `owner` and `until`; `event#<id>` items (with `expires_at`) for events already handled.
 
 use std::collections::HashMap;
 
@@ -334,6 +334,62 @@ impl DynamoControl {
             }
         }
         Ok(out)
+    }
+}
+
+impl onoff_control::ports::Lease for DynamoControl {
+    async fn acquire(&self, name: &str, owner: &str, ttl_s: f64, now: f64) -> Result<bool, StoreError> {
+        let res = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", s(format!("lease#{name}")))
+            .item("owner", s(owner))
+            .item("until", n(now + ttl_s))
+            .item(
+                "expires_at",
+                AttributeValue::N(format!("{}", (now + ttl_s + 3600.0) as i64)),
+            )
+            .condition_expression("attribute_not_exists(pk) OR #u < :now OR #o = :owner")
+            .expression_attribute_names("#u", "until")
+            .expression_attribute_names("#o", "owner")
+            .expression_attribute_values(":now", n(now))
+            .expression_attribute_values(":owner", s(owner))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(store_error("acquire lease", &e)),
+        }
+    }
+
+    async fn release(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        let res = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("lease#{name}")))
+            .condition_expression("#o = :owner")
+            .expression_attribute_names("#o", "owner")
+            .expression_attribute_values(":owner", s(owner))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(store_error("release lease", &e)),
+        }
     }
 }
 

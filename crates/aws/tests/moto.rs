@@ -729,3 +729,26 @@ async fn submit_then_scaler_launches_tagged_instances_and_the_reaper_terminates_
         "the workers onoff knows stay"
     );
 }
+
+#[tokio::test]
+async fn the_reconcile_lease_admits_one_holder_until_it_expires_or_is_released() {
+    use onoff_control::ports::Lease;
+    let c = clients().await;
+    let control = unique("control");
+    table(&c, &control, "pk").await;
+    let ctl = DynamoControl::new(c.dynamodb.clone(), &control);
+    assert!(ctl.acquire("reconcile", "scaler-a", 60.0, 1_000.0).await.unwrap());
+    assert!(!ctl.acquire("reconcile", "scaler-b", 60.0, 1_010.0).await.unwrap());
+    assert!(
+        ctl.acquire("reconcile", "scaler-a", 60.0, 1_020.0).await.unwrap(),
+        "the holder renews"
+    );
+    ctl.release("reconcile", "scaler-b").await.unwrap(); // not the holder: no effect
+    assert!(!ctl.acquire("reconcile", "scaler-b", 60.0, 1_030.0).await.unwrap());
+    assert!(
+        ctl.acquire("reconcile", "scaler-b", 60.0, 1_081.0).await.unwrap(),
+        "expired at 1080"
+    );
+    ctl.release("reconcile", "scaler-b").await.unwrap();
+    assert!(ctl.acquire("reconcile", "scaler-c", 60.0, 1_082.0).await.unwrap());
+}

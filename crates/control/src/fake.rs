@@ -527,3 +527,28 @@ impl FakeJobs {
         self.jobs.lock().expect("lock").insert(record.id.clone(), record);
     }
 }
+
+/// Leases in memory.
+#[derive(Debug, Default)]
+pub struct FakeLease {
+    held: Mutex<BTreeMap<String, (String, f64)>>,
+}
+
+impl crate::ports::Lease for FakeLease {
+    async fn acquire(&self, name: &str, owner: &str, ttl_s: f64, now: f64) -> Result<bool, StoreError> {
+        let mut m = self.held.lock().expect("lock");
+        let free = m.get(name).is_none_or(|(o, until)| *until < now || o == owner);
+        if free {
+            m.insert(name.into(), (owner.into(), now + ttl_s));
+        }
+        Ok(free)
+    }
+
+    async fn release(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        let mut m = self.held.lock().expect("lock");
+        if m.get(name).is_some_and(|(o, _)| o == owner) {
+            m.remove(name);
+        }
+        Ok(())
+    }
+}

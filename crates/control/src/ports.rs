@@ -347,3 +347,21 @@ pub trait CheckpointStore {
     /// Local I/O or store failures.
     async fn download(&self, r: &CheckpointRef, dest: &std::path::Path) -> Result<(), StoreError>;
 }
+
+/// A named lease, so that two control-plane invocations at once do not both act (two scalers
+/// would both launch for the same backlog).
+#[allow(async_fn_in_trait)]
+pub trait Lease {
+    /// Take `name` for `owner` until `now + ttl_s`: succeeds when it is free, expired, or already
+    /// held by `owner`. Returns whether `owner` holds it now.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn acquire(&self, name: &str, owner: &str, ttl_s: f64, now: f64) -> Result<bool, StoreError>;
+
+    /// Give `name` back if `owner` holds it (otherwise nothing happens).
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn release(&self, name: &str, owner: &str) -> Result<(), StoreError>;
+}

@@ -281,3 +281,42 @@ where
     report.acted = act(&report.plan, ctx, fleet, workers, avail).await;
     Ok(report)
 }
+
+/// Name of the lease the scaler and the reconciler share.
+pub const RECONCILE_LEASE: &str = "reconcile";
+
+/// [`reconcile`] under the [`RECONCILE_LEASE`] held for `lease_ttl_s`: when another invocation
+/// holds it, nothing is done and `Ok(None)` is returned (that invocation acts on the same backlog).
+///
+/// # Errors
+/// As [`reconcile`], and lease store failures.
+#[allow(clippy::too_many_arguments)]
+pub async fn reconcile_exclusive<Q, W, J, F, A, L>(
+    cfg: &PolicyConfig,
+    offerings: &[Offering],
+    opts: &ReconcileOptions,
+    now: f64,
+    owner: &str,
+    lease_ttl_s: f64,
+    queues: &Q,
+    workers: &W,
+    jobs: &J,
+    fleet: &F,
+    avail: &A,
+    lease: &L,
+) -> Result<Option<ReconcileReport>, StoreError>
+where
+    Q: Backlog + JobQueue,
+    W: WorkerRegistry,
+    J: JobStore,
+    F: Fleet + FleetLister,
+    A: OfferingAvailability,
+    L: crate::ports::Lease,
+{
+    if !lease.acquire(RECONCILE_LEASE, owner, lease_ttl_s, now).await? {
+        return Ok(None);
+    }
+    let result = reconcile(cfg, offerings, opts, now, queues, workers, jobs, fleet, avail).await;
+    lease.release(RECONCILE_LEASE, owner).await?;
+    result.map(Some)
+}

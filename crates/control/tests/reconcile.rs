@@ -224,3 +224,77 @@ fn idle_workers_past_the_keep_alive_are_released() {
     assert_eq!(r.acted.terminated, vec![id.clone()]);
     assert!(w.fleet.running().is_empty());
 }
+
+#[test]
+fn two_scalers_at_once_launch_once() {
+    use onoff_control::fake::FakeLease;
+    use onoff_control::reconcile::reconcile_exclusive;
+    let w = World::new();
+    w.submit(4);
+    let lease = FakeLease::default();
+    let opts = ReconcileOptions {
+        reap: false,
+        ..ReconcileOptions::default()
+    };
+    // Invocation A holds the lease while B arrives: B does nothing.
+    assert!(pollster::block_on(onoff_control::ports::Lease::acquire(
+        &lease,
+        "reconcile",
+        "A",
+        60.0,
+        NOW
+    ))
+    .unwrap());
+    let b = pollster::block_on(reconcile_exclusive(
+        &cfg(),
+        &offerings(),
+        &opts,
+        NOW + 1.0,
+        "B",
+        60.0,
+        &w.queue,
+        &w.workers,
+        &w.jobs,
+        &w.fleet,
+        &w.avail,
+        &lease,
+    ))
+    .unwrap();
+    assert!(b.is_none());
+    let a = pollster::block_on(reconcile_exclusive(
+        &cfg(),
+        &offerings(),
+        &opts,
+        NOW + 2.0,
+        "A",
+        60.0,
+        &w.queue,
+        &w.workers,
+        &w.jobs,
+        &w.fleet,
+        &w.avail,
+        &lease,
+    ))
+    .unwrap()
+    .unwrap();
+    assert_eq!(a.acted.launched.len(), 4);
+    // A released it; B's next invocation runs and finds the booting workers: no launch.
+    let b = pollster::block_on(reconcile_exclusive(
+        &cfg(),
+        &offerings(),
+        &opts,
+        NOW + 3.0,
+        "B",
+        60.0,
+        &w.queue,
+        &w.workers,
+        &w.jobs,
+        &w.fleet,
+        &w.avail,
+        &lease,
+    ))
+    .unwrap()
+    .unwrap();
+    assert!(b.acted.launched.is_empty());
+    assert_eq!(w.fleet.running().len(), 4);
+}
