@@ -2,6 +2,8 @@
 
 use aws_config::retry::RetryConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
+/// S3 errors' code and message accessor, for crates that read S3 through [`Clients`].
+pub use aws_sdk_s3::error::ProvideErrorMetadata as S3ErrorMetadata;
 
 /// Names of the AWS resources the control plane uses (the SAM template's outputs), read from
 /// environment variables.

@@ -1,0 +1,421 @@
+//! What every onoff Lambda function shares: typed settings loaded once at cold start, the SDK
+//! clients and adapters built once, the reconcile context handlers run against (real adapters in
+//! Lambda, fakes in tests), error kinds mapped to Lambda's diagnostics, and EMF metric lines.
+#![warn(missing_docs)]
+
+use onoff_aws::settings::{Resources, SettingsError};
+use onoff_control::catalog::{load_offerings, CatalogOptions};
+use onoff_control::ports::{
+    Backlog, EventLog, Fleet, FleetLister, JobQueue, JobStore, Lease, OfferingAvailability, WorkerRegistry,
+};
+use onoff_control::reconcile::{reconcile_exclusive, ReconcileOptions, ReconcileReport};
+use onoff_policy::{Action, Offering, PolicyConfig, WorkerState};
+
+pub mod emf;
+
+/// The EC2 GPU catalogue compiled in (`data/catalog`, see its README for sources).
+const SPECS_CSV: &str = include_str!("../../../data/catalog/gpu_instance_specs.csv");
+const PRICES_CSV: &str = include_str!("../../../data/catalog/prices-us-east-1.csv");
+const ADVISOR_CSV: &str = include_str!("../../../data/catalog/spot-advisor-gpu.csv");
+
+/// Everything a function reads from its environment, once per cold start.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Queues, tables, bucket, launch template, subnets.
+    pub resources: Resources,
+    /// The policy (`ONOFF_POLICY`: TOML text; default `PolicyConfig::default()`).
+    pub policy: PolicyConfig,
+    /// Offerings of the region (`AWS_REGION`, default us-east-1) from the compiled-in catalogue.
+    pub offerings: Vec<Offering>,
+    /// `ONOFF_DEPLOYMENT` (default `onoff`): the value of the `onoff:managed` tag.
+    pub deployment: String,
+    /// Reconcile settings.
+    pub reconcile: ReconcileOptions,
+    /// How long one invocation holds the reconcile lease, seconds (60).
+    pub lease_ttl_s: f64,
+}
+
+/// A setting that is missing or wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A resource variable.
+    #[error(transparent)]
+    Resource(#[from] SettingsError),
+    /// `ONOFF_POLICY` does not parse or validate.
+    #[error("ONOFF_POLICY: {0}")]
+    Policy(String),
+    /// The catalogue has nothing for the region.
+    #[error("catalogue: {0}")]
+    Catalog(String),
+}
+
+impl Settings {
+    /// Read from a lookup (the process environment in Lambda, a map in tests).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the variable.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let resources = Resources::from_lookup(&get)?;
+        let policy = match get("ONOFF_POLICY").filter(|p| !p.trim().is_empty()) {
+            Some(text) => PolicyConfig::from_toml_str(&text).map_err(|e| ConfigError::Policy(e.to_string()))?,
+            None => PolicyConfig::default(),
+        };
+        for lane in &policy.lanes {
+            if resources.queue_url(&lane.name).is_none() {
+                return Err(ConfigError::Policy(format!(
+                    "lane {:?} has no queue in ONOFF_QUEUE_URLS (lanes with queues: {})",
+                    lane.name,
+                    resources
+                        .queue_urls
+                        .iter()
+                        .map(|(l, _)| l.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        let region = get("AWS_REGION").unwrap_or_else(|| "us-east-1".into());
+        let offerings = load_offerings(
+            SPECS_CSV,
+            PRICES_CSV,
+            Some(ADVISOR_CSV),
+            &CatalogOptions::for_region(&region),
+        )
+        .map_err(|e| ConfigError::Catalog(e.to_string()))?;
+        Ok(Self {
+            resources,
+            policy,
+            offerings,
+            deployment: get("ONOFF_DEPLOYMENT").unwrap_or_else(|| "onoff".into()),
+            reconcile: ReconcileOptions::default(),
+            lease_ttl_s: 60.0,
+        })
+    }
+
+    /// Read from the process environment.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the variable.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+}
+
+/// Errors a handler returns, as Lambda diagnostics: `Retryable` (Lambda or the event source
+/// retries) or `NonRetryable` (a bad input; retrying cannot help).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerError {
+    /// A dependency failed; retrying may help.
+    #[error("{0}")]
+    Retryable(String),
+    /// The input is bad.
+    #[error("{0}")]
+    NonRetryable(String),
+}
+
+impl From<HandlerError> for lambda_runtime::Diagnostic {
+    fn from(e: HandlerError) -> Self {
+        let (kind, msg) = match e {
+            HandlerError::Retryable(m) => ("Retryable", m),
+            HandlerError::NonRetryable(m) => ("NonRetryable", m),
+        };
+        lambda_runtime::Diagnostic {
+            error_type: kind.into(),
+            error_message: msg,
+        }
+    }
+}
+
+/// The ports a handler runs against, and the settings.
+#[derive(Debug)]
+pub struct Ctx<Q, W, J, F, A, E, L> {
+    /// Settings.
+    pub settings: Settings,
+    /// Lane queues.
+    pub queues: Q,
+    /// Workers table.
+    pub workers: W,
+    /// Jobs table.
+    pub jobs: J,
+    /// The fleet.
+    pub fleet: F,
+    /// Unavailable offerings.
+    pub avail: A,
+    /// Handled events.
+    pub events: E,
+    /// The reconcile lease.
+    pub lease: L,
+}
+
+/// The context on AWS.
+pub type AwsCtx = Ctx<
+    onoff_aws::queue::SqsQueues,
+    onoff_aws::state::DynamoWorkers,
+    onoff_aws::jobs::DynamoJobs,
+    onoff_aws::fleet::Ec2Fleet,
+    onoff_aws::state::DynamoControl,
+    onoff_aws::state::DynamoControl,
+    onoff_aws::state::DynamoControl,
+>;
+
+/// Build the AWS clients and adapters once (default credentials chain, region, and
+/// `AWS_ENDPOINT_URL` when set).
+pub async fn aws_ctx(settings: Settings) -> (AwsCtx, onoff_aws::settings::Clients) {
+    let c = onoff_aws::settings::Clients::from_env().await;
+    let r = &settings.resources;
+    let control = onoff_aws::state::DynamoControl::new(c.dynamodb.clone(), &r.control_table);
+    let ctx = Ctx {
+        queues: onoff_aws::queue::SqsQueues::new(c.sqs.clone(), r.queue_urls.clone()),
+        workers: onoff_aws::state::DynamoWorkers::new(c.dynamodb.clone(), &r.workers_table),
+        jobs: onoff_aws::jobs::DynamoJobs::new(c.dynamodb.clone(), &r.jobs_table),
+        fleet: onoff_aws::fleet::Ec2Fleet::new(c.ec2.clone(), &r.launch_template)
+            .with_subnets(r.subnets.clone())
+            .with_deployment(&settings.deployment),
+        avail: control.clone(),
+        events: control.clone(),
+        lease: control,
+        settings,
+    };
+    (ctx, c)
+}
+
+/// Unix seconds now.
+pub fn now() -> f64 {
+    onoff_aws::state::unix_now()
+}
+
+impl<Q, W, J, F, A, E, L> Ctx<Q, W, J, F, A, E, L>
+where
+    Q: Backlog + JobQueue,
+    W: WorkerRegistry,
+    J: JobStore,
+    F: Fleet + FleetLister,
+    A: OfferingAvailability,
+    E: EventLog,
+    L: Lease,
+{
+    /// Reconcile under the lease (`reap`: the scheduled reconciler's reaper), log each action with
+    /// its reason, print EMF metrics, and return a summary. `owner`: this invocation (request id).
+    ///
+    /// # Errors
+    /// [`HandlerError::Retryable`] when the state cannot be read.
+    pub async fn reconcile(&self, now: f64, reap: bool, owner: &str) -> Result<serde_json::Value, HandlerError> {
+        let s = &self.settings;
+        let opts = ReconcileOptions { reap, ..s.reconcile };
+        let report = reconcile_exclusive(
+            &s.policy,
+            &s.offerings,
+            &opts,
+            now,
+            owner,
+            s.lease_ttl_s,
+            &self.queues,
+            &self.workers,
+            &self.jobs,
+            &self.fleet,
+            &self.avail,
+            &self.lease,
+        )
+        .await
+        .map_err(|e| HandlerError::Retryable(e.to_string()))?;
+        let Some(report) = report else {
+            tracing::info!("another invocation holds the reconcile lease; nothing to do");
+            return Ok(serde_json::json!({ "skipped": "lease held by another invocation" }));
+        };
+        for a in &report.plan.actions {
+            tracing::info!(action = ?action_name(a), reason = %a.reason(), "decision");
+        }
+        for e in report.errors.iter().chain(&report.acted.errors) {
+            tracing::warn!(error = %e, "reconcile");
+        }
+        self.print_metrics(&report, now).await;
+        Ok(summary(&report))
+    }
+
+    async fn print_metrics(&self, report: &ReconcileReport, now: f64) {
+        let Ok(workers) = self.workers.list_live().await else {
+            return;
+        };
+        let count = |st: WorkerState| workers.iter().filter(|w| w.state == st).count() as f64;
+        let spend: f64 = workers.iter().map(|w| w.price_usd_per_h).sum();
+        println!(
+            "{}",
+            emf::line(
+                "onoff",
+                now,
+                &[("Deployment", self.settings.deployment.as_str())],
+                &[
+                    ("WorkersPending", count(WorkerState::Pending), "Count"),
+                    ("WorkersRunning", count(WorkerState::Running), "Count"),
+                    ("WorkersIdle", count(WorkerState::Idle), "Count"),
+                    ("WorkersDraining", count(WorkerState::Draining), "Count"),
+                    ("SpendUsdPerHour", spend, "None"),
+                    ("Launches", report.acted.launched.len() as f64, "Count"),
+                    ("JobsRequeued", report.jobs_requeued.len() as f64, "Count"),
+                ],
+            )
+        );
+    }
+}
+
+fn action_name(a: &Action) -> &'static str {
+    match a {
+        Action::Launch { .. } => "launch",
+        Action::Terminate { .. } => "terminate",
+        Action::CancelLaunch { .. } => "cancel_launch",
+    }
+}
+
+/// Summary of a reconcile as the function's response.
+pub fn summary(r: &ReconcileReport) -> serde_json::Value {
+    serde_json::json!({
+        "launched": r.acted.launched.iter().map(|l| &l.launched.instance_id).collect::<Vec<_>>(),
+        "terminated": r.acted.terminated,
+        "cancelled": r.acted.cancelled,
+        "orphans_terminated": r.orphans_terminated,
+        "workers_lost": r.workers_lost,
+        "workers_gone": r.workers_gone,
+        "jobs_requeued": r.jobs_requeued,
+        "held": r.plan.held.iter().map(|h| format!("{} x {}", h.count, h.reason)).collect::<Vec<_>>(),
+        "errors": r.errors.iter().chain(&r.acted.errors).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    const BASE: &[(&str, &str)] = &[
+        ("ONOFF_QUEUE_URLS", "express=http://q/e,standard=http://q/s"),
+        ("ONOFF_JOBS_TABLE", "jobs"),
+        ("ONOFF_WORKERS_TABLE", "workers"),
+        ("ONOFF_CONTROL_TABLE", "control"),
+        ("ONOFF_BUCKET", "bucket"),
+        ("ONOFF_LAUNCH_TEMPLATE", "onoff-worker"),
+    ];
+
+    #[test]
+    fn settings_load_with_the_compiled_in_catalogue() {
+        let s = Settings::from_lookup(env(BASE)).unwrap();
+        assert!(s.offerings.iter().any(|o| o.key.instance_type == "g5.xlarge"));
+        assert_eq!(s.deployment, "onoff");
+        let mut with = BASE.to_vec();
+        with.push(("ONOFF_POLICY", "[[lanes]]\nname = \"gold\"\n"));
+        let err = Settings::from_lookup(env(&with)).unwrap_err().to_string();
+        assert!(err.contains("gold") && err.contains("ONOFF_QUEUE_URLS"), "{err}");
+        let mut bad = BASE.to_vec();
+        bad.push(("ONOFF_POLICY", "[scale_down]\ngap_quantile = 3\n"));
+        assert!(Settings::from_lookup(env(&bad))
+            .unwrap_err()
+            .to_string()
+            .contains("gap_quantile"));
+    }
+
+    #[test]
+    fn errors_map_to_retryable_and_non_retryable_diagnostics() {
+        let d: lambda_runtime::Diagnostic = HandlerError::Retryable("throttled".into()).into();
+        assert_eq!(
+            (d.error_type.as_str(), d.error_message.as_str()),
+            ("Retryable", "throttled")
+        );
+        let d: lambda_runtime::Diagnostic = HandlerError::NonRetryable("bad".into()).into();
+        assert_eq!(d.error_type, "NonRetryable");
+    }
+}
+
+/// Reading job specs from object storage.
+#[allow(async_fn_in_trait)]
+pub trait ObjectReader {
+    /// The object's body as UTF-8 text.
+    ///
+    /// # Errors
+    /// Not found, not UTF-8, or a store failure, as text.
+    async fn read_text(&self, bucket: &str, key: &str) -> Result<String, String>;
+}
+
+impl ObjectReader for onoff_aws::settings::Clients {
+    async fn read_text(&self, bucket: &str, key: &str) -> Result<String, String> {
+        let obj = self.s3.get_object().bucket(bucket).key(key).send().await.map_err(|e| {
+            use onoff_aws::settings::S3ErrorMetadata;
+            format!(
+                "s3://{bucket}/{key}: {}: {}",
+                e.code().unwrap_or("Unknown"),
+                e.message().unwrap_or_default()
+            )
+        })?;
+        let bytes = obj
+            .body
+            .collect()
+            .await
+            .map_err(|e| format!("s3://{bucket}/{key}: {e}"))?
+            .into_bytes();
+        String::from_utf8(bytes.to_vec()).map_err(|_| format!("s3://{bucket}/{key} is not UTF-8 text"))
+    }
+}
+
+/// Fakes for handler tests: a context over the in-memory ports, and objects in memory.
+pub mod testing {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use onoff_control::fake::{
+        FakeAvailability, FakeEventLog, FakeFleet, FakeJobs, FakeLease, FakeQueue, FakeRegistry,
+    };
+
+    use super::{Ctx, ObjectReader, Settings};
+
+    /// The context over fakes.
+    pub type FakeCtx = Ctx<FakeQueue, FakeRegistry, FakeJobs, FakeFleet, FakeAvailability, FakeEventLog, FakeLease>;
+
+    /// A fake context with lanes `express` and `standard` and the compiled-in catalogue.
+    pub fn fake_ctx() -> FakeCtx {
+        let vars = [
+            ("ONOFF_QUEUE_URLS", "express=q-express,standard=q-standard"),
+            ("ONOFF_JOBS_TABLE", "jobs"),
+            ("ONOFF_WORKERS_TABLE", "workers"),
+            ("ONOFF_CONTROL_TABLE", "control"),
+            ("ONOFF_BUCKET", "bucket"),
+            ("ONOFF_LAUNCH_TEMPLATE", "onoff-worker"),
+        ];
+        let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        Ctx {
+            settings: Settings::from_lookup(get).expect("test settings are valid"),
+            queues: FakeQueue::default(),
+            workers: FakeRegistry::default(),
+            jobs: FakeJobs::default(),
+            fleet: FakeFleet::new(),
+            avail: FakeAvailability::default(),
+            events: FakeEventLog::default(),
+            lease: FakeLease::default(),
+        }
+    }
+
+    /// Objects in memory: (bucket, key) -> text.
+    #[derive(Debug, Default)]
+    pub struct FakeObjects(pub Mutex<BTreeMap<(String, String), String>>);
+
+    impl FakeObjects {
+        /// Put an object.
+        pub fn put(&self, bucket: &str, key: &str, text: &str) {
+            self.0
+                .lock()
+                .expect("lock")
+                .insert((bucket.into(), key.into()), text.into());
+        }
+    }
+
+    impl ObjectReader for FakeObjects {
+        async fn read_text(&self, bucket: &str, key: &str) -> Result<String, String> {
+            self.0
+                .lock()
+                .expect("lock")
+                .get(&(bucket.to_string(), key.to_string()))
+                .cloned()
+                .ok_or_else(|| format!("s3://{bucket}/{key}: NoSuchKey"))
+        }
+    }
+}

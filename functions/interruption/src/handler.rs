@@ -1,0 +1,173 @@
+//! Interruption: EC2 events from EventBridge (spot interruption warning, rebalance
+//! recommendation, state change). Idempotent by event id; unknown kinds are a logged no-op;
+//! malformed events are logged and dropped. After a worker is drained the policy runs at once, so
+//! replacement capacity is launched elsewhere when the backlog needs it.
+
+use lambda_runtime::LambdaEvent;
+use onoff_control::interruption::{handle_event, HandleError, Handled};
+use onoff_control::ports::{
+    Backlog, EventLog, Fleet, FleetLister, JobQueue, JobStore, Lease, OfferingAvailability, WorkerRegistry,
+};
+use onoff_fn_common::{Ctx, HandlerError};
+
+/// Handle one EventBridge event.
+///
+/// # Errors
+/// `Retryable` when a store failed (EventBridge retries).
+pub async fn handle<Q, W, J, F, A, E, L, C>(
+    ctx: &Ctx<Q, W, J, F, A, E, L>,
+    _clients: &C,
+    event: LambdaEvent<serde_json::Value>,
+) -> Result<serde_json::Value, HandlerError>
+where
+    Q: Backlog + JobQueue,
+    W: WorkerRegistry,
+    J: JobStore,
+    F: Fleet + FleetLister,
+    A: OfferingAvailability,
+    E: EventLog,
+    L: Lease,
+{
+    let now = onoff_fn_common::now();
+    let owner = &event.context.request_id;
+    match handle_event(
+        &event.payload,
+        &ctx.settings.policy,
+        &ctx.workers,
+        &ctx.avail,
+        &ctx.events,
+        now,
+    )
+    .await
+    {
+        Ok(Handled::Drained { worker }) => {
+            tracing::info!(%worker, "drained after an interruption notice");
+            let r = ctx.reconcile(now, false, owner).await?;
+            Ok(serde_json::json!({ "drained": worker, "reconcile": r }))
+        }
+        Ok(Handled::Terminated { worker }) => Ok(serde_json::json!({ "terminated": worker })),
+        Ok(Handled::Duplicate) => Ok(serde_json::json!({ "duplicate": true })),
+        Ok(Handled::NoOp(why)) => {
+            tracing::info!(%why, "no-op");
+            Ok(serde_json::json!({ "noop": why }))
+        }
+        Ok(Handled::Reconcile) => ctx.reconcile(now, false, owner).await,
+        Err(HandleError::Malformed(e)) => {
+            tracing::warn!(error = %e, "dropping a malformed event");
+            Ok(serde_json::json!({ "dropped": e.to_string() }))
+        }
+        Err(HandleError::Store(e)) => Err(HandlerError::Retryable(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use onoff_control::ports::WorkerRecord;
+    use onoff_control::submit::{submit, Source};
+    use onoff_fn_common::testing::fake_ctx;
+    use onoff_policy::{CapacityType, OfferingKey, WorkerState};
+
+    fn sample(name: &str) -> serde_json::Value {
+        let text = std::fs::read_to_string(format!("{}/../../events/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_spot_warning_drains_and_launches_a_replacement_elsewhere() {
+        let ctx = fake_ctx();
+        let now = onoff_fn_common::now();
+        // The warned worker runs a job; one more job is queued.
+        let spot = OfferingKey {
+            instance_type: "g4dn.xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity_type: CapacityType::Spot,
+        };
+        ctx.workers
+            .register_launch(WorkerRecord {
+                id: "i-0b662ef9931388ba0".into(),
+                lane: "standard".into(),
+                offering: spot.clone(),
+                price_usd_per_h: 0.18,
+                state: WorkerState::Running,
+                launched_at: now - 600.0,
+                project: None,
+                idle_since: None,
+                heartbeat_at: Some(now),
+            })
+            .await
+            .unwrap();
+        ctx.fleet.add_instance("i-0b662ef9931388ba0", spot.clone());
+        submit(
+            r#"{"image":"i","command":["x"],"project":"p"}"#,
+            &Source::Sqs { message_id: "m".into() },
+            &["express", "standard"],
+            now,
+            &ctx.jobs,
+            &ctx.queues,
+        )
+        .await
+        .unwrap();
+        let out = handle(
+            &ctx,
+            &(),
+            LambdaEvent::new(
+                sample("spot-interruption-warning.json"),
+                lambda_runtime::Context::default(),
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out["drained"], "i-0b662ef9931388ba0", "{out}");
+        assert_eq!(
+            ctx.workers.records()["i-0b662ef9931388ba0"].state,
+            WorkerState::Draining
+        );
+        assert!(ctx.avail.marked().contains_key(&spot));
+        let launched = out["reconcile"]["launched"].as_array().unwrap();
+        assert_eq!(launched.len(), 1, "{out}");
+        let new = &ctx.fleet.running()[launched[0].as_str().unwrap()];
+        assert_ne!(new, &spot, "the replacement avoids the interrupted offering");
+        // EventBridge delivers it again: handled once.
+        let again = handle(
+            &ctx,
+            &(),
+            LambdaEvent::new(
+                sample("spot-interruption-warning.json"),
+                lambda_runtime::Context::default(),
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(again["duplicate"], true);
+    }
+
+    #[tokio::test]
+    async fn every_ec2_sample_is_handled_and_malformed_events_are_dropped() {
+        let ctx = fake_ctx();
+        for name in ["rebalance-recommendation.json", "instance-state-change.json"] {
+            let out = handle(
+                &ctx,
+                &(),
+                LambdaEvent::new(sample(name), lambda_runtime::Context::default()),
+            )
+            .await
+            .unwrap();
+            assert!(
+                out["noop"].as_str().unwrap().contains("not an onoff worker"),
+                "{name}: {out}"
+            );
+        }
+        let out = handle(
+            &ctx,
+            &(),
+            LambdaEvent::new(
+                serde_json::json!({"source": "aws.ec2"}),
+                lambda_runtime::Context::default(),
+            ),
+        )
+        .await
+        .unwrap();
+        assert!(out["dropped"].is_string(), "{out}");
+    }
+}
