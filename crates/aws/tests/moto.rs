@@ -752,3 +752,246 @@ async fn the_reconcile_lease_admits_one_holder_until_it_expires_or_is_released()
     ctl.release("reconcile", "scaler-b").await.unwrap();
     assert!(ctl.acquire("reconcile", "scaler-c", 60.0, 1_082.0).await.unwrap());
 }
+
+/// A deployment on moto: tables, a lane queue with its DLQ, a launch template.
+struct Deployment {
+    lane: String,
+    queues: SqsQueues,
+    jobs: onoff_aws::jobs::DynamoJobs,
+    workers: DynamoWorkers,
+    control: DynamoControl,
+    fleet: Ec2Fleet,
+    cfg: PolicyConfig,
+    offerings: Vec<Offering>,
+}
+
+async fn deployment(c: &Clients, idle_timeout_s: f64) -> Deployment {
+    let (jobs_t, workers_t, control_t) = (unique("jobs"), unique("workers"), unique("control"));
+    table(c, &jobs_t, "job_id").await;
+    table(c, &workers_t, "instance_id").await;
+    table(c, &control_t, "pk").await;
+    let lane = unique("lane");
+    let url = c
+        .sqs
+        .create_queue()
+        .queue_name(unique("q"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
+    let mut cfg = PolicyConfig {
+        lanes: vec![onoff_policy::LaneConfig {
+            name: lane.clone(),
+            predictive_max: 0,
+            ..Default::default()
+        }],
+        ..PolicyConfig::default()
+    };
+    cfg.scale_down.mode = onoff_policy::KeepAliveMode::Fixed;
+    cfg.scale_down.fixed_idle_timeout_s = idle_timeout_s;
+    cfg.anti_thrash.scale_down_delay_after_scale_up_s = 0.0;
+    Deployment {
+        queues: SqsQueues::new(c.sqs.clone(), vec![(lane.clone(), url)]),
+        lane,
+        jobs: onoff_aws::jobs::DynamoJobs::new(c.dynamodb.clone(), &jobs_t),
+        workers: DynamoWorkers::new(c.dynamodb.clone(), &workers_t),
+        control: DynamoControl::new(c.dynamodb.clone(), &control_t),
+        fleet: Ec2Fleet::new(c.ec2.clone(), launch_template(c).await)
+            .with_subnets(subnets)
+            .with_deployment(unique("deploy")),
+        cfg,
+        offerings: vec![Offering {
+            key: key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+            gpus: 1,
+            gpu_model: "NVIDIA A10G".into(),
+            gpu_memory_gib: 24.0,
+            vcpus: 4,
+            price_usd_per_h: 0.39,
+            interruption: None,
+        }],
+    }
+}
+
+impl Deployment {
+    async fn reconcile(&self, now: f64, reap: bool) -> onoff_control::reconcile::ReconcileReport {
+        let opts = onoff_control::reconcile::ReconcileOptions {
+            reap,
+            ..Default::default()
+        };
+        onoff_control::reconcile::reconcile(
+            &self.cfg,
+            &self.offerings,
+            &opts,
+            now,
+            &self.queues,
+            &self.workers,
+            &self.jobs,
+            &self.fleet,
+            &self.control,
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn submit_one(&self, name: &str, now: f64) -> String {
+        use onoff_control::submit::{submit, Source, Submitted};
+        let spec = format!(
+            r#"{{"image":"img","command":["x"],"project":"p","lane":"{}"}}"#,
+            self.lane
+        );
+        let src = Source::Sqs {
+            message_id: unique(name),
+        };
+        match submit(&spec, &src, &[self.lane.as_str()], now, &self.jobs, &self.queues)
+            .await
+            .unwrap()
+        {
+            Submitted::New(id) | Submitted::Existing(id) => id,
+        }
+    }
+
+    async fn running_ids(&self) -> Vec<String> {
+        self.fleet
+            .describe_managed()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| i.instance_id)
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn backlog_drains_then_the_keep_alive_expires_and_the_reconciler_terminates() {
+    use onoff_control::ports::{Claim, JobStore};
+    let c = clients().await;
+    let d = deployment(&c, 600.0).await;
+    let t0 = onoff_aws::state::unix_now();
+    let job = d.submit_one("m", t0).await;
+    let r = d.reconcile(t0, false).await;
+    assert_eq!(r.acted.launched.len(), 1);
+    let worker = r.acted.launched[0].launched.instance_id.clone();
+    // The agent boots, claims the job, runs it, finishes: idle from t0+400 (heartbeats say so).
+    assert!(matches!(
+        d.jobs.claim(&job, &worker, t0 + 3600.0, t0 + 300.0).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    d.jobs
+        .transition(&job, JobState::Running, JobState::Succeeded)
+        .await
+        .unwrap();
+    for m in d.queues.receive(&d.lane, 10, 0, 60).await.unwrap() {
+        d.queues.delete(&d.lane, &m.receipt).await.unwrap();
+    }
+    d.workers
+        .heartbeat(&worker, WorkerState::Idle, Some(t0 + 400.0), t0 + 900.0)
+        .await
+        .unwrap();
+    let r = d.reconcile(t0 + 900.0, true).await;
+    assert!(r.acted.terminated.is_empty(), "idle 500 s < 600 s: {:?}", r.plan);
+    d.workers
+        .heartbeat(&worker, WorkerState::Idle, Some(t0 + 400.0), t0 + 1_010.0)
+        .await
+        .unwrap();
+    let r = d.reconcile(t0 + 1_020.0, true).await;
+    assert_eq!(r.acted.terminated, vec![worker.clone()], "{:?}", r.plan);
+    assert!(!d.running_ids().await.contains(&worker));
+    assert_eq!(
+        d.workers.get(&worker).await.unwrap().unwrap().state,
+        WorkerState::Terminating
+    );
+}
+
+#[tokio::test]
+async fn a_stale_heartbeat_requeues_the_job_and_terminates_the_instance() {
+    use onoff_control::ports::{Claim, JobStore};
+    let c = clients().await;
+    let d = deployment(&c, 600.0).await;
+    let t0 = onoff_aws::state::unix_now();
+    let job = d.submit_one("m", t0).await;
+    let worker = d.reconcile(t0, false).await.acted.launched[0]
+        .launched
+        .instance_id
+        .clone();
+    for m in d.queues.receive(&d.lane, 10, 0, 60).await.unwrap() {
+        d.queues.delete(&d.lane, &m.receipt).await.unwrap();
+    }
+    assert!(matches!(
+        d.jobs.claim(&job, &worker, t0 + 7200.0, t0 + 300.0).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    d.workers
+        .heartbeat(&worker, WorkerState::Running, None, t0 + 320.0)
+        .await
+        .unwrap();
+    // Ten minutes of silence.
+    let r = d.reconcile(t0 + 920.0, true).await;
+    assert_eq!(r.workers_lost, vec![worker.clone()]);
+    assert_eq!(r.jobs_requeued, vec![job.clone()]);
+    assert!(!d.running_ids().await.contains(&worker));
+    let rec = d.jobs.get(&job).await.unwrap().unwrap();
+    assert_eq!((rec.state, rec.lease_owner), (JobState::Queued, None));
+    let msgs = d.queues.receive(&d.lane, 10, 0, 60).await.unwrap();
+    assert_eq!(msgs.len(), 1);
+    assert!(msgs[0].body.contains(&job));
+    // The re-queued job gets a new worker in the same pass.
+    assert_eq!(r.acted.launched.len(), 1, "{:?}", r.plan);
+}
+
+#[tokio::test]
+async fn a_malformed_submission_message_ends_in_the_dead_letter_queue() {
+    let c = clients().await;
+    let dlq = c
+        .sqs
+        .create_queue()
+        .queue_name(unique("submit-dlq"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let dlq_arn = c
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&dlq)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes()
+        .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
+        .clone();
+    let q = c
+        .sqs
+        .create_queue()
+        .queue_name(unique("submit"))
+        .attributes(
+            aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy,
+            format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":"2"}}"#),
+        )
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let queues = SqsQueues::new(c.sqs.clone(), vec![("submit".into(), q), ("dlq".into(), dlq)]);
+    queues
+        .send("submit", r#"{"image":"i","command":"rm -rf /","project":"p"}"#, 0)
+        .await
+        .unwrap();
+    // The submit function fails the record each time (batchItemFailures): it becomes visible
+    // again, and after maxReceiveCount receives SQS moves it to the DLQ.
+    for _ in 0..3 {
+        for m in queues.receive("submit", 10, 0, 0).await.unwrap() {
+            assert!(m.receive_count <= 2);
+        }
+    }
+    let dead = queues.receive("dlq", 10, 0, 30).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(dead[0].body.contains("rm -rf"));
+}

@@ -7,7 +7,7 @@ use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
-    let settings = onoff_fn_common::Settings::from_env()?;
+    let settings = onoff_fn_common::Settings::from_env().map_err(|e| e.to_string())?;
     let (ctx, clients) = onoff_fn_common::aws_ctx(settings).await;
     let (ctx, clients) = (&ctx, &clients);
     run(service_fn(move |event: LambdaEvent<serde_json::Value>| async move {
