@@ -995,3 +995,58 @@ async fn a_malformed_submission_message_ends_in_the_dead_letter_queue() {
     assert_eq!(dead.len(), 1);
     assert!(dead[0].body.contains("rm -rf"));
 }
+
+#[tokio::test]
+async fn after_a_spot_warning_the_replacement_launches_in_another_offering() {
+    use onoff_control::interruption::{handle_event, Handled};
+    use onoff_control::ports::{Claim, JobStore};
+    let c = clients().await;
+    let mut d = deployment(&c, 600.0).await;
+    // Two zones of the same type: the interrupted one is skipped for the TTL.
+    d.offerings.push(Offering {
+        key: key("g5.xlarge", "us-east-1b", CapacityType::Spot),
+        ..d.offerings[0].clone()
+    });
+    let t0 = onoff_aws::state::unix_now();
+    let job = d.submit_one("m", t0).await;
+    let first = d.reconcile(t0, false).await.acted.launched[0].clone();
+    let worker = first.launched.instance_id.clone();
+    for m in d.queues.receive(&d.lane, 10, 0, 60).await.unwrap() {
+        d.queues.delete(&d.lane, &m.receipt).await.unwrap();
+    }
+    assert!(matches!(
+        d.jobs.claim(&job, &worker, t0 + 7200.0, t0 + 300.0).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    d.workers
+        .heartbeat(&worker, WorkerState::Running, None, t0 + 400.0)
+        .await
+        .unwrap();
+    // The notice for this worker.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../events/spot-interruption-warning.json"
+    ))
+    .unwrap();
+    let mut event: serde_json::Value = serde_json::from_str(&text).unwrap();
+    event["detail"]["instance-id"] = worker.clone().into();
+    event["id"] = unique("event").into();
+    let handled = handle_event(&event, &d.cfg, &d.workers, &d.control, &d.control, t0 + 500.0)
+        .await
+        .unwrap();
+    assert_eq!(handled, Handled::Drained { worker: worker.clone() });
+    // The agent checkpoints and releases the job (RUNNING -> QUEUED, attempt not failed) and
+    // re-sends its message; the scaler then launches a replacement, not in the warned offering.
+    d.jobs
+        .transition(&job, JobState::Running, JobState::Queued)
+        .await
+        .unwrap();
+    d.queues
+        .send(&d.lane, &serde_json::json!({ "job_id": job }).to_string(), 0)
+        .await
+        .unwrap();
+    let r = d.reconcile(t0 + 510.0, false).await;
+    assert_eq!(r.acted.launched.len(), 1, "{:?}", r.plan);
+    assert_ne!(r.acted.launched[0].launched.offering, first.launched.offering);
+    assert_eq!(r.acted.launched[0].launched.offering.zone, "us-east-1b");
+}
