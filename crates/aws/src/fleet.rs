@@ -6,7 +6,7 @@ use aws_sdk_ec2::types::{
     FleetLaunchTemplateSpecificationRequest, FleetType, InstanceType, ResourceType, SpotAllocationStrategy,
     SpotOptionsRequest, Tag, TagSpecification, TargetCapacitySpecificationRequest,
 };
-use onoff_control::ports::{Fleet, FleetError, FleetErrorKind, LaunchRequest, Launched};
+use onoff_control::ports::{Fleet, FleetError, FleetErrorKind, LaunchRequest, LaunchResult, Launched};
 use onoff_policy::{CapacityType, OfferingKey};
 
 use crate::errors::{classify_ec2_code, fleet_error};
@@ -197,9 +197,14 @@ fn tag(key: &str, value: &str) -> Tag {
 }
 
 impl Fleet for Ec2Fleet {
-    async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Launched>, FleetError> {
-        let key = &req.offering;
-        let capacity = match key.capacity_type {
+    async fn launch(&self, req: &LaunchRequest) -> Result<LaunchResult, FleetError> {
+        let Some(first) = req.offerings.first() else {
+            return Err(FleetError {
+                kind: FleetErrorKind::Other,
+                message: "launch request with no offering".into(),
+            });
+        };
+        let capacity = match first.capacity_type {
             CapacityType::Spot => DefaultTargetCapacityType::Spot,
             CapacityType::OnDemand => DefaultTargetCapacityType::OnDemand,
         };
@@ -207,23 +212,20 @@ impl Fleet for Ec2Fleet {
             .total_target_capacity(req.count as i32)
             .default_target_capacity_type(capacity)
             .build();
-        let config = FleetLaunchTemplateConfigRequest::builder()
-            .launch_template_specification(
-                FleetLaunchTemplateSpecificationRequest::builder()
-                    .launch_template_name(&self.launch_template)
-                    .version("$Latest")
-                    .build(),
-            )
-            .overrides({
-                let o = FleetLaunchTemplateOverridesRequest::builder()
-                    .instance_type(InstanceType::from(key.instance_type.as_str()));
-                match self.subnets.iter().find(|(z, _)| *z == key.zone) {
-                    Some((_, subnet)) => o.subnet_id(subnet),
-                    None => o.availability_zone(&key.zone),
-                }
-                .build()
-            })
-            .build();
+        let mut config = FleetLaunchTemplateConfigRequest::builder().launch_template_specification(
+            FleetLaunchTemplateSpecificationRequest::builder()
+                .launch_template_name(&self.launch_template)
+                .version("$Latest")
+                .build(),
+        );
+        for key in &req.offerings {
+            let o = FleetLaunchTemplateOverridesRequest::builder()
+                .instance_type(InstanceType::from(key.instance_type.as_str()));
+            config = config.overrides(match self.subnets.iter().find(|(z, _)| *z == key.zone) {
+                Some((_, subnet)) => o.subnet_id(subnet).build(),
+                None => o.availability_zone(&key.zone).build(),
+            });
+        }
         let mut tags = TagSpecification::builder()
             .resource_type(ResourceType::Instance)
             .tags(tag(TAG_MANAGED, &self.deployment))
@@ -231,41 +233,75 @@ impl Fleet for Ec2Fleet {
         if let Some(p) = &req.project {
             tags = tags.tags(tag(TAG_PROJECT, p));
         }
+        // Spread over the overrides (the policy chose them, all within its cost tolerance).
+        let strategy = if req.offerings.len() > 1 {
+            SpotAllocationStrategy::Diversified
+        } else {
+            SpotAllocationStrategy::PriceCapacityOptimized
+        };
         let resp = self
             .client
             .create_fleet()
             .r#type(FleetType::Instant)
-            .launch_template_configs(config)
+            .launch_template_configs(config.build())
             .target_capacity_specification(target)
-            .spot_options(
-                SpotOptionsRequest::builder()
-                    .allocation_strategy(SpotAllocationStrategy::PriceCapacityOptimized)
-                    .build(),
-            )
+            .spot_options(SpotOptionsRequest::builder().allocation_strategy(strategy).build())
             .tag_specifications(tags.build())
             .send()
             .await
             .map_err(|e| fleet_error(&e))?;
-        let launched: Vec<Launched> = resp
-            .instances()
-            .iter()
-            .flat_map(|i| i.instance_ids())
-            .map(|id| Launched {
-                instance_id: id.clone(),
-                offering: key.clone(),
-            })
-            .collect();
-        if launched.is_empty() {
-            // An instant fleet reports capacity failures in `errors`, not as an API error.
-            let first = resp.errors().first();
-            let code = first.and_then(|e| e.error_code()).unwrap_or("UnfulfillableCapacity");
-            let msg = first.and_then(|e| e.error_message()).unwrap_or("no instance launched");
-            return Err(FleetError {
-                kind: classify_ec2_code(code),
-                message: format!("{code}: {msg} ({key})"),
+        // Which offering an override names: by type and zone, or by type and subnet.
+        let offering_of_override = |o: Option<&aws_sdk_ec2::types::FleetLaunchTemplateOverrides>| -> OfferingKey {
+            let ty = o.and_then(|o| o.instance_type()).map(|t| t.as_str().to_string());
+            let zone = o.and_then(|o| o.availability_zone()).map(str::to_string).or_else(|| {
+                let subnet = o.and_then(|o| o.subnet_id())?;
+                self.subnets.iter().find(|(_, s)| s == subnet).map(|(z, _)| z.clone())
             });
+            req.offerings
+                .iter()
+                .find(|k| {
+                    ty.as_deref().is_none_or(|t| t == k.instance_type) && zone.as_deref().is_none_or(|z| z == k.zone)
+                })
+                .unwrap_or(first)
+                .clone()
+        };
+        let mut out = LaunchResult::default();
+        for i in resp.instances() {
+            let offering = offering_of_override(i.launch_template_and_overrides().and_then(|l| l.overrides()));
+            for id in i.instance_ids() {
+                out.launched.push(Launched {
+                    instance_id: id.clone(),
+                    offering: offering.clone(),
+                });
+            }
         }
-        Ok(launched)
+        let mut other: Option<FleetError> = None;
+        for e in resp.errors() {
+            let code = e.error_code().unwrap_or("UnfulfillableCapacity");
+            let err = FleetError {
+                kind: classify_ec2_code(code),
+                message: format!("{code}: {}", e.error_message().unwrap_or_default()),
+            };
+            if err.kind == FleetErrorKind::InsufficientCapacity {
+                let k = offering_of_override(e.launch_template_and_overrides().and_then(|l| l.overrides()));
+                out.short.push((k, err));
+            } else {
+                other.get_or_insert(err);
+            }
+        }
+        if out.launched.is_empty() {
+            // An instant fleet reports failures in `errors`, not as an API error.
+            if let Some(e) = other {
+                return Err(e);
+            }
+            if out.short.is_empty() {
+                return Err(FleetError {
+                    kind: FleetErrorKind::InsufficientCapacity,
+                    message: "UnfulfillableCapacity: no instance launched".into(),
+                });
+            }
+        }
+        Ok(out)
     }
 
     async fn terminate(&self, instance_ids: &[String]) -> Result<(), FleetError> {

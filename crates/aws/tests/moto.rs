@@ -166,12 +166,12 @@ async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
     let lane = unique("lane");
     let req = LaunchRequest {
         lane: lane.clone(),
-        offering: key("g5.xlarge", "us-east-1b", CapacityType::Spot),
+        offerings: vec![key("g5.xlarge", "us-east-1b", CapacityType::Spot)],
         count: 2,
         project: Some("vision".into()),
         job: None,
     };
-    let launched = fleet.launch(&req).await.unwrap();
+    let launched = fleet.launch(&req).await.unwrap().launched;
     assert_eq!(launched.len(), 2);
     let mine: Vec<_> = fleet
         .describe_managed()
@@ -701,7 +701,7 @@ async fn submit_then_scaler_launches_tagged_instances_and_the_reaper_terminates_
     let orphan = fleet
         .launch(&LaunchRequest {
             lane: unique("other"),
-            offering: key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+            offerings: vec![key("g5.xlarge", "us-east-1a", CapacityType::Spot)],
             count: 1,
             project: None,
             job: None,
@@ -715,7 +715,7 @@ async fn submit_then_scaler_launches_tagged_instances_and_the_reaper_terminates_
     let r = reconcile(&cfg, &offerings, &reap, now + 10.0, &queues, &reg, &jobs, &fleet, &ctl)
         .await
         .unwrap();
-    assert!(r.orphans_terminated.contains(&orphan[0].instance_id), "{r:?}");
+    assert!(r.orphans_terminated.contains(&orphan.launched[0].instance_id), "{r:?}");
     let still: Vec<String> = fleet
         .describe_managed()
         .await
@@ -723,7 +723,7 @@ async fn submit_then_scaler_launches_tagged_instances_and_the_reaper_terminates_
         .into_iter()
         .map(|i| i.instance_id)
         .collect();
-    assert!(!still.contains(&orphan[0].instance_id));
+    assert!(!still.contains(&orphan.launched[0].instance_id));
     assert!(
         mine.iter().all(|m| still.contains(&m.instance_id)),
         "the workers onoff knows stay"
@@ -1049,4 +1049,40 @@ async fn after_a_spot_warning_the_replacement_launches_in_another_offering() {
     assert_eq!(r.acted.launched.len(), 1, "{:?}", r.plan);
     assert_ne!(r.acted.launched[0].launched.offering, first.launched.offering);
     assert_eq!(r.acted.launched[0].launched.offering.zone, "us-east-1b");
+}
+
+#[tokio::test]
+async fn one_create_fleet_call_spreads_over_its_overrides() {
+    let c = clients().await;
+    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
+    let fleet = Ec2Fleet::new(c.ec2.clone(), launch_template(&c).await)
+        .with_subnets(subnets)
+        .with_deployment(unique("deploy"));
+    let a = key("g5.xlarge", "us-east-1a", CapacityType::Spot);
+    let b = key("g5.xlarge", "us-east-1b", CapacityType::Spot);
+    let res = fleet
+        .launch(&LaunchRequest {
+            lane: unique("lane"),
+            offerings: vec![a.clone(), b.clone()],
+            count: 4,
+            project: None,
+            job: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(res.launched.len(), 4);
+    assert!(res.short.is_empty());
+    // Each instance is attributed to the override it came from, as EC2 placed it.
+    let placed: std::collections::BTreeMap<String, String> = fleet
+        .describe_managed()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| (i.instance_id, i.zone))
+        .collect();
+    for l in &res.launched {
+        assert_eq!(placed[&l.instance_id], l.offering.zone, "{l:?}");
+    }
+    let zones: std::collections::BTreeSet<_> = res.launched.iter().map(|l| l.offering.zone.clone()).collect();
+    assert_eq!(zones.len(), 2, "diversified over both overrides: {res:?}");
 }

@@ -1,8 +1,10 @@
 //! Carry out a [`Plan`]: launch with fallback across offerings, terminate, cancel.
 //!
-//! A launch that fails with [`FleetErrorKind::InsufficientCapacity`] (or is only partly filled)
-//! marks its offering unavailable for `offers.unavailable_ttl_s` and moves the rest of the launch
-//! to the next best eligible offering (fallback types), up to [`MAX_FALLBACKS`] times.
+//! The launches of one decision that differ only in their offering (the policy's spread) go out
+//! as one fleet call with an override per offering. Offerings that fail with
+//! [`FleetErrorKind::InsufficientCapacity`] (or leave the launch short) are marked unavailable for
+//! `offers.unavailable_ttl_s`, and the rest of the launch moves to the next best eligible offerings
+//! (fallback types), up to [`MAX_FALLBACKS`] times.
 
 use onoff_policy::choice::{self, Request};
 use onoff_policy::{Action, Offering, OfferingKey, Plan, PolicyConfig, Reason, UnavailableOffering, WorkerState};
@@ -10,6 +12,17 @@ use onoff_policy::{Action, Offering, OfferingKey, Plan, PolicyConfig, Reason, Un
 use crate::ports::{
     Fleet, FleetError, FleetErrorKind, LaunchRequest, Launched, OfferingAvailability, WorkerRecord, WorkerRegistry,
 };
+
+/// Consecutive launch actions that differ only in their offering.
+struct LaunchGroup<'a> {
+    lane: usize,
+    offerings: Vec<(OfferingKey, f64)>,
+    count: u32,
+    request: &'a onoff_policy::LaunchShape,
+    project: &'a Option<String>,
+    job: &'a Option<String>,
+    reason: &'a Reason,
+}
 
 /// Offerings tried after the first one fails for lack of capacity.
 pub const MAX_FALLBACKS: usize = 4;
@@ -74,6 +87,9 @@ where
     let oc = &ctx.cfg.offers;
     let mut to_terminate = Vec::new();
     let mut to_cancel = Vec::new();
+    // Consecutive launches that differ only in their offering (the policy's spread) become one
+    // call with an override per offering.
+    let mut groups: Vec<LaunchGroup<'_>> = Vec::new();
     for action in &plan.actions {
         match action {
             Action::Launch {
@@ -86,98 +102,150 @@ where
                 job,
                 reason,
             } => {
-                let lane_name = ctx
-                    .cfg
-                    .lanes
-                    .get(*lane)
-                    .map_or("standard", |l| l.name.as_str())
-                    .to_string();
-                let req = Request {
-                    gpus: request.gpus,
-                    min_mem_gib: request.min_gpu_memory_gib,
-                    capacity: request.capacity,
-                    instances: 1,
-                    runtime_s: request.runtime_s,
-                };
-                let mut remaining = *count;
-                let mut key = offering.clone();
-                let mut price = *price_usd_per_h;
-                for attempt in 0..=MAX_FALLBACKS {
-                    let lr = LaunchRequest {
-                        lane: lane_name.clone(),
-                        offering: key.clone(),
-                        count: remaining,
-                        project: project.clone(),
-                        job: job.clone(),
-                    };
-                    let short = match fleet.launch(&lr).await {
-                        Ok(got) => {
-                            for l in got {
-                                remaining = remaining.saturating_sub(1);
-                                let rec = WorkerRecord {
-                                    id: l.instance_id.clone(),
-                                    lane: lane_name.clone(),
-                                    offering: l.offering.clone(),
-                                    price_usd_per_h: price,
-                                    state: WorkerState::Pending,
-                                    launched_at: ctx.now,
-                                    project: project.clone(),
-                                    idle_since: None,
-                                    heartbeat_at: None,
-                                };
-                                if let Err(e) = registry.register_launch(rec).await {
-                                    out.errors.push(format!("register {}: {e}", l.instance_id));
-                                }
-                                out.launched.push(LaunchedWorker {
-                                    launched: l,
-                                    lane: *lane,
-                                    project: project.clone(),
-                                    job: job.clone(),
-                                    price_usd_per_h: price,
-                                    reason: reason.clone(),
-                                });
-                            }
-                            remaining > 0
-                        }
-                        Err(FleetError {
-                            kind: FleetErrorKind::InsufficientCapacity,
-                            ..
-                        }) => true,
-                        Err(e) => {
-                            out.errors.push(format!("launch {key}: {e}"));
-                            break;
-                        }
-                    };
-                    if !short {
-                        break;
+                let same = groups.last_mut().filter(|g| {
+                    g.lane == *lane
+                        && g.request == request
+                        && g.project == project
+                        && g.job == job
+                        && g.reason == reason
+                        && g.offerings[0].0.capacity_type == offering.capacity_type
+                });
+                match same {
+                    Some(g) => {
+                        g.offerings.push((offering.clone(), *price_usd_per_h));
+                        g.count += count;
                     }
-                    // Capacity shortage: skip this offering for a while, fall back to the next one.
-                    let until = ctx.now + oc.unavailable_ttl_s;
-                    if let Err(e) = avail.mark_unavailable(&key, until).await {
-                        out.errors.push(format!("mark unavailable {key}: {e}"));
-                    }
-                    unavailable.push(UnavailableOffering {
-                        key: key.clone(),
-                        until,
-                    });
-                    out.capacity_errors.push(key.clone());
-                    if attempt == MAX_FALLBACKS {
-                        break;
-                    }
-                    match choice::rank(ctx.offerings, &req, oc, &unavailable, ctx.now).first() {
-                        Some((next, _)) => {
-                            key = next.key.clone();
-                            price = next.price_usd_per_h;
-                        }
-                        None => break,
-                    }
-                }
-                if remaining > 0 {
-                    out.unlaunched.push((*lane, remaining));
+                    None => groups.push(LaunchGroup {
+                        lane: *lane,
+                        offerings: vec![(offering.clone(), *price_usd_per_h)],
+                        count: *count,
+                        request,
+                        project,
+                        job,
+                        reason,
+                    }),
                 }
             }
             Action::Terminate { worker, .. } => to_terminate.push(worker.clone()),
             Action::CancelLaunch { worker, .. } => to_cancel.push(worker.clone()),
+        }
+    }
+    for g in groups {
+        let lane_name = ctx
+            .cfg
+            .lanes
+            .get(g.lane)
+            .map_or("standard", |l| l.name.as_str())
+            .to_string();
+        let req = Request {
+            gpus: g.request.gpus,
+            min_mem_gib: g.request.min_gpu_memory_gib,
+            capacity: g.request.capacity,
+            instances: 1,
+            runtime_s: g.request.runtime_s,
+        };
+        let mut remaining = g.count;
+        let mut offerings = g.offerings.clone();
+        for attempt in 0..=MAX_FALLBACKS {
+            let lr = LaunchRequest {
+                lane: lane_name.clone(),
+                offerings: offerings.iter().map(|(k, _)| k.clone()).collect(),
+                count: remaining,
+                project: g.project.clone(),
+                job: g.job.clone(),
+            };
+            let mut short: Vec<OfferingKey> = Vec::new();
+            match fleet.launch(&lr).await {
+                Ok(res) => {
+                    for l in res.launched {
+                        remaining = remaining.saturating_sub(1);
+                        let price = offerings
+                            .iter()
+                            .find(|(k, _)| *k == l.offering)
+                            .map(|(_, p)| *p)
+                            .or_else(|| {
+                                ctx.offerings
+                                    .iter()
+                                    .find(|o| o.key == l.offering)
+                                    .map(|o| o.price_usd_per_h)
+                            })
+                            .unwrap_or(0.0);
+                        let rec = WorkerRecord {
+                            id: l.instance_id.clone(),
+                            lane: lane_name.clone(),
+                            offering: l.offering.clone(),
+                            price_usd_per_h: price,
+                            state: WorkerState::Pending,
+                            launched_at: ctx.now,
+                            project: g.project.clone(),
+                            idle_since: None,
+                            heartbeat_at: None,
+                        };
+                        if let Err(e) = registry.register_launch(rec).await {
+                            out.errors.push(format!("register {}: {e}", l.instance_id));
+                        }
+                        out.launched.push(LaunchedWorker {
+                            launched: l,
+                            lane: g.lane,
+                            project: g.project.clone(),
+                            job: g.job.clone(),
+                            price_usd_per_h: price,
+                            reason: g.reason.clone(),
+                        });
+                    }
+                    short.extend(res.short.into_iter().map(|(k, _)| k));
+                    if remaining > 0 && short.is_empty() {
+                        // Fewer than asked with no reason given: every offering of the call is short.
+                        short = lr.offerings.clone();
+                    }
+                }
+                Err(FleetError {
+                    kind: FleetErrorKind::InsufficientCapacity,
+                    ..
+                }) => short = lr.offerings.clone(),
+                Err(e) => {
+                    out.errors.push(format!(
+                        "launch {}: {e}",
+                        lr.offerings
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                    break;
+                }
+            }
+            // Offerings without capacity are skipped for a while, even when others filled in.
+            let until = ctx.now + oc.unavailable_ttl_s;
+            for key in short {
+                if let Err(e) = avail.mark_unavailable(&key, until).await {
+                    out.errors.push(format!("mark unavailable {key}: {e}"));
+                }
+                unavailable.push(UnavailableOffering {
+                    key: key.clone(),
+                    until,
+                });
+                out.capacity_errors.push(key);
+            }
+            if remaining == 0 {
+                break;
+            }
+            // Still short: fall back to the next best offerings.
+            if attempt == MAX_FALLBACKS {
+                break;
+            }
+            // The next best, spread as the policy spreads: within the cost tolerance of the best.
+            let ranked = choice::top(ctx.offerings, &req, oc, &unavailable, ctx.now, oc.diversify as usize);
+            offerings = choice::spread_pool(&ranked, oc)
+                .into_iter()
+                .map(|o| (o.key.clone(), o.price_usd_per_h))
+                .collect();
+            if offerings.is_empty() {
+                break;
+            }
+        }
+        if remaining > 0 {
+            out.unlaunched.push((g.lane, remaining));
         }
     }
     for (ids, cancel) in [(to_terminate, false), (to_cancel, true)] {

@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use onoff_policy::{OfferingKey, WorkerState};
 
 use crate::ports::{
-    Fleet, FleetError, FleetErrorKind, LaunchRequest, Launched, OfferingAvailability, StoreError, WorkerRecord,
-    WorkerRegistry,
+    Fleet, FleetError, FleetErrorKind, LaunchRequest, LaunchResult, Launched, OfferingAvailability, StoreError,
+    WorkerRecord, WorkerRegistry,
 };
 
 /// A call made to [`FakeFleet`].
@@ -79,28 +79,52 @@ impl FakeFleet {
 }
 
 impl Fleet for FakeFleet {
-    async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Launched>, FleetError> {
+    async fn launch(&self, req: &LaunchRequest) -> Result<LaunchResult, FleetError> {
         let mut s = self.inner.lock().expect("lock");
         s.calls.push(FleetCall::Launch(req.clone()));
         if let Some(e) = s.one_shot.pop_front() {
             return Err(e);
         }
-        if s.no_capacity.contains(&req.offering) {
-            return Err(FleetError {
-                kind: FleetErrorKind::InsufficientCapacity,
-                message: format!("InsufficientInstanceCapacity: no capacity for {}", req.offering),
-            });
+        let no_capacity = |k: &OfferingKey| FleetError {
+            kind: FleetErrorKind::InsufficientCapacity,
+            message: format!("InsufficientInstanceCapacity: no capacity for {k}"),
+        };
+        let mut out = LaunchResult::default();
+        // Per offering: how many more it can take in this call.
+        let mut room: Vec<(OfferingKey, u32)> = Vec::new();
+        for k in &req.offerings {
+            if s.no_capacity.contains(k) {
+                out.short.push((k.clone(), no_capacity(k)));
+            } else {
+                room.push((k.clone(), s.limit.get(k).copied().unwrap_or(u32::MAX)));
+            }
         }
-        let n = s.limit.get(&req.offering).map_or(req.count, |l| req.count.min(*l));
-        let mut out = Vec::new();
-        for _ in 0..n {
-            s.next_id += 1;
-            let id = format!("i-fake{:012}", s.next_id);
-            s.running.insert(id.clone(), req.offering.clone());
-            out.push(Launched {
-                instance_id: id,
-                offering: req.offering.clone(),
-            });
+        if room.is_empty() {
+            return Err(no_capacity(&req.offerings[0]));
+        }
+        // Round-robin over the offerings with room.
+        let mut left = req.count;
+        while left > 0 && room.iter().any(|(_, r)| *r > 0) {
+            for (k, r) in room.iter_mut().filter(|(_, r)| *r > 0) {
+                if left == 0 {
+                    break;
+                }
+                *r -= 1;
+                left -= 1;
+                s.next_id += 1;
+                let id = format!("i-fake{:012}", s.next_id);
+                s.running.insert(id.clone(), k.clone());
+                out.launched.push(Launched {
+                    instance_id: id,
+                    offering: k.clone(),
+                });
+            }
+        }
+        if left > 0 {
+            for (k, _) in room.into_iter().filter(|(_, r)| *r == 0) {
+                let e = no_capacity(&k);
+                out.short.push((k, e));
+            }
         }
         Ok(out)
     }
@@ -311,17 +335,29 @@ impl<F> FaultyFleet<F> {
 }
 
 impl<F: Fleet> Fleet for FaultyFleet<F> {
-    async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Launched>, FleetError> {
+    async fn launch(&self, req: &LaunchRequest) -> Result<LaunchResult, FleetError> {
         if let Some(e) = self.injected() {
             return Err(e);
         }
-        if self.no_capacity.lock().expect("lock").contains(&req.offering) {
-            return Err(FleetError {
-                kind: FleetErrorKind::InsufficientCapacity,
-                message: format!("InsufficientInstanceCapacity (injected) for {}", req.offering),
-            });
+        let injected = |k: &OfferingKey| FleetError {
+            kind: FleetErrorKind::InsufficientCapacity,
+            message: format!("InsufficientInstanceCapacity (injected) for {k}"),
+        };
+        let blocked = self.no_capacity.lock().expect("lock").clone();
+        let (short, ok): (Vec<OfferingKey>, Vec<OfferingKey>) =
+            req.offerings.iter().cloned().partition(|k| blocked.contains(k));
+        if ok.is_empty() {
+            return Err(injected(&req.offerings[0]));
         }
-        self.inner.launch(req).await
+        let mut res = self
+            .inner
+            .launch(&LaunchRequest {
+                offerings: ok,
+                ..req.clone()
+            })
+            .await?;
+        res.short.extend(short.iter().map(|k| (k.clone(), injected(k))));
+        Ok(res)
     }
 
     async fn terminate(&self, instance_ids: &[String]) -> Result<(), FleetError> {

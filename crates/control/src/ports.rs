@@ -30,14 +30,15 @@ pub struct FleetError {
     pub message: String,
 }
 
-/// One launch: `count` instances of one offering for one lane.
+/// One launch: `count` instances over one or more offerings (best first) for one lane.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LaunchRequest {
     /// Lane name (tagged on the instances as `onoff:lane`).
     pub lane: String,
-    /// The offering.
-    pub offering: OfferingKey,
-    /// Instances wanted.
+    /// Offerings to spread the instances over, best first (EC2: the fleet's overrides). All of
+    /// one capacity type. At least one.
+    pub offerings: Vec<OfferingKey>,
+    /// Instances wanted in total.
     pub count: u32,
     /// Project the capacity is for (tagged `onoff:project`), if any.
     pub project: Option<String>,
@@ -54,15 +55,27 @@ pub struct Launched {
     pub offering: OfferingKey,
 }
 
+/// What a launch call did: the instances it created, and the offerings that had no capacity
+/// (with the provider's error).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LaunchResult {
+    /// Instances created.
+    pub launched: Vec<Launched>,
+    /// Offerings that could not provide (all or part of) their share.
+    pub short: Vec<(OfferingKey, FleetError)>,
+}
+
 /// Launch and retire instances.
 #[allow(async_fn_in_trait)]
 pub trait Fleet {
-    /// Launch up to `req.count` instances of `req.offering` (EC2 CreateFleet type `instant`). May
-    /// return fewer than asked (partial fulfilment) with `Ok`. Not idempotent: each call launches.
+    /// Launch up to `req.count` instances spread over `req.offerings` (EC2: one CreateFleet
+    /// `instant` call with an override per offering). May create fewer than asked: the offerings
+    /// without capacity are in [`LaunchResult::short`]. Not idempotent: each call launches.
     ///
     /// # Errors
-    /// [`FleetErrorKind::InsufficientCapacity`] when the offering has no capacity at all.
-    async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Launched>, FleetError>;
+    /// [`FleetErrorKind::InsufficientCapacity`] when no offering has any capacity; other kinds
+    /// when the call as a whole failed.
+    async fn launch(&self, req: &LaunchRequest) -> Result<LaunchResult, FleetError>;
 
     /// Terminate running instances. Idempotent: an instance already gone is not an error.
     ///

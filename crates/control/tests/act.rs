@@ -62,7 +62,7 @@ fn launched_offerings(fleet: &FakeFleet) -> Vec<OfferingKey> {
         .into_iter()
         .filter_map(|c| {
             if let FleetCall::Launch(r) = c {
-                Some(r.offering)
+                Some(r.offerings[0].clone())
             } else {
                 None
             }
@@ -249,4 +249,38 @@ fn an_interruption_notice_drains_the_worker_and_marks_its_offering() {
         60.0,
     ))
     .unwrap();
+}
+
+#[test]
+fn the_spread_of_one_decision_is_one_call_with_an_override_per_offering() {
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    let mut plan = launch_plan(key("a.1", "z1"), 2);
+    let mut second = launch_plan(key("a.1", "z2"), 2).actions.remove(0); // same reason as the first
+    if let Action::Launch { count, .. } = &mut second {
+        *count = 1;
+    }
+    plan.actions.push(second);
+    // z2 has no capacity: its share goes to z1 in the same call.
+    fleet.set_no_capacity(key("a.1", "z2"));
+    let cfg = PolicyConfig::default();
+    let offs = offerings();
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 0.0,
+    };
+    let out = pollster::block_on(act(&plan, ctx, &fleet, &reg, &avail));
+    let calls: Vec<_> = fleet
+        .calls()
+        .into_iter()
+        .filter_map(|c| if let FleetCall::Launch(r) = c { Some(r) } else { None })
+        .collect();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].offerings, vec![key("a.1", "z1"), key("a.1", "z2")]);
+    assert_eq!(calls[0].count, 3);
+    assert_eq!(out.launched.len(), 3);
+    assert!(out.launched.iter().all(|l| l.launched.offering == key("a.1", "z1")));
+    assert_eq!(out.capacity_errors, vec![key("a.1", "z2")]);
+    assert!(avail.marked().contains_key(&key("a.1", "z2")));
 }

@@ -13,8 +13,8 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 use onoff_control::ports::{
-    Fleet, FleetError, FleetErrorKind, LaunchRequest, Launched, OfferingAvailability, StoreError, WorkerRecord,
-    WorkerRegistry,
+    Fleet, FleetError, FleetErrorKind, LaunchRequest, LaunchResult, Launched, OfferingAvailability, StoreError,
+    WorkerRecord, WorkerRegistry,
 };
 use onoff_control::{act, handle_interruption_notice, ActContext};
 use onoff_policy::choice::{fits, speed};
@@ -279,28 +279,48 @@ impl World {
         self.by_num.get(&num).copied()
     }
 
-    /// Create `count` instances of an offering: Pending, boot done after a random cold start.
-    fn launch(&mut self, req: &LaunchRequest) -> Result<Vec<Launched>, FleetError> {
-        if self.rng.random::<f64>() < self.cfg.capacity_error_rate {
-            self.capacity_errors += 1;
-            return Err(FleetError {
-                kind: FleetErrorKind::InsufficientCapacity,
-                message: format!("InsufficientInstanceCapacity (simulated) for {}", req.offering),
-            });
+    /// A launch call over several offerings: each offering independently lacks capacity with
+    /// probability `capacity_error_rate`; the count is spread round-robin over the others.
+    fn launch(&mut self, req: &LaunchRequest) -> Result<LaunchResult, FleetError> {
+        let mut res = LaunchResult::default();
+        let mut ok: Vec<Offering> = Vec::new();
+        for k in &req.offerings {
+            let Some(o) = self.offering_index.get(k).map(|&i| self.offerings[i].clone()) else {
+                return Err(FleetError {
+                    kind: FleetErrorKind::Other,
+                    message: format!("unknown offering {k}"),
+                });
+            };
+            if self.rng.random::<f64>() < self.cfg.capacity_error_rate {
+                self.capacity_errors += 1;
+                res.short.push((
+                    k.clone(),
+                    FleetError {
+                        kind: FleetErrorKind::InsufficientCapacity,
+                        message: format!("InsufficientInstanceCapacity (simulated) for {k}"),
+                    },
+                ));
+            } else {
+                ok.push(o);
+            }
         }
-        let Some(o) = self
-            .offering_index
-            .get(&req.offering)
-            .map(|&i| self.offerings[i].clone())
-        else {
-            return Err(FleetError {
-                kind: FleetErrorKind::Other,
-                message: format!("unknown offering {}", req.offering),
-            });
-        };
-        let lane = self.lane_index(&req.lane);
+        if ok.is_empty() {
+            return Err(res.short.swap_remove(0).1);
+        }
+        let n = ok.len() as u32;
+        for (i, o) in ok.iter().enumerate() {
+            let count = req.count / n + u32::from((i as u32) < req.count % n);
+            res.launched
+                .extend(self.launch_offering(o, &req.lane, req.project.as_ref(), count));
+        }
+        Ok(res)
+    }
+
+    /// Create `count` instances of `o`: Pending, boot done after a random cold start.
+    fn launch_offering(&mut self, o: &Offering, lane: &str, project: Option<&String>, count: u32) -> Vec<Launched> {
+        let lane = self.lane_index(lane);
         let mut out = Vec::new();
-        for _ in 0..req.count {
+        for _ in 0..count {
             self.next_num += 1;
             let num = self.next_num;
             let id = format!("i-sim{num:010}");
@@ -319,7 +339,7 @@ impl World {
                 state: WorkerState::Pending,
                 launched_at: self.now,
                 idle_since: None,
-                project: req.project.clone(),
+                project: project.cloned(),
                 job_type: None,
             });
             self.wsim.push(WorkerSim {
@@ -352,7 +372,7 @@ impl World {
                 offering: o.key.clone(),
             });
         }
-        Ok(out)
+        out
     }
 
     /// Remove a worker: bill it, requeue its job if it had one.
@@ -562,7 +582,7 @@ impl World {
 struct SimPorts<'a>(&'a RefCell<World>);
 
 impl Fleet for SimPorts<'_> {
-    async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Launched>, FleetError> {
+    async fn launch(&self, req: &LaunchRequest) -> Result<LaunchResult, FleetError> {
         self.0.borrow_mut().launch(req)
     }
     async fn terminate(&self, ids: &[String]) -> Result<(), FleetError> {
@@ -699,9 +719,11 @@ pub fn run(
         last_completion: t0,
         running_jobs: 0,
     };
-    for (i, j) in world.jobs.iter().map(|j| j.arrival).enumerate().collect::<Vec<_>>() {
-        world.push(j, Ev::Arrival(i));
-    }
+    // Arrivals are fed from the (sorted) trace as the clock reaches them, so the event heap stays
+    // small; at equal times an arrival goes first, as if it had been queued first.
+    let mut arrivals: Vec<(f64, usize)> = world.jobs.iter().enumerate().map(|(i, j)| (j.arrival, i)).collect();
+    arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut next_arrival = 0usize;
     world.push(t0, Ev::Tick);
     let total_jobs = world.jobs.len() as u64;
     let last_arrival = world.jobs.iter().map(|j| j.arrival).fold(t0, f64::max);
@@ -720,7 +742,21 @@ pub fn run(
             if w.completed == total_jobs {
                 break;
             }
-            let Some(ev) = w.heap.pop() else { break };
+            let arrival_first = arrivals
+                .get(next_arrival)
+                .is_some_and(|&(a, _)| w.heap.peek().is_none_or(|top| a <= top.at));
+            let ev = if arrival_first {
+                let (at, job) = arrivals[next_arrival];
+                next_arrival += 1;
+                Event {
+                    at,
+                    seq: 0,
+                    ev: Ev::Arrival(job),
+                }
+            } else {
+                let Some(ev) = w.heap.pop() else { break };
+                ev
+            };
             if ev.at > horizon {
                 break;
             }
