@@ -301,6 +301,42 @@ impl JobStore for DynamoJobs {
         }
         Ok(out)
     }
+
+    async fn record_progress(
+        &self,
+        id: &str,
+        owner: &str,
+        checkpoint: Option<&str>,
+        cost_usd: f64,
+    ) -> Result<(), StoreError> {
+        self.progress(id, owner, checkpoint, cost_usd).await
+    }
+}
+
+impl DynamoJobs {
+    async fn progress(&self, id: &str, owner: &str, checkpoint: Option<&str>, cost_usd: f64) -> Result<(), StoreError> {
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("job_id", s(id))
+            .condition_expression("lease_owner = :o")
+            .expression_attribute_values(":o", s(owner))
+            .expression_attribute_values(":c", n(cost_usd));
+        req = match checkpoint {
+            Some(c) => req
+                .update_expression("SET last_checkpoint = :k ADD cost_usd :c")
+                .expression_attribute_values(":k", s(c)),
+            None => req.update_expression("ADD cost_usd :c"),
+        };
+        match req.send().await {
+            Ok(_) => Ok(()),
+            Err(e) if condition_failed(&e) => {
+                Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")))
+            }
+            Err(e) => Err(dynamo_error("record job progress", &e)),
+        }
+    }
 }
 
 impl onoff_control::ports::Backlog for SqsQueues {

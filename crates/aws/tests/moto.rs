@@ -482,6 +482,22 @@ async fn two_workers_claiming_one_job_get_one_claim() {
     }
     let rec = jobs.get(&id).await.unwrap().unwrap();
     assert_eq!(rec.attempts, 5);
+    // The lease holder records checkpoints and cost; nobody else can.
+    let holder = rec.lease_owner.clone().unwrap();
+    jobs.record_progress(&id, &holder, Some("checkpoints/j/00000000000000000003/"), 0.5)
+        .await
+        .unwrap();
+    jobs.record_progress(&id, &holder, None, 0.25).await.unwrap();
+    assert!(matches!(
+        jobs.record_progress(&id, "i-intruder", None, 1.0).await,
+        Err(StoreError::Conflict(_))
+    ));
+    let rec = jobs.get(&id).await.unwrap().unwrap();
+    assert_eq!(
+        rec.last_checkpoint.as_deref(),
+        Some("checkpoints/j/00000000000000000003/")
+    );
+    assert!((rec.cost_usd - 0.75).abs() < 1e-9);
     // Transitions are conditional: only from the state the job is in.
     jobs.transition(&id, JobState::Running, JobState::Succeeded)
         .await

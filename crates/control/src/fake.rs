@@ -506,6 +506,26 @@ impl crate::ports::JobStore for FakeJobs {
             .cloned()
             .collect())
     }
+
+    async fn record_progress(
+        &self,
+        id: &str,
+        owner: &str,
+        checkpoint: Option<&str>,
+        cost_usd: f64,
+    ) -> Result<(), StoreError> {
+        self.injected()?;
+        let mut m = self.jobs.lock().expect("lock");
+        let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
+        if r.lease_owner.as_deref() != Some(owner) {
+            return Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")));
+        }
+        if let Some(c) = checkpoint {
+            r.last_checkpoint = Some(c.into());
+        }
+        r.cost_usd += cost_usd;
+        Ok(())
+    }
 }
 
 /// Lane queues in memory: messages sent per lane, and a settable backlog.

@@ -282,6 +282,20 @@ pub trait JobStore {
     /// # Errors
     /// Store failures.
     async fn active(&self) -> Result<Vec<JobRecord>, StoreError>;
+
+    /// While `owner` holds the lease: set the job's last complete checkpoint (an S3 prefix) and
+    /// add `cost_usd` to its cost so far.
+    ///
+    /// # Errors
+    /// [`StoreError::Conflict`] when `owner` does not hold the lease (the job was re-queued or
+    /// claimed by another worker); store failures.
+    async fn record_progress(
+        &self,
+        id: &str,
+        owner: &str,
+        checkpoint: Option<&str>,
+        cost_usd: f64,
+    ) -> Result<(), StoreError>;
 }
 
 /// Queue depth per lane.

@@ -143,3 +143,22 @@ fn concurrent_claims_of_one_job_give_one_claim() {
         .count();
     assert_eq!(claimed, 1);
 }
+
+#[test]
+fn only_the_lease_holder_records_progress() {
+    let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
+    let Submitted::New(id) = pollster::block_on(submit(GOOD, &s3("p", "e"), LANES, NOW, &jobs, &queue)).unwrap() else {
+        panic!()
+    };
+    pollster::block_on(jobs.claim(&id, "i-a", NOW + 300.0, NOW)).unwrap();
+    pollster::block_on(jobs.record_progress(&id, "i-a", Some("checkpoints/x/00000000000000000001/"), 0.25)).unwrap();
+    pollster::block_on(jobs.record_progress(&id, "i-a", None, 0.5)).unwrap();
+    let err = pollster::block_on(jobs.record_progress(&id, "i-b", Some("checkpoints/x/2/"), 9.0)).unwrap_err();
+    assert!(matches!(err, StoreError::Conflict(_)));
+    let r = pollster::block_on(jobs.get(&id)).unwrap().unwrap();
+    assert_eq!(
+        r.last_checkpoint.as_deref(),
+        Some("checkpoints/x/00000000000000000001/")
+    );
+    assert!((r.cost_usd - 0.75).abs() < 1e-9);
+}
