@@ -11,40 +11,11 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use onoff_control::job::{JobSpec, JobState};
 use onoff_control::ports::{Claim, Created, JobQueue, JobRecord, JobStore, StoreError};
 
+use crate::dynamo::{condition_failed, epoch_s, n, s, store_error};
 use crate::queue::SqsQueues;
 
 /// How long an error record is kept, seconds (30 days).
 pub const ERROR_RECORD_TTL_S: f64 = 30.0 * 86_400.0;
-
-fn s(v: impl Into<String>) -> AttributeValue {
-    AttributeValue::S(v.into())
-}
-
-fn n(v: f64) -> AttributeValue {
-    AttributeValue::N(format!("{v}"))
-}
-
-fn dynamo_error<E>(what: &str, e: &aws_sdk_dynamodb::error::SdkError<E>) -> StoreError
-where
-    E: aws_sdk_dynamodb::error::ProvideErrorMetadata + std::error::Error + 'static,
-{
-    use aws_sdk_dynamodb::error::ProvideErrorMetadata;
-    let code = e.code().unwrap_or("Unknown");
-    let msg = e.message().map_or_else(|| e.to_string(), str::to_string);
-    if code == "ResourceNotFoundException" {
-        StoreError::Other(format!("{what}: table not found ({msg})"))
-    } else {
-        StoreError::Other(format!("{what}: {code}: {msg}"))
-    }
-}
-
-fn condition_failed<E>(e: &aws_sdk_dynamodb::error::SdkError<E>) -> bool
-where
-    E: aws_sdk_dynamodb::error::ProvideErrorMetadata,
-{
-    use aws_sdk_dynamodb::error::ProvideErrorMetadata;
-    e.code() == Some("ConditionalCheckFailedException")
-}
 
 /// Parse a stored job item.
 ///
@@ -110,7 +81,7 @@ impl DynamoJobs {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| dynamo_error("get error record", &e))?;
+            .map_err(|e| store_error("get error record", &e))?;
         Ok(out
             .item()
             .and_then(|i| i.get("reason"))
@@ -149,7 +120,7 @@ impl JobStore for DynamoJobs {
                 Some(existing) => Ok(Created::Existing(Box::new(existing))),
                 None => Err(StoreError::Conflict(format!("{} exists but cannot be read", r.id))),
             },
-            Err(e) => Err(dynamo_error("create job", &e)),
+            Err(e) => Err(store_error("create job", &e)),
         }
     }
 
@@ -162,7 +133,7 @@ impl JobStore for DynamoJobs {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| dynamo_error("get job", &e))?;
+            .map_err(|e| store_error("get job", &e))?;
         out.item().map(record_from_item).transpose()
     }
 
@@ -180,7 +151,7 @@ impl JobStore for DynamoJobs {
         match res {
             Ok(_) => Ok(()),
             Err(e) if condition_failed(&e) => Err(StoreError::NotFound(id.into())),
-            Err(e) => Err(dynamo_error("mark job enqueued", &e)),
+            Err(e) => Err(store_error("mark job enqueued", &e)),
         }
     }
 
@@ -219,7 +190,7 @@ impl JobStore for DynamoJobs {
                     from.as_str()
                 ))),
             },
-            Err(e) => Err(dynamo_error("transition job", &e)),
+            Err(e) => Err(store_error("transition job", &e)),
         }
     }
 
@@ -253,7 +224,7 @@ impl JobStore for DynamoJobs {
                 None => Claim::Unknown,
                 Some(st) => Claim::NotClaimable(st),
             }),
-            Err(e) => Err(dynamo_error("claim job", &e)),
+            Err(e) => Err(store_error("claim job", &e)),
         }
     }
 
@@ -265,17 +236,14 @@ impl JobStore for DynamoJobs {
             .item("job_id", s(format!("error#{key}")))
             .item("reason", s(reason))
             .item("created_at", n(now))
-            .item(
-                "expires_at",
-                AttributeValue::N(format!("{}", (now + ERROR_RECORD_TTL_S) as i64)),
-            )
+            .item("expires_at", epoch_s(now + ERROR_RECORD_TTL_S))
             .condition_expression("attribute_not_exists(job_id)")
             .send()
             .await;
         match res {
             Ok(_) => Ok(()),
             Err(e) if condition_failed(&e) => Ok(()),
-            Err(e) => Err(dynamo_error("record submission error", &e)),
+            Err(e) => Err(store_error("record submission error", &e)),
         }
     }
 
@@ -294,7 +262,7 @@ impl JobStore for DynamoJobs {
             .into_paginator()
             .send();
         while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| dynamo_error("scan active jobs", &e))?;
+            let page = page.map_err(|e| store_error("scan active jobs", &e))?;
             for item in page.items() {
                 out.push(record_from_item(item)?);
             }
@@ -334,7 +302,7 @@ impl DynamoJobs {
             Err(e) if condition_failed(&e) => {
                 Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")))
             }
-            Err(e) => Err(dynamo_error("record job progress", &e)),
+            Err(e) => Err(store_error("record job progress", &e)),
         }
     }
 }

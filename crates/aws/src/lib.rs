@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod checkpoints;
+mod dynamo;
 pub mod errors;
 pub mod fleet;
 pub mod jobs;

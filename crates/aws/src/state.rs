@@ -10,19 +10,13 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
+
+use crate::dynamo::{condition_failed, epoch_s, n, s, store_error};
 use onoff_control::ports::{OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry};
 use onoff_policy::{CapacityType, OfferingKey, UnavailableOffering, WorkerState};
 
 /// How long a finished worker's row is kept before DynamoDB's TTL removes it, seconds (7 days).
 pub const FINISHED_ROW_TTL_S: f64 = 7.0 * 86_400.0;
-
-fn s(v: impl Into<String>) -> AttributeValue {
-    AttributeValue::S(v.into())
-}
-
-fn n(v: f64) -> AttributeValue {
-    AttributeValue::N(format!("{v}"))
-}
 
 /// Name of a worker state as stored.
 pub fn state_name(state: WorkerState) -> &'static str {
@@ -45,21 +39,6 @@ pub fn parse_state(name: &str) -> Option<WorkerState> {
         "Terminating" => WorkerState::Terminating,
         _ => return None,
     })
-}
-
-fn store_error<E>(what: &str, e: &aws_sdk_dynamodb::error::SdkError<E>) -> StoreError
-where
-    E: aws_sdk_dynamodb::error::ProvideErrorMetadata + std::error::Error + 'static,
-{
-    use aws_sdk_dynamodb::error::ProvideErrorMetadata;
-    let code = e.code().unwrap_or("Unknown");
-    let msg = e.message().map_or_else(|| e.to_string(), str::to_string);
-    if code == "ResourceNotFoundException" {
-        // A missing table is a deployment error: say which operation hit it.
-        StoreError::Other(format!("{what}: table not found ({msg})"))
-    } else {
-        StoreError::Other(format!("{what}: {code}: {msg}"))
-    }
 }
 
 /// The workers table.
@@ -155,12 +134,7 @@ impl WorkerRegistry for DynamoWorkers {
         match req.send().await {
             Ok(_) => Ok(()),
             // Already registered: registering is idempotent.
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
+            Err(e) if condition_failed(&e) => Ok(()),
             Err(e) => Err(store_error("register worker", &e)),
         }
     }
@@ -176,21 +150,13 @@ impl WorkerRegistry for DynamoWorkers {
             .expression_attribute_values(":s", s(state_name(state)));
         req = if state == WorkerState::Terminating {
             req.update_expression("SET #s = :s, expires_at = :e")
-                .expression_attribute_values(
-                    ":e",
-                    AttributeValue::N(format!("{}", ((self.now)() + FINISHED_ROW_TTL_S) as i64)),
-                )
+                .expression_attribute_values(":e", epoch_s((self.now)() + FINISHED_ROW_TTL_S))
         } else {
             req.update_expression("SET #s = :s")
         };
         match req.send().await {
             Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Err(StoreError::NotFound(id.to_string()))
-            }
+            Err(e) if condition_failed(&e) => Err(StoreError::NotFound(id.to_string())),
             Err(e) => Err(store_error("set worker state", &e)),
         }
     }
@@ -251,12 +217,7 @@ impl DynamoWorkers {
         };
         match req.send().await {
             Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Err(StoreError::NotFound(id.to_string()))
-            }
+            Err(e) if condition_failed(&e) => Err(StoreError::NotFound(id.to_string())),
             Err(e) => Err(store_error("heartbeat", &e)),
         }
     }
@@ -346,10 +307,7 @@ impl onoff_control::ports::Lease for DynamoControl {
             .item("pk", s(format!("lease#{name}")))
             .item("owner", s(owner))
             .item("until", n(now + ttl_s))
-            .item(
-                "expires_at",
-                AttributeValue::N(format!("{}", (now + ttl_s + 3600.0) as i64)),
-            )
+            .item("expires_at", epoch_s(now + ttl_s + 3600.0))
             .condition_expression("attribute_not_exists(pk) OR #u < :now OR #o = :owner")
             .expression_attribute_names("#u", "until")
             .expression_attribute_names("#o", "owner")
@@ -359,12 +317,7 @@ impl onoff_control::ports::Lease for DynamoControl {
             .await;
         match res {
             Ok(_) => Ok(true),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Ok(false)
-            }
+            Err(e) if condition_failed(&e) => Ok(false),
             Err(e) => Err(store_error("acquire lease", &e)),
         }
     }
@@ -382,12 +335,7 @@ impl onoff_control::ports::Lease for DynamoControl {
             .await;
         match res {
             Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
+            Err(e) if condition_failed(&e) => Ok(()),
             Err(e) => Err(store_error("release lease", &e)),
         }
     }
@@ -400,18 +348,13 @@ impl onoff_control::ports::EventLog for DynamoControl {
             .put_item()
             .table_name(&self.table)
             .item("pk", s(format!("event#{event_id}")))
-            .item("expires_at", AttributeValue::N(format!("{}", (now + 86_400.0) as i64)))
+            .item("expires_at", epoch_s(now + 86_400.0))
             .condition_expression("attribute_not_exists(pk)")
             .send()
             .await;
         match res {
             Ok(_) => Ok(true),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Ok(false)
-            }
+            Err(e) if condition_failed(&e) => Ok(false),
             Err(e) => Err(store_error("record event", &e)),
         }
     }
@@ -429,17 +372,12 @@ impl OfferingAvailability for DynamoControl {
             .condition_expression("attribute_not_exists(pk) OR #u < :u")
             .expression_attribute_names("#u", "until")
             .expression_attribute_values(":u", n(until))
-            .expression_attribute_values(":e", AttributeValue::N(format!("{}", (until + 3600.0) as i64)))
+            .expression_attribute_values(":e", epoch_s(until + 3600.0))
             .send()
             .await;
         match res {
             Ok(_) => Ok(()),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
+            Err(e) if condition_failed(&e) => Ok(()),
             Err(e) => Err(store_error("mark offering unavailable", &e)),
         }
     }

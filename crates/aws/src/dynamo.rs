@@ -1,0 +1,39 @@
+//! DynamoDB helpers shared by the table adapters: attribute values and error mapping.
+
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::types::AttributeValue;
+use onoff_control::ports::StoreError;
+
+/// A string attribute.
+pub(crate) fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+/// A number attribute.
+pub(crate) fn n(v: f64) -> AttributeValue {
+    AttributeValue::N(format!("{v}"))
+}
+
+/// A whole-seconds number attribute (DynamoDB TTL wants integer epoch seconds).
+pub(crate) fn epoch_s(v: f64) -> AttributeValue {
+    AttributeValue::N(format!("{}", v as i64))
+}
+
+/// `StoreError::Other` naming the operation, the code and the message; a missing table says so.
+pub(crate) fn store_error<E>(what: &str, e: &SdkError<E>) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    let code = e.code().unwrap_or("Unknown");
+    let msg = e.message().map_or_else(|| e.to_string(), str::to_string);
+    if code == "ResourceNotFoundException" {
+        StoreError::Other(format!("{what}: table not found ({msg})"))
+    } else {
+        StoreError::Other(format!("{what}: {code}: {msg}"))
+    }
+}
+
+/// Whether a conditional write lost.
+pub(crate) fn condition_failed<E: ProvideErrorMetadata>(e: &SdkError<E>) -> bool {
+    e.code() == Some("ConditionalCheckFailedException")
+}
