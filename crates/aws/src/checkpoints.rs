@@ -83,7 +83,7 @@ impl S3Checkpoints {
     }
 
     fn prefix(job_id: &str, seq: u64) -> String {
-        format!("checkpoints/{job_id}/{seq:020}/")
+        onoff_control::ports::checkpoint_prefix(job_id, seq)
     }
 
     async fn put_file(&self, key: &str, path: &Path, size: u64) -> Result<(), StoreError> {

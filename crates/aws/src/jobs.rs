@@ -279,6 +279,56 @@ impl JobStore for DynamoJobs {
     ) -> Result<(), StoreError> {
         self.progress(id, owner, checkpoint, cost_usd).await
     }
+    async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<(), StoreError> {
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("job_id", s(id))
+            .update_expression("SET lease_expires_at = :u")
+            .condition_expression("#s = :run AND lease_owner = :o")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":run", s(JobState::Running.as_str()))
+            .expression_attribute_values(":o", s(owner))
+            .expression_attribute_values(":u", n(lease_until))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if condition_failed(&e) => Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}"))),
+            Err(e) => Err(store_error("renew job lease", &e)),
+        }
+    }
+
+    async fn finish(&self, id: &str, owner: &str, to: JobState, count_attempt: bool) -> Result<(), StoreError> {
+        if !JobState::Running.can_go(to) || to == JobState::Cancelled {
+            return Err(StoreError::Conflict(format!("RUNNING -> {} is not an end of an attempt", to.as_str())));
+        }
+        let update = if count_attempt {
+            "SET #s = :to REMOVE lease_owner, lease_expires_at"
+        } else {
+            "SET #s = :to ADD attempts :minus REMOVE lease_owner, lease_expires_at"
+        };
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("job_id", s(id))
+            .update_expression(update)
+            .condition_expression("#s = :run AND lease_owner = :o")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":run", s(JobState::Running.as_str()))
+            .expression_attribute_values(":o", s(owner))
+            .expression_attribute_values(":to", s(to.as_str()));
+        if !count_attempt {
+            req = req.expression_attribute_values(":minus", n(-1.0));
+        }
+        match req.send().await {
+            Ok(_) => Ok(()),
+            Err(e) if condition_failed(&e) => Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}"))),
+            Err(e) => Err(store_error("finish job attempt", &e)),
+        }
+    }
 }
 
 impl DynamoJobs {

@@ -94,6 +94,21 @@ impl Resources {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
+    /// The environment variables [`Resources::from_lookup`] reads, with these values (to configure
+    /// a child process or a function run in process).
+    pub fn env_pairs(&self) -> Vec<(&'static str, String)> {
+        let join = |v: &[(String, String)]| v.iter().map(|(a, b)| format!("{a}={b}")).collect::<Vec<_>>().join(",");
+        vec![
+            ("ONOFF_QUEUE_URLS", join(&self.queue_urls)),
+            ("ONOFF_JOBS_TABLE", self.jobs_table.clone()),
+            ("ONOFF_WORKERS_TABLE", self.workers_table.clone()),
+            ("ONOFF_CONTROL_TABLE", self.control_table.clone()),
+            ("ONOFF_BUCKET", self.bucket.clone()),
+            ("ONOFF_LAUNCH_TEMPLATE", self.launch_template.clone()),
+            ("ONOFF_SUBNETS", join(&self.subnets)),
+        ]
+    }
+
     /// Queue URL of `lane`.
     pub fn queue_url(&self, lane: &str) -> Option<&str> {
         self.queue_urls.iter().find(|(l, _)| l == lane).map(|(_, u)| u.as_str())
@@ -166,6 +181,10 @@ mod tests {
         with.push(("ONOFF_SUBNETS", "us-east-1a=subnet-1,us-east-1b=subnet-2"));
         let r = Resources::from_lookup(env(&with)).unwrap();
         assert_eq!(r.subnets[1], ("us-east-1b".to_string(), "subnet-2".to_string()));
+        // The variables it would be configured with read back the same.
+        let pairs = r.env_pairs();
+        let again = Resources::from_lookup(|k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())).unwrap();
+        assert_eq!(again, r);
     }
 
     #[test]

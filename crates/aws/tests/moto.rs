@@ -498,10 +498,22 @@ async fn two_workers_claiming_one_job_get_one_claim() {
         Some("checkpoints/j/00000000000000000003/")
     );
     assert!((rec.cost_usd - 0.75).abs() < 1e-9);
+    // Only the holder renews; a release after a spot notice takes the attempt back.
+    jobs.renew(&id, &holder, now + 9e3).await.unwrap();
+    assert!(matches!(
+        jobs.renew(&id, "i-intruder", now + 9e3).await,
+        Err(StoreError::Conflict(_))
+    ));
+    jobs.finish(&id, &holder, JobState::Queued, false).await.unwrap();
+    let rec = jobs.get(&id).await.unwrap().unwrap();
+    assert_eq!((rec.state, rec.attempts, rec.lease_owner), (JobState::Queued, 4, None));
+    assert!(matches!(
+        jobs.finish(&id, &holder, JobState::Succeeded, true).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(matches!(jobs.claim(&id, "i-d", now + 9e3, now).await.unwrap(), Claim::Claimed(_)));
+    jobs.finish(&id, "i-d", JobState::Succeeded, true).await.unwrap();
     // Transitions are conditional: only from the state the job is in.
-    jobs.transition(&id, JobState::Running, JobState::Succeeded)
-        .await
-        .unwrap();
     assert!(matches!(
         jobs.transition(&id, JobState::Running, JobState::Failed).await,
         Err(StoreError::Conflict(_))

@@ -526,6 +526,46 @@ impl crate::ports::JobStore for FakeJobs {
         r.cost_usd += cost_usd;
         Ok(())
     }
+
+    async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<(), StoreError> {
+        self.injected()?;
+        let mut m = self.jobs.lock().expect("lock");
+        let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
+        if r.state != crate::job::JobState::Running || r.lease_owner.as_deref() != Some(owner) {
+            return Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")));
+        }
+        r.lease_expires_at = Some(lease_until);
+        Ok(())
+    }
+
+    async fn finish(
+        &self,
+        id: &str,
+        owner: &str,
+        to: crate::job::JobState,
+        count_attempt: bool,
+    ) -> Result<(), StoreError> {
+        self.injected()?;
+        let mut m = self.jobs.lock().expect("lock");
+        let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
+        if r.state != crate::job::JobState::Running
+            || r.lease_owner.as_deref() != Some(owner)
+            || !r.state.can_go(to)
+            || to == crate::job::JobState::Cancelled
+        {
+            return Err(StoreError::Conflict(format!(
+                "{owner} does not hold the lease of {id} ({})",
+                r.state.as_str()
+            )));
+        }
+        r.state = to;
+        r.lease_owner = None;
+        r.lease_expires_at = None;
+        if !count_attempt {
+            r.attempts = r.attempts.saturating_sub(1);
+        }
+        Ok(())
+    }
 }
 
 /// Lane queues in memory: messages sent per lane, and a settable backlog.

@@ -6,7 +6,8 @@
 //! {"image": "ghcr.io/acme/train:1.4", "command": ["python", "train.py", "--epochs", "3"],
 //!  "gpus": 1, "min_gpu_memory_gib": 16, "lane": "standard", "project": "vision",
 //!  "deadline": 1790000000, "max_attempts": 3, "checkpoint_interval_s": 600,
-//!  "est_runtime_s": 3600, "job_type": "train", "client_token": "run-42"}
+//!  "est_runtime_s": 3600, "job_type": "train", "client_token": "run-42",
+//!  "input": "s3://my-bucket/inputs/batch-7.txt"}
 //! ```
 //!
 //! `command` is an argv array, never a shell string. Only `image`, `command` and `project` are
@@ -51,6 +52,10 @@ pub struct JobSpec {
     /// Idempotency token: two submissions with the same token are one job.
     #[serde(default)]
     pub client_token: Option<String>,
+    /// Input object, `s3://bucket/key`: the agent downloads it and gives the job its local path
+    /// (`ONOFF_JOB_INPUT`). Default none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
 }
 
 fn one() -> u32 {
@@ -167,8 +172,20 @@ impl JobSpec {
                 return bad("client_token", "must be 1-128 characters");
             }
         }
+        if let Some(uri) = &self.input {
+            if parse_s3_uri(uri).is_none() {
+                return bad("input", "must be an S3 URI s3://bucket/key");
+            }
+        }
         Ok(())
     }
+}
+
+/// Bucket and key of `s3://bucket/key`; `None` when `uri` is not of that form.
+pub fn parse_s3_uri(uri: &str) -> Option<(&str, &str)> {
+    let rest = uri.strip_prefix("s3://")?;
+    let (bucket, key) = rest.split_once('/')?;
+    (!bucket.is_empty() && !key.is_empty()).then_some((bucket, key))
 }
 
 /// State of a job.

@@ -12,11 +12,13 @@
 //! - [`catalog`]: the EC2 GPU catalogue (specs, prices, Spot Advisor buckets) as offerings.
 //! - [`reconcile`](mod@reconcile): observe, reap, decide, act (the scaler and the reconciler).
 //! - [`submit`](mod@submit): validate a job spec, write the job, enqueue it (idempotent).
+//! - [`emf`]: CloudWatch Embedded Metric Format lines (functions and the agent print them).
 //! - [`fake`]: in-memory fakes (feature `fake`, on by default).
 #![warn(missing_docs)]
 
 pub mod act;
 pub mod catalog;
+pub mod emf;
 pub mod events;
 #[cfg(feature = "fake")]
 pub mod fake;

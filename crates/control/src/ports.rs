@@ -296,6 +296,30 @@ pub trait JobStore {
         checkpoint: Option<&str>,
         cost_usd: f64,
     ) -> Result<(), StoreError>;
+
+    /// While `owner` holds the lease of a RUNNING job: extend the lease to `lease_until` (unix
+    /// seconds).
+    ///
+    /// # Errors
+    /// [`StoreError::Conflict`] when `owner` no longer holds the lease (it expired and the job was
+    /// re-queued or claimed by another worker, or the job is not RUNNING); store failures.
+    async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<(), StoreError>;
+
+    /// While `owner` holds the lease of a RUNNING job: end the attempt, moving the job to `to`
+    /// (SUCCEEDED, FAILED, RETRYING, or QUEUED for a release) and clearing the lease. With
+    /// `count_attempt == false` the attempt the claim counted is taken back (a release after a
+    /// spot interruption notice is not a failure).
+    ///
+    /// # Errors
+    /// [`StoreError::Conflict`] when `owner` does not hold the lease (so a job is never finished
+    /// twice) or RUNNING cannot go to `to`; store failures.
+    async fn finish(
+        &self,
+        id: &str,
+        owner: &str,
+        to: crate::job::JobState,
+        count_attempt: bool,
+    ) -> Result<(), StoreError>;
 }
 
 /// Queue depth per lane.
@@ -351,6 +375,12 @@ pub struct CheckpointRef {
     pub files: Vec<(String, u64)>,
 }
 
+/// Object-store prefix of checkpoint `seq` of `job_id`: `checkpoints/<job-id>/<seq as 20 digits>/`
+/// (what [`JobRecord::last_checkpoint`] holds).
+pub fn checkpoint_prefix(job_id: &str, seq: u64) -> String {
+    format!("checkpoints/{job_id}/{seq:020}/")
+}
+
 /// Checkpoints in object storage under `checkpoints/<job-id>/<seq>/`, each made complete by a
 /// manifest written after every file, so a half-written checkpoint is never resumed from.
 #[allow(async_fn_in_trait)]
@@ -391,4 +421,67 @@ pub trait Lease {
     /// # Errors
     /// Store failures.
     async fn release(&self, name: &str, owner: &str) -> Result<(), StoreError>;
+}
+
+// References forward, so several users (agents in tests, the local runner) can share one store.
+impl<T: JobStore> JobStore for &T {
+    async fn create(&self, record: &JobRecord) -> Result<Created, StoreError> {
+        (**self).create(record).await
+    }
+    async fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        (**self).get(id).await
+    }
+    async fn set_enqueued(&self, id: &str) -> Result<(), StoreError> {
+        (**self).set_enqueued(id).await
+    }
+    async fn transition(
+        &self,
+        id: &str,
+        from: crate::job::JobState,
+        to: crate::job::JobState,
+    ) -> Result<(), StoreError> {
+        (**self).transition(id, from, to).await
+    }
+    async fn claim(&self, id: &str, owner: &str, lease_until: f64, now: f64) -> Result<Claim, StoreError> {
+        (**self).claim(id, owner, lease_until, now).await
+    }
+    async fn record_error(&self, key: &str, reason: &str, now: f64) -> Result<(), StoreError> {
+        (**self).record_error(key, reason, now).await
+    }
+    async fn active(&self) -> Result<Vec<JobRecord>, StoreError> {
+        (**self).active().await
+    }
+    async fn record_progress(
+        &self,
+        id: &str,
+        owner: &str,
+        checkpoint: Option<&str>,
+        cost_usd: f64,
+    ) -> Result<(), StoreError> {
+        (**self).record_progress(id, owner, checkpoint, cost_usd).await
+    }
+    async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<(), StoreError> {
+        (**self).renew(id, owner, lease_until).await
+    }
+    async fn finish(
+        &self,
+        id: &str,
+        owner: &str,
+        to: crate::job::JobState,
+        count_attempt: bool,
+    ) -> Result<(), StoreError> {
+        (**self).finish(id, owner, to, count_attempt).await
+    }
+}
+
+impl<T: CheckpointStore> CheckpointStore for &T {
+    async fn upload(&self, job_id: &str, seq: u64, dir: &std::path::Path) -> Result<CheckpointRef, StoreError> {
+        (**self).upload(job_id, seq, dir).await
+    }
+    async fn latest(&self, job_id: &str) -> Result<Option<CheckpointRef>, StoreError> {
+        (**self).latest(job_id).await
+    }
+    async fn download(&self, r: &CheckpointRef, dest: &std::path::Path) -> Result<(), StoreError> {
+        (**self).download(r, dest).await
+    }
 }

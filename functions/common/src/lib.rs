@@ -11,7 +11,7 @@ use onoff_control::ports::{
 use onoff_control::reconcile::{reconcile_exclusive, ReconcileOptions, ReconcileReport};
 use onoff_policy::{Action, Offering, PolicyConfig, WorkerState};
 
-pub mod emf;
+pub use onoff_control::emf;
 
 /// The EC2 GPU catalogue compiled in (`data/catalog`, see its README for sources).
 const SPECS_CSV: &str = include_str!("../../../data/catalog/gpu_instance_specs.csv");

@@ -4,6 +4,18 @@
 /// One EMF line: `namespace`, timestamp `now` (unix seconds), one dimension set, and metrics as
 /// (name, value, unit) with CloudWatch unit names (`Count`, `Seconds`, `None`, ...).
 pub fn line(namespace: &str, now: f64, dimensions: &[(&str, &str)], metrics: &[(&str, f64, &str)]) -> String {
+    line_with(namespace, now, dimensions, metrics, &[])
+}
+
+/// [`line`] with extra properties that are logged but are not metrics or dimensions (a job id:
+/// searchable in CloudWatch Logs Insights without the cost of a high-cardinality dimension).
+pub fn line_with(
+    namespace: &str,
+    now: f64,
+    dimensions: &[(&str, &str)],
+    metrics: &[(&str, f64, &str)],
+    properties: &[(&str, serde_json::Value)],
+) -> String {
     let mut root = serde_json::Map::new();
     root.insert(
         "_aws".into(),
@@ -21,6 +33,9 @@ pub fn line(namespace: &str, now: f64, dimensions: &[(&str, &str)], metrics: &[(
     }
     for (n, v, _) in metrics {
         root.insert((*n).into(), serde_json::Value::from(*v));
+    }
+    for (k, v) in properties {
+        root.insert((*k).into(), v.clone());
     }
     serde_json::Value::Object(root).to_string()
 }

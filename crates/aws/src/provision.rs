@@ -1,0 +1,188 @@
+//! Create the resources `template.yaml` declares (a queue and dead-letter queue per lane, the
+//! jobs, workers and control tables, the bucket, the workers' launch template) through the SDK,
+//! for a local emulator (`onoff local`) where `sam deploy` cannot run. Same key schemas, redrive
+//! policy and launch template settings as the template; names get a prefix so several runs can
+//! share one emulator.
+
+use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType};
+use aws_sdk_sqs::types::QueueAttributeName;
+
+use crate::settings::{Clients, Resources};
+
+/// What to create.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProvisionOptions {
+    /// Prefix of every name (`<prefix>-jobs`, `<prefix>-standard`, ...).
+    pub prefix: String,
+    /// Lanes; one queue and dead-letter queue each.
+    pub lanes: Vec<String>,
+    /// Receives of one message before SQS moves it to the dead-letter queue (template: 5).
+    pub max_receive_count: u32,
+    /// Default visibility timeout of the lane queues, seconds (template: 900).
+    pub visibility_timeout_s: u32,
+}
+
+/// A failure to create a resource, naming it.
+#[derive(Debug, thiserror::Error)]
+#[error("create {what}: {message}")]
+pub struct ProvisionError {
+    /// The resource.
+    pub what: String,
+    /// The provider's message.
+    pub message: String,
+}
+
+fn perr(what: impl Into<String>, e: impl std::fmt::Display) -> ProvisionError {
+    ProvisionError {
+        what: what.into(),
+        message: e.to_string(),
+    }
+}
+
+/// Created resources: the [`Resources`] the functions and agents are configured with, and the
+/// dead-letter queue URL of each lane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Provisioned {
+    /// Names as the functions read them from the environment.
+    pub resources: Resources,
+    /// `(lane, dead-letter queue URL)`.
+    pub dead_letter_queues: Vec<(String, String)>,
+}
+
+async fn table(c: &Clients, name: &str, key: &str) -> Result<(), ProvisionError> {
+    let attr = AttributeDefinition::builder()
+        .attribute_name(key)
+        .attribute_type(ScalarAttributeType::S)
+        .build()
+        .map_err(|e| perr(name, e))?;
+    let schema = KeySchemaElement::builder()
+        .attribute_name(key)
+        .key_type(KeyType::Hash)
+        .build()
+        .map_err(|e| perr(name, e))?;
+    c.dynamodb
+        .create_table()
+        .table_name(name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(attr)
+        .key_schema(schema)
+        .send()
+        .await
+        .map_err(|e| perr(format!("table {name}"), aws_sdk_dynamodb::error::DisplayErrorContext(e)))?;
+    Ok(())
+}
+
+async fn queue(c: &Clients, name: &str, attrs: Vec<(QueueAttributeName, String)>) -> Result<String, ProvisionError> {
+    let mut req = c.sqs.create_queue().queue_name(name);
+    for (k, v) in attrs {
+        req = req.attributes(k, v);
+    }
+    let out = req
+        .send()
+        .await
+        .map_err(|e| perr(format!("queue {name}"), aws_sdk_sqs::error::DisplayErrorContext(e)))?;
+    out.queue_url()
+        .map(str::to_string)
+        .ok_or_else(|| perr(format!("queue {name}"), "no queue URL returned"))
+}
+
+/// Create everything; returns the names. Not idempotent: run it once per prefix.
+///
+/// # Errors
+/// The first resource that could not be created.
+pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provisioned, ProvisionError> {
+    let p = &opts.prefix;
+    let mut queue_urls = Vec::new();
+    let mut dead_letter_queues = Vec::new();
+    for lane in &opts.lanes {
+        let dlq = queue(
+            c,
+            &format!("{p}-{lane}-dlq"),
+            vec![(QueueAttributeName::MessageRetentionPeriod, "1209600".into())],
+        )
+        .await?;
+        let arn = c
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&dlq)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .map_err(|e| perr(format!("{lane} dead-letter queue"), aws_sdk_sqs::error::DisplayErrorContext(e)))?
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+            .ok_or_else(|| perr(format!("{lane} dead-letter queue"), "no ARN"))?;
+        let redrive = serde_json::json!({
+            "deadLetterTargetArn": arn,
+            "maxReceiveCount": opts.max_receive_count.to_string(),
+        })
+        .to_string();
+        let url = queue(
+            c,
+            &format!("{p}-{lane}"),
+            vec![
+                (QueueAttributeName::VisibilityTimeout, opts.visibility_timeout_s.to_string()),
+                (QueueAttributeName::RedrivePolicy, redrive),
+            ],
+        )
+        .await?;
+        queue_urls.push((lane.clone(), url));
+        dead_letter_queues.push((lane.clone(), dlq));
+    }
+    let (jobs, workers, control) = (format!("{p}-jobs"), format!("{p}-workers"), format!("{p}-control"));
+    table(c, &jobs, "job_id").await?;
+    table(c, &workers, "instance_id").await?;
+    table(c, &control, "pk").await?;
+    let bucket = format!("{p}-bucket").to_lowercase();
+    c.s3.create_bucket()
+        .bucket(&bucket)
+        .send()
+        .await
+        .map_err(|e| perr(format!("bucket {bucket}"), aws_sdk_s3::error::DisplayErrorContext(e)))?;
+    let launch_template = format!("{p}-worker");
+    let image = c
+        .ec2
+        .describe_images()
+        .owners("amazon")
+        .send()
+        .await
+        .map_err(|e| perr("launch template image", aws_sdk_ec2::error::DisplayErrorContext(e)))?
+        .images()
+        .first()
+        .and_then(|i| i.image_id())
+        .map(str::to_string)
+        .ok_or_else(|| perr("launch template image", "the emulator lists no Amazon image"))?;
+    c.ec2
+        .create_launch_template()
+        .launch_template_name(&launch_template)
+        .launch_template_data(
+            aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
+                .image_id(image)
+                .instance_initiated_shutdown_behavior(aws_sdk_ec2::types::ShutdownBehavior::Terminate)
+                .metadata_options(
+                    aws_sdk_ec2::types::LaunchTemplateInstanceMetadataOptionsRequest::builder()
+                        .http_tokens(aws_sdk_ec2::types::LaunchTemplateHttpTokensState::Required)
+                        .http_put_response_hop_limit(2)
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .map_err(|e| perr(format!("launch template {launch_template}"), aws_sdk_ec2::error::DisplayErrorContext(e)))?;
+    let subnets = crate::fleet::Ec2Fleet::default_subnets(&c.ec2)
+        .await
+        .map_err(|e| perr("subnets", e))?;
+    Ok(Provisioned {
+        resources: Resources {
+            queue_urls,
+            jobs_table: jobs,
+            workers_table: workers,
+            control_table: control,
+            bucket,
+            launch_template,
+            subnets,
+        },
+        dead_letter_queues,
+    })
+}

@@ -1,0 +1,828 @@
+//! The agent's loop: register, poll, claim, run, checkpoint, react to notices, exit when idle.
+//!
+//! Everything goes through the ports in [`crate::ports`] and tokio time, so the whole loop runs in
+//! tests against fakes with paused time.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::time::Duration;
+
+use onoff_control::job::{parse_s3_uri, JobState};
+use onoff_control::ports::{checkpoint_prefix, CheckpointStore, Claim, JobRecord, JobStore, StoreError, WorkerRecord};
+use onoff_policy::{CapacityType, OfferingKey, WorkerState};
+use tokio::time::{sleep_until, Instant};
+
+use crate::config::{AgentConfig, ShutdownMode};
+use crate::ports::{Control, Identity, Inbox, Instance, JobCommand, JobEvent, Launcher, Message, Metadata, Notice, Objects, Registry};
+
+/// The ports the agent runs against.
+#[derive(Debug)]
+pub struct Deps<M, Q, J, R, C, O, I, L> {
+    /// IMDS.
+    pub metadata: M,
+    /// Lane queues.
+    pub inbox: Q,
+    /// Jobs table.
+    pub jobs: J,
+    /// Workers table.
+    pub registry: R,
+    /// Checkpoints.
+    pub checkpoints: C,
+    /// Input objects.
+    pub objects: O,
+    /// This instance.
+    pub instance: I,
+    /// Job processes.
+    pub launcher: L,
+}
+
+/// Why the agent stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitReason {
+    /// No job for the idle timeout: deregistered and terminated its instance.
+    IdleTimeout,
+    /// A spot interruption notice or rebalance recommendation: released its job, deregistered and
+    /// terminated its instance.
+    Notice(Notice),
+    /// Asked to stop (SIGTERM/SIGINT to the agent): released its job and deregistered.
+    Shutdown,
+}
+
+/// How one job attempt on this worker ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Exit 0, recorded SUCCEEDED, message deleted.
+    Succeeded,
+    /// Failed for good (attempts used up, or it cannot run here), recorded FAILED.
+    Failed,
+    /// Failed, retried after `retry_delay_s`.
+    Retrying,
+    /// Stopped for a notice or shutdown, checkpointed, released for resume (attempt not counted).
+    Released,
+    /// The lease was lost (expired and taken over): the job was killed, nothing recorded.
+    LostLease,
+}
+
+impl Outcome {
+    /// Lower-case name (metrics, logs).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Retrying => "retrying",
+            Outcome::Released => "released",
+            Outcome::LostLease => "lost_lease",
+        }
+    }
+}
+
+/// Per-job figures, also printed as an EMF line (namespace `onoff`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobReport {
+    /// Job id.
+    pub job_id: String,
+    /// Attempt number (claims that counted).
+    pub attempt: u32,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The process's exit code (`None`: killed by a signal, or never started).
+    pub exit_code: Option<i32>,
+    /// Whether the process exited 0 (the work completed, whatever was recorded).
+    pub completed: bool,
+    /// Checkpoint sequence it resumed from.
+    pub resumed_from: Option<u64>,
+    /// Checkpoints uploaded.
+    pub checkpoints_uploaded: u32,
+    /// Seconds the job ran (job time: wall seconds × `time_scale`).
+    pub seconds: f64,
+    /// GPU-seconds: seconds × the job's GPUs.
+    pub gpu_seconds: f64,
+    /// $: the instance price × seconds.
+    pub cost_usd: f64,
+    /// Items this attempt processed, when the job reported them (`ONOFF_ITEMS <n>`, cumulative
+    /// over the job; after a resume, counted from the first count the job printed).
+    pub items: Option<u64>,
+}
+
+impl JobReport {
+    /// $ per item, when items were reported.
+    pub fn usd_per_item(&self) -> Option<f64> {
+        self.items.filter(|&n| n > 0).map(|n| self.cost_usd / n as f64)
+    }
+}
+
+/// What a run of the agent did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentReport {
+    /// Why it stopped.
+    pub exit: ExitReason,
+    /// Every job attempt, in order.
+    pub jobs: Vec<JobReport>,
+    /// Messages dropped because their job was finished or held by another worker's live lease.
+    pub dropped: u32,
+    /// Messages left for the dead-letter queue (malformed, unknown job), each with an error record.
+    pub poison: u32,
+}
+
+/// A failure that stops the agent before it can work.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// IMDS did not answer.
+    #[error("instance metadata: {0}")]
+    Metadata(String),
+    /// The workers table could not be read or written.
+    #[error("workers table: {0}")]
+    Registry(#[from] StoreError),
+}
+
+/// Unix seconds from a base and tokio's clock (paused in tests).
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    base_unix: f64,
+    start: Instant,
+}
+
+impl Clock {
+    fn now(&self) -> f64 {
+        self.base_unix + self.start.elapsed().as_secs_f64()
+    }
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+/// Largest `n` among the directories named by an integer under `dir` (complete checkpoints).
+fn newest_checkpoint(dir: &Path) -> Option<u64> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+        .max()
+}
+
+/// `ONOFF_ITEMS <n>` lines.
+fn items_line(line: &str) -> Option<u64> {
+    line.trim().strip_prefix("ONOFF_ITEMS")?.trim().parse().ok()
+}
+
+type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
+
+struct Worker<'a, M, Q, J, R, C, O, I, L> {
+    deps: &'a Deps<M, Q, J, R, C, O, I, L>,
+    cfg: &'a AgentConfig,
+    clock: Clock,
+    me: Identity,
+    lanes: Vec<String>,
+    price_usd_per_h: f64,
+    report: AgentReport,
+}
+
+/// Run the agent until it exits (idle timeout, notice, or `shutdown` resolving). `start_unix`:
+/// the unix time now (the agent's clock advances with tokio's).
+///
+/// # Errors
+/// [`AgentError`] when IMDS or the workers table cannot be reached at start; later failures are
+/// logged and retried.
+pub async fn run<M, Q, J, R, C, O, I, L>(
+    deps: &Deps<M, Q, J, R, C, O, I, L>,
+    cfg: &AgentConfig,
+    start_unix: f64,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<AgentReport, AgentError>
+where
+    M: Metadata,
+    Q: Inbox,
+    J: JobStore,
+    R: Registry,
+    C: CheckpointStore,
+    O: Objects,
+    I: Instance,
+    L: Launcher,
+{
+    let clock = Clock {
+        base_unix: start_unix,
+        start: Instant::now(),
+    };
+    let me = deps.metadata.identity().await.map_err(AgentError::Metadata)?;
+    let record = deps.registry.get(&me.instance_id).await?;
+    let (lane, price) = match record {
+        Some(r) => (r.lane, r.price_usd_per_h),
+        None => {
+            let lane = cfg.lanes.first().cloned().unwrap_or_else(|| "standard".into());
+            let capacity_type = if me.lifecycle == "spot" {
+                CapacityType::Spot
+            } else {
+                CapacityType::OnDemand
+            };
+            deps.registry
+                .register(WorkerRecord {
+                    id: me.instance_id.clone(),
+                    lane: lane.clone(),
+                    offering: OfferingKey {
+                        instance_type: me.instance_type.clone(),
+                        zone: me.zone.clone(),
+                        capacity_type,
+                    },
+                    price_usd_per_h: 0.0,
+                    state: WorkerState::Pending,
+                    launched_at: clock.now(),
+                    project: None,
+                    idle_since: None,
+                    heartbeat_at: None,
+                })
+                .await?;
+            tracing::warn!(instance = %me.instance_id, "not registered by the control plane: registered with price 0");
+            (lane, 0.0)
+        }
+    };
+    let lanes = if cfg.lanes.is_empty() { vec![lane] } else { cfg.lanes.clone() };
+    tracing::info!(instance = %me.instance_id, ?lanes, price_usd_per_h = price, "agent started");
+    let mut w = Worker {
+        deps,
+        cfg,
+        clock,
+        me,
+        lanes,
+        price_usd_per_h: price,
+        report: AgentReport {
+            exit: ExitReason::Shutdown,
+            jobs: Vec::new(),
+            dropped: 0,
+            poison: 0,
+        },
+    };
+    let mut shutdown: Pin<Box<dyn Future<Output = ()> + Send + '_>> = Box::pin(shutdown);
+    let exit = w.serve(shutdown.as_mut()).await;
+    w.leave(&exit).await;
+    w.report.exit = exit;
+    Ok(w.report)
+}
+
+impl<M, Q, J, R, C, O, I, L> Worker<'_, M, Q, J, R, C, O, I, L>
+where
+    M: Metadata,
+    Q: Inbox,
+    J: JobStore,
+    R: Registry,
+    C: CheckpointStore,
+    O: Objects,
+    I: Instance,
+    L: Launcher,
+{
+    fn id(&self) -> &str {
+        &self.me.instance_id
+    }
+
+    async fn heartbeat(&self, state: WorkerState, idle_since: Option<f64>, job: Option<&str>) {
+        let now = self.clock.now();
+        if let Err(e) = self.deps.registry.heartbeat(self.id(), state, idle_since, now).await {
+            tracing::warn!(error = %e, "heartbeat");
+        }
+        let health = serde_json::json!({
+            "instance_id": self.id(), "state": format!("{state:?}"), "at": now, "job": job,
+        });
+        let _ = std::fs::create_dir_all(&self.cfg.work_dir);
+        let _ = std::fs::write(self.cfg.health_file(), health.to_string());
+    }
+
+    async fn notice(&self) -> Option<Notice> {
+        match self.deps.metadata.notice().await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "IMDS notice poll");
+                None
+            }
+        }
+    }
+
+    /// Poll and run jobs until a reason to exit.
+    async fn serve(&mut self, mut shutdown: Shutdown<'_>) -> ExitReason {
+        let mut idle_since = self.clock.now();
+        let mut idle_at = Instant::now();
+        self.heartbeat(WorkerState::Idle, Some(idle_since), None).await;
+        let mut next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
+        let mut next_poll = Instant::now();
+        loop {
+            if Instant::now() >= next_poll {
+                next_poll = Instant::now() + secs(self.cfg.imds_poll_s);
+                if let Some(n) = self.notice().await {
+                    tracing::warn!(notice = ?n, "notice while idle: draining");
+                    return ExitReason::Notice(n);
+                }
+            }
+            let idle_for = idle_at.elapsed().as_secs_f64();
+            if idle_for >= self.cfg.idle_timeout_s {
+                tracing::info!(idle_s = idle_for, "idle timeout");
+                return ExitReason::IdleTimeout;
+            }
+            if Instant::now() >= next_heartbeat {
+                next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
+                self.heartbeat(WorkerState::Idle, Some(idle_since), None).await;
+            }
+            // Long-poll no longer than the next thing to do.
+            let until_next = [
+                self.cfg.idle_timeout_s - idle_for,
+                next_poll.saturating_duration_since(Instant::now()).as_secs_f64(),
+                next_heartbeat.saturating_duration_since(Instant::now()).as_secs_f64(),
+            ]
+            .into_iter()
+            .fold(self.cfg.poll_wait_s, f64::min);
+            let received = tokio::select! {
+                () = &mut shutdown => return ExitReason::Shutdown,
+                m = self.receive(until_next) => m,
+            };
+            let Some(msg) = received else { continue };
+            let ran = self.report.jobs.len();
+            if let Some(exit) = self.handle(msg, shutdown.as_mut()).await {
+                return exit;
+            }
+            if self.report.jobs.len() == ran {
+                // A dropped or poison message is not work: the idle clock keeps running.
+                continue;
+            }
+            idle_since = self.clock.now();
+            idle_at = Instant::now();
+            self.heartbeat(WorkerState::Idle, Some(idle_since), None).await;
+            next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
+        }
+    }
+
+    /// One message from the lanes, preferred lane first; long-polls the last lane for `wait_s`.
+    async fn receive(&self, wait_s: f64) -> Option<Message> {
+        let visibility = self.cfg.lease_s.ceil() as u32;
+        for (i, lane) in self.lanes.iter().enumerate() {
+            let wait = if i + 1 == self.lanes.len() { wait_s.floor().max(0.0) as u32 } else { 0 };
+            let started = Instant::now();
+            match self.deps.inbox.receive(lane, wait, visibility).await {
+                Ok(Some(m)) => return Some(m),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(lane = %lane, error = %e, "receive");
+                    // Do not spin on a failing queue.
+                    tokio::time::sleep_until(started + secs(wait_s.min(1.0))).await;
+                }
+            }
+        }
+        // A long poll shorter than a second still waits, so the loop does not spin.
+        if wait_s < 1.0 {
+            tokio::time::sleep(secs(wait_s)).await;
+        }
+        None
+    }
+
+    async fn poison(&mut self, msg: &Message, key: &str, reason: &str) {
+        tracing::error!(message = %msg.message_id, %reason, "poison message: left for the dead-letter queue");
+        if let Err(e) = self.deps.jobs.record_error(key, reason, self.clock.now()).await {
+            tracing::warn!(error = %e, "record error");
+        }
+        self.report.poison += 1;
+        // Visible again after the retry delay; SQS moves it to the dead-letter queue after
+        // maxReceiveCount receives.
+        let _ = self
+            .deps
+            .inbox
+            .set_visibility(&msg.lane, &msg.receipt, self.cfg.retry_delay_s as u32)
+            .await;
+    }
+
+    /// Claim and run the message's job. `Some` when the agent must exit.
+    async fn handle(&mut self, msg: Message, shutdown: Shutdown<'_>) -> Option<ExitReason> {
+        let job_id = serde_json::from_str::<serde_json::Value>(&msg.body)
+            .ok()
+            .and_then(|v| v.get("job_id")?.as_str().map(str::to_string));
+        let Some(job_id) = job_id else {
+            let excerpt: String = msg.body.chars().take(200).collect();
+            let reason = format!("job message is not {{\"job_id\": \"...\"}}: {excerpt:?}");
+            self.poison(&msg, &format!("sqs:{}", msg.message_id), &reason).await;
+            return None;
+        };
+        let now = self.clock.now();
+        let owner = self.id().to_string();
+        match self.deps.jobs.claim(&job_id, &owner, now + self.cfg.lease_s, now).await {
+            Ok(Claim::Claimed(rec)) => {
+                let (report, exit) = self.run_job(&msg, *rec, shutdown).await;
+                self.emit(&report);
+                self.report.jobs.push(report);
+                exit
+            }
+            Ok(Claim::NotClaimable(state)) => {
+                tracing::info!(job = %job_id, state = state.as_str(), "job finished or held by a live lease: message dropped");
+                self.report.dropped += 1;
+                if let Err(e) = self.deps.inbox.delete(&msg.lane, &msg.receipt).await {
+                    tracing::warn!(error = %e, "delete dropped message");
+                }
+                None
+            }
+            Ok(Claim::Unknown) => {
+                let reason = format!("no job {job_id} in the jobs table");
+                self.poison(&msg, &format!("sqs:{}", msg.message_id), &reason).await;
+                None
+            }
+            Err(e) => {
+                // A record that does not parse (a poison job spec) or a store failure. If the claim
+                // went through, the job cannot run anywhere: fail it with the reason.
+                let reason = format!("cannot claim {job_id}: {e}");
+                if matches!(e, StoreError::Other(_))
+                    && self.deps.jobs.finish(&job_id, &owner, JobState::Failed, true).await.is_ok()
+                {
+                    let _ = self.deps.jobs.record_error(&format!("job:{job_id}"), &reason, now).await;
+                    let _ = self.deps.inbox.delete(&msg.lane, &msg.receipt).await;
+                    tracing::error!(job = %job_id, %reason, "job failed: its record cannot be read");
+                } else {
+                    self.poison(&msg, &format!("sqs:{}", msg.message_id), &reason).await;
+                }
+                None
+            }
+        }
+    }
+
+    fn emit(&self, r: &JobReport) {
+        let mut metrics = vec![
+            ("JobSeconds", r.seconds, "Seconds"),
+            ("GpuSeconds", r.gpu_seconds, "Seconds"),
+            ("JobCostUsd", r.cost_usd, "None"),
+            ("CheckpointsUploaded", f64::from(r.checkpoints_uploaded), "Count"),
+        ];
+        if let Some(n) = r.items {
+            metrics.push(("ItemsProcessed", n as f64, "Count"));
+        }
+        if let Some(c) = r.usd_per_item() {
+            metrics.push(("UsdPerItem", c, "None"));
+        }
+        let line = onoff_control::emf::line_with(
+            "onoff",
+            self.clock.now(),
+            &[("Deployment", self.cfg.deployment.as_str()), ("Outcome", r.outcome.as_str())],
+            &metrics,
+            &[
+                ("JobId", r.job_id.clone().into()),
+                ("InstanceId", self.id().into()),
+                ("Attempt", r.attempt.into()),
+                ("ExitCode", r.exit_code.into()),
+                ("Completed", r.completed.into()),
+                ("ResumedFrom", r.resumed_from.into()),
+            ],
+        );
+        println!("{line}");
+    }
+
+    /// Tell the queue and the table how the attempt ended.
+    async fn settle(&mut self, msg: &Message, job: &JobRecord, to: JobState, count: bool) -> bool {
+        match self.deps.jobs.finish(&job.id, self.id(), to, count).await {
+            Ok(()) => {}
+            Err(e) => {
+                tracing::warn!(job = %job.id, error = %e, "attempt end not recorded (lease lost)");
+                return false;
+            }
+        }
+        let queue = match to {
+            JobState::Succeeded | JobState::Failed => self.deps.inbox.delete(&msg.lane, &msg.receipt).await,
+            JobState::Retrying => {
+                self.deps
+                    .inbox
+                    .set_visibility(&msg.lane, &msg.receipt, self.cfg.retry_delay_s as u32)
+                    .await
+            }
+            _ => self.deps.inbox.set_visibility(&msg.lane, &msg.receipt, 0).await,
+        };
+        if let Err(e) = queue {
+            // The message reappears after its visibility timeout and is dropped at claim time
+            // (finished) or claimed again (released): nothing is lost.
+            tracing::warn!(job = %job.id, error = %e, "queue update after the attempt");
+        }
+        true
+    }
+
+    async fn run_job(&mut self, msg: &Message, job: JobRecord, mut shutdown: Shutdown<'_>) -> (JobReport, Option<ExitReason>) {
+        let id = job.id.clone();
+        let owner = self.id().to_string();
+        tracing::info!(job = %id, attempt = job.attempts, lane = %msg.lane, "claimed");
+        self.heartbeat(WorkerState::Running, None, Some(&id)).await;
+        let mut report = JobReport {
+            job_id: id.clone(),
+            attempt: job.attempts,
+            outcome: Outcome::Failed,
+            exit_code: None,
+            completed: false,
+            resumed_from: None,
+            checkpoints_uploaded: 0,
+            seconds: 0.0,
+            gpu_seconds: 0.0,
+            cost_usd: 0.0,
+            items: None,
+        };
+        let dir = self.cfg.work_dir.join("jobs").join(&id);
+        let (ckpt_dir, resume_dir, input_dir) = (dir.join("checkpoint"), dir.join("resume"), dir.join("input"));
+        let prepared = (|| -> std::io::Result<()> {
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir)?;
+            }
+            for d in [&ckpt_dir, &resume_dir, &input_dir] {
+                std::fs::create_dir_all(d)?;
+            }
+            Ok(())
+        })();
+        if let Some(img) = &self.cfg.worker_image {
+            if &job.spec.image != img {
+                let reason = format!("job wants image {:?}; this worker runs {img:?}", job.spec.image);
+                return (self.fail_for_good(msg, &job, report, &reason).await, None);
+            }
+        }
+        if let Err(e) = prepared {
+            return (self.fail_attempt(msg, &job, report, &format!("work dir {}: {e}", dir.display())).await, None);
+        }
+        // The latest complete checkpoint, if any.
+        let mut remote_seq = 0;
+        let mut env: Vec<(String, String)> = vec![
+            ("ONOFF_JOB_ID".into(), id.clone()),
+            ("ONOFF_ATTEMPT".into(), job.attempts.to_string()),
+            ("ONOFF_CHECKPOINT_DIR".into(), ckpt_dir.display().to_string()),
+            ("ONOFF_STOP_FILE".into(), dir.join("STOP").display().to_string()),
+        ];
+        match self.deps.checkpoints.latest(&id).await {
+            Ok(Some(r)) => match self.deps.checkpoints.download(&r, &resume_dir).await {
+                Ok(()) => {
+                    remote_seq = r.seq;
+                    report.resumed_from = Some(r.seq);
+                    env.push(("ONOFF_RESUME_DIR".into(), resume_dir.display().to_string()));
+                    tracing::info!(job = %id, seq = r.seq, "resuming from checkpoint");
+                }
+                Err(e) => return (self.release(msg, &job, report, &format!("download checkpoint: {e}")).await, None),
+            },
+            Ok(None) => {}
+            Err(e) => return (self.release(msg, &job, report, &format!("list checkpoints: {e}")).await, None),
+        }
+        if let Some(uri) = &job.spec.input {
+            let name = parse_s3_uri(uri)
+                .and_then(|(_, k)| k.rsplit('/').next())
+                .filter(|n| !n.is_empty() && *n != "." && *n != "..")
+                .unwrap_or("input");
+            let dest = input_dir.join(name);
+            if let Err(e) = self.deps.objects.download(uri, &dest).await {
+                return (self.fail_attempt(msg, &job, report, &format!("input {uri}: {e}")).await, None);
+            }
+            env.push(("ONOFF_JOB_INPUT".into(), dest.display().to_string()));
+            env.push(("ONOFF_JOB_INPUT_URI".into(), uri.clone()));
+        }
+        let cmd = JobCommand {
+            argv: job.spec.command.clone(),
+            env,
+            cwd: dir.clone(),
+        };
+        let mut handle = match self.deps.launcher.start(&cmd) {
+            Ok(h) => h,
+            Err(e) => return (self.fail_attempt(msg, &job, report, &e).await, None),
+        };
+        let started = Instant::now();
+        let mut billed = started;
+        let mut local_uploaded: Option<u64> = None;
+        let renew_every = secs(self.cfg.lease_s / 3.0);
+        let ckpt_every = secs(job.spec.checkpoint_interval_s / self.cfg.time_scale);
+        let mut next_renew = Instant::now() + renew_every;
+        let mut next_ckpt = Instant::now() + ckpt_every;
+        let mut next_poll = Instant::now() + secs(self.cfg.imds_poll_s);
+        let mut next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
+        let mut stop: Option<ExitReason> = None;
+        let mut items_base: Option<u64> = None;
+        let mut stop_deadline: Option<Instant> = None;
+        let exit_code = loop {
+            let kill_at = stop_deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
+            tokio::select! {
+                ev = handle.events.recv() => match ev {
+                    Some(JobEvent::Line(l)) => {
+                        if let Some(n) = items_line(&l) {
+                            // Counts are cumulative over the job; a resumed job first repeats the
+                            // count it resumed at, which this attempt did not process.
+                            let base = *items_base.get_or_insert(if report.resumed_from.is_some() { n } else { 0 });
+                            report.items = Some(n.saturating_sub(base));
+                        } else {
+                            tracing::info!(job = %id, "| {l}");
+                        }
+                    }
+                    Some(JobEvent::Exited(code)) => break code,
+                    None => break None,
+                },
+                () = sleep_until(next_renew) => {
+                    next_renew = Instant::now() + renew_every;
+                    let until = self.clock.now() + self.cfg.lease_s;
+                    match self.deps.jobs.renew(&id, &owner, until).await {
+                        Ok(()) => {
+                            if let Err(e) = self.deps.inbox.set_visibility(&msg.lane, &msg.receipt, self.cfg.lease_s.ceil() as u32).await {
+                                tracing::warn!(job = %id, error = %e, "extend visibility");
+                            }
+                        }
+                        Err(StoreError::Conflict(e)) => {
+                            tracing::error!(job = %id, error = %e, "lease lost: killing the job");
+                            let _ = handle.control.send(Control::Kill).await;
+                            while let Some(ev) = handle.events.recv().await {
+                                if let JobEvent::Exited(c) = ev {
+                                    report.exit_code = c;
+                                    break;
+                                }
+                            }
+                            report.outcome = Outcome::LostLease;
+                            self.account(&mut report, &job, started, &mut billed, None).await;
+                            return (report, None);
+                        }
+                        Err(e) => tracing::warn!(job = %id, error = %e, "renew lease"),
+                    }
+                }
+                () = sleep_until(next_ckpt), if stop.is_none() => {
+                    next_ckpt = Instant::now() + ckpt_every;
+                    let uploaded = self.upload_newest(&id, &ckpt_dir, &mut local_uploaded, &mut remote_seq).await;
+                    if uploaded.is_some() {
+                        report.checkpoints_uploaded += 1;
+                    }
+                    self.account(&mut report, &job, started, &mut billed, uploaded).await;
+                }
+                () = sleep_until(next_poll), if stop.is_none() => {
+                    next_poll = Instant::now() + secs(self.cfg.imds_poll_s);
+                    if let Some(n) = self.notice().await {
+                        tracing::warn!(job = %id, notice = ?n, "notice: asking the job to checkpoint and stop");
+                        stop = Some(ExitReason::Notice(n));
+                    }
+                }
+                () = &mut shutdown, if stop.is_none() => {
+                    tracing::warn!(job = %id, "agent shutdown: asking the job to checkpoint and stop");
+                    stop = Some(ExitReason::Shutdown);
+                }
+                () = sleep_until(next_heartbeat) => {
+                    next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
+                    let state = if stop.is_some() { WorkerState::Draining } else { WorkerState::Running };
+                    self.heartbeat(state, None, Some(&id)).await;
+                }
+                () = sleep_until(kill_at), if stop_deadline.is_some() => {
+                    tracing::warn!(job = %id, "grace period over: killing the job");
+                    let _ = handle.control.send(Control::Kill).await;
+                    stop_deadline = Some(Instant::now() + Duration::from_secs(86_400 * 365));
+                }
+            }
+            if stop.is_some() && stop_deadline.is_none() {
+                self.heartbeat(WorkerState::Draining, None, Some(&id)).await;
+                let _ = std::fs::write(dir.join("STOP"), b"");
+                let _ = handle.control.send(Control::Stop).await;
+                stop_deadline = Some(Instant::now() + secs(self.cfg.notice_grace_s));
+            }
+        };
+        report.exit_code = exit_code;
+        report.completed = exit_code == Some(0);
+        // The newest complete checkpoint goes up before anything else: a retry or a resume
+        // starts from it.
+        let uploaded = self.upload_newest(&id, &ckpt_dir, &mut local_uploaded, &mut remote_seq).await;
+        if uploaded.is_some() {
+            report.checkpoints_uploaded += 1;
+        }
+        self.account(&mut report, &job, started, &mut billed, uploaded).await;
+        if let Some(reason) = stop {
+            if report.completed {
+                // It finished before it could be stopped: record the success.
+                report.outcome = if self.settle(msg, &job, JobState::Succeeded, true).await {
+                    Outcome::Succeeded
+                } else {
+                    Outcome::LostLease
+                };
+            } else {
+                report.outcome = if self.settle(msg, &job, JobState::Queued, false).await {
+                    Outcome::Released
+                } else {
+                    Outcome::LostLease
+                };
+            }
+            tracing::info!(job = %id, outcome = report.outcome.as_str(), "stopped for {reason:?}");
+            return (report, Some(reason));
+        }
+        if report.completed {
+            report.outcome = if self.settle(msg, &job, JobState::Succeeded, true).await {
+                Outcome::Succeeded
+            } else {
+                Outcome::LostLease
+            };
+            tracing::info!(job = %id, seconds = report.seconds, cost_usd = report.cost_usd, "succeeded");
+            return (report, None);
+        }
+        let why = match exit_code {
+            Some(c) => format!("exit code {c}"),
+            None => "killed by a signal".to_string(),
+        };
+        (self.fail_attempt(msg, &job, report, &why).await, None)
+    }
+
+    /// Add the cost since the last record (and the new checkpoint, if any) to the job record.
+    async fn account(
+        &self,
+        report: &mut JobReport,
+        job: &JobRecord,
+        started: Instant,
+        billed: &mut Instant,
+        checkpoint: Option<String>,
+    ) {
+        let now = Instant::now();
+        let delta_s = (now - *billed).as_secs_f64() * self.cfg.time_scale;
+        let delta_usd = self.price_usd_per_h * delta_s / 3600.0;
+        *billed = now;
+        report.seconds = (now - started).as_secs_f64() * self.cfg.time_scale;
+        report.gpu_seconds = report.seconds * f64::from(job.spec.gpus);
+        report.cost_usd += delta_usd;
+        if let Err(e) = self
+            .deps
+            .jobs
+            .record_progress(&job.id, self.id(), checkpoint.as_deref(), delta_usd)
+            .await
+        {
+            tracing::warn!(job = %job.id, error = %e, "record progress");
+        }
+    }
+
+    /// Upload the newest complete local checkpoint if it is newer than the last one uploaded;
+    /// returns its prefix.
+    async fn upload_newest(
+        &self,
+        id: &str,
+        dir: &Path,
+        local_uploaded: &mut Option<u64>,
+        remote_seq: &mut u64,
+    ) -> Option<String> {
+        let newest = newest_checkpoint(dir)?;
+        if local_uploaded.is_some_and(|u| u >= newest) {
+            return None;
+        }
+        let seq = *remote_seq + 1;
+        let path: PathBuf = dir.join(newest.to_string());
+        match self.deps.checkpoints.upload(id, seq, &path).await {
+            Ok(_) => {
+                *remote_seq = seq;
+                *local_uploaded = Some(newest);
+                tracing::info!(job = %id, seq, "checkpoint uploaded");
+                Some(checkpoint_prefix(id, seq))
+            }
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "checkpoint upload (the previous one still counts)");
+                None
+            }
+        }
+    }
+
+    /// A failed attempt: retried until the spec's `max_attempts`, then FAILED.
+    async fn fail_attempt(&mut self, msg: &Message, job: &JobRecord, mut report: JobReport, why: &str) -> JobReport {
+        if job.attempts >= job.spec.max_attempts {
+            let reason = format!("{why} (attempt {} of {})", job.attempts, job.spec.max_attempts);
+            return self.fail_for_good(msg, job, report, &reason).await;
+        }
+        tracing::warn!(job = %job.id, attempt = job.attempts, %why, "attempt failed: will retry");
+        report.outcome = if self.settle(msg, job, JobState::Retrying, true).await {
+            Outcome::Retrying
+        } else {
+            Outcome::LostLease
+        };
+        report
+    }
+
+    async fn fail_for_good(&mut self, msg: &Message, job: &JobRecord, mut report: JobReport, reason: &str) -> JobReport {
+        tracing::error!(job = %job.id, %reason, "job failed");
+        let _ = self
+            .deps
+            .jobs
+            .record_error(&format!("job:{}", job.id), reason, self.clock.now())
+            .await;
+        report.outcome = if self.settle(msg, job, JobState::Failed, true).await {
+            Outcome::Failed
+        } else {
+            Outcome::LostLease
+        };
+        report
+    }
+
+    /// Give the job back without counting the attempt (a dependency failed before it started).
+    async fn release(&mut self, msg: &Message, job: &JobRecord, mut report: JobReport, why: &str) -> JobReport {
+        tracing::warn!(job = %job.id, %why, "released before start");
+        report.outcome = if self.settle(msg, job, JobState::Queued, false).await {
+            Outcome::Released
+        } else {
+            Outcome::LostLease
+        };
+        report
+    }
+
+    /// Deregister, and terminate the instance when the exit calls for it.
+    async fn leave(&self, exit: &ExitReason) {
+        if let Err(e) = self
+            .deps
+            .registry
+            .heartbeat(self.id(), WorkerState::Terminating, None, self.clock.now())
+            .await
+        {
+            tracing::warn!(error = %e, "deregister");
+        }
+        let _ = std::fs::remove_file(self.cfg.health_file());
+        let terminate = !matches!(exit, ExitReason::Shutdown) && self.cfg.shutdown != ShutdownMode::None;
+        if terminate {
+            tracing::info!(reason = ?exit, "terminating this instance");
+            if let Err(e) = self.deps.instance.terminate_self(self.id()).await {
+                tracing::error!(error = %e, "terminate this instance");
+            }
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The agent's ports on AWS: IMDSv2 (aws-config's client: session token, retries), the lane
+//! queues on SQS, the workers table on DynamoDB, inputs on S3, TerminateInstances on itself.
+
+use std::path::Path;
+use std::time::Duration;
+
+use aws_config::imds::client::error::ImdsError;
+use onoff_aws::queue::SqsQueues;
+use onoff_aws::state::DynamoWorkers;
+use onoff_control::job::parse_s3_uri;
+use onoff_control::ports::{StoreError, WorkerRecord, WorkerRegistry};
+use onoff_policy::WorkerState;
+use tokio::io::AsyncWriteExt;
+
+use crate::config::ShutdownMode;
+use crate::ports::{Identity, Inbox, Instance, Message, Metadata, Notice, Objects, Registry};
+
+/// IMDSv2 through aws-config's client. The endpoint is IMDS's, or
+/// `AWS_EC2_METADATA_SERVICE_ENDPOINT` when set (the local runner gives each agent its own).
+#[derive(Debug, Clone)]
+pub struct Imds(aws_config::imds::Client);
+
+impl Imds {
+    /// A client for `endpoint` (`None`: the default IMDS address).
+    ///
+    /// # Errors
+    /// A malformed endpoint.
+    pub fn new(endpoint: Option<&str>) -> Result<Self, String> {
+        let mut b = aws_config::imds::Client::builder()
+            .max_attempts(2)
+            .connect_timeout(Duration::from_secs(1))
+            .read_timeout(Duration::from_secs(2));
+        if let Some(e) = endpoint {
+            b = b.endpoint(e).map_err(|err| format!("IMDS endpoint {e:?}: {err}"))?;
+        }
+        Ok(Self(b.build()))
+    }
+
+    async fn get(&self, path: &str) -> Result<Option<String>, String> {
+        match self.0.get(path).await {
+            Ok(v) => Ok(Some(v.as_ref().to_string())),
+            Err(ImdsError::ErrorResponse(r)) if r.response().status().as_u16() == 404 => Ok(None),
+            Err(e) => Err(format!("IMDS {path}: {e}")),
+        }
+    }
+
+    async fn need(&self, path: &str) -> Result<String, String> {
+        self.get(path).await?.ok_or_else(|| format!("IMDS {path}: not found"))
+    }
+}
+
+impl Metadata for Imds {
+    async fn identity(&self) -> Result<Identity, String> {
+        Ok(Identity {
+            instance_id: self.need("/latest/meta-data/instance-id").await?,
+            instance_type: self.need("/latest/meta-data/instance-type").await?,
+            zone: self.need("/latest/meta-data/placement/availability-zone").await?,
+            lifecycle: self
+                .get("/latest/meta-data/instance-life-cycle")
+                .await?
+                .unwrap_or_else(|| "on-demand".into()),
+        })
+    }
+
+    async fn notice(&self) -> Result<Option<Notice>, String> {
+        if let Some(body) = self.get("/latest/meta-data/spot/instance-action").await? {
+            let v: serde_json::Value =
+                serde_json::from_str(&body).map_err(|e| format!("spot/instance-action {body:?}: {e}"))?;
+            return Ok(Some(Notice::SpotInterruption {
+                action: v["action"].as_str().unwrap_or("terminate").to_string(),
+                time: v["time"].as_str().unwrap_or_default().to_string(),
+            }));
+        }
+        if let Some(body) = self.get("/latest/meta-data/events/recommendations/rebalance").await? {
+            let v: serde_json::Value = serde_json::from_str(&body)
+                .map_err(|e| format!("events/recommendations/rebalance {body:?}: {e}"))?;
+            return Ok(Some(Notice::Rebalance {
+                time: v["noticeTime"].as_str().unwrap_or_default().to_string(),
+            }));
+        }
+        Ok(None)
+    }
+}
+
+/// The lane queues on SQS.
+#[derive(Debug, Clone)]
+pub struct SqsInbox(pub SqsQueues);
+
+impl Inbox for SqsInbox {
+    async fn receive(&self, lane: &str, wait_s: u32, visibility_s: u32) -> Result<Option<Message>, String> {
+        let got = self
+            .0
+            .receive(lane, 1, wait_s, visibility_s)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(got.into_iter().next().map(|m| Message {
+            lane: lane.to_string(),
+            message_id: m.message_id,
+            receipt: m.receipt,
+            body: m.body,
+            receive_count: m.receive_count,
+        }))
+    }
+
+    async fn set_visibility(&self, lane: &str, receipt: &str, visibility_s: u32) -> Result<(), String> {
+        self.0
+            .set_visibility(lane, receipt, visibility_s)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn delete(&self, lane: &str, receipt: &str) -> Result<(), String> {
+        self.0.delete(lane, receipt).await.map_err(|e| e.to_string())
+    }
+}
+
+/// The workers table on DynamoDB.
+#[derive(Debug, Clone)]
+pub struct DynamoRegistry(pub DynamoWorkers);
+
+impl Registry for DynamoRegistry {
+    async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
+        WorkerRegistry::get(&self.0, id).await
+    }
+    async fn register(&self, record: WorkerRecord) -> Result<(), StoreError> {
+        self.0.register_launch(record).await
+    }
+    async fn heartbeat(
+        &self,
+        id: &str,
+        state: WorkerState,
+        idle_since: Option<f64>,
+        now: f64,
+    ) -> Result<(), StoreError> {
+        if state == WorkerState::Terminating {
+            // Deregistering: also starts the row's TTL.
+            return self.0.set_state(id, state).await;
+        }
+        self.0.heartbeat(id, state, idle_since, now).await
+    }
+}
+
+/// Job inputs on S3.
+#[derive(Debug, Clone)]
+pub struct S3Objects(pub aws_sdk_s3::Client);
+
+impl Objects for S3Objects {
+    async fn download(&self, uri: &str, dest: &Path) -> Result<(), String> {
+        use aws_sdk_s3::error::ProvideErrorMetadata;
+        let (bucket, key) = parse_s3_uri(uri).ok_or_else(|| format!("{uri} is not s3://bucket/key"))?;
+        let mut obj = self
+            .0
+            .get_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| format!("{}: {}", e.code().unwrap_or("Unknown"), e.message().unwrap_or_default()))?;
+        let mut file = tokio::fs::File::create(dest).await.map_err(|e| e.to_string())?;
+        while let Some(chunk) = obj.body.try_next().await.map_err(|e| e.to_string())? {
+            file.write_all(&chunk).await.map_err(|e| e.to_string())?;
+        }
+        file.flush().await.map_err(|e| e.to_string())
+    }
+}
+
+/// TerminateInstances on itself; with [`ShutdownMode::Terminate`], `shutdown -h now` when the API
+/// call fails (the launch template's instance-initiated shutdown behaviour is terminate).
+#[derive(Debug, Clone)]
+pub struct Ec2Instance {
+    /// EC2 client.
+    pub client: aws_sdk_ec2::Client,
+    /// Fallback policy.
+    pub mode: ShutdownMode,
+}
+
+impl Instance for Ec2Instance {
+    async fn terminate_self(&self, id: &str) -> Result<(), String> {
+        let api = self
+            .client
+            .terminate_instances()
+            .instance_ids(id)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("TerminateInstances {id}: {}", aws_sdk_ec2::error::DisplayErrorContext(e)));
+        match (api, self.mode) {
+            (Ok(()), _) => Ok(()),
+            (Err(e), ShutdownMode::Terminate) => {
+                tracing::error!(error = %e, "TerminateInstances failed: powering off (terminates the instance)");
+                let status = tokio::process::Command::new("shutdown")
+                    .args(["-h", "now"])
+                    .status()
+                    .await
+                    .map_err(|se| format!("{e}; shutdown -h now: {se}"))?;
+                if status.success() {
+                    Ok(())
+                } else {
+                    Err(format!("{e}; shutdown -h now exited {status}"))
+                }
+            }
+            (Err(e), _) => Err(e),
+        }
+    }
+}

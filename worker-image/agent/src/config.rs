@@ -1,0 +1,170 @@
+//! The agent's settings, read once from the environment (table in `worker-image/README.md`).
+
+use std::path::PathBuf;
+
+/// What idle exit does to the instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownMode {
+    /// TerminateInstances on itself, then `shutdown -h now` as the fallback (the launch template
+    /// sets instance-initiated shutdown = terminate).
+    Terminate,
+    /// TerminateInstances on itself, no fallback (local runs against an emulator: never power off
+    /// the machine the agent runs on).
+    ApiOnly,
+    /// Only exit the process (tests).
+    None,
+}
+
+/// Agent settings. Durations in seconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    /// `ONOFF_LANES`: lanes to poll, preferred first; empty = the worker's lane from the workers table.
+    pub lanes: Vec<String>,
+    /// `ONOFF_IDLE_TIMEOUT_S` (600): seconds with no job before the agent terminates its instance.
+    pub idle_timeout_s: f64,
+    /// `ONOFF_HEARTBEAT_S` (60): heartbeat period (the reaper's timeout is 300 s).
+    pub heartbeat_s: f64,
+    /// `ONOFF_LEASE_S` (300): job lease and SQS visibility per extension; extended every third.
+    pub lease_s: f64,
+    /// `ONOFF_NOTICE_GRACE_S` (90): seconds between SIGTERM and SIGKILL after a notice (AWS gives
+    /// 120 s between the spot interruption notice and the reclaim).
+    pub notice_grace_s: f64,
+    /// `ONOFF_IMDS_POLL_S` (5): IMDS polling period for notices.
+    pub imds_poll_s: f64,
+    /// `ONOFF_POLL_WAIT_S` (10): SQS long-poll wait when idle, at most 20.
+    pub poll_wait_s: f64,
+    /// `ONOFF_RETRY_DELAY_S` (30): visibility after a failed attempt before the job is retried.
+    pub retry_delay_s: f64,
+    /// `ONOFF_SHUTDOWN` (`terminate`).
+    pub shutdown: ShutdownMode,
+    /// `ONOFF_WORK_DIR` (`/var/lib/onoff`).
+    pub work_dir: PathBuf,
+    /// `ONOFF_WORKER_IMAGE`: when set, jobs for another image are failed with a reason.
+    pub worker_image: Option<String>,
+    /// `ONOFF_TIME_SCALE` (1): job seconds per wall second (local replay only).
+    pub time_scale: f64,
+    /// `ONOFF_DEPLOYMENT` (`onoff`): metric dimension.
+    pub deployment: String,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            lanes: Vec::new(),
+            idle_timeout_s: 600.0,
+            heartbeat_s: 60.0,
+            lease_s: 300.0,
+            notice_grace_s: 90.0,
+            imds_poll_s: 5.0,
+            poll_wait_s: 10.0,
+            retry_delay_s: 30.0,
+            shutdown: ShutdownMode::Terminate,
+            work_dir: PathBuf::from("/var/lib/onoff"),
+            worker_image: None,
+            time_scale: 1.0,
+            deployment: "onoff".into(),
+        }
+    }
+}
+
+/// A malformed setting, naming the variable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("environment variable {name}: {problem}")]
+pub struct ConfigError {
+    /// The variable.
+    pub name: &'static str,
+    /// What is wrong.
+    pub problem: String,
+}
+
+impl AgentConfig {
+    /// Read from a lookup (the environment, or a map in tests); unset variables keep defaults.
+    ///
+    /// # Errors
+    /// A variable that does not parse or is out of range.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut c = Self::default();
+        let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+        let secs = |name: &'static str, default: f64, min: f64| -> Result<f64, ConfigError> {
+            match get(name) {
+                None => Ok(default),
+                Some(v) => match v.trim().parse::<f64>() {
+                    Ok(x) if x.is_finite() && x >= min => Ok(x),
+                    _ => Err(ConfigError {
+                        name,
+                        problem: format!("{v:?} is not a number >= {min}"),
+                    }),
+                },
+            }
+        };
+        if let Some(l) = get("ONOFF_LANES") {
+            c.lanes = l
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+        }
+        c.idle_timeout_s = secs("ONOFF_IDLE_TIMEOUT_S", c.idle_timeout_s, 1.0)?;
+        c.heartbeat_s = secs("ONOFF_HEARTBEAT_S", c.heartbeat_s, 0.1)?;
+        c.lease_s = secs("ONOFF_LEASE_S", c.lease_s, 3.0)?;
+        c.notice_grace_s = secs("ONOFF_NOTICE_GRACE_S", c.notice_grace_s, 0.0)?;
+        c.imds_poll_s = secs("ONOFF_IMDS_POLL_S", c.imds_poll_s, 0.1)?;
+        c.poll_wait_s = secs("ONOFF_POLL_WAIT_S", c.poll_wait_s, 0.0)?.min(20.0);
+        c.retry_delay_s = secs("ONOFF_RETRY_DELAY_S", c.retry_delay_s, 0.0)?;
+        c.time_scale = secs("ONOFF_TIME_SCALE", c.time_scale, 1e-3)?;
+        c.shutdown = match get("ONOFF_SHUTDOWN").as_deref().map(str::trim) {
+            None | Some("terminate") => ShutdownMode::Terminate,
+            Some("api-only") => ShutdownMode::ApiOnly,
+            Some("none") => ShutdownMode::None,
+            Some(other) => {
+                return Err(ConfigError {
+                    name: "ONOFF_SHUTDOWN",
+                    problem: format!("{other:?} is not `terminate`, `api-only` or `none`"),
+                })
+            }
+        };
+        if let Some(d) = get("ONOFF_WORK_DIR") {
+            c.work_dir = PathBuf::from(d);
+        }
+        c.worker_image = get("ONOFF_WORKER_IMAGE");
+        if let Some(d) = get("ONOFF_DEPLOYMENT") {
+            c.deployment = d;
+        }
+        if c.notice_grace_s >= 120.0 {
+            return Err(ConfigError {
+                name: "ONOFF_NOTICE_GRACE_S",
+                problem: "must be under the 120 s a spot interruption notice gives".into(),
+            });
+        }
+        Ok(c)
+    }
+
+    /// Path of the health file (`<work_dir>/health.json`).
+    pub fn health_file(&self) -> PathBuf {
+        self.work_dir.join("health.json")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides_and_errors_name_the_variable() {
+        let c = AgentConfig::from_lookup(|_| None).unwrap();
+        assert_eq!(c, AgentConfig::default());
+        let vars = [
+            ("ONOFF_LANES", "express, standard"),
+            ("ONOFF_IDLE_TIMEOUT_S", "20"),
+            ("ONOFF_SHUTDOWN", "none"),
+            ("ONOFF_POLL_WAIT_S", "60"),
+        ];
+        let c = AgentConfig::from_lookup(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())).unwrap();
+        assert_eq!(c.lanes, vec!["express", "standard"]);
+        assert_eq!((c.idle_timeout_s, c.shutdown, c.poll_wait_s), (20.0, ShutdownMode::None, 20.0));
+        let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_LEASE_S").then(|| "soon".to_string())).unwrap_err();
+        assert_eq!(bad.name, "ONOFF_LEASE_S");
+        let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_NOTICE_GRACE_S").then(|| "150".to_string())).unwrap_err();
+        assert!(bad.to_string().contains("120 s"), "{bad}");
+    }
+}

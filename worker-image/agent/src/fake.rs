@@ -1,0 +1,392 @@
+//! In-memory fakes of the agent's ports, on tokio time (run tests with paused time), plus a
+//! scripted job launcher whose jobs checkpoint to a real directory and honour stop and resume.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use onoff_control::fake::FakeRegistry;
+use onoff_control::ports::{CheckpointRef, CheckpointStore, StoreError, WorkerRecord, WorkerRegistry};
+use onoff_policy::WorkerState;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::ports::{
+    Control, Identity, Inbox, Instance, JobCommand, JobEvent, JobHandle, Launcher, Message, Metadata, Notice, Objects,
+    Registry,
+};
+
+/// IMDS in memory: a fixed identity and a settable notice.
+#[derive(Debug)]
+pub struct FakeMetadata {
+    /// The identity returned.
+    pub identity: Identity,
+    notice: Mutex<Option<Notice>>,
+}
+
+impl FakeMetadata {
+    /// An instance `id` of type g5.xlarge in us-east-1a, spot.
+    pub fn new(id: &str) -> Self {
+        Self {
+            identity: Identity {
+                instance_id: id.into(),
+                instance_type: "g5.xlarge".into(),
+                zone: "us-east-1a".into(),
+                lifecycle: "spot".into(),
+            },
+            notice: Mutex::new(None),
+        }
+    }
+
+    /// From now on IMDS reports `n`.
+    pub fn set_notice(&self, n: Notice) {
+        *self.notice.lock().expect("lock") = Some(n);
+    }
+}
+
+impl Metadata for FakeMetadata {
+    async fn identity(&self) -> Result<Identity, String> {
+        Ok(self.identity.clone())
+    }
+    async fn notice(&self) -> Result<Option<Notice>, String> {
+        Ok(self.notice.lock().expect("lock").clone())
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Queued {
+    lane: String,
+    id: String,
+    body: String,
+    visible_at: Instant,
+    receives: u32,
+    deleted: bool,
+}
+
+/// Lane queues in memory with SQS's visibility semantics on tokio time.
+#[derive(Debug, Default)]
+pub struct FakeInbox {
+    messages: Mutex<Vec<Queued>>,
+    visibility_changes: Mutex<Vec<(String, u32)>>,
+}
+
+impl FakeInbox {
+    /// Send `body` to `lane`; returns the message id.
+    pub fn send(&self, lane: &str, body: &str) -> String {
+        let mut m = self.messages.lock().expect("lock");
+        let id = format!("m-{}", m.len() + 1);
+        m.push(Queued {
+            lane: lane.into(),
+            id: id.clone(),
+            body: body.into(),
+            visible_at: Instant::now(),
+            receives: 0,
+            deleted: false,
+        });
+        id
+    }
+
+    /// Messages not deleted: (id, receives).
+    pub fn remaining(&self) -> Vec<(String, u32)> {
+        self.messages
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|m| !m.deleted)
+            .map(|m| (m.id.clone(), m.receives))
+            .collect()
+    }
+
+    /// Every visibility change: (message id, seconds).
+    pub fn visibility_changes(&self) -> Vec<(String, u32)> {
+        self.visibility_changes.lock().expect("lock").clone()
+    }
+
+    fn take(&self, lane: &str, visibility_s: u32) -> Option<Message> {
+        let now = Instant::now();
+        let mut m = self.messages.lock().expect("lock");
+        let q = m
+            .iter_mut()
+            .find(|q| q.lane == lane && !q.deleted && q.visible_at <= now)?;
+        q.receives += 1;
+        q.visible_at = now + Duration::from_secs(u64::from(visibility_s));
+        Some(Message {
+            lane: q.lane.clone(),
+            message_id: q.id.clone(),
+            receipt: format!("{}#{}", q.id, q.receives),
+            body: q.body.clone(),
+            receive_count: q.receives,
+        })
+    }
+
+    fn with<T>(&self, receipt: &str, f: impl FnOnce(&mut Queued) -> T) -> Result<T, String> {
+        let id = receipt.split('#').next().unwrap_or_default();
+        let mut m = self.messages.lock().expect("lock");
+        let q = m
+            .iter_mut()
+            .find(|q| q.id == id && !q.deleted)
+            .ok_or_else(|| format!("receipt {receipt} is not valid"))?;
+        Ok(f(q))
+    }
+}
+
+impl Inbox for FakeInbox {
+    async fn receive(&self, lane: &str, wait_s: u32, visibility_s: u32) -> Result<Option<Message>, String> {
+        if let Some(m) = self.take(lane, visibility_s) {
+            return Ok(Some(m));
+        }
+        let until = Instant::now() + Duration::from_secs(u64::from(wait_s));
+        while Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(500).min(until - Instant::now())).await;
+            if let Some(m) = self.take(lane, visibility_s) {
+                return Ok(Some(m));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn set_visibility(&self, _lane: &str, receipt: &str, visibility_s: u32) -> Result<(), String> {
+        let id = self.with(receipt, |q| {
+            q.visible_at = Instant::now() + Duration::from_secs(u64::from(visibility_s));
+            q.id.clone()
+        })?;
+        self.visibility_changes.lock().expect("lock").push((id, visibility_s));
+        Ok(())
+    }
+
+    async fn delete(&self, _lane: &str, receipt: &str) -> Result<(), String> {
+        self.with(receipt, |q| q.deleted = true)
+    }
+}
+
+impl Registry for FakeRegistry {
+    async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
+        WorkerRegistry::get(self, id).await
+    }
+    async fn register(&self, record: WorkerRecord) -> Result<(), StoreError> {
+        self.register_launch(record).await
+    }
+    async fn heartbeat(
+        &self,
+        id: &str,
+        state: WorkerState,
+        idle_since: Option<f64>,
+        now: f64,
+    ) -> Result<(), StoreError> {
+        if !self.records().contains_key(id) {
+            return Err(StoreError::NotFound(id.into()));
+        }
+        self.set_agent_view(id, state, idle_since, Some(now));
+        Ok(())
+    }
+}
+
+/// Checkpoints in memory: job -> seq -> files (path, bytes).
+#[derive(Debug, Default)]
+pub struct FakeCheckpoints {
+    store: Mutex<BTreeMap<String, BTreeMap<u64, Vec<(String, Vec<u8>)>>>>,
+}
+
+impl FakeCheckpoints {
+    /// Sequence numbers stored for `job`.
+    pub fn seqs(&self, job: &str) -> Vec<u64> {
+        self.store
+            .lock()
+            .expect("lock")
+            .get(job)
+            .map(|m| m.keys().copied().collect())
+            .unwrap_or_default()
+    }
+}
+
+fn read_tree(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let p = e.path();
+        if e.file_type()?.is_dir() {
+            read_tree(root, &p, out)?;
+        } else {
+            let rel = p.strip_prefix(root).unwrap_or(&p).display().to_string();
+            out.push((rel, std::fs::read(&p)?));
+        }
+    }
+    Ok(())
+}
+
+impl CheckpointStore for FakeCheckpoints {
+    async fn upload(&self, job_id: &str, seq: u64, dir: &Path) -> Result<CheckpointRef, StoreError> {
+        let mut files = Vec::new();
+        read_tree(dir, dir, &mut files).map_err(|e| StoreError::Other(e.to_string()))?;
+        let r = CheckpointRef {
+            job_id: job_id.into(),
+            seq,
+            files: files.iter().map(|(p, b)| (p.clone(), b.len() as u64)).collect(),
+        };
+        self.store
+            .lock()
+            .expect("lock")
+            .entry(job_id.into())
+            .or_default()
+            .insert(seq, files);
+        Ok(r)
+    }
+
+    async fn latest(&self, job_id: &str) -> Result<Option<CheckpointRef>, StoreError> {
+        let s = self.store.lock().expect("lock");
+        Ok(s.get(job_id).and_then(|m| m.iter().next_back()).map(|(seq, files)| CheckpointRef {
+            job_id: job_id.into(),
+            seq: *seq,
+            files: files.iter().map(|(p, b)| (p.clone(), b.len() as u64)).collect(),
+        }))
+    }
+
+    async fn download(&self, r: &CheckpointRef, dest: &Path) -> Result<(), StoreError> {
+        let files = self
+            .store
+            .lock()
+            .expect("lock")
+            .get(&r.job_id)
+            .and_then(|m| m.get(&r.seq))
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound(format!("{} #{}", r.job_id, r.seq)))?;
+        for (p, b) in files {
+            let path = dest.join(p);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| StoreError::Other(e.to_string()))?;
+            }
+            std::fs::write(path, b).map_err(|e| StoreError::Other(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Input objects in memory: uri -> bytes.
+#[derive(Debug, Default)]
+pub struct FakeObjects(pub Mutex<BTreeMap<String, Vec<u8>>>);
+
+impl Objects for FakeObjects {
+    async fn download(&self, uri: &str, dest: &Path) -> Result<(), String> {
+        let b = self
+            .0
+            .lock()
+            .expect("lock")
+            .get(uri)
+            .cloned()
+            .ok_or_else(|| format!("{uri}: NoSuchKey"))?;
+        std::fs::write(dest, b).map_err(|e| e.to_string())
+    }
+}
+
+/// Records self-terminations.
+#[derive(Debug, Default)]
+pub struct FakeInstance(pub Mutex<Vec<String>>);
+
+impl Instance for FakeInstance {
+    async fn terminate_self(&self, id: &str) -> Result<(), String> {
+        self.0.lock().expect("lock").push(id.into());
+        Ok(())
+    }
+}
+
+/// How a scripted job behaves. It processes `items_per_s` items per second of tokio time until
+/// `items` are done, resuming from `$ONOFF_RESUME_DIR/items`; writes a checkpoint (a numbered
+/// directory holding `items`) every `checkpoint_every_s` and when stopped; exits `exit_code`
+/// when done, 143 when stopped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Script {
+    /// Items to process in all.
+    pub items: u64,
+    /// Items per second.
+    pub items_per_s: u64,
+    /// Local checkpoint period, seconds (`None`: only on stop).
+    pub checkpoint_every_s: Option<u64>,
+    /// Exit code once done.
+    pub exit_code: i32,
+}
+
+/// Starts [`Script`]s by program name (`argv[0]`); an unknown program cannot be started.
+#[derive(Debug, Default)]
+pub struct ScriptedLauncher {
+    scripts: Mutex<BTreeMap<String, Script>>,
+    started: Mutex<Vec<JobCommand>>,
+}
+
+impl ScriptedLauncher {
+    /// Register `program`.
+    pub fn script(&self, program: &str, s: Script) {
+        self.scripts.lock().expect("lock").insert(program.into(), s);
+    }
+
+    /// Every command started, in order.
+    pub fn started(&self) -> Vec<JobCommand> {
+        self.started.lock().expect("lock").clone()
+    }
+}
+
+fn env_of<'a>(cmd: &'a JobCommand, k: &str) -> Option<&'a str> {
+    cmd.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+}
+
+fn write_checkpoint(dir: &Path, n: u64, items: u64) {
+    let tmp = dir.join(format!(".tmp-{n}"));
+    let _ = std::fs::create_dir_all(&tmp);
+    let _ = std::fs::write(tmp.join("items"), items.to_string());
+    let _ = std::fs::rename(&tmp, dir.join(n.to_string()));
+}
+
+impl Launcher for ScriptedLauncher {
+    fn start(&self, cmd: &JobCommand) -> Result<JobHandle, String> {
+        let script = self
+            .scripts
+            .lock()
+            .expect("lock")
+            .get(&cmd.argv[0])
+            .cloned()
+            .ok_or_else(|| format!("cannot start {:?}: No such file or directory", cmd.argv[0]))?;
+        self.started.lock().expect("lock").push(cmd.clone());
+        let ckpt = env_of(cmd, "ONOFF_CHECKPOINT_DIR").map(std::path::PathBuf::from);
+        let mut done: u64 = env_of(cmd, "ONOFF_RESUME_DIR")
+            .and_then(|d| std::fs::read_to_string(Path::new(d).join("items")).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        let (etx, events) = mpsc::channel(1024);
+        let (control, mut crx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut n = 0;
+            let mut since_ckpt = 0;
+            let code = loop {
+                if done >= script.items {
+                    break Some(script.exit_code);
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {
+                        done = (done + script.items_per_s).min(script.items);
+                        let _ = etx.send(JobEvent::Line(format!("ONOFF_ITEMS {done}"))).await;
+                        since_ckpt += 1;
+                        if let (Some(every), Some(dir)) = (script.checkpoint_every_s, &ckpt) {
+                            if since_ckpt >= every {
+                                since_ckpt = 0;
+                                n += 1;
+                                write_checkpoint(dir, n, done);
+                            }
+                        }
+                    }
+                    c = crx.recv() => match c {
+                        Some(Control::Stop) => {
+                            if let Some(dir) = &ckpt {
+                                n += 1;
+                                write_checkpoint(dir, n, done);
+                            }
+                            let _ = etx.send(JobEvent::Line(format!("stopped at {done}"))).await;
+                            break Some(143);
+                        }
+                        Some(Control::Kill) | None => break None,
+                    }
+                }
+            };
+            let _ = etx.send(JobEvent::Exited(code)).await;
+        });
+        Ok(JobHandle { events, control })
+    }
+}

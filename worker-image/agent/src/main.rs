@@ -1,0 +1,131 @@
+//! `onoff-agent`: the worker agent's entrypoint (`run`, the default) and the image's health check
+//! (`health`). Settings come from the environment: see `worker-image/README.md`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use onoff_agent::aws::{DynamoRegistry, Ec2Instance, Imds, S3Objects, SqsInbox};
+use onoff_agent::process::ProcessLauncher;
+use onoff_agent::{AgentConfig, Deps};
+
+#[derive(Parser)]
+#[command(name = "onoff-agent", version, about = "onoff worker agent: claims jobs from the lane queues, runs them, checkpoints to S3, reacts to spot notices, terminates its instance when idle.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent until idle timeout, a notice, or SIGTERM (the default).
+    Run,
+    /// Exit 0 when the running agent wrote its health file within three heartbeats, 1 otherwise.
+    Health,
+}
+
+fn need(name: &str) -> Result<String, String> {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .ok_or_else(|| format!("environment variable {name} is not set"))
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+async fn run(cfg: AgentConfig) -> Result<(), String> {
+    let queue_urls = onoff_aws::settings::Resources::from_lookup(|k| match k {
+        // Only the queues, tables and bucket matter to the agent; the rest is the control plane's.
+        "ONOFF_CONTROL_TABLE" | "ONOFF_LAUNCH_TEMPLATE" => Some("-".into()),
+        _ => std::env::var(k).ok(),
+    })
+    .map_err(|e| e.to_string())?;
+    let jobs_table = need("ONOFF_JOBS_TABLE")?;
+    let workers_table = need("ONOFF_WORKERS_TABLE")?;
+    let bucket = need("ONOFF_BUCKET")?;
+    let clients = onoff_aws::settings::Clients::from_env().await;
+    let imds_endpoint = std::env::var("AWS_EC2_METADATA_SERVICE_ENDPOINT").ok();
+    let deps = Deps {
+        metadata: Imds::new(imds_endpoint.as_deref())?,
+        inbox: SqsInbox(onoff_aws::queue::SqsQueues::new(clients.sqs.clone(), queue_urls.queue_urls)),
+        jobs: onoff_aws::jobs::DynamoJobs::new(clients.dynamodb.clone(), jobs_table),
+        registry: DynamoRegistry(onoff_aws::state::DynamoWorkers::new(clients.dynamodb.clone(), workers_table)),
+        checkpoints: onoff_aws::checkpoints::S3Checkpoints::new(clients.s3.clone(), bucket),
+        objects: S3Objects(clients.s3.clone()),
+        instance: Ec2Instance {
+            client: clients.ec2.clone(),
+            mode: cfg.shutdown,
+        },
+        launcher: ProcessLauncher,
+    };
+    let report = onoff_agent::run(&deps, &cfg, onoff_aws::state::unix_now(), shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!(
+        exit = ?report.exit,
+        jobs = report.jobs.len(),
+        dropped = report.dropped,
+        poison = report.poison,
+        "agent stopped"
+    );
+    Ok(())
+}
+
+fn health(cfg: &AgentConfig) -> Result<(), String> {
+    let path = cfg.health_file();
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let at = v["at"].as_f64().ok_or_else(|| format!("{}: no `at`", path.display()))?;
+    let age = onoff_aws::state::unix_now() - at;
+    if age > 3.0 * cfg.heartbeat_s {
+        return Err(format!("last heartbeat {age:.0} s ago (limit {:.0} s)", 3.0 * cfg.heartbeat_s));
+    }
+    println!("healthy: {} {} ({age:.0} s ago)", v["instance_id"], v["state"]);
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cfg = match AgentConfig::from_lookup(|k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("onoff-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.command.unwrap_or(Command::Run) {
+        Command::Health => health(&cfg),
+        Command::Run => {
+            tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .init();
+            match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(rt) => rt.block_on(run(cfg)),
+                Err(e) => Err(format!("tokio runtime: {e}")),
+            }
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("onoff-agent: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! What the agent needs from the outside, one trait per capability, beside the control plane's
+//! own [`onoff_control::ports::JobStore`] and [`onoff_control::ports::CheckpointStore`]. AWS
+//! adapters are in [`crate::aws`], in-memory fakes in [`crate::fake`].
+
+use std::path::PathBuf;
+
+use onoff_control::ports::{StoreError, WorkerRecord};
+use onoff_policy::WorkerState;
+use tokio::sync::mpsc;
+
+/// Who this instance is (IMDS `instance-id`, `instance-type`, `placement/availability-zone`,
+/// `instance-life-cycle`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// Instance id.
+    pub instance_id: String,
+    /// Instance type.
+    pub instance_type: String,
+    /// Availability zone.
+    pub zone: String,
+    /// `spot` or `on-demand`.
+    pub lifecycle: String,
+}
+
+/// A notice from IMDS that the instance is going away or should be drained.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// `spot/instance-action`: `{"action": "terminate"|"stop"|"hibernate", "time": ...}`; about
+    /// two minutes before the reclaim.
+    SpotInterruption {
+        /// The action.
+        action: String,
+        /// When, as IMDS gives it.
+        time: String,
+    },
+    /// `events/recommendations/rebalance`: elevated risk of interruption.
+    Rebalance {
+        /// `noticeTime`, as IMDS gives it.
+        time: String,
+    },
+}
+
+/// The instance metadata service.
+#[allow(async_fn_in_trait)]
+pub trait Metadata {
+    /// This instance's identity.
+    ///
+    /// # Errors
+    /// IMDS unreachable or a field missing, as text.
+    async fn identity(&self) -> Result<Identity, String>;
+
+    /// A pending notice, if any (IMDS answers 404 when there is none).
+    ///
+    /// # Errors
+    /// IMDS unreachable, as text.
+    async fn notice(&self) -> Result<Option<Notice>, String>;
+}
+
+/// A job message received from a lane queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Lane it came from.
+    pub lane: String,
+    /// SQS message id.
+    pub message_id: String,
+    /// Receipt handle (for visibility changes and delete).
+    pub receipt: String,
+    /// Body: `{"job_id": "..."}`.
+    pub body: String,
+    /// Times received (SQS ApproximateReceiveCount).
+    pub receive_count: u32,
+}
+
+/// The lane queues, as a consumer.
+#[allow(async_fn_in_trait)]
+pub trait Inbox {
+    /// Receive at most one message from `lane`, waiting up to `wait_s` (long poll) and hiding it
+    /// for `visibility_s`.
+    ///
+    /// # Errors
+    /// Queue failures, as text.
+    async fn receive(&self, lane: &str, wait_s: u32, visibility_s: u32) -> Result<Option<Message>, String>;
+
+    /// Hide a received message for `visibility_s` from now (0 makes it visible at once).
+    ///
+    /// # Errors
+    /// Queue failures (an expired receipt among them), as text.
+    async fn set_visibility(&self, lane: &str, receipt: &str, visibility_s: u32) -> Result<(), String>;
+
+    /// Delete a received message (its job finished).
+    ///
+    /// # Errors
+    /// Queue failures, as text.
+    async fn delete(&self, lane: &str, receipt: &str) -> Result<(), String>;
+}
+
+/// The workers table, as the agent writes it.
+#[allow(async_fn_in_trait)]
+pub trait Registry {
+    /// This worker's record (`None` when the control plane never registered it).
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError>;
+
+    /// Register a worker the control plane did not launch (idempotent).
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn register(&self, record: WorkerRecord) -> Result<(), StoreError>;
+
+    /// State, idle-since and heartbeat time.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the row is gone; store failures.
+    async fn heartbeat(&self, id: &str, state: WorkerState, idle_since: Option<f64>, now: f64)
+        -> Result<(), StoreError>;
+}
+
+/// Downloading a job's input object.
+#[allow(async_fn_in_trait)]
+pub trait Objects {
+    /// Download `uri` (`s3://bucket/key`) to `dest`.
+    ///
+    /// # Errors
+    /// Not found or store failure, as text.
+    async fn download(&self, uri: &str, dest: &std::path::Path) -> Result<(), String>;
+}
+
+/// This instance, as a cloud resource.
+#[allow(async_fn_in_trait)]
+pub trait Instance {
+    /// Terminate the instance `id` (this one).
+    ///
+    /// # Errors
+    /// Provider failure, as text.
+    async fn terminate_self(&self, id: &str) -> Result<(), String>;
+}
+
+/// What to run for a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobCommand {
+    /// argv; the first element is the program. Never run through a shell.
+    pub argv: Vec<String>,
+    /// Variables added to the agent's environment.
+    pub env: Vec<(String, String)>,
+    /// Working directory.
+    pub cwd: PathBuf,
+}
+
+/// What a running job reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobEvent {
+    /// A line of its stdout or stderr.
+    Line(String),
+    /// It exited: the code, or `None` when killed by a signal.
+    Exited(Option<i32>),
+}
+
+/// Asking a running job to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// SIGTERM: checkpoint and exit.
+    Stop,
+    /// SIGKILL.
+    Kill,
+}
+
+/// A started job: its events (ending with [`JobEvent::Exited`]) and its control channel.
+#[derive(Debug)]
+pub struct JobHandle {
+    /// Output lines, then the exit.
+    pub events: mpsc::Receiver<JobEvent>,
+    /// Stop or kill it.
+    pub control: mpsc::Sender<Control>,
+}
+
+/// Starting job processes.
+pub trait Launcher {
+    /// Start `cmd`.
+    ///
+    /// # Errors
+    /// The program cannot be started (not found, not executable), as text.
+    fn start(&self, cmd: &JobCommand) -> Result<JobHandle, String>;
+}
+
+// References forward, so several agents (tests) can share one store.
+impl<T: Metadata> Metadata for &T {
+    async fn identity(&self) -> Result<Identity, String> {
+        (**self).identity().await
+    }
+    async fn notice(&self) -> Result<Option<Notice>, String> {
+        (**self).notice().await
+    }
+}
+impl<T: Inbox> Inbox for &T {
+    async fn receive(&self, lane: &str, wait_s: u32, visibility_s: u32) -> Result<Option<Message>, String> {
+        (**self).receive(lane, wait_s, visibility_s).await
+    }
+    async fn set_visibility(&self, lane: &str, receipt: &str, visibility_s: u32) -> Result<(), String> {
+        (**self).set_visibility(lane, receipt, visibility_s).await
+    }
+    async fn delete(&self, lane: &str, receipt: &str) -> Result<(), String> {
+        (**self).delete(lane, receipt).await
+    }
+}
+impl<T: Registry> Registry for &T {
+    async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
+        (**self).get(id).await
+    }
+    async fn register(&self, record: WorkerRecord) -> Result<(), StoreError> {
+        (**self).register(record).await
+    }
+    async fn heartbeat(
+        &self,
+        id: &str,
+        state: WorkerState,
+        idle_since: Option<f64>,
+        now: f64,
+    ) -> Result<(), StoreError> {
+        (**self).heartbeat(id, state, idle_since, now).await
+    }
+}
+impl<T: Objects> Objects for &T {
+    async fn download(&self, uri: &str, dest: &std::path::Path) -> Result<(), String> {
+        (**self).download(uri, dest).await
+    }
+}
+impl<T: Instance> Instance for &T {
+    async fn terminate_self(&self, id: &str) -> Result<(), String> {
+        (**self).terminate_self(id).await
+    }
+}
+impl<T: Launcher> Launcher for &T {
+    fn start(&self, cmd: &JobCommand) -> Result<JobHandle, String> {
+        (**self).start(cmd)
+    }
+}

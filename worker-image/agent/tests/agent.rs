@@ -1,0 +1,392 @@
+//! The agent loop against fakes with paused tokio time: claims, leases, checkpoints, notices, idle
+//! exit, retries and poison messages.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use onoff_agent::fake::{FakeCheckpoints, FakeInbox, FakeInstance, FakeMetadata, FakeObjects, Script, ScriptedLauncher};
+use onoff_agent::ports::Notice;
+use onoff_agent::{run, AgentConfig, AgentReport, Deps, ExitReason, Outcome, ShutdownMode};
+use onoff_control::fake::{FakeJobs, FakeRegistry};
+use onoff_control::job::{JobSpec, JobState};
+use onoff_control::ports::{JobRecord, JobStore, WorkerRecord, WorkerRegistry};
+use onoff_policy::{CapacityType, OfferingKey, WorkerState};
+
+const T0: f64 = 1_800_000_000.0;
+
+/// Shared state of one "deployment"; each agent gets its own metadata and instance.
+#[derive(Default)]
+struct World {
+    inbox: FakeInbox,
+    jobs: FakeJobs,
+    registry: FakeRegistry,
+    checkpoints: FakeCheckpoints,
+    objects: FakeObjects,
+    launcher: ScriptedLauncher,
+}
+
+
+
+fn cfg(dir: &std::path::Path) -> AgentConfig {
+    AgentConfig {
+        lanes: vec!["standard".into()],
+        idle_timeout_s: 120.0,
+        heartbeat_s: 30.0,
+        lease_s: 60.0,
+        notice_grace_s: 30.0,
+        imds_poll_s: 5.0,
+        poll_wait_s: 10.0,
+        retry_delay_s: 15.0,
+        shutdown: ShutdownMode::ApiOnly,
+        work_dir: dir.to_path_buf(),
+        worker_image: None,
+        time_scale: 1.0,
+        deployment: "test".into(),
+    }
+}
+
+fn register(w: &World, id: &str) {
+    pollster::block_on(w.registry.register_launch(WorkerRecord {
+        id: id.into(),
+        lane: "standard".into(),
+        offering: OfferingKey {
+            instance_type: "g5.xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity_type: CapacityType::Spot,
+        },
+        price_usd_per_h: 0.36,
+        state: WorkerState::Pending,
+        launched_at: T0,
+        project: None,
+        idle_since: None,
+        heartbeat_at: None,
+    }))
+    .unwrap();
+}
+
+/// Put a job in the table and its message in the queue.
+fn submit(w: &World, id: &str, program: &str, max_attempts: u32, checkpoint_interval_s: f64) {
+    let spec = JobSpec {
+        image: "img".into(),
+        command: vec![program.into(), "--flag".into()],
+        gpus: 1,
+        min_gpu_memory_gib: 0.0,
+        lane: "standard".into(),
+        project: "p".into(),
+        deadline: None,
+        max_attempts,
+        checkpoint_interval_s,
+        est_runtime_s: None,
+        job_type: None,
+        client_token: None,
+        input: None,
+    };
+    w.jobs.put(JobRecord {
+        id: id.into(),
+        spec,
+        state: JobState::Queued,
+        attempts: 0,
+        lease_owner: None,
+        lease_expires_at: None,
+        last_checkpoint: None,
+        enqueued: true,
+        cost_usd: 0.0,
+        source: "test".into(),
+        created_at: T0,
+    });
+    w.inbox.send("standard", &format!(r#"{{"job_id":"{id}"}}"#));
+}
+
+async fn agent(w: &World, id: &str, c: &AgentConfig) -> (AgentReport, Vec<String>) {
+    agent_until(w, id, c, std::future::pending(), None).await
+}
+
+async fn agent_until(
+    w: &World,
+    id: &str,
+    c: &AgentConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+    metadata: Option<Arc<FakeMetadata>>,
+) -> (AgentReport, Vec<String>) {
+    let md = metadata.unwrap_or_else(|| Arc::new(FakeMetadata::new(id)));
+    let deps = Deps {
+        metadata: ArcMd(md),
+        inbox: &w.inbox,
+        jobs: &w.jobs,
+        registry: &w.registry,
+        checkpoints: &w.checkpoints,
+        objects: &w.objects,
+        instance: FakeInstance::default(),
+        launcher: &w.launcher,
+    };
+    let report = run(&deps, c, T0, shutdown).await.unwrap();
+    let terminated = deps.instance.0.lock().unwrap().clone();
+    (report, terminated)
+}
+
+struct ArcMd(Arc<FakeMetadata>);
+impl onoff_agent::ports::Metadata for ArcMd {
+    async fn identity(&self) -> Result<onoff_agent::ports::Identity, String> {
+        self.0.identity().await
+    }
+    async fn notice(&self) -> Result<Option<Notice>, String> {
+        self.0.notice().await
+    }
+}
+
+
+fn job(w: &World, id: &str) -> JobRecord {
+    w.jobs.records()[id].clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_agents_one_job_it_runs_once_and_the_duplicate_message_is_dropped() {
+    let dir = tempdir("race");
+    let w = World::default();
+    register(&w, "i-a");
+    register(&w, "i-b");
+    w.launcher.script(
+        "work",
+        Script { items: 100, items_per_s: 1, checkpoint_every_s: None, exit_code: 0 },
+    );
+    submit(&w, "job-1", "work", 3, 600.0);
+    // At-least-once delivery: the same job's message twice.
+    w.inbox.send("standard", r#"{"job_id":"job-1"}"#);
+    let (ca, cb) = (cfg(&dir.join("a")), cfg(&dir.join("b")));
+    let ((ra, _), (rb, _)) = tokio::join!(agent(&w, "i-a", &ca), agent(&w, "i-b", &cb));
+    assert_eq!(w.launcher.started().len(), 1, "the job ran once");
+    let ran: Vec<_> = ra.jobs.iter().chain(&rb.jobs).collect();
+    assert_eq!(ran.len(), 1);
+    assert_eq!(ran[0].outcome, Outcome::Succeeded);
+    assert_eq!(ra.dropped + rb.dropped, 1, "the duplicate message was dropped");
+    assert_eq!(job(&w, "job-1").state, JobState::Succeeded);
+    assert!(w.inbox.remaining().is_empty(), "both messages deleted: {:?}", w.inbox.remaining());
+    assert_eq!((ra.exit.clone(), rb.exit.clone()), (ExitReason::IdleTimeout, ExitReason::IdleTimeout));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_job_keeps_its_lease_and_visibility_and_uploads_checkpoints_on_the_interval() {
+    let dir = tempdir("long");
+    let w = World::default();
+    register(&w, "i-a");
+    // 300 s of work, a local checkpoint every 20 s, uploads every 100 s.
+    w.launcher.script(
+        "train",
+        Script { items: 300, items_per_s: 1, checkpoint_every_s: Some(20), exit_code: 0 },
+    );
+    submit(&w, "job-1", "train", 3, 100.0);
+    let c = cfg(&dir);
+    let (r, terminated) = agent(&w, "i-a", &c).await;
+    let j = &r.jobs[0];
+    assert_eq!(j.outcome, Outcome::Succeeded);
+    // Lease 60 s, extended every 20 s: the message never came back while the job ran.
+    assert!(w.inbox.visibility_changes().iter().filter(|(_, s)| *s == 60).count() >= 14);
+    assert_eq!(r.dropped, 0);
+    // Uploads at 100, 200 and 300 s, plus the newest at exit when the job wrote one after the
+    // last tick (the job's own 20 s checkpoints are not each uploaded).
+    let n = u64::from(j.checkpoints_uploaded);
+    assert!((3..=4).contains(&n), "{j:?}");
+    assert_eq!(w.checkpoints.seqs("job-1"), (1..=n).collect::<Vec<_>>());
+    let rec = job(&w, "job-1");
+    assert_eq!(rec.last_checkpoint, Some(format!("checkpoints/job-1/{n:020}/")));
+    // $ = 0.36 $/h x ~300 s, recorded on the job.
+    assert!((j.seconds - 300.0).abs() < 3.0, "{}", j.seconds);
+    assert!((rec.cost_usd - 0.36 * j.seconds / 3600.0).abs() < 1e-9);
+    assert_eq!(j.items, Some(300));
+    assert!((j.usd_per_item().unwrap() - j.cost_usd / 300.0).abs() < 1e-12);
+    assert_eq!(terminated, vec!["i-a".to_string()]);
+    assert_eq!(w.registry.records()["i-a"].state, WorkerState::Terminating);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_spot_notice_checkpoints_releases_without_counting_and_another_worker_resumes() {
+    let dir = tempdir("notice");
+    let w = World::default();
+    register(&w, "i-a");
+    register(&w, "i-b");
+    w.launcher.script(
+        "train",
+        Script { items: 200, items_per_s: 1, checkpoint_every_s: None, exit_code: 0 },
+    );
+    submit(&w, "job-1", "train", 1, 600.0);
+    let md = Arc::new(FakeMetadata::new("i-a"));
+    let md2 = md.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(50)).await;
+        md2.set_notice(Notice::SpotInterruption { action: "terminate".into(), time: "2026-11-22T10:00:00Z".into() });
+    });
+    let (r, terminated) = agent_until(&w, "i-a", &cfg(&dir.join("a")), std::future::pending(), Some(md)).await;
+    assert!(matches!(r.exit, ExitReason::Notice(Notice::SpotInterruption { .. })), "{:?}", r.exit);
+    assert_eq!(r.jobs[0].outcome, Outcome::Released);
+    assert_eq!(r.jobs[0].checkpoints_uploaded, 1, "the stop checkpoint went up");
+    assert_eq!(terminated, vec!["i-a".to_string()]);
+    let rec = job(&w, "job-1");
+    // Released: QUEUED, attempt not counted (max_attempts 1 would otherwise be used up).
+    assert_eq!((rec.state, rec.attempts, rec.lease_owner.clone()), (JobState::Queued, 0, None));
+    assert!(w.inbox.visibility_changes().contains(&("m-1".into(), 0)), "message visible at once");
+    // Another worker resumes from the checkpoint and finishes the rest.
+    let (r2, _) = agent(&w, "i-b", &cfg(&dir.join("b"))).await;
+    let j = &r2.jobs[0];
+    assert_eq!((j.outcome, j.resumed_from), (Outcome::Succeeded, Some(1)));
+    let started = w.launcher.started();
+    assert!(started[1].env.iter().any(|(k, _)| k == "ONOFF_RESUME_DIR"));
+    let done_before = r.jobs[0].items.unwrap();
+    assert!((45..=60).contains(&done_before), "{done_before}");
+    // Only the remaining items were processed on the second worker (about 200 - 50 seconds).
+    assert!(j.seconds < 160.0, "{}", j.seconds);
+    assert_eq!(job(&w, "job-1").state, JobState::Succeeded);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_worker_deregisters_and_terminates_itself_after_the_idle_timeout() {
+    let dir = tempdir("idle");
+    let w = World::default();
+    register(&w, "i-a");
+    let start = tokio::time::Instant::now();
+    let (r, terminated) = agent(&w, "i-a", &cfg(&dir)).await;
+    let waited = start.elapsed().as_secs_f64();
+    assert_eq!(r.exit, ExitReason::IdleTimeout);
+    assert!((120.0..131.0).contains(&waited), "{waited}");
+    assert_eq!(terminated, vec!["i-a".to_string()]);
+    let rec = w.registry.records()["i-a"].clone();
+    assert_eq!(rec.state, WorkerState::Terminating);
+    assert!(rec.heartbeat_at.is_some(), "heartbeats were written");
+    // Asked to stop instead: deregisters but does not terminate the instance.
+    let w = World::default();
+    register(&w, "i-c");
+    let (r, terminated) = agent_until(
+        &w,
+        "i-c",
+        &cfg(&dir),
+        tokio::time::sleep(Duration::from_secs(30)),
+        None,
+    )
+    .await;
+    assert_eq!((r.exit, terminated.len()), (ExitReason::Shutdown, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashing_job_is_retried_then_failed_with_its_reason() {
+    let dir = tempdir("crash");
+    let w = World::default();
+    register(&w, "i-a");
+    w.launcher.script(
+        "crash",
+        Script { items: 5, items_per_s: 1, checkpoint_every_s: None, exit_code: 3 },
+    );
+    submit(&w, "job-1", "crash", 2, 600.0);
+    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    let outcomes: Vec<_> = r.jobs.iter().map(|j| (j.outcome, j.attempt, j.exit_code)).collect();
+    assert_eq!(
+        outcomes,
+        vec![(Outcome::Retrying, 1, Some(3)), (Outcome::Failed, 2, Some(3))]
+    );
+    let rec = job(&w, "job-1");
+    assert_eq!((rec.state, rec.attempts), (JobState::Failed, 2));
+    let reason = &w.jobs.errors()["job:job-1"];
+    assert!(reason.contains("exit code 3") && reason.contains("attempt 2 of 2"), "{reason}");
+    assert!(w.inbox.remaining().is_empty());
+    // A program that does not exist fails the same way, with the start error as the reason.
+    submit(&w, "job-2", "no-such-program", 1, 600.0);
+    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    assert_eq!(r.jobs[0].outcome, Outcome::Failed);
+    assert!(w.jobs.errors()["job:job-2"].contains("no-such-program"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn poison_messages_and_jobs_for_another_image_never_run() {
+    let dir = tempdir("poison");
+    let w = World::default();
+    register(&w, "i-a");
+    w.launcher.script(
+        "work",
+        Script { items: 5, items_per_s: 1, checkpoint_every_s: None, exit_code: 0 },
+    );
+    let bad = w.inbox.send("standard", "not json at all");
+    let unknown = w.inbox.send("standard", r#"{"job_id":"job-nope"}"#);
+    submit(&w, "job-img", "work", 3, 600.0);
+    let mut c = cfg(&dir);
+    c.worker_image = Some("other-image".into());
+    let (r, _) = agent(&w, "i-a", &c).await;
+    assert!(w.launcher.started().is_empty(), "nothing ran");
+    let errors = w.jobs.errors();
+    assert!(errors[&format!("sqs:{bad}")].contains("not {\"job_id\""), "{errors:?}");
+    assert!(errors[&format!("sqs:{unknown}")].contains("no job job-nope"), "{errors:?}");
+    assert!(errors["job:job-img"].contains("other-image"));
+    assert_eq!(job(&w, "job-img").state, JobState::Failed);
+    // The poison messages stay for the dead-letter queue (received again and again), the job's
+    // message is deleted.
+    let remaining = w.inbox.remaining();
+    assert_eq!(remaining.len(), 2, "{remaining:?}");
+    assert!(remaining.iter().all(|(_, receives)| *receives >= 2), "{remaining:?}");
+    assert!(r.poison >= 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_kills_the_job_and_records_nothing() {
+    let dir = tempdir("lost");
+    let w = World::default();
+    register(&w, "i-a");
+    w.launcher.script(
+        "train",
+        Script { items: 300, items_per_s: 1, checkpoint_every_s: None, exit_code: 0 },
+    );
+    submit(&w, "job-1", "train", 3, 600.0);
+    // The reaper re-queues the job behind the agent's back (as after a missed renewal).
+    let jobs = &w.jobs;
+    let requeue = async {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        jobs.transition("job-1", JobState::Running, JobState::Retrying).await.unwrap();
+        jobs.transition("job-1", JobState::Retrying, JobState::Queued).await.unwrap();
+    };
+    let c = cfg(&dir);
+    let (_, (r, _)) = tokio::join!(requeue, agent(&w, "i-a", &c));
+    assert_eq!(r.jobs[0].outcome, Outcome::LostLease);
+    assert!(!r.jobs[0].completed);
+    // The next claim of the still-present message runs it again (the retry the reaper asked for).
+    assert_eq!(r.jobs.len(), 2, "{:?}", r.jobs);
+    assert_eq!(r.jobs[1].outcome, Outcome::Succeeded);
+    assert_eq!(job(&w, "job-1").state, JobState::Succeeded);
+}
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("onoff-agent-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_job_gets_its_input_and_contract_variables() {
+    let dir = tempdir("input");
+    let w = World::default();
+    register(&w, "i-a");
+    w.launcher.script(
+        "work",
+        Script { items: 2, items_per_s: 1, checkpoint_every_s: None, exit_code: 0 },
+    );
+    submit(&w, "job-1", "work", 3, 600.0);
+    let mut rec = job(&w, "job-1");
+    rec.spec.input = Some("s3://b/inputs/items.txt".into());
+    w.jobs.put(rec);
+    w.objects.0.lock().unwrap().insert("s3://b/inputs/items.txt".into(), b"1\n2\n".to_vec());
+    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
+    let env = &w.launcher.started()[0].env;
+    let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    assert_eq!(get("ONOFF_JOB_ID").as_deref(), Some("job-1"));
+    assert_eq!(get("ONOFF_ATTEMPT").as_deref(), Some("1"));
+    assert_eq!(get("ONOFF_JOB_INPUT_URI").as_deref(), Some("s3://b/inputs/items.txt"));
+    let input = get("ONOFF_JOB_INPUT").unwrap();
+    assert_eq!(std::fs::read_to_string(&input).unwrap(), "1\n2\n");
+    assert!(get("ONOFF_CHECKPOINT_DIR").is_some() && get("ONOFF_STOP_FILE").is_some());
+    assert!(get("ONOFF_RESUME_DIR").is_none(), "nothing to resume from");
+    // A missing input fails the attempt with the reason.
+    submit(&w, "job-2", "work", 1, 600.0);
+    let mut rec = job(&w, "job-2");
+    rec.spec.input = Some("s3://b/missing".into());
+    w.jobs.put(rec);
+    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    assert_eq!(r.jobs[0].outcome, Outcome::Failed);
+    assert!(w.jobs.errors()["job:job-2"].contains("NoSuchKey"));
+}
