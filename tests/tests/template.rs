@@ -1,0 +1,1074 @@
+//! `template.yaml` against the code it deploys:
+//!
+//! - every function in the template is a workspace package with that bin, built the way
+//!   `sam build` builds it (provided.al2023, arm64, rust-cargolambda), and every function package
+//!   is in the template;
+//! - every environment variable a function reads (string literals `ONOFF_*` / `AWS_*` in the
+//!   sources of the function and of the path dependencies it builds with) is set for it, unless
+//!   Lambda sets it;
+//! - every sample in `events/` matches a trigger of the function `events/README.md` names for it
+//!   (EventBridge patterns, schedules, S3 notifications, SQS event sources), and no other;
+//! - the policy TOML the parameters assemble parses and validates, with its lanes in
+//!   `ONOFF_QUEUE_URLS`;
+//! - the workers' user data sets every variable the agent requires (`worker-image/README.md`) with
+//!   the same values the functions get;
+//! - every metric in namespace `onoff` the dashboard and alarms use is printed by the code.
+//!
+//! The template's intrinsic functions are evaluated for a stack called `onoff` in us-east-1 of
+//! account 123456789012 (the samples' values) with the parameters' defaults.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the workspace")
+        .to_path_buf()
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+// ---- the template as JSON, short-form tags expanded ---------------------------------------------
+
+fn yaml_to_json(v: serde_yaml::Value) -> Value {
+    use serde_yaml::Value as Y;
+    match v {
+        Y::Null => Value::Null,
+        Y::Bool(b) => Value::Bool(b),
+        Y::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                json!(i)
+            } else if let Some(u) = n.as_u64() {
+                json!(u)
+            } else {
+                json!(n.as_f64().expect("a YAML number"))
+            }
+        }
+        Y::String(s) => Value::String(s),
+        Y::Sequence(items) => Value::Array(items.into_iter().map(yaml_to_json).collect()),
+        Y::Mapping(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| {
+                    let key = match k {
+                        Y::String(s) => s,
+                        other => serde_yaml::to_string(&other).expect("key").trim().to_string(),
+                    };
+                    (key, yaml_to_json(v))
+                })
+                .collect(),
+        ),
+        Y::Tagged(t) => {
+            let tag = t.tag.to_string();
+            let name = tag.trim_start_matches('!').to_string();
+            let inner = yaml_to_json(t.value);
+            match name.as_str() {
+                "Ref" => json!({ "Ref": inner }),
+                "Condition" => json!({ "Condition": inner }),
+                "GetAtt" => match inner {
+                    Value::String(s) => {
+                        let (res, attr) = s.split_once('.').expect("!GetAtt Resource.Attribute");
+                        json!({ "Fn::GetAtt": [res, attr] })
+                    }
+                    other => json!({ "Fn::GetAtt": other }),
+                },
+                other => json!({ format!("Fn::{other}"): inner }),
+            }
+        }
+    }
+}
+
+fn template() -> Value {
+    let y: serde_yaml::Value = serde_yaml::from_str(&read("template.yaml")).expect("template.yaml is YAML");
+    yaml_to_json(y)
+}
+
+// ---- intrinsic functions ------------------------------------------------------------------------
+
+/// Values for the parameters without a default (what `sam deploy --guided` asks for).
+const REQUIRED_PARAMETERS: &[(&str, &str)] = &[
+    (
+        "WorkerImageUri",
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/onoff-worker:1",
+    ),
+    ("WorkerVpcId", "vpc-0123456789abcdef0"),
+    ("WorkerSubnets", "us-east-1a=subnet-0a,us-east-1b=subnet-0b"),
+];
+
+struct Stack<'a> {
+    template: &'a Value,
+    params: BTreeMap<String, String>,
+}
+
+fn scalar_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        other => panic!("not a scalar: {other}"),
+    }
+}
+
+impl<'a> Stack<'a> {
+    /// The stack with every parameter at its default (or [`REQUIRED_PARAMETERS`]), then `overrides`.
+    fn new(template: &'a Value, overrides: &[(&str, &str)]) -> Self {
+        let mut params = BTreeMap::new();
+        for (name, p) in template["Parameters"].as_object().expect("Parameters") {
+            let value = match p.get("Default") {
+                Some(d) => scalar_text(d),
+                None => REQUIRED_PARAMETERS
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .unwrap_or_else(|| {
+                        panic!("parameter {name} has no default: add a test value to REQUIRED_PARAMETERS")
+                    })
+                    .1
+                    .to_string(),
+            };
+            params.insert(name.clone(), value);
+        }
+        for (k, v) in overrides {
+            assert!(params.contains_key(*k), "no parameter {k}");
+            params.insert(k.to_string(), v.to_string());
+        }
+        Self { template, params }
+    }
+
+    fn reference(&self, name: &str) -> Value {
+        match name {
+            "AWS::StackName" => json!("onoff"),
+            "AWS::Region" => json!("us-east-1"),
+            "AWS::AccountId" => json!("123456789012"),
+            "AWS::Partition" => json!("aws"),
+            "AWS::URLSuffix" => json!("amazonaws.com"),
+            "AWS::NoValue" => Value::Null,
+            _ => match self.params.get(name) {
+                Some(v) => json!(v),
+                None => {
+                    assert!(
+                        self.template["Resources"].get(name).is_some(),
+                        "Ref to {name}: neither a parameter nor a resource"
+                    );
+                    json!(format!("<{name}>"))
+                }
+            },
+        }
+    }
+
+    fn condition(&self, v: &Value) -> bool {
+        let obj = v.as_object().expect("a condition is an object");
+        let (k, args) = obj.iter().next().expect("a condition function");
+        match k.as_str() {
+            "Condition" => self.condition(
+                self.template["Conditions"]
+                    .get(args.as_str().expect("condition name"))
+                    .unwrap_or_else(|| panic!("no condition {args}")),
+            ),
+            "Fn::Equals" => {
+                let a = self.eval(&args[0]);
+                let b = self.eval(&args[1]);
+                scalar_text(&a) == scalar_text(&b)
+            }
+            "Fn::Not" => !self.condition(&args[0]),
+            "Fn::And" => args.as_array().expect("list").iter().all(|c| self.condition(c)),
+            "Fn::Or" => args.as_array().expect("list").iter().any(|c| self.condition(c)),
+            other => panic!("unsupported condition function {other}"),
+        }
+    }
+
+    fn named_condition(&self, name: &str) -> bool {
+        self.condition(&json!({ "Condition": name }))
+    }
+
+    fn sub(&self, text: &str, vars: &Map<String, Value>) -> String {
+        let mut out = String::new();
+        let mut rest = text;
+        while let Some(i) = rest.find("${") {
+            out.push_str(&rest[..i]);
+            let end = rest[i..].find('}').expect("unclosed ${ in Fn::Sub") + i;
+            let name = &rest[i + 2..end];
+            if let Some(literal) = name.strip_prefix('!') {
+                out.push_str("${");
+                out.push_str(literal);
+                out.push('}');
+            } else if let Some(v) = vars.get(name) {
+                out.push_str(&scalar_text(&self.eval(v)));
+            } else if let Some((res, attr)) = name.split_once('.').filter(|_| !name.starts_with("AWS::")) {
+                out.push_str(&format!("<{res}.{attr}>"));
+            } else {
+                out.push_str(&scalar_text(&self.reference(name)));
+            }
+            rest = &rest[end + 1..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// Evaluate every intrinsic function in `v`; `AWS::NoValue` drops the key or item.
+    fn eval(&self, v: &Value) -> Value {
+        match v {
+            Value::Array(items) => Value::Array(items.iter().map(|i| self.eval(i)).filter(|i| !i.is_null()).collect()),
+            Value::Object(obj) if obj.len() == 1 => {
+                let (k, args) = obj.iter().next().expect("one key");
+                match k.as_str() {
+                    "Ref" => self.reference(args.as_str().expect("Ref name")),
+                    "Fn::GetAtt" => json!(format!("<{}.{}>", args[0].as_str().unwrap(), args[1].as_str().unwrap())),
+                    "Fn::Sub" => match args {
+                        Value::String(s) => json!(self.sub(s, &Map::new())),
+                        Value::Array(a) => json!(self.sub(
+                            a[0].as_str().expect("Fn::Sub text"),
+                            a[1].as_object().expect("Fn::Sub variables")
+                        )),
+                        other => panic!("bad Fn::Sub {other}"),
+                    },
+                    "Fn::If" => {
+                        let branch = if self.named_condition(args[0].as_str().expect("Fn::If condition")) {
+                            &args[1]
+                        } else {
+                            &args[2]
+                        };
+                        self.eval(branch)
+                    }
+                    "Fn::Join" => {
+                        let sep = args[0].as_str().expect("Fn::Join separator");
+                        let items = self.eval(&args[1]);
+                        json!(items
+                            .as_array()
+                            .expect("Fn::Join list")
+                            .iter()
+                            .map(scalar_text)
+                            .collect::<Vec<_>>()
+                            .join(sep))
+                    }
+                    "Fn::Split" => {
+                        let sep = args[0].as_str().expect("Fn::Split separator");
+                        json!(scalar_text(&self.eval(&args[1])).split(sep).collect::<Vec<_>>())
+                    }
+                    "Fn::Select" => {
+                        let i: usize = scalar_text(&self.eval(&args[0])).parse().expect("Fn::Select index");
+                        self.eval(&args[1])[i].clone()
+                    }
+                    "Fn::Base64" => self.eval(args),
+                    _ if k.starts_with("Fn::") => panic!("unsupported intrinsic function {k}"),
+                    _ => self.eval_map(obj),
+                }
+            }
+            Value::Object(obj) => self.eval_map(obj),
+            other => other.clone(),
+        }
+    }
+
+    fn eval_map(&self, obj: &Map<String, Value>) -> Value {
+        Value::Object(
+            obj.iter()
+                .map(|(k, v)| (k.clone(), self.eval(v)))
+                .filter(|(_, v)| !v.is_null())
+                .collect(),
+        )
+    }
+}
+
+// ---- functions ----------------------------------------------------------------------------------
+
+/// A serverless function: its properties merged over `Globals.Function`, and its metadata.
+struct Function {
+    logical_id: String,
+    props: Value,
+    metadata: Value,
+}
+
+fn merge(base: &Value, over: &Value) -> Value {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            let mut out = b.clone();
+            for (k, v) in o {
+                let merged = match b.get(k) {
+                    Some(bv) if bv.is_object() && v.is_object() && !is_intrinsic(v) => merge(bv, v),
+                    _ => v.clone(),
+                };
+                out.insert(k.clone(), merged);
+            }
+            Value::Object(out)
+        }
+        _ => over.clone(),
+    }
+}
+
+fn is_intrinsic(v: &Value) -> bool {
+    v.as_object()
+        .is_some_and(|o| o.len() == 1 && o.keys().all(|k| k == "Ref" || k.starts_with("Fn::")))
+}
+
+fn functions(t: &Value) -> Vec<Function> {
+    let globals = t["Globals"]["Function"].clone();
+    let fns: Vec<Function> = t["Resources"]
+        .as_object()
+        .expect("Resources")
+        .iter()
+        .filter(|(_, r)| r["Type"] == "AWS::Serverless::Function")
+        .map(|(id, r)| Function {
+            logical_id: id.clone(),
+            props: merge(&globals, &r["Properties"]),
+            metadata: r["Metadata"].clone(),
+        })
+        .collect();
+    assert!(!fns.is_empty(), "template.yaml has no AWS::Serverless::Function");
+    fns
+}
+
+fn manifest(dir: &Path) -> toml::Table {
+    let path = dir.join("Cargo.toml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.parse().unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn workspace_members() -> BTreeSet<String> {
+    manifest(&root())["workspace"]["members"]
+        .as_array()
+        .expect("workspace.members")
+        .iter()
+        .map(|m| m.as_str().expect("member path").trim_end_matches('/').to_string())
+        .collect()
+}
+
+/// Bin target names of the package in `dir`.
+fn bins(dir: &Path) -> BTreeSet<String> {
+    let m = manifest(dir);
+    let mut out: BTreeSet<String> = m
+        .get("bin")
+        .and_then(|b| b.as_array())
+        .map(|bins| {
+            bins.iter()
+                .map(|b| b["name"].as_str().expect("bin name").to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let autobins = m["package"].get("autobins").and_then(|v| v.as_bool()).unwrap_or(true);
+    if autobins && dir.join("src/main.rs").exists() && out.is_empty() {
+        out.insert(m["package"]["name"].as_str().expect("package name").to_string());
+    }
+    out
+}
+
+fn code_uri(f: &Function) -> String {
+    f.props["CodeUri"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}: CodeUri must be a local directory", f.logical_id))
+        .trim_end_matches('/')
+        .to_string()
+}
+
+#[test]
+fn every_function_is_a_workspace_package_with_its_bin() {
+    let t = template();
+    let members = workspace_members();
+    let mut deployed = BTreeSet::new();
+    for f in functions(&t) {
+        let id = &f.logical_id;
+        assert_eq!(f.props["Runtime"], "provided.al2023", "{id}: Runtime");
+        assert_eq!(f.props["Handler"], "bootstrap", "{id}: Handler");
+        assert_eq!(f.props["Architectures"], json!(["arm64"]), "{id}: Architectures");
+        assert_eq!(
+            f.metadata["BuildMethod"], "rust-cargolambda",
+            "{id}: Metadata.BuildMethod"
+        );
+        let uri = code_uri(&f);
+        let dir = root().join(&uri);
+        assert!(
+            dir.join("Cargo.toml").is_file(),
+            "{id}: CodeUri {uri} has no Cargo.toml (sam build runs cargo lambda there)"
+        );
+        assert!(members.contains(&uri), "{id}: {uri} is not a workspace member");
+        // sam's rust-cargolambda builder passes BuildProperties.Binary as `--bin` and copies
+        // target/lambda/<Binary>/bootstrap; without it, it guesses from the package's bins.
+        let binary = f.metadata["BuildProperties"]["Binary"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{id}: Metadata.BuildProperties.Binary names the bin to build"));
+        let found = bins(&dir);
+        assert!(
+            found.contains(binary),
+            "{id}: package {uri} has no bin {binary:?} (bins: {found:?})"
+        );
+        deployed.insert(uri);
+    }
+    // And the other way round: every function package (one with a bin under functions/) is deployed.
+    for member in members.iter().filter(|m| m.starts_with("functions/")) {
+        if !bins(&root().join(member)).is_empty() {
+            assert!(
+                deployed.contains(member),
+                "{member} has a bin but no function in template.yaml"
+            );
+        }
+    }
+}
+
+// ---- environment --------------------------------------------------------------------------------
+
+/// Directories of `dir`'s package and of every path dependency it builds with (not dev-dependencies).
+fn path_dependency_closure(dir: &Path) -> BTreeSet<PathBuf> {
+    let ws = manifest(&root());
+    let ws_deps = ws["workspace"]["dependencies"]
+        .as_table()
+        .expect("workspace.dependencies");
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let d = d.canonicalize().unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        if !seen.insert(d.clone()) {
+            continue;
+        }
+        let m = manifest(&d);
+        let Some(deps) = m.get("dependencies").and_then(|v| v.as_table()) else {
+            continue;
+        };
+        for (name, spec) in deps {
+            let path = match spec.get("path").and_then(|p| p.as_str()) {
+                Some(p) => Some(d.join(p)),
+                None if spec.get("workspace").and_then(|w| w.as_bool()) == Some(true) => ws_deps
+                    .get(name)
+                    .and_then(|w| w.get("path"))
+                    .and_then(|p| p.as_str())
+                    .map(|p| root().join(p)),
+                None => None,
+            };
+            if let Some(p) = path {
+                todo.push(p);
+            }
+        }
+    }
+    seen
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// String literals in `text` that satisfy `keep`.
+fn string_literals(text: &str, keep: impl Fn(&str) -> bool) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut parts = text.split('"');
+    parts.next();
+    // Every second piece between quotes; escaped quotes and raw strings do not occur in the
+    // literals looked for, and a stray pairing only yields pieces `keep` rejects.
+    while let Some(inside) = parts.next() {
+        if keep(inside) {
+            out.insert(inside.to_string());
+        }
+        parts.next();
+    }
+    out
+}
+
+fn is_env_name(s: &str) -> bool {
+    (s.starts_with("ONOFF_") || s.starts_with("AWS_"))
+        && s.len() > 6
+        && s.chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// Environment variables the sources under `dirs` name (string literals in `src/`).
+fn env_names_in(dirs: &BTreeSet<PathBuf>) -> BTreeMap<String, PathBuf> {
+    let mut out = BTreeMap::new();
+    for d in dirs {
+        let mut files = Vec::new();
+        rust_files(&d.join("src"), &mut files);
+        for f in files {
+            let text = std::fs::read_to_string(&f).expect("source file");
+            for name in string_literals(&text, is_env_name) {
+                out.entry(name).or_insert_with(|| f.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Set by Lambda in every function's environment.
+const SET_BY_LAMBDA: &[&str] = &[
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_EXECUTION_ENV",
+    "AWS_LAMBDA_FUNCTION_NAME",
+    "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",
+    "AWS_LAMBDA_FUNCTION_VERSION",
+    "AWS_LAMBDA_INITIALIZATION_TYPE",
+    "AWS_LAMBDA_LOG_GROUP_NAME",
+    "AWS_LAMBDA_LOG_STREAM_NAME",
+    "AWS_LAMBDA_RUNTIME_API",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_XRAY_CONTEXT_MISSING",
+    "AWS_XRAY_DAEMON_ADDRESS",
+];
+
+#[test]
+fn every_environment_variable_a_function_reads_is_set() {
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    for f in functions(&t) {
+        let id = &f.logical_id;
+        let dirs = path_dependency_closure(&root().join(code_uri(&f)));
+        let read = env_names_in(&dirs);
+        assert!(
+            read.keys().any(|k| k.starts_with("ONOFF_")),
+            "{id}: found no ONOFF_ variable in {dirs:?}: the scan is broken"
+        );
+        let env = stack.eval(&f.props["Environment"]["Variables"]);
+        for (name, file) in &read {
+            if SET_BY_LAMBDA.contains(&name.as_str()) {
+                continue;
+            }
+            if name == "AWS_LAMBDA_LOG_FORMAT" {
+                assert!(
+                    f.props["LoggingConfig"]["LogFormat"].is_string(),
+                    "{id}: {} reads AWS_LAMBDA_LOG_FORMAT: set LoggingConfig.LogFormat",
+                    file.display()
+                );
+                continue;
+            }
+            let value = env.get(name).map(scalar_text).unwrap_or_default();
+            assert!(
+                !value.trim().is_empty(),
+                "{id}: {} reads {name}, which the template does not set for it",
+                file.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_policy_the_parameters_assemble_parses_and_validates() {
+    let t = template();
+    let f = functions(&t).into_iter().next().expect("a function");
+    let render = |overrides: &[(&str, &str)]| {
+        let stack = Stack::new(&t, overrides);
+        let env = stack.eval(&f.props["Environment"]["Variables"]);
+        let toml = scalar_text(&env["ONOFF_POLICY"]);
+        let cfg = onoff_policy::PolicyConfig::from_toml_str(&toml)
+            .unwrap_or_else(|e| panic!("ONOFF_POLICY with {overrides:?} does not load: {e}\n{toml}"));
+        let queues = scalar_text(&env["ONOFF_QUEUE_URLS"]);
+        (cfg, queues)
+    };
+    let (cfg, queues) = render(&[]);
+    let lanes_with_queues: BTreeSet<&str> = queues
+        .split(',')
+        .filter_map(|p| p.split_once('='))
+        .map(|(l, _)| l)
+        .collect();
+    for lane in &cfg.lanes {
+        assert!(
+            lanes_with_queues.contains(lane.name.as_str()),
+            "lane {} has no queue in ONOFF_QUEUE_URLS ({queues})",
+            lane.name
+        );
+    }
+    assert_eq!(cfg.limits.max_usd_per_h, None);
+    assert!(cfg.offers.allowed_instance_types.is_empty());
+    assert_eq!(cfg.offers.max_price_usd_per_h, None);
+    assert_eq!(cfg.limits.max_workers_total, 64);
+
+    let (cfg, _) = render(&[
+        ("MaxUsdPerHour", "250"),
+        ("MaxPriceUsdPerHour", "4.5"),
+        ("AllowedInstanceTypes", "g5.xlarge,g6.xlarge"),
+        ("KeepAliveMode", "fixed"),
+        ("WarmPoolSize", "3"),
+        ("Frozen", "true"),
+    ]);
+    assert_eq!(cfg.limits.max_usd_per_h, Some(250.0));
+    assert_eq!(cfg.offers.max_price_usd_per_h, Some(4.5));
+    assert_eq!(cfg.offers.allowed_instance_types, ["g5.xlarge", "g6.xlarge"]);
+    assert_eq!(cfg.scale_down.mode, onoff_policy::KeepAliveMode::Fixed);
+    assert!(cfg.limits.frozen);
+    let standard = &cfg.lanes[cfg.lane_index("standard").expect("standard lane")];
+    assert_eq!(standard.warm_pool_size_at(9), 3);
+}
+
+// ---- triggers -----------------------------------------------------------------------------------
+
+/// One way a function is invoked.
+#[derive(Debug)]
+enum Trigger {
+    /// An EventBridge pattern (rules and schedules).
+    Pattern(Value),
+    /// S3 notifications: event names and key prefix / suffix.
+    S3 {
+        events: Vec<String>,
+        prefix: String,
+        suffix: String,
+    },
+    /// An SQS event source: queue name, and whether it reports batch item failures.
+    Sqs { queue: String, partial_batch: bool },
+}
+
+fn triggers(t: &Value, stack: &Stack) -> BTreeMap<String, Vec<Trigger>> {
+    let mut out: BTreeMap<String, Vec<Trigger>> = BTreeMap::new();
+    for f in functions(t) {
+        let Some(events) = f.props.get("Events").and_then(|e| e.as_object()) else {
+            continue;
+        };
+        for (name, ev) in events {
+            let p = stack.eval(&ev["Properties"]);
+            let trigger = match ev["Type"].as_str().expect("event Type") {
+                "EventBridgeRule" | "CloudWatchEvent" => Trigger::Pattern(p["Pattern"].clone()),
+                "Schedule" => {
+                    let rule = p["Name"]
+                        .as_str()
+                        .unwrap_or_else(|| panic!("{}.{name}: name the schedule's rule", f.logical_id));
+                    Trigger::Pattern(json!({
+                        "source": ["aws.events"],
+                        "detail-type": ["Scheduled Event"],
+                        "resources": [format!("arn:aws:events:us-east-1:123456789012:rule/{rule}")],
+                    }))
+                }
+                "S3" => {
+                    let events = match &p["Events"] {
+                        Value::String(s) => vec![s.clone()],
+                        Value::Array(a) => a.iter().map(scalar_text).collect(),
+                        other => panic!("{}.{name}: Events {other}", f.logical_id),
+                    };
+                    let rule = |n: &str| {
+                        p["Filter"]["S3Key"]["Rules"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .find(|r| r["Name"].as_str().is_some_and(|x| x.eq_ignore_ascii_case(n)))
+                            .map(|r| scalar_text(&r["Value"]))
+                            .unwrap_or_default()
+                    };
+                    let bucket = &ev["Properties"]["Bucket"]["Ref"];
+                    assert_eq!(
+                        t["Resources"][bucket.as_str().unwrap_or_default()]["Type"],
+                        "AWS::S3::Bucket",
+                        "{}.{name}: Bucket must be a !Ref to a bucket of the template",
+                        f.logical_id
+                    );
+                    Trigger::S3 {
+                        events,
+                        prefix: rule("prefix"),
+                        suffix: rule("suffix"),
+                    }
+                }
+                "SQS" => {
+                    let queue_id = ev["Properties"]["Queue"]["Fn::GetAtt"][0]
+                        .as_str()
+                        .unwrap_or_else(|| panic!("{}.{name}: Queue must be !GetAtt <queue>.Arn", f.logical_id));
+                    let queue = stack.eval(&t["Resources"][queue_id]["Properties"]["QueueName"]);
+                    Trigger::Sqs {
+                        queue: scalar_text(&queue),
+                        partial_batch: p["FunctionResponseTypes"]
+                            .as_array()
+                            .is_some_and(|a| a.iter().any(|x| x == "ReportBatchItemFailures")),
+                    }
+                }
+                other => panic!(
+                    "{}.{name}: event type {other} is not covered by this test",
+                    f.logical_id
+                ),
+            };
+            out.entry(f.logical_id.clone()).or_default().push(trigger);
+        }
+    }
+    // EventBridge rules declared as plain resources, targeting a function.
+    for (id, r) in t["Resources"].as_object().expect("Resources") {
+        if r["Type"] != "AWS::Events::Rule" {
+            continue;
+        }
+        let p = stack.eval(&r["Properties"]);
+        for target in r["Properties"]["Targets"].as_array().into_iter().flatten() {
+            let Some(fn_id) = target["Arn"]["Fn::GetAtt"][0].as_str() else {
+                continue;
+            };
+            let pattern = if let Some(pattern) = p.get("EventPattern") {
+                pattern.clone()
+            } else {
+                let name = p["Name"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{id}: name the schedule's rule"));
+                json!({
+                    "source": ["aws.events"],
+                    "detail-type": ["Scheduled Event"],
+                    "resources": [format!("arn:aws:events:us-east-1:123456789012:rule/{name}")],
+                })
+            };
+            out.entry(fn_id.to_string())
+                .or_default()
+                .push(Trigger::Pattern(pattern));
+        }
+    }
+    out
+}
+
+/// EventBridge pattern matching (the subset onoff uses: literals, prefix, suffix, anything-but,
+/// exists, equals-ignore-case, wildcard; nested objects).
+fn pattern_matches(pattern: &Value, event: &Value) -> bool {
+    let Some(p) = pattern.as_object() else {
+        panic!("a pattern is an object: {pattern}")
+    };
+    p.iter().all(|(key, want)| {
+        let got = event.get(key);
+        match want {
+            Value::Object(_) => got.is_some_and(|g| g.is_object() && pattern_matches(want, g)),
+            Value::Array(options) => {
+                let values: Vec<&Value> = match got {
+                    None => Vec::new(),
+                    Some(Value::Array(a)) => a.iter().collect(),
+                    Some(v) => vec![v],
+                };
+                options.iter().any(|o| leaf_matches(o, &values))
+            }
+            other => panic!("pattern value for {key} must be an array or an object: {other}"),
+        }
+    })
+}
+
+fn leaf_matches(option: &Value, values: &[&Value]) -> bool {
+    let text = |v: &&Value| v.as_str().map(str::to_string);
+    match option {
+        Value::Object(op) => {
+            let (k, arg) = op.iter().next().expect("a matching operator");
+            match k.as_str() {
+                "exists" => arg.as_bool().expect("exists: bool") != values.is_empty(),
+                "prefix" => values
+                    .iter()
+                    .filter_map(text)
+                    .any(|v| v.starts_with(arg.as_str().unwrap())),
+                "suffix" => values
+                    .iter()
+                    .filter_map(text)
+                    .any(|v| v.ends_with(arg.as_str().unwrap())),
+                "equals-ignore-case" => values
+                    .iter()
+                    .filter_map(text)
+                    .any(|v| v.eq_ignore_ascii_case(arg.as_str().unwrap())),
+                "anything-but" => {
+                    let excluded: Vec<&Value> = match arg {
+                        Value::Array(a) => a.iter().collect(),
+                        v => vec![v],
+                    };
+                    !values.is_empty() && values.iter().all(|v| !excluded.contains(v))
+                }
+                "wildcard" => {
+                    let parts: Vec<&str> = arg.as_str().unwrap().split('*').collect();
+                    values.iter().filter_map(text).any(|v| wildcard(&parts, &v))
+                }
+                other => panic!("matching operator {other} is not covered by this test"),
+            }
+        }
+        Value::String(s) => {
+            assert!(
+                !(s.starts_with('<') && s.ends_with('>')),
+                "pattern value {s} is not known before deployment (a !GetAtt or a resource !Ref): \
+                 spell it with !Sub so the samples can be matched"
+            );
+            values.contains(&option)
+        }
+        _ => values.contains(&option),
+    }
+}
+
+fn wildcard(parts: &[&str], v: &str) -> bool {
+    let Some((first, rest)) = parts.split_first() else {
+        return v.is_empty();
+    };
+    let Some(mut at) = v.strip_prefix(first) else {
+        return false;
+    };
+    for (i, part) in rest.iter().enumerate() {
+        if i == rest.len() - 1 {
+            return at.ends_with(part);
+        }
+        match at.find(part) {
+            Some(j) => at = &at[j + part.len()..],
+            None => return false,
+        }
+    }
+    at.is_empty()
+}
+
+/// S3 keys in notifications are URL-encoded (`+` for space, `%xx`).
+fn url_decode(key: &str) -> String {
+    let b = key.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                    Ok(x) => {
+                        out.push(x);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            x => out.push(x),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn trigger_matches(trigger: &Trigger, sample: &Value) -> bool {
+    let record = &sample["Records"][0];
+    match trigger {
+        Trigger::Pattern(p) => sample.get("detail-type").is_some() && pattern_matches(p, sample),
+        Trigger::S3 { events, prefix, suffix } => {
+            if record["eventSource"] != "aws:s3" {
+                return false;
+            }
+            let name = format!("s3:{}", record["eventName"].as_str().unwrap_or_default());
+            let key = url_decode(record["s3"]["object"]["key"].as_str().unwrap_or_default());
+            events.iter().any(|e| match e.strip_suffix('*') {
+                Some(stem) => name.starts_with(stem),
+                None => *e == name,
+            }) && key.starts_with(prefix.as_str())
+                && key.ends_with(suffix.as_str())
+        }
+        Trigger::Sqs { queue, .. } => {
+            record["eventSource"] == "aws:sqs"
+                && record["eventSourceARN"]
+                    .as_str()
+                    .is_some_and(|arn| arn.rsplit(':').next() == Some(queue.as_str()))
+        }
+    }
+}
+
+/// `events/README.md`'s table: sample file -> function (package) name.
+fn sample_owners() -> BTreeMap<String, String> {
+    read("events/README.md")
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(|c| c.trim()).collect();
+            (
+                cells[0].trim_matches('`').to_string(),
+                cells[cells.len() - 1].to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn every_event_sample_matches_a_trigger_of_its_function() {
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    let triggers = triggers(&t, &stack);
+    // Function logical id by package directory name (functions/<name>).
+    let by_name: BTreeMap<String, String> = functions(&t)
+        .iter()
+        .map(|f| {
+            let uri = code_uri(f);
+            (uri.rsplit('/').next().unwrap().to_string(), f.logical_id.clone())
+        })
+        .collect();
+    let owners = sample_owners();
+    let mut samples: Vec<PathBuf> = std::fs::read_dir(root().join("events"))
+        .expect("events/")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    samples.sort();
+    assert!(!samples.is_empty(), "no samples in events/");
+    for path in samples {
+        let file = path.file_name().unwrap().to_string_lossy().to_string();
+        let sample: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let owner = owners
+            .get(&file)
+            .unwrap_or_else(|| panic!("{file} is not in events/README.md's table"));
+        let expected = by_name
+            .get(owner)
+            .unwrap_or_else(|| panic!("{file}: events/README.md names function {owner}, not in template.yaml"));
+        let matched: BTreeSet<&String> = triggers
+            .iter()
+            .filter(|(_, ts)| ts.iter().any(|t| trigger_matches(t, &sample)))
+            .map(|(f, _)| f)
+            .collect();
+        assert_eq!(
+            matched,
+            BTreeSet::from([expected]),
+            "{file} must trigger {expected} (events/README.md) and nothing else"
+        );
+        if sample["Records"][0]["eventSource"] == "aws:sqs" {
+            let partial = triggers[expected].iter().any(|t| {
+                matches!(
+                    t,
+                    Trigger::Sqs {
+                        partial_batch: true,
+                        ..
+                    }
+                ) && trigger_matches(t, &sample)
+            });
+            assert!(partial, "{file}: the SQS trigger must report batch item failures");
+        }
+    }
+}
+
+// ---- workers ------------------------------------------------------------------------------------
+
+/// Variables `worker-image/README.md`'s settings table marks as required.
+fn agent_required_env() -> Vec<String> {
+    let readme = read("worker-image/README.md");
+    let names: Vec<String> = readme
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(|c| c.trim()).collect();
+            (cells.len() >= 2 && cells[1] == "required").then(|| cells[0].trim_matches('`').to_string())
+        })
+        .collect();
+    assert!(
+        names.iter().any(|n| n == "ONOFF_QUEUE_URLS"),
+        "worker-image/README.md's settings table changed shape: {names:?}"
+    );
+    names
+}
+
+#[test]
+fn the_workers_user_data_sets_what_the_agent_requires_as_the_functions_have_it() {
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    let lt = t["Resources"]
+        .as_object()
+        .unwrap()
+        .values()
+        .find(|r| r["Type"] == "AWS::EC2::LaunchTemplate")
+        .expect("a launch template");
+    let user_data = scalar_text(&stack.eval(&lt["Properties"]["LaunchTemplateData"]["UserData"]));
+    let set: BTreeMap<&str, &str> = user_data
+        .lines()
+        .map(str::trim)
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| is_env_name(k))
+        .collect();
+    let mut want = agent_required_env();
+    // The metric dimension and the tag the agent's instance carries, and the image check.
+    want.extend(["ONOFF_DEPLOYMENT", "ONOFF_WORKER_IMAGE", "AWS_REGION"].map(String::from));
+    for name in &want {
+        assert!(
+            set.get(name.as_str()).is_some_and(|v| !v.is_empty()),
+            "the user data does not set {name}"
+        );
+    }
+    let f = functions(&t).into_iter().next().expect("a function");
+    let env = stack.eval(&f.props["Environment"]["Variables"]);
+    for (name, value) in &set {
+        if let Some(fv) = env.get(*name) {
+            assert_eq!(
+                scalar_text(fv),
+                *value,
+                "{name}: the workers and the functions disagree"
+            );
+        }
+    }
+    assert_eq!(set["ONOFF_WORKER_IMAGE"], REQUIRED_PARAMETERS[0].1);
+}
+
+// ---- metrics ------------------------------------------------------------------------------------
+
+/// Metrics the template uses that the code does not print yet: asked of the functions' code
+/// (`functions/common/src/lib.rs`, `print_metrics`). Remove a name once it is printed.
+const PENDING_METRICS: &[&str] = &["IdleSecondsMax"];
+
+fn onoff_metrics_used(t: &Value, stack: &Stack) -> BTreeSet<String> {
+    let mut used = BTreeSet::new();
+    fn walk(v: &Value, used: &mut BTreeSet<String>) {
+        match v {
+            Value::Object(o) => {
+                if o.get("Namespace").and_then(|n| n.as_str()) == Some("onoff") {
+                    if let Some(m) = o.get("MetricName").and_then(|m| m.as_str()) {
+                        used.insert(m.to_string());
+                    }
+                }
+                o.values().for_each(|x| walk(x, used));
+            }
+            Value::Array(rows) => {
+                // A dashboard widget's metrics: rows ["Namespace", "MetricName", dims..., {options}],
+                // where "." repeats the previous row's value and ["...", values] its metric.
+                let mut namespace = String::new();
+                for row in rows.iter().filter_map(|r| r.as_array()) {
+                    match row.first().and_then(|x| x.as_str()) {
+                        Some("...") | None => continue,
+                        Some(".") => {}
+                        Some(ns) => namespace = ns.to_string(),
+                    }
+                    if namespace == "onoff" {
+                        if let Some(m) = row.get(1).and_then(|m| m.as_str()).filter(|m| *m != ".") {
+                            used.insert(m.to_string());
+                        }
+                    }
+                }
+                rows.iter().for_each(|x| walk(x, used));
+            }
+            Value::String(s) => {
+                for piece in s.split("MetricName=\"").skip(1) {
+                    used.insert(piece.split('"').next().unwrap().to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    for r in t["Resources"].as_object().unwrap().values() {
+        let props = stack.eval(&r["Properties"]);
+        if r["Type"] == "AWS::CloudWatch::Dashboard" {
+            let body: Value = serde_json::from_str(props["DashboardBody"].as_str().expect("DashboardBody text"))
+                .unwrap_or_else(|e| panic!("the dashboard body is not JSON: {e}"));
+            walk(&body, &mut used);
+        } else if r["Type"] == "AWS::CloudWatch::Alarm" {
+            walk(&props, &mut used);
+        }
+    }
+    used
+}
+
+#[test]
+fn every_onoff_metric_of_the_dashboard_and_alarms_is_printed_by_the_code() {
+    let t = template();
+    let stack = Stack::new(&t, &[("MaxUsdPerHour", "100")]);
+    let used = onoff_metrics_used(&t, &stack);
+    assert!(used.contains("SpendUsdPerHour"), "metric scan broken: {used:?}");
+    let mut dirs = BTreeSet::new();
+    for f in functions(&t) {
+        dirs.extend(path_dependency_closure(&root().join(code_uri(&f))));
+    }
+    dirs.extend(path_dependency_closure(&root().join("worker-image/agent")));
+    let mut printed = BTreeSet::new();
+    for d in &dirs {
+        let mut files = Vec::new();
+        rust_files(&d.join("src"), &mut files);
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            printed.extend(string_literals(&text, |s| {
+                s.len() > 2
+                    && s.starts_with(|c: char| c.is_ascii_uppercase())
+                    && s.chars().all(|c| c.is_ascii_alphanumeric())
+            }));
+        }
+    }
+    for m in &used {
+        if PENDING_METRICS.contains(&m.as_str()) {
+            assert!(
+                !printed.contains(m),
+                "{m} is printed now: remove it from PENDING_METRICS in tests/tests/template.rs"
+            );
+        } else {
+            assert!(
+                printed.contains(m),
+                "template.yaml uses metric onoff/{m}, which no code prints"
+            );
+        }
+    }
+}
