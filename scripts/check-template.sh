@@ -2,13 +2,13 @@
 # Deployment checks for template.yaml (docs/deploy.md, "CI checks"):
 #   1. cfn-lint template.yaml
 #   2. sam validate --lint (offline, dummy region)
-#   3. checkov on the template: no failed checks (suppressions are justified inline in the
-#      template's Metadata)
+#   3. checkov on the template, and again after the SAM transform: no failed checks (suppressions
+#      are justified inline in the template's Metadata)
 #   4. sam build: every function cross-compiled for arm64 by cargo-lambda, as `sam deploy` ships it
 #      (falls back to `cargo lambda build --x86-64` per function when the arm64 Rust target cannot
 #      be installed; the template still says arm64, so such a build is a compile check only).
 # The tools come from requirements-deploy.txt, installed into .venv-deploy on first use (~75 s).
-# Nothing calls AWS. `--no-build` stops after step 3 (~15 s).
+# Nothing calls AWS. `--no-build` stops after step 3 (~20 s).
 #
 # The build is niced and runs one rustc at a time (CARGO_BUILD_JOBS, default 1) in its own target
 # dir, reused across runs (ONOFF_LAMBDA_TARGET_DIR, default ~/.cache/onoff-lambda-target). Cold it
@@ -53,6 +53,30 @@ timed "cfn-lint template.yaml" cfn-lint template.yaml
 timed "sam validate --lint" sam validate --lint --template-file template.yaml --region us-east-1
 timed "checkov (cloudformation)" checkov --file template.yaml --framework cloudformation \
   --skip-download --quiet --compact
+# Again on the template after the SAM transform, so the resources SAM generates (event rules,
+# permissions, the SQS event source mapping, event invoke configs) are scanned too.
+translated=$(mktemp -d)/template.json
+python3 - "$translated" <<'PY'
+import json, sys
+from samtranslator.translator.transform import transform
+from samtranslator.yaml_helper import yaml_parse
+
+template = yaml_parse(open("template.yaml").read())
+for res in template["Resources"].values():
+    if res["Type"] == "AWS::Serverless::Function":
+        res["Properties"]["CodeUri"] = "s3://bucket/key"  # what `sam package` puts there
+
+
+class NoManagedPolicies:  # the template names no SAM policy templates or managed policies by name
+    def load(self):
+        return {}
+
+
+json.dump(transform(template, {}, NoManagedPolicies()), open(sys.argv[1], "w"), indent=1)
+PY
+timed "checkov (after the SAM transform)" checkov --file "$translated" --framework cloudformation \
+  --skip-download --quiet --compact
+rm -rf "$(dirname "$translated")"
 
 [ "$build" = 1 ] || exit 0
 
