@@ -7,4 +7,6 @@ source scripts/moto.sh
 moto_start
 trap moto_stop EXIT
 cargo test --workspace --locked
+echo "== example workload (python unittest)" >&2
+python3 -m unittest discover -s worker-image/examples -p 'test_*.py'
 scripts/check-deps.sh

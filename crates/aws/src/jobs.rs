@@ -295,14 +295,19 @@ impl JobStore for DynamoJobs {
             .await;
         match res {
             Ok(_) => Ok(()),
-            Err(e) if condition_failed(&e) => Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}"))),
+            Err(e) if condition_failed(&e) => {
+                Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")))
+            }
             Err(e) => Err(store_error("renew job lease", &e)),
         }
     }
 
     async fn finish(&self, id: &str, owner: &str, to: JobState, count_attempt: bool) -> Result<(), StoreError> {
         if !JobState::Running.can_go(to) || to == JobState::Cancelled {
-            return Err(StoreError::Conflict(format!("RUNNING -> {} is not an end of an attempt", to.as_str())));
+            return Err(StoreError::Conflict(format!(
+                "RUNNING -> {} is not an end of an attempt",
+                to.as_str()
+            )));
         }
         let update = if count_attempt {
             "SET #s = :to REMOVE lease_owner, lease_expires_at"
@@ -325,7 +330,9 @@ impl JobStore for DynamoJobs {
         }
         match req.send().await {
             Ok(_) => Ok(()),
-            Err(e) if condition_failed(&e) => Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}"))),
+            Err(e) if condition_failed(&e) => {
+                Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")))
+            }
             Err(e) => Err(store_error("finish job attempt", &e)),
         }
     }

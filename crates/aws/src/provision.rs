@@ -108,7 +108,12 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
             .attribute_names(QueueAttributeName::QueueArn)
             .send()
             .await
-            .map_err(|e| perr(format!("{lane} dead-letter queue"), aws_sdk_sqs::error::DisplayErrorContext(e)))?
+            .map_err(|e| {
+                perr(
+                    format!("{lane} dead-letter queue"),
+                    aws_sdk_sqs::error::DisplayErrorContext(e),
+                )
+            })?
             .attributes()
             .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
             .ok_or_else(|| perr(format!("{lane} dead-letter queue"), "no ARN"))?;
@@ -121,7 +126,10 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
             c,
             &format!("{p}-{lane}"),
             vec![
-                (QueueAttributeName::VisibilityTimeout, opts.visibility_timeout_s.to_string()),
+                (
+                    QueueAttributeName::VisibilityTimeout,
+                    opts.visibility_timeout_s.to_string(),
+                ),
                 (QueueAttributeName::RedrivePolicy, redrive),
             ],
         )
@@ -169,7 +177,12 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
         )
         .send()
         .await
-        .map_err(|e| perr(format!("launch template {launch_template}"), aws_sdk_ec2::error::DisplayErrorContext(e)))?;
+        .map_err(|e| {
+            perr(
+                format!("launch template {launch_template}"),
+                aws_sdk_ec2::error::DisplayErrorContext(e),
+            )
+        })?;
     let subnets = crate::fleet::Ec2Fleet::default_subnets(&c.ec2)
         .await
         .map_err(|e| perr("subnets", e))?;

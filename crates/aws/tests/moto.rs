@@ -511,7 +511,10 @@ async fn two_workers_claiming_one_job_get_one_claim() {
         jobs.finish(&id, &holder, JobState::Succeeded, true).await,
         Err(StoreError::Conflict(_))
     ));
-    assert!(matches!(jobs.claim(&id, "i-d", now + 9e3, now).await.unwrap(), Claim::Claimed(_)));
+    assert!(matches!(
+        jobs.claim(&id, "i-d", now + 9e3, now).await.unwrap(),
+        Claim::Claimed(_)
+    ));
     jobs.finish(&id, "i-d", JobState::Succeeded, true).await.unwrap();
     // Transitions are conditional: only from the state the job is in.
     assert!(matches!(

@@ -1,13 +1,39 @@
 //! CloudWatch Embedded Metric Format: a JSON log line CloudWatch turns into metrics, no SDK needed.
 //! Format: <https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Specification.html>.
 
+use std::io::Write;
+use std::sync::{Mutex, OnceLock};
+
+type Sink = Mutex<Box<dyn Write + Send>>;
+static SINK: OnceLock<Sink> = OnceLock::new();
+
+/// Send every later [`emit`] of this process to `sink` instead of stdout (a process that runs the
+/// functions in process, as `onoff local` does, keeps its stdout for its own output). Only the
+/// first call takes effect.
+pub fn redirect(sink: Box<dyn Write + Send>) {
+    let _ = SINK.set(Mutex::new(sink));
+}
+
+/// Print one EMF line: to stdout (where Lambda's log capture picks it up), or to the sink set with
+/// [`redirect`].
+pub fn emit(line: &str) {
+    match SINK.get() {
+        Some(s) => {
+            if let Ok(mut w) = s.lock() {
+                let _ = writeln!(w, "{line}");
+            }
+        }
+        None => println!("{line}"),
+    }
+}
+
 /// One EMF line: `namespace`, timestamp `now` (unix seconds), one dimension set, and metrics as
 /// (name, value, unit) with CloudWatch unit names (`Count`, `Seconds`, `None`, ...).
 pub fn line(namespace: &str, now: f64, dimensions: &[(&str, &str)], metrics: &[(&str, f64, &str)]) -> String {
     line_with(namespace, now, dimensions, metrics, &[])
 }
 
-/// [`line`] with extra properties that are logged but are not metrics or dimensions (a job id:
+/// [`line()`] with extra properties that are logged but are not metrics or dimensions (a job id:
 /// searchable in CloudWatch Logs Insights without the cost of a high-cardinality dimension).
 pub fn line_with(
     namespace: &str,

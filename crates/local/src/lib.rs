@@ -1,1 +1,802 @@
-//! onoff local.
+//! `onoff local`: the whole system on one machine. moto server stands in for AWS; the resources
+//! `template.yaml` declares are created through the SDK; the four Lambda handlers run in process
+//! on their real triggers (the reconciler's schedule as a timer, the queue-depth alarm evaluated
+//! from the queue, S3 ObjectCreated notifications for job specs put under `jobs/`, EC2
+//! interruption and state-change events); every instance CreateFleet creates in the emulator
+//! becomes a real `onoff-agent` process after a boot delay, with its own IMDS endpoint; a slice of
+//! the Philly trace is replayed, time-compressed, with the example workload as every job's
+//! command; spot notices and worker kills are injected at the rates asked for.
+//!
+//! # Layout
+//! - [`moto`]: the emulator process.
+//! - [`imds`]: a per-instance IMDSv2 endpoint.
+//! - [`replay`]: trace jobs as job specs.
+//! - [`run_local`]: the run, its progress and its [`LocalReport`].
+#![warn(missing_docs)]
+
+pub mod imds;
+pub mod moto;
+pub mod replay;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use aws_sdk_s3::primitives::{DateTime, DateTimeFormat};
+use lambda_runtime::LambdaEvent;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use onoff_aws::fleet::Ec2Fleet;
+use onoff_aws::settings::Clients;
+use onoff_control::job::JobState;
+use onoff_control::ports::WorkerRegistry;
+use onoff_policy::{CapacityType, PolicyConfig, WorkerState};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::time::Instant;
+
+use crate::imds::{ImdsServer, ImdsState};
+use crate::moto::Moto;
+use crate::replay::ReplayJob;
+
+/// The default policy of local runs (`examples/local-policy.toml`).
+pub const LOCAL_POLICY: &str = include_str!("../../../examples/local-policy.toml");
+
+/// Everything a local run can be told. Times are wall seconds unless they say trace seconds.
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    /// Philly trace CSV (default: the shipped `data/philly/philly-short.csv`).
+    pub trace: PathBuf,
+    /// Jobs to replay.
+    pub jobs: usize,
+    /// Jobs of the trace to skip first.
+    pub skip: usize,
+    /// Trace seconds per wall second (arrivals and durations alike).
+    pub compress: f64,
+    /// Longest wall duration of one job, seconds (longer trace jobs are cut to it).
+    pub max_job_s: f64,
+    /// Wall milliseconds the example workload spends per item (at least).
+    pub item_ms: f64,
+    /// Spot interruption notices per busy worker per wall minute.
+    pub spot_notices: f64,
+    /// Abrupt worker deaths (process killed, instance gone, no notice) per busy worker per wall minute.
+    pub kill_workers: f64,
+    /// Seconds from a spot notice to the reclaim (AWS: 120; scaled down by default).
+    pub notice_lead_s: f64,
+    /// Seconds from launch to the agent's start (the boot).
+    pub boot_s: f64,
+    /// Reconciler schedule period, seconds.
+    pub tick_s: f64,
+    /// Idle timeout of the agents, seconds.
+    pub agent_idle_timeout_s: f64,
+    /// Override of the policy's worker cap.
+    pub max_workers: Option<u32>,
+    /// Policy TOML (default [`LOCAL_POLICY`]).
+    pub policy: Option<PathBuf>,
+    /// Seed of the fault injection.
+    pub seed: u64,
+    /// Give up on unfinished jobs after this long, seconds.
+    pub timeout_s: f64,
+    /// After the last job, wait this long for the workers to exit by themselves, seconds.
+    pub drain_s: f64,
+    /// Use a running emulator at this URL instead of starting moto.
+    pub endpoint: Option<String>,
+    /// moto server program (default: [`moto::find_moto_server`]).
+    pub moto_server: Option<PathBuf>,
+    /// The `onoff-agent` binary.
+    pub agent_bin: PathBuf,
+    /// The example workload script.
+    pub workload: PathBuf,
+    /// Python interpreter for the workload.
+    pub python: String,
+    /// Directory for logs and the workers' work dirs.
+    pub run_dir: PathBuf,
+}
+
+/// What a run did. Dollar figures are in trace time: instance price × lifetime × `compress`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LocalReport {
+    /// Jobs put as S3 job specs.
+    pub jobs_submitted: usize,
+    /// Jobs that ended SUCCEEDED.
+    pub jobs_succeeded: usize,
+    /// Jobs that ended FAILED.
+    pub jobs_failed: usize,
+    /// Submitted jobs not SUCCEEDED or FAILED when the run ended.
+    pub jobs_lost: usize,
+    /// Job runs that exited 0 beyond the first per job (work done twice).
+    pub duplicate_completions: usize,
+    /// Jobs that ran at least once from a checkpoint.
+    pub resumed_from_checkpoint: usize,
+    /// Instances the control plane launched.
+    pub instances_launched: usize,
+    /// Instances still running when the run ended (before the final cleanup terminated them).
+    pub instances_left_running: usize,
+    /// Spot interruption notices injected.
+    pub spot_notices_sent: usize,
+    /// Workers killed without notice.
+    pub workers_killed: usize,
+    /// $ for all instances (trace time).
+    pub total_usd: f64,
+    /// `total_usd` / jobs succeeded.
+    pub usd_per_job: f64,
+    /// Median wait from submission to the first start, trace seconds.
+    pub wait_p50_s: f64,
+    /// 95th percentile wait, trace seconds.
+    pub wait_p95_s: f64,
+    /// Handler invocations that returned an error.
+    pub handler_errors: usize,
+    /// Wall seconds the run took.
+    pub wall_s: f64,
+    /// Trace seconds per wall second.
+    pub compress: f64,
+}
+
+/// A snapshot for the progress line.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Progress {
+    /// Jobs submitted so far / to submit.
+    pub submitted: usize,
+    /// Of all to submit.
+    pub to_submit: usize,
+    /// Jobs QUEUED or RETRYING.
+    pub queued: usize,
+    /// Jobs RUNNING.
+    pub running: usize,
+    /// Jobs SUCCEEDED or FAILED.
+    pub done: usize,
+    /// Workers by state (`booting` are launched instances whose agent has not started).
+    pub workers: BTreeMap<String, usize>,
+    /// $ so far.
+    pub usd: f64,
+    /// Wall seconds since start.
+    pub elapsed_s: f64,
+    /// Phase (`replaying`, `draining`, `cleaning up`).
+    pub phase: &'static str,
+}
+
+/// One line an agent printed about a job attempt (its EMF line).
+#[derive(Debug, Clone)]
+struct AttemptLine {
+    job_id: String,
+    completed: bool,
+    resumed: bool,
+    started_at: f64,
+}
+
+struct Agent {
+    child: tokio::process::Child,
+    pgid: Option<i32>,
+}
+
+struct Inst {
+    instance_type: String,
+    zone: String,
+    capacity: CapacityType,
+    lane: String,
+    seen_at: Instant,
+    ended_at: Option<Instant>,
+    agent: Option<Agent>,
+    imds: Option<ImdsServer>,
+    faulted: bool,
+    reclaim_at: Option<Instant>,
+}
+
+impl Inst {
+    fn kill(&mut self) {
+        if let Some(a) = &mut self.agent {
+            if let Some(pg) = a.pgid {
+                let _ = killpg(Pid::from_raw(pg), Signal::SIGKILL);
+            }
+            let _ = a.child.start_kill();
+        }
+        self.imds = None;
+    }
+}
+
+fn iso(unix: f64) -> String {
+    DateTime::from_secs_f64(unix)
+        .fmt(DateTimeFormat::DateTime)
+        .unwrap_or_default()
+}
+
+fn unix_now() -> f64 {
+    onoff_aws::state::unix_now()
+}
+
+/// An EventBridge event as EC2 sends it, from the shipped sample of its kind.
+fn ec2_event(sample: &str, instance_id: &str, extra: &[(&str, &str)], n: usize) -> serde_json::Value {
+    let mut v: serde_json::Value = serde_json::from_str(sample).expect("shipped sample event parses");
+    v["id"] = format!("local-{n}-{instance_id}").into();
+    v["time"] = iso(unix_now()).into();
+    v["resources"] = serde_json::json!([format!("arn:aws:ec2:us-east-1:123456789012:instance/{instance_id}")]);
+    v["detail"]["instance-id"] = instance_id.into();
+    for (k, val) in extra {
+        v["detail"][*k] = (*val).into();
+    }
+    v
+}
+
+const SPOT_WARNING: &str = include_str!("../../../events/spot-interruption-warning.json");
+const STATE_CHANGE: &str = include_str!("../../../events/instance-state-change.json");
+const ALARM: &str = include_str!("../../../events/queue-depth-alarm.json");
+const SCHEDULE: &str = include_str!("../../../events/schedule.json");
+const S3_PUT: &str = include_str!("../../../events/s3-object-created.json");
+
+fn lambda_event(v: serde_json::Value) -> LambdaEvent<serde_json::Value> {
+    LambdaEvent::new(v, lambda_runtime::Context::default())
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Run it: start (or reach) the emulator, create the resources, replay, inject faults, drain,
+/// clean up. `on_progress` is called about twice a second.
+///
+/// # Errors
+/// Setup failures (emulator, resources, trace, policy); failures during the run are counted in
+/// the report instead.
+pub async fn run_local(opts: &LocalOptions, mut on_progress: impl FnMut(&Progress)) -> anyhow::Result<LocalReport> {
+    let started = Instant::now();
+    std::fs::create_dir_all(&opts.run_dir).with_context(|| format!("creating {}", opts.run_dir.display()))?;
+    let run_dir = std::fs::canonicalize(&opts.run_dir)?;
+    for (what, p) in [("agent binary", &opts.agent_bin), ("example workload", &opts.workload)] {
+        anyhow::ensure!(p.exists(), "{what} not found at {}", p.display());
+    }
+    // The functions' metric lines go to a file: stdout is the report's.
+    let metrics = std::fs::File::create(run_dir.join("control-plane-metrics.log"))?;
+    onoff_control::emf::redirect(Box::new(metrics));
+
+    let mut moto = match &opts.endpoint {
+        Some(e) => Moto::existing(e),
+        None => {
+            let program = opts
+                .moto_server
+                .clone()
+                .or_else(moto::find_moto_server)
+                .context("moto server not found: run scripts/run.sh (it installs moto into .venv), or pass --moto-server or --endpoint")?;
+            Moto::start(&program, &run_dir.join("moto.log")).await?
+        }
+    };
+    let result = run_with(opts, &run_dir, &moto.endpoint, started, &mut on_progress).await;
+    moto.stop().await;
+    result
+}
+
+#[allow(clippy::too_many_lines)]
+async fn run_with(
+    opts: &LocalOptions,
+    run_dir: &std::path::Path,
+    endpoint: &str,
+    started: Instant,
+    on_progress: &mut impl FnMut(&Progress),
+) -> anyhow::Result<LocalReport> {
+    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(aws_sdk_s3::config::Credentials::new(
+            "test",
+            "test",
+            None,
+            None,
+            "onoff-local",
+        ))
+        .load()
+        .await;
+    let clients = Clients::from_conf(&conf);
+
+    // Policy and resources.
+    let policy_text = match &opts.policy {
+        Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading policy {}", p.display()))?,
+        None => LOCAL_POLICY.to_string(),
+    };
+    let mut policy = PolicyConfig::from_toml_str(&policy_text).context("policy")?;
+    if let Some(m) = opts.max_workers {
+        policy.limits.max_workers_total = m;
+        for l in &mut policy.lanes {
+            l.max_workers = l.max_workers.min(m);
+        }
+    }
+    let lanes: Vec<String> = policy.lanes.iter().map(|l| l.name.clone()).collect();
+    let lane = lanes.first().cloned().context("the policy has no lane")?;
+    let prefix = format!("onoff-local-{}", std::process::id());
+    let provisioned = onoff_aws::provision::provision(
+        &clients,
+        &onoff_aws::provision::ProvisionOptions {
+            prefix: prefix.clone(),
+            lanes: lanes.clone(),
+            max_receive_count: 5,
+            visibility_timeout_s: 30,
+        },
+    )
+    .await?;
+    let res = provisioned.resources.clone();
+    let mut env: Vec<(String, String)> = res.env_pairs().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    env.push(("ONOFF_DEPLOYMENT".into(), prefix.clone()));
+    env.push(("AWS_REGION".into(), "us-east-1".into()));
+    let mut fn_env = env.clone();
+    fn_env.push(("ONOFF_POLICY".into(), toml_of(&policy)?));
+    let mut settings =
+        onoff_fn_common::Settings::from_lookup(|k| fn_env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))?;
+    settings.reconcile.heartbeat_timeout_s = 10.0;
+    settings.reconcile.boot_timeout_s = 30.0 + opts.boot_s;
+    settings.reconcile.launch_grace_s = (opts.boot_s + 2.0).max(3.0);
+    settings.lease_ttl_s = 10.0;
+    let ctx = onoff_fn_common::ctx_from_clients(settings, &clients);
+    let fleet = Ec2Fleet::new(clients.ec2.clone(), &res.launch_template).with_deployment(&prefix);
+
+    // The replay.
+    let plan = replay::plan(opts, &lane)?;
+    let job_ids: BTreeSet<String> = plan.iter().map(|j| j.job_id.clone()).collect();
+    let mut pending: VecDeque<ReplayJob> = plan.into_iter().collect();
+    let to_submit = pending.len();
+    let mut submitted_at: BTreeMap<String, f64> = BTreeMap::new();
+    let mut seen_keys: BTreeSet<String> = BTreeSet::new();
+
+    // Agents' environment.
+    let mut agent_env = env.clone();
+    agent_env.extend(
+        [
+            ("AWS_ENDPOINT_URL", endpoint.to_string()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("ONOFF_SHUTDOWN", "api-only".into()),
+            ("ONOFF_IDLE_TIMEOUT_S", opts.agent_idle_timeout_s.to_string()),
+            ("ONOFF_HEARTBEAT_S", "1".into()),
+            ("ONOFF_LEASE_S", "6".into()),
+            ("ONOFF_IMDS_POLL_S", "0.5".into()),
+            ("ONOFF_POLL_WAIT_S", "1".into()),
+            ("ONOFF_RETRY_DELAY_S", "1".into()),
+            ("ONOFF_NOTICE_GRACE_S", (opts.notice_lead_s * 0.6).min(90.0).to_string()),
+            ("ONOFF_TIME_SCALE", opts.compress.to_string()),
+            ("RUST_LOG", "info".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v)),
+    );
+    let attempts: Arc<Mutex<Vec<AttemptLine>>> = Arc::default();
+    let mut instances: BTreeMap<String, Inst> = BTreeMap::new();
+    let mut events: VecDeque<serde_json::Value> = VecDeque::new();
+    let mut event_n = 0usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
+    let mut report = LocalReport {
+        jobs_submitted: 0,
+        compress: opts.compress,
+        ..LocalReport::default()
+    };
+    let mut alarm_state: BTreeMap<String, bool> = BTreeMap::new();
+    let mut worker_states: BTreeMap<String, WorkerState> = BTreeMap::new();
+    let mut job_states: BTreeMap<String, JobState> = BTreeMap::new();
+
+    let t0 = Instant::now();
+    let mut next_schedule = t0;
+    let mut next_alarm = t0;
+    let mut next_s3 = t0;
+    let mut next_fleet = t0;
+    let mut next_faults = t0 + Duration::from_secs(1);
+    let mut next_monitor = t0;
+    let mut drain_started: Option<Instant> = None;
+    let mut phase = "replaying";
+    let invoke_err = |what: &str, r: Result<serde_json::Value, onoff_fn_common::HandlerError>, errors: &mut usize| {
+        if let Err(e) = r {
+            *errors += 1;
+            tracing::warn!(function = what, error = %e, "handler error");
+        }
+    };
+
+    loop {
+        let now = Instant::now();
+        let elapsed = (now - t0).as_secs_f64();
+        // Replay: put job specs whose arrival has come.
+        while pending.front().is_some_and(|j| j.at_s <= elapsed) {
+            let j = pending.pop_front().expect("front exists");
+            let key = format!("jobs/{}.json", j.name);
+            clients
+                .s3
+                .put_object()
+                .bucket(&res.bucket)
+                .key(&key)
+                .body(j.spec.to_string().into_bytes().into())
+                .send()
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "put s3://{}/{key}: {}",
+                        res.bucket,
+                        aws_sdk_s3::error::DisplayErrorContext(e)
+                    )
+                })?;
+            submitted_at.insert(j.job_id.clone(), unix_now());
+            report.jobs_submitted += 1;
+        }
+        // S3 ObjectCreated notifications -> submit.
+        if now >= next_s3 {
+            next_s3 = now + Duration::from_millis(500);
+            let listed = clients
+                .s3
+                .list_objects_v2()
+                .bucket(&res.bucket)
+                .prefix("jobs/")
+                .send()
+                .await;
+            if let Ok(out) = listed {
+                for o in out.contents() {
+                    let (Some(key), Some(etag)) = (o.key(), o.e_tag()) else {
+                        continue;
+                    };
+                    if !seen_keys.insert(format!("{key}#{etag}")) {
+                        continue;
+                    }
+                    let mut ev: serde_json::Value = serde_json::from_str(S3_PUT).expect("sample parses");
+                    let rec = &mut ev["Records"][0];
+                    rec["eventTime"] = iso(unix_now()).into();
+                    rec["s3"]["bucket"]["name"] = res.bucket.clone().into();
+                    rec["s3"]["bucket"]["arn"] = format!("arn:aws:s3:::{}", res.bucket).into();
+                    rec["s3"]["object"]["key"] = key.into();
+                    rec["s3"]["object"]["eTag"] = etag.trim_matches('"').into();
+                    rec["s3"]["object"]["size"] = o.size().unwrap_or(0).into();
+                    let r = submit::handler::handle(&ctx, &clients, lambda_event(ev)).await;
+                    invoke_err("submit", r, &mut report.handler_errors);
+                }
+            }
+        }
+        // The queue-depth alarm: ALARM while a lane has visible messages; EventBridge delivers the
+        // state change to the scaler.
+        if now >= next_alarm {
+            next_alarm = now + Duration::from_secs(1);
+            for l in &lanes {
+                let Ok(b) = ctx.queues.backlog(l).await else { continue };
+                let alarm = b.visible > 0;
+                let was = alarm_state.insert(l.clone(), alarm).unwrap_or(false);
+                if alarm && !was {
+                    let mut ev: serde_json::Value = serde_json::from_str(ALARM).expect("sample parses");
+                    ev["id"] = format!("local-alarm-{event_n}").into();
+                    event_n += 1;
+                    ev["time"] = iso(unix_now()).into();
+                    ev["detail"]["alarmName"] = format!("{prefix}-{l}-backlog").into();
+                    let r = scaler::handler::handle(&ctx, &clients, lambda_event(ev)).await;
+                    invoke_err("scaler", r, &mut report.handler_errors);
+                }
+            }
+        }
+        // The reconciler's schedule.
+        if now >= next_schedule {
+            next_schedule = now + Duration::from_secs_f64(opts.tick_s);
+            let mut ev: serde_json::Value = serde_json::from_str(SCHEDULE).expect("sample parses");
+            ev["id"] = format!("local-schedule-{event_n}").into();
+            event_n += 1;
+            ev["time"] = iso(unix_now()).into();
+            let r = reconciler::handler::handle(&ctx, &clients, lambda_event(ev)).await;
+            invoke_err("reconciler", r, &mut report.handler_errors);
+        }
+        // EC2 events -> interruption.
+        while let Some(ev) = events.pop_front() {
+            let r = interruption::handler::handle(&ctx, &clients, lambda_event(ev)).await;
+            invoke_err("interruption", r, &mut report.handler_errors);
+        }
+        // The instance runner.
+        if now >= next_fleet {
+            next_fleet = now + Duration::from_millis(250);
+            if let Ok(present) = fleet.describe_managed().await {
+                let present_ids: BTreeSet<String> = present.iter().map(|i| i.instance_id.clone()).collect();
+                for i in &present {
+                    instances.entry(i.instance_id.clone()).or_insert_with(|| Inst {
+                        instance_type: i.instance_type.clone(),
+                        zone: i.zone.clone(),
+                        capacity: i.capacity_type,
+                        lane: i.lane.clone().unwrap_or_else(|| lane.clone()),
+                        seen_at: now,
+                        ended_at: None,
+                        agent: None,
+                        imds: None,
+                        faulted: false,
+                        reclaim_at: None,
+                    });
+                }
+                for (id, inst) in &mut instances {
+                    if inst.ended_at.is_some() {
+                        continue;
+                    }
+                    if !present_ids.contains(id) {
+                        // Terminated in the emulator: the machine is gone, and EC2 says so.
+                        inst.kill();
+                        inst.ended_at = Some(now);
+                        events.push_back(ec2_event(STATE_CHANGE, id, &[("state", "terminated")], event_n));
+                        event_n += 1;
+                        continue;
+                    }
+                    if inst.agent.is_none() && now - inst.seen_at >= Duration::from_secs_f64(opts.boot_s) {
+                        let agent = start_agent(&opts.agent_bin, id, inst, &agent_env, run_dir, &attempts).await;
+                        match agent {
+                            Ok((a, imds)) => {
+                                inst.agent = Some(a);
+                                inst.imds = Some(imds);
+                            }
+                            Err(e) => tracing::error!(instance = %id, error = %e, "start agent"),
+                        }
+                    }
+                    if inst.reclaim_at.is_some_and(|t| now >= t) {
+                        inst.reclaim_at = None;
+                        let _ = clients.ec2.terminate_instances().instance_ids(id).send().await;
+                    }
+                }
+            }
+        }
+        // Faults: only busy workers (their jobs are what a fault puts at risk).
+        if now >= next_faults {
+            let dt = (now - next_faults).as_secs_f64() + 1.0;
+            next_faults = now + Duration::from_secs(1);
+            let p_notice = 1.0 - (-opts.spot_notices * dt / 60.0).exp();
+            let p_kill = 1.0 - (-opts.kill_workers * dt / 60.0).exp();
+            for (id, inst) in &mut instances {
+                let busy = worker_states.get(id) == Some(&WorkerState::Running);
+                if inst.ended_at.is_some() || inst.faulted || inst.agent.is_none() || !busy {
+                    continue;
+                }
+                if rng.random::<f64>() < p_notice {
+                    inst.faulted = true;
+                    report.spot_notices_sent += 1;
+                    if let Some(imds) = &inst.imds {
+                        imds.spot_notice(&iso(unix_now() + opts.notice_lead_s));
+                    }
+                    events.push_back(ec2_event(
+                        SPOT_WARNING,
+                        id,
+                        &[("instance-action", "terminate")],
+                        event_n,
+                    ));
+                    event_n += 1;
+                    inst.reclaim_at = Some(now + Duration::from_secs_f64(opts.notice_lead_s));
+                    tracing::info!(instance = %id, "injected a spot interruption notice");
+                } else if rng.random::<f64>() < p_kill {
+                    inst.faulted = true;
+                    report.workers_killed += 1;
+                    inst.kill();
+                    let _ = clients.ec2.terminate_instances().instance_ids(id).send().await;
+                    tracing::info!(instance = %id, "killed a worker without notice");
+                }
+            }
+        }
+        // Monitor, progress, and the end.
+        if now >= next_monitor {
+            next_monitor = now + Duration::from_millis(500);
+            if let Ok(live) = ctx.workers.list_live().await {
+                worker_states = live.iter().map(|w| (w.id.clone(), w.state)).collect();
+            }
+            job_states = scan_jobs(&clients, &res.jobs_table, &job_ids)
+                .await
+                .unwrap_or(job_states);
+            let mut p = Progress {
+                submitted: report.jobs_submitted,
+                to_submit,
+                elapsed_s: (now - started).as_secs_f64(),
+                phase,
+                ..Progress::default()
+            };
+            for st in job_states.values() {
+                match st {
+                    JobState::Queued | JobState::Retrying => p.queued += 1,
+                    JobState::Running => p.running += 1,
+                    _ => p.done += 1,
+                }
+            }
+            for (id, inst) in &instances {
+                if inst.ended_at.is_some() {
+                    continue;
+                }
+                let state = match (inst.agent.is_some(), worker_states.get(id)) {
+                    (false, _) => "booting".to_string(),
+                    (true, Some(s)) => format!("{s:?}").to_lowercase(),
+                    (true, None) => "gone".to_string(),
+                };
+                *p.workers.entry(state).or_default() += 1;
+            }
+            p.usd = cost(&instances, &ctx.workers, now, opts.compress).await;
+            on_progress(&p);
+            let all_final =
+                pending.is_empty() && job_states.len() == job_ids.len() && job_states.values().all(|s| s.is_final());
+            let live_instances = instances.values().filter(|i| i.ended_at.is_none()).count();
+            if drain_started.is_none() && (all_final || elapsed > opts.timeout_s) {
+                drain_started = Some(now);
+                phase = "draining";
+            }
+            if let Some(d) = drain_started {
+                if live_instances == 0 || now - d >= Duration::from_secs_f64(opts.drain_s) {
+                    report.instances_left_running = live_instances;
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Clean up: nothing left running, in the emulator or on this machine.
+    on_progress(&Progress {
+        phase: "cleaning up",
+        elapsed_s: started.elapsed().as_secs_f64(),
+        ..Progress::default()
+    });
+    let end = Instant::now();
+    let left: Vec<String> = instances
+        .iter()
+        .filter(|(_, i)| i.ended_at.is_none())
+        .map(|(id, _)| id.clone())
+        .collect();
+    if !left.is_empty() {
+        let _ = clients
+            .ec2
+            .terminate_instances()
+            .set_instance_ids(Some(left))
+            .send()
+            .await;
+    }
+    for inst in instances.values_mut() {
+        inst.kill();
+        if let Some(a) = &mut inst.agent {
+            let _ = a.child.wait().await;
+        }
+        inst.ended_at.get_or_insert(end);
+    }
+
+    // The report.
+    let final_states = scan_jobs(&clients, &res.jobs_table, &job_ids)
+        .await
+        .unwrap_or(job_states);
+    report.jobs_succeeded = final_states.values().filter(|s| **s == JobState::Succeeded).count();
+    report.jobs_failed = final_states.values().filter(|s| **s == JobState::Failed).count();
+    report.jobs_lost = report.jobs_submitted - report.jobs_succeeded - report.jobs_failed;
+    report.instances_launched = instances.len();
+    let lines = attempts.lock().expect("lock").clone();
+    let mut completions: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut resumed: BTreeSet<&str> = BTreeSet::new();
+    let mut first_start: BTreeMap<&str, f64> = BTreeMap::new();
+    for l in &lines {
+        if l.completed {
+            *completions.entry(&l.job_id).or_default() += 1;
+        }
+        if l.resumed {
+            resumed.insert(&l.job_id);
+        }
+        let e = first_start.entry(&l.job_id).or_insert(l.started_at);
+        *e = e.min(l.started_at);
+    }
+    report.duplicate_completions = completions.values().map(|n| n.saturating_sub(1)).sum();
+    report.resumed_from_checkpoint = resumed.len();
+    let mut waits: Vec<f64> = first_start
+        .iter()
+        .filter_map(|(id, t)| submitted_at.get(*id).map(|s| (t - s).max(0.0) * opts.compress))
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    report.wait_p50_s = percentile(&waits, 0.5);
+    report.wait_p95_s = percentile(&waits, 0.95);
+    report.total_usd = cost(&instances, &ctx.workers, end, opts.compress).await;
+    report.usd_per_job = if report.jobs_succeeded > 0 {
+        report.total_usd / report.jobs_succeeded as f64
+    } else {
+        0.0
+    };
+    report.wall_s = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The policy as TOML for `ONOFF_POLICY`.
+fn toml_of(p: &PolicyConfig) -> anyhow::Result<String> {
+    toml::to_string(p).context("policy to TOML")
+}
+
+/// $ of every instance so far: the workers table's price × lifetime × `compress`.
+async fn cost<W: WorkerRegistry>(instances: &BTreeMap<String, Inst>, workers: &W, now: Instant, compress: f64) -> f64 {
+    let mut usd = 0.0;
+    for (id, i) in instances {
+        let price = match workers.get(id).await {
+            Ok(Some(w)) => w.price_usd_per_h,
+            _ => 0.0,
+        };
+        let life = (i.ended_at.unwrap_or(now) - i.seen_at).as_secs_f64();
+        usd += price * life * compress / 3600.0;
+    }
+    usd
+}
+
+/// State of each of `ids` in the jobs table (ids not yet written are absent).
+async fn scan_jobs(
+    clients: &Clients,
+    table: &str,
+    ids: &BTreeSet<String>,
+) -> Result<BTreeMap<String, JobState>, String> {
+    let mut out = BTreeMap::new();
+    let mut pages = clients
+        .dynamodb
+        .scan()
+        .table_name(table)
+        .consistent_read(true)
+        .into_paginator()
+        .send();
+    while let Some(page) = pages.next().await {
+        let page = page.map_err(|e| e.to_string())?;
+        for item in page.items() {
+            let Some(id) = item.get("job_id").and_then(|v| v.as_s().ok()) else {
+                continue;
+            };
+            if !ids.contains(id) {
+                continue;
+            }
+            if let Some(st) = item
+                .get("state")
+                .and_then(|v| v.as_s().ok())
+                .and_then(|s| JobState::parse(s))
+            {
+                out.insert(id.clone(), st);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Start an instance's IMDS and its agent process (in its own process group, so a kill takes the
+/// job with it, as a dying machine would).
+async fn start_agent(
+    bin: &std::path::Path,
+    id: &str,
+    inst: &Inst,
+    env: &[(String, String)],
+    run_dir: &std::path::Path,
+    attempts: &Arc<Mutex<Vec<AttemptLine>>>,
+) -> anyhow::Result<(Agent, ImdsServer)> {
+    let imds = ImdsServer::start(ImdsState {
+        instance_id: id.to_string(),
+        instance_type: inst.instance_type.clone(),
+        zone: inst.zone.clone(),
+        lifecycle: match inst.capacity {
+            CapacityType::Spot => "spot".into(),
+            CapacityType::OnDemand => "on-demand".into(),
+        },
+        spot_action: None,
+        rebalance: None,
+    })
+    .await?;
+    let work = run_dir.join("workers").join(id);
+    std::fs::create_dir_all(&work)?;
+    let log = std::fs::File::create(run_dir.join("workers").join(format!("{id}.log")))?;
+    let mut child = tokio::process::Command::new(bin)
+        .arg("run")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds.endpoint)
+        .env("ONOFF_WORK_DIR", &work)
+        .env("ONOFF_LANES", &inst.lane)
+        .process_group(0)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .context("start onoff-agent")?;
+    let pgid = child.id().map(|p| p as i32);
+    if let Some(out) = child.stdout.take() {
+        let attempts = attempts.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(out).lines();
+            while let Ok(Some(l)) = lines.next_line().await {
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&l) else {
+                    continue;
+                };
+                let Some(job_id) = v["JobId"].as_str() else { continue };
+                attempts.lock().expect("lock").push(AttemptLine {
+                    job_id: job_id.to_string(),
+                    completed: v["Completed"].as_bool().unwrap_or(false),
+                    resumed: !v["ResumedFrom"].is_null(),
+                    started_at: v["StartedAt"].as_f64().unwrap_or(0.0),
+                });
+            }
+        });
+    }
+    Ok((Agent { child, pgid }, imds))
+}

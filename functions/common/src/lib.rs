@@ -162,9 +162,14 @@ pub type AwsCtx = Ctx<
 /// `AWS_ENDPOINT_URL` when set).
 pub async fn aws_ctx(settings: Settings) -> (AwsCtx, onoff_aws::settings::Clients) {
     let c = onoff_aws::settings::Clients::from_env().await;
+    (ctx_from_clients(settings, &c), c)
+}
+
+/// The context over already built clients (`onoff local` builds them for its emulator).
+pub fn ctx_from_clients(settings: Settings, c: &onoff_aws::settings::Clients) -> AwsCtx {
     let r = &settings.resources;
     let control = onoff_aws::state::DynamoControl::new(c.dynamodb.clone(), &r.control_table);
-    let ctx = Ctx {
+    Ctx {
         queues: onoff_aws::queue::SqsQueues::new(c.sqs.clone(), r.queue_urls.clone()),
         workers: onoff_aws::state::DynamoWorkers::new(c.dynamodb.clone(), &r.workers_table),
         jobs: onoff_aws::jobs::DynamoJobs::new(c.dynamodb.clone(), &r.jobs_table),
@@ -175,8 +180,7 @@ pub async fn aws_ctx(settings: Settings) -> (AwsCtx, onoff_aws::settings::Client
         events: control.clone(),
         lease: control,
         settings,
-    };
-    (ctx, c)
+    }
 }
 
 /// Unix seconds now.
@@ -238,23 +242,20 @@ where
         };
         let count = |st: WorkerState| workers.iter().filter(|w| w.state == st).count() as f64;
         let spend: f64 = workers.iter().map(|w| w.price_usd_per_h).sum();
-        println!(
-            "{}",
-            emf::line(
-                "onoff",
-                now,
-                &[("Deployment", self.settings.deployment.as_str())],
-                &[
-                    ("WorkersPending", count(WorkerState::Pending), "Count"),
-                    ("WorkersRunning", count(WorkerState::Running), "Count"),
-                    ("WorkersIdle", count(WorkerState::Idle), "Count"),
-                    ("WorkersDraining", count(WorkerState::Draining), "Count"),
-                    ("SpendUsdPerHour", spend, "None"),
-                    ("Launches", report.acted.launched.len() as f64, "Count"),
-                    ("JobsRequeued", report.jobs_requeued.len() as f64, "Count"),
-                ],
-            )
-        );
+        emf::emit(&emf::line(
+            "onoff",
+            now,
+            &[("Deployment", self.settings.deployment.as_str())],
+            &[
+                ("WorkersPending", count(WorkerState::Pending), "Count"),
+                ("WorkersRunning", count(WorkerState::Running), "Count"),
+                ("WorkersIdle", count(WorkerState::Idle), "Count"),
+                ("WorkersDraining", count(WorkerState::Draining), "Count"),
+                ("SpendUsdPerHour", spend, "None"),
+                ("Launches", report.acted.launched.len() as f64, "Count"),
+                ("JobsRequeued", report.jobs_requeued.len() as f64, "Count"),
+            ],
+        ));
     }
 }
 

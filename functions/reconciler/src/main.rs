@@ -1,6 +1,6 @@
 //! The `reconciler` Lambda: tracing, settings and clients once, then the handler per event.
 
-mod handler;
+use reconciler::handler;
 
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 

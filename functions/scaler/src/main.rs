@@ -1,6 +1,6 @@
 //! The `scaler` Lambda: tracing, settings and clients once, then the handler per event.
 
-mod handler;
+use scaler::handler;
 
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 

@@ -14,7 +14,9 @@ use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 use tokio::time::{sleep_until, Instant};
 
 use crate::config::{AgentConfig, ShutdownMode};
-use crate::ports::{Control, Identity, Inbox, Instance, JobCommand, JobEvent, Launcher, Message, Metadata, Notice, Objects, Registry};
+use crate::ports::{
+    Control, Identity, Inbox, Instance, JobCommand, JobEvent, Launcher, Message, Metadata, Notice, Objects, Registry,
+};
 
 /// The ports the agent runs against.
 #[derive(Debug)]
@@ -84,6 +86,8 @@ pub struct JobReport {
     pub job_id: String,
     /// Attempt number (claims that counted).
     pub attempt: u32,
+    /// When this worker claimed it, unix seconds.
+    pub started_at: f64,
     /// How it ended.
     pub outcome: Outcome,
     /// The process's exit code (`None`: killed by a signal, or never started).
@@ -238,7 +242,11 @@ where
             (lane, 0.0)
         }
     };
-    let lanes = if cfg.lanes.is_empty() { vec![lane] } else { cfg.lanes.clone() };
+    let lanes = if cfg.lanes.is_empty() {
+        vec![lane]
+    } else {
+        cfg.lanes.clone()
+    };
     tracing::info!(instance = %me.instance_id, ?lanes, price_usd_per_h = price, "agent started");
     let mut w = Worker {
         deps,
@@ -354,7 +362,11 @@ where
     async fn receive(&self, wait_s: f64) -> Option<Message> {
         let visibility = self.cfg.lease_s.ceil() as u32;
         for (i, lane) in self.lanes.iter().enumerate() {
-            let wait = if i + 1 == self.lanes.len() { wait_s.floor().max(0.0) as u32 } else { 0 };
+            let wait = if i + 1 == self.lanes.len() {
+                wait_s.floor().max(0.0) as u32
+            } else {
+                0
+            };
             let started = Instant::now();
             match self.deps.inbox.receive(lane, wait, visibility).await {
                 Ok(Some(m)) => return Some(m),
@@ -426,9 +438,18 @@ where
                 // went through, the job cannot run anywhere: fail it with the reason.
                 let reason = format!("cannot claim {job_id}: {e}");
                 if matches!(e, StoreError::Other(_))
-                    && self.deps.jobs.finish(&job_id, &owner, JobState::Failed, true).await.is_ok()
+                    && self
+                        .deps
+                        .jobs
+                        .finish(&job_id, &owner, JobState::Failed, true)
+                        .await
+                        .is_ok()
                 {
-                    let _ = self.deps.jobs.record_error(&format!("job:{job_id}"), &reason, now).await;
+                    let _ = self
+                        .deps
+                        .jobs
+                        .record_error(&format!("job:{job_id}"), &reason, now)
+                        .await;
                     let _ = self.deps.inbox.delete(&msg.lane, &msg.receipt).await;
                     tracing::error!(job = %job_id, %reason, "job failed: its record cannot be read");
                 } else {
@@ -455,18 +476,22 @@ where
         let line = onoff_control::emf::line_with(
             "onoff",
             self.clock.now(),
-            &[("Deployment", self.cfg.deployment.as_str()), ("Outcome", r.outcome.as_str())],
+            &[
+                ("Deployment", self.cfg.deployment.as_str()),
+                ("Outcome", r.outcome.as_str()),
+            ],
             &metrics,
             &[
                 ("JobId", r.job_id.clone().into()),
                 ("InstanceId", self.id().into()),
                 ("Attempt", r.attempt.into()),
+                ("StartedAt", r.started_at.into()),
                 ("ExitCode", r.exit_code.into()),
                 ("Completed", r.completed.into()),
                 ("ResumedFrom", r.resumed_from.into()),
             ],
         );
-        println!("{line}");
+        onoff_control::emf::emit(&line);
     }
 
     /// Tell the queue and the table how the attempt ended.
@@ -496,7 +521,12 @@ where
         true
     }
 
-    async fn run_job(&mut self, msg: &Message, job: JobRecord, mut shutdown: Shutdown<'_>) -> (JobReport, Option<ExitReason>) {
+    async fn run_job(
+        &mut self,
+        msg: &Message,
+        job: JobRecord,
+        mut shutdown: Shutdown<'_>,
+    ) -> (JobReport, Option<ExitReason>) {
         let id = job.id.clone();
         let owner = self.id().to_string();
         tracing::info!(job = %id, attempt = job.attempts, lane = %msg.lane, "claimed");
@@ -504,6 +534,7 @@ where
         let mut report = JobReport {
             job_id: id.clone(),
             attempt: job.attempts,
+            started_at: self.clock.now(),
             outcome: Outcome::Failed,
             exit_code: None,
             completed: false,
@@ -532,7 +563,11 @@ where
             }
         }
         if let Err(e) = prepared {
-            return (self.fail_attempt(msg, &job, report, &format!("work dir {}: {e}", dir.display())).await, None);
+            return (
+                self.fail_attempt(msg, &job, report, &format!("work dir {}: {e}", dir.display()))
+                    .await,
+                None,
+            );
         }
         // The latest complete checkpoint, if any.
         let mut remote_seq = 0;
@@ -550,10 +585,21 @@ where
                     env.push(("ONOFF_RESUME_DIR".into(), resume_dir.display().to_string()));
                     tracing::info!(job = %id, seq = r.seq, "resuming from checkpoint");
                 }
-                Err(e) => return (self.release(msg, &job, report, &format!("download checkpoint: {e}")).await, None),
+                Err(e) => {
+                    return (
+                        self.release(msg, &job, report, &format!("download checkpoint: {e}"))
+                            .await,
+                        None,
+                    )
+                }
             },
             Ok(None) => {}
-            Err(e) => return (self.release(msg, &job, report, &format!("list checkpoints: {e}")).await, None),
+            Err(e) => {
+                return (
+                    self.release(msg, &job, report, &format!("list checkpoints: {e}")).await,
+                    None,
+                )
+            }
         }
         if let Some(uri) = &job.spec.input {
             let name = parse_s3_uri(uri)
@@ -562,7 +608,10 @@ where
                 .unwrap_or("input");
             let dest = input_dir.join(name);
             if let Err(e) = self.deps.objects.download(uri, &dest).await {
-                return (self.fail_attempt(msg, &job, report, &format!("input {uri}: {e}")).await, None);
+                return (
+                    self.fail_attempt(msg, &job, report, &format!("input {uri}: {e}")).await,
+                    None,
+                );
             }
             env.push(("ONOFF_JOB_INPUT".into(), dest.display().to_string()));
             env.push(("ONOFF_JOB_INPUT_URI".into(), uri.clone()));
@@ -671,7 +720,9 @@ where
         report.completed = exit_code == Some(0);
         // The newest complete checkpoint goes up before anything else: a retry or a resume
         // starts from it.
-        let uploaded = self.upload_newest(&id, &ckpt_dir, &mut local_uploaded, &mut remote_seq).await;
+        let uploaded = self
+            .upload_newest(&id, &ckpt_dir, &mut local_uploaded, &mut remote_seq)
+            .await;
         if uploaded.is_some() {
             report.checkpoints_uploaded += 1;
         }
@@ -780,7 +831,13 @@ where
         report
     }
 
-    async fn fail_for_good(&mut self, msg: &Message, job: &JobRecord, mut report: JobReport, reason: &str) -> JobReport {
+    async fn fail_for_good(
+        &mut self,
+        msg: &Message,
+        job: &JobRecord,
+        mut report: JobReport,
+        reason: &str,
+    ) -> JobReport {
         tracing::error!(job = %job.id, %reason, "job failed");
         let _ = self
             .deps

@@ -72,8 +72,8 @@ impl Metadata for Imds {
             }));
         }
         if let Some(body) = self.get("/latest/meta-data/events/recommendations/rebalance").await? {
-            let v: serde_json::Value = serde_json::from_str(&body)
-                .map_err(|e| format!("events/recommendations/rebalance {body:?}: {e}"))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&body).map_err(|e| format!("events/recommendations/rebalance {body:?}: {e}"))?;
             return Ok(Some(Notice::Rebalance {
                 time: v["noticeTime"].as_str().unwrap_or_default().to_string(),
             }));
@@ -183,7 +183,12 @@ impl Instance for Ec2Instance {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| format!("TerminateInstances {id}: {}", aws_sdk_ec2::error::DisplayErrorContext(e)));
+            .map_err(|e| {
+                format!(
+                    "TerminateInstances {id}: {}",
+                    aws_sdk_ec2::error::DisplayErrorContext(e)
+                )
+            });
         match (api, self.mode) {
             (Ok(()), _) => Ok(()),
             (Err(e), ShutdownMode::Terminate) => {

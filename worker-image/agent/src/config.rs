@@ -161,7 +161,10 @@ mod tests {
         ];
         let c = AgentConfig::from_lookup(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())).unwrap();
         assert_eq!(c.lanes, vec!["express", "standard"]);
-        assert_eq!((c.idle_timeout_s, c.shutdown, c.poll_wait_s), (20.0, ShutdownMode::None, 20.0));
+        assert_eq!(
+            (c.idle_timeout_s, c.shutdown, c.poll_wait_s),
+            (20.0, ShutdownMode::None, 20.0)
+        );
         let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_LEASE_S").then(|| "soon".to_string())).unwrap_err();
         assert_eq!(bad.name, "ONOFF_LEASE_S");
         let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_NOTICE_GRACE_S").then(|| "150".to_string())).unwrap_err();

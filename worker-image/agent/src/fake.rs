@@ -182,10 +182,13 @@ impl Registry for FakeRegistry {
     }
 }
 
-/// Checkpoints in memory: job -> seq -> files (path, bytes).
+/// Files of one checkpoint: (relative path, bytes).
+type Files = Vec<(String, Vec<u8>)>;
+
+/// Checkpoints in memory: job -> seq -> files.
 #[derive(Debug, Default)]
 pub struct FakeCheckpoints {
-    store: Mutex<BTreeMap<String, BTreeMap<u64, Vec<(String, Vec<u8>)>>>>,
+    store: Mutex<BTreeMap<String, BTreeMap<u64, Files>>>,
 }
 
 impl FakeCheckpoints {
@@ -234,11 +237,13 @@ impl CheckpointStore for FakeCheckpoints {
 
     async fn latest(&self, job_id: &str) -> Result<Option<CheckpointRef>, StoreError> {
         let s = self.store.lock().expect("lock");
-        Ok(s.get(job_id).and_then(|m| m.iter().next_back()).map(|(seq, files)| CheckpointRef {
-            job_id: job_id.into(),
-            seq: *seq,
-            files: files.iter().map(|(p, b)| (p.clone(), b.len() as u64)).collect(),
-        }))
+        Ok(s.get(job_id)
+            .and_then(|m| m.iter().next_back())
+            .map(|(seq, files)| CheckpointRef {
+                job_id: job_id.into(),
+                seq: *seq,
+                files: files.iter().map(|(p, b)| (p.clone(), b.len() as u64)).collect(),
+            }))
     }
 
     async fn download(&self, r: &CheckpointRef, dest: &Path) -> Result<(), StoreError> {

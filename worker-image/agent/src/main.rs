@@ -9,7 +9,11 @@ use onoff_agent::process::ProcessLauncher;
 use onoff_agent::{AgentConfig, Deps};
 
 #[derive(Parser)]
-#[command(name = "onoff-agent", version, about = "onoff worker agent: claims jobs from the lane queues, runs them, checkpoints to S3, reacts to spot notices, terminates its instance when idle.")]
+#[command(
+    name = "onoff-agent",
+    version,
+    about = "onoff worker agent: claims jobs from the lane queues, runs them, checkpoints to S3, reacts to spot notices, terminates its instance when idle."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -59,9 +63,15 @@ async fn run(cfg: AgentConfig) -> Result<(), String> {
     let imds_endpoint = std::env::var("AWS_EC2_METADATA_SERVICE_ENDPOINT").ok();
     let deps = Deps {
         metadata: Imds::new(imds_endpoint.as_deref())?,
-        inbox: SqsInbox(onoff_aws::queue::SqsQueues::new(clients.sqs.clone(), queue_urls.queue_urls)),
+        inbox: SqsInbox(onoff_aws::queue::SqsQueues::new(
+            clients.sqs.clone(),
+            queue_urls.queue_urls,
+        )),
         jobs: onoff_aws::jobs::DynamoJobs::new(clients.dynamodb.clone(), jobs_table),
-        registry: DynamoRegistry(onoff_aws::state::DynamoWorkers::new(clients.dynamodb.clone(), workers_table)),
+        registry: DynamoRegistry(onoff_aws::state::DynamoWorkers::new(
+            clients.dynamodb.clone(),
+            workers_table,
+        )),
         checkpoints: onoff_aws::checkpoints::S3Checkpoints::new(clients.s3.clone(), bucket),
         objects: S3Objects(clients.s3.clone()),
         instance: Ec2Instance {
@@ -90,7 +100,10 @@ fn health(cfg: &AgentConfig) -> Result<(), String> {
     let at = v["at"].as_f64().ok_or_else(|| format!("{}: no `at`", path.display()))?;
     let age = onoff_aws::state::unix_now() - at;
     if age > 3.0 * cfg.heartbeat_s {
-        return Err(format!("last heartbeat {age:.0} s ago (limit {:.0} s)", 3.0 * cfg.heartbeat_s));
+        return Err(format!(
+            "last heartbeat {age:.0} s ago (limit {:.0} s)",
+            3.0 * cfg.heartbeat_s
+        ));
     }
     println!("healthy: {} {} ({age:.0} s ago)", v["instance_id"], v["state"]);
     Ok(())

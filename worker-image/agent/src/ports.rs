@@ -113,8 +113,13 @@ pub trait Registry {
     ///
     /// # Errors
     /// [`StoreError::NotFound`] when the row is gone; store failures.
-    async fn heartbeat(&self, id: &str, state: WorkerState, idle_since: Option<f64>, now: f64)
-        -> Result<(), StoreError>;
+    async fn heartbeat(
+        &self,
+        id: &str,
+        state: WorkerState,
+        idle_since: Option<f64>,
+        now: f64,
+    ) -> Result<(), StoreError>;
 }
 
 /// Downloading a job's input object.

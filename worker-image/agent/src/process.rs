@@ -101,7 +101,11 @@ mod tests {
     #[tokio::test]
     async fn streams_lines_and_exit_code_without_a_shell() {
         let h = ProcessLauncher
-            .start(&cmd(&["sh", "-c", "echo ONOFF_ITEMS 3; echo $ONOFF_JOB_ID >&2; exit 7"]))
+            .start(&cmd(&[
+                "sh",
+                "-c",
+                "echo ONOFF_ITEMS 3; echo $ONOFF_JOB_ID >&2; exit 7",
+            ]))
             .unwrap();
         let (lines, code) = collect(h).await;
         assert_eq!(code, Some(7));
@@ -116,7 +120,11 @@ mod tests {
     #[tokio::test]
     async fn stop_sends_sigterm_and_kill_kills() {
         let h = ProcessLauncher
-            .start(&cmd(&["sh", "-c", "trap 'echo stopping; exit 143' TERM; echo up; while true; do sleep 0.05; done"]))
+            .start(&cmd(&[
+                "sh",
+                "-c",
+                "trap 'echo stopping; exit 143' TERM; echo up; while true; do sleep 0.05; done",
+            ]))
             .unwrap();
         let mut h = h;
         assert_eq!(h.events.recv().await, Some(JobEvent::Line("up".into())));

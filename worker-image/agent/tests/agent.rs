@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use onoff_agent::fake::{FakeCheckpoints, FakeInbox, FakeInstance, FakeMetadata, FakeObjects, Script, ScriptedLauncher};
+use onoff_agent::fake::{
+    FakeCheckpoints, FakeInbox, FakeInstance, FakeMetadata, FakeObjects, Script, ScriptedLauncher,
+};
 use onoff_agent::ports::Notice;
 use onoff_agent::{run, AgentConfig, AgentReport, Deps, ExitReason, Outcome, ShutdownMode};
 use onoff_control::fake::{FakeJobs, FakeRegistry};
@@ -24,8 +26,6 @@ struct World {
     objects: FakeObjects,
     launcher: ScriptedLauncher,
 }
-
-
 
 fn cfg(dir: &std::path::Path) -> AgentConfig {
     AgentConfig {
@@ -134,7 +134,6 @@ impl onoff_agent::ports::Metadata for ArcMd {
     }
 }
 
-
 fn job(w: &World, id: &str) -> JobRecord {
     w.jobs.records()[id].clone()
 }
@@ -147,7 +146,12 @@ async fn two_agents_one_job_it_runs_once_and_the_duplicate_message_is_dropped() 
     register(&w, "i-b");
     w.launcher.script(
         "work",
-        Script { items: 100, items_per_s: 1, checkpoint_every_s: None, exit_code: 0 },
+        Script {
+            items: 100,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
     );
     submit(&w, "job-1", "work", 3, 600.0);
     // At-least-once delivery: the same job's message twice.
@@ -160,8 +164,15 @@ async fn two_agents_one_job_it_runs_once_and_the_duplicate_message_is_dropped() 
     assert_eq!(ran[0].outcome, Outcome::Succeeded);
     assert_eq!(ra.dropped + rb.dropped, 1, "the duplicate message was dropped");
     assert_eq!(job(&w, "job-1").state, JobState::Succeeded);
-    assert!(w.inbox.remaining().is_empty(), "both messages deleted: {:?}", w.inbox.remaining());
-    assert_eq!((ra.exit.clone(), rb.exit.clone()), (ExitReason::IdleTimeout, ExitReason::IdleTimeout));
+    assert!(
+        w.inbox.remaining().is_empty(),
+        "both messages deleted: {:?}",
+        w.inbox.remaining()
+    );
+    assert_eq!(
+        (ra.exit.clone(), rb.exit.clone()),
+        (ExitReason::IdleTimeout, ExitReason::IdleTimeout)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -172,7 +183,12 @@ async fn a_long_job_keeps_its_lease_and_visibility_and_uploads_checkpoints_on_th
     // 300 s of work, a local checkpoint every 20 s, uploads every 100 s.
     w.launcher.script(
         "train",
-        Script { items: 300, items_per_s: 1, checkpoint_every_s: Some(20), exit_code: 0 },
+        Script {
+            items: 300,
+            items_per_s: 1,
+            checkpoint_every_s: Some(20),
+            exit_code: 0,
+        },
     );
     submit(&w, "job-1", "train", 3, 100.0);
     let c = cfg(&dir);
@@ -206,24 +222,42 @@ async fn a_spot_notice_checkpoints_releases_without_counting_and_another_worker_
     register(&w, "i-b");
     w.launcher.script(
         "train",
-        Script { items: 200, items_per_s: 1, checkpoint_every_s: None, exit_code: 0 },
+        Script {
+            items: 200,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
     );
     submit(&w, "job-1", "train", 1, 600.0);
     let md = Arc::new(FakeMetadata::new("i-a"));
     let md2 = md.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(50)).await;
-        md2.set_notice(Notice::SpotInterruption { action: "terminate".into(), time: "2026-11-22T10:00:00Z".into() });
+        md2.set_notice(Notice::SpotInterruption {
+            action: "terminate".into(),
+            time: "2026-11-22T10:00:00Z".into(),
+        });
     });
     let (r, terminated) = agent_until(&w, "i-a", &cfg(&dir.join("a")), std::future::pending(), Some(md)).await;
-    assert!(matches!(r.exit, ExitReason::Notice(Notice::SpotInterruption { .. })), "{:?}", r.exit);
+    assert!(
+        matches!(r.exit, ExitReason::Notice(Notice::SpotInterruption { .. })),
+        "{:?}",
+        r.exit
+    );
     assert_eq!(r.jobs[0].outcome, Outcome::Released);
     assert_eq!(r.jobs[0].checkpoints_uploaded, 1, "the stop checkpoint went up");
     assert_eq!(terminated, vec!["i-a".to_string()]);
     let rec = job(&w, "job-1");
     // Released: QUEUED, attempt not counted (max_attempts 1 would otherwise be used up).
-    assert_eq!((rec.state, rec.attempts, rec.lease_owner.clone()), (JobState::Queued, 0, None));
-    assert!(w.inbox.visibility_changes().contains(&("m-1".into(), 0)), "message visible at once");
+    assert_eq!(
+        (rec.state, rec.attempts, rec.lease_owner.clone()),
+        (JobState::Queued, 0, None)
+    );
+    assert!(
+        w.inbox.visibility_changes().contains(&("m-1".into(), 0)),
+        "message visible at once"
+    );
     // Another worker resumes from the checkpoint and finishes the rest.
     let (r2, _) = agent(&w, "i-b", &cfg(&dir.join("b"))).await;
     let j = &r2.jobs[0];
@@ -254,14 +288,7 @@ async fn an_idle_worker_deregisters_and_terminates_itself_after_the_idle_timeout
     // Asked to stop instead: deregisters but does not terminate the instance.
     let w = World::default();
     register(&w, "i-c");
-    let (r, terminated) = agent_until(
-        &w,
-        "i-c",
-        &cfg(&dir),
-        tokio::time::sleep(Duration::from_secs(30)),
-        None,
-    )
-    .await;
+    let (r, terminated) = agent_until(&w, "i-c", &cfg(&dir), tokio::time::sleep(Duration::from_secs(30)), None).await;
     assert_eq!((r.exit, terminated.len()), (ExitReason::Shutdown, 0));
 }
 
@@ -272,7 +299,12 @@ async fn a_crashing_job_is_retried_then_failed_with_its_reason() {
     register(&w, "i-a");
     w.launcher.script(
         "crash",
-        Script { items: 5, items_per_s: 1, checkpoint_every_s: None, exit_code: 3 },
+        Script {
+            items: 5,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 3,
+        },
     );
     submit(&w, "job-1", "crash", 2, 600.0);
     let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
@@ -284,7 +316,10 @@ async fn a_crashing_job_is_retried_then_failed_with_its_reason() {
     let rec = job(&w, "job-1");
     assert_eq!((rec.state, rec.attempts), (JobState::Failed, 2));
     let reason = &w.jobs.errors()["job:job-1"];
-    assert!(reason.contains("exit code 3") && reason.contains("attempt 2 of 2"), "{reason}");
+    assert!(
+        reason.contains("exit code 3") && reason.contains("attempt 2 of 2"),
+        "{reason}"
+    );
     assert!(w.inbox.remaining().is_empty());
     // A program that does not exist fails the same way, with the start error as the reason.
     submit(&w, "job-2", "no-such-program", 1, 600.0);
@@ -300,7 +335,12 @@ async fn poison_messages_and_jobs_for_another_image_never_run() {
     register(&w, "i-a");
     w.launcher.script(
         "work",
-        Script { items: 5, items_per_s: 1, checkpoint_every_s: None, exit_code: 0 },
+        Script {
+            items: 5,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
     );
     let bad = w.inbox.send("standard", "not json at all");
     let unknown = w.inbox.send("standard", r#"{"job_id":"job-nope"}"#);
@@ -311,7 +351,10 @@ async fn poison_messages_and_jobs_for_another_image_never_run() {
     assert!(w.launcher.started().is_empty(), "nothing ran");
     let errors = w.jobs.errors();
     assert!(errors[&format!("sqs:{bad}")].contains("not {\"job_id\""), "{errors:?}");
-    assert!(errors[&format!("sqs:{unknown}")].contains("no job job-nope"), "{errors:?}");
+    assert!(
+        errors[&format!("sqs:{unknown}")].contains("no job job-nope"),
+        "{errors:?}"
+    );
     assert!(errors["job:job-img"].contains("other-image"));
     assert_eq!(job(&w, "job-img").state, JobState::Failed);
     // The poison messages stay for the dead-letter queue (received again and again), the job's
@@ -329,15 +372,24 @@ async fn a_lost_lease_kills_the_job_and_records_nothing() {
     register(&w, "i-a");
     w.launcher.script(
         "train",
-        Script { items: 300, items_per_s: 1, checkpoint_every_s: None, exit_code: 0 },
+        Script {
+            items: 300,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
     );
     submit(&w, "job-1", "train", 3, 600.0);
     // The reaper re-queues the job behind the agent's back (as after a missed renewal).
     let jobs = &w.jobs;
     let requeue = async {
         tokio::time::sleep(Duration::from_secs(30)).await;
-        jobs.transition("job-1", JobState::Running, JobState::Retrying).await.unwrap();
-        jobs.transition("job-1", JobState::Retrying, JobState::Queued).await.unwrap();
+        jobs.transition("job-1", JobState::Running, JobState::Retrying)
+            .await
+            .unwrap();
+        jobs.transition("job-1", JobState::Retrying, JobState::Queued)
+            .await
+            .unwrap();
     };
     let c = cfg(&dir);
     let (_, (r, _)) = tokio::join!(requeue, agent(&w, "i-a", &c));
@@ -363,13 +415,22 @@ async fn the_job_gets_its_input_and_contract_variables() {
     register(&w, "i-a");
     w.launcher.script(
         "work",
-        Script { items: 2, items_per_s: 1, checkpoint_every_s: None, exit_code: 0 },
+        Script {
+            items: 2,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
     );
     submit(&w, "job-1", "work", 3, 600.0);
     let mut rec = job(&w, "job-1");
     rec.spec.input = Some("s3://b/inputs/items.txt".into());
     w.jobs.put(rec);
-    w.objects.0.lock().unwrap().insert("s3://b/inputs/items.txt".into(), b"1\n2\n".to_vec());
+    w.objects
+        .0
+        .lock()
+        .unwrap()
+        .insert("s3://b/inputs/items.txt".into(), b"1\n2\n".to_vec());
     let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
     assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
     let env = &w.launcher.started()[0].env;
