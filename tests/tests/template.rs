@@ -981,7 +981,7 @@ fn the_workers_user_data_sets_what_the_agent_requires_as_the_functions_have_it()
 
 /// Metrics the template uses that the code does not print yet: asked of the functions' code
 /// (`functions/common/src/lib.rs`, `print_metrics`). Remove a name once it is printed.
-const PENDING_METRICS: &[&str] = &["IdleSecondsMax"];
+const PENDING_METRICS: &[&str] = &[];
 
 fn onoff_metrics_used(t: &Value, stack: &Stack) -> BTreeSet<String> {
     let mut used = BTreeSet::new();

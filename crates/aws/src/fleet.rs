@@ -96,7 +96,7 @@ impl Ec2Fleet {
             .collect())
     }
 
-    /// Every instance of this deployment (tag `onoff:managed`) that is pending or running, across all pages.
+    /// Every instance of this deployment (tag `onoff:managed` = the deployment name) that is pending or running, across all pages.
     ///
     /// # Errors
     /// EC2 failures, classified.
@@ -107,8 +107,8 @@ impl Ec2Fleet {
             .describe_instances()
             .filters(
                 aws_sdk_ec2::types::Filter::builder()
-                    .name("tag-key")
-                    .values(TAG_MANAGED)
+                    .name(format!("tag:{TAG_MANAGED}"))
+                    .values(&self.deployment)
                     .build(),
             )
             .filters(

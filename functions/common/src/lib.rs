@@ -242,6 +242,12 @@ where
         };
         let count = |st: WorkerState| workers.iter().filter(|w| w.state == st).count() as f64;
         let spend: f64 = workers.iter().map(|w| w.price_usd_per_h).sum();
+        // Longest current idle time, for the "worker idle longer than expected" alarm.
+        let idle_max = workers
+            .iter()
+            .filter(|w| w.state == WorkerState::Idle)
+            .filter_map(|w| w.idle_since.map(|t| (now - t).max(0.0)))
+            .fold(0.0, f64::max);
         emf::emit(&emf::line(
             "onoff",
             now,
@@ -252,6 +258,7 @@ where
                 ("WorkersIdle", count(WorkerState::Idle), "Count"),
                 ("WorkersDraining", count(WorkerState::Draining), "Count"),
                 ("SpendUsdPerHour", spend, "None"),
+                ("IdleSecondsMax", idle_max, "Seconds"),
                 ("Launches", report.acted.launched.len() as f64, "Count"),
                 ("JobsRequeued", report.jobs_requeued.len() as f64, "Count"),
             ],
