@@ -1,7 +1,26 @@
 #!/usr/bin/env bash
-# The main job: build onoff (release) and replay the shipped busy week of the Philly trace through
-# onoff's policy and the baselines. Extra arguments go to `onoff simulate` (try --help).
+# The main job: the whole system on this machine. Installs moto server into .venv (once), builds
+# onoff and onoff-agent, and runs `onoff local`: moto stands in for AWS, the control plane's
+# handlers run on their real triggers, every launched instance becomes a real agent process, and a
+# slice of the real Philly trace is replayed with spot notices and worker kills injected.
+# Extra arguments go to `onoff local` (try --help).
+#
+#   scripts/run.sh simulate [ARGS]   runs the trace-replay simulator instead (release build,
+#                                    without the AWS SDK): onoff's policy against the baselines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs" >&2; exit 1; }
-exec cargo run --release --locked --quiet -p onoff -- simulate "$@"
+command -v python3 >/dev/null || { echo "python3 not found: install Python 3 with venv" >&2; exit 1; }
+if [ "${1:-}" = "simulate" ]; then
+  shift
+  exec cargo run --release --locked --quiet --no-default-features -p onoff -- simulate "$@"
+fi
+source scripts/moto.sh
+moto_venv
+export ONOFF_MOTO_SERVER="$MOTO_SERVER"
+echo "building onoff and onoff-agent (the first build compiles the AWS SDK: about 10 minutes)" >&2
+# The same build as the test command's (`cargo test` features), so the two share every artifact:
+# a plain `cargo build` resolves dependency features differently and compiles the SDK again.
+cargo test --workspace --locked --no-run --quiet
+target_dir="${CARGO_TARGET_DIR:-target}"
+exec "$target_dir/debug/onoff" local "$@"

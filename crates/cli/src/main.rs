@@ -1,5 +1,6 @@
 //! `onoff`: the command line. `onoff simulate` replays a GPU job trace through onoff's policy and
-//! the baselines, side by side.
+//! the baselines, side by side; `onoff local` runs the whole system on this machine against moto
+//! server (control plane in process, a real agent process per instance, a slice of the real trace).
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +11,8 @@ use onoff_control::catalog::{load_offerings_from_dir, CatalogOptions};
 use onoff_policy::PolicyConfig;
 use onoff_sim::{compare, AzureModel, Comparison, SimConfig, Trace, TraceFormat, STRATEGIES};
 
+#[cfg(feature = "local")]
+mod local;
 mod plot;
 
 /// Repository data folder (shipped trace slices and the catalogue), as built.
@@ -26,6 +29,11 @@ struct Cli {
 enum Cmd {
     /// Replay a job trace through onoff's policy and the baselines; print cost and waits side by side.
     Simulate(SimulateArgs),
+    /// Run the whole system on this machine against moto server: replay a slice of the Philly
+    /// trace as real jobs, with a real agent process per launched instance, spot notices and
+    /// worker kills injected; print what it cost and whether every job finished exactly once.
+    #[cfg(feature = "local")]
+    Local(local::LocalArgs),
 }
 
 #[derive(clap::Args)]
@@ -87,6 +95,8 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Simulate(a) => simulate(a),
+        #[cfg(feature = "local")]
+        Cmd::Local(a) => local::run(a),
     }
 }
 

@@ -58,10 +58,13 @@ fn answer(state: &Mutex<ImdsState>, req: &Request<Incoming>) -> Response<Full<By
         if req.method() != Method::PUT {
             return reply(StatusCode::METHOD_NOT_ALLOWED, "");
         }
-        if !req.headers().contains_key("x-aws-ec2-metadata-token-ttl-seconds") {
+        let Some(ttl) = req.headers().get("x-aws-ec2-metadata-token-ttl-seconds").cloned() else {
             return reply(StatusCode::BAD_REQUEST, "missing x-aws-ec2-metadata-token-ttl-seconds");
-        }
-        return reply(StatusCode::OK, TOKEN);
+        };
+        // EC2 echoes the token's TTL; the SDK's IMDS client refuses a token without it.
+        let mut r = reply(StatusCode::OK, TOKEN);
+        r.headers_mut().insert("x-aws-ec2-metadata-token-ttl-seconds", ttl);
+        return r;
     }
     if req
         .headers()

@@ -1,0 +1,298 @@
+//! `onoff local`: flags, progress line and report around [`onoff_local::run_local`].
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use onoff_local::{LocalOptions, LocalReport, Progress};
+
+const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
+#[derive(clap::Args)]
+pub struct LocalArgs {
+    /// Philly trace CSV to replay. Default: the shipped `data/philly/philly-short.csv`.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Jobs to replay (the first N after --skip).
+    #[arg(long, default_value_t = 24)]
+    jobs: usize,
+    /// Jobs of the trace to skip first.
+    #[arg(long, default_value_t = 0)]
+    skip: usize,
+    /// Time compression: trace seconds per wall second, for arrivals and job durations alike.
+    /// Costs and waits are reported in trace time.
+    #[arg(long, default_value_t = 60.0)]
+    compress: f64,
+    /// Longest wall duration of one job, seconds (longer trace jobs are cut to it).
+    #[arg(long, default_value_t = 20.0)]
+    max_job_s: f64,
+    /// Wall milliseconds the example workload spends per item, at least.
+    #[arg(long, default_value_t = 250.0)]
+    item_ms: f64,
+    /// Spot interruption notices injected, per busy worker per wall minute (0: none).
+    #[arg(long, default_value_t = 1.0)]
+    spot_notices: f64,
+    /// Abrupt worker deaths (agent and job killed, instance gone, no notice), per busy worker per
+    /// wall minute (0: none).
+    #[arg(long, default_value_t = 0.5)]
+    kill_workers: f64,
+    /// Wall seconds from a spot notice to the reclaim (AWS gives 120; scaled down here).
+    #[arg(long, default_value_t = 10.0)]
+    notice_lead_s: f64,
+    /// Wall seconds from launch until the instance's agent starts (the boot).
+    #[arg(long, default_value_t = 2.0)]
+    boot_s: f64,
+    /// Reconciler schedule period, wall seconds (deployed: 60).
+    #[arg(long, default_value_t = 5.0)]
+    tick_s: f64,
+    /// Agents' idle timeout, wall seconds: an agent with no job this long terminates its instance.
+    #[arg(long, default_value_t = 15.0)]
+    agent_idle_timeout_s: f64,
+    /// Cap on workers (overrides the policy's max_workers_total).
+    #[arg(long)]
+    max_workers: Option<u32>,
+    /// Policy TOML. Default: examples/local-policy.toml (short keep-alive, g5 types, 8 workers).
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// Seed of the fault injection.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Stop waiting for unfinished jobs after this many wall seconds (they count as lost).
+    #[arg(long, default_value_t = 900.0)]
+    timeout_s: f64,
+    /// After the last job ends, wall seconds to wait for the workers to terminate themselves
+    /// before the run terminates what is left (and reports it).
+    #[arg(long, default_value_t = 60.0)]
+    drain_s: f64,
+    /// Use an emulator already running at this URL instead of starting moto server.
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// moto server program. Default: $ONOFF_MOTO_SERVER, else .venv/bin/moto_server.
+    #[arg(long)]
+    moto_server: Option<PathBuf>,
+    /// The onoff-agent binary. Default: next to this binary.
+    #[arg(long)]
+    agent_bin: Option<PathBuf>,
+    /// The job command's script. Default: worker-image/examples/matmul_items.py.
+    #[arg(long)]
+    workload: Option<PathBuf>,
+    /// Python interpreter that runs the workload.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// Logs (moto, control-plane metrics, one per worker) and the workers' work dirs go here.
+    #[arg(long, default_value = "target/onoff-local")]
+    run_dir: PathBuf,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// No progress line.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn default_agent_bin() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating this binary")?;
+    let dir = exe.parent().context("this binary has no folder")?;
+    // Integration tests run from target/debug/deps; the binaries sit one level up.
+    for d in [dir, dir.parent().unwrap_or(dir)] {
+        let p = d.join("onoff-agent");
+        if p.exists() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "onoff-agent not found next to {}: build it (cargo build -p onoff-agent) or pass --agent-bin",
+        exe.display()
+    )
+}
+
+fn options(a: &LocalArgs) -> Result<LocalOptions> {
+    for (name, v) in [
+        ("--compress", a.compress),
+        ("--max-job-s", a.max_job_s),
+        ("--item-ms", a.item_ms),
+        ("--tick-s", a.tick_s),
+        ("--agent-idle-timeout-s", a.agent_idle_timeout_s),
+        ("--timeout-s", a.timeout_s),
+    ] {
+        if !(v.is_finite() && v > 0.0) {
+            bail!("{name} must be > 0 (got {v})");
+        }
+    }
+    for (name, v) in [
+        ("--spot-notices", a.spot_notices),
+        ("--kill-workers", a.kill_workers),
+        ("--notice-lead-s", a.notice_lead_s),
+        ("--boot-s", a.boot_s),
+        ("--drain-s", a.drain_s),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            bail!("{name} must be >= 0 (got {v})");
+        }
+    }
+    if a.jobs == 0 {
+        bail!("--jobs must be at least 1");
+    }
+    Ok(LocalOptions {
+        trace: a.trace.clone().unwrap_or_else(|| {
+            let p = Path::new(REPO).join("data/philly/philly-short.csv");
+            p.canonicalize().unwrap_or(p)
+        }),
+        jobs: a.jobs,
+        skip: a.skip,
+        compress: a.compress,
+        max_job_s: a.max_job_s,
+        item_ms: a.item_ms,
+        spot_notices: a.spot_notices,
+        kill_workers: a.kill_workers,
+        notice_lead_s: a.notice_lead_s,
+        boot_s: a.boot_s,
+        tick_s: a.tick_s,
+        agent_idle_timeout_s: a.agent_idle_timeout_s,
+        max_workers: a.max_workers,
+        policy: a.policy.clone(),
+        seed: a.seed,
+        timeout_s: a.timeout_s,
+        drain_s: a.drain_s,
+        endpoint: a.endpoint.clone(),
+        moto_server: a.moto_server.clone(),
+        agent_bin: match &a.agent_bin {
+            Some(p) => p.clone(),
+            None => default_agent_bin()?,
+        },
+        workload: a.workload.clone().unwrap_or_else(|| {
+            let p = Path::new(REPO).join("worker-image/examples/matmul_items.py");
+            p.canonicalize().unwrap_or(p)
+        }),
+        python: a.python.clone(),
+        run_dir: a.run_dir.clone(),
+    })
+}
+
+fn progress_line(p: &Progress) -> String {
+    if p.phase == "cleaning up" {
+        return "cleaning up: stopping every process, terminating what is left".into();
+    }
+    let workers: Vec<String> = p.workers.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    format!(
+        "{:<11} jobs {}/{} submitted, {} queued, {} running, {} done | workers: {} | ${:.2}",
+        p.phase,
+        p.submitted,
+        p.to_submit,
+        p.queued,
+        p.running,
+        p.done,
+        if workers.is_empty() {
+            "none".to_string()
+        } else {
+            workers.join(", ")
+        },
+        p.usd
+    )
+}
+
+/// Run `onoff local`. Fails (exit 1) when a job was lost or completed twice, or an instance was
+/// left running: the run's report is printed first either way.
+pub fn run(a: LocalArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let opts = options(&a)?;
+    let tty = std::io::stderr().is_terminal();
+    let bar = if a.quiet {
+        ProgressBar::hidden()
+    } else if tty {
+        let b = ProgressBar::new_spinner();
+        b.set_style(ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}").expect("valid template"));
+        b.enable_steady_tick(Duration::from_millis(200));
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    // Without a terminal: one plain line every 10 s instead of a redrawn one.
+    let mut last_line = f64::NEG_INFINITY;
+    let quiet = a.quiet;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    eprintln!(
+        "onoff local: {} jobs of {}, compressed {}x; logs in {}",
+        opts.jobs,
+        opts.trace.display(),
+        opts.compress,
+        opts.run_dir.display()
+    );
+    let report = rt.block_on(onoff_local::run_local(&opts, |p| {
+        let line = progress_line(p);
+        if tty {
+            bar.set_message(line);
+        } else if !quiet && (p.elapsed_s - last_line >= 10.0 || p.phase == "cleaning up") {
+            last_line = p.elapsed_s;
+            eprintln!("[{:>5.0} s] {line}", p.elapsed_s);
+        }
+    }))?;
+    bar.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report, &opts);
+    }
+    let mut bad = Vec::new();
+    if report.jobs_lost > 0 {
+        bad.push(format!("{} job(s) lost", report.jobs_lost));
+    }
+    if report.duplicate_completions > 0 {
+        bad.push(format!("{} job(s) completed twice", report.duplicate_completions));
+    }
+    if report.instances_left_running > 0 {
+        bad.push(format!(
+            "{} instance(s) did not terminate themselves within --drain-s",
+            report.instances_left_running
+        ));
+    }
+    if !bad.is_empty() {
+        bail!("{}", bad.join("; "));
+    }
+    Ok(())
+}
+
+fn print_report(r: &LocalReport, o: &LocalOptions) {
+    println!(
+        "onoff local: {} jobs replayed at {}x in {:.0} s wall",
+        r.jobs_submitted, r.compress, r.wall_s
+    );
+    println!(
+        "  jobs       {} succeeded, {} failed, {} lost, {} completed twice, {} resumed from a checkpoint",
+        r.jobs_succeeded, r.jobs_failed, r.jobs_lost, r.duplicate_completions, r.resumed_from_checkpoint
+    );
+    println!(
+        "  faults     {} spot interruption notices, {} workers killed without notice",
+        r.spot_notices_sent, r.workers_killed
+    );
+    println!(
+        "  instances  {} launched, {} left running at the end",
+        r.instances_launched, r.instances_left_running
+    );
+    println!(
+        "  cost       ${:.2} in all, ${:.3} per job (trace time: price x lifetime x {})",
+        r.total_usd, r.usd_per_job, r.compress
+    );
+    println!(
+        "  wait       p50 {:.0} s, p95 {:.0} s (trace time, submission to first start)",
+        r.wait_p50_s, r.wait_p95_s
+    );
+    if r.handler_errors > 0 {
+        println!(
+            "  handlers   {} invocation(s) returned an error (see RUST_LOG=warn output above)",
+            r.handler_errors
+        );
+    }
+    println!("  logs       {}", o.run_dir.display());
+}
