@@ -31,7 +31,9 @@ pub struct LocalArgs {
     /// Wall milliseconds the example workload spends per item, at least.
     #[arg(long, default_value_t = 250.0)]
     item_ms: f64,
-    /// Spot interruption notices injected, per busy worker per wall minute (0: none).
+    /// Spot interruption notices injected, per busy worker per wall minute (0: none). One is due
+    /// every 1/RATE busy-worker-minutes, the first after half that; each worker takes one fault
+    /// at most.
     #[arg(long, default_value_t = 1.0)]
     spot_notices: f64,
     /// Abrupt worker deaths (agent and job killed, instance gone, no notice), per busy worker per
@@ -56,7 +58,7 @@ pub struct LocalArgs {
     /// Policy TOML. Default: examples/local-policy.toml (short keep-alive, g5 types, 8 workers).
     #[arg(long)]
     policy: Option<PathBuf>,
-    /// Seed of the fault injection.
+    /// Seed of the fault injection (which busy worker takes a fault).
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Stop waiting for unfinished jobs after this many wall seconds (they count as lost).
@@ -202,6 +204,7 @@ pub fn run(a: LocalArgs) -> Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let opts = options(&a)?;
     let tty = std::io::stderr().is_terminal();
@@ -245,13 +248,16 @@ pub fn run(a: LocalArgs) -> Result<()> {
         print_report(&report, &opts);
     }
     let mut bad = Vec::new();
+    if report.interrupted {
+        bad.push("interrupted (Ctrl-C or SIGTERM) before the end".to_string());
+    }
     if report.jobs_lost > 0 {
         bad.push(format!("{} job(s) lost", report.jobs_lost));
     }
     if report.duplicate_completions > 0 {
         bad.push(format!("{} job(s) completed twice", report.duplicate_completions));
     }
-    if report.instances_left_running > 0 {
+    if report.instances_left_running > 0 && !report.interrupted {
         bad.push(format!(
             "{} instance(s) did not terminate themselves within --drain-s",
             report.instances_left_running

@@ -60,9 +60,11 @@ pub struct LocalOptions {
     pub max_job_s: f64,
     /// Wall milliseconds the example workload spends per item (at least).
     pub item_ms: f64,
-    /// Spot interruption notices per busy worker per wall minute.
+    /// Spot interruption notices per busy worker per wall minute: one is due every 1/rate
+    /// busy-worker-minutes (the first after half that), on a busy worker the seed picks.
     pub spot_notices: f64,
-    /// Abrupt worker deaths (process killed, instance gone, no notice) per busy worker per wall minute.
+    /// Abrupt worker deaths (process killed, instance gone, no notice) per busy worker per wall
+    /// minute, due like `spot_notices`.
     pub kill_workers: f64,
     /// Seconds from a spot notice to the reclaim (AWS: 120; scaled down by default).
     pub notice_lead_s: f64,
@@ -76,7 +78,7 @@ pub struct LocalOptions {
     pub max_workers: Option<u32>,
     /// Policy TOML (default [`LOCAL_POLICY`]).
     pub policy: Option<PathBuf>,
-    /// Seed of the fault injection.
+    /// Seed of the fault injection (which worker takes a fault).
     pub seed: u64,
     /// Give up on unfinished jobs after this long, seconds.
     pub timeout_s: f64,
@@ -133,6 +135,8 @@ pub struct LocalReport {
     pub wall_s: f64,
     /// Trace seconds per wall second.
     pub compress: f64,
+    /// The run was stopped by Ctrl-C or SIGTERM before its end.
+    pub interrupted: bool,
 }
 
 /// A snapshot for the progress line.
@@ -154,7 +158,7 @@ pub struct Progress {
     pub usd: f64,
     /// Wall seconds since start.
     pub elapsed_s: f64,
-    /// Phase (`replaying`, `draining`, `cleaning up`).
+    /// Phase (`replaying`, `draining`, `interrupted`, `cleaning up`).
     pub phase: &'static str,
 }
 
@@ -239,7 +243,9 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// Run it: start (or reach) the emulator, create the resources, replay, inject faults, drain,
-/// clean up. `on_progress` is called about twice a second.
+/// clean up. `on_progress` is called about twice a second. Ctrl-C (SIGINT) or SIGTERM ends the
+/// run early: the cleanup still stops every process and terminates every instance, and the report
+/// counts unfinished jobs as lost.
 ///
 /// # Errors
 /// Setup failures (emulator, resources, trace, policy); failures during the run are counted in
@@ -382,9 +388,32 @@ async fn run_with(
     let mut next_s3 = t0;
     let mut next_fleet = t0;
     let mut next_faults = t0 + Duration::from_secs(1);
+    let (mut notices_due, mut kills_due) = (0.5, 0.5);
     let mut next_monitor = t0;
     let mut drain_started: Option<Instant> = None;
     let mut phase = "replaying";
+    // Ctrl-C / SIGTERM: stop early, but through the cleanup (the agents run in process groups of
+    // their own, so the terminal's signal does not reach them).
+    let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let flag = interrupted.clone();
+        tokio::spawn(async move {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            let term = async {
+                match &mut term {
+                    Some(t) => {
+                        t.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                () = term => {}
+            }
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
     let invoke_err = |what: &str, r: Result<serde_json::Value, onoff_fn_common::HandlerError>, errors: &mut usize| {
         if let Err(e) = r {
             *errors += 1;
@@ -530,39 +559,54 @@ async fn run_with(
                 }
             }
         }
-        // Faults: only busy workers (their jobs are what a fault puts at risk).
+        // Faults: only busy workers (their jobs are what a fault puts at risk), each at most once.
+        // Not drawn at random: a fault is due every 1/rate busy-worker-minutes (the first after
+        // half that), so a run of a given length sees the faults its rates promise; the seed
+        // picks which worker takes it.
         if now >= next_faults {
             let dt = (now - next_faults).as_secs_f64() + 1.0;
             next_faults = now + Duration::from_secs(1);
-            let p_notice = 1.0 - (-opts.spot_notices * dt / 60.0).exp();
-            let p_kill = 1.0 - (-opts.kill_workers * dt / 60.0).exp();
-            for (id, inst) in &mut instances {
-                let busy = worker_states.get(id) == Some(&WorkerState::Running);
-                if inst.ended_at.is_some() || inst.faulted || inst.agent.is_none() || !busy {
-                    continue;
+            let mut eligible: Vec<String> = instances
+                .iter()
+                .filter(|(id, i)| {
+                    i.ended_at.is_none()
+                        && !i.faulted
+                        && i.agent.is_some()
+                        && worker_states.get(*id) == Some(&WorkerState::Running)
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
+            let busy_minutes = eligible.len() as f64 * dt / 60.0;
+            notices_due += opts.spot_notices * busy_minutes;
+            kills_due += opts.kill_workers * busy_minutes;
+            while notices_due >= 1.0 && !eligible.is_empty() {
+                notices_due -= 1.0;
+                let id = eligible.swap_remove(rng.random_range(0..eligible.len()));
+                let inst = instances.get_mut(&id).expect("eligible instance exists");
+                inst.faulted = true;
+                report.spot_notices_sent += 1;
+                if let Some(imds) = &inst.imds {
+                    imds.spot_notice(&iso(unix_now() + opts.notice_lead_s));
                 }
-                if rng.random::<f64>() < p_notice {
-                    inst.faulted = true;
-                    report.spot_notices_sent += 1;
-                    if let Some(imds) = &inst.imds {
-                        imds.spot_notice(&iso(unix_now() + opts.notice_lead_s));
-                    }
-                    events.push_back(ec2_event(
-                        SPOT_WARNING,
-                        id,
-                        &[("instance-action", "terminate")],
-                        event_n,
-                    ));
-                    event_n += 1;
-                    inst.reclaim_at = Some(now + Duration::from_secs_f64(opts.notice_lead_s));
-                    tracing::info!(instance = %id, "injected a spot interruption notice");
-                } else if rng.random::<f64>() < p_kill {
-                    inst.faulted = true;
-                    report.workers_killed += 1;
-                    inst.kill();
-                    let _ = clients.ec2.terminate_instances().instance_ids(id).send().await;
-                    tracing::info!(instance = %id, "killed a worker without notice");
-                }
+                events.push_back(ec2_event(
+                    SPOT_WARNING,
+                    &id,
+                    &[("instance-action", "terminate")],
+                    event_n,
+                ));
+                event_n += 1;
+                inst.reclaim_at = Some(now + Duration::from_secs_f64(opts.notice_lead_s));
+                tracing::info!(instance = %id, "injected a spot interruption notice");
+            }
+            while kills_due >= 1.0 && !eligible.is_empty() {
+                kills_due -= 1.0;
+                let id = eligible.swap_remove(rng.random_range(0..eligible.len()));
+                let inst = instances.get_mut(&id).expect("eligible instance exists");
+                inst.faulted = true;
+                report.workers_killed += 1;
+                inst.kill();
+                let _ = clients.ec2.terminate_instances().instance_ids(&id).send().await;
+                tracing::info!(instance = %id, "killed a worker without notice");
             }
         }
         // Monitor, progress, and the end.
@@ -607,6 +651,12 @@ async fn run_with(
             if drain_started.is_none() && (all_final || elapsed > opts.timeout_s) {
                 drain_started = Some(now);
                 phase = "draining";
+            }
+            if interrupted.load(std::sync::atomic::Ordering::SeqCst) {
+                tracing::warn!("interrupted: cleaning up");
+                report.interrupted = true;
+                report.instances_left_running = live_instances;
+                break;
             }
             if let Some(d) = drain_started {
                 if live_instances == 0 || now - d >= Duration::from_secs_f64(opts.drain_s) {

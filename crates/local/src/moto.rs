@@ -45,6 +45,9 @@ impl Moto {
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(out.try_clone()?)
             .stderr(out)
+            // Its own process group: a Ctrl-C at the terminal reaches onoff, which still needs the
+            // emulator to clean up, not moto.
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| anyhow::anyhow!("cannot start moto server {}: {e}", program.display()))?;
