@@ -17,7 +17,6 @@ if [ "${1:-}" = "simulate" ]; then
 fi
 source scripts/moto.sh
 moto_venv
-export ONOFF_MOTO_SERVER="$MOTO_SERVER"
 echo "building onoff and onoff-agent (the first build compiles the AWS SDK: about 10 minutes)" >&2
 # The same build as the test command's (`cargo test` features), so the two share every artifact:
 # a plain `cargo build` resolves dependency features differently and compiles the SDK again.
