@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # moto server for the integration tests: `source scripts/moto.sh; moto_start; ...; moto_stop`.
 # Installs requirements-dev.txt into .venv once, starts moto on a free loopback port and exports
-# ONOFF_TEST_AWS_ENDPOINT for the tests, and ONOFF_MOTO_SERVER for `onoff local`. Nothing here reaches beyond 127.0.0.1 once installed.
+# ONOFF_TEST_AWS_ENDPOINT for the tests (and ONOFF_MOTO_SERVER, the program `onoff local` starts).
+# Nothing here reaches beyond 127.0.0.1 once installed.
 
 moto_venv() {
   local root; root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
