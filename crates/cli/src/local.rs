@@ -52,7 +52,7 @@ pub struct LocalArgs {
     /// Agents' idle timeout, wall seconds: an agent with no job this long terminates its instance.
     #[arg(long, default_value_t = 15.0)]
     agent_idle_timeout_s: f64,
-    /// Cap on workers (overrides the policy's max_workers_total).
+    /// Cap on workers: overrides the policy's max_workers_total and every lane's max_workers.
     #[arg(long)]
     max_workers: Option<u32>,
     /// Policy TOML. Default: examples/local-policy.toml (short keep-alive, g5 types, 8 workers).

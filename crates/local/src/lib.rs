@@ -74,7 +74,7 @@ pub struct LocalOptions {
     pub tick_s: f64,
     /// Idle timeout of the agents, seconds.
     pub agent_idle_timeout_s: f64,
-    /// Override of the policy's worker cap.
+    /// Override of the policy's worker caps (the total and every lane's).
     pub max_workers: Option<u32>,
     /// Policy TOML (default [`LOCAL_POLICY`]).
     pub policy: Option<PathBuf>,
@@ -308,7 +308,7 @@ async fn run_with(
     if let Some(m) = opts.max_workers {
         policy.limits.max_workers_total = m;
         for l in &mut policy.lanes {
-            l.max_workers = l.max_workers.min(m);
+            l.max_workers = m;
         }
     }
     let lanes: Vec<String> = policy.lanes.iter().map(|l| l.name.clone()).collect();

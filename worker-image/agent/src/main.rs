@@ -123,6 +123,8 @@ fn main() -> ExitCode {
         Command::Run => {
             tracing_subscriber::fmt()
                 .with_writer(std::io::stderr)
+                // Colour only on a terminal: journald, CloudWatch Logs and files get plain text.
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .with_env_filter(
                     tracing_subscriber::EnvFilter::try_from_default_env()
                         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
