@@ -25,6 +25,9 @@ ONOFF_WORKERS_TABLE=onoff-workers
 ONOFF_BUCKET=onoff-123456789012-us-east-1
 ONOFF_IDLE_TIMEOUT_S=600
 ENV
+# GPUs of this instance: the agent hands jobs that ask for more back to the queue.
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "$GPUS" -gt 0 ]; then echo "ONOFF_GPUS=$GPUS" >> /etc/onoff/agent.env; fi
 
 # Work dir on the host (instance store or EBS), owned by the image's `onoff` user (UID 10001).
 install -d -o 10001 -g 10001 -m 0750 /var/lib/onoff

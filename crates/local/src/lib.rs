@@ -336,6 +336,12 @@ async fn run_with(
     settings.reconcile.boot_timeout_s = 30.0 + opts.boot_s;
     settings.reconcile.launch_grace_s = (opts.boot_s + 2.0).max(3.0);
     settings.lease_ttl_s = 10.0;
+    // GPUs per instance type, for each agent's ONOFF_GPUS (on EC2 the user data counts them).
+    let gpus_of: BTreeMap<String, u32> = settings
+        .offerings
+        .iter()
+        .map(|o| (o.key.instance_type.clone(), o.gpus))
+        .collect();
     let ctx = onoff_fn_common::ctx_from_clients(settings, &clients);
     let fleet = Ec2Fleet::new(clients.ec2.clone(), &res.launch_template).with_deployment(&prefix);
 
@@ -543,7 +549,8 @@ async fn run_with(
                         continue;
                     }
                     if inst.agent.is_none() && now - inst.seen_at >= Duration::from_secs_f64(opts.boot_s) {
-                        let agent = start_agent(&opts.agent_bin, id, inst, &agent_env, run_dir, &attempts).await;
+                        let gpus = gpus_of.get(&inst.instance_type).copied();
+                        let agent = start_agent(&opts.agent_bin, id, inst, gpus, &agent_env, run_dir, &attempts).await;
                         match agent {
                             Ok((a, imds)) => {
                                 inst.agent = Some(a);
@@ -797,6 +804,7 @@ async fn start_agent(
     bin: &std::path::Path,
     id: &str,
     inst: &Inst,
+    gpus: Option<u32>,
     env: &[(String, String)],
     run_dir: &std::path::Path,
     attempts: &Arc<Mutex<Vec<AttemptLine>>>,
@@ -816,7 +824,11 @@ async fn start_agent(
     let work = run_dir.join("workers").join(id);
     std::fs::create_dir_all(&work)?;
     let log = std::fs::File::create(run_dir.join("workers").join(format!("{id}.log")))?;
-    let mut child = tokio::process::Command::new(bin)
+    let mut cmd = tokio::process::Command::new(bin);
+    if let Some(g) = gpus {
+        cmd.env("ONOFF_GPUS", g.to_string());
+    }
+    let mut child = cmd
         .arg("run")
         .envs(env.iter().map(|(k, v)| (k, v)))
         .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds.endpoint)

@@ -127,6 +127,9 @@ pub struct AgentReport {
     pub dropped: u32,
     /// Messages left for the dead-letter queue (malformed, unknown job), each with an error record.
     pub poison: u32,
+    /// Jobs handed back to their lane unrun because they ask for more GPUs than this worker has
+    /// (`ONOFF_GPUS`).
+    pub handed_back: u32,
 }
 
 /// A failure that stops the agent before it can work.
@@ -260,6 +263,7 @@ where
             jobs: Vec::new(),
             dropped: 0,
             poison: 0,
+            handed_back: 0,
         },
     };
     let mut shutdown: Pin<Box<dyn Future<Output = ()> + Send + '_>> = Box::pin(shutdown);
@@ -414,6 +418,10 @@ where
         let now = self.clock.now();
         let owner = self.id().to_string();
         match self.deps.jobs.claim(&job_id, &owner, now + self.cfg.lease_s, now).await {
+            Ok(Claim::Claimed(rec)) if self.cfg.gpus.is_some_and(|g| rec.spec.gpus > g) => {
+                self.hand_back(&msg, &rec).await;
+                None
+            }
             Ok(Claim::Claimed(rec)) => {
                 let (report, exit) = self.run_job(&msg, *rec, shutdown).await;
                 self.emit(&report);
@@ -861,6 +869,28 @@ where
             Outcome::LostLease
         };
         report
+    }
+
+    /// A job that asks for more GPUs than this worker has: release the claim without counting
+    /// the attempt and put the message back as a new one (after the retry delay) for a worker
+    /// that fits, usually the one the scaler launched for it. This worker stays idle.
+    async fn hand_back(&mut self, msg: &Message, job: &JobRecord) {
+        let mine = self.cfg.gpus.unwrap_or_default();
+        tracing::info!(job = %job.id, wants = job.spec.gpus, has = mine, "job needs more GPUs: handed back");
+        self.report.handed_back += 1;
+        if let Err(e) = self.deps.jobs.finish(&job.id, self.id(), JobState::Queued, false).await {
+            tracing::warn!(job = %job.id, error = %e, "release after hand-back (lease lost)");
+            return;
+        }
+        if let Err(e) = self
+            .deps
+            .inbox
+            .requeue(&msg.lane, &msg.receipt, &msg.body, self.cfg.retry_delay_s as u32)
+            .await
+        {
+            // The original reappears after its visibility timeout: nothing is lost.
+            tracing::warn!(job = %job.id, error = %e, "hand back the message");
+        }
     }
 
     /// Deregister, and terminate the instance when the exit calls for it.

@@ -112,6 +112,14 @@ impl Inbox for SqsInbox {
     async fn delete(&self, lane: &str, receipt: &str) -> Result<(), String> {
         self.0.delete(lane, receipt).await.map_err(|e| e.to_string())
     }
+
+    async fn requeue(&self, lane: &str, receipt: &str, body: &str, delay_s: u32) -> Result<(), String> {
+        self.0
+            .send(lane, body, delay_s.min(900))
+            .await
+            .map_err(|e| e.to_string())?;
+        self.0.delete(lane, receipt).await.map_err(|e| e.to_string())
+    }
 }
 
 /// The workers table on DynamoDB.

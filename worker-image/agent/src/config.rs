@@ -45,6 +45,10 @@ pub struct AgentConfig {
     pub time_scale: f64,
     /// `ONOFF_DEPLOYMENT` (`onoff`): metric dimension.
     pub deployment: String,
+    /// `ONOFF_GPUS`: GPUs of this instance (user data: `nvidia-smi -L | wc -l`). A job that asks
+    /// for more is handed back to its lane for a bigger worker instead of run here. Unset: no
+    /// check.
+    pub gpus: Option<u32>,
 }
 
 impl Default for AgentConfig {
@@ -63,6 +67,7 @@ impl Default for AgentConfig {
             worker_image: None,
             time_scale: 1.0,
             deployment: "onoff".into(),
+            gpus: None,
         }
     }
 }
@@ -130,6 +135,12 @@ impl AgentConfig {
         if let Some(d) = get("ONOFF_DEPLOYMENT") {
             c.deployment = d;
         }
+        if let Some(g) = get("ONOFF_GPUS") {
+            c.gpus = Some(g.trim().parse::<u32>().map_err(|_| ConfigError {
+                name: "ONOFF_GPUS",
+                problem: format!("{g:?} is not a whole number of GPUs"),
+            })?);
+        }
         if c.notice_grace_s >= 120.0 {
             return Err(ConfigError {
                 name: "ONOFF_NOTICE_GRACE_S",
@@ -158,6 +169,7 @@ mod tests {
             ("ONOFF_IDLE_TIMEOUT_S", "20"),
             ("ONOFF_SHUTDOWN", "none"),
             ("ONOFF_POLL_WAIT_S", "60"),
+            ("ONOFF_GPUS", "8"),
         ];
         let c = AgentConfig::from_lookup(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())).unwrap();
         assert_eq!(c.lanes, vec!["express", "standard"]);
@@ -165,6 +177,9 @@ mod tests {
             (c.idle_timeout_s, c.shutdown, c.poll_wait_s),
             (20.0, ShutdownMode::None, 20.0)
         );
+        assert_eq!(c.gpus, Some(8));
+        let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_GPUS").then(|| "eight".to_string())).unwrap_err();
+        assert_eq!(bad.name, "ONOFF_GPUS");
         let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_LEASE_S").then(|| "soon".to_string())).unwrap_err();
         assert_eq!(bad.name, "ONOFF_LEASE_S");
         let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_NOTICE_GRACE_S").then(|| "150".to_string())).unwrap_err();

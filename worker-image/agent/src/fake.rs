@@ -158,6 +158,14 @@ impl Inbox for FakeInbox {
     async fn delete(&self, _lane: &str, receipt: &str) -> Result<(), String> {
         self.with(receipt, |q| q.deleted = true)
     }
+
+    async fn requeue(&self, lane: &str, receipt: &str, body: &str, delay_s: u32) -> Result<(), String> {
+        let id = self.send(lane, body);
+        self.with(&format!("{id}#0"), |q| {
+            q.visible_at = Instant::now() + Duration::from_secs(u64::from(delay_s));
+        })?;
+        self.with(receipt, |q| q.deleted = true)
+    }
 }
 
 impl Registry for FakeRegistry {

@@ -92,6 +92,16 @@ pub trait Inbox {
     /// # Errors
     /// Queue failures, as text.
     async fn delete(&self, lane: &str, receipt: &str) -> Result<(), String>;
+
+    /// Hand a received message back as a new one with the same body, visible after `delay_s`,
+    /// and delete the original: for a job this worker must not run. A visibility change would
+    /// count every such receive towards the dead-letter queue's maxReceiveCount; a new message
+    /// starts at zero. (Sent before the delete: if the delete fails, the job has two messages and
+    /// the second is dropped at claim time.)
+    ///
+    /// # Errors
+    /// Queue failures, as text.
+    async fn requeue(&self, lane: &str, receipt: &str, body: &str, delay_s: u32) -> Result<(), String>;
 }
 
 /// The workers table, as the agent writes it.
@@ -207,6 +217,9 @@ impl<T: Inbox> Inbox for &T {
     }
     async fn delete(&self, lane: &str, receipt: &str) -> Result<(), String> {
         (**self).delete(lane, receipt).await
+    }
+    async fn requeue(&self, lane: &str, receipt: &str, body: &str, delay_s: u32) -> Result<(), String> {
+        (**self).requeue(lane, receipt, body, delay_s).await
     }
 }
 impl<T: Registry> Registry for &T {

@@ -42,6 +42,7 @@ fn cfg(dir: &std::path::Path) -> AgentConfig {
         worker_image: None,
         time_scale: 1.0,
         deployment: "test".into(),
+        gpus: None,
     }
 }
 
@@ -173,6 +174,54 @@ async fn two_agents_one_job_it_runs_once_and_the_duplicate_message_is_dropped() 
         (ra.exit.clone(), rb.exit.clone()),
         (ExitReason::IdleTimeout, ExitReason::IdleTimeout)
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_for_more_gpus_is_handed_back_uncounted_and_runs_on_a_worker_that_fits() {
+    let dir = tempdir("fit");
+    let w = World::default();
+    register(&w, "i-small");
+    register(&w, "i-big");
+    w.launcher.script(
+        "train",
+        Script {
+            items: 30,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
+    );
+    submit(&w, "job-4gpu", "train", 1, 600.0);
+    let mut rec = job(&w, "job-4gpu");
+    rec.spec.gpus = 4;
+    w.jobs.put(rec);
+    let small = AgentConfig {
+        gpus: Some(1),
+        ..cfg(&dir.join("small"))
+    };
+    // The big worker boots later, as the one the scaler launched for the job would.
+    let big = AgentConfig {
+        gpus: Some(4),
+        ..cfg(&dir.join("big"))
+    };
+    let late_big = async {
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        agent(&w, "i-big", &big).await
+    };
+    let ((rs, _), (rb, _)) = tokio::join!(agent(&w, "i-small", &small), late_big);
+    assert!(rs.jobs.is_empty(), "the 1-GPU worker never ran it: {:?}", rs.jobs);
+    assert!(rs.handed_back >= 2, "handed back each time it came: {}", rs.handed_back);
+    assert_eq!(rb.jobs.len(), 1);
+    assert_eq!(rb.jobs[0].outcome, Outcome::Succeeded);
+    assert_eq!(w.launcher.started().len(), 1, "it ran once");
+    let rec = job(&w, "job-4gpu");
+    assert_eq!(rec.state, JobState::Succeeded);
+    // max_attempts 1: the hand-backs did not use up its only attempt.
+    assert_eq!(rec.attempts, 1);
+    // Each hand-back is a fresh message, so none nears the dead-letter queue's receive limit.
+    assert!(w.inbox.remaining().is_empty(), "{:?}", w.inbox.remaining());
+    // Hand-backs are not work: the small worker still left after its idle timeout.
+    assert_eq!(rs.exit, ExitReason::IdleTimeout);
 }
 
 #[tokio::test(start_paused = true)]
