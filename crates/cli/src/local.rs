@@ -139,7 +139,7 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
     }
     Ok(LocalOptions {
         trace: a.trace.clone().unwrap_or_else(|| {
-            let p = Path::new(REPO).join("data/philly/philly-short.csv");
+            let p = Path::new(crate::DATA_DIR).join("philly/philly-short.csv");
             p.canonicalize().unwrap_or(p)
         }),
         jobs: a.jobs,
@@ -208,9 +208,7 @@ pub fn run(a: LocalArgs) -> Result<()> {
         .init();
     let opts = options(&a)?;
     let tty = std::io::stderr().is_terminal();
-    let bar = if a.quiet {
-        ProgressBar::hidden()
-    } else if tty {
+    let bar = if tty && !a.quiet {
         let b = ProgressBar::new_spinner();
         b.set_style(ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}").expect("valid template"));
         b.enable_steady_tick(Duration::from_millis(200));
@@ -220,7 +218,6 @@ pub fn run(a: LocalArgs) -> Result<()> {
     };
     // Without a terminal: one plain line every 10 s instead of a redrawn one.
     let mut last_line = f64::NEG_INFINITY;
-    let quiet = a.quiet;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -236,7 +233,7 @@ pub fn run(a: LocalArgs) -> Result<()> {
         let line = progress_line(p);
         if tty {
             bar.set_message(line);
-        } else if !quiet && (p.elapsed_s - last_line >= 10.0 || p.phase == "cleaning up") {
+        } else if !a.quiet && (p.elapsed_s - last_line >= 10.0 || p.phase == "cleaning up") {
             last_line = p.elapsed_s;
             eprintln!("[{:>5.0} s] {line}", p.elapsed_s);
         }

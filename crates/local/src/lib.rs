@@ -158,7 +158,7 @@ pub struct Progress {
     pub usd: f64,
     /// Wall seconds since start.
     pub elapsed_s: f64,
-    /// Phase (`replaying`, `draining`, `interrupted`, `cleaning up`).
+    /// Phase (`replaying`, `draining`, `cleaning up`).
     pub phase: &'static str,
 }
 
@@ -404,18 +404,16 @@ async fn run_with(
     {
         let flag = interrupted.clone();
         tokio::spawn(async move {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            let term = async {
-                match &mut term {
-                    Some(t) => {
-                        t.recv().await;
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = term.recv() => {}
                     }
-                    None => std::future::pending::<()>().await,
                 }
-            };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                () = term => {}
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         });
@@ -586,9 +584,14 @@ async fn run_with(
             let busy_minutes = eligible.len() as f64 * dt / 60.0;
             notices_due += opts.spot_notices * busy_minutes;
             kills_due += opts.kill_workers * busy_minutes;
-            while notices_due >= 1.0 && !eligible.is_empty() {
-                notices_due -= 1.0;
-                let id = eligible.swap_remove(rng.random_range(0..eligible.len()));
+            // The next worker to take a fault of a kind whose fault is due.
+            let mut take = |due: &mut f64| {
+                (*due >= 1.0 && !eligible.is_empty()).then(|| {
+                    *due -= 1.0;
+                    eligible.swap_remove(rng.random_range(0..eligible.len()))
+                })
+            };
+            while let Some(id) = take(&mut notices_due) {
                 let inst = instances.get_mut(&id).expect("eligible instance exists");
                 inst.faulted = true;
                 report.spot_notices_sent += 1;
@@ -605,9 +608,7 @@ async fn run_with(
                 inst.reclaim_at = Some(now + Duration::from_secs_f64(opts.notice_lead_s));
                 tracing::info!(instance = %id, "injected a spot interruption notice");
             }
-            while kills_due >= 1.0 && !eligible.is_empty() {
-                kills_due -= 1.0;
-                let id = eligible.swap_remove(rng.random_range(0..eligible.len()));
+            while let Some(id) = take(&mut kills_due) {
                 let inst = instances.get_mut(&id).expect("eligible instance exists");
                 inst.faulted = true;
                 report.workers_killed += 1;

@@ -45,7 +45,7 @@ pub struct AgentConfig {
     pub time_scale: f64,
     /// `ONOFF_DEPLOYMENT` (`onoff`): metric dimension.
     pub deployment: String,
-    /// `ONOFF_GPUS`: GPUs of this instance (user data: `nvidia-smi -L | wc -l`). A job that asks
+    /// `ONOFF_GPUS`: GPUs of this instance (the user data counts the `GPU` lines of `nvidia-smi -L`). A job that asks
     /// for more is handed back to its lane for a bigger worker instead of run here. Unset: no
     /// check.
     pub gpus: Option<u32>,
