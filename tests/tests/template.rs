@@ -1072,3 +1072,133 @@ fn every_onoff_metric_of_the_dashboard_and_alarms_is_printed_by_the_code() {
         }
     }
 }
+
+// ---- the job lifecycle's AWS limits -------------------------------------------------------------
+
+/// SQS's longest retention, seconds (14 days; its default is 4 days, which would drop the
+/// wake-up message of a job that waits longer for capacity).
+const SQS_MAX_RETENTION_S: i64 = 1_209_600;
+
+#[test]
+fn every_queue_keeps_messages_fourteen_days() {
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    let mut seen = 0;
+    for (name, r) in t["Resources"].as_object().unwrap() {
+        if r["Type"] != "AWS::SQS::Queue" {
+            continue;
+        }
+        seen += 1;
+        let retention = scalar_text(&stack.eval(&r["Properties"]["MessageRetentionPeriod"]));
+        assert_eq!(
+            retention.parse::<i64>().ok(),
+            Some(SQS_MAX_RETENTION_S),
+            "{name}: MessageRetentionPeriod {retention:?}, not 14 days"
+        );
+    }
+    assert!(seen >= 5, "{seen} queues");
+}
+
+/// The statements of the inline policies of role `role`, evaluated.
+fn role_statements(t: &Value, stack: &Stack, role: &str) -> Vec<Value> {
+    let r = &t["Resources"][role];
+    assert_eq!(r["Type"], "AWS::IAM::Role", "{role}");
+    r["Properties"]["Policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| {
+            stack
+                .eval(&p["PolicyDocument"]["Statement"])
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Whether some Allow statement among `statements` names `action` on `resource` (exact action or
+/// `service:*`; exact resource or `*`).
+fn allows(statements: &[Value], action: &str, resource: &str) -> bool {
+    let list = |v: &Value| -> Vec<String> {
+        match v {
+            Value::Array(a) => a.iter().map(scalar_text).collect(),
+            other => vec![scalar_text(other)],
+        }
+    };
+    statements.iter().any(|s| {
+        s["Effect"] == "Allow"
+            && list(&s["Action"])
+                .iter()
+                .any(|a| a == action || a.strip_suffix('*').is_some_and(|p| action.starts_with(p)))
+            && list(&s["Resource"]).iter().any(|r| r == resource || r == "*")
+    })
+}
+
+/// The lane-queue calls of the worker agent (`worker-image/agent/src/agent.rs`), as the IAM
+/// actions each needs: found in the source, so a new call the role lacks fails here, not on AWS.
+#[test]
+fn the_worker_role_allows_every_queue_call_the_agent_makes() {
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    let statements = role_statements(&t, &stack, "WorkerRole");
+    // Without whitespace, so a call split over lines by rustfmt is still found.
+    let source: String = read("worker-image/agent/src/agent.rs").split_whitespace().collect();
+    let calls: &[(&str, &[&str])] = &[
+        ("inbox.receive(", &["sqs:ReceiveMessage"]),
+        ("inbox.delete(", &["sqs:DeleteMessage"]),
+        ("inbox.set_visibility(", &["sqs:ChangeMessageVisibility"]),
+        ("inbox.requeue(", &["sqs:SendMessage", "sqs:DeleteMessage"]),
+        // onoff_control::ports::wake: a fresh wake-up message, then sent_at on the job row.
+        ("wake(", &["sqs:SendMessage"]),
+    ];
+    let made: Vec<&(&str, &[&str])> = calls.iter().filter(|(call, _)| source.contains(call)).collect();
+    assert!(made.len() >= 4, "the agent's queue calls changed shape: {made:?}");
+    for lane in ["ExpressQueue", "StandardQueue"] {
+        let arn = format!("<{lane}.Arn>");
+        for (call, actions) in &made {
+            for action in *actions {
+                assert!(
+                    allows(&statements, action, &arn),
+                    "the agent calls {call}...) which needs {action} on {arn}; WorkerRole does not allow it"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_active_jobs_index_is_the_one_the_code_scans_and_the_functions_may_scan_it() {
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    let code = read("crates/aws/src/jobs.rs");
+    let name = code
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("pub const ACTIVE_INDEX: &str = \""))
+        .and_then(|rest| rest.strip_suffix("\";"))
+        .expect("ACTIVE_INDEX in crates/aws/src/jobs.rs");
+    let table = &t["Resources"]["JobsTable"]["Properties"];
+    let index = table["GlobalSecondaryIndexes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|i| i["IndexName"] == name))
+        .unwrap_or_else(|| panic!("JobsTable has no index {name:?}"));
+    let keys: Vec<(String, String)> = index["KeySchema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (scalar_text(&k["AttributeName"]), scalar_text(&k["KeyType"])))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("active_lane".to_string(), "HASH".to_string()),
+            ("job_id".into(), "RANGE".into())
+        ]
+    );
+    assert_eq!(index["Projection"]["ProjectionType"], "ALL");
+    assert_eq!(table["TimeToLiveSpecification"]["AttributeName"], "expires_at");
+    let policy = &t["Resources"]["ReconcileAccess"]["Properties"]["PolicyDocument"]["Statement"];
+    let statements = stack.eval(policy).as_array().cloned().unwrap();
+    let index_arn = format!("<JobsTable.Arn>/index/{name}");
+    assert!(allows(&statements, "dynamodb:Scan", &index_arn), "{index_arn}");
+}

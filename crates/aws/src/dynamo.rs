@@ -37,3 +37,17 @@ where
 pub(crate) fn condition_failed<E: ProvideErrorMetadata>(e: &SdkError<E>) -> bool {
     e.code() == Some("ConditionalCheckFailedException")
 }
+
+/// Whether DynamoDB refused the request as it is (ValidationException: an item over 400 KB, an
+/// attribute too large): retrying the same request cannot help.
+pub(crate) fn validation_failed<E: ProvideErrorMetadata>(e: &SdkError<E>) -> bool {
+    e.code() == Some("ValidationException")
+}
+
+/// The service's message, or the error's text.
+pub(crate) fn message<E>(e: &SdkError<E>) -> String
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    e.message().map_or_else(|| e.to_string(), str::to_string)
+}

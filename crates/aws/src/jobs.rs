@@ -1,21 +1,41 @@
 //! The jobs table on DynamoDB ([`JobStore`]): every state change a conditional update, the claim
 //! a lease taken in one write, error records for submissions that could not become jobs.
 //!
-//! Item (key `job_id`): `spec` (the spec as JSON), `state`, `attempts`, `lease_owner`,
-//! `lease_expires_at`, `last_checkpoint`, `enqueued`, `cost_usd`, `source`, `created_at`.
-//! Error records use the key `error#<source>` with `reason`, `created_at` and a TTL (`expires_at`).
+//! Item (key `job_id`): `spec` (the spec as JSON), `state`, `attempts`, `hand_backs`,
+//! `lease_expiries`, `lease_owner`, `lease_expires_at`, `last_checkpoint`, `sent_at`, `cost_usd`,
+//! `source`, `created_at`, `reason`, `finished_at`, `lane`, `project`; `active_lane` (the lane)
+//! only while the job is not finished, which makes the [`ACTIVE_INDEX`] sparse: listing the
+//! active jobs reads only them, however long the history. A finished job gets `expires_at`
+//! ([`FINISHED_JOB_TTL_S`] later) for the table's TTL. Error records use the key
+//! `error#<source>` with `reason`, `created_at` and `expires_at`.
 
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
-use onoff_control::job::{JobSpec, JobState};
-use onoff_control::ports::{Claim, Created, JobQueue, JobRecord, JobStore, StoreError};
+use onoff_control::job::{JobSpec, JobState, Settle};
+use onoff_control::ports::{Claim, Created, JobQueue, JobRecord, JobStore, Listing, StoreError};
 
 use crate::dynamo::{condition_failed, epoch_s, n, s, store_error};
+
+/// Key of an item, for error messages.
+fn key_of(item: &HashMap<String, AttributeValue>) -> String {
+    item.get("job_id")
+        .and_then(|v| v.as_s().ok())
+        .cloned()
+        .unwrap_or_else(|| "?".into())
+}
 use crate::queue::SqsQueues;
 
 /// How long an error record is kept, seconds (30 days).
 pub const ERROR_RECORD_TTL_S: f64 = 30.0 * 86_400.0;
+
+/// How long a finished job's row is kept after it finished, seconds (90 days: a quarter of cost
+/// and history for the operator).
+pub const FINISHED_JOB_TTL_S: f64 = 90.0 * 86_400.0;
+
+/// The sparse global secondary index of active jobs: partition key `active_lane`, sort key
+/// `job_id`, every attribute projected. template.yaml and [`crate::provision`] create it.
+pub const ACTIVE_INDEX: &str = "active";
 
 /// Parse a stored job item.
 ///
@@ -28,7 +48,12 @@ pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<JobRec
             .and_then(|v| v.as_n().ok())
             .and_then(|v| v.parse::<f64>().ok())
     };
-    let bad = |k: &str| StoreError::Other(format!("job item lacks a valid {k}"));
+    let bad = |k: &str| {
+        StoreError::Malformed(format!(
+            "job item {} lacks a valid {k}",
+            text("job_id").unwrap_or_else(|| "?".into())
+        ))
+    };
     let spec: JobSpec = serde_json::from_str(&text("spec").ok_or_else(|| bad("spec"))?).map_err(|_| bad("spec"))?;
     Ok(JobRecord {
         id: text("job_id").ok_or_else(|| bad("job_id"))?,
@@ -38,17 +63,17 @@ pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<JobRec
             .and_then(JobState::parse)
             .ok_or_else(|| bad("state"))?,
         attempts: num("attempts").unwrap_or(0.0) as u32,
+        hand_backs: num("hand_backs").unwrap_or(0.0) as u32,
+        lease_expiries: num("lease_expiries").unwrap_or(0.0) as u32,
         lease_owner: text("lease_owner"),
         lease_expires_at: num("lease_expires_at"),
         last_checkpoint: text("last_checkpoint"),
-        enqueued: item
-            .get("enqueued")
-            .and_then(|v| v.as_bool().ok())
-            .copied()
-            .unwrap_or(false),
+        sent_at: num("sent_at"),
         cost_usd: num("cost_usd").unwrap_or(0.0),
         source: text("source").unwrap_or_default(),
         created_at: num("created_at").ok_or_else(|| bad("created_at"))?,
+        reason: text("reason"),
+        finished_at: num("finished_at"),
     })
 }
 
@@ -105,8 +130,10 @@ impl JobStore for DynamoJobs {
             .item("spec", s(spec))
             .item("state", s(r.state.as_str()))
             .item("attempts", n(f64::from(r.attempts)))
-            .item("enqueued", AttributeValue::Bool(r.enqueued))
+            .item("hand_backs", n(f64::from(r.hand_backs)))
+            .item("lease_expiries", n(f64::from(r.lease_expiries)))
             .item("cost_usd", n(r.cost_usd))
+            .item("active_lane", s(&r.spec.lane))
             .item("source", s(&r.source))
             .item("created_at", n(r.created_at))
             .item("lane", s(&r.spec.lane))
@@ -120,6 +147,10 @@ impl JobStore for DynamoJobs {
                 Some(existing) => Ok(Created::Existing(Box::new(existing))),
                 None => Err(StoreError::Conflict(format!("{} exists but cannot be read", r.id))),
             },
+            Err(e) if crate::dynamo::validation_failed(&e) => Err(StoreError::Malformed(format!(
+                "DynamoDB refused the job item: {}",
+                crate::dynamo::message(&e)
+            ))),
             Err(e) => Err(store_error("create job", &e)),
         }
     }
@@ -137,21 +168,21 @@ impl JobStore for DynamoJobs {
         out.item().map(record_from_item).transpose()
     }
 
-    async fn set_enqueued(&self, id: &str) -> Result<(), StoreError> {
+    async fn mark_sent(&self, id: &str, at: f64) -> Result<(), StoreError> {
         let res = self
             .client
             .update_item()
             .table_name(&self.table)
             .key("job_id", s(id))
-            .update_expression("SET enqueued = :t")
+            .update_expression("SET sent_at = :t")
             .condition_expression("attribute_exists(job_id)")
-            .expression_attribute_values(":t", AttributeValue::Bool(true))
+            .expression_attribute_values(":t", n(at))
             .send()
             .await;
         match res {
             Ok(_) => Ok(()),
             Err(e) if condition_failed(&e) => Err(StoreError::NotFound(id.into())),
-            Err(e) => Err(store_error("mark job enqueued", &e)),
+            Err(e) => Err(store_error("record wake-up message", &e)),
         }
     }
 
@@ -165,6 +196,8 @@ impl JobStore for DynamoJobs {
         }
         let update = if to == JobState::Running {
             "SET #s = :to"
+        } else if to.is_final() {
+            "SET #s = :to REMOVE lease_owner, lease_expires_at, active_lane"
         } else {
             "SET #s = :to REMOVE lease_owner, lease_expires_at"
         };
@@ -194,23 +227,20 @@ impl JobStore for DynamoJobs {
         }
     }
 
-    async fn claim(&self, id: &str, owner: &str, lease_until: f64, now: f64) -> Result<Claim, StoreError> {
+    async fn claim(&self, id: &str, owner: &str, lease_until: f64, _now: f64) -> Result<Claim, StoreError> {
         let res = self
             .client
             .update_item()
             .table_name(&self.table)
             .key("job_id", s(id))
             .update_expression("SET #s = :run, lease_owner = :o, lease_expires_at = :u ADD attempts :one")
-            .condition_expression(
-                "attribute_exists(job_id) AND (#s = :q OR #s = :r OR (#s = :run AND lease_expires_at < :now))",
-            )
+            .condition_expression("attribute_exists(job_id) AND (#s = :q OR #s = :r)")
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":run", s(JobState::Running.as_str()))
             .expression_attribute_values(":q", s(JobState::Queued.as_str()))
             .expression_attribute_values(":r", s(JobState::Retrying.as_str()))
             .expression_attribute_values(":o", s(owner))
             .expression_attribute_values(":u", n(lease_until))
-            .expression_attribute_values(":now", n(now))
             .expression_attribute_values(":one", n(1.0))
             .return_values(ReturnValue::AllNew)
             .send()
@@ -247,24 +277,24 @@ impl JobStore for DynamoJobs {
         }
     }
 
-    async fn active(&self) -> Result<Vec<JobRecord>, StoreError> {
-        let mut out = Vec::new();
+    async fn active(&self) -> Result<Listing<JobRecord>, StoreError> {
+        let mut out = Listing::default();
         let mut pages = self
             .client
             .scan()
             .table_name(&self.table)
-            .filter_expression("#s IN (:q, :run, :r)")
-            .expression_attribute_names("#s", "state")
-            .expression_attribute_values(":q", s(JobState::Queued.as_str()))
-            .expression_attribute_values(":run", s(JobState::Running.as_str()))
-            .expression_attribute_values(":r", s(JobState::Retrying.as_str()))
-            .consistent_read(true)
+            .index_name(ACTIVE_INDEX)
             .into_paginator()
             .send();
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| store_error("scan active jobs", &e))?;
             for item in page.items() {
-                out.push(record_from_item(item)?);
+                match record_from_item(item) {
+                    // The index is eventually consistent: a row that just finished may linger.
+                    Ok(r) if r.state.is_final() => {}
+                    Ok(r) => out.items.push(r),
+                    Err(e) => out.unreadable.push((key_of(item), e.to_string())),
+                }
             }
         }
         Ok(out)
@@ -302,32 +332,17 @@ impl JobStore for DynamoJobs {
         }
     }
 
-    async fn finish(&self, id: &str, owner: &str, to: JobState, count_attempt: bool) -> Result<(), StoreError> {
-        if !JobState::Running.can_go(to) || to == JobState::Cancelled {
+    async fn finish(&self, id: &str, owner: &str, settle: &Settle, now: f64) -> Result<(), StoreError> {
+        if !JobState::Running.can_go(settle.to) || settle.to == JobState::Cancelled {
             return Err(StoreError::Conflict(format!(
                 "RUNNING -> {} is not an end of an attempt",
-                to.as_str()
+                settle.to.as_str()
             )));
         }
-        let update = if count_attempt {
-            "SET #s = :to REMOVE lease_owner, lease_expires_at"
-        } else {
-            "SET #s = :to ADD attempts :minus REMOVE lease_owner, lease_expires_at"
-        };
-        let mut req = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key("job_id", s(id))
-            .update_expression(update)
+        let req = self
+            .settle_request(id, settle, now)
             .condition_expression("#s = :run AND lease_owner = :o")
-            .expression_attribute_names("#s", "state")
-            .expression_attribute_values(":run", s(JobState::Running.as_str()))
-            .expression_attribute_values(":o", s(owner))
-            .expression_attribute_values(":to", s(to.as_str()));
-        if !count_attempt {
-            req = req.expression_attribute_values(":minus", n(-1.0));
-        }
+            .expression_attribute_values(":o", s(owner));
         match req.send().await {
             Ok(_) => Ok(()),
             Err(e) if condition_failed(&e) => {
@@ -335,6 +350,70 @@ impl JobStore for DynamoJobs {
             }
             Err(e) => Err(store_error("finish job attempt", &e)),
         }
+    }
+
+    async fn requeue_lost(
+        &self,
+        id: &str,
+        owner: &str,
+        lease_expires_at: f64,
+        settle: &Settle,
+        now: f64,
+    ) -> Result<(), StoreError> {
+        if !matches!(settle.to, JobState::Queued | JobState::Failed) {
+            return Err(StoreError::Conflict(format!(
+                "a lost lease ends in QUEUED or FAILED, not {}",
+                settle.to.as_str()
+            )));
+        }
+        let req = self
+            .settle_request(id, settle, now)
+            .condition_expression("#s = :run AND lease_owner = :o AND lease_expires_at = :e")
+            .expression_attribute_values(":o", s(owner))
+            .expression_attribute_values(":e", n(lease_expires_at));
+        match req.send().await {
+            Ok(_) => Ok(()),
+            Err(e) if condition_failed(&e) => Err(StoreError::Conflict(format!(
+                "the lease of {id} changed since it was seen"
+            ))),
+            Err(e) => Err(store_error("re-queue job with a lost lease", &e)),
+        }
+    }
+}
+
+impl DynamoJobs {
+    /// The update that ends a lease as `settle` says; the caller adds the condition on the lease.
+    fn settle_request(
+        &self,
+        id: &str,
+        settle: &Settle,
+        now: f64,
+    ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
+        let mut set = vec!["#s = :to", "attempts = :a", "hand_backs = :h", "lease_expiries = :x"];
+        let mut remove = vec!["lease_owner", "lease_expires_at"];
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("job_id", s(id))
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":run", s(JobState::Running.as_str()))
+            .expression_attribute_values(":to", s(settle.to.as_str()))
+            .expression_attribute_values(":a", n(f64::from(settle.attempts)))
+            .expression_attribute_values(":h", n(f64::from(settle.hand_backs)))
+            .expression_attribute_values(":x", n(f64::from(settle.lease_expiries)));
+        if let Some(r) = &settle.reason {
+            set.push("reason = :why");
+            req = req.expression_attribute_values(":why", s(r));
+        }
+        if settle.to.is_final() {
+            set.extend(["finished_at = :now", "expires_at = :ttl"]);
+            remove.push("active_lane");
+            req = req
+                .expression_attribute_values(":now", n(now))
+                .expression_attribute_values(":ttl", epoch_s(now + FINISHED_JOB_TTL_S));
+        }
+        req.update_expression(format!("SET {} REMOVE {}", set.join(", "), remove.join(", ")))
     }
 }
 
@@ -371,8 +450,8 @@ impl onoff_control::ports::Backlog for SqsQueues {
 }
 
 impl JobQueue for SqsQueues {
-    async fn send(&self, lane: &str, body: &str) -> Result<(), String> {
-        SqsQueues::send(self, lane, body, 0)
+    async fn send(&self, lane: &str, body: &str, delay_s: u32) -> Result<(), String> {
+        SqsQueues::send(self, lane, body, delay_s)
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())

@@ -49,6 +49,70 @@ pub struct Provisioned {
     pub dead_letter_queues: Vec<(String, String)>,
 }
 
+/// SQS's longest retention, seconds (14 days; SQS's default is 4 days). Every queue keeps
+/// messages this long, as in template.yaml.
+pub const MAX_RETENTION_S: u32 = 1_209_600;
+
+/// Create the jobs table `name`: key `job_id`, the sparse [`crate::jobs::ACTIVE_INDEX`] on
+/// `active_lane` / `job_id`, TTL on `expires_at` (as template.yaml).
+///
+/// # Errors
+/// [`ProvisionError`] naming the table.
+pub async fn jobs_table(c: &Clients, name: &str) -> Result<(), ProvisionError> {
+    use aws_sdk_dynamodb::types::{GlobalSecondaryIndex, Projection, ProjectionType, TimeToLiveSpecification};
+    let attr = |a: &str| {
+        AttributeDefinition::builder()
+            .attribute_name(a)
+            .attribute_type(ScalarAttributeType::S)
+            .build()
+            .map_err(|e| perr(name, e))
+    };
+    let key = |a: &str, k: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(a)
+            .key_type(k)
+            .build()
+            .map_err(|e| perr(name, e))
+    };
+    let index = GlobalSecondaryIndex::builder()
+        .index_name(crate::jobs::ACTIVE_INDEX)
+        .key_schema(key("active_lane", KeyType::Hash)?)
+        .key_schema(key("job_id", KeyType::Range)?)
+        .projection(Projection::builder().projection_type(ProjectionType::All).build())
+        .build()
+        .map_err(|e| perr(name, e))?;
+    c.dynamodb
+        .create_table()
+        .table_name(name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(attr("job_id")?)
+        .attribute_definitions(attr("active_lane")?)
+        .key_schema(key("job_id", KeyType::Hash)?)
+        .global_secondary_indexes(index)
+        .send()
+        .await
+        .map_err(|e| perr(format!("table {name}"), aws_sdk_dynamodb::error::DisplayErrorContext(e)))?;
+    c.dynamodb
+        .update_time_to_live()
+        .table_name(name)
+        .time_to_live_specification(
+            TimeToLiveSpecification::builder()
+                .attribute_name("expires_at")
+                .enabled(true)
+                .build()
+                .map_err(|e| perr(name, e))?,
+        )
+        .send()
+        .await
+        .map_err(|e| {
+            perr(
+                format!("TTL of {name}"),
+                aws_sdk_dynamodb::error::DisplayErrorContext(e),
+            )
+        })?;
+    Ok(())
+}
+
 async fn table(c: &Clients, name: &str, key: &str) -> Result<(), ProvisionError> {
     let attr = AttributeDefinition::builder()
         .attribute_name(key)
@@ -98,7 +162,7 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
         let dlq = queue(
             c,
             &format!("{p}-{lane}-dlq"),
-            vec![(QueueAttributeName::MessageRetentionPeriod, "1209600".into())],
+            vec![(QueueAttributeName::MessageRetentionPeriod, MAX_RETENTION_S.to_string())],
         )
         .await?;
         let arn = c
@@ -131,6 +195,7 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
                     opts.visibility_timeout_s.to_string(),
                 ),
                 (QueueAttributeName::RedrivePolicy, redrive),
+                (QueueAttributeName::MessageRetentionPeriod, MAX_RETENTION_S.to_string()),
             ],
         )
         .await?;
@@ -138,7 +203,7 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
         dead_letter_queues.push((lane.clone(), dlq));
     }
     let (jobs, workers, control) = (format!("{p}-jobs"), format!("{p}-workers"), format!("{p}-control"));
-    table(c, &jobs, "job_id").await?;
+    jobs_table(c, &jobs).await?;
     table(c, &workers, "instance_id").await?;
     table(c, &control, "pk").await?;
     let bucket = format!("{p}-bucket").to_lowercase();

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::dynamo::{condition_failed, epoch_s, n, s, store_error};
-use onoff_control::ports::{OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry};
+use onoff_control::ports::{Listing, OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry};
 use onoff_policy::{CapacityType, OfferingKey, UnavailableOffering, WorkerState};
 
 /// How long a finished worker's row is kept before DynamoDB's TTL removes it, seconds (7 days).
@@ -165,8 +165,8 @@ impl WorkerRegistry for DynamoWorkers {
         self.get_record(id).await
     }
 
-    async fn list_live(&self) -> Result<Vec<WorkerRecord>, StoreError> {
-        let mut out = Vec::new();
+    async fn list_live(&self) -> Result<Listing<WorkerRecord>, StoreError> {
+        let mut out = Listing::default();
         let mut pages = self
             .client
             .scan()
@@ -180,7 +180,16 @@ impl WorkerRegistry for DynamoWorkers {
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| store_error("scan workers", &e))?;
             for item in page.items() {
-                out.push(record_from_item(item)?);
+                match record_from_item(item) {
+                    Ok(w) => out.items.push(w),
+                    Err(e) => out.unreadable.push((
+                        item.get("instance_id")
+                            .and_then(|v| v.as_s().ok())
+                            .cloned()
+                            .unwrap_or_else(|| "?".into()),
+                        e.to_string(),
+                    )),
+                }
             }
         }
         Ok(out)

@@ -374,7 +374,7 @@ async fn submit_writes_one_job_and_one_message_and_rejects_bad_specs_with_a_reco
     use onoff_control::submit::{submit, Source, SubmitError, Submitted};
     let c = clients().await;
     let table_name = unique("jobs");
-    table(&c, &table_name, "job_id").await;
+    onoff_aws::provision::jobs_table(&c, &table_name).await.unwrap();
     let url = c
         .sqs
         .create_queue()
@@ -405,8 +405,8 @@ async fn submit_writes_one_job_and_one_message_and_rejects_bad_specs_with_a_reco
     );
     let rec = jobs.get(&id).await.unwrap().unwrap();
     assert_eq!(
-        (rec.state, rec.enqueued, rec.spec.command.len()),
-        (JobState::Queued, true, 2)
+        (rec.state, rec.sent_at, rec.spec.command.len()),
+        (JobState::Queued, Some(now), 2)
     );
     let msgs = queue.receive("standard", 10, 0, 60).await.unwrap();
     assert_eq!(msgs.len(), 1);
@@ -436,11 +436,12 @@ async fn submit_writes_one_job_and_one_message_and_rejects_bad_specs_with_a_reco
 #[tokio::test]
 async fn two_workers_claiming_one_job_get_one_claim() {
     use onoff_aws::jobs::DynamoJobs;
+    use onoff_control::job::{AttemptEnd, RerunLimits, Settle};
     use onoff_control::ports::{Claim, JobStore};
     use onoff_control::submit::{submit, Source, Submitted};
     let c = clients().await;
     let table_name = unique("jobs");
-    table(&c, &table_name, "job_id").await;
+    onoff_aws::provision::jobs_table(&c, &table_name).await.unwrap();
     let url = c
         .sqs
         .create_queue()
@@ -467,21 +468,69 @@ async fn two_workers_claiming_one_job_get_one_claim() {
     .unwrap() else {
         panic!()
     };
+    let limits = RerunLimits::default();
     for round in 0..5 {
         let t = now + f64::from(round) * 1000.0;
         // Two claims for the same message, one after the other at the same instant: moto applies
         // a conditional update and its check without a lock, so truly concurrent requests can both
         // pass there (DynamoDB itself is atomic); the concurrent race is tested against the fake.
-        let a = jobs.claim(&id, "i-a", t + 300.0, t).await;
-        let b = jobs.claim(&id, "i-b", t + 300.0, t).await;
-        let claimed = [a.unwrap(), b.unwrap()]
+        let a = jobs.claim(&id, "i-a", t + 300.0, t).await.unwrap();
+        let b = jobs.claim(&id, "i-b", t + 300.0, t).await.unwrap();
+        let won: Vec<&Claim> = [&a, &b]
             .into_iter()
             .filter(|c| matches!(c, Claim::Claimed(_)))
-            .count();
-        assert_eq!(claimed, 1, "round {round}");
+            .collect();
+        assert_eq!(won.len(), 1, "round {round}");
+        // An expired lease is not taken over by a claim: the reaper ends it, conditioned on the
+        // lease it saw, so a renewed lease is never stripped.
+        assert_eq!(
+            jobs.claim(&id, "i-c", t + 900.0, t + 400.0).await.unwrap(),
+            Claim::NotClaimable(JobState::Running)
+        );
+        let Claim::Claimed(seen) = won[0] else { unreachable!() };
+        let lost = Settle::of(seen, &AttemptEnd::LeaseLost("expired".into()), &limits);
+        let holder = seen.lease_owner.clone().unwrap();
+        jobs.renew(&id, &holder, t + 600.0).await.unwrap();
+        assert!(matches!(
+            jobs.requeue_lost(&id, &holder, t + 300.0, &lost, t + 400.0).await,
+            Err(StoreError::Conflict(_))
+        ));
+        jobs.requeue_lost(&id, &holder, t + 600.0, &lost, t + 700.0)
+            .await
+            .unwrap();
     }
     let rec = jobs.get(&id).await.unwrap().unwrap();
-    assert_eq!(rec.attempts, 5);
+    // Five lost leases: the attempts were taken back, the losses counted; the fifth failed it.
+    assert_eq!((rec.state, rec.attempts, rec.lease_expiries), (JobState::Failed, 0, 5));
+    assert!(
+        rec.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("lost its worker 5 times"),
+        "{rec:?}"
+    );
+    assert!(rec.finished_at.is_some());
+    assert!(jobs.active().await.unwrap().items.iter().all(|j| j.id != id));
+    // A second job for the lease holder's writes.
+    let spec = r#"{"image":"img","command":["x"],"project":"p","client_token":"t-2"}"#;
+    let Submitted::New(id) = submit(
+        spec,
+        &Source::Sqs {
+            message_id: "m2".into(),
+        },
+        &["standard"],
+        now,
+        &jobs,
+        &queue,
+    )
+    .await
+    .unwrap() else {
+        panic!()
+    };
+    assert!(jobs.active().await.unwrap().items.iter().any(|j| j.id == id));
+    let Claim::Claimed(rec) = jobs.claim(&id, "i-a", now + 300.0, now).await.unwrap() else {
+        panic!()
+    };
     // The lease holder records checkpoints and cost; nobody else can.
     let holder = rec.lease_owner.clone().unwrap();
     jobs.record_progress(&id, &holder, Some("checkpoints/j/00000000000000000003/"), 0.5)
@@ -504,18 +553,24 @@ async fn two_workers_claiming_one_job_get_one_claim() {
         jobs.renew(&id, "i-intruder", now + 9e3).await,
         Err(StoreError::Conflict(_))
     ));
-    jobs.finish(&id, &holder, JobState::Queued, false).await.unwrap();
+    let released = Settle::of(&rec, &AttemptEnd::Released("spot notice".into()), &limits);
+    jobs.finish(&id, &holder, &released, now).await.unwrap();
     let rec = jobs.get(&id).await.unwrap().unwrap();
-    assert_eq!((rec.state, rec.attempts, rec.lease_owner), (JobState::Queued, 4, None));
+    assert_eq!(
+        (rec.state, rec.attempts, rec.lease_owner.clone()),
+        (JobState::Queued, 0, None)
+    );
     assert!(matches!(
-        jobs.finish(&id, &holder, JobState::Succeeded, true).await,
+        jobs.finish(&id, &holder, &Settle::of(&rec, &AttemptEnd::Succeeded, &limits), now)
+            .await,
         Err(StoreError::Conflict(_))
     ));
-    assert!(matches!(
-        jobs.claim(&id, "i-d", now + 9e3, now).await.unwrap(),
-        Claim::Claimed(_)
-    ));
-    jobs.finish(&id, "i-d", JobState::Succeeded, true).await.unwrap();
+    let Claim::Claimed(rec) = jobs.claim(&id, "i-d", now + 9e3, now).await.unwrap() else {
+        panic!()
+    };
+    jobs.finish(&id, "i-d", &Settle::of(&rec, &AttemptEnd::Succeeded, &limits), now)
+        .await
+        .unwrap();
     // Transitions are conditional: only from the state the job is in.
     assert!(matches!(
         jobs.transition(&id, JobState::Running, JobState::Failed).await,
@@ -652,7 +707,7 @@ async fn submit_then_scaler_launches_tagged_instances_and_the_reaper_terminates_
     use onoff_control::submit::{submit, Source};
     let c = clients().await;
     let (jobs_t, workers_t, control_t) = (unique("jobs"), unique("workers"), unique("control"));
-    table(&c, &jobs_t, "job_id").await;
+    onoff_aws::provision::jobs_table(&c, &jobs_t).await.unwrap();
     table(&c, &workers_t, "instance_id").await;
     table(&c, &control_t, "pk").await;
     let lane = unique("lane");
@@ -798,7 +853,7 @@ struct Deployment {
 
 async fn deployment(c: &Clients, idle_timeout_s: f64) -> Deployment {
     let (jobs_t, workers_t, control_t) = (unique("jobs"), unique("workers"), unique("control"));
-    table(c, &jobs_t, "job_id").await;
+    onoff_aws::provision::jobs_table(c, &jobs_t).await.unwrap();
     table(c, &workers_t, "instance_id").await;
     table(c, &control_t, "pk").await;
     let lane = unique("lane");

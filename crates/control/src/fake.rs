@@ -223,15 +223,18 @@ impl WorkerRegistry for FakeRegistry {
         Ok(self.workers.lock().expect("lock").get(id).cloned())
     }
 
-    async fn list_live(&self) -> Result<Vec<WorkerRecord>, StoreError> {
-        Ok(self
-            .workers
-            .lock()
-            .expect("lock")
-            .values()
-            .filter(|w| w.state != WorkerState::Terminating)
-            .cloned()
-            .collect())
+    async fn list_live(&self) -> Result<crate::ports::Listing<WorkerRecord>, StoreError> {
+        Ok(crate::ports::Listing {
+            items: self
+                .workers
+                .lock()
+                .expect("lock")
+                .values()
+                .filter(|w| w.state != WorkerState::Terminating)
+                .cloned()
+                .collect(),
+            unreadable: Vec::new(),
+        })
     }
 }
 
@@ -375,11 +378,34 @@ impl<F: Fleet> Fleet for FaultyFleet<F> {
     }
 }
 
-/// A jobs table in memory, with the same conditional semantics as the DynamoDB adapter.
+/// DynamoDB's item size limit, bytes (400 KB, "Service, account, and table quotas in Amazon
+/// DynamoDB").
+pub const DYNAMODB_MAX_ITEM_BYTES: usize = 400 * 1024;
+
+/// Size of a job row as DynamoDB counts it (attribute names plus values, numbers taken as 21
+/// bytes at most), as the DynamoDB adapter writes it.
+pub fn job_item_bytes(r: &crate::ports::JobRecord) -> usize {
+    let spec = serde_json::to_string(&r.spec).map_or(0, |s| s.len());
+    let texts = [
+        ("job_id", r.id.len()),
+        ("spec", spec),
+        ("state", r.state.as_str().len()),
+        ("source", r.source.len()),
+        ("lane", r.spec.lane.len()),
+        ("project", r.spec.project.len()),
+        ("active_lane", r.spec.lane.len()),
+    ];
+    let numbers = ["attempts", "hand_backs", "lease_expiries", "cost_usd", "created_at"];
+    texts.iter().map(|(k, v)| k.len() + v).sum::<usize>() + numbers.iter().map(|k| k.len() + 21).sum::<usize>()
+}
+
+/// A jobs table in memory, with the same conditional semantics as the DynamoDB adapter and
+/// DynamoDB's 400 KB item limit.
 #[derive(Debug, Default)]
 pub struct FakeJobs {
     jobs: Mutex<BTreeMap<String, crate::ports::JobRecord>>,
     errors: Mutex<BTreeMap<String, String>>,
+    unreadable: Mutex<BTreeMap<String, String>>,
     fail_next: Mutex<Option<StoreError>>,
 }
 
@@ -399,10 +425,39 @@ impl FakeJobs {
         *self.fail_next.lock().expect("lock") = Some(err);
     }
 
+    /// Put an active row that does not parse (a hand-edited item): listed as unreadable,
+    /// [`StoreError::Malformed`] to `get` and `claim`.
+    pub fn put_unreadable(&self, id: &str, problem: &str) {
+        self.unreadable.lock().expect("lock").insert(id.into(), problem.into());
+    }
+
     fn injected(&self) -> Result<(), StoreError> {
         match self.fail_next.lock().expect("lock").take() {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    fn malformed(&self, id: &str) -> Result<(), StoreError> {
+        match self.unreadable.lock().expect("lock").get(id) {
+            Some(p) => Err(StoreError::Malformed(format!("job item {id}: {p}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Apply `settle` to `r` (the lease is ended).
+    fn apply(r: &mut crate::ports::JobRecord, settle: &crate::job::Settle, now: f64) {
+        r.state = settle.to;
+        r.attempts = settle.attempts;
+        r.hand_backs = settle.hand_backs;
+        r.lease_expiries = settle.lease_expiries;
+        if settle.reason.is_some() {
+            r.reason.clone_from(&settle.reason);
+        }
+        r.lease_owner = None;
+        r.lease_expires_at = None;
+        if settle.to.is_final() {
+            r.finished_at = Some(now);
         }
     }
 }
@@ -410,6 +465,12 @@ impl FakeJobs {
 impl crate::ports::JobStore for FakeJobs {
     async fn create(&self, record: &crate::ports::JobRecord) -> Result<crate::ports::Created, StoreError> {
         self.injected()?;
+        let size = job_item_bytes(record);
+        if size > DYNAMODB_MAX_ITEM_BYTES {
+            return Err(StoreError::Malformed(format!(
+                "ValidationException: Item size has exceeded the maximum allowed size ({size} bytes > {DYNAMODB_MAX_ITEM_BYTES})"
+            )));
+        }
         let mut m = self.jobs.lock().expect("lock");
         match m.get(&record.id) {
             Some(r) => Ok(crate::ports::Created::Existing(Box::new(r.clone()))),
@@ -422,14 +483,15 @@ impl crate::ports::JobStore for FakeJobs {
 
     async fn get(&self, id: &str) -> Result<Option<crate::ports::JobRecord>, StoreError> {
         self.injected()?;
+        self.malformed(id)?;
         Ok(self.jobs.lock().expect("lock").get(id).cloned())
     }
 
-    async fn set_enqueued(&self, id: &str) -> Result<(), StoreError> {
+    async fn mark_sent(&self, id: &str, at: f64) -> Result<(), StoreError> {
         self.injected()?;
         match self.jobs.lock().expect("lock").get_mut(id) {
             Some(r) => {
-                r.enqueued = true;
+                r.sent_at = Some(at);
                 Ok(())
             }
             None => Err(StoreError::NotFound(id.into())),
@@ -465,20 +527,18 @@ impl crate::ports::JobStore for FakeJobs {
         id: &str,
         owner: &str,
         lease_until: f64,
-        now: f64,
+        _now: f64,
     ) -> Result<crate::ports::Claim, StoreError> {
-        use crate::job::JobState;
         self.injected()?;
+        self.malformed(id)?;
         let mut m = self.jobs.lock().expect("lock");
         let Some(r) = m.get_mut(id) else {
             return Ok(crate::ports::Claim::Unknown);
         };
-        let free = matches!(r.state, JobState::Queued | JobState::Retrying)
-            || (r.state == JobState::Running && r.lease_expires_at.is_some_and(|t| t < now));
-        if !free {
+        if !r.state.is_pending() {
             return Ok(crate::ports::Claim::NotClaimable(r.state));
         }
-        r.state = JobState::Running;
+        r.state = crate::job::JobState::Running;
         r.lease_owner = Some(owner.into());
         r.lease_expires_at = Some(lease_until);
         r.attempts += 1;
@@ -495,16 +555,20 @@ impl crate::ports::JobStore for FakeJobs {
         Ok(())
     }
 
-    async fn active(&self) -> Result<Vec<crate::ports::JobRecord>, StoreError> {
+    async fn active(&self) -> Result<crate::ports::Listing<crate::ports::JobRecord>, StoreError> {
         self.injected()?;
-        Ok(self
-            .jobs
-            .lock()
-            .expect("lock")
-            .values()
-            .filter(|r| !r.state.is_final())
-            .cloned()
-            .collect())
+        let unreadable = self.unreadable.lock().expect("lock").clone();
+        Ok(crate::ports::Listing {
+            items: self
+                .jobs
+                .lock()
+                .expect("lock")
+                .values()
+                .filter(|r| !r.state.is_final() && !unreadable.contains_key(&r.id))
+                .cloned()
+                .collect(),
+            unreadable: unreadable.into_iter().collect(),
+        })
     }
 
     async fn record_progress(
@@ -538,40 +602,54 @@ impl crate::ports::JobStore for FakeJobs {
         Ok(())
     }
 
-    async fn finish(
-        &self,
-        id: &str,
-        owner: &str,
-        to: crate::job::JobState,
-        count_attempt: bool,
-    ) -> Result<(), StoreError> {
+    async fn finish(&self, id: &str, owner: &str, settle: &crate::job::Settle, now: f64) -> Result<(), StoreError> {
         self.injected()?;
         let mut m = self.jobs.lock().expect("lock");
         let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
         if r.state != crate::job::JobState::Running
             || r.lease_owner.as_deref() != Some(owner)
-            || !r.state.can_go(to)
-            || to == crate::job::JobState::Cancelled
+            || !r.state.can_go(settle.to)
+            || settle.to == crate::job::JobState::Cancelled
         {
             return Err(StoreError::Conflict(format!(
                 "{owner} does not hold the lease of {id} ({})",
                 r.state.as_str()
             )));
         }
-        r.state = to;
-        r.lease_owner = None;
-        r.lease_expires_at = None;
-        if !count_attempt {
-            r.attempts = r.attempts.saturating_sub(1);
+        Self::apply(r, settle, now);
+        Ok(())
+    }
+
+    async fn requeue_lost(
+        &self,
+        id: &str,
+        owner: &str,
+        lease_expires_at: f64,
+        settle: &crate::job::Settle,
+        now: f64,
+    ) -> Result<(), StoreError> {
+        self.injected()?;
+        let mut m = self.jobs.lock().expect("lock");
+        let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
+        if r.state != crate::job::JobState::Running
+            || r.lease_owner.as_deref() != Some(owner)
+            || r.lease_expires_at != Some(lease_expires_at)
+            || !matches!(settle.to, crate::job::JobState::Queued | crate::job::JobState::Failed)
+        {
+            return Err(StoreError::Conflict(format!(
+                "the lease of {id} changed since it was seen"
+            )));
         }
+        Self::apply(r, settle, now);
         Ok(())
     }
 }
 
-/// Lane queues in memory: messages sent per lane, and a settable backlog.
+/// Lane queues in memory: messages sent per lane (with their delay), and a settable backlog.
 #[derive(Debug, Default)]
 pub struct FakeQueue {
     sent: Mutex<Vec<(String, String)>>,
+    delays: Mutex<Vec<u32>>,
     fail_next: Mutex<Option<String>>,
     backlog: Mutex<BTreeMap<String, onoff_policy::LaneBacklog>>,
 }
@@ -601,6 +679,11 @@ impl FakeQueue {
         self.sent.lock().expect("lock").clone()
     }
 
+    /// The delay of every message sent, seconds, in order.
+    pub fn delays(&self) -> Vec<u32> {
+        self.delays.lock().expect("lock").clone()
+    }
+
     /// The next send fails with `reason`.
     pub fn fail_next(&self, reason: &str) {
         *self.fail_next.lock().expect("lock") = Some(reason.into());
@@ -608,11 +691,12 @@ impl FakeQueue {
 }
 
 impl crate::ports::JobQueue for FakeQueue {
-    async fn send(&self, lane: &str, body: &str) -> Result<(), String> {
+    async fn send(&self, lane: &str, body: &str, delay_s: u32) -> Result<(), String> {
         if let Some(e) = self.fail_next.lock().expect("lock").take() {
             return Err(e);
         }
         self.sent.lock().expect("lock").push((lane.into(), body.into()));
+        self.delays.lock().expect("lock").push(delay_s);
         Ok(())
     }
 }

@@ -238,21 +238,147 @@ impl JobState {
         matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
     }
 
-    /// Whether the state machine allows `self -> to`: QUEUED -> RUNNING -> SUCCEEDED | FAILED |
-    /// RETRYING -> QUEUED; RUNNING -> QUEUED (released on a spot notice, attempt not counted);
-    /// any non-final state -> CANCELLED.
+    /// Whether the state machine allows `self -> to`. The table is in docs/control-plane.md
+    /// ("Job lifecycle"): a claim takes QUEUED or RETRYING to RUNNING; an attempt ends RUNNING ->
+    /// SUCCEEDED | FAILED | RETRYING (failed, counted) | QUEUED (released, handed back, or its
+    /// lease lost: not counted as a failure); any non-final state -> CANCELLED.
     pub fn can_go(self, to: JobState) -> bool {
         use JobState::*;
         matches!(
             (self, to),
-            (Queued, Running)
+            (Queued | Retrying, Running)
                 | (Running, Succeeded)
                 | (Running, Failed)
                 | (Running, Retrying)
                 | (Running, Queued)
-                | (Retrying, Queued)
                 | (Queued | Running | Retrying, Cancelled)
         )
+    }
+
+    /// Waiting for a worker: a claim may take it, and it needs a queue message to be found.
+    pub fn is_pending(self) -> bool {
+        matches!(self, JobState::Queued | JobState::Retrying)
+    }
+}
+
+/// How an attempt (a claim) ended, as its lease holder or the reaper saw it. [`Settle::of`] turns
+/// it into the job's next state and counters; the store applies that in one conditional write.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptEnd {
+    /// The process exited 0.
+    Succeeded,
+    /// The attempt failed (non-zero exit, killed, input missing): counted; RETRYING while
+    /// attempts remain, then FAILED.
+    Failed(String),
+    /// The job can never run (wrong image, unreadable record): FAILED whatever attempts remain.
+    Fatal(String),
+    /// Given back unrun or stopped to resume elsewhere (spot interruption notice, agent shutdown,
+    /// a dependency down before start): QUEUED, the attempt not counted.
+    Released(String),
+    /// Given back unrun because this worker is too small: QUEUED, not counted; FAILED after
+    /// `max_hand_backs` hand-backs.
+    HandedBack(String),
+    /// The reaper found the lease expired or its worker lost: QUEUED, the attempt not counted but
+    /// the lease expiry is; FAILED after `max_lease_expiries` (a job that kills its worker must not
+    /// boot a GPU forever).
+    LeaseLost(String),
+}
+
+/// Bounds that turn repeated re-runs into FAILED.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RerunLimits {
+    /// Hand-backs to a bigger worker before FAILED. Default 100: with the agent's 30 s retry
+    /// delay that is at least 50 minutes of bounces, several cold starts of the worker the scaler
+    /// launches for the job.
+    pub max_hand_backs: u32,
+    /// Leases lost (expired, or the worker died) before FAILED. Default 5: spot reclaims are
+    /// released with the 2-minute notice and do not count, so five lost workers in one job is a
+    /// job that takes its worker down.
+    pub max_lease_expiries: u32,
+}
+
+impl Default for RerunLimits {
+    fn default() -> Self {
+        Self {
+            max_hand_backs: 100,
+            max_lease_expiries: 5,
+        }
+    }
+}
+
+/// A job's next state and counters after an attempt ended: what [`crate::ports::JobStore::finish`]
+/// and [`crate::ports::JobStore::requeue_lost`] write, conditioned on the lease they end.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settle {
+    /// Next state: SUCCEEDED, FAILED, RETRYING or QUEUED.
+    pub to: JobState,
+    /// Attempts that counted (the claim counted one; releases, hand-backs and lost leases take
+    /// it back).
+    pub attempts: u32,
+    /// Hand-backs so far.
+    pub hand_backs: u32,
+    /// Lost leases so far.
+    pub lease_expiries: u32,
+    /// Why it failed, was released or handed back (kept on the row), if it did.
+    pub reason: Option<String>,
+}
+
+impl Settle {
+    /// The outcome of `end` for `job` as its lease holder saw it at claim time (`job.attempts`
+    /// counts the current attempt).
+    pub fn of(job: &crate::ports::JobRecord, end: &AttemptEnd, limits: &RerunLimits) -> Self {
+        let mut s = Settle {
+            to: JobState::Queued,
+            attempts: job.attempts,
+            hand_backs: job.hand_backs,
+            lease_expiries: job.lease_expiries,
+            reason: None,
+        };
+        let uncount = job.attempts.saturating_sub(1);
+        match end {
+            AttemptEnd::Succeeded => s.to = JobState::Succeeded,
+            AttemptEnd::Failed(why) => {
+                if job.attempts >= job.spec.max_attempts {
+                    s.to = JobState::Failed;
+                    s.reason = Some(format!("{why} (attempt {} of {})", job.attempts, job.spec.max_attempts));
+                } else {
+                    s.to = JobState::Retrying;
+                    s.reason = Some(format!("attempt {} failed: {why}", job.attempts));
+                }
+            }
+            AttemptEnd::Fatal(why) => {
+                s.to = JobState::Failed;
+                s.reason = Some(why.clone());
+            }
+            AttemptEnd::Released(why) => {
+                s.attempts = uncount;
+                s.reason = Some(format!("released: {why}"));
+            }
+            AttemptEnd::HandedBack(why) => {
+                s.attempts = uncount;
+                s.hand_backs += 1;
+                if s.hand_backs >= limits.max_hand_backs {
+                    s.to = JobState::Failed;
+                    s.reason = Some(format!("handed back {} times, never run: {why}", s.hand_backs));
+                } else {
+                    s.reason = Some(format!("handed back: {why}"));
+                }
+            }
+            AttemptEnd::LeaseLost(why) => {
+                s.attempts = uncount;
+                s.lease_expiries += 1;
+                if s.lease_expiries >= limits.max_lease_expiries {
+                    s.to = JobState::Failed;
+                    s.reason = Some(format!(
+                        "lost its worker {} times (the job may be taking its worker down): {why}",
+                        s.lease_expiries
+                    ));
+                } else {
+                    s.reason = Some(format!("lease lost: {why}"));
+                }
+            }
+        }
+        s
     }
 }
 
@@ -327,11 +453,11 @@ mod tests {
         let all = [Queued, Running, Succeeded, Failed, Retrying, Cancelled];
         let allowed = [
             (Queued, Running),
+            (Retrying, Running),
             (Running, Succeeded),
             (Running, Failed),
             (Running, Retrying),
             (Running, Queued),
-            (Retrying, Queued),
             (Queued, Cancelled),
             (Running, Cancelled),
             (Retrying, Cancelled),

@@ -123,9 +123,31 @@ pub enum StoreError {
     /// A conditional write lost (someone else changed the item first).
     #[error("conflict: {0}")]
     Conflict(String),
-    /// Anything else (I/O, throttling after retries, missing table).
+    /// The item exists but does not parse (a hand-edited or corrupt row). Retrying cannot help.
+    #[error("malformed item: {0}")]
+    Malformed(String),
+    /// Anything else (I/O, throttling after retries, missing table): retrying may help.
     #[error("store error: {0}")]
     Other(String),
+}
+
+/// Rows listed from a store: those that parse, and the keys of those that do not (skipped, so
+/// that one bad row never stops scaling or reaping; callers log and count them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listing<T> {
+    /// Rows that parse.
+    pub items: Vec<T>,
+    /// Rows that do not: (key, what is wrong).
+    pub unreadable: Vec<(String, String)>,
+}
+
+impl<T> Default for Listing<T> {
+    fn default() -> Self {
+        Self {
+            items: Vec::new(),
+            unreadable: Vec::new(),
+        }
+    }
 }
 
 /// The workers table.
@@ -149,11 +171,12 @@ pub trait WorkerRegistry {
     /// Store failures, or a row that does not parse.
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError>;
 
-    /// Every worker not yet Terminating.
+    /// Every worker not yet Terminating; rows that do not parse are skipped and listed in
+    /// [`Listing::unreadable`].
     ///
     /// # Errors
     /// Store failures.
-    async fn list_live(&self) -> Result<Vec<WorkerRecord>, StoreError>;
+    async fn list_live(&self) -> Result<Listing<WorkerRecord>, StoreError>;
 }
 
 /// Events handled once: EventBridge delivers at least once.
@@ -182,7 +205,8 @@ pub trait OfferingAvailability {
     async fn list_unavailable(&self, now: f64) -> Result<Vec<onoff_policy::UnavailableOffering>, StoreError>;
 }
 
-/// One job as the jobs table keeps it.
+/// One job as the jobs table keeps it: the only truth about the job. Queue messages only wake
+/// workers up; see docs/control-plane.md, "Job lifecycle".
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobRecord {
     /// Job id ([`crate::job::job_id_for`] of the idempotency key).
@@ -191,22 +215,59 @@ pub struct JobRecord {
     pub spec: crate::job::JobSpec,
     /// State.
     pub state: crate::job::JobState,
-    /// Attempts started that counted (spot releases do not count).
+    /// Attempts that counted: claims, less the releases, hand-backs and lost leases.
     pub attempts: u32,
+    /// Times a worker too small for the job handed it back.
+    pub hand_backs: u32,
+    /// Times its lease expired or its worker was lost while RUNNING.
+    pub lease_expiries: u32,
     /// Worker holding the lease while RUNNING.
     pub lease_owner: Option<String>,
     /// Lease expiry, unix seconds.
     pub lease_expires_at: Option<f64>,
     /// S3 prefix of the last complete checkpoint.
     pub last_checkpoint: Option<String>,
-    /// Whether the job's queue message was sent.
-    pub enqueued: bool,
+    /// When a wake-up message for it was last sent to its lane queue, unix seconds (`None`: never).
+    pub sent_at: Option<f64>,
     /// Cost so far, $.
     pub cost_usd: f64,
     /// Where the submission came from (`s3://bucket/key#etag` or `sqs:<message id>`).
     pub source: String,
     /// Submission time, unix seconds.
     pub created_at: f64,
+    /// Why it failed, or why its last attempt ended early.
+    pub reason: Option<String>,
+    /// When it reached a final state, unix seconds.
+    pub finished_at: Option<f64>,
+}
+
+impl JobRecord {
+    /// A new QUEUED job, never sent.
+    pub fn new(id: String, spec: crate::job::JobSpec, source: String, now: f64) -> Self {
+        Self {
+            id,
+            spec,
+            state: crate::job::JobState::Queued,
+            attempts: 0,
+            hand_backs: 0,
+            lease_expiries: 0,
+            lease_owner: None,
+            lease_expires_at: None,
+            last_checkpoint: None,
+            sent_at: None,
+            cost_usd: 0.0,
+            source,
+            created_at: now,
+            reason: None,
+            finished_at: None,
+        }
+    }
+
+    /// Pending (QUEUED or RETRYING) and no wake-up message sent in the last `resend_after_s`: its
+    /// message may be gone (never sent, lost, expired), so the reaper sends a fresh one.
+    pub fn needs_wake_up(&self, now: f64, resend_after_s: f64) -> bool {
+        self.state.is_pending() && self.sent_at.is_none_or(|t| now - t >= resend_after_s)
+    }
 }
 
 /// Result of [`JobStore::create`].
@@ -223,36 +284,41 @@ pub enum Created {
 pub enum Claim {
     /// The caller holds the lease now.
     Claimed(Box<JobRecord>),
-    /// Someone else holds a live lease, or the job is finished or cancelled: drop the message.
+    /// RUNNING under someone's lease, or finished: the message is irrelevant (if that lease is
+    /// lost, the reaper re-queues the job with a fresh message), delete it.
     NotClaimable(crate::job::JobState),
     /// No such job.
     Unknown,
 }
 
-/// The jobs table. Every state change is a conditional write: a transition from a state the job
-/// is no longer in fails with [`StoreError::Conflict`], never applies twice.
+/// The jobs table, the only truth about a job. Every state change is a conditional write: a
+/// transition from a state the job is no longer in, or under a lease the writer no longer holds,
+/// fails with [`StoreError::Conflict`] and never applies twice. Who writes what: the table in
+/// docs/control-plane.md, "Job lifecycle".
 #[allow(async_fn_in_trait)]
 pub trait JobStore {
     /// Insert a new job. Idempotent by id: an existing id returns [`Created::Existing`].
     ///
     /// # Errors
-    /// Store failures.
+    /// [`StoreError::Malformed`] when the record cannot be stored as it is (DynamoDB: the item is
+    /// over 400 KB, a ValidationException); store failures.
     async fn create(&self, record: &JobRecord) -> Result<Created, StoreError>;
 
     /// One job, `None` when unknown.
     ///
     /// # Errors
-    /// Store failures, or a record that does not parse.
+    /// Store failures; [`StoreError::Malformed`] for a record that does not parse.
     async fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
 
-    /// Mark the job's queue message as sent.
+    /// Record that a wake-up message for `id` was sent at `at` (unix seconds). Idempotent.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown job; store failures.
-    async fn set_enqueued(&self, id: &str) -> Result<(), StoreError>;
+    async fn mark_sent(&self, id: &str, at: f64) -> Result<(), StoreError>;
 
     /// Move `id` from `from` to `to` (which [`crate::job::JobState::can_go`] must allow), clearing the
-    /// lease unless `to` is RUNNING.
+    /// lease unless `to` is RUNNING. For operators and tests; workers and the reaper use
+    /// [`JobStore::claim`], [`JobStore::finish`] and [`JobStore::requeue_lost`].
     ///
     /// # Errors
     /// [`StoreError::Conflict`] when the job is not in `from`; [`StoreError::NotFound`]; store failures.
@@ -263,11 +329,12 @@ pub trait JobStore {
         to: crate::job::JobState,
     ) -> Result<(), StoreError>;
 
-    /// Claim a job for `owner` until `lease_until`: succeeds from QUEUED or RETRYING, or from RUNNING
-    /// whose lease expired before `now`; counts an attempt.
+    /// Claim a pending (QUEUED or RETRYING) job for `owner` until `lease_until`; counts an
+    /// attempt. A RUNNING job is never taken over here, even with an expired lease: the reaper
+    /// ends that lease first ([`JobStore::requeue_lost`]), so every lost lease is counted.
     ///
     /// # Errors
-    /// Store failures.
+    /// Store failures; [`StoreError::Malformed`] when the claimed record does not parse.
     async fn claim(&self, id: &str, owner: &str, lease_until: f64, now: f64) -> Result<Claim, StoreError>;
 
     /// Keep an error record for a submission that could not become a job: `key` is its source,
@@ -277,11 +344,13 @@ pub trait JobStore {
     /// Store failures.
     async fn record_error(&self, key: &str, reason: &str, now: f64) -> Result<(), StoreError>;
 
-    /// Every job not yet finished (QUEUED, RUNNING, RETRYING).
+    /// Every job not yet finished (QUEUED, RUNNING, RETRYING): its cost does not grow with the
+    /// number of finished jobs (DynamoDB: a sparse index of active rows). Rows that do not parse
+    /// are skipped and listed in [`Listing::unreadable`].
     ///
     /// # Errors
     /// Store failures.
-    async fn active(&self) -> Result<Vec<JobRecord>, StoreError>;
+    async fn active(&self) -> Result<Listing<JobRecord>, StoreError>;
 
     /// While `owner` holds the lease: set the job's last complete checkpoint (an S3 prefix) and
     /// add `cost_usd` to its cost so far.
@@ -305,20 +374,28 @@ pub trait JobStore {
     /// re-queued or claimed by another worker, or the job is not RUNNING); store failures.
     async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<(), StoreError>;
 
-    /// While `owner` holds the lease of a RUNNING job: end the attempt, moving the job to `to`
-    /// (SUCCEEDED, FAILED, RETRYING, or QUEUED for a release) and clearing the lease. With
-    /// `count_attempt == false` the attempt the claim counted is taken back (a release after a
-    /// spot interruption notice is not a failure).
+    /// While `owner` holds the lease of a RUNNING job: end the attempt as `settle` says
+    /// ([`crate::job::Settle::of`]), clearing the lease. A final state stamps `finished_at = now`
+    /// and leaves the active index.
     ///
     /// # Errors
     /// [`StoreError::Conflict`] when `owner` does not hold the lease (so a job is never finished
-    /// twice) or RUNNING cannot go to `to`; store failures.
-    async fn finish(
+    /// twice) or RUNNING cannot go to `settle.to`; store failures.
+    async fn finish(&self, id: &str, owner: &str, settle: &crate::job::Settle, now: f64) -> Result<(), StoreError>;
+
+    /// The reaper's end of a lease it found expired or whose worker is lost: applied only while
+    /// the job is still RUNNING under exactly the lease it saw (`owner`, `lease_expires_at`), so a
+    /// lease renewed or re-claimed meanwhile is never stripped.
+    ///
+    /// # Errors
+    /// [`StoreError::Conflict`] when the lease changed; store failures.
+    async fn requeue_lost(
         &self,
         id: &str,
         owner: &str,
-        to: crate::job::JobState,
-        count_attempt: bool,
+        lease_expires_at: f64,
+        settle: &crate::job::Settle,
+        now: f64,
     ) -> Result<(), StoreError>;
 }
 
@@ -353,15 +430,52 @@ pub trait FleetLister {
     async fn list_managed(&self) -> Result<Vec<FleetInstance>, FleetError>;
 }
 
-/// Sending job messages to lane queues.
+/// Sending wake-up messages (`{"job_id": ...}`) to lane queues.
 #[allow(async_fn_in_trait)]
 pub trait JobQueue {
-    /// Send `body` to `lane`'s queue. Not idempotent: each call sends a message (duplicates are
-    /// dropped at claim time).
+    /// Send `body` to `lane`'s queue, visible after `delay_s` (SQS: at most 900 s). Not
+    /// idempotent: each call sends a message (duplicates are harmless: claims are conditional).
     ///
     /// # Errors
     /// Queue failures, as text.
-    async fn send(&self, lane: &str, body: &str) -> Result<(), String>;
+    async fn send(&self, lane: &str, body: &str, delay_s: u32) -> Result<(), String>;
+}
+
+/// Send a fresh wake-up message for `job_id` to `lane` (visible after `delay_s`) and record it on
+/// the row ([`JobRecord::sent_at`]). If either step fails the row stays without a recent send and
+/// the reaper sends again within `resend_after_s`.
+///
+/// # Errors
+/// [`WakeError`]: which of the two steps failed.
+pub async fn wake<J: JobStore, Q: JobQueue>(
+    jobs: &J,
+    queue: &Q,
+    job_id: &str,
+    lane: &str,
+    delay_s: u32,
+    now: f64,
+) -> Result<(), WakeError> {
+    queue
+        .send(lane, &wake_up_body(job_id), delay_s)
+        .await
+        .map_err(WakeError::Queue)?;
+    jobs.mark_sent(job_id, now).await.map_err(WakeError::Store)
+}
+
+/// Why [`wake`] failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WakeError {
+    /// The message was not sent.
+    #[error("send wake-up message: {0}")]
+    Queue(String),
+    /// The message was sent, `sent_at` not recorded (the job may have been deleted).
+    #[error("record wake-up message: {0}")]
+    Store(StoreError),
+}
+
+/// Body of a wake-up message.
+pub fn wake_up_body(job_id: &str) -> String {
+    serde_json::json!({ "job_id": job_id }).to_string()
 }
 
 /// A complete checkpoint of a job.
@@ -431,8 +545,8 @@ impl<T: JobStore> JobStore for &T {
     async fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
         (**self).get(id).await
     }
-    async fn set_enqueued(&self, id: &str) -> Result<(), StoreError> {
-        (**self).set_enqueued(id).await
+    async fn mark_sent(&self, id: &str, at: f64) -> Result<(), StoreError> {
+        (**self).mark_sent(id, at).await
     }
     async fn transition(
         &self,
@@ -448,7 +562,7 @@ impl<T: JobStore> JobStore for &T {
     async fn record_error(&self, key: &str, reason: &str, now: f64) -> Result<(), StoreError> {
         (**self).record_error(key, reason, now).await
     }
-    async fn active(&self) -> Result<Vec<JobRecord>, StoreError> {
+    async fn active(&self) -> Result<Listing<JobRecord>, StoreError> {
         (**self).active().await
     }
     async fn record_progress(
@@ -463,14 +577,24 @@ impl<T: JobStore> JobStore for &T {
     async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<(), StoreError> {
         (**self).renew(id, owner, lease_until).await
     }
-    async fn finish(
+    async fn finish(&self, id: &str, owner: &str, settle: &crate::job::Settle, now: f64) -> Result<(), StoreError> {
+        (**self).finish(id, owner, settle, now).await
+    }
+    async fn requeue_lost(
         &self,
         id: &str,
         owner: &str,
-        to: crate::job::JobState,
-        count_attempt: bool,
+        lease_expires_at: f64,
+        settle: &crate::job::Settle,
+        now: f64,
     ) -> Result<(), StoreError> {
-        (**self).finish(id, owner, to, count_attempt).await
+        (**self).requeue_lost(id, owner, lease_expires_at, settle, now).await
+    }
+}
+
+impl<T: JobQueue> JobQueue for &T {
+    async fn send(&self, lane: &str, body: &str, delay_s: u32) -> Result<(), String> {
+        (**self).send(lane, body, delay_s).await
     }
 }
 

@@ -6,11 +6,15 @@
 //! - workers whose instance is gone are marked Terminating and their jobs re-queued;
 //! - workers whose heartbeat is older than `heartbeat_timeout_s`, or that never reported within
 //!   `boot_timeout_s` of launch, are terminated and their jobs re-queued;
-//! - RUNNING jobs whose lease expired are re-queued.
+//! - RUNNING jobs whose lease expired are re-queued (or FAILED after `max_lease_expiries`), each
+//!   write conditioned on the exact lease the reaper saw;
+//! - pending jobs (QUEUED, RETRYING) with no wake-up message sent for `2 × lease_s` get a fresh
+//!   one (a message lost, expired or never sent: the jobs table is the truth, messages only wake
+//!   workers up, and a duplicate is harmless because claims are conditional).
 //!
 //! Launches younger than `launch_grace_s` are left alone (the workers table and EC2 may not agree
-//! yet). Every step is idempotent: a re-queue is a conditional transition, so two reconcilers at
-//! once re-queue a job once.
+//! yet). Every step is idempotent: a re-queue is a conditional write, so two reconcilers at once
+//! re-queue a job once. Rows that do not parse are skipped and counted, never fatal.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,9 +23,9 @@ use onoff_policy::{
 };
 
 use crate::act::{act, ActContext, ActOutcome};
-use crate::job::JobState;
+use crate::job::{AttemptEnd, JobState, RerunLimits, Settle};
 use crate::ports::{
-    Backlog, Fleet, FleetLister, JobQueue, JobRecord, JobStore, OfferingAvailability, StoreError, WorkerRecord,
+    wake, Fleet, FleetLister, JobQueue, JobRecord, JobStore, OfferingAvailability, StoreError, WorkerRecord,
     WorkerRegistry,
 };
 
@@ -40,6 +44,19 @@ pub struct ReconcileOptions {
     pub launch_grace_s: f64,
     /// GPUs of the largest instance; larger jobs run on several instances. Default 8.
     pub max_gpus_per_instance: u32,
+    /// The agents' job lease, seconds (`ONOFF_LEASE_S`, default 300). A pending job with no
+    /// wake-up message sent for two lease periods gets a fresh one.
+    pub lease_s: f64,
+    /// Bounds on re-runs (lost leases).
+    pub limits: RerunLimits,
+}
+
+impl ReconcileOptions {
+    /// How long after its last wake-up message a pending job is sent another, seconds: two lease
+    /// periods.
+    pub fn resend_after_s(&self) -> f64 {
+        2.0 * self.lease_s
+    }
 }
 
 impl Default for ReconcileOptions {
@@ -50,6 +67,8 @@ impl Default for ReconcileOptions {
             boot_timeout_s: 1800.0,
             launch_grace_s: 180.0,
             max_gpus_per_instance: 8,
+            lease_s: 300.0,
+            limits: RerunLimits::default(),
         }
     }
 }
@@ -69,24 +88,44 @@ pub struct ReconcileReport {
     pub workers_lost: Vec<String>,
     /// Jobs re-queued (lost worker or expired lease).
     pub jobs_requeued: Vec<String>,
+    /// Jobs FAILED because they lost their lease `max_lease_expiries` times.
+    pub jobs_failed: Vec<String>,
+    /// Pending jobs sent a fresh wake-up message (none sent for two lease periods).
+    pub jobs_woken: Vec<String>,
+    /// Rows that do not parse, skipped: (key, problem).
+    pub unreadable: Vec<(String, String)>,
     /// Non-fatal errors.
     pub errors: Vec<String>,
 }
 
-/// Put a RUNNING job back in its queue: RUNNING -> RETRYING -> QUEUED, then a queue message.
-/// A job that is no longer RUNNING (someone else re-queued or finished it) is left alone.
-async fn requeue<J: JobStore, Q: JobQueue>(job: &JobRecord, jobs: &J, queue: &Q) -> Result<bool, String> {
-    match jobs.transition(&job.id, JobState::Running, JobState::Retrying).await {
+/// End the lease of a RUNNING job whose lease expired or whose worker is lost: QUEUED with a
+/// fresh wake-up message, or FAILED once it lost `max_lease_expiries` leases. Conditioned on the
+/// lease as seen: a lease renewed or re-claimed meanwhile is left alone (`Ok(None)`).
+async fn requeue_lost<J: JobStore, Q: JobQueue>(
+    job: &JobRecord,
+    why: &str,
+    opts: &ReconcileOptions,
+    now: f64,
+    jobs: &J,
+    queue: &Q,
+    errors: &mut Vec<String>,
+) -> Result<Option<JobState>, String> {
+    let (Some(owner), Some(expires)) = (job.lease_owner.as_deref(), job.lease_expires_at) else {
+        return Ok(None);
+    };
+    let settle = Settle::of(job, &AttemptEnd::LeaseLost(why.to_string()), &opts.limits);
+    match jobs.requeue_lost(&job.id, owner, expires, &settle, now).await {
         Ok(()) => {}
-        Err(StoreError::Conflict(_) | StoreError::NotFound(_)) => return Ok(false),
+        Err(StoreError::Conflict(_) | StoreError::NotFound(_)) => return Ok(None),
         Err(e) => return Err(e.to_string()),
     }
-    jobs.transition(&job.id, JobState::Retrying, JobState::Queued)
-        .await
-        .map_err(|e| e.to_string())?;
-    let body = serde_json::json!({ "job_id": job.id }).to_string();
-    queue.send(&job.spec.lane, &body).await?;
-    Ok(true)
+    if settle.to == JobState::Queued {
+        if let Err(e) = wake(jobs, queue, &job.id, &job.spec.lane, 0, now).await {
+            // The row is QUEUED without a recent message: the next sweep sends one.
+            errors.push(format!("wake {} after re-queue: {e}", job.id));
+        }
+    }
+    Ok(Some(settle.to))
 }
 
 /// Shape of a job for the policy: (GPUs per instance, instances).
@@ -117,15 +156,19 @@ pub async fn reconcile<Q, W, J, F, A>(
     avail: &A,
 ) -> Result<ReconcileReport, StoreError>
 where
-    Q: Backlog + JobQueue,
+    Q: JobQueue,
     W: WorkerRegistry,
     J: JobStore,
     F: Fleet + FleetLister,
     A: OfferingAvailability,
 {
     let mut report = ReconcileReport::default();
-    let mut live = workers.list_live().await?;
-    let mut active = jobs.active().await?;
+    let listed = workers.list_live().await?;
+    let mut live = listed.items;
+    report.unreadable.extend(listed.unreadable);
+    let listed = jobs.active().await?;
+    let mut active = listed.items;
+    report.unreadable.extend(listed.unreadable);
     let unavailable = avail.list_unavailable(now).await?;
 
     if opts.reap {
@@ -185,29 +228,51 @@ where
         }
         live.retain(|w| !lost.contains(&w.id));
         // Jobs of lost workers, and jobs whose lease ran out.
+        let mut changed = false;
         for job in active.iter().filter(|j| j.state == JobState::Running) {
             let owner_lost = job.lease_owner.as_deref().is_some_and(|o| lost.contains(o));
             let expired = job.lease_expires_at.is_some_and(|t| t < now);
-            if owner_lost || expired {
-                match requeue(job, jobs, queues).await {
-                    Ok(true) => report.jobs_requeued.push(job.id.clone()),
-                    Ok(false) => {}
-                    Err(e) => report.errors.push(format!("requeue {}: {e}", job.id)),
-                }
+            if !(owner_lost || expired) {
+                continue;
+            }
+            let why = if owner_lost {
+                format!("worker {} lost", job.lease_owner.as_deref().unwrap_or("?"))
+            } else {
+                "lease expired".to_string()
+            };
+            match requeue_lost(job, &why, opts, now, jobs, queues, &mut report.errors).await {
+                Ok(Some(JobState::Failed)) => report.jobs_failed.push(job.id.clone()),
+                Ok(Some(_)) => report.jobs_requeued.push(job.id.clone()),
+                Ok(None) => {}
+                Err(e) => report.errors.push(format!("requeue {}: {e}", job.id)),
+            }
+            changed = true;
+        }
+        // Pending jobs whose wake-up message may be gone.
+        for job in active.iter().filter(|j| j.needs_wake_up(now, opts.resend_after_s())) {
+            match wake(jobs, queues, &job.id, &job.spec.lane, 0, now).await {
+                Ok(()) => report.jobs_woken.push(job.id.clone()),
+                Err(e) => report.errors.push(format!("wake {}: {e}", job.id)),
             }
         }
-        if !report.jobs_requeued.is_empty() {
-            active = jobs.active().await?;
+        if changed {
+            let listed = jobs.active().await?;
+            active = listed.items;
         }
     }
 
     // Observe.
     let mut lanes: Vec<LaneObservation> = Vec::with_capacity(cfg.lanes.len());
     for lane in &cfg.lanes {
+        // The backlog as the jobs table has it (the lane queue may hold duplicates and
+        // messages of finished jobs): pending jobs are waiting, running ones in flight.
         let mut lo = LaneObservation::default();
-        match queues.backlog(&lane.name).await {
-            Ok(b) => lo.backlog = b,
-            Err(e) => report.errors.push(format!("backlog of {}: {e}", lane.name)),
+        for j in active.iter().filter(|j| j.spec.lane == lane.name) {
+            match j.state {
+                JobState::Queued | JobState::Retrying => lo.backlog.visible += 1,
+                JobState::Running => lo.backlog.in_flight += 1,
+                _ => {}
+            }
         }
         let mut arrivals: Vec<(f64, u32)> = active
             .iter()
@@ -224,7 +289,7 @@ where
     }
     let pending: Vec<PendingJob> = active
         .iter()
-        .filter(|j| matches!(j.state, JobState::Queued | JobState::Retrying))
+        .filter(|j| j.state.is_pending())
         .filter_map(|j| {
             let lane = cfg.lane_index(&j.spec.lane)?;
             let (g, n) = shape(j.spec.gpus, opts.max_gpus_per_instance);
@@ -306,7 +371,7 @@ pub async fn reconcile_exclusive<Q, W, J, F, A, L>(
     lease: &L,
 ) -> Result<Option<ReconcileReport>, StoreError>
 where
-    Q: Backlog + JobQueue,
+    Q: JobQueue,
     W: WorkerRegistry,
     J: JobStore,
     F: Fleet + FleetLister,

@@ -1,11 +1,12 @@
 //! The submit use case: validate a job spec, write the job record, enqueue it.
 //!
-//! Order: validate → create the record (idempotent by id) → send the queue message → mark it
-//! enqueued. A retry after a failure at any step resumes there; a resubmission of a job already
-//! enqueued sends nothing. A bad spec leaves an error record with its reason and nothing else.
+//! Order: validate → create the record (idempotent by id) → send the wake-up message → record
+//! `sent_at`. A retry after a failure at any step resumes there; a resubmission of a job already
+//! sent sends nothing (and if the message is lost anyway, the reaper sends another within two
+//! lease periods). A bad spec leaves an error record with its reason and nothing else.
 
-use crate::job::{job_id_for, JobSpec, JobState};
-use crate::ports::{Created, JobQueue, JobRecord, JobStore, StoreError};
+use crate::job::{job_id_for, JobSpec};
+use crate::ports::{wake, Created, JobQueue, JobRecord, JobStore, StoreError, WakeError};
 
 /// Where a submission came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,28 +104,26 @@ pub async fn submit<J: JobStore, Q: JobQueue>(
         (None, Source::Sqs { message_id }) => format!("sqs:{message_id}"),
     };
     let id = job_id_for(&key);
-    let record = JobRecord {
-        id: id.clone(),
-        spec: spec.clone(),
-        state: JobState::Queued,
-        attempts: 0,
-        lease_owner: None,
-        lease_expires_at: None,
-        last_checkpoint: None,
-        enqueued: false,
-        cost_usd: 0.0,
-        source: desc.clone(),
-        created_at: now,
+    let record = JobRecord::new(id.clone(), spec.clone(), desc.clone(), now);
+    let (existing, lane) = match jobs.create(&record).await {
+        Ok(Created::New) => (false, spec.lane.clone()),
+        Ok(Created::Existing(r)) if r.sent_at.is_some() => return Ok(Submitted::Existing(id)),
+        Ok(Created::Existing(r)) => (true, r.spec.lane.clone()),
+        Err(StoreError::Malformed(reason)) => {
+            // DynamoDB refused the item as it is (over 400 KB, say): retrying cannot help.
+            let reason = format!("the job cannot be stored: {reason}");
+            jobs.record_error(&desc, &reason, now)
+                .await
+                .map_err(|e| retryable(&e))?;
+            return Err(SubmitError::Rejected {
+                source_desc: desc,
+                reason,
+            });
+        }
+        Err(e) => return Err(retryable(&e)),
     };
-    let (existing, lane) = match jobs.create(&record).await.map_err(|e| retryable(&e))? {
-        Created::New => (false, spec.lane.clone()),
-        Created::Existing(r) if r.enqueued => return Ok(Submitted::Existing(id)),
-        Created::Existing(r) => (true, r.spec.lane.clone()),
-    };
-    let body = serde_json::json!({ "job_id": id }).to_string();
-    queue.send(&lane, &body).await.map_err(|e| retryable(&e))?;
-    match jobs.set_enqueued(&id).await {
-        Ok(()) | Err(StoreError::NotFound(_)) => {}
+    match wake(jobs, queue, &id, &lane, 0, now).await {
+        Ok(()) | Err(WakeError::Store(StoreError::NotFound(_))) => {}
         Err(e) => return Err(retryable(&e)),
     }
     Ok(if existing {

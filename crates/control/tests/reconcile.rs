@@ -298,3 +298,73 @@ fn two_scalers_at_once_launch_once() {
     assert!(b.acted.launched.is_empty());
     assert_eq!(w.fleet.running().len(), 4);
 }
+
+/// A pending row whose message is gone (never sent, lost, expired) is a "ghost": without a
+/// message no worker ever claims it, and the policy keeps capacity matched to it forever. The
+/// reaper sends a fresh message within two lease periods of the last one, and not before.
+#[test]
+fn a_ghost_row_gets_a_fresh_message_within_two_lease_periods() {
+    let w = World::new();
+    let ids = w.submit(2);
+    assert_eq!(w.queue.sent().len(), 2);
+    // Both messages are lost (retention, a bug, a hand-deleted message): the rows stay QUEUED.
+    let lease = ReconcileOptions::default().lease_s;
+    let r = w.reconcile(NOW + lease, true);
+    assert!(r.jobs_woken.is_empty(), "too early: {r:?}");
+    assert_eq!(w.queue.sent().len(), 2);
+    let r = w.reconcile(NOW + 2.0 * lease, true);
+    assert_eq!(r.jobs_woken.len(), 2, "{r:?}");
+    let sent = w.queue.sent();
+    assert_eq!(sent.len(), 4);
+    for id in &ids {
+        assert!(sent[2..].iter().any(|(_, b)| b.contains(id.as_str())));
+        assert_eq!(w.jobs.records()[id].sent_at, Some(NOW + 2.0 * lease));
+    }
+    // Not again until two more lease periods have passed.
+    assert!(w.reconcile(NOW + 3.0 * lease, true).jobs_woken.is_empty());
+    // A job claimed meanwhile is not pending: no message for it.
+    let Claim::Claimed(_) = pollster::block_on(w.jobs.claim(&ids[0], "i-a", NOW + 9e9, NOW)).unwrap() else {
+        panic!()
+    };
+    let r = w.reconcile(NOW + 4.0 * lease, true);
+    assert_eq!(r.jobs_woken, vec![ids[1].clone()]);
+}
+
+#[test]
+fn an_unreadable_row_is_skipped_and_counted_and_scaling_goes_on() {
+    let w = World::new();
+    w.submit(1);
+    w.jobs.put_unreadable("job-garbled", "spec is not JSON");
+    let r = w.reconcile(NOW + 200.0, true);
+    assert_eq!(
+        r.unreadable,
+        vec![("job-garbled".to_string(), "spec is not JSON".to_string())]
+    );
+    assert_eq!(r.acted.launched.len(), 1, "{r:?}");
+}
+
+/// A job that takes its worker down loses its lease every time: after `max_lease_expiries` it is
+/// FAILED with a reason, so it cannot boot GPUs forever.
+#[test]
+fn a_job_that_keeps_losing_its_lease_is_failed_after_the_bound() {
+    let w = World::new();
+    let id = w.submit(1).remove(0);
+    let max = ReconcileOptions::default().limits.max_lease_expiries;
+    let mut t = NOW;
+    for round in 1..=max {
+        let Claim::Claimed(_) = pollster::block_on(w.jobs.claim(&id, "i-a", t + 60.0, t)).unwrap() else {
+            panic!("round {round}")
+        };
+        t += 61.0;
+        let r = w.reconcile(t, true);
+        let rec = &w.jobs.records()[&id];
+        assert_eq!(rec.lease_expiries, round);
+        assert_eq!(rec.attempts, 0, "a lost lease is not a failed attempt");
+        if round < max {
+            assert_eq!((rec.state, r.jobs_requeued.len()), (JobState::Queued, 1));
+        } else {
+            assert_eq!((rec.state, r.jobs_failed.clone()), (JobState::Failed, vec![id.clone()]));
+            assert!(rec.reason.as_deref().unwrap().contains("lost its worker"), "{rec:?}");
+        }
+    }
+}

@@ -1,7 +1,7 @@
 //! The submit use case through the fakes: valid, invalid, resubmitted and half-failed submissions.
 
 use onoff_control::fake::{FakeJobs, FakeQueue};
-use onoff_control::job::JobState;
+use onoff_control::job::{AttemptEnd, JobState, RerunLimits, Settle};
 use onoff_control::ports::{Claim, JobStore, StoreError};
 use onoff_control::submit::{submit, Source, SubmitError, Submitted};
 
@@ -26,8 +26,8 @@ fn a_valid_spec_becomes_one_queued_job_and_one_message() {
     assert_eq!(recs.len(), 1);
     let r = &recs[&id];
     assert_eq!(
-        (r.state, r.enqueued, r.spec.gpus, r.source.as_str()),
-        (JobState::Queued, true, 2, "s3://b/jobs/a.json#e1")
+        (r.state, r.sent_at, r.spec.gpus, r.source.as_str()),
+        (JobState::Queued, Some(NOW), 2, "s3://b/jobs/a.json#e1")
     );
     assert_eq!(
         queue.sent(),
@@ -82,12 +82,12 @@ fn a_failed_send_is_retryable_and_the_retry_enqueues_once() {
     let err = pollster::block_on(submit(GOOD, &s3("jobs/a.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap_err();
     assert!(matches!(err, SubmitError::Retryable { .. }), "{err:?}");
     let rec = jobs.records().into_values().next().unwrap();
-    assert!(!rec.enqueued);
+    assert_eq!(rec.sent_at, None);
     // The retry (SQS redelivery, S3 event retry) finds the job and enqueues it.
     let again = pollster::block_on(submit(GOOD, &s3("jobs/a.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap();
     assert!(matches!(again, Submitted::Existing(_)));
     assert_eq!(queue.sent().len(), 1);
-    assert!(jobs.records().into_values().next().unwrap().enqueued);
+    assert_eq!(jobs.records().into_values().next().unwrap().sent_at, Some(NOW));
     // A store failure is retryable too.
     jobs.fail_next(StoreError::Other("ProvisionedThroughputExceeded".into()));
     let err = pollster::block_on(submit(GOOD, &s3("jobs/c.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap_err();
@@ -95,7 +95,7 @@ fn a_failed_send_is_retryable_and_the_retry_enqueues_once() {
 }
 
 #[test]
-fn a_claimed_job_cannot_be_claimed_twice_until_its_lease_expires() {
+fn a_claimed_job_cannot_be_claimed_again_until_the_reaper_ends_its_lease() {
     let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
     let Submitted::New(id) = pollster::block_on(submit(GOOD, &s3("k", "e"), LANES, NOW, &jobs, &queue)).unwrap() else {
         panic!()
@@ -104,8 +104,18 @@ fn a_claimed_job_cannot_be_claimed_twice_until_its_lease_expires() {
     assert!(matches!(a, Claim::Claimed(ref r) if r.attempts == 1 && r.lease_owner.as_deref() == Some("i-a")));
     let b = pollster::block_on(jobs.claim(&id, "i-b", NOW + 300.0, NOW + 10.0)).unwrap();
     assert_eq!(b, Claim::NotClaimable(JobState::Running));
+    // Expired, but still RUNNING: only the reaper's conditional re-queue frees it, so every lost
+    // lease is counted.
     let c = pollster::block_on(jobs.claim(&id, "i-b", NOW + 900.0, NOW + 301.0)).unwrap();
-    assert!(matches!(c, Claim::Claimed(ref r) if r.attempts == 2));
+    assert_eq!(c, Claim::NotClaimable(JobState::Running));
+    let seen = jobs.records()[&id].clone();
+    let settle = Settle::of(&seen, &AttemptEnd::LeaseLost("expired".into()), &RerunLimits::default());
+    pollster::block_on(jobs.requeue_lost(&id, "i-a", NOW + 300.0, &settle, NOW + 301.0)).unwrap();
+    let c = pollster::block_on(jobs.claim(&id, "i-b", NOW + 900.0, NOW + 302.0)).unwrap();
+    assert!(
+        matches!(c, Claim::Claimed(ref r) if r.attempts == 1 && r.lease_expiries == 1),
+        "{c:?}"
+    );
     pollster::block_on(jobs.transition(&id, JobState::Running, JobState::Succeeded)).unwrap();
     assert_eq!(
         pollster::block_on(jobs.claim(&id, "i-c", NOW + 2000.0, NOW + 1000.0)).unwrap(),

@@ -621,7 +621,7 @@ async fn run_with(
         if now >= next_monitor {
             next_monitor = now + Duration::from_millis(500);
             if let Ok(live) = ctx.workers.list_live().await {
-                worker_states = live.iter().map(|w| (w.id.clone(), w.state)).collect();
+                worker_states = live.items.iter().map(|w| (w.id.clone(), w.state)).collect();
             }
             job_states = scan_jobs(&clients, &res.jobs_table, &job_ids)
                 .await

@@ -615,8 +615,8 @@ impl WorkerRegistry for SimPorts<'_> {
         // The simulated fleet answers from its own table; nothing in the simulation asks.
         Ok(None)
     }
-    async fn list_live(&self) -> Result<Vec<WorkerRecord>, StoreError> {
-        Ok(Vec::new())
+    async fn list_live(&self) -> Result<onoff_control::ports::Listing<WorkerRecord>, StoreError> {
+        Ok(onoff_control::ports::Listing::default())
     }
 }
 

@@ -232,12 +232,15 @@ where
         for e in report.errors.iter().chain(&report.acted.errors) {
             tracing::warn!(error = %e, "reconcile");
         }
+        for (key, problem) in &report.unreadable {
+            tracing::error!(%key, %problem, "row that does not parse: skipped");
+        }
         self.print_metrics(&report, now).await;
         Ok(summary(&report))
     }
 
     async fn print_metrics(&self, report: &ReconcileReport, now: f64) {
-        let Ok(workers) = self.workers.list_live().await else {
+        let Ok(workers) = self.workers.list_live().await.map(|l| l.items) else {
             return;
         };
         let count = |st: WorkerState| workers.iter().filter(|w| w.state == st).count() as f64;
@@ -261,6 +264,9 @@ where
                 ("IdleSecondsMax", idle_max, "Seconds"),
                 ("Launches", report.acted.launched.len() as f64, "Count"),
                 ("JobsRequeued", report.jobs_requeued.len() as f64, "Count"),
+                ("JobsWoken", report.jobs_woken.len() as f64, "Count"),
+                ("JobsFailedLeaseLost", report.jobs_failed.len() as f64, "Count"),
+                ("UnreadableRows", report.unreadable.len() as f64, "Count"),
             ],
         ));
     }
@@ -284,6 +290,9 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
         "workers_lost": r.workers_lost,
         "workers_gone": r.workers_gone,
         "jobs_requeued": r.jobs_requeued,
+        "jobs_failed": r.jobs_failed,
+        "jobs_woken": r.jobs_woken,
+        "unreadable": r.unreadable.iter().map(|(k, p)| format!("{k}: {p}")).collect::<Vec<_>>(),
         "held": r.plan.held.iter().map(|h| format!("{} x {}", h.count, h.reason)).collect::<Vec<_>>(),
         "errors": r.errors.iter().chain(&r.acted.errors).collect::<Vec<_>>(),
     })

@@ -8,8 +8,10 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::Duration;
 
-use onoff_control::job::{parse_s3_uri, JobState};
-use onoff_control::ports::{checkpoint_prefix, CheckpointStore, Claim, JobRecord, JobStore, StoreError, WorkerRecord};
+use onoff_control::job::{parse_s3_uri, AttemptEnd, JobState, Settle};
+use onoff_control::ports::{
+    checkpoint_prefix, wake, CheckpointStore, Claim, JobRecord, JobStore, StoreError, WorkerRecord,
+};
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 use tokio::time::{sleep_until, Instant};
 
@@ -418,18 +420,26 @@ where
         let now = self.clock.now();
         let owner = self.id().to_string();
         match self.deps.jobs.claim(&job_id, &owner, now + self.cfg.lease_s, now).await {
-            Ok(Claim::Claimed(rec)) if self.cfg.gpus.is_some_and(|g| rec.spec.gpus > g) => {
-                self.hand_back(&msg, &rec).await;
-                None
-            }
             Ok(Claim::Claimed(rec)) => {
-                let (report, exit) = self.run_job(&msg, *rec, shutdown).await;
+                // The row is the truth from here on: the message has done its work. Every re-run
+                // sends a fresh one, so no message lives as long as a job (SQS's 12-hour
+                // visibility cap) or gathers receives towards the dead-letter queue.
+                if let Err(e) = self.deps.inbox.delete(&msg.lane, &msg.receipt).await {
+                    tracing::warn!(job = %job_id, error = %e, "delete claimed message (it reappears and is dropped)");
+                }
+                if self.cfg.gpus.is_some_and(|g| rec.spec.gpus > g) {
+                    self.hand_back(&rec).await;
+                    return None;
+                }
+                let (report, exit) = self.run_job(&msg.lane, *rec, shutdown).await;
                 self.emit(&report);
                 self.report.jobs.push(report);
                 exit
             }
             Ok(Claim::NotClaimable(state)) => {
-                tracing::info!(job = %job_id, state = state.as_str(), "job finished or held by a live lease: message dropped");
+                // Finished, or RUNNING under a live lease (if that lease is lost, the reaper
+                // re-queues the job with a fresh message): this message is irrelevant.
+                tracing::info!(job = %job_id, state = state.as_str(), "job not claimable: message dropped");
                 self.report.dropped += 1;
                 if let Err(e) = self.deps.inbox.delete(&msg.lane, &msg.receipt).await {
                     tracing::warn!(error = %e, "delete dropped message");
@@ -441,27 +451,24 @@ where
                 self.poison(&msg, &format!("sqs:{}", msg.message_id), &reason).await;
                 None
             }
+            Err(StoreError::Malformed(e)) => {
+                // The row exists and cannot be read: nothing can run it. Poison, with its reason.
+                let reason = format!("job {job_id} cannot be read: {e}");
+                self.poison(&msg, &format!("sqs:{}", msg.message_id), &reason).await;
+                None
+            }
             Err(e) => {
-                // A record that does not parse (a poison job spec) or a store failure. If the claim
-                // went through, the job cannot run anywhere: fail it with the reason.
-                let reason = format!("cannot claim {job_id}: {e}");
-                if matches!(e, StoreError::Other(_))
-                    && self
-                        .deps
-                        .jobs
-                        .finish(&job_id, &owner, JobState::Failed, true)
-                        .await
-                        .is_ok()
+                // A passing failure (throttling, a network error): not poison. A fresh message
+                // after the retry delay keeps the receive count of this one from creeping
+                // towards the dead-letter queue; if even that fails, the reaper re-sends.
+                tracing::warn!(job = %job_id, error = %e, "claim failed: retried later");
+                if let Err(e) = self
+                    .deps
+                    .inbox
+                    .requeue(&msg.lane, &msg.receipt, &msg.body, self.cfg.retry_delay_s as u32)
+                    .await
                 {
-                    let _ = self
-                        .deps
-                        .jobs
-                        .record_error(&format!("job:{job_id}"), &reason, now)
-                        .await;
-                    let _ = self.deps.inbox.delete(&msg.lane, &msg.receipt).await;
-                    tracing::error!(job = %job_id, %reason, "job failed: its record cannot be read");
-                } else {
-                    self.poison(&msg, &format!("sqs:{}", msg.message_id), &reason).await;
+                    tracing::warn!(job = %job_id, error = %e, "hand the message back");
                 }
                 None
             }
@@ -502,42 +509,58 @@ where
         onoff_control::emf::emit(&line);
     }
 
-    /// Tell the queue and the table how the attempt ended.
-    async fn settle(&mut self, msg: &Message, job: &JobRecord, to: JobState, count: bool) -> bool {
-        match self.deps.jobs.finish(&job.id, self.id(), to, count).await {
-            Ok(()) => {}
-            Err(e) => {
-                tracing::warn!(job = %job.id, error = %e, "attempt end not recorded (lease lost)");
-                return false;
+    /// End the attempt as `end` says: one conditional write under this worker's lease, then a
+    /// fresh wake-up message when the job is to run again. `None` when the lease was lost (the
+    /// reaper or another worker has the job: nothing recorded here).
+    async fn end_attempt(&mut self, job: &JobRecord, end: AttemptEnd) -> Option<JobState> {
+        let settle = Settle::of(job, &end, &self.cfg.rerun_limits);
+        let now = self.clock.now();
+        if let Err(e) = self.deps.jobs.finish(&job.id, self.id(), &settle, now).await {
+            tracing::warn!(job = %job.id, error = %e, "attempt end not recorded (lease lost)");
+            return None;
+        }
+        if settle.to == JobState::Failed {
+            let reason = settle.reason.as_deref().unwrap_or("failed");
+            tracing::error!(job = %job.id, %reason, "job failed");
+            let _ = self
+                .deps
+                .jobs
+                .record_error(&format!("job:{}", job.id), reason, now)
+                .await;
+        }
+        if settle.to.is_pending() {
+            let delay = match end {
+                AttemptEnd::Released(_) => 0,
+                _ => self.cfg.retry_delay_s as u32,
+            };
+            if let Err(e) = wake(&self.deps.jobs, &self.deps.inbox, &job.id, &job.spec.lane, delay, now).await {
+                // The row is pending with no recent message: the reaper sends one.
+                tracing::warn!(job = %job.id, error = %e, "wake-up message after the attempt");
             }
         }
-        let queue = match to {
-            JobState::Succeeded | JobState::Failed => self.deps.inbox.delete(&msg.lane, &msg.receipt).await,
-            JobState::Retrying => {
-                self.deps
-                    .inbox
-                    .set_visibility(&msg.lane, &msg.receipt, self.cfg.retry_delay_s as u32)
-                    .await
-            }
-            _ => self.deps.inbox.set_visibility(&msg.lane, &msg.receipt, 0).await,
-        };
-        if let Err(e) = queue {
-            // The message reappears after its visibility timeout and is dropped at claim time
-            // (finished) or claimed again (released): nothing is lost.
-            tracing::warn!(job = %job.id, error = %e, "queue update after the attempt");
+        Some(settle.to)
+    }
+
+    /// [`Self::end_attempt`] as an [`Outcome`].
+    async fn settle(&mut self, job: &JobRecord, end: AttemptEnd) -> Outcome {
+        match self.end_attempt(job, end).await {
+            Some(JobState::Succeeded) => Outcome::Succeeded,
+            Some(JobState::Failed) => Outcome::Failed,
+            Some(JobState::Retrying) => Outcome::Retrying,
+            Some(_) => Outcome::Released,
+            None => Outcome::LostLease,
         }
-        true
     }
 
     async fn run_job(
         &mut self,
-        msg: &Message,
+        lane: &str,
         job: JobRecord,
         mut shutdown: Shutdown<'_>,
     ) -> (JobReport, Option<ExitReason>) {
         let id = job.id.clone();
         let owner = self.id().to_string();
-        tracing::info!(job = %id, attempt = job.attempts, lane = %msg.lane, "claimed");
+        tracing::info!(job = %id, attempt = job.attempts, %lane, "claimed");
         self.heartbeat(WorkerState::Running, None, Some(&id)).await;
         let mut report = JobReport {
             job_id: id.clone(),
@@ -567,15 +590,14 @@ where
         if let Some(img) = &self.cfg.worker_image {
             if &job.spec.image != img {
                 let reason = format!("job wants image {:?}; this worker runs {img:?}", job.spec.image);
-                return (self.fail_for_good(msg, &job, report, &reason).await, None);
+                report.outcome = self.settle(&job, AttemptEnd::Fatal(reason)).await;
+                return (report, None);
             }
         }
         if let Err(e) = prepared {
-            return (
-                self.fail_attempt(msg, &job, report, &format!("work dir {}: {e}", dir.display()))
-                    .await,
-                None,
-            );
+            let why = format!("work dir {}: {e}", dir.display());
+            report.outcome = self.settle(&job, AttemptEnd::Failed(why)).await;
+            return (report, None);
         }
         // The latest complete checkpoint, if any.
         let mut remote_seq = 0;
@@ -594,19 +616,16 @@ where
                     tracing::info!(job = %id, seq = r.seq, "resuming from checkpoint");
                 }
                 Err(e) => {
-                    return (
-                        self.release(msg, &job, report, &format!("download checkpoint: {e}"))
-                            .await,
-                        None,
-                    )
+                    let why = format!("download checkpoint: {e}");
+                    report.outcome = self.settle(&job, AttemptEnd::Released(why)).await;
+                    return (report, None);
                 }
             },
             Ok(None) => {}
             Err(e) => {
-                return (
-                    self.release(msg, &job, report, &format!("list checkpoints: {e}")).await,
-                    None,
-                )
+                let why = format!("list checkpoints: {e}");
+                report.outcome = self.settle(&job, AttemptEnd::Released(why)).await;
+                return (report, None);
             }
         }
         if let Some(uri) = &job.spec.input {
@@ -616,10 +635,8 @@ where
                 .unwrap_or("input");
             let dest = input_dir.join(name);
             if let Err(e) = self.deps.objects.download(uri, &dest).await {
-                return (
-                    self.fail_attempt(msg, &job, report, &format!("input {uri}: {e}")).await,
-                    None,
-                );
+                report.outcome = self.settle(&job, AttemptEnd::Failed(format!("input {uri}: {e}"))).await;
+                return (report, None);
             }
             env.push(("ONOFF_JOB_INPUT".into(), dest.display().to_string()));
             env.push(("ONOFF_JOB_INPUT_URI".into(), uri.clone()));
@@ -631,7 +648,10 @@ where
         };
         let mut handle = match self.deps.launcher.start(&cmd) {
             Ok(h) => h,
-            Err(e) => return (self.fail_attempt(msg, &job, report, &e).await, None),
+            Err(e) => {
+                report.outcome = self.settle(&job, AttemptEnd::Failed(e)).await;
+                return (report, None);
+            }
         };
         let started = Instant::now();
         let mut billed = started;
@@ -666,11 +686,7 @@ where
                     next_renew = Instant::now() + renew_every;
                     let until = self.clock.now() + self.cfg.lease_s;
                     match self.deps.jobs.renew(&id, &owner, until).await {
-                        Ok(()) => {
-                            if let Err(e) = self.deps.inbox.set_visibility(&msg.lane, &msg.receipt, self.cfg.lease_s.ceil() as u32).await {
-                                tracing::warn!(job = %id, error = %e, "extend visibility");
-                            }
-                        }
+                        Ok(()) => {}
                         Err(StoreError::Conflict(e)) => {
                             tracing::error!(job = %id, error = %e, "lease lost: killing the job");
                             let _ = handle.control.send(Control::Kill).await;
@@ -726,7 +742,15 @@ where
         };
         report.exit_code = exit_code;
         report.completed = exit_code == Some(0);
-        // The newest complete checkpoint goes up before anything else: a retry or a resume
+        if report.completed {
+            // SUCCEEDED is recorded before anything optional: a job that exited 0 must never run
+            // again, whatever a last upload does (nobody resumes a finished job's checkpoint).
+            self.account(&mut report, &job, started, &mut billed, None).await;
+            report.outcome = self.settle(&job, AttemptEnd::Succeeded).await;
+            tracing::info!(job = %id, seconds = report.seconds, cost_usd = report.cost_usd, outcome = report.outcome.as_str(), "exited 0");
+            return (report, stop);
+        }
+        // The newest complete checkpoint goes up before the attempt ends: the resume or the retry
         // starts from it.
         let uploaded = self
             .upload_newest(&id, &ckpt_dir, &mut local_uploaded, &mut remote_seq)
@@ -736,37 +760,20 @@ where
         }
         self.account(&mut report, &job, started, &mut billed, uploaded).await;
         if let Some(reason) = stop {
-            if report.completed {
-                // It finished before it could be stopped: record the success.
-                report.outcome = if self.settle(msg, &job, JobState::Succeeded, true).await {
-                    Outcome::Succeeded
-                } else {
-                    Outcome::LostLease
-                };
-            } else {
-                report.outcome = if self.settle(msg, &job, JobState::Queued, false).await {
-                    Outcome::Released
-                } else {
-                    Outcome::LostLease
-                };
-            }
+            let why = match &reason {
+                ExitReason::Notice(n) => format!("{n:?}"),
+                other => format!("{other:?}"),
+            };
+            report.outcome = self.settle(&job, AttemptEnd::Released(why)).await;
             tracing::info!(job = %id, outcome = report.outcome.as_str(), "stopped for {reason:?}");
             return (report, Some(reason));
-        }
-        if report.completed {
-            report.outcome = if self.settle(msg, &job, JobState::Succeeded, true).await {
-                Outcome::Succeeded
-            } else {
-                Outcome::LostLease
-            };
-            tracing::info!(job = %id, seconds = report.seconds, cost_usd = report.cost_usd, "succeeded");
-            return (report, None);
         }
         let why = match exit_code {
             Some(c) => format!("exit code {c}"),
             None => "killed by a signal".to_string(),
         };
-        (self.fail_attempt(msg, &job, report, &why).await, None)
+        report.outcome = self.settle(&job, AttemptEnd::Failed(why)).await;
+        (report, None)
     }
 
     /// Add the cost since the last record (and the new checkpoint, if any) to the job record.
@@ -824,73 +831,15 @@ where
         }
     }
 
-    /// A failed attempt: retried until the spec's `max_attempts`, then FAILED.
-    async fn fail_attempt(&mut self, msg: &Message, job: &JobRecord, mut report: JobReport, why: &str) -> JobReport {
-        if job.attempts >= job.spec.max_attempts {
-            let reason = format!("{why} (attempt {} of {})", job.attempts, job.spec.max_attempts);
-            return self.fail_for_good(msg, job, report, &reason).await;
-        }
-        tracing::warn!(job = %job.id, attempt = job.attempts, %why, "attempt failed: will retry");
-        report.outcome = if self.settle(msg, job, JobState::Retrying, true).await {
-            Outcome::Retrying
-        } else {
-            Outcome::LostLease
-        };
-        report
-    }
-
-    async fn fail_for_good(
-        &mut self,
-        msg: &Message,
-        job: &JobRecord,
-        mut report: JobReport,
-        reason: &str,
-    ) -> JobReport {
-        tracing::error!(job = %job.id, %reason, "job failed");
-        let _ = self
-            .deps
-            .jobs
-            .record_error(&format!("job:{}", job.id), reason, self.clock.now())
-            .await;
-        report.outcome = if self.settle(msg, job, JobState::Failed, true).await {
-            Outcome::Failed
-        } else {
-            Outcome::LostLease
-        };
-        report
-    }
-
-    /// Give the job back without counting the attempt (a dependency failed before it started).
-    async fn release(&mut self, msg: &Message, job: &JobRecord, mut report: JobReport, why: &str) -> JobReport {
-        tracing::warn!(job = %job.id, %why, "released before start");
-        report.outcome = if self.settle(msg, job, JobState::Queued, false).await {
-            Outcome::Released
-        } else {
-            Outcome::LostLease
-        };
-        report
-    }
-
-    /// A job that asks for more GPUs than this worker has: release the claim without counting
-    /// the attempt and put the message back as a new one (after the retry delay) for a worker
-    /// that fits, usually the one the scaler launched for it. This worker stays idle.
-    async fn hand_back(&mut self, msg: &Message, job: &JobRecord) {
+    /// A job that asks for more GPUs than this worker has: give it back unrun (not counted) with a
+    /// fresh wake-up message after the retry delay, for a worker that fits, usually the one the
+    /// scaler launched for it; FAILED after `max_hand_backs`. This worker stays idle.
+    async fn hand_back(&mut self, job: &JobRecord) {
         let mine = self.cfg.gpus.unwrap_or_default();
         tracing::info!(job = %job.id, wants = job.spec.gpus, has = mine, "job needs more GPUs: handed back");
         self.report.handed_back += 1;
-        if let Err(e) = self.deps.jobs.finish(&job.id, self.id(), JobState::Queued, false).await {
-            tracing::warn!(job = %job.id, error = %e, "release after hand-back (lease lost)");
-            return;
-        }
-        if let Err(e) = self
-            .deps
-            .inbox
-            .requeue(&msg.lane, &msg.receipt, &msg.body, self.cfg.retry_delay_s as u32)
-            .await
-        {
-            // The original reappears after its visibility timeout: nothing is lost.
-            tracing::warn!(job = %job.id, error = %e, "hand back the message");
-        }
+        let why = format!("needs {} GPUs, worker {} has {mine}", job.spec.gpus, self.id());
+        self.end_attempt(job, AttemptEnd::HandedBack(why)).await;
     }
 
     /// Deregister, and terminate the instance when the exit calls for it.

@@ -122,6 +122,12 @@ impl Inbox for SqsInbox {
     }
 }
 
+impl onoff_control::ports::JobQueue for SqsInbox {
+    async fn send(&self, lane: &str, body: &str, delay_s: u32) -> Result<(), String> {
+        onoff_control::ports::JobQueue::send(&self.0, lane, body, delay_s.min(900)).await
+    }
+}
+
 /// The workers table on DynamoDB.
 #[derive(Debug, Clone)]
 pub struct DynamoRegistry(pub DynamoWorkers);

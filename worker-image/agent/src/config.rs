@@ -24,7 +24,9 @@ pub struct AgentConfig {
     pub idle_timeout_s: f64,
     /// `ONOFF_HEARTBEAT_S` (60): heartbeat period (the reaper's timeout is 300 s).
     pub heartbeat_s: f64,
-    /// `ONOFF_LEASE_S` (300): job lease and SQS visibility per extension; extended every third.
+    /// `ONOFF_LEASE_S` (300): job lease, renewed every third of it. The control plane's reaper
+    /// uses the same figure (`ONOFF_LEASE_S` there too): a pending job with no wake-up message for
+    /// two leases gets a fresh one.
     pub lease_s: f64,
     /// `ONOFF_NOTICE_GRACE_S` (90): seconds between SIGTERM and SIGKILL after a notice (AWS gives
     /// 120 s between the spot interruption notice and the reclaim).
@@ -33,8 +35,12 @@ pub struct AgentConfig {
     pub imds_poll_s: f64,
     /// `ONOFF_POLL_WAIT_S` (10): SQS long-poll wait when idle, at most 20.
     pub poll_wait_s: f64,
-    /// `ONOFF_RETRY_DELAY_S` (30): visibility after a failed attempt before the job is retried.
+    /// `ONOFF_RETRY_DELAY_S` (30): delay of the fresh wake-up message after a failed attempt or a
+    /// hand-back, before the job is tried again (SQS caps delays at 900 s).
     pub retry_delay_s: f64,
+    /// `ONOFF_MAX_HAND_BACKS` (100): hand-backs to a bigger worker before the job is FAILED
+    /// ([`onoff_control::job::RerunLimits`]).
+    pub rerun_limits: onoff_control::job::RerunLimits,
     /// `ONOFF_SHUTDOWN` (`terminate`).
     pub shutdown: ShutdownMode,
     /// `ONOFF_WORK_DIR` (`/var/lib/onoff`).
@@ -62,6 +68,7 @@ impl Default for AgentConfig {
             imds_poll_s: 5.0,
             poll_wait_s: 10.0,
             retry_delay_s: 30.0,
+            rerun_limits: onoff_control::job::RerunLimits::default(),
             shutdown: ShutdownMode::Terminate,
             work_dir: PathBuf::from("/var/lib/onoff"),
             worker_image: None,
@@ -116,6 +123,14 @@ impl AgentConfig {
         c.imds_poll_s = secs("ONOFF_IMDS_POLL_S", c.imds_poll_s, 0.1)?;
         c.poll_wait_s = secs("ONOFF_POLL_WAIT_S", c.poll_wait_s, 0.0)?.min(20.0);
         c.retry_delay_s = secs("ONOFF_RETRY_DELAY_S", c.retry_delay_s, 0.0)?;
+        if c.retry_delay_s > 900.0 {
+            return Err(ConfigError {
+                name: "ONOFF_RETRY_DELAY_S",
+                problem: format!("{} s is over SQS's longest message delay, 900 s", c.retry_delay_s),
+            });
+        }
+        c.rerun_limits.max_hand_backs =
+            secs("ONOFF_MAX_HAND_BACKS", f64::from(c.rerun_limits.max_hand_backs), 1.0)? as u32;
         c.time_scale = secs("ONOFF_TIME_SCALE", c.time_scale, 1e-3)?;
         c.shutdown = match get("ONOFF_SHUTDOWN").as_deref().map(str::trim) {
             None | Some("terminate") => ShutdownMode::Terminate,

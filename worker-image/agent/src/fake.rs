@@ -59,42 +59,120 @@ struct Queued {
     lane: String,
     id: String,
     body: String,
+    sent_at: Instant,
     visible_at: Instant,
+    /// When the current receive happened (the 12-hour visibility cap counts from it).
+    received_at: Option<Instant>,
     receives: u32,
     deleted: bool,
+    dead: bool,
 }
 
-/// Lane queues in memory with SQS's visibility semantics on tokio time.
+/// SQS limits the fake enforces, as AWS documents them ("Amazon SQS message quotas", "Amazon SQS
+/// visibility timeout", "Using dead-letter queues in Amazon SQS").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SqsLimits {
+    /// Longest a received message can stay hidden, counted from its receive, seconds (12 h).
+    pub max_visibility_s: u64,
+    /// How long a message is kept after it was sent, seconds (the template's 14 days; SQS's
+    /// default is 4 days).
+    pub retention_s: u64,
+    /// Receives after which the next receive moves the message to the dead-letter queue (the
+    /// template's `MaxReceiveCount`, 5).
+    pub max_receive_count: u32,
+    /// Longest delay of a sent message, seconds (900).
+    pub max_delay_s: u32,
+}
+
+impl Default for SqsLimits {
+    fn default() -> Self {
+        Self {
+            max_visibility_s: 12 * 3600,
+            retention_s: 1_209_600,
+            max_receive_count: 5,
+            max_delay_s: 900,
+        }
+    }
+}
+
+/// Lane queues in memory with SQS's semantics on tokio time: visibility timeouts capped at 12 h
+/// from the receive, retention, delays, receive counts and the redrive to a dead-letter queue.
 #[derive(Debug, Default)]
 pub struct FakeInbox {
     messages: Mutex<Vec<Queued>>,
     visibility_changes: Mutex<Vec<(String, u32)>>,
+    limits: SqsLimits,
 }
 
 impl FakeInbox {
-    /// Send `body` to `lane`; returns the message id.
+    /// Queues with other limits than AWS's defaults.
+    pub fn with_limits(limits: SqsLimits) -> Self {
+        Self {
+            limits,
+            ..Self::default()
+        }
+    }
+
+    /// Send `body` to `lane` (visible at once); returns the message id.
     pub fn send(&self, lane: &str, body: &str) -> String {
+        self.send_delayed(lane, body, 0)
+    }
+
+    /// Send `body` to `lane`, visible after `delay_s` (at most 900 s, as SQS); returns the id.
+    pub fn send_delayed(&self, lane: &str, body: &str, delay_s: u32) -> String {
         let mut m = self.messages.lock().expect("lock");
         let id = format!("m-{}", m.len() + 1);
+        let now = Instant::now();
         m.push(Queued {
             lane: lane.into(),
             id: id.clone(),
             body: body.into(),
-            visible_at: Instant::now(),
+            sent_at: now,
+            visible_at: now + Duration::from_secs(u64::from(delay_s.min(self.limits.max_delay_s))),
+            received_at: None,
             receives: 0,
             deleted: false,
+            dead: false,
         });
         id
     }
 
-    /// Messages not deleted: (id, receives).
+    fn expire(&self, m: &mut [Queued]) {
+        let now = Instant::now();
+        for q in m.iter_mut() {
+            if !q.deleted && now.duration_since(q.sent_at).as_secs() >= self.limits.retention_s {
+                q.deleted = true;
+            }
+        }
+    }
+
+    /// Messages neither deleted, expired nor dead-lettered: (id, receives).
     pub fn remaining(&self) -> Vec<(String, u32)> {
+        let mut m = self.messages.lock().expect("lock");
+        self.expire(&mut m);
+        m.iter()
+            .filter(|q| !q.deleted)
+            .map(|q| (q.id.clone(), q.receives))
+            .collect()
+    }
+
+    /// Messages on `lane` not deleted, expired or dead-lettered whose body names `job_id`.
+    pub fn pending_for(&self, lane: &str, job_id: &str) -> usize {
+        let mut m = self.messages.lock().expect("lock");
+        self.expire(&mut m);
+        m.iter()
+            .filter(|q| !q.deleted && q.lane == lane && q.body.contains(job_id))
+            .count()
+    }
+
+    /// Bodies of the messages moved to the dead-letter queue.
+    pub fn dead_letters(&self) -> Vec<String> {
         self.messages
             .lock()
             .expect("lock")
             .iter()
-            .filter(|m| !m.deleted)
-            .map(|m| (m.id.clone(), m.receives))
+            .filter(|q| q.dead)
+            .map(|q| q.body.clone())
             .collect()
     }
 
@@ -106,11 +184,23 @@ impl FakeInbox {
     fn take(&self, lane: &str, visibility_s: u32) -> Option<Message> {
         let now = Instant::now();
         let mut m = self.messages.lock().expect("lock");
-        let q = m
-            .iter_mut()
-            .find(|q| q.lane == lane && !q.deleted && q.visible_at <= now)?;
+        self.expire(&mut m);
+        let max_receives = self.limits.max_receive_count;
+        let q = loop {
+            let q = m
+                .iter_mut()
+                .find(|q| q.lane == lane && !q.deleted && q.visible_at <= now)?;
+            if q.receives >= max_receives {
+                // SQS moves it to the dead-letter queue instead of delivering it again.
+                q.deleted = true;
+                q.dead = true;
+                continue;
+            }
+            break q;
+        };
         q.receives += 1;
-        q.visible_at = now + Duration::from_secs(u64::from(visibility_s));
+        q.received_at = Some(now);
+        q.visible_at = now + Duration::from_secs(u64::from(visibility_s).min(self.limits.max_visibility_s));
         Some(Message {
             lane: q.lane.clone(),
             message_id: q.id.clone(),
@@ -120,14 +210,22 @@ impl FakeInbox {
         })
     }
 
-    fn with<T>(&self, receipt: &str, f: impl FnOnce(&mut Queued) -> T) -> Result<T, String> {
+    fn with<T>(&self, receipt: &str, f: impl FnOnce(&mut Queued) -> Result<T, String>) -> Result<T, String> {
         let id = receipt.split('#').next().unwrap_or_default();
         let mut m = self.messages.lock().expect("lock");
+        self.expire(&mut m);
         let q = m
             .iter_mut()
             .find(|q| q.id == id && !q.deleted)
-            .ok_or_else(|| format!("receipt {receipt} is not valid"))?;
-        Ok(f(q))
+            .ok_or_else(|| format!("ReceiptHandleIsInvalid: receipt {receipt} is not valid"))?;
+        f(q)
+    }
+}
+
+impl onoff_control::ports::JobQueue for FakeInbox {
+    async fn send(&self, lane: &str, body: &str, delay_s: u32) -> Result<(), String> {
+        self.send_delayed(lane, body, delay_s);
+        Ok(())
     }
 }
 
@@ -147,24 +245,39 @@ impl Inbox for FakeInbox {
     }
 
     async fn set_visibility(&self, _lane: &str, receipt: &str, visibility_s: u32) -> Result<(), String> {
+        let cap = self.limits.max_visibility_s;
         let id = self.with(receipt, |q| {
-            q.visible_at = Instant::now() + Duration::from_secs(u64::from(visibility_s));
-            q.id.clone()
+            let now = Instant::now();
+            let until = now + Duration::from_secs(u64::from(visibility_s));
+            // SQS: "the visibility timeout can't be extended beyond 12 hours from the receive".
+            if let Some(r) = q.received_at {
+                if until > r + Duration::from_secs(cap) {
+                    return Err(format!(
+                        "InvalidParameterValue: visibility of {} cannot reach past {cap} s after its receive",
+                        q.id
+                    ));
+                }
+            }
+            q.visible_at = until;
+            Ok(q.id.clone())
         })?;
         self.visibility_changes.lock().expect("lock").push((id, visibility_s));
         Ok(())
     }
 
     async fn delete(&self, _lane: &str, receipt: &str) -> Result<(), String> {
-        self.with(receipt, |q| q.deleted = true)
+        self.with(receipt, |q| {
+            q.deleted = true;
+            Ok(())
+        })
     }
 
     async fn requeue(&self, lane: &str, receipt: &str, body: &str, delay_s: u32) -> Result<(), String> {
-        let id = self.send(lane, body);
-        self.with(&format!("{id}#0"), |q| {
-            q.visible_at = Instant::now() + Duration::from_secs(u64::from(delay_s));
-        })?;
-        self.with(receipt, |q| q.deleted = true)
+        self.send_delayed(lane, body, delay_s);
+        self.with(receipt, |q| {
+            q.deleted = true;
+            Ok(())
+        })
     }
 }
 

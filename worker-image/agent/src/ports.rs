@@ -71,9 +71,10 @@ pub struct Message {
     pub receive_count: u32,
 }
 
-/// The lane queues, as a consumer.
+/// The lane queues, as a consumer, and as a sender of fresh wake-up messages
+/// ([`onoff_control::ports::JobQueue`]) for the jobs this worker re-queues.
 #[allow(async_fn_in_trait)]
-pub trait Inbox {
+pub trait Inbox: onoff_control::ports::JobQueue {
     /// Receive at most one message from `lane`, waiting up to `wait_s` (long poll) and hiding it
     /// for `visibility_s`.
     ///
@@ -87,17 +88,18 @@ pub trait Inbox {
     /// Queue failures (an expired receipt among them), as text.
     async fn set_visibility(&self, lane: &str, receipt: &str, visibility_s: u32) -> Result<(), String>;
 
-    /// Delete a received message (its job finished).
+    /// Delete a received message (claimed, or its job is not claimable).
     ///
     /// # Errors
     /// Queue failures, as text.
     async fn delete(&self, lane: &str, receipt: &str) -> Result<(), String>;
 
     /// Hand a received message back as a new one with the same body, visible after `delay_s`,
-    /// and delete the original: for a job this worker must not run. A visibility change would
-    /// count every such receive towards the dead-letter queue's maxReceiveCount; a new message
-    /// starts at zero. (Sent before the delete: if the delete fails, the job has two messages and
-    /// the second is dropped at claim time.)
+    /// and delete the original: for a message this worker could not act on for a passing reason
+    /// (the jobs table throttled, say). A visibility change would count every such receive
+    /// towards the dead-letter queue's maxReceiveCount, which is for poison only; a new message
+    /// starts at zero. (Sent before the delete: if the delete fails, the job has two messages,
+    /// which is harmless: claims are conditional.)
     ///
     /// # Errors
     /// Queue failures, as text.
