@@ -19,7 +19,9 @@ pub(crate) fn epoch_s(v: f64) -> AttributeValue {
     AttributeValue::N(format!("{}", v as i64))
 }
 
-/// `StoreError::Other` naming the operation, the code and the message; a missing table says so.
+/// The error naming the operation, the code and the message: `StoreError::Invalid` for a
+/// ValidationException (the request itself is bad, e.g. an item over 400 KB: retrying cannot
+/// help), otherwise `StoreError::Other` (a missing table says so).
 pub(crate) fn store_error<E>(what: &str, e: &SdkError<E>) -> StoreError
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
@@ -28,6 +30,8 @@ where
     let msg = e.message().map_or_else(|| e.to_string(), str::to_string);
     if code == "ResourceNotFoundException" {
         StoreError::Other(format!("{what}: table not found ({msg})"))
+    } else if code == "ValidationException" {
+        StoreError::Invalid(format!("{what}: {code}: {msg}"))
     } else {
         StoreError::Other(format!("{what}: {code}: {msg}"))
     }

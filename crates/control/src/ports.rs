@@ -123,6 +123,10 @@ pub enum StoreError {
     /// A conditional write lost (someone else changed the item first).
     #[error("conflict: {0}")]
     Conflict(String),
+    /// The store refused the request itself (DynamoDB's ValidationException, e.g. an item over
+    /// 400 KB): retrying cannot help.
+    #[error("invalid request: {0}")]
+    Invalid(String),
     /// Anything else (I/O, throttling after retries, missing table).
     #[error("store error: {0}")]
     Other(String),
