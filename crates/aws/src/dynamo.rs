@@ -19,7 +19,9 @@ pub(crate) fn epoch_s(v: f64) -> AttributeValue {
     AttributeValue::N(format!("{}", v as i64))
 }
 
-/// `StoreError::Other` naming the operation, the code and the message; a missing table says so.
+/// The error naming the operation, the code and the message: `StoreError::Invalid` for a
+/// ValidationException (the request itself is bad, e.g. an item over 400 KB: retrying cannot
+/// help), otherwise `StoreError::Other` (a missing table says so).
 pub(crate) fn store_error<E>(what: &str, e: &SdkError<E>) -> StoreError
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
@@ -28,6 +30,8 @@ where
     let msg = e.message().map_or_else(|| e.to_string(), str::to_string);
     if code == "ResourceNotFoundException" {
         StoreError::Other(format!("{what}: table not found ({msg})"))
+    } else if code == "ValidationException" {
+        StoreError::Invalid(format!("{what}: {code}: {msg}"))
     } else {
         StoreError::Other(format!("{what}: {code}: {msg}"))
     }
@@ -36,18 +40,4 @@ where
 /// Whether a conditional write lost.
 pub(crate) fn condition_failed<E: ProvideErrorMetadata>(e: &SdkError<E>) -> bool {
     e.code() == Some("ConditionalCheckFailedException")
-}
-
-/// Whether DynamoDB refused the request as it is (ValidationException: an item over 400 KB, an
-/// attribute too large): retrying the same request cannot help.
-pub(crate) fn validation_failed<E: ProvideErrorMetadata>(e: &SdkError<E>) -> bool {
-    e.code() == Some("ValidationException")
-}
-
-/// The service's message, or the error's text.
-pub(crate) fn message<E>(e: &SdkError<E>) -> String
-where
-    E: ProvideErrorMetadata + std::error::Error + 'static,
-{
-    e.message().map_or_else(|| e.to_string(), str::to_string)
 }

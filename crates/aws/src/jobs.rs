@@ -147,10 +147,6 @@ impl JobStore for DynamoJobs {
                 Some(existing) => Ok(Created::Existing(Box::new(existing))),
                 None => Err(StoreError::Conflict(format!("{} exists but cannot be read", r.id))),
             },
-            Err(e) if crate::dynamo::validation_failed(&e) => Err(StoreError::Malformed(format!(
-                "DynamoDB refused the job item: {}",
-                crate::dynamo::message(&e)
-            ))),
             Err(e) => Err(store_error("create job", &e)),
         }
     }

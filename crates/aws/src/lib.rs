@@ -11,6 +11,7 @@
 //!   [`onoff_control::ports::OfferingAvailability`] on DynamoDB, with conditional writes.
 //! - [`jobs`]: [`onoff_control::ports::JobStore`] on DynamoDB: conditional transitions, leases, error records.
 //! - [`queue`]: lane queues on SQS: backlog, send, receive, visibility, delete.
+//! - [`objects`]: job spec objects on S3: size and bytes of the version an event names.
 //! - [`provision`]: the template's resources created through the SDK, for a local emulator.
 #![warn(missing_docs)]
 
@@ -19,6 +20,7 @@ mod dynamo;
 pub mod errors;
 pub mod fleet;
 pub mod jobs;
+pub mod objects;
 pub mod provision;
 pub mod queue;
 pub mod settings;

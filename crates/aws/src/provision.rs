@@ -212,6 +212,22 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
         .send()
         .await
         .map_err(|e| perr(format!("bucket {bucket}"), aws_sdk_s3::error::DisplayErrorContext(e)))?;
+    // Versioning, as the template's bucket: submit reads the version an event names.
+    c.s3.put_bucket_versioning()
+        .bucket(&bucket)
+        .versioning_configuration(
+            aws_sdk_s3::types::VersioningConfiguration::builder()
+                .status(aws_sdk_s3::types::BucketVersioningStatus::Enabled)
+                .build(),
+        )
+        .send()
+        .await
+        .map_err(|e| {
+            perr(
+                format!("bucket {bucket} versioning"),
+                aws_sdk_s3::error::DisplayErrorContext(e),
+            )
+        })?;
     let launch_template = format!("{p}-worker");
     let image = c
         .ec2

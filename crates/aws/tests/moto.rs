@@ -393,6 +393,7 @@ async fn submit_writes_one_job_and_one_message_and_rejects_bad_specs_with_a_reco
         bucket: "b".into(),
         key: "jobs/train.json".into(),
         etag: "\"abc\"".into(),
+        version: None,
     };
     let spec = r#"{"image":"img","command":["python","train.py"],"project":"vision"}"#;
     let Submitted::New(id) = submit(spec, &src, &lanes, now, &jobs, &queue).await.unwrap() else {
@@ -416,6 +417,7 @@ async fn submit_writes_one_job_and_one_message_and_rejects_bad_specs_with_a_reco
         bucket: "b".into(),
         key: "jobs/bad.json".into(),
         etag: "\"def\"".into(),
+        version: None,
     };
     let err = submit(
         r#"{"image":"img","command":"bash -c x","project":"vision"}"#,
@@ -754,6 +756,7 @@ async fn submit_then_scaler_launches_tagged_instances_and_the_reaper_terminates_
             bucket: "b".into(),
             key: format!("jobs/{i}.json"),
             etag: "e".into(),
+            version: None,
         };
         submit(&spec, &src, &[lane.as_str()], now, &jobs, &queues)
             .await
@@ -1171,4 +1174,76 @@ async fn one_create_fleet_call_spreads_over_its_overrides() {
     }
     let zones: std::collections::BTreeSet<_> = res.launched.iter().map(|l| l.offering.zone.clone()).collect();
     assert_eq!(zones.len(), 2, "diversified over both overrides: {res:?}");
+}
+
+#[tokio::test]
+async fn spec_objects_are_read_by_version_and_an_overwrite_without_one_is_detected() {
+    use onoff_aws::objects::{ObjectError, ObjectRef, S3Objects};
+    let c = clients().await;
+    let bucket = unique("specs");
+    c.s3.create_bucket().bucket(&bucket).send().await.unwrap();
+    c.s3.put_bucket_versioning()
+        .bucket(&bucket)
+        .versioning_configuration(
+            aws_sdk_s3::types::VersioningConfiguration::builder()
+                .status(aws_sdk_s3::types::BucketVersioningStatus::Enabled)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let put = |body: &'static str| {
+        c.s3.put_object()
+            .bucket(&bucket)
+            .key("jobs/a.json")
+            .body(body.as_bytes().to_vec().into())
+            .send()
+    };
+    let v1 = put(r#"{"v":1}"#).await.unwrap();
+    let v2 = put(r#"{"v":22}"#).await.unwrap();
+    let objects = S3Objects::new(c.s3.clone());
+    let at = |version: Option<&str>, etag: Option<&str>| ObjectRef {
+        bucket: bucket.clone(),
+        key: "jobs/a.json".into(),
+        version: version.map(str::to_string),
+        // S3 events give the ETag without quotes.
+        etag: etag.map(|e| e.trim_matches('"').to_string()),
+    };
+    // By version id: the first content, though the key now holds the second.
+    let first = at(v1.version_id(), v1.e_tag());
+    assert_eq!(objects.size(&first).await.unwrap(), 7);
+    assert_eq!(objects.read(&first).await.unwrap(), br#"{"v":1}"#);
+    let second = at(v2.version_id(), v2.e_tag());
+    assert_eq!(objects.read(&second).await.unwrap(), br#"{"v":22}"#);
+    // Without a version id, the first event's ETag no longer matches: changed, not the new bytes.
+    let unversioned = at(None, v1.e_tag());
+    assert!(matches!(objects.size(&unversioned).await, Err(ObjectError::Changed(_))));
+    assert!(matches!(objects.read(&unversioned).await, Err(ObjectError::Changed(_))));
+    assert_eq!(objects.size(&at(None, v2.e_tag())).await.unwrap(), 8);
+    // A key that is not there.
+    let missing = ObjectRef {
+        key: "jobs/none.json".into(),
+        ..at(None, None)
+    };
+    assert!(matches!(objects.size(&missing).await, Err(ObjectError::NotFound(_))));
+    assert!(matches!(objects.read(&missing).await, Err(ObjectError::NotFound(_))));
+}
+
+#[tokio::test]
+async fn an_item_over_dynamodbs_size_limit_is_invalid_not_a_retryable_failure() {
+    use onoff_aws::jobs::DynamoJobs;
+    use onoff_control::ports::JobStore;
+    let c = clients().await;
+    let table_name = unique("jobs");
+    table(&c, &table_name, "job_id").await;
+    let jobs = DynamoJobs::new(c.dynamodb.clone(), &table_name);
+    // 500 KB in one item: DynamoDB answers ValidationException (items are at most 400 KB).
+    let err = jobs
+        .record_error("sqs:m", &"x".repeat(500_000), 1_700_000_000.0)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Invalid(_)), "{err:?}");
+    assert!(err.to_string().contains("ValidationException"), "{err}");
+    // Within the limit it is written.
+    jobs.record_error("sqs:m", "too big", 1_700_000_000.0).await.unwrap();
 }

@@ -467,7 +467,7 @@ impl crate::ports::JobStore for FakeJobs {
         self.injected()?;
         let size = job_item_bytes(record);
         if size > DYNAMODB_MAX_ITEM_BYTES {
-            return Err(StoreError::Malformed(format!(
+            return Err(StoreError::Invalid(format!(
                 "ValidationException: Item size has exceeded the maximum allowed size ({size} bytes > {DYNAMODB_MAX_ITEM_BYTES})"
             )));
         }

@@ -12,11 +12,14 @@
 //! - [`catalog`]: the EC2 GPU catalogue (specs, prices, Spot Advisor buckets) as offerings.
 //! - [`reconcile`](mod@reconcile): observe, reap, decide, act (the scaler and the reconciler).
 //! - [`submit`](mod@submit): validate a job spec, write the job, enqueue it (idempotent).
+//! - [`admission`]: the size cap of a spec, and [`admission::feasible`]: whether an allowed
+//!   instance can ever run a job (checked at submission).
 //! - [`emf`]: CloudWatch Embedded Metric Format lines (functions and the agent print them).
 //! - [`fake`]: in-memory fakes (feature `fake`, on by default).
 #![warn(missing_docs)]
 
 pub mod act;
+pub mod admission;
 pub mod catalog;
 pub mod emf;
 pub mod events;

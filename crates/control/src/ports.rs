@@ -126,6 +126,10 @@ pub enum StoreError {
     /// The item exists but does not parse (a hand-edited or corrupt row). Retrying cannot help.
     #[error("malformed item: {0}")]
     Malformed(String),
+    /// The store refused the request itself (DynamoDB's ValidationException, e.g. an item over
+    /// 400 KB): retrying cannot help.
+    #[error("invalid request: {0}")]
+    Invalid(String),
     /// Anything else (I/O, throttling after retries, missing table): retrying may help.
     #[error("store error: {0}")]
     Other(String),
@@ -300,7 +304,7 @@ pub trait JobStore {
     /// Insert a new job. Idempotent by id: an existing id returns [`Created::Existing`].
     ///
     /// # Errors
-    /// [`StoreError::Malformed`] when the record cannot be stored as it is (DynamoDB: the item is
+    /// [`StoreError::Invalid`] when the record cannot be stored as it is (DynamoDB: the item is
     /// over 400 KB, a ValidationException); store failures.
     async fn create(&self, record: &JobRecord) -> Result<Created, StoreError>;
 

@@ -3,15 +3,20 @@
 //! Order: validate → create the record (idempotent by id) → send the wake-up message → record
 //! `sent_at`. A retry after a failure at any step resumes there; a resubmission of a job already
 //! sent sends nothing (and if the message is lost anyway, the reaper sends another within two
-//! lease periods). A bad spec leaves an error record with its reason and nothing else.
+//! lease periods). A bad spec leaves an error record with its reason and nothing else: one over
+//! [`MAX_SPEC_BYTES`], one that does not parse or validate, one the [`Rules`] say no allowed
+//! instance can run ([`feasible`]), and one the jobs table refuses as invalid.
 
+pub use crate::admission::{feasible, too_large, Admission, Rules, MAX_SPEC_BYTES};
 use crate::job::{job_id_for, JobSpec};
 use crate::ports::{wake, Created, JobQueue, JobRecord, JobStore, StoreError, WakeError};
 
 /// Where a submission came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
-    /// An S3 object (key and ETag): a re-put of the same bytes is the same job.
+    /// An S3 object version. Each version is its own submission (an overwrite is a new job);
+    /// the same version delivered twice is one job. Without a version id (a bucket without
+    /// versioning) the ETag tells submissions apart, so a re-put of the same bytes is one job.
     S3 {
         /// Bucket.
         bucket: String,
@@ -19,6 +24,8 @@ pub enum Source {
         key: String,
         /// ETag.
         etag: String,
+        /// Version id, when the bucket has versioning.
+        version: Option<String>,
     },
     /// An SQS submission message.
     Sqs {
@@ -31,7 +38,15 @@ impl Source {
     /// Text stored on the job and on error records.
     pub fn describe(&self) -> String {
         match self {
-            Source::S3 { bucket, key, etag } => format!("s3://{bucket}/{key}#{etag}"),
+            Source::S3 {
+                bucket,
+                key,
+                etag,
+                version,
+            } => match version {
+                Some(v) => format!("s3://{bucket}/{key}?versionId={v}#{etag}"),
+                None => format!("s3://{bucket}/{key}#{etag}"),
+            },
             Source::Sqs { message_id } => format!("sqs:{message_id}"),
         }
     }
@@ -67,15 +82,32 @@ pub enum SubmitError {
     },
 }
 
-/// Submit the spec `text` from `source`. `lanes`: the lane names that exist; `now`: unix seconds.
+/// Write the error record for a submission from `source` rejected for `reason` (a rejection's
+/// only effect) and return the [`SubmitError::Rejected`] to report, or
+/// [`SubmitError::Retryable`] when the record could not be written. For rejections found before
+/// a spec is read (an object over [`MAX_SPEC_BYTES`], not UTF-8 text); [`submit`] calls it for
+/// the rest.
+pub async fn reject<J: JobStore>(source: &Source, reason: String, now: f64, jobs: &J) -> SubmitError {
+    let source_desc = source.describe();
+    match jobs.record_error(&source_desc, &reason, now).await {
+        Ok(()) => SubmitError::Rejected { source_desc, reason },
+        Err(e) => SubmitError::Retryable {
+            source_desc,
+            reason: format!("recording the rejection ({reason}) failed: {e}"),
+        },
+    }
+}
+
+/// Submit the spec `text` from `source`, checked against `rules` (the lanes that exist and, with
+/// an [`Admission`], whether an allowed instance can run it); `now`: unix seconds.
 ///
 /// # Errors
 /// [`SubmitError::Rejected`] for a bad spec (error record written), [`SubmitError::Retryable`]
 /// when a store or the queue failed.
-pub async fn submit<J: JobStore, Q: JobQueue>(
+pub async fn submit<J: JobStore, Q: JobQueue, R: Rules + ?Sized>(
     text: &str,
     source: &Source,
-    lanes: &[&str],
+    rules: &R,
     now: f64,
     jobs: &J,
     queue: &Q,
@@ -85,42 +117,44 @@ pub async fn submit<J: JobStore, Q: JobQueue>(
         source_desc: desc.clone(),
         reason: e.to_string(),
     };
-    let spec = match JobSpec::parse(text, lanes, now) {
+    if let Some(reason) = too_large(text.len() as u64) {
+        return Err(reject(source, reason, now, jobs).await);
+    }
+    let checked = JobSpec::parse(text, &rules.lanes(), now).and_then(|s| rules.runnable(&s).map(|()| s));
+    let spec = match checked {
         Ok(s) => s,
-        Err(e) => {
-            let reason = e.to_string();
-            jobs.record_error(&desc, &reason, now)
-                .await
-                .map_err(|e| retryable(&e))?;
-            return Err(SubmitError::Rejected {
-                source_desc: desc,
-                reason,
-            });
-        }
+        Err(e) => return Err(reject(source, e.to_string(), now, jobs).await),
     };
     let key = match (&spec.client_token, source) {
         (Some(t), _) => format!("token:{}:{t}", spec.project),
-        (None, Source::S3 { bucket, key, etag }) => format!("s3:{bucket}/{key}#{etag}"),
+        (
+            None,
+            Source::S3 {
+                bucket,
+                key,
+                etag,
+                version,
+            },
+        ) => match version {
+            Some(v) => format!("s3:{bucket}/{key}#{etag}@{v}"),
+            None => format!("s3:{bucket}/{key}#{etag}"),
+        },
         (None, Source::Sqs { message_id }) => format!("sqs:{message_id}"),
     };
     let id = job_id_for(&key);
     let record = JobRecord::new(id.clone(), spec.clone(), desc.clone(), now);
-    let (existing, lane) = match jobs.create(&record).await {
-        Ok(Created::New) => (false, spec.lane.clone()),
-        Ok(Created::Existing(r)) if r.sent_at.is_some() => return Ok(Submitted::Existing(id)),
-        Ok(Created::Existing(r)) => (true, r.spec.lane.clone()),
-        Err(StoreError::Malformed(reason)) => {
-            // DynamoDB refused the item as it is (over 400 KB, say): retrying cannot help.
-            let reason = format!("the job cannot be stored: {reason}");
-            jobs.record_error(&desc, &reason, now)
-                .await
-                .map_err(|e| retryable(&e))?;
-            return Err(SubmitError::Rejected {
-                source_desc: desc,
-                reason,
-            });
+    let created = match jobs.create(&record).await {
+        Ok(c) => c,
+        // The table refused the item itself (too large, a bad attribute): retrying cannot help.
+        Err(StoreError::Invalid(why)) => {
+            return Err(reject(source, format!("the jobs table refused the job: {why}"), now, jobs).await)
         }
         Err(e) => return Err(retryable(&e)),
+    };
+    let (existing, lane) = match created {
+        Created::New => (false, spec.lane.clone()),
+        Created::Existing(r) if r.sent_at.is_some() => return Ok(Submitted::Existing(id)),
+        Created::Existing(r) => (true, r.spec.lane.clone()),
     };
     match wake(jobs, queue, &id, &lane, 0, now).await {
         Ok(()) | Err(WakeError::Store(StoreError::NotFound(_))) => {}

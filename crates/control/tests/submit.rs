@@ -14,6 +14,7 @@ fn s3(key: &str, etag: &str) -> Source {
         bucket: "b".into(),
         key: key.into(),
         etag: etag.into(),
+        version: None,
     }
 }
 
@@ -171,4 +172,123 @@ fn only_the_lease_holder_records_progress() {
         Some("checkpoints/x/00000000000000000001/")
     );
     assert!((r.cost_usd - 0.75).abs() < 1e-9);
+}
+
+fn s3_version(etag: &str, version: &str) -> Source {
+    Source::S3 {
+        bucket: "b".into(),
+        key: "jobs/v.json".into(),
+        etag: etag.into(),
+        version: Some(version.into()),
+    }
+}
+
+#[test]
+fn each_object_version_is_its_own_job_and_the_same_version_twice_is_one() {
+    let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
+    let a = pollster::block_on(submit(GOOD, &s3_version("e1", "v1"), LANES, NOW, &jobs, &queue)).unwrap();
+    let again = pollster::block_on(submit(GOOD, &s3_version("e1", "v1"), LANES, NOW, &jobs, &queue)).unwrap();
+    // The same bytes put again: a new version, a new submission.
+    let b = pollster::block_on(submit(GOOD, &s3_version("e1", "v2"), LANES, NOW, &jobs, &queue)).unwrap();
+    let (Submitted::New(a), Submitted::Existing(again), Submitted::New(b)) = (a, again, b) else {
+        panic!()
+    };
+    assert_eq!(a, again);
+    assert_ne!(a, b);
+    assert_eq!(jobs.records()[&a].source, "s3://b/jobs/v.json?versionId=v1#e1");
+}
+
+#[test]
+fn a_spec_over_the_size_cap_gets_an_error_record_and_nothing_else() {
+    let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
+    let big = format!(
+        r#"{{"image":"img","command":["x","{}"],"project":"p"}}"#,
+        "y".repeat(300_000)
+    );
+    let src = Source::Sqs { message_id: "m".into() };
+    let err = pollster::block_on(submit(&big, &src, LANES, NOW, &jobs, &queue)).unwrap_err();
+    let SubmitError::Rejected { reason, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(reason.contains("the limit is 262144 bytes"), "{reason}");
+    assert_eq!(jobs.errors().get("sqs:m"), Some(reason));
+    assert!(jobs.records().is_empty() && queue.sent().is_empty());
+}
+
+#[test]
+fn a_store_validation_error_gets_an_error_record_but_throttling_is_retryable() {
+    let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
+    jobs.fail_next(StoreError::Invalid(
+        "ValidationException: Item size has exceeded the maximum allowed size".into(),
+    ));
+    let err = pollster::block_on(submit(GOOD, &s3("jobs/a.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap_err();
+    let SubmitError::Rejected { reason, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(reason.contains("Item size has exceeded"), "{reason}");
+    assert_eq!(jobs.errors().get("s3://b/jobs/a.json#e1"), Some(reason));
+    assert!(jobs.records().is_empty() && queue.sent().is_empty());
+    jobs.fail_next(StoreError::Other("ThrottlingException: Rate exceeded".into()));
+    let err = pollster::block_on(submit(GOOD, &s3("jobs/b.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap_err();
+    assert!(matches!(err, SubmitError::Retryable { .. }), "{err:?}");
+    assert_eq!(jobs.errors().len(), 1);
+}
+
+#[test]
+fn an_admission_rejects_jobs_no_allowed_instance_can_run_and_unknown_lanes() {
+    use onoff_control::submit::Admission;
+    use onoff_policy::{CapacityType, Offering, OfferingKey, PolicyConfig};
+    let offering = |ty: &str, gpus: u32, mem: f64| Offering {
+        key: OfferingKey {
+            instance_type: ty.into(),
+            zone: "us-east-1a".into(),
+            capacity_type: CapacityType::OnDemand,
+        },
+        gpus,
+        gpu_model: "NVIDIA A10G".into(),
+        gpu_memory_gib: mem,
+        vcpus: 4 * gpus,
+        price_usd_per_h: gpus as f64,
+        interruption: None,
+    };
+    let offerings = [offering("g5.xlarge", 1, 24.0), offering("g5.12xlarge", 4, 24.0)];
+    let policy = PolicyConfig::default();
+    let rules = Admission {
+        policy: &policy,
+        offerings: &offerings,
+    };
+    let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
+    let cases = [
+        (r#""gpus":4"#, None),
+        (
+            r#""gpus":8"#,
+            Some("job spec field gpus: 8: the largest allowed instance has 4 GPUs (g5.12xlarge)"),
+        ),
+        (
+            r#""min_gpu_memory_gib":48"#,
+            Some("48 GiB per GPU is more than any allowed instance"),
+        ),
+        (
+            r#""lane":"gold""#,
+            Some("unknown lane \"gold\"; lanes: express, standard"),
+        ),
+    ];
+    for (i, (field, want)) in cases.into_iter().enumerate() {
+        let spec = format!(r#"{{"image":"img","command":["x"],"project":"p",{field}}}"#);
+        let src = Source::Sqs {
+            message_id: format!("m{i}"),
+        };
+        let got = pollster::block_on(submit(&spec, &src, &rules, NOW, &jobs, &queue));
+        match want {
+            None => assert!(matches!(got, Ok(Submitted::New(_))), "{field}: {got:?}"),
+            Some(want) => {
+                let reason = jobs.errors().get(&src.describe()).cloned().unwrap_or_default();
+                assert!(
+                    matches!(got, Err(SubmitError::Rejected { .. })) && reason.contains(want),
+                    "{field}: {got:?}, {reason}"
+                );
+            }
+        }
+    }
+    assert_eq!(jobs.records().len(), 1);
 }

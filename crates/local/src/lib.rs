@@ -453,19 +453,22 @@ async fn run_with(
         // S3 ObjectCreated notifications -> submit.
         if now >= next_s3 {
             next_s3 = now + Duration::from_millis(500);
+            // The bucket has versioning (as the template's): every version is an event, named
+            // by its version id.
             let listed = clients
                 .s3
-                .list_objects_v2()
+                .list_object_versions()
                 .bucket(&res.bucket)
                 .prefix("jobs/")
                 .send()
                 .await;
             if let Ok(out) = listed {
-                for o in out.contents() {
+                for o in out.versions() {
                     let (Some(key), Some(etag)) = (o.key(), o.e_tag()) else {
                         continue;
                     };
-                    if !seen_keys.insert(format!("{key}#{etag}")) {
+                    let version = o.version_id().unwrap_or_default();
+                    if !seen_keys.insert(format!("{key}#{etag}@{version}")) {
                         continue;
                     }
                     let mut ev: serde_json::Value = serde_json::from_str(S3_PUT).expect("sample parses");
@@ -476,6 +479,10 @@ async fn run_with(
                     rec["s3"]["object"]["key"] = key.into();
                     rec["s3"]["object"]["eTag"] = etag.trim_matches('"').into();
                     rec["s3"]["object"]["size"] = o.size().unwrap_or(0).into();
+                    rec["s3"]["object"]["versionId"] = match o.version_id() {
+                        Some(v) if v != "null" => v.into(),
+                        _ => serde_json::Value::Null,
+                    };
                     let r = submit::handler::handle(&ctx, &clients, lambda_event(ev)).await;
                     invoke_err("submit", r, &mut report.handler_errors);
                 }

@@ -344,46 +344,44 @@ mod tests {
     }
 }
 
-/// Reading job specs from object storage.
+pub use onoff_aws::objects::{ObjectError, ObjectRef};
+
+/// Reading job spec objects: the version a submission event names.
 #[allow(async_fn_in_trait)]
 pub trait ObjectReader {
-    /// The object's body as UTF-8 text.
+    /// Size of the object version, bytes, without reading it.
     ///
     /// # Errors
-    /// Not found, not UTF-8, or a store failure, as text.
-    async fn read_text(&self, bucket: &str, key: &str) -> Result<String, String>;
+    /// [`ObjectError`]: not found, changed (read without a version id after an overwrite), other.
+    async fn size(&self, obj: &ObjectRef) -> Result<u64, ObjectError>;
+
+    /// The object version's bytes.
+    ///
+    /// # Errors
+    /// As [`ObjectReader::size`].
+    async fn read(&self, obj: &ObjectRef) -> Result<Vec<u8>, ObjectError>;
 }
 
 impl ObjectReader for onoff_aws::settings::Clients {
-    async fn read_text(&self, bucket: &str, key: &str) -> Result<String, String> {
-        let obj = self.s3.get_object().bucket(bucket).key(key).send().await.map_err(|e| {
-            use onoff_aws::settings::S3ErrorMetadata;
-            format!(
-                "s3://{bucket}/{key}: {}: {}",
-                e.code().unwrap_or("Unknown"),
-                e.message().unwrap_or_default()
-            )
-        })?;
-        let bytes = obj
-            .body
-            .collect()
-            .await
-            .map_err(|e| format!("s3://{bucket}/{key}: {e}"))?
-            .into_bytes();
-        String::from_utf8(bytes.to_vec()).map_err(|_| format!("s3://{bucket}/{key} is not UTF-8 text"))
+    async fn size(&self, obj: &ObjectRef) -> Result<u64, ObjectError> {
+        onoff_aws::objects::S3Objects::new(self.s3.clone()).size(obj).await
+    }
+    async fn read(&self, obj: &ObjectRef) -> Result<Vec<u8>, ObjectError> {
+        onoff_aws::objects::S3Objects::new(self.s3.clone()).read(obj).await
     }
 }
 
 /// Fakes for handler tests: a context over the in-memory ports, and objects in memory.
 pub mod testing {
     use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
 
     use onoff_control::fake::{
         FakeAvailability, FakeEventLog, FakeFleet, FakeJobs, FakeLease, FakeQueue, FakeRegistry,
     };
 
-    use super::{Ctx, ObjectReader, Settings};
+    use super::{Ctx, ObjectError, ObjectReader, ObjectRef, Settings};
 
     /// The context over fakes.
     pub type FakeCtx = Ctx<FakeQueue, FakeRegistry, FakeJobs, FakeFleet, FakeAvailability, FakeEventLog, FakeLease>;
@@ -411,28 +409,75 @@ pub mod testing {
         }
     }
 
-    /// Objects in memory: (bucket, key) -> text.
+    /// One stored version of a fake object.
+    #[derive(Debug, Clone)]
+    struct Version {
+        id: String,
+        etag: String,
+        body: Vec<u8>,
+    }
+
+    /// Objects in memory, versioned as on a bucket with versioning: each put adds a version.
     #[derive(Debug, Default)]
-    pub struct FakeObjects(pub Mutex<BTreeMap<(String, String), String>>);
+    pub struct FakeObjects {
+        versions: Mutex<BTreeMap<(String, String), Vec<Version>>>,
+        reads: AtomicUsize,
+    }
 
     impl FakeObjects {
-        /// Put an object.
-        pub fn put(&self, bucket: &str, key: &str, text: &str) {
-            self.0
-                .lock()
-                .expect("lock")
-                .insert((bucket.into(), key.into()), text.into());
+        /// Put an object; returns the new version's id (`v1`, `v2`, ... per key). Its ETag is a
+        /// hash of the bytes, so equal bytes have equal ETags.
+        pub fn put(&self, bucket: &str, key: &str, body: impl AsRef<[u8]>) -> String {
+            let body = body.as_ref().to_vec();
+            let etag = onoff_control::job::job_id_for(&String::from_utf8_lossy(&body))
+                .trim_start_matches("job-")
+                .to_string();
+            let mut map = self.versions.lock().expect("lock");
+            let versions = map.entry((bucket.into(), key.into())).or_default();
+            let id = format!("v{}", versions.len() + 1);
+            versions.push(Version {
+                id: id.clone(),
+                etag,
+                body,
+            });
+            id
+        }
+
+        /// ETag of the current version of an object.
+        pub fn etag(&self, bucket: &str, key: &str) -> Option<String> {
+            let map = self.versions.lock().expect("lock");
+            map.get(&(bucket.into(), key.into()))?.last().map(|v| v.etag.clone())
+        }
+
+        /// How many reads (GetObject) there were; sizes (HeadObject) do not count.
+        pub fn reads(&self) -> usize {
+            self.reads.load(Ordering::Relaxed)
+        }
+
+        fn find(&self, obj: &ObjectRef) -> Result<Version, ObjectError> {
+            let map = self.versions.lock().expect("lock");
+            let versions = map.get(&(obj.bucket.clone(), obj.key.clone()));
+            let found = match &obj.version {
+                Some(id) => versions.and_then(|vs| vs.iter().find(|v| &v.id == id)),
+                None => versions.and_then(|vs| vs.last()),
+            };
+            let v = found.ok_or_else(|| ObjectError::NotFound(format!("{obj}: NoSuchKey")))?;
+            match (&obj.version, &obj.etag) {
+                (None, Some(e)) if !e.is_empty() && e.trim_matches('"') != v.etag => {
+                    Err(ObjectError::Changed(format!("{obj}: PreconditionFailed")))
+                }
+                _ => Ok(v.clone()),
+            }
         }
     }
 
     impl ObjectReader for FakeObjects {
-        async fn read_text(&self, bucket: &str, key: &str) -> Result<String, String> {
-            self.0
-                .lock()
-                .expect("lock")
-                .get(&(bucket.to_string(), key.to_string()))
-                .cloned()
-                .ok_or_else(|| format!("s3://{bucket}/{key}: NoSuchKey"))
+        async fn size(&self, obj: &ObjectRef) -> Result<u64, ObjectError> {
+            self.find(obj).map(|v| v.body.len() as u64)
+        }
+        async fn read(&self, obj: &ObjectRef) -> Result<Vec<u8>, ObjectError> {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            self.find(obj).map(|v| v.body)
         }
     }
 }

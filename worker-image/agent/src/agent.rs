@@ -451,7 +451,7 @@ where
                 self.poison(&msg, &format!("sqs:{}", msg.message_id), &reason).await;
                 None
             }
-            Err(StoreError::Malformed(e)) => {
+            Err(StoreError::Malformed(e) | StoreError::Invalid(e)) => {
                 // The row exists and cannot be read: nothing can run it. Poison, with its reason.
                 let reason = format!("job {job_id} cannot be read: {e}");
                 self.poison(&msg, &format!("sqs:{}", msg.message_id), &reason).await;

@@ -1,0 +1,152 @@
+//! Job spec objects on S3: the size (HeadObject) and the bytes (GetObject) of the object version a
+//! submission event names, with S3's errors classified.
+//!
+//! An ObjectCreated event names a version (`versionId`, on a bucket with versioning, as the
+//! template's): it is read by that id, so an overwrite that lands before the read cannot swap the
+//! content. Without a version id the current object is read only while its ETag is still the
+//! event's (`If-Match`); otherwise [`ObjectError::Changed`].
+//!
+//! IAM: `s3:GetObject` for reads without a version id, `s3:GetObjectVersion` for reads by
+//! version id (HeadObject needs the same actions as GetObject).
+
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+
+/// One object version, as a submission event names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectRef {
+    /// Bucket.
+    pub bucket: String,
+    /// Key (decoded).
+    pub key: String,
+    /// Version id; `None` on a bucket without versioning.
+    pub version: Option<String>,
+    /// ETag as the event gives it (with or without quotes); `None` or empty: not checked.
+    pub etag: Option<String>,
+}
+
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.key)?;
+        if let Some(v) = &self.version {
+            write!(f, "?versionId={v}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why an object could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ObjectError {
+    /// No such key or version (deleted, or not visible yet).
+    #[error("{0}")]
+    NotFound(String),
+    /// Read without a version id: the object's ETag is no longer the event's, it was overwritten
+    /// and the event's content is gone.
+    #[error("{0}")]
+    Changed(String),
+    /// Anything else (access denied, throttling, network): retrying may help.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Classify an S3 error by code and HTTP status (HeadObject errors carry no body, so no code).
+fn object_error<E>(what: &str, obj: &ObjectRef, e: &SdkError<E>) -> ObjectError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    let status = e.raw_response().map(|r| r.status().as_u16());
+    let code = e.code().unwrap_or("Unknown");
+    let text = format!(
+        "{what} {obj}: {code}: {}",
+        e.message().map_or_else(|| e.to_string(), str::to_string)
+    );
+    match (code, status) {
+        ("NoSuchKey" | "NoSuchVersion" | "NotFound", _) | (_, Some(404)) => ObjectError::NotFound(text),
+        ("PreconditionFailed", _) | (_, Some(412)) => ObjectError::Changed(text),
+        _ => ObjectError::Other(text),
+    }
+}
+
+/// The ETag for `If-Match`: quoted, as HTTP wants it (S3 events give it without quotes).
+fn if_match(obj: &ObjectRef) -> Option<String> {
+    match (&obj.version, &obj.etag) {
+        (None, Some(e)) if !e.trim_matches('"').is_empty() => Some(format!("\"{}\"", e.trim_matches('"'))),
+        _ => None,
+    }
+}
+
+/// Job spec objects on S3.
+#[derive(Debug, Clone)]
+pub struct S3Objects {
+    client: aws_sdk_s3::Client,
+}
+
+impl S3Objects {
+    /// Over `client`.
+    pub fn new(client: aws_sdk_s3::Client) -> Self {
+        Self { client }
+    }
+
+    /// Size of the object version, bytes (HeadObject: nothing is downloaded).
+    ///
+    /// # Errors
+    /// [`ObjectError`] as classified above.
+    pub async fn size(&self, obj: &ObjectRef) -> Result<u64, ObjectError> {
+        let out = self
+            .client
+            .head_object()
+            .bucket(&obj.bucket)
+            .key(&obj.key)
+            .set_version_id(obj.version.clone())
+            .set_if_match(if_match(obj))
+            .send()
+            .await
+            .map_err(|e| object_error("HeadObject", obj, &e))?;
+        Ok(out.content_length().unwrap_or(0).max(0) as u64)
+    }
+
+    /// The object version's bytes (GetObject).
+    ///
+    /// # Errors
+    /// [`ObjectError`] as classified above; a body cut off midway is [`ObjectError::Other`].
+    pub async fn read(&self, obj: &ObjectRef) -> Result<Vec<u8>, ObjectError> {
+        let out = self
+            .client
+            .get_object()
+            .bucket(&obj.bucket)
+            .key(&obj.key)
+            .set_version_id(obj.version.clone())
+            .set_if_match(if_match(obj))
+            .send()
+            .await
+            .map_err(|e| object_error("GetObject", obj, &e))?;
+        let body = out
+            .body
+            .collect()
+            .await
+            .map_err(|e| ObjectError::Other(format!("GetObject {obj}: body: {e}")))?;
+        Ok(body.into_bytes().to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_etag_is_checked_only_without_a_version_id() {
+        let mut o = ObjectRef {
+            bucket: "b".into(),
+            key: "jobs/a b.json".into(),
+            version: None,
+            etag: Some("abc".into()),
+        };
+        assert_eq!(if_match(&o).as_deref(), Some("\"abc\""));
+        assert_eq!(o.to_string(), "s3://b/jobs/a b.json");
+        o.etag = Some("\"abc\"".into());
+        assert_eq!(if_match(&o).as_deref(), Some("\"abc\""));
+        o.version = Some("v1".into());
+        assert_eq!(if_match(&o), None);
+        assert_eq!(o.to_string(), "s3://b/jobs/a b.json?versionId=v1");
+    }
+}
