@@ -128,6 +128,61 @@ async fn requeue_lost<J: JobStore, Q: JobQueue>(
     Ok(Some(settle.to))
 }
 
+/// What [`reap_jobs`] did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct JobsReaped {
+    /// Jobs whose lease was ended and that were re-queued with a fresh message.
+    pub requeued: Vec<String>,
+    /// Jobs FAILED for losing `max_lease_expiries` leases.
+    pub failed: Vec<String>,
+    /// Pending jobs sent a fresh wake-up message.
+    pub woken: Vec<String>,
+    /// Failures of single writes or sends (the next run tries again).
+    pub errors: Vec<String>,
+}
+
+/// The reaper's work on jobs, on `snapshot`, the active jobs as read at `now`: end the lease of
+/// every RUNNING job whose lease expired before `now` or whose owner is in `lost` (each write
+/// conditioned on the lease as the snapshot has it, so a lease renewed or re-claimed since is left
+/// alone), and send a fresh wake-up message for every pending job with none sent for two lease
+/// periods. Two reconcilers may run it at once on snapshots of different ages: the conditional
+/// writes keep a lease from being ended twice, and a duplicate message is harmless.
+pub async fn reap_jobs<J: JobStore, Q: JobQueue>(
+    snapshot: &[JobRecord],
+    lost: &BTreeSet<String>,
+    opts: &ReconcileOptions,
+    now: f64,
+    jobs: &J,
+    queue: &Q,
+) -> JobsReaped {
+    let mut out = JobsReaped::default();
+    for job in snapshot.iter().filter(|j| j.state == JobState::Running) {
+        let owner_lost = job.lease_owner.as_deref().is_some_and(|o| lost.contains(o));
+        let expired = job.lease_expires_at.is_some_and(|t| t < now);
+        if !(owner_lost || expired) {
+            continue;
+        }
+        let why = if owner_lost {
+            format!("worker {} lost", job.lease_owner.as_deref().unwrap_or("?"))
+        } else {
+            "lease expired".to_string()
+        };
+        match requeue_lost(job, &why, opts, now, jobs, queue, &mut out.errors).await {
+            Ok(Some(JobState::Failed)) => out.failed.push(job.id.clone()),
+            Ok(Some(_)) => out.requeued.push(job.id.clone()),
+            Ok(None) => {}
+            Err(e) => out.errors.push(format!("requeue {}: {e}", job.id)),
+        }
+    }
+    for job in snapshot.iter().filter(|j| j.needs_wake_up(now, opts.resend_after_s())) {
+        match wake(jobs, queue, &job.id, &job.spec.lane, 0, now).await {
+            Ok(()) => out.woken.push(job.id.clone()),
+            Err(e) => out.errors.push(format!("wake {}: {e}", job.id)),
+        }
+    }
+    out
+}
+
 /// Shape of a job for the policy: (GPUs per instance, instances).
 fn shape(gpus: u32, max: u32) -> (u32, u32) {
     let g = gpus.max(1);
@@ -227,34 +282,12 @@ where
             }
         }
         live.retain(|w| !lost.contains(&w.id));
-        // Jobs of lost workers, and jobs whose lease ran out.
-        let mut changed = false;
-        for job in active.iter().filter(|j| j.state == JobState::Running) {
-            let owner_lost = job.lease_owner.as_deref().is_some_and(|o| lost.contains(o));
-            let expired = job.lease_expires_at.is_some_and(|t| t < now);
-            if !(owner_lost || expired) {
-                continue;
-            }
-            let why = if owner_lost {
-                format!("worker {} lost", job.lease_owner.as_deref().unwrap_or("?"))
-            } else {
-                "lease expired".to_string()
-            };
-            match requeue_lost(job, &why, opts, now, jobs, queues, &mut report.errors).await {
-                Ok(Some(JobState::Failed)) => report.jobs_failed.push(job.id.clone()),
-                Ok(Some(_)) => report.jobs_requeued.push(job.id.clone()),
-                Ok(None) => {}
-                Err(e) => report.errors.push(format!("requeue {}: {e}", job.id)),
-            }
-            changed = true;
-        }
-        // Pending jobs whose wake-up message may be gone.
-        for job in active.iter().filter(|j| j.needs_wake_up(now, opts.resend_after_s())) {
-            match wake(jobs, queues, &job.id, &job.spec.lane, 0, now).await {
-                Ok(()) => report.jobs_woken.push(job.id.clone()),
-                Err(e) => report.errors.push(format!("wake {}: {e}", job.id)),
-            }
-        }
+        let reaped = reap_jobs(&active, &lost, opts, now, jobs, queues).await;
+        let changed = !(reaped.requeued.is_empty() && reaped.failed.is_empty());
+        report.jobs_requeued = reaped.requeued;
+        report.jobs_failed = reaped.failed;
+        report.jobs_woken = reaped.woken;
+        report.errors.extend(reaped.errors);
         if changed {
             let listed = jobs.active().await?;
             active = listed.items;
