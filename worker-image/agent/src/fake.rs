@@ -436,12 +436,19 @@ pub struct Script {
 pub struct ScriptedLauncher {
     scripts: Mutex<BTreeMap<String, Script>>,
     started: Mutex<Vec<JobCommand>>,
+    failures: Mutex<BTreeMap<usize, u64>>,
 }
 
 impl ScriptedLauncher {
     /// Register `program`.
     pub fn script(&self, program: &str, s: Script) {
         self.scripts.lock().expect("lock").insert(program.into(), s);
+    }
+
+    /// The `n`-th start (counted from 0 over every program) crashes with exit code 1 after
+    /// `after_s` seconds of work.
+    pub fn fail_start(&self, n: usize, after_s: u64) {
+        self.failures.lock().expect("lock").insert(n, after_s);
     }
 
     /// Every command started, in order.
@@ -470,7 +477,11 @@ impl Launcher for ScriptedLauncher {
             .get(&cmd.argv[0])
             .cloned()
             .ok_or_else(|| format!("cannot start {:?}: No such file or directory", cmd.argv[0]))?;
-        self.started.lock().expect("lock").push(cmd.clone());
+        let fail_after_s = {
+            let mut started = self.started.lock().expect("lock");
+            started.push(cmd.clone());
+            self.failures.lock().expect("lock").get(&(started.len() - 1)).copied()
+        };
         let ckpt = env_of(cmd, "ONOFF_CHECKPOINT_DIR").map(std::path::PathBuf::from);
         let mut done: u64 = env_of(cmd, "ONOFF_RESUME_DIR")
             .and_then(|d| std::fs::read_to_string(Path::new(d).join("items")).ok())
@@ -481,12 +492,18 @@ impl Launcher for ScriptedLauncher {
         tokio::spawn(async move {
             let mut n = 0;
             let mut since_ckpt = 0;
+            let mut worked_s: u64 = 0;
             let code = loop {
                 if done >= script.items {
                     break Some(script.exit_code);
                 }
+                if fail_after_s.is_some_and(|s| worked_s >= s) {
+                    let _ = etx.send(JobEvent::Line(format!("crashed at {done}"))).await;
+                    break Some(1);
+                }
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_secs(1)) => {
+                        worked_s += 1;
                         done = (done + script.items_per_s).min(script.items);
                         let _ = etx.send(JobEvent::Line(format!("ONOFF_ITEMS {done}"))).await;
                         since_ckpt += 1;
