@@ -297,5 +297,17 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
             r.handler_errors
         );
     }
+    if !r.rejected.is_empty() {
+        println!(
+            "  rejected   {} submission(s), each with an error record:",
+            r.rejected.len()
+        );
+        for x in &r.rejected {
+            let after = x
+                .after_s
+                .map_or_else(String::new, |s| format!(" ({s:.0} s after the put)"));
+            println!("             {}{after}: {}", x.source, x.reason);
+        }
+    }
     println!("  logs       {}", o.run_dir.display());
 }

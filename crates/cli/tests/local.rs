@@ -1,16 +1,50 @@
-//! `onoff local` end to end: moto server (from `.venv`, which `scripts/test.sh` installs), the
-//! control plane in process, real `onoff-agent` processes running the example workload, a slice of
-//! the real Philly trace, spot notices and worker kills injected.
+//! `onoff local` end to end: moto server (the one `scripts/test.sh` starts, reached with
+//! `--endpoint`), the control plane in process, real `onoff-agent` processes running the example
+//! workload, a slice of the real Philly trace, spot notices and worker kills injected; and, while
+//! it runs, bad job specs put into its bucket by a real AWS client (boto3, from the `.venv` the
+//! test script installs).
 #![cfg(feature = "local")]
 
-use std::process::Command;
+use std::process::{Command, Stdio};
+
+/// Puts five bad specs under `jobs/` of the run's bucket once it exists; prints their keys.
+const BAD_INPUTS: &str = r#"
+import sys, time, json, boto3
+endpoint, bucket = sys.argv[1], sys.argv[2]
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                  aws_access_key_id="test", aws_secret_access_key="test")
+for _ in range(300):
+    try:
+        s3.head_bucket(Bucket=bucket)
+        break
+    except Exception:
+        time.sleep(0.2)
+else:
+    sys.exit("bucket %s never appeared" % bucket)
+ok = {"image": "img", "command": ["python", "x.py"], "project": "p"}
+bad = {
+    "jobs/bad-oversize.json": json.dumps(dict(ok, note="x" * (300 * 1024))).encode(),
+    "jobs/bad-not-utf8.json": b'ÿþ{"image": "img"}',
+    "jobs/bad-gpus.json": json.dumps(dict(ok, gpus=64)).encode(),
+    "jobs/bad-memory.json": json.dumps(dict(ok, min_gpu_memory_gib=500)).encode(),
+    "jobs/bad-lane.json": json.dumps(dict(ok, lane="gold")).encode(),
+}
+for key, body in bad.items():
+    s3.put_object(Bucket=bucket, Key=key, Body=body)
+    print(key)
+"#;
 
 #[test]
 fn local_run_with_faults_finishes_every_job_exactly_once() {
+    let endpoint = std::env::var("ONOFF_TEST_AWS_ENDPOINT").expect(
+        "ONOFF_TEST_AWS_ENDPOINT is not set: run the tests with scripts/test.sh, which installs and starts moto server",
+    );
+    let moto = std::env::var("ONOFF_MOTO_SERVER").expect("ONOFF_MOTO_SERVER is set by scripts/moto.sh");
+    let python = std::path::Path::new(&moto).with_file_name("python");
     let run_dir = std::env::temp_dir().join(format!("onoff-local-test-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_onoff"))
+    let child = Command::new(env!("CARGO_BIN_EXE_onoff"))
+        .args(["local", "--endpoint", &endpoint])
         .args([
-            "local",
             "--json",
             "--quiet",
             "--jobs",
@@ -36,8 +70,22 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
             "--run-dir",
         ])
         .arg(&run_dir)
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("onoff runs");
+    // The run's resources are named after its process id.
+    let bucket = format!("onoff-local-{}-bucket", child.id());
+    let put = Command::new(&python)
+        .args(["-c", BAD_INPUTS, &endpoint, &bucket])
+        .output()
+        .expect("python from .venv runs");
+    assert!(
+        put.status.success(),
+        "putting the bad inputs failed: {}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let out = child.wait_with_output().expect("onoff ends");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let v: serde_json::Value =
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
@@ -59,6 +107,25 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
     assert!(n("total_usd") > 0.0 && n("usd_per_job") > 0.0);
     assert!(n("wait_p95_s") >= n("wait_p50_s"));
     assert!(out.status.success(), "exit status {:?}; stderr:\n{stderr}", out.status);
+    // Every bad input got an error record with a readable reason within a minute of its put.
+    let rejected = v["rejected"].as_array().expect("rejected in the report");
+    for (key, says) in [
+        ("jobs/bad-oversize.json", "256 KiB"),
+        ("jobs/bad-not-utf8.json", "UTF-8"),
+        ("jobs/bad-gpus.json", "gpus"),
+        ("jobs/bad-memory.json", "min_gpu_memory_gib"),
+        ("jobs/bad-lane.json", "lane"),
+    ] {
+        let r = rejected
+            .iter()
+            .find(|r| r["source"].as_str().is_some_and(|s| s.contains(key)))
+            .unwrap_or_else(|| panic!("no error record for {key}: {rejected:?}"));
+        let reason = r["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains(says), "{key}: {reason:?} does not say {says:?}");
+        let after = r["after_s"].as_f64().unwrap_or(f64::INFINITY);
+        assert!(after < 60.0, "{key}: error record {after} s after the put");
+    }
+    assert_eq!(n("jobs_submitted"), 12.0, "the bad inputs became no job");
     // Clean exit: no process of this run is left (agents and jobs carry the run dir in their
     // environment: ONOFF_WORK_DIR, ONOFF_CHECKPOINT_DIR).
     let needle = run_dir.canonicalize().expect("run dir exists");

@@ -137,6 +137,20 @@ pub struct LocalReport {
     pub compress: f64,
     /// The run was stopped by Ctrl-C or SIGTERM before its end.
     pub interrupted: bool,
+    /// Submissions the stack refused (specs put under `jobs/` by the replay or by any client),
+    /// each with the error record's reason.
+    pub rejected: Vec<Rejected>,
+}
+
+/// A submission the stack refused: its error record.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Rejected {
+    /// Where it came from (`s3://bucket/key?versionId=...#etag` or `sqs:<id>`).
+    pub source: String,
+    /// The reason on its error record.
+    pub reason: String,
+    /// Wall seconds from the object's put (S3 LastModified, whole seconds) to the error record.
+    pub after_s: Option<f64>,
 }
 
 /// A snapshot for the progress line.
@@ -352,6 +366,8 @@ async fn run_with(
     let to_submit = pending.len();
     let mut submitted_at: BTreeMap<String, f64> = BTreeMap::new();
     let mut seen_keys: BTreeSet<String> = BTreeSet::new();
+    // When each object key under jobs/ was put (S3 LastModified), to time its rejection.
+    let mut put_at: BTreeMap<String, f64> = BTreeMap::new();
 
     // Agents' environment.
     let mut agent_env = env.clone();
@@ -470,6 +486,9 @@ async fn run_with(
                     let version = o.version_id().unwrap_or_default();
                     if !seen_keys.insert(format!("{key}#{etag}@{version}")) {
                         continue;
+                    }
+                    if let Some(t) = o.last_modified() {
+                        put_at.insert(key.to_string(), t.as_secs_f64());
                     }
                     let mut ev: serde_json::Value = serde_json::from_str(S3_PUT).expect("sample parses");
                     let rec = &mut ev["Records"][0];
@@ -748,8 +767,56 @@ async fn run_with(
     } else {
         0.0
     };
+    report.rejected = scan_rejections(&clients, &res.jobs_table, &res.bucket, &put_at)
+        .await
+        .unwrap_or_default();
     report.wall_s = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// The error records of the jobs table, timed against the puts of their S3 objects.
+async fn scan_rejections(
+    clients: &Clients,
+    table: &str,
+    bucket: &str,
+    put_at: &BTreeMap<String, f64>,
+) -> Result<Vec<Rejected>, String> {
+    let mut out = Vec::new();
+    let mut pages = clients
+        .dynamodb
+        .scan()
+        .table_name(table)
+        .filter_expression("begins_with(job_id, :e)")
+        .expression_attribute_values(":e", aws_sdk_dynamodb::types::AttributeValue::S("error#".into()))
+        .consistent_read(true)
+        .into_paginator()
+        .send();
+    let prefix = format!("s3://{bucket}/");
+    while let Some(page) = pages.next().await {
+        let page = page.map_err(|e| e.to_string())?;
+        for item in page.items() {
+            let text = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+            let source = text("job_id").trim_start_matches("error#").to_string();
+            let created = item
+                .get("created_at")
+                .and_then(|v| v.as_n().ok())
+                .and_then(|n| n.parse::<f64>().ok());
+            let key = source
+                .strip_prefix(&prefix)
+                .map(|rest| rest.split(['?', '#']).next().unwrap_or(rest));
+            let after_s = match (key.and_then(|k| put_at.get(k)), created) {
+                (Some(put), Some(c)) => Some((c - put).max(0.0)),
+                _ => None,
+            };
+            out.push(Rejected {
+                source,
+                reason: text("reason"),
+                after_s,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.source.cmp(&b.source));
+    Ok(out)
 }
 
 /// The policy as TOML for `ONOFF_POLICY`.
