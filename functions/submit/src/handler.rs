@@ -153,7 +153,7 @@ where
     if new_jobs > 0 {
         // Scale from zero now rather than at the next alarm period; a failure here is logged, the
         // alarm and the schedule catch up.
-        if let Err(e) = ctx.reconcile(now, false, &event.context.request_id).await {
+        if let Err(e) = ctx.reconcile(now, false, &event.context).await {
             tracing::warn!(error = %e, "scaling after submission failed");
         }
     }
