@@ -12,7 +12,9 @@
 //!   `ONOFF_QUEUE_URLS`;
 //! - the workers' user data sets every variable the agent requires (`worker-image/README.md`) with
 //!   the same values the functions get;
-//! - every metric in namespace `onoff` the dashboard and alarms use is printed by the code.
+//! - every metric in namespace `onoff` the dashboard and alarms use is printed by the code;
+//! - every function's `Timeout` is covered by the reconcile lease the code takes for it
+//!   (`onoff_control::lease`), so the lease never expires while an invocation may still act.
 //!
 //! The template's intrinsic functions are evaluated for a stack called `onoff` in us-east-1 of
 //! account 123456789012 (the samples' values) with the parameters' defaults.
@@ -360,6 +362,31 @@ fn code_uri(f: &Function) -> String {
         .unwrap_or_else(|| panic!("{}: CodeUri must be a local directory", f.logical_id))
         .trim_end_matches('/')
         .to_string()
+}
+
+#[test]
+fn every_function_timeout_is_covered_by_the_reconcile_lease() {
+    use onoff_control::lease::{lease_ttl_s, LEASE_MARGIN_S};
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    for f in functions(&t) {
+        // Lambda's default timeout is 3 s.
+        let timeout: f64 = match f.props.get("Timeout") {
+            Some(v) => scalar_text(&stack.eval(v))
+                .parse()
+                .unwrap_or_else(|e| panic!("{}: Timeout: {e}", f.logical_id)),
+            None => 3.0,
+        };
+        // At the start of an invocation `timeout` seconds are left: the lease must outlive its
+        // deadline by the whole margin (the TTL's cap must not cut into it).
+        let ttl = lease_ttl_s(timeout);
+        assert!(
+            ttl >= timeout + LEASE_MARGIN_S,
+            "{}: Timeout {timeout} s but the reconcile lease it would take lasts {ttl} s: lower the \
+             Timeout or raise MAX_LEASE_TTL_S in crates/control/src/lease.rs",
+            f.logical_id
+        );
+    }
 }
 
 #[test]

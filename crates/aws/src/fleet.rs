@@ -1,5 +1,6 @@
 //! The [`Fleet`] port on EC2: CreateFleet `instant` from the workers' launch template, tagged
-//! instances, TerminateInstances, and a tag-filtered, paginated DescribeInstances.
+//! instances, with the request's idempotency token as `ClientToken` (a retried call launches
+//! once), TerminateInstances, and a tag-filtered, paginated DescribeInstances.
 
 use aws_sdk_ec2::types::{
     DefaultTargetCapacityType, FleetLaunchTemplateConfigRequest, FleetLaunchTemplateOverridesRequest,
@@ -239,9 +240,13 @@ impl Fleet for Ec2Fleet {
         } else {
             SpotAllocationStrategy::PriceCapacityOptimized
         };
-        let resp = self
-            .client
-            .create_fleet()
+        let mut call = self.client.create_fleet();
+        if !req.client_token.is_empty() {
+            // EC2 keeps the token's result: the SDK's own retries, and a repeated call with it,
+            // launch nothing new.
+            call = call.client_token(&req.client_token);
+        }
+        let resp = call
             .r#type(FleetType::Instant)
             .launch_template_configs(config.build())
             .target_capacity_specification(target)
@@ -282,9 +287,15 @@ impl Fleet for Ec2Fleet {
                 kind: classify_ec2_code(code),
                 message: format!("{code}: {}", e.error_message().unwrap_or_default()),
             };
-            if err.kind == FleetErrorKind::InsufficientCapacity {
-                let k = offering_of_override(e.launch_template_and_overrides().and_then(|l| l.overrides()));
-                out.short.push((k, err));
+            let overrides = e.launch_template_and_overrides().and_then(|l| l.overrides());
+            // An error naming its override (no capacity, Unsupported, InvalidParameterValue for
+            // that type, ...) belongs to that offering: the caller skips it and falls back.
+            // Throttling, and errors naming no override, are the call's.
+            if err.kind != FleetErrorKind::Throttled && (overrides.is_some() || req.offerings.len() == 1) {
+                out.short.push((offering_of_override(overrides), err));
+            } else if err.kind == FleetErrorKind::Throttled {
+                // Throttling wins: the caller stops and retries rather than falling back.
+                other = Some(err);
             } else {
                 other.get_or_insert(err);
             }

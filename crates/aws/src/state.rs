@@ -9,7 +9,9 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
 use crate::dynamo::{condition_failed, epoch_s, n, s, store_error};
 use onoff_control::ports::{Listing, OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry};
@@ -161,6 +163,39 @@ impl WorkerRegistry for DynamoWorkers {
         }
     }
 
+    async fn set_state_if(&self, id: &str, to: WorkerState, from: &[WorkerState]) -> Result<bool, StoreError> {
+        if from.is_empty() {
+            // No state qualifies: nothing to write, but an unknown worker is still NotFound.
+            return match self.get_record(id).await? {
+                Some(_) => Ok(false),
+                None => Err(StoreError::NotFound(id.to_string())),
+            };
+        }
+        let placeholders: Vec<String> = (0..from.len()).map(|i| format!(":f{i}")).collect();
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("instance_id", s(id))
+            .condition_expression(format!("#s IN ({})", placeholders.join(", ")))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":s", s(state_name(to)));
+        for (p, st) in placeholders.iter().zip(from) {
+            req = req.expression_attribute_values(p, s(state_name(*st)));
+        }
+        req = if to == WorkerState::Terminating {
+            req.update_expression("SET #s = :s, expires_at = :e")
+                .expression_attribute_values(":e", epoch_s((self.now)() + FINISHED_ROW_TTL_S))
+        } else {
+            req.update_expression("SET #s = :s")
+        };
+        match req.send().await {
+            Ok(_) => Ok(true),
+            Err(e) => refused_or_missing(id, "set worker state", &e),
+        }
+    }
+
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
         self.get_record(id).await
     }
@@ -196,12 +231,59 @@ impl WorkerRegistry for DynamoWorkers {
     }
 }
 
+/// A conditional update that lost: `Ok(false)` when the row exists (returned with
+/// `ReturnValuesOnConditionCheckFailure::AllOld`), [`StoreError::NotFound`] when it does not.
+fn refused_or_missing(id: &str, what: &str, e: &SdkError<UpdateItemError>) -> Result<bool, StoreError> {
+    if let Some(UpdateItemError::ConditionalCheckFailedException(c)) = e.as_service_error() {
+        return match c.item() {
+            Some(_) => Ok(false),
+            None => Err(StoreError::NotFound(id.to_string())),
+        };
+    }
+    Err(store_error(what, e))
+}
+
 impl DynamoWorkers {
-    /// What the agent's heartbeat writes: state, idle-since and heartbeat time (the worker must
-    /// exist).
+    /// What the agent writes when it takes a job: `SET state = Running, heartbeat_at = now REMOVE
+    /// idle_since`, only if the state is not Draining or Terminating. `Ok(false)` when refused: the
+    /// control plane is retiring the worker (a scale-down, or an interruption notice), so the agent
+    /// must not claim. One conditional write, so a scale-down ([`WorkerRegistry::set_state_if`]
+    /// from Idle) and a claim never both win.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown worker; store failures.
+    pub async fn mark_busy(&self, id: &str, now: f64) -> Result<bool, StoreError> {
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("instance_id", s(id))
+            .update_expression("SET #s = :run, heartbeat_at = :h REMOVE idle_since")
+            .condition_expression("attribute_exists(instance_id) AND NOT (#s IN (:d, :t))")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":run", s(state_name(WorkerState::Running)))
+            .expression_attribute_values(":d", s(state_name(WorkerState::Draining)))
+            .expression_attribute_values(":t", s(state_name(WorkerState::Terminating)))
+            .expression_attribute_values(":h", n(now))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) => refused_or_missing(id, "mark worker busy", &e),
+        }
+    }
+
+    /// What the agent's heartbeat writes: state, idle-since and heartbeat time (the worker must
+    /// exist). The state is written only while the control plane is not retiring the worker: a
+    /// row it marked Draining or Terminating keeps its state (an agent heartbeat never revives
+    /// it), and only `heartbeat_at` is written, so the reaper still sees the agent alive while it
+    /// finishes its job. The agent itself may write Draining (it saw a notice).
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown worker; [`StoreError::Conflict`] when the row is
+    /// Draining or Terminating and the agent asked for another state (`heartbeat_at` was written);
+    /// store failures.
     pub async fn heartbeat(
         &self,
         id: &str,
@@ -214,10 +296,17 @@ impl DynamoWorkers {
             .update_item()
             .table_name(&self.table)
             .key("instance_id", s(id))
-            .condition_expression("attribute_exists(instance_id)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":s", s(state_name(state)))
-            .expression_attribute_values(":h", n(now));
+            .expression_attribute_values(":h", n(now))
+            .expression_attribute_values(":t", s(state_name(WorkerState::Terminating)));
+        req = if state == WorkerState::Draining {
+            req.condition_expression("attribute_exists(instance_id) AND #s <> :t")
+        } else {
+            req.condition_expression("attribute_exists(instance_id) AND NOT (#s IN (:d, :t))")
+                .expression_attribute_values(":d", s(state_name(WorkerState::Draining)))
+        };
         req = match idle_since {
             Some(t) => req
                 .update_expression("SET #s = :s, heartbeat_at = :h, idle_since = :i")
@@ -226,8 +315,24 @@ impl DynamoWorkers {
         };
         match req.send().await {
             Ok(_) => Ok(()),
-            Err(e) if condition_failed(&e) => Err(StoreError::NotFound(id.to_string())),
-            Err(e) => Err(store_error("heartbeat", &e)),
+            Err(e) => {
+                // NotFound and store failures are returned here; a refusal goes on.
+                refused_or_missing(id, "heartbeat", &e)?;
+                // Retiring: keep its state, record that the agent is alive.
+                self.client
+                    .update_item()
+                    .table_name(&self.table)
+                    .key("instance_id", s(id))
+                    .update_expression("SET heartbeat_at = :h")
+                    .condition_expression("attribute_exists(instance_id)")
+                    .expression_attribute_values(":h", n(now))
+                    .send()
+                    .await
+                    .map_err(|e| store_error("heartbeat", &e))?;
+                Err(StoreError::Conflict(format!(
+                    "{id} is being retired by the control plane (Draining or Terminating)"
+                )))
+            }
         }
     }
 }
@@ -351,6 +456,19 @@ impl onoff_control::ports::Lease for DynamoControl {
 }
 
 impl onoff_control::ports::EventLog for DynamoControl {
+    async fn seen(&self, event_id: &str) -> Result<bool, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("event#{event_id}")))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| store_error("read event", &e))?;
+        Ok(out.item().is_some())
+    }
+
     async fn first_time(&self, event_id: &str, now: f64) -> Result<bool, StoreError> {
         let res = self
             .client

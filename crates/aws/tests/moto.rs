@@ -24,6 +24,27 @@ use onoff_policy::{
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// Records the body of every request an SDK client sends.
+#[derive(Debug, Clone, Default)]
+struct BodyLog(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl aws_sdk_ec2::config::Intercept for BodyLog {
+    fn name(&self) -> &'static str {
+        "BodyLog"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_sdk_ec2::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &aws_sdk_ec2::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_ec2::config::ConfigBag,
+    ) -> Result<(), aws_sdk_ec2::error::BoxError> {
+        let body = context.request().body().bytes().unwrap_or_default();
+        self.0.lock().unwrap().push(String::from_utf8_lossy(body).into_owned());
+        Ok(())
+    }
+}
+
 /// A name unique to this test process and call.
 fn unique(prefix: &str) -> String {
     format!(
@@ -160,7 +181,14 @@ async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
     let c = clients().await;
     let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
     let deployment = unique("deploy");
-    let fleet = Ec2Fleet::new(c.ec2.clone(), launch_template(&c).await)
+    // The adapter's EC2 client, with the request bodies it sends recorded.
+    let sent = BodyLog::default();
+    let ec2 = aws_sdk_ec2::Client::from_conf(
+        aws_sdk_ec2::config::Builder::from(&conf().await)
+            .interceptor(sent.clone())
+            .build(),
+    );
+    let fleet = Ec2Fleet::new(ec2, launch_template(&c).await)
         .with_subnets(subnets)
         .with_deployment(&deployment);
     let lane = unique("lane");
@@ -170,9 +198,22 @@ async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
         count: 2,
         project: Some("vision".into()),
         job: None,
-    };
+        client_token: String::new(),
+    }
+    .with_token_for(&unique("decision"));
+    assert!(req.client_token.starts_with("onoff-") && req.client_token.len() <= 64);
     let launched = fleet.launch(&req).await.unwrap().launched;
     assert_eq!(launched.len(), 2);
+    // CreateFleet went out with the request's token as its ClientToken (moto accepts it; it does
+    // not replay by it, the fake fleet does).
+    let bodies = sent.0.lock().unwrap().clone();
+    let create: Vec<&String> = bodies.iter().filter(|b| b.contains("Action=CreateFleet")).collect();
+    assert_eq!(create.len(), 1, "{bodies:?}");
+    assert!(
+        create[0].contains(&format!("ClientToken={}", req.client_token)),
+        "{}",
+        create[0]
+    );
     let mine: Vec<_> = fleet
         .describe_managed()
         .await
@@ -262,6 +303,109 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
         err.contains("table not found") || err.contains("ResourceNotFound"),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn scale_down_and_an_agent_claim_race_through_conditional_writes_and_one_wins() {
+    let c = clients().await;
+    let name = unique("workers");
+    table(&c, &name, "instance_id").await;
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &name);
+    let worker = |id: &str| WorkerRecord {
+        id: id.into(),
+        lane: "standard".into(),
+        offering: key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+        price_usd_per_h: 0.39,
+        state: WorkerState::Pending,
+        launched_at: 1_700_000_000.0,
+        project: None,
+        idle_since: None,
+        heartbeat_at: None,
+    };
+    let (a, b) = ("i-0aaaaaaaaaaaaaaa1", "i-0aaaaaaaaaaaaaaa2");
+    for id in [a, b] {
+        reg.register_launch(worker(id)).await.unwrap();
+        reg.heartbeat(id, WorkerState::Idle, Some(1_700_000_100.0), 1_700_000_100.0)
+            .await
+            .unwrap();
+    }
+    // `a`: the agent claims first; scale-down's move from Idle is refused and leaves it Running.
+    assert_eq!(reg.mark_busy(a, 1_700_000_200.0).await, Ok(true));
+    let row = reg.get(a).await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.heartbeat_at, row.idle_since),
+        (WorkerState::Running, Some(1_700_000_200.0), None)
+    );
+    assert_eq!(
+        reg.set_state_if(a, WorkerState::Terminating, &[WorkerState::Idle])
+            .await,
+        Ok(false)
+    );
+    assert_eq!(reg.get(a).await.unwrap().unwrap().state, WorkerState::Running);
+    // `b`: scale-down first; the agent's claim is refused.
+    assert_eq!(
+        reg.set_state_if(b, WorkerState::Terminating, &[WorkerState::Idle])
+            .await,
+        Ok(true)
+    );
+    assert_eq!(reg.mark_busy(b, 1_700_000_200.0).await, Ok(false));
+    assert_eq!(reg.get(b).await.unwrap().unwrap().state, WorkerState::Terminating);
+    // A Draining worker (an interruption notice) takes no job either; several `from` states.
+    assert_eq!(
+        reg.set_state_if(
+            a,
+            WorkerState::Draining,
+            &[WorkerState::Pending, WorkerState::Running, WorkerState::Idle]
+        )
+        .await,
+        Ok(true)
+    );
+    assert_eq!(reg.mark_busy(a, 1_700_000_300.0).await, Ok(false));
+    // The agent's heartbeats never revive a worker the control plane is retiring: the state
+    // stays, the heartbeat time is written (the reaper sees the agent alive while it finishes).
+    assert!(matches!(
+        reg.heartbeat(a, WorkerState::Idle, Some(1_700_000_400.0), 1_700_000_400.0)
+            .await,
+        Err(StoreError::Conflict(_))
+    ));
+    let row = reg.get(a).await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.heartbeat_at),
+        (WorkerState::Draining, Some(1_700_000_400.0))
+    );
+    assert!(matches!(
+        reg.heartbeat(b, WorkerState::Running, None, 1_700_000_400.0).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(reg.get(b).await.unwrap().unwrap().state, WorkerState::Terminating);
+    // Unknown workers are NotFound for every write.
+    assert_eq!(
+        reg.heartbeat("i-0bbbbbbbbbbbbbbb8", WorkerState::Idle, None, 1.0).await,
+        Err(StoreError::NotFound("i-0bbbbbbbbbbbbbbb8".into()))
+    );
+    let gone = "i-0bbbbbbbbbbbbbbb9";
+    assert_eq!(
+        reg.set_state_if(gone, WorkerState::Terminating, &[WorkerState::Idle])
+            .await,
+        Err(StoreError::NotFound(gone.into()))
+    );
+    assert_eq!(reg.mark_busy(gone, 1.0).await, Err(StoreError::NotFound(gone.into())));
+    assert_eq!(reg.get(gone).await.unwrap(), None, "a refused write creates no row");
+    assert_eq!(reg.set_state_if(a, WorkerState::Idle, &[]).await, Ok(false));
+}
+
+#[tokio::test]
+async fn the_event_log_reads_without_recording() {
+    use onoff_control::ports::EventLog;
+    let c = clients().await;
+    let name = unique("control");
+    table(&c, &name, "pk").await;
+    let ctl = DynamoControl::new(c.dynamodb.clone(), &name);
+    assert!(!ctl.seen("e-1").await.unwrap());
+    assert!(!ctl.seen("e-1").await.unwrap(), "reading does not record");
+    assert!(ctl.first_time("e-1", 1_700_000_000.0).await.unwrap());
+    assert!(ctl.seen("e-1").await.unwrap());
+    assert!(!ctl.first_time("e-1", 1_700_000_001.0).await.unwrap());
 }
 
 #[tokio::test]
@@ -794,6 +938,7 @@ async fn submit_then_scaler_launches_tagged_instances_and_the_reaper_terminates_
             count: 1,
             project: None,
             job: None,
+            client_token: String::new(),
         })
         .await
         .unwrap();
@@ -1156,6 +1301,7 @@ async fn one_create_fleet_call_spreads_over_its_overrides() {
             count: 4,
             project: None,
             job: None,
+            client_token: String::new(),
         })
         .await
         .unwrap();

@@ -272,8 +272,8 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         r.jobs_submitted, r.compress, r.wall_s
     );
     println!(
-        "  jobs       {} succeeded, {} failed, {} lost, {} completed twice, {} resumed from a checkpoint",
-        r.jobs_succeeded, r.jobs_failed, r.jobs_lost, r.duplicate_completions, r.resumed_from_checkpoint
+        "  jobs       {} succeeded, {} failed, {} refused at submission, {} lost, {} completed twice, {} resumed from a checkpoint",
+        r.jobs_succeeded, r.jobs_failed, r.jobs_rejected, r.jobs_lost, r.duplicate_completions, r.resumed_from_checkpoint
     );
     println!(
         "  faults     {} spot interruption notices, {} workers killed without notice",

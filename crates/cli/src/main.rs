@@ -52,6 +52,11 @@ struct SimulateArgs {
     /// AWS region whose prices are used.
     #[arg(long, default_value = "us-east-1")]
     region: String,
+    /// CPU architecture of the workers' AMI: `x86_64`, `arm64`, or `any` (both). A deployment
+    /// offers only its AMI's types (`ONOFF_ARCH`, default x86_64); `any`, the default here, is
+    /// how the README's figures were measured (us-east-1's only 2-GPU NVIDIA type, g5g, is arm64).
+    #[arg(long, default_value = "any")]
+    arch: String,
     /// Strategies to run, comma separated.
     #[arg(
         long,
@@ -124,7 +129,14 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         .unwrap_or_else(|| Path::new(DATA_DIR).join("philly/philly-busy-week.csv"));
     let trace = Trace::load(&trace_path, AzureModel::default())?;
     let cfg = load_config(a.config.as_deref(), trace.format)?;
-    let offerings = load_offerings_from_dir(&a.catalog, &CatalogOptions::for_region(&a.region))
+    let catalog_opts = CatalogOptions {
+        arch: match a.arch.as_str() {
+            "any" => None,
+            other => Some(other.parse().map_err(|e: String| anyhow::anyhow!("--arch: {e}"))?),
+        },
+        ..CatalogOptions::for_region(&a.region)
+    };
+    let offerings = load_offerings_from_dir(&a.catalog, &catalog_opts)
         .with_context(|| format!("loading the catalogue from {}", a.catalog.display()))?;
     for p in &a.policies {
         if !STRATEGIES.contains(&p.as_str()) {

@@ -24,7 +24,7 @@ else:
 ok = {"image": "img", "command": ["python", "x.py"], "project": "p"}
 bad = {
     "jobs/bad-oversize.json": json.dumps(dict(ok, note="x" * (300 * 1024))).encode(),
-    "jobs/bad-not-utf8.json": b'ÿþ{"image": "img"}',
+    "jobs/bad-not-utf8.json": b'\xff\xfe{"image": "img"}',
     "jobs/bad-gpus.json": json.dumps(dict(ok, gpus=64)).encode(),
     "jobs/bad-memory.json": json.dumps(dict(ok, min_gpu_memory_gib=500)).encode(),
     "jobs/bad-lane.json": json.dumps(dict(ok, lane="gold")).encode(),
@@ -126,6 +126,7 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
         assert!(after < 60.0, "{key}: error record {after} s after the put");
     }
     assert_eq!(n("jobs_submitted"), 12.0, "the bad inputs became no job");
+    assert_eq!(n("jobs_rejected"), 0.0, "every replayed job was admitted");
     // Clean exit: no process of this run is left (agents and jobs carry the run dir in their
     // environment: ONOFF_WORK_DIR, ONOFF_CHECKPOINT_DIR).
     let needle = run_dir.canonicalize().expect("run dir exists");

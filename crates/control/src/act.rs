@@ -1,10 +1,18 @@
 //! Carry out a [`Plan`]: launch with fallback across offerings, terminate, cancel.
 //!
 //! The launches of one decision that differ only in their offering (the policy's spread) go out
-//! as one fleet call with an override per offering. Offerings that fail with
-//! [`FleetErrorKind::InsufficientCapacity`] (or leave the launch short) are marked unavailable for
-//! `offers.unavailable_ttl_s`, and the rest of the launch moves to the next best eligible offerings
-//! (fallback types), up to [`MAX_FALLBACKS`] times.
+//! as one fleet call with an override per offering, with an idempotency token derived from the
+//! decision (its time, the group and the attempt) and the request, so a retried call launches
+//! once. Offerings that fail with any error but throttling (no capacity, an unsupported type, an
+//! invalid parameter for that type, anything else), or leave the launch short, are marked
+//! unavailable for `offers.unavailable_ttl_s`, and the rest of the launch moves to the next best
+//! eligible offerings (fallback types), up to [`MAX_FALLBACKS`] times: one bad offering never
+//! blocks a lane. A throttled call stops the launch; the next reconcile retries it.
+//!
+//! Scale-down is conditional: a worker is terminated only after its row moved from Idle (or, for a
+//! cancelled launch, Pending) to Terminating in one conditional write. A worker whose agent took a
+//! job in the meantime (its row is Running) is left alone and reported in
+//! [`ActOutcome::skipped`].
 
 use onoff_policy::choice::{self, Request};
 use onoff_policy::{Action, Offering, OfferingKey, Plan, PolicyConfig, Reason, UnavailableOffering, WorkerState};
@@ -24,7 +32,7 @@ struct LaunchGroup<'a> {
     reason: &'a Reason,
 }
 
-/// Offerings tried after the first one fails for lack of capacity.
+/// Offerings tried after the first one fails.
 pub const MAX_FALLBACKS: usize = 4;
 
 /// A worker launched by [`act`], with the reason of its launch.
@@ -49,7 +57,8 @@ pub struct LaunchedWorker {
 pub struct ActOutcome {
     /// Instances launched.
     pub launched: Vec<LaunchedWorker>,
-    /// Offerings that failed with a capacity error (and were marked unavailable).
+    /// Offerings that failed (no capacity, or any other error but throttling) and were marked
+    /// unavailable.
     pub capacity_errors: Vec<OfferingKey>,
     /// Instances not launched at all after every fallback, with the lane.
     pub unlaunched: Vec<(usize, u32)>,
@@ -57,6 +66,9 @@ pub struct ActOutcome {
     pub terminated: Vec<String>,
     /// Launches cancelled.
     pub cancelled: Vec<String>,
+    /// Workers the plan would terminate or cancel that were left alone: they were no longer in
+    /// the state the plan saw (an agent took a job first).
+    pub skipped: Vec<String>,
     /// Other errors, as text for the decision log (never fatal: the next reconcile retries).
     pub errors: Vec<String>,
 }
@@ -130,7 +142,10 @@ where
             Action::CancelLaunch { worker, .. } => to_cancel.push(worker.clone()),
         }
     }
-    for g in groups {
+    // The decision's id for the launches' idempotency tokens: a retry of the same decision (same
+    // time, same plan) sends the same tokens.
+    let decision = format!("{:.3}", ctx.now);
+    for (group_index, g) in groups.into_iter().enumerate() {
         let lane_name = ctx
             .cfg
             .lanes
@@ -153,8 +168,12 @@ where
                 count: remaining,
                 project: g.project.clone(),
                 job: g.job.clone(),
-            };
+                client_token: String::new(),
+            }
+            .with_token_for(&format!("{decision}/{group_index}/{attempt}"));
             let mut short: Vec<OfferingKey> = Vec::new();
+            let mut throttled = false;
+            let names = |keys: &[OfferingKey]| keys.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
             match fleet.launch(&lr).await {
                 Ok(res) => {
                     for l in res.launched {
@@ -193,29 +212,49 @@ where
                             reason: g.reason.clone(),
                         });
                     }
-                    short.extend(res.short.into_iter().map(|(k, _)| k));
-                    if remaining > 0 && short.is_empty() {
+                    for (k, e) in res.short {
+                        match e.kind {
+                            FleetErrorKind::Throttled => {
+                                out.errors.push(format!("launch {k}: {e}"));
+                                throttled = true;
+                            }
+                            FleetErrorKind::InsufficientCapacity => short.push(k),
+                            _ => {
+                                out.errors
+                                    .push(format!("launch {k}: {e} (offering skipped for a while)"));
+                                short.push(k);
+                            }
+                        }
+                    }
+                    if remaining > 0 && short.is_empty() && !throttled {
                         // Fewer than asked with no reason given: every offering of the call is short.
                         short = lr.offerings.clone();
                     }
                 }
-                Err(FleetError {
-                    kind: FleetErrorKind::InsufficientCapacity,
-                    ..
-                }) => short = lr.offerings.clone(),
-                Err(e) => {
-                    out.errors.push(format!(
-                        "launch {}: {e}",
-                        lr.offerings
-                            .iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ));
+                Err(
+                    e @ FleetError {
+                        kind: FleetErrorKind::Throttled,
+                        ..
+                    },
+                ) => {
+                    // Rate limited after the adapter's retries: stop, the next reconcile retries.
+                    out.errors.push(format!("launch {}: {e}", names(&lr.offerings)));
                     break;
                 }
+                Err(e) => {
+                    // No capacity, or any other error (Unsupported, InvalidParameterValue for the
+                    // type, ...): the call's offerings are skipped for a while and the launch falls
+                    // back, so one bad offering never blocks the lane.
+                    if e.kind != FleetErrorKind::InsufficientCapacity {
+                        out.errors.push(format!(
+                            "launch {}: {e} (offerings skipped for a while)",
+                            names(&lr.offerings)
+                        ));
+                    }
+                    short = lr.offerings.clone();
+                }
             }
-            // Offerings without capacity are skipped for a while, even when others filled in.
+            // Offerings that failed are skipped for a while, even when others filled in.
             let until = ctx.now + oc.unavailable_ttl_s;
             for key in short {
                 if let Err(e) = avail.mark_unavailable(&key, until).await {
@@ -227,7 +266,7 @@ where
                 });
                 out.capacity_errors.push(key);
             }
-            if remaining == 0 {
+            if remaining == 0 || throttled {
                 break;
             }
             // Still short: fall back to the next best offerings.
@@ -248,15 +287,26 @@ where
             out.unlaunched.push((g.lane, remaining));
         }
     }
-    for (ids, cancel) in [(to_terminate, false), (to_cancel, true)] {
-        if ids.is_empty() {
-            continue;
-        }
-        for id in &ids {
-            match registry.set_state(id, WorkerState::Terminating).await {
-                Ok(()) | Err(crate::ports::StoreError::NotFound(_)) => {}
+    for (planned, cancel) in [(to_terminate, false), (to_cancel, true)] {
+        // The policy releases Idle workers and cancels Pending launches; a worker whose agent has
+        // taken a job since (Running) must not be terminated under it.
+        let from: &[WorkerState] = if cancel {
+            &[WorkerState::Pending]
+        } else {
+            &[WorkerState::Idle]
+        };
+        let mut ids = Vec::new();
+        for id in planned {
+            match registry.set_state_if(&id, WorkerState::Terminating, from).await {
+                // Gone from the table: the instance is still retired (idempotent at the fleet).
+                Ok(true) | Err(crate::ports::StoreError::NotFound(_)) => ids.push(id),
+                Ok(false) => out.skipped.push(id),
+                // Not known to be idle: left for the next reconcile.
                 Err(e) => out.errors.push(format!("mark {id} terminating: {e}")),
             }
+        }
+        if ids.is_empty() {
+            continue;
         }
         let r = if cancel {
             fleet.cancel_launch(&ids).await
@@ -281,7 +331,10 @@ where
 
 /// Handle a spot interruption notice or rebalance recommendation for a worker: mark it Draining
 /// (it takes no new work) and its offering unavailable for `offers.unavailable_ttl_s`, so the next
-/// decision launches replacement capacity elsewhere. Idempotent.
+/// decision launches replacement capacity elsewhere. The worker is not terminated and its job is
+/// not re-queued here: after a spot warning its agent releases the job and AWS reclaims the
+/// instance; after a rebalance recommendation the job runs on. Idempotent; a worker already
+/// Terminating stays so.
 ///
 /// # Errors
 /// Store failures other than the worker being gone.
@@ -297,8 +350,14 @@ where
     R: WorkerRegistry,
     A: OfferingAvailability,
 {
-    match registry.set_state(worker_id, WorkerState::Draining).await {
-        Ok(()) | Err(crate::ports::StoreError::NotFound(_)) => {}
+    let live = [
+        WorkerState::Pending,
+        WorkerState::Running,
+        WorkerState::Idle,
+        WorkerState::Draining,
+    ];
+    match registry.set_state_if(worker_id, WorkerState::Draining, &live).await {
+        Ok(_) | Err(crate::ports::StoreError::NotFound(_)) => {}
         Err(e) => return Err(e),
     }
     avail

@@ -3,7 +3,8 @@
 //! Three inputs, all CSV with a header line (columns are found by name, extra columns are ignored):
 //!
 //! * instance specs (`gpu_instance_specs.csv`): `instance_type, vcpu, gpu_count, gpu_model,
-//!   gpu_memory_gib_total`, one row per EC2 type;
+//!   gpu_memory_gib_total, arch`, one row per EC2 type (`arch` is needed only to filter by
+//!   [`CatalogOptions::arch`]);
 //! * Linux prices per region (`prices-*.csv`, from `gpu_instance_linux_prices_by_region.csv`):
 //!   `instance_type, region, linux_ondemand_usd_hr, spot_avg_usd_hr, pct_interrupt`;
 //! * optionally the Spot Instance Advisor feed (`spot-advisor-gpu.csv`): `snapshot_commit_date,
@@ -28,6 +29,49 @@ pub struct CatalogOptions {
     pub zones: Vec<String>,
     /// Keep only types whose `gpu_model` starts with `NVIDIA`. Default true.
     pub nvidia_only: bool,
+    /// Keep only types of this CPU architecture (the specs' `arch` column), the one the workers'
+    /// AMI is built for: an x86_64 AMI does not boot on a g5g (arm64). `None` keeps every type.
+    /// Default `Some(Arch::X86_64)` (the default AMI's).
+    pub arch: Option<Arch>,
+}
+
+/// A CPU architecture, as the specs' `arch` column and EC2 name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Arch {
+    /// `x86_64`.
+    #[default]
+    X86_64,
+    /// `arm64`.
+    Arm64,
+}
+
+impl Arch {
+    /// The name as EC2 and the specs write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Arch {
+    type Err = String;
+
+    /// `x86_64` or `arm64`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "x86_64" => Ok(Arch::X86_64),
+            "arm64" => Ok(Arch::Arm64),
+            other => Err(format!("unknown architecture {other:?} (expected x86_64 or arm64)")),
+        }
+    }
 }
 
 impl Default for CatalogOptions {
@@ -37,12 +81,13 @@ impl Default for CatalogOptions {
 }
 
 impl CatalogOptions {
-    /// Options for `region` with its default zones and `nvidia_only`.
+    /// Options for `region` with its default zones, `nvidia_only` and x86_64 types only.
     pub fn for_region(region: &str) -> Self {
         CatalogOptions {
             region: region.to_string(),
             zones: zones_for(region),
             nvidia_only: true,
+            arch: Some(Arch::X86_64),
         }
     }
 }
@@ -136,7 +181,7 @@ pub enum CatalogError {
 }
 
 /// Builds offerings: for each instance type with whole GPUs (gpu_count >= 1 and integral; skip fractional g6f/gr6f),
-/// priced in the region: one OnDemand offering per zone at linux_ondemand_usd_hr, and one Spot offering per zone at
+/// of the architecture [`CatalogOptions::arch`] (when set), priced in the region: one OnDemand offering per zone at linux_ondemand_usd_hr, and one Spot offering per zone at
 /// spot_avg_usd_hr when present, with interruption bucket from the spot advisor CSV (newest snapshot, Linux, region)
 /// or else from the prices CSV's pct_interrupt column. gpu_memory_gib = gpu_memory_gib_total / gpu_count.
 /// nvidia_only keeps gpu_model starting with "NVIDIA". Sorted by key.
@@ -248,6 +293,8 @@ struct Spec {
     gpu_model: String,
     gpu_memory_gib: f64,
     vcpus: u32,
+    /// `None` when the specs have no `arch` column (read only when filtering by it).
+    arch: Option<Arch>,
 }
 
 /// One priced type in the region.
@@ -271,7 +318,7 @@ fn build(
     } else {
         opts.zones.clone()
     };
-    let specs = parse_specs(&specs)?;
+    let specs = parse_specs(&specs, opts.arch.is_some())?;
 
     let mut priced: BTreeMap<String, Price> = BTreeMap::new();
     let mut regions_seen = BTreeSet::new();
@@ -287,6 +334,9 @@ fn build(
     for (instance_type, price) in &priced {
         let Some(spec) = specs.get(instance_type) else { continue };
         if opts.nvidia_only && !spec.gpu_model.starts_with("NVIDIA") {
+            continue;
+        }
+        if opts.arch.is_some_and(|a| spec.arch != Some(a)) {
             continue;
         }
         let offering = |zone: &str, capacity_type, price_usd_per_h, interruption| Offering {
@@ -316,9 +366,10 @@ fn build(
             format!("the prices have no row with an on-demand price for this region (regions present: {present})")
         } else {
             format!(
-                "{} instance types are priced there but none has whole {}GPUs in the specs",
+                "{} instance types are priced there but none has whole {}GPUs{} in the specs",
                 priced.len(),
-                if opts.nvidia_only { "NVIDIA " } else { "" }
+                if opts.nvidia_only { "NVIDIA " } else { "" },
+                opts.arch.map(|a| format!(" and arch {a}")).unwrap_or_default()
             )
         };
         return Err(CatalogError::NoOfferings {
@@ -430,7 +481,8 @@ impl<'a> Table<'a> {
     }
 }
 
-fn parse_specs(src: &Source) -> Result<BTreeMap<String, Spec>, CatalogError> {
+/// `need_arch`: the `arch` column is required (the catalogue is filtered by it).
+fn parse_specs(src: &Source, need_arch: bool) -> Result<BTreeMap<String, Spec>, CatalogError> {
     let t = Table::read(src)?;
     let (c_type, c_vcpu, c_count, c_model, c_mem) = (
         t.col("instance_type")?,
@@ -439,6 +491,7 @@ fn parse_specs(src: &Source) -> Result<BTreeMap<String, Spec>, CatalogError> {
         t.col("gpu_model")?,
         t.col("gpu_memory_gib_total")?,
     );
+    let c_arch = if need_arch { Some(t.col("arch")?) } else { None };
     let mut specs = BTreeMap::new();
     let mut first_line: BTreeMap<String, u64> = BTreeMap::new();
     for (line, rec) in &t.rows {
@@ -469,6 +522,13 @@ fn parse_specs(src: &Source) -> Result<BTreeMap<String, Spec>, CatalogError> {
             .parse::<u32>()
             .map_err(|_| t.bad(line, "vcpu", vcpu_s, "expected a whole number"))?;
         let mem_total = t.required_number(line, rec, c_mem, "gpu_memory_gib_total", false)?;
+        let arch = match c_arch {
+            Some(c) => {
+                let v = rec.get(c).unwrap_or("");
+                Some(v.parse::<Arch>().map_err(|e| t.bad(line, "arch", v, &e))?)
+            }
+            None => None,
+        };
         specs.insert(
             instance_type.to_string(),
             Spec {
@@ -476,6 +536,7 @@ fn parse_specs(src: &Source) -> Result<BTreeMap<String, Spec>, CatalogError> {
                 gpu_model: rec.get(c_model).unwrap_or("").to_string(),
                 gpu_memory_gib: mem_total / count,
                 vcpus,
+                arch,
             },
         );
     }
@@ -632,11 +693,11 @@ mod tests {
             .unwrap_or_else(|| panic!("no offering {ty}/{zone}/{ct:?}"))
     }
 
-    const SPECS: &str = "instance_type,vcpu,memory_gib,gpu_count,gpu_model,gpu_memory_gib_total\n\
-                         g5.xlarge,4,16,1,NVIDIA A10G,24\n\
-                         g5.12xlarge,48,192,4,NVIDIA A10G,96\n\
-                         g6f.large,2,8,0.125,NVIDIA L4,3\n\
-                         g4ad.xlarge,4,16,1,AMD Radeon Pro V520,8\n";
+    const SPECS: &str = "instance_type,vcpu,memory_gib,gpu_count,gpu_model,gpu_memory_gib_total,arch\n\
+                         g5.xlarge,4,16,1,NVIDIA A10G,24,x86_64\n\
+                         g5.12xlarge,48,192,4,NVIDIA A10G,96,x86_64\n\
+                         g6f.large,2,8,0.125,NVIDIA L4,3,x86_64\n\
+                         g4ad.xlarge,4,16,1,AMD Radeon Pro V520,8,x86_64\n";
     const PRICES: &str = "instance_type,region,linux_ondemand_usd_hr,spot_min_usd_hr,spot_avg_usd_hr,spot_max_usd_hr,pct_interrupt,pct_savings_od\n\
                           g5.xlarge,us-east-1,1.006,0.3837,0.39388,0.4034,>20%,56\n\
                           g5.12xlarge,us-east-1,5.672,,,,,\n\
@@ -688,8 +749,10 @@ mod tests {
         let p4d = find(&offs, "p4d.24xlarge", "us-east-1a", CapacityType::OnDemand);
         assert_eq!((p4d.gpus, p4d.gpu_memory_gib), (8, 40.0));
 
-        // 58 NVIDIA whole-GPU types priced in us-east-1, 48 of them with a spot price, 6 zones.
-        assert_eq!(offs.len(), (58 + 48) * 6);
+        // 52 x86_64 NVIDIA whole-GPU types priced in us-east-1, 42 of them with a spot price, 6
+        // zones; the 6 arm64 g5g types (all with a spot price) are left out.
+        assert_eq!(offs.len(), (52 + 42) * 6);
+        assert!(!offs.iter().any(|o| o.key.instance_type.starts_with("g5g.")));
         assert!(
             offs.windows(2).all(|w| w[0].key < w[1].key),
             "sorted by key, no duplicates"
@@ -730,7 +793,51 @@ mod tests {
             zones: vec!["us-east-1d".into()],
             ..CatalogOptions::default()
         };
-        assert_eq!(shipped(&one_zone).unwrap().len(), 58 + 48);
+        assert_eq!(shipped(&one_zone).unwrap().len(), 52 + 42);
+    }
+
+    #[test]
+    fn offerings_are_filtered_by_the_ami_architecture() {
+        let zone = |arch| CatalogOptions {
+            zones: vec!["us-east-1d".into()],
+            arch,
+            ..CatalogOptions::default()
+        };
+        let arm = shipped(&zone(Some(Arch::Arm64))).unwrap();
+        assert_eq!(arm.len(), 6 + 6);
+        assert!(arm.iter().all(|o| o.key.instance_type.starts_with("g5g.")));
+        assert_eq!(shipped(&zone(None)).unwrap().len(), 58 + 48);
+        assert_eq!(CatalogOptions::default().arch, Some(Arch::X86_64));
+        assert_eq!("arm64".parse::<Arch>(), Ok(Arch::Arm64));
+        assert!("aarch64".parse::<Arch>().is_err());
+
+        // From strings: an arm64 row is skipped for x86_64; the column is needed only to filter.
+        let specs = format!("{SPECS}g5g.xlarge,4,8,1,NVIDIA T4G,16,arm64\n");
+        let prices = format!("{PRICES}g5g.xlarge,us-east-1,0.42,0.1183,0.129125,0.14,<5%,70\n");
+        let opts = CatalogOptions {
+            zones: vec!["us-east-1a".into()],
+            ..CatalogOptions::default()
+        };
+        let x86 = load_offerings(&specs, &prices, None, &opts).unwrap();
+        assert!(!x86.iter().any(|o| o.key.instance_type == "g5g.xlarge"));
+        let any = CatalogOptions {
+            arch: None,
+            ..opts.clone()
+        };
+        let all = load_offerings(&specs, &prices, None, &any).unwrap();
+        assert!(all.iter().any(|o| o.key.instance_type == "g5g.xlarge"));
+        let no_col = SPECS.replace(",arch", "").replace(",x86_64", "");
+        assert!(load_offerings(&no_col, PRICES, None, &any).is_ok());
+        assert!(matches!(
+            load_offerings(&no_col, PRICES, None, &opts),
+            Err(CatalogError::MissingColumn { .. })
+        ));
+        let bad = SPECS.replace(
+            "g5.xlarge,4,16,1,NVIDIA A10G,24,x86_64",
+            "g5.xlarge,4,16,1,NVIDIA A10G,24,mips",
+        );
+        let err = load_offerings(&bad, PRICES, None, &opts).unwrap_err();
+        assert!(err.to_string().contains("column `arch`"), "{err}");
     }
 
     #[test]
@@ -858,7 +965,7 @@ mod tests {
             .iter()
             .all(|o| o.price_usd_per_h == 0.9 && o.key.zone.starts_with("ap-south-1")));
         // No NVIDIA type with whole GPUs priced in the region.
-        let specs_no_g5 = SPECS.replace("g5.xlarge,4,16,1,NVIDIA A10G,24\n", "");
+        let specs_no_g5 = SPECS.replace("g5.xlarge,4,16,1,NVIDIA A10G,24,x86_64\n", "");
         let err = load_offerings(&specs_no_g5, PRICES, None, &CatalogOptions::for_region("ap-south-1")).unwrap_err();
         assert!(err.to_string().contains("none has whole NVIDIA GPUs"), "{err}");
     }

@@ -1,7 +1,9 @@
 //! In-memory fakes of the ports, for unit tests and the simulator.
 //!
-//! [`FakeFleet`] records every call, can inject one-shot errors and declare offerings without
-//! capacity; [`FakeRegistry`] and [`FakeAvailability`] keep state in memory.
+//! [`FakeFleet`] records every call, can inject one-shot errors, declare offerings without
+//! capacity or failing with any error, and is idempotent by client token as EC2 is;
+//! [`FakeRegistry`] (with the agent's conditional writes and one-shot errors) and
+//! [`FakeAvailability`] keep state in memory.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -36,9 +38,13 @@ struct FleetInner {
     next_id: u64,
     running: BTreeMap<String, OfferingKey>,
     no_capacity: Vec<OfferingKey>,
+    /// Offerings whose launches fail with this error (any kind).
+    failing: BTreeMap<OfferingKey, FleetError>,
     /// Max instances per launch call per offering (partial fulfilment), if set.
     limit: BTreeMap<OfferingKey, u32>,
     one_shot: VecDeque<FleetError>,
+    /// Result of each client token's first call (EC2 answers a repeated token with it).
+    by_token: BTreeMap<String, LaunchResult>,
 }
 
 impl FakeFleet {
@@ -50,6 +56,12 @@ impl FakeFleet {
     /// Every launch of `key` fails with InsufficientCapacity.
     pub fn set_no_capacity(&self, key: OfferingKey) {
         self.inner.lock().expect("lock").no_capacity.push(key);
+    }
+
+    /// Every launch of `key` fails for that offering with `err` (EC2 reports such errors per
+    /// override: Unsupported, InvalidParameterValue for the type in that zone, ...).
+    pub fn set_launch_error(&self, key: OfferingKey, err: FleetError) {
+        self.inner.lock().expect("lock").failing.insert(key, err);
     }
 
     /// Launches of `key` create at most `n` instances per call.
@@ -85,6 +97,14 @@ impl Fleet for FakeFleet {
         if let Some(e) = s.one_shot.pop_front() {
             return Err(e);
         }
+        // A retried call: the first call's result, nothing launched again.
+        if let Some(r) = s
+            .by_token
+            .get(&req.client_token)
+            .filter(|_| !req.client_token.is_empty())
+        {
+            return Ok(r.clone());
+        }
         let no_capacity = |k: &OfferingKey| FleetError {
             kind: FleetErrorKind::InsufficientCapacity,
             message: format!("InsufficientInstanceCapacity: no capacity for {k}"),
@@ -95,12 +115,15 @@ impl Fleet for FakeFleet {
         for k in &req.offerings {
             if s.no_capacity.contains(k) {
                 out.short.push((k.clone(), no_capacity(k)));
+            } else if let Some(e) = s.failing.get(k) {
+                out.short.push((k.clone(), e.clone()));
             } else {
                 room.push((k.clone(), s.limit.get(k).copied().unwrap_or(u32::MAX)));
             }
         }
         if room.is_empty() {
-            return Err(no_capacity(&req.offerings[0]));
+            // As an instant fleet that launched nothing: the first offering's error.
+            return Err(out.short.swap_remove(0).1);
         }
         // Round-robin over the offerings with room.
         let mut left = req.count;
@@ -125,6 +148,9 @@ impl Fleet for FakeFleet {
                 let e = no_capacity(&k);
                 out.short.push((k, e));
             }
+        }
+        if !req.client_token.is_empty() {
+            s.by_token.insert(req.client_token.clone(), out.clone());
         }
         Ok(out)
     }
@@ -186,16 +212,49 @@ impl FakeFleet {
     }
 }
 
-/// A workers table in memory.
+/// A workers table in memory, with the same conditional semantics as the DynamoDB adapter.
 #[derive(Debug, Default)]
 pub struct FakeRegistry {
     workers: Mutex<BTreeMap<String, WorkerRecord>>,
+    fail_next: Mutex<VecDeque<StoreError>>,
 }
 
 impl FakeRegistry {
     /// Snapshot of the records.
     pub fn records(&self) -> BTreeMap<String, WorkerRecord> {
         self.workers.lock().expect("lock").clone()
+    }
+
+    /// The next write (`set_state`, `set_state_if`, `mark_busy`) fails with `err` (one-shot;
+    /// queue several for several writes).
+    pub fn fail_next(&self, err: StoreError) {
+        self.fail_next.lock().expect("lock").push_back(err);
+    }
+
+    fn injected(&self) -> Result<(), StoreError> {
+        match self.fail_next.lock().expect("lock").pop_front() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// What an agent writes when it takes a job: state Running, heartbeat `now`, no idle-since;
+    /// refused (`Ok(false)`) while the worker is Draining or Terminating, so a worker the control
+    /// plane is retiring takes no new work. As `DynamoWorkers::mark_busy`.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown worker; an injected failure.
+    pub fn mark_busy(&self, id: &str, now: f64) -> Result<bool, StoreError> {
+        self.injected()?;
+        let mut m = self.workers.lock().expect("lock");
+        let w = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        if matches!(w.state, WorkerState::Draining | WorkerState::Terminating) {
+            return Ok(false);
+        }
+        w.state = WorkerState::Running;
+        w.heartbeat_at = Some(now);
+        w.idle_since = None;
+        Ok(true)
     }
 }
 
@@ -210,6 +269,7 @@ impl WorkerRegistry for FakeRegistry {
     }
 
     async fn set_state(&self, id: &str, state: WorkerState) -> Result<(), StoreError> {
+        self.injected()?;
         match self.workers.lock().expect("lock").get_mut(id) {
             Some(w) => {
                 w.state = state;
@@ -217,6 +277,17 @@ impl WorkerRegistry for FakeRegistry {
             }
             None => Err(StoreError::NotFound(id.to_string())),
         }
+    }
+
+    async fn set_state_if(&self, id: &str, to: WorkerState, from: &[WorkerState]) -> Result<bool, StoreError> {
+        self.injected()?;
+        let mut m = self.workers.lock().expect("lock");
+        let w = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        if !from.contains(&w.state) {
+            return Ok(false);
+        }
+        w.state = to;
+        Ok(true)
     }
 
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
@@ -256,6 +327,10 @@ pub struct FakeEventLog {
 }
 
 impl crate::ports::EventLog for FakeEventLog {
+    async fn seen(&self, event_id: &str) -> Result<bool, StoreError> {
+        Ok(self.seen.lock().expect("lock").contains(event_id))
+    }
+
     async fn first_time(&self, event_id: &str, _now: f64) -> Result<bool, StoreError> {
         Ok(self.seen.lock().expect("lock").insert(event_id.to_string()))
     }
@@ -298,12 +373,13 @@ impl OfferingAvailability for FakeAvailability {
 }
 
 /// A fault-injecting decorator around a real [`Fleet`] adapter: offerings declared without
-/// capacity fail with InsufficientCapacity (as EC2 does and local emulators never do), queued
-/// one-shot errors fail the next calls; everything else goes to the wrapped adapter.
+/// capacity fail with InsufficientCapacity (as EC2 does and local emulators never do), offerings
+/// declared failing fail with their error, queued one-shot errors fail the next calls; everything
+/// else goes to the wrapped adapter.
 #[derive(Debug)]
 pub struct FaultyFleet<F> {
     inner: F,
-    no_capacity: Mutex<Vec<OfferingKey>>,
+    failing: Mutex<BTreeMap<OfferingKey, FleetError>>,
     one_shot: Mutex<VecDeque<FleetError>>,
 }
 
@@ -312,14 +388,23 @@ impl<F> FaultyFleet<F> {
     pub fn new(inner: F) -> Self {
         Self {
             inner,
-            no_capacity: Mutex::new(Vec::new()),
+            failing: Mutex::new(BTreeMap::new()),
             one_shot: Mutex::new(VecDeque::new()),
         }
     }
 
     /// Launches of `key` fail with InsufficientInstanceCapacity.
     pub fn set_no_capacity(&self, key: OfferingKey) {
-        self.no_capacity.lock().expect("lock").push(key);
+        let err = FleetError {
+            kind: FleetErrorKind::InsufficientCapacity,
+            message: format!("InsufficientInstanceCapacity (injected) for {key}"),
+        };
+        self.set_launch_error(key, err);
+    }
+
+    /// Launches of `key` fail for that offering with `err` (any kind).
+    pub fn set_launch_error(&self, key: OfferingKey, err: FleetError) {
+        self.failing.lock().expect("lock").insert(key, err);
     }
 
     /// The next call fails with `err`.
@@ -342,15 +427,13 @@ impl<F: Fleet> Fleet for FaultyFleet<F> {
         if let Some(e) = self.injected() {
             return Err(e);
         }
-        let injected = |k: &OfferingKey| FleetError {
-            kind: FleetErrorKind::InsufficientCapacity,
-            message: format!("InsufficientInstanceCapacity (injected) for {k}"),
-        };
-        let blocked = self.no_capacity.lock().expect("lock").clone();
+        let failing = self.failing.lock().expect("lock").clone();
         let (short, ok): (Vec<OfferingKey>, Vec<OfferingKey>) =
-            req.offerings.iter().cloned().partition(|k| blocked.contains(k));
+            req.offerings.iter().cloned().partition(|k| failing.contains_key(k));
+        let mut short: Vec<(OfferingKey, FleetError)> =
+            short.into_iter().map(|k| (k.clone(), failing[&k].clone())).collect();
         if ok.is_empty() {
-            return Err(injected(&req.offerings[0]));
+            return Err(short.swap_remove(0).1);
         }
         let mut res = self
             .inner
@@ -359,7 +442,7 @@ impl<F: Fleet> Fleet for FaultyFleet<F> {
                 ..req.clone()
             })
             .await?;
-        res.short.extend(short.iter().map(|k| (k.clone(), injected(k))));
+        res.short.extend(short);
         Ok(res)
     }
 
@@ -708,10 +791,18 @@ impl FakeJobs {
     }
 }
 
-/// Leases in memory.
+/// Leases in memory; every successful acquisition is recorded.
 #[derive(Debug, Default)]
 pub struct FakeLease {
     held: Mutex<BTreeMap<String, (String, f64)>>,
+    acquired: Mutex<Vec<(String, String, f64)>>,
+}
+
+impl FakeLease {
+    /// (name, owner, until) of every successful acquisition, in order.
+    pub fn acquisitions(&self) -> Vec<(String, String, f64)> {
+        self.acquired.lock().expect("lock").clone()
+    }
 }
 
 impl crate::ports::Lease for FakeLease {
@@ -720,6 +811,10 @@ impl crate::ports::Lease for FakeLease {
         let free = m.get(name).is_none_or(|(o, until)| *until < now || o == owner);
         if free {
             m.insert(name.into(), (owner.into(), now + ttl_s));
+            self.acquired
+                .lock()
+                .expect("lock")
+                .push((name.into(), owner.into(), now + ttl_s));
         }
         Ok(free)
     }

@@ -1,10 +1,15 @@
 //! The interruption use case: EC2 events about onoff workers.
 //!
-//! Idempotent by event id (an [`EventLog`]). On a spot interruption warning or a rebalance
-//! recommendation the worker is marked Draining (it takes no new work; the agent checkpoints and
-//! releases its job) and its offering unavailable for `offers.unavailable_ttl_s`, so the next
-//! decision launches replacement capacity elsewhere. A terminated or stopping instance is marked
-//! Terminating. Instances onoff does not know are a no-op.
+//! Idempotent by event id (an [`EventLog`]): an event already recorded is a no-op, and an event is
+//! recorded only after its work is done, so a retry after a failure does the work (the work itself
+//! is idempotent, so two deliveries at once are harmless). On a spot interruption warning or a
+//! rebalance recommendation the worker is marked Draining (it takes no new work) and its offering
+//! unavailable for `offers.unavailable_ttl_s`, so the next decision launches replacement capacity
+//! elsewhere. Neither terminates the worker nor re-queues its job: after the two-minute spot
+//! warning the agent checkpoints and releases its job and AWS reclaims the instance; after a
+//! rebalance recommendation (often not followed by an interruption) the job runs on and the
+//! worker only stops taking new work. A terminated or stopping instance is marked Terminating.
+//! Instances onoff does not know are a no-op.
 
 use onoff_policy::{PolicyConfig, WorkerState};
 
@@ -15,8 +20,15 @@ use crate::ports::{EventLog, OfferingAvailability, StoreError, WorkerRegistry};
 /// What handling an event did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Handled {
-    /// Worker marked Draining and its offering unavailable; a decision should follow.
+    /// After a spot interruption warning: worker marked Draining and its offering unavailable; a
+    /// decision should follow.
     Drained {
+        /// The worker.
+        worker: String,
+    },
+    /// After a rebalance recommendation: worker marked Draining (its job runs on) and its
+    /// offering unavailable; a decision should follow.
+    Rebalanced {
         /// The worker.
         worker: String,
     },
@@ -71,26 +83,37 @@ where
             return Ok(Handled::NoOp(format!("unhandled event kind {source} / {detail_type}")));
         }
     };
+    // Check, work, then record: recording first would turn a retry after a failed write into a
+    // no-op with the work never done.
+    if log.seen(&env.id).await? {
+        return Ok(Handled::Duplicate);
+    }
     let Some(worker) = registry.get(&instance).await? else {
         return Ok(Handled::NoOp(format!("{instance} is not an onoff worker")));
     };
-    if !log.first_time(&env.id, now).await? {
-        return Ok(Handled::Duplicate);
-    }
-    match trigger {
-        Trigger::SpotInterruption { .. } | Trigger::Rebalance { .. } => {
+    let handled = match trigger {
+        Trigger::SpotInterruption { .. } => {
             handle_interruption_notice(registry, avail, cfg, &worker.id, &worker.offering, now).await?;
-            Ok(Handled::Drained { worker: worker.id })
+            Handled::Drained { worker: worker.id }
+        }
+        Trigger::Rebalance { .. } => {
+            handle_interruption_notice(registry, avail, cfg, &worker.id, &worker.offering, now).await?;
+            Handled::Rebalanced { worker: worker.id }
         }
         Trigger::StateChange { state, .. }
             if matches!(state.as_str(), "shutting-down" | "terminated" | "stopping" | "stopped") =>
         {
             match registry.set_state(&worker.id, WorkerState::Terminating).await {
-                Ok(()) | Err(StoreError::NotFound(_)) => Ok(Handled::Terminated { worker: worker.id }),
-                Err(e) => Err(e.into()),
+                Ok(()) | Err(StoreError::NotFound(_)) => Handled::Terminated { worker: worker.id },
+                Err(e) => return Err(e.into()),
             }
         }
-        Trigger::StateChange { state, .. } => Ok(Handled::NoOp(format!("{instance} is {state}"))),
+        // Nothing done: nothing to record.
+        Trigger::StateChange { state, .. } => return Ok(Handled::NoOp(format!("{instance} is {state}"))),
         _ => unreachable!("alarm, schedule and unknown kinds returned above"),
-    }
+    };
+    // Recorded only now that the work is done; a concurrent delivery that recorded it first did
+    // the same idempotent work.
+    log.first_time(&env.id, now).await?;
+    Ok(handled)
 }

@@ -11,6 +11,7 @@
 //! - [`interruption`]: spot warnings, rebalance recommendations, state changes (idempotent by event id).
 //! - [`catalog`]: the EC2 GPU catalogue (specs, prices, Spot Advisor buckets) as offerings.
 //! - [`reconcile`](mod@reconcile): observe, reap, decide, act (the scaler and the reconciler).
+//! - [`lease`](mod@lease): how long an invocation holds the reconcile lease (from its deadline).
 //! - [`submit`](mod@submit): validate a job spec, write the job, enqueue it (idempotent).
 //! - [`admission`]: the size cap of a spec, and [`admission::feasible`]: whether an allowed
 //!   instance can ever run a job (checked at submission).
@@ -27,6 +28,7 @@ pub mod events;
 pub mod fake;
 pub mod interruption;
 pub mod job;
+pub mod lease;
 pub mod ports;
 pub mod reconcile;
 pub mod submit;

@@ -44,6 +44,51 @@ pub struct LaunchRequest {
     pub project: Option<String>,
     /// Job the capacity is pinned to, if any.
     pub job: Option<String>,
+    /// Idempotency token (EC2: CreateFleet `ClientToken`, at most 64 ASCII characters): a call
+    /// repeated with the same token launches nothing new. Set it with
+    /// [`LaunchRequest::with_token_for`], so the same decision's retry sends the same token and
+    /// another request another one.
+    pub client_token: String,
+}
+
+impl LaunchRequest {
+    /// The idempotency token of this request as part of the decision `decision_id`: `onoff-`
+    /// and 32 hex digits of a 128-bit FNV-1a hash of the decision id and every other field
+    /// (lane, offerings in order, count, project, job). Deterministic: the same decision and
+    /// request give the same token in every process and release; changing any field changes it.
+    pub fn idempotency_token(&self, decision_id: &str) -> String {
+        const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+        const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
+        let mut h = OFFSET;
+        let mut feed = |bytes: &[u8]| {
+            // 0xff never occurs in UTF-8, so it separates fields unambiguously.
+            for b in bytes.iter().chain(&[0xff]) {
+                h ^= u128::from(*b);
+                h = h.wrapping_mul(PRIME);
+            }
+        };
+        feed(decision_id.as_bytes());
+        feed(self.lane.as_bytes());
+        for o in &self.offerings {
+            feed(o.to_string().as_bytes());
+        }
+        feed(&self.count.to_le_bytes());
+        for opt in [&self.project, &self.job] {
+            match opt {
+                Some(v) => feed(format!("+{v}").as_bytes()),
+                None => feed(b"-"),
+            }
+        }
+        format!("onoff-{h:032x}")
+    }
+
+    /// This request with [`LaunchRequest::client_token`] set to its
+    /// [`LaunchRequest::idempotency_token`] for `decision_id`.
+    #[must_use]
+    pub fn with_token_for(mut self, decision_id: &str) -> Self {
+        self.client_token = self.idempotency_token(decision_id);
+        self
+    }
 }
 
 /// An instance a launch created.
@@ -70,7 +115,9 @@ pub struct LaunchResult {
 pub trait Fleet {
     /// Launch up to `req.count` instances spread over `req.offerings` (EC2: one CreateFleet
     /// `instant` call with an override per offering). May create fewer than asked: the offerings
-    /// without capacity are in [`LaunchResult::short`]. Not idempotent: each call launches.
+    /// that could not provide their share (no capacity, or any other error naming the offering)
+    /// are in [`LaunchResult::short`]. Idempotent by [`LaunchRequest::client_token`]: a call
+    /// repeated with the same token (a retry) launches nothing new; a new token launches again.
     ///
     /// # Errors
     /// [`FleetErrorKind::InsufficientCapacity`] when no offering has any capacity; other kinds
@@ -169,6 +216,14 @@ pub trait WorkerRegistry {
     /// [`StoreError`] as above.
     async fn set_state(&self, id: &str, state: WorkerState) -> Result<(), StoreError>;
 
+    /// Set a worker's state to `to` only while it is in one of `from` (one conditional write):
+    /// `Ok(true)` when written, `Ok(false)` when the worker is in another state (someone, say its
+    /// agent claiming a job, changed it first). Idempotent when `to` is in `from`.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the worker is unknown; store failures.
+    async fn set_state_if(&self, id: &str, to: WorkerState, from: &[WorkerState]) -> Result<bool, StoreError>;
+
     /// One worker's record; `None` when unknown (not an onoff worker, or its row expired).
     ///
     /// # Errors
@@ -183,9 +238,16 @@ pub trait WorkerRegistry {
     async fn list_live(&self) -> Result<Listing<WorkerRecord>, StoreError>;
 }
 
-/// Events handled once: EventBridge delivers at least once.
+/// Events handled once: EventBridge delivers at least once. Record an event only after its work
+/// is done (check with [`EventLog::seen`] first), so a retry after a failure does the work.
 #[allow(async_fn_in_trait)]
 pub trait EventLog {
+    /// Whether `event_id` was recorded as handled. Reads only.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn seen(&self, event_id: &str) -> Result<bool, StoreError>;
+
     /// Record `event_id` as handled; `true` the first time, `false` when it was already recorded.
     ///
     /// # Errors

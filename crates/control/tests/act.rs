@@ -1,7 +1,8 @@
-//! `act` through the fakes: launch fallback on capacity errors, partial fulfilment, releases.
+//! `act` through the fakes: launch fallback on any non-throttling launch error, partial
+//! fulfilment, idempotency tokens, conditional scale-down racing an agent's claim, releases.
 
 use onoff_control::fake::{FakeAvailability, FakeFleet, FakeRegistry, FleetCall};
-use onoff_control::ports::{FleetError, FleetErrorKind};
+use onoff_control::ports::{FleetError, FleetErrorKind, LaunchRequest, WorkerRegistry};
 use onoff_control::{act, handle_interruption_notice, ActContext};
 use onoff_policy::{
     Action, CapacityPreference, CapacityType, LaunchShape, Offering, OfferingKey, Plan, PolicyConfig, Reason,
@@ -144,11 +145,59 @@ fn when_no_offering_has_capacity_the_shortfall_is_reported_not_hidden() {
 }
 
 #[test]
-fn other_launch_errors_are_collected_and_not_retried_elsewhere() {
+fn any_non_throttling_launch_error_skips_the_offering_for_a_while_and_falls_back() {
+    let cfg = PolicyConfig::default();
+    let offs = offerings();
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 100.0,
+    };
+    for kind in [FleetErrorKind::Other, FleetErrorKind::NotFound] {
+        // The whole call fails (EC2: an instant fleet with one override and an Unsupported or
+        // InvalidParameterValue error for its type).
+        let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+        fleet.fail_next(FleetError {
+            kind,
+            message: "InvalidParameterValue: a.1 is not supported in z1".into(),
+        });
+        let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 1), ctx, &fleet, &reg, &avail));
+        assert_eq!(out.launched.len(), 1, "{kind:?}: {out:?}");
+        assert_ne!(out.launched[0].launched.offering, key("a.1", "z1"));
+        assert_eq!(
+            avail.marked().get(&key("a.1", "z1")),
+            Some(&(100.0 + cfg.offers.unavailable_ttl_s))
+        );
+        assert_eq!(out.capacity_errors, vec![key("a.1", "z1")]);
+        // Still reported, so a deployment-wide mistake is seen.
+        assert!(
+            out.errors.iter().any(|e| e.contains("InvalidParameterValue")),
+            "{out:?}"
+        );
+        assert!(out.unlaunched.is_empty());
+    }
+    // One override of a spread call fails with its own error: the rest go elsewhere.
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    fleet.set_launch_error(
+        key("a.1", "z1"),
+        FleetError {
+            kind: FleetErrorKind::Other,
+            message: "Unsupported: a.1 in z1".into(),
+        },
+    );
+    let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
+    assert_eq!(out.launched.len(), 2, "{out:?}");
+    assert!(out.launched.iter().all(|l| l.launched.offering != key("a.1", "z1")));
+    assert!(avail.marked().contains_key(&key("a.1", "z1")));
+}
+
+#[test]
+fn a_throttled_launch_stops_without_marking_anything() {
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
     fleet.fail_next(FleetError {
-        kind: FleetErrorKind::Other,
-        message: "InvalidLaunchTemplateId.NotFound".into(),
+        kind: FleetErrorKind::Throttled,
+        message: "RequestLimitExceeded".into(),
     });
     let cfg = PolicyConfig::default();
     let offs = offerings();
@@ -160,9 +209,115 @@ fn other_launch_errors_are_collected_and_not_retried_elsewhere() {
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 1), ctx, &fleet, &reg, &avail));
     assert_eq!(out.errors.len(), 1);
-    assert!(out.errors[0].contains("InvalidLaunchTemplateId"));
-    assert_eq!(launched_offerings(&fleet).len(), 1);
+    assert!(out.errors[0].contains("RequestLimitExceeded"));
+    assert_eq!(
+        launched_offerings(&fleet).len(),
+        1,
+        "no fallback: the next reconcile retries"
+    );
     assert!(avail.marked().is_empty());
+    assert_eq!(out.unlaunched, vec![(1, 1)]);
+}
+
+fn launch_requests(fleet: &FakeFleet) -> Vec<LaunchRequest> {
+    fleet
+        .calls()
+        .into_iter()
+        .filter_map(|c| if let FleetCall::Launch(r) = c { Some(r) } else { None })
+        .collect()
+}
+
+#[test]
+fn each_launch_carries_an_idempotency_token_stable_for_its_decision() {
+    let cfg = PolicyConfig::default();
+    let offs = offerings();
+    let at = |now| ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now,
+    };
+    let plan = launch_plan(key("a.1", "z1"), 2);
+    let tokens = |now| {
+        let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+        fleet.set_no_capacity(key("a.1", "z1"));
+        pollster::block_on(act(&plan, at(now), &fleet, &reg, &avail));
+        launch_requests(&fleet)
+            .into_iter()
+            .map(|r| r.client_token)
+            .collect::<Vec<_>>()
+    };
+    let first = tokens(1000.0);
+    // The first call and its fallback: two tokens, EC2's ClientToken shape, distinct.
+    assert_eq!(first.len(), 2);
+    assert!(first
+        .iter()
+        .all(|t| t.starts_with("onoff-") && t.len() <= 64 && t.is_ascii()));
+    assert_ne!(first[0], first[1]);
+    // The same decision again: the same tokens. Another decision: others.
+    assert_eq!(tokens(1000.0), first);
+    assert!(tokens(1060.0).iter().all(|t| !first.contains(t)));
+
+    // Replaying a decision on the same fleet (a retry after a lost response) launches nothing new.
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    let once = pollster::block_on(act(&plan, at(2000.0), &fleet, &reg, &avail));
+    let again = pollster::block_on(act(&plan, at(2000.0), &fleet, &reg, &avail));
+    assert_eq!(fleet.running().len(), 2);
+    assert_eq!(once.launched, again.launched);
+    assert_eq!(reg.records().len(), 2);
+}
+
+#[test]
+fn the_idempotency_token_depends_on_every_field_of_the_request() {
+    let base = LaunchRequest {
+        lane: "standard".into(),
+        offerings: vec![key("a.1", "z1"), key("a.1", "z2")],
+        count: 2,
+        project: Some("p".into()),
+        job: None,
+        client_token: String::new(),
+    };
+    let t = base.idempotency_token("d1");
+    assert_eq!(t, base.clone().with_token_for("d1").client_token);
+    assert_eq!(t, base.idempotency_token("d1"), "deterministic");
+    assert_eq!(t.len(), "onoff-".len() + 32);
+    let variants = [
+        LaunchRequest {
+            lane: "express".into(),
+            ..base.clone()
+        },
+        LaunchRequest {
+            offerings: vec![key("a.1", "z2"), key("a.1", "z1")],
+            ..base.clone()
+        },
+        LaunchRequest {
+            count: 3,
+            ..base.clone()
+        },
+        LaunchRequest {
+            project: None,
+            ..base.clone()
+        },
+        LaunchRequest {
+            project: Some(String::new()),
+            ..base.clone()
+        },
+        LaunchRequest {
+            job: Some("job-1".into()),
+            ..base.clone()
+        },
+    ];
+    let mut seen = vec![t.clone(), base.idempotency_token("d2")];
+    for v in &variants {
+        seen.push(v.idempotency_token("d1"));
+    }
+    let n = seen.len();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), n, "every field changes the token");
+    // A token already set does not feed into the next one.
+    let set = base.clone().with_token_for("d1");
+    assert_eq!(set.idempotency_token("d1"), t);
 }
 
 #[test]
@@ -178,6 +333,8 @@ fn terminate_and_cancel_go_to_their_own_calls_and_mark_terminating() {
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
     let ids: Vec<String> = out.launched.iter().map(|l| l.launched.instance_id.clone()).collect();
+    // The first booted and is idle (the policy releases idle workers); the second still boots.
+    reg.set_agent_view(&ids[0], WorkerState::Idle, Some(10.0), Some(10.0));
     let plan = Plan {
         actions: vec![
             Action::Terminate {
@@ -203,6 +360,122 @@ fn terminate_and_cancel_go_to_their_own_calls_and_mark_terminating() {
     assert!(fleet.running().is_empty());
     assert!(fleet.calls().contains(&FleetCall::Cancel(vec![ids[1].clone()])));
     assert_eq!(reg.records()[&ids[0]].state, WorkerState::Terminating);
+    assert_eq!(reg.records()[&ids[1]].state, WorkerState::Terminating);
+    assert!(out.skipped.is_empty());
+}
+
+/// Two workers launched through `act`: the first idle, the second still booting.
+fn idle_and_booting(
+    fleet: &FakeFleet,
+    reg: &FakeRegistry,
+    avail: &FakeAvailability,
+    cfg: &PolicyConfig,
+) -> Vec<String> {
+    let offs = offerings();
+    let ctx = ActContext {
+        cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 0.0,
+    };
+    let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, fleet, reg, avail));
+    let ids: Vec<String> = out.launched.iter().map(|l| l.launched.instance_id.clone()).collect();
+    reg.set_agent_view(&ids[0], WorkerState::Idle, Some(10.0), Some(10.0));
+    ids
+}
+
+fn release(ids: &[String]) -> Plan {
+    Plan {
+        actions: vec![
+            Action::Terminate {
+                worker: ids[0].clone(),
+                reason: Reason::KeepAliveExpired {
+                    idle_s: 900.0,
+                    keep_alive_s: 600.0,
+                },
+            },
+            Action::CancelLaunch {
+                worker: ids[1].clone(),
+                reason: Reason::PendingNotNeeded,
+            },
+        ],
+        ..Plan::default()
+    }
+}
+
+#[test]
+fn scale_down_leaves_alone_a_worker_whose_agent_took_a_job_first() {
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    let cfg = PolicyConfig::default();
+    let ids = idle_and_booting(&fleet, &reg, &avail, &cfg);
+    // The policy decided on a view where the first was idle and the second booting; meanwhile the
+    // first's agent claimed a job and the second's booted and claimed one too.
+    assert_eq!(reg.mark_busy(&ids[0], 20.0), Ok(true));
+    assert_eq!(reg.mark_busy(&ids[1], 20.0), Ok(true));
+    let offs = offerings();
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 21.0,
+    };
+    let before = fleet.calls().len();
+    let out = pollster::block_on(act(&release(&ids), ctx, &fleet, &reg, &avail));
+    assert_eq!(out.skipped, ids);
+    assert!(out.terminated.is_empty() && out.cancelled.is_empty() && out.errors.is_empty());
+    assert_eq!(fleet.calls().len(), before, "no terminate or cancel call");
+    assert_eq!(fleet.running().len(), 2);
+    assert!(reg.records().values().all(|w| w.state == WorkerState::Running));
+}
+
+#[test]
+fn after_scale_down_marks_a_worker_terminating_its_agent_cannot_take_a_job() {
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    let cfg = PolicyConfig::default();
+    let ids = idle_and_booting(&fleet, &reg, &avail, &cfg);
+    let offs = offerings();
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 21.0,
+    };
+    let out = pollster::block_on(act(&release(&ids), ctx, &fleet, &reg, &avail));
+    assert_eq!(out.terminated, vec![ids[0].clone()]);
+    assert_eq!(out.cancelled, vec![ids[1].clone()]);
+    // The agents' claims come too late: refused, the rows stay Terminating.
+    for id in &ids {
+        assert_eq!(reg.mark_busy(id, 22.0), Ok(false));
+        assert_eq!(reg.records()[id].state, WorkerState::Terminating);
+    }
+    assert_eq!(
+        reg.mark_busy("i-unknown", 22.0),
+        Err(onoff_control::ports::StoreError::NotFound("i-unknown".into()))
+    );
+}
+
+#[test]
+fn a_cancel_is_only_for_a_launch_still_booting_and_a_failed_mark_keeps_the_worker() {
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    let cfg = PolicyConfig::default();
+    let ids = idle_and_booting(&fleet, &reg, &avail, &cfg);
+    // The booting one reported idle since the decision: not cancelled under it.
+    reg.set_agent_view(&ids[1], WorkerState::Idle, Some(15.0), Some(15.0));
+    // The store fails for the first's mark: it is not terminated blind.
+    reg.fail_next(onoff_control::ports::StoreError::Other("throttled".into()));
+    let offs = offerings();
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 21.0,
+    };
+    let out = pollster::block_on(act(&release(&ids), ctx, &fleet, &reg, &avail));
+    assert_eq!(out.skipped, vec![ids[1].clone()]);
+    assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
+    assert!(out.terminated.is_empty() && out.cancelled.is_empty());
+    assert_eq!(fleet.running().len(), 2);
+    assert!(pollster::block_on(reg.get(&ids[0])).unwrap().is_some());
 }
 
 #[test]

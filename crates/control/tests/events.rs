@@ -1,9 +1,10 @@
-//! Every sample in `events/` parses and is handled; malformed, unknown and repeated events.
+//! Every sample in `events/` parses and is handled; malformed, unknown and repeated events; a
+//! retry after a failure does the work; a rebalance drains without stopping anything.
 
 use onoff_control::events::{parse, Trigger};
 use onoff_control::fake::{FakeAvailability, FakeEventLog, FakeRegistry};
 use onoff_control::interruption::{handle_event, HandleError, Handled};
-use onoff_control::ports::{WorkerRecord, WorkerRegistry};
+use onoff_control::ports::{EventLog, StoreError, WorkerRecord, WorkerRegistry};
 use onoff_policy::{CapacityType, OfferingKey, PolicyConfig, WorkerState};
 
 const EVENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../events");
@@ -60,7 +61,12 @@ fn every_eventbridge_sample_parses_and_is_handled() {
         let state = reg.records()[WORKER].state;
         match name.as_str() {
             "spot-interruption-warning.json" | "rebalance-recommendation.json" => {
-                assert_eq!(handled, Handled::Drained { worker: WORKER.into() });
+                let expected = if name.starts_with("spot") {
+                    Handled::Drained { worker: WORKER.into() }
+                } else {
+                    Handled::Rebalanced { worker: WORKER.into() }
+                };
+                assert_eq!(handled, expected);
                 assert_eq!(state, WorkerState::Draining);
                 let marked = avail.marked();
                 assert_eq!(marked.len(), 1);
@@ -74,7 +80,10 @@ fn every_eventbridge_sample_parses_and_is_handled() {
             other => panic!("no expectation for {other}"),
         }
         // Delivered twice, handled once.
-        if matches!(handled, Handled::Drained { .. } | Handled::Terminated { .. }) {
+        if matches!(
+            handled,
+            Handled::Drained { .. } | Handled::Rebalanced { .. } | Handled::Terminated { .. }
+        ) {
             assert_eq!(
                 pollster::block_on(handle_event(&v, &cfg, &reg, &avail, &log, NOW)).unwrap(),
                 Handled::Duplicate
@@ -119,4 +128,50 @@ fn unknown_kinds_and_strangers_are_no_ops_and_malformed_events_errors() {
     .unwrap_err();
     assert!(matches!(err, HandleError::Malformed(_)));
     assert!(avail.marked().is_empty());
+}
+
+#[test]
+fn a_retry_after_a_failed_write_does_the_work_and_only_then_records_the_event() {
+    let cfg = PolicyConfig::default();
+    let (reg, avail, log) = (registry(), FakeAvailability::default(), FakeEventLog::default());
+    let v = sample("spot-interruption-warning.json");
+    let id = v["id"].as_str().unwrap().to_string();
+    // The first delivery's write fails: retryable, and the event is not recorded as handled.
+    reg.fail_next(StoreError::Other("ProvisionedThroughputExceededException".into()));
+    let err = pollster::block_on(handle_event(&v, &cfg, &reg, &avail, &log, NOW)).unwrap_err();
+    assert!(matches!(err, HandleError::Store(_)), "{err:?}");
+    assert_eq!(reg.records()[WORKER].state, WorkerState::Running);
+    assert!(!pollster::block_on(log.seen(&id)).unwrap());
+    // EventBridge retries: the work is done this time.
+    let handled = pollster::block_on(handle_event(&v, &cfg, &reg, &avail, &log, NOW + 5.0)).unwrap();
+    assert_eq!(handled, Handled::Drained { worker: WORKER.into() });
+    assert_eq!(reg.records()[WORKER].state, WorkerState::Draining);
+    assert_eq!(avail.marked().len(), 1);
+    assert!(pollster::block_on(log.seen(&id)).unwrap());
+    // A later delivery is a duplicate.
+    assert_eq!(
+        pollster::block_on(handle_event(&v, &cfg, &reg, &avail, &log, NOW + 9.0)).unwrap(),
+        Handled::Duplicate
+    );
+}
+
+#[test]
+fn a_rebalance_drains_the_worker_without_stopping_it_and_never_revives_a_terminating_one() {
+    let cfg = PolicyConfig::default();
+    let (reg, avail, log) = (registry(), FakeAvailability::default(), FakeEventLog::default());
+    let v = sample("rebalance-recommendation.json");
+    let handled = pollster::block_on(handle_event(&v, &cfg, &reg, &avail, &log, NOW)).unwrap();
+    assert_eq!(handled, Handled::Rebalanced { worker: WORKER.into() });
+    // Takes no new work: its agent's claim is refused.
+    assert_eq!(reg.records()[WORKER].state, WorkerState::Draining);
+    assert_eq!(reg.mark_busy(WORKER, NOW + 1.0), Ok(false));
+    assert_eq!(avail.marked().len(), 1, "the offering is skipped for a while");
+
+    // A notice that arrives after the instance is already terminating leaves it Terminating.
+    let (reg, avail, log) = (registry(), FakeAvailability::default(), FakeEventLog::default());
+    pollster::block_on(reg.set_state(WORKER, WorkerState::Terminating)).unwrap();
+    for name in ["rebalance-recommendation.json", "spot-interruption-warning.json"] {
+        pollster::block_on(handle_event(&sample(name), &cfg, &reg, &avail, &log, NOW)).unwrap();
+        assert_eq!(reg.records()[WORKER].state, WorkerState::Terminating, "{name}");
+    }
 }

@@ -107,7 +107,10 @@ pub struct LocalReport {
     pub jobs_succeeded: usize,
     /// Jobs that ended FAILED.
     pub jobs_failed: usize,
-    /// Submitted jobs not SUCCEEDED or FAILED when the run ended.
+    /// Submitted jobs refused at submission (an error record with the reason, in
+    /// [`LocalReport::rejected`]), e.g. a 2-GPU job where no allowed instance type fits it.
+    pub jobs_rejected: usize,
+    /// Submitted jobs neither refused nor SUCCEEDED or FAILED when the run ended.
     pub jobs_lost: usize,
     /// Job runs that exited 0 beyond the first per job (work done twice).
     pub duplicate_completions: usize,
@@ -362,6 +365,7 @@ async fn run_with(
     // The replay.
     let plan = replay::plan(opts, &lane)?;
     let job_ids: BTreeSet<String> = plan.iter().map(|j| j.job_id.clone()).collect();
+    let replay_keys: Vec<String> = plan.iter().map(|j| format!("jobs/{}.json", j.name)).collect();
     let mut pending: VecDeque<ReplayJob> = plan.into_iter().collect();
     let to_submit = pending.len();
     let mut submitted_at: BTreeMap<String, f64> = BTreeMap::new();
@@ -736,7 +740,21 @@ async fn run_with(
         .unwrap_or(job_states);
     report.jobs_succeeded = final_states.values().filter(|s| **s == JobState::Succeeded).count();
     report.jobs_failed = final_states.values().filter(|s| **s == JobState::Failed).count();
-    report.jobs_lost = report.jobs_submitted - report.jobs_succeeded - report.jobs_failed;
+    report.rejected = scan_rejections(&clients, &res.jobs_table, &res.bucket, &put_at)
+        .await
+        .unwrap_or_default();
+    report.jobs_rejected = replay_keys
+        .iter()
+        .filter(|k| {
+            report
+                .rejected
+                .iter()
+                .any(|r| r.source.contains(&format!("/{k}?")) || r.source.contains(&format!("/{k}#")))
+        })
+        .count();
+    report.jobs_lost = report
+        .jobs_submitted
+        .saturating_sub(report.jobs_succeeded + report.jobs_failed + report.jobs_rejected);
     report.instances_launched = instances.len();
     let lines = attempts.lock().expect("lock").clone();
     let mut completions: BTreeMap<&str, usize> = BTreeMap::new();
@@ -767,9 +785,6 @@ async fn run_with(
     } else {
         0.0
     };
-    report.rejected = scan_rejections(&clients, &res.jobs_table, &res.bucket, &put_at)
-        .await
-        .unwrap_or_default();
     report.wall_s = started.elapsed().as_secs_f64();
     Ok(report)
 }

@@ -611,6 +611,16 @@ impl WorkerRegistry for SimPorts<'_> {
         w.workers[i].state = state;
         Ok(())
     }
+    async fn set_state_if(&self, id: &str, to: WorkerState, from: &[WorkerState]) -> Result<bool, StoreError> {
+        let mut w = self.0.borrow_mut();
+        let num = *w.by_id.get(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let i = w.worker_idx(num).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        if !from.contains(&w.workers[i].state) {
+            return Ok(false);
+        }
+        w.workers[i].state = to;
+        Ok(true)
+    }
     async fn get(&self, _id: &str) -> Result<Option<WorkerRecord>, StoreError> {
         // The simulated fleet answers from its own table; nothing in the simulation asks.
         Ok(None)

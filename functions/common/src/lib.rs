@@ -4,7 +4,7 @@
 #![warn(missing_docs)]
 
 use onoff_aws::settings::{Resources, SettingsError};
-use onoff_control::catalog::{load_offerings, CatalogOptions};
+use onoff_control::catalog::{load_offerings, Arch, CatalogOptions};
 use onoff_control::ports::{
     Backlog, EventLog, Fleet, FleetLister, JobQueue, JobStore, Lease, OfferingAvailability, WorkerRegistry,
 };
@@ -25,13 +25,19 @@ pub struct Settings {
     pub resources: Resources,
     /// The policy (`ONOFF_POLICY`: TOML text; default `PolicyConfig::default()`).
     pub policy: PolicyConfig,
-    /// Offerings of the region (`AWS_REGION`, default us-east-1) from the compiled-in catalogue.
+    /// Offerings of the region (`AWS_REGION`, default us-east-1) from the compiled-in catalogue,
+    /// of the workers' architecture only.
     pub offerings: Vec<Offering>,
+    /// `ONOFF_ARCH` (default `x86_64`): the CPU architecture of the workers' AMI (`x86_64` or
+    /// `arm64`); only instance types of that architecture are offered.
+    pub arch: Arch,
     /// `ONOFF_DEPLOYMENT` (default `onoff`): the value of the `onoff:managed` tag.
     pub deployment: String,
     /// Reconcile settings.
     pub reconcile: ReconcileOptions,
-    /// How long one invocation holds the reconcile lease, seconds (60).
+    /// How long an invocation holds the reconcile lease when its deadline is unknown (a handler
+    /// called outside Lambda), seconds (60). In Lambda the TTL comes from the invocation's
+    /// deadline: [`onoff_control::lease::lease_ttl_for_deadline`].
     pub lease_ttl_s: f64,
 }
 
@@ -44,6 +50,9 @@ pub enum ConfigError {
     /// `ONOFF_POLICY` does not parse or validate.
     #[error("ONOFF_POLICY: {0}")]
     Policy(String),
+    /// `ONOFF_ARCH` is not an architecture.
+    #[error("ONOFF_ARCH: {0}")]
+    Arch(String),
     /// The catalogue has nothing for the region.
     #[error("catalogue: {0}")]
     Catalog(String),
@@ -74,18 +83,26 @@ impl Settings {
                 )));
             }
         }
+        let arch = match get("ONOFF_ARCH").filter(|a| !a.trim().is_empty()) {
+            Some(a) => a.parse::<Arch>().map_err(ConfigError::Arch)?,
+            None => Arch::X86_64,
+        };
         let region = get("AWS_REGION").unwrap_or_else(|| "us-east-1".into());
         let offerings = load_offerings(
             SPECS_CSV,
             PRICES_CSV,
             Some(ADVISOR_CSV),
-            &CatalogOptions::for_region(&region),
+            &CatalogOptions {
+                arch: Some(arch),
+                ..CatalogOptions::for_region(&region)
+            },
         )
         .map_err(|e| ConfigError::Catalog(e.to_string()))?;
         Ok(Self {
             resources,
             policy,
             offerings,
+            arch,
             deployment: get("ONOFF_DEPLOYMENT").unwrap_or_else(|| "onoff".into()),
             reconcile: ReconcileOptions::default(),
             lease_ttl_s: 60.0,
@@ -199,20 +216,28 @@ where
     L: Lease,
 {
     /// Reconcile under the lease (`reap`: the scheduled reconciler's reaper), log each action with
-    /// its reason, print EMF metrics, and return a summary. `owner`: this invocation (request id).
+    /// its reason, print EMF metrics, and return a summary. `invocation`: the Lambda context; its
+    /// request id owns the lease, held until its deadline plus a margin
+    /// ([`onoff_control::lease`]; [`Settings::lease_ttl_s`] when it has no deadline).
     ///
     /// # Errors
     /// [`HandlerError::Retryable`] when the state cannot be read.
-    pub async fn reconcile(&self, now: f64, reap: bool, owner: &str) -> Result<serde_json::Value, HandlerError> {
+    pub async fn reconcile(
+        &self,
+        now: f64,
+        reap: bool,
+        invocation: &lambda_runtime::Context,
+    ) -> Result<serde_json::Value, HandlerError> {
         let s = &self.settings;
         let opts = ReconcileOptions { reap, ..s.reconcile };
+        let ttl_s = onoff_control::lease::lease_ttl_for_deadline(invocation.deadline, now, s.lease_ttl_s);
         let report = reconcile_exclusive(
             &s.policy,
             &s.offerings,
             &opts,
             now,
-            owner,
-            s.lease_ttl_s,
+            &invocation.request_id,
+            ttl_s,
             &self.queues,
             &self.workers,
             &self.jobs,
@@ -234,6 +259,9 @@ where
         }
         for (key, problem) in &report.unreadable {
             tracing::error!(%key, %problem, "row that does not parse: skipped");
+        }
+        for w in &report.acted.skipped {
+            tracing::info!(worker = %w, "not released: it took a job since the decision");
         }
         self.print_metrics(&report, now).await;
         Ok(summary(&report))
@@ -286,6 +314,7 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
         "launched": r.acted.launched.iter().map(|l| &l.launched.instance_id).collect::<Vec<_>>(),
         "terminated": r.acted.terminated,
         "cancelled": r.acted.cancelled,
+        "scale_down_skipped": r.acted.skipped,
         "orphans_terminated": r.orphans_terminated,
         "workers_lost": r.workers_lost,
         "workers_gone": r.workers_gone,
@@ -320,6 +349,19 @@ mod tests {
         let s = Settings::from_lookup(env(BASE)).unwrap();
         assert!(s.offerings.iter().any(|o| o.key.instance_type == "g5.xlarge"));
         assert_eq!(s.deployment, "onoff");
+        // The default AMI is x86_64: no arm64 type (g5g, the cheapest 1-GPU spot offering in
+        // us-east-1) is offered.
+        assert_eq!(s.arch, Arch::X86_64);
+        assert!(!s.offerings.iter().any(|o| o.key.instance_type.starts_with("g5g.")));
+        let mut arm = BASE.to_vec();
+        arm.push(("ONOFF_ARCH", "arm64"));
+        let s = Settings::from_lookup(env(&arm)).unwrap();
+        assert!(!s.offerings.is_empty());
+        assert!(s.offerings.iter().all(|o| o.key.instance_type.starts_with("g5g.")));
+        let mut bad = BASE.to_vec();
+        bad.push(("ONOFF_ARCH", "aarch64"));
+        let err = Settings::from_lookup(env(&bad)).unwrap_err().to_string();
+        assert!(err.contains("ONOFF_ARCH") && err.contains("aarch64"), "{err}");
         let mut with = BASE.to_vec();
         with.push(("ONOFF_POLICY", "[[lanes]]\nname = \"gold\"\n"));
         let err = Settings::from_lookup(env(&with)).unwrap_err().to_string();
@@ -330,6 +372,38 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("gap_quantile"));
+    }
+
+    #[test]
+    fn the_reconcile_lease_lasts_until_the_invocation_deadline_plus_a_margin() {
+        use onoff_control::lease::LEASE_MARGIN_S;
+        let ctx = testing::fake_ctx();
+        let now = 1_700_000_000.0;
+        // 42.5 s left of the invocation.
+        let mut cx = lambda_runtime::Context::default();
+        cx.request_id = "req-1".into();
+        cx.deadline = 1_700_000_042_500;
+        pollster::block_on(ctx.reconcile(now, false, &cx)).unwrap();
+        // No deadline (a handler called outside Lambda): the configured TTL.
+        let mut local = lambda_runtime::Context::default();
+        local.request_id = "req-2".into();
+        pollster::block_on(ctx.reconcile(now, false, &local)).unwrap();
+        let got = ctx.lease.acquisitions();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "reconcile".to_string(),
+                    "req-1".to_string(),
+                    now + 42.5 + LEASE_MARGIN_S
+                ),
+                (
+                    "reconcile".to_string(),
+                    "req-2".to_string(),
+                    now + ctx.settings.lease_ttl_s
+                ),
+            ]
+        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Interruption: EC2 events from EventBridge (spot interruption warning, rebalance
-//! recommendation, state change). Idempotent by event id; unknown kinds are a logged no-op;
-//! malformed events are logged and dropped. After a worker is drained the policy runs at once, so
-//! replacement capacity is launched elsewhere when the backlog needs it.
+//! recommendation, state change). Idempotent by event id, recorded once the event's work is done
+//! (a retry after a failure does it); unknown kinds are a logged no-op; malformed events are logged
+//! and dropped. After a worker is drained the policy runs at once, so replacement capacity is
+//! launched elsewhere when the backlog needs it; a failure of that reconcile is logged, not
+//! retried (the event's own work is done and recorded; the schedule and the alarm catch up).
 
 use lambda_runtime::LambdaEvent;
 use onoff_control::interruption::{handle_event, HandleError, Handled};
@@ -29,7 +31,19 @@ where
     L: Lease,
 {
     let now = onoff_fn_common::now();
-    let owner = &event.context.request_id;
+    let invocation = &event.context;
+    // The replacement decision after a drain: best effort.
+    let replace = |what: &'static str, worker: String| async move {
+        let mut out = match ctx.reconcile(now, false, invocation).await {
+            Ok(r) => serde_json::json!({ "reconcile": r }),
+            Err(e) => {
+                tracing::warn!(error = %e, "reconcile after a notice failed");
+                serde_json::json!({ "reconcile_error": e.to_string() })
+            }
+        };
+        out[what] = serde_json::Value::String(worker);
+        out
+    };
     match handle_event(
         &event.payload,
         &ctx.settings.policy,
@@ -41,9 +55,12 @@ where
     .await
     {
         Ok(Handled::Drained { worker }) => {
-            tracing::info!(%worker, "drained after an interruption notice");
-            let r = ctx.reconcile(now, false, owner).await?;
-            Ok(serde_json::json!({ "drained": worker, "reconcile": r }))
+            tracing::info!(%worker, "drained after a spot interruption warning");
+            Ok(replace("drained", worker).await)
+        }
+        Ok(Handled::Rebalanced { worker }) => {
+            tracing::info!(%worker, "drained after a rebalance recommendation; its job runs on");
+            Ok(replace("rebalanced", worker).await)
         }
         Ok(Handled::Terminated { worker }) => Ok(serde_json::json!({ "terminated": worker })),
         Ok(Handled::Duplicate) => Ok(serde_json::json!({ "duplicate": true })),
@@ -51,7 +68,7 @@ where
             tracing::info!(%why, "no-op");
             Ok(serde_json::json!({ "noop": why }))
         }
-        Ok(Handled::Reconcile) => ctx.reconcile(now, false, owner).await,
+        Ok(Handled::Reconcile) => ctx.reconcile(now, false, invocation).await,
         Err(HandleError::Malformed(e)) => {
             tracing::warn!(error = %e, "dropping a malformed event");
             Ok(serde_json::json!({ "dropped": e.to_string() }))
@@ -140,6 +157,76 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(again["duplicate"], true);
+    }
+
+    #[tokio::test]
+    async fn a_rebalance_drains_the_worker_but_neither_stops_it_nor_requeues_its_job() {
+        use onoff_control::fake::FleetCall;
+        use onoff_control::job::JobState;
+        use onoff_control::ports::Claim;
+        let ctx = fake_ctx();
+        let now = onoff_fn_common::now();
+        let id = "i-0b662ef9931388ba0";
+        let spot = OfferingKey {
+            instance_type: "g4dn.xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity_type: CapacityType::Spot,
+        };
+        ctx.workers
+            .register_launch(WorkerRecord {
+                id: id.into(),
+                lane: "standard".into(),
+                offering: spot.clone(),
+                price_usd_per_h: 0.18,
+                state: WorkerState::Running,
+                launched_at: now - 600.0,
+                project: None,
+                idle_since: None,
+                heartbeat_at: Some(now),
+            })
+            .await
+            .unwrap();
+        ctx.fleet.add_instance(id, spot.clone());
+        // The worker runs a job.
+        submit(
+            r#"{"image":"i","command":["x"],"project":"p"}"#,
+            &Source::Sqs { message_id: "m".into() },
+            &["express", "standard"],
+            now,
+            &ctx.jobs,
+            &ctx.queues,
+        )
+        .await
+        .unwrap();
+        let job = ctx.jobs.records().into_keys().next().unwrap();
+        assert!(matches!(
+            ctx.jobs.claim(&job, id, now + 300.0, now).await.unwrap(),
+            Claim::Claimed(_)
+        ));
+        let sent = ctx.queues.sent().len();
+        let out = handle(
+            &ctx,
+            &(),
+            LambdaEvent::new(
+                sample("rebalance-recommendation.json"),
+                lambda_runtime::Context::default(),
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out["rebalanced"], id, "{out}");
+        // Draining (no new work) and its offering skipped for a while...
+        assert_eq!(ctx.workers.records()[id].state, WorkerState::Draining);
+        assert!(ctx.avail.marked().contains_key(&spot));
+        // ...but still running, and its job still held by it: only the spot warning stops it.
+        assert!(ctx.fleet.running().contains_key(id));
+        assert!(!ctx.fleet.calls().iter().any(|c| match c {
+            FleetCall::Terminate(ids) | FleetCall::Cancel(ids) => ids.iter().any(|i| i == id),
+            FleetCall::Launch(_) => false,
+        }));
+        let rec = &ctx.jobs.records()[&job];
+        assert_eq!((rec.state, rec.lease_owner.as_deref()), (JobState::Running, Some(id)));
+        assert_eq!(ctx.queues.sent().len(), sent, "no job re-queued");
     }
 
     #[tokio::test]

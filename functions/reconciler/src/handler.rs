@@ -25,8 +25,7 @@ where
     E: EventLog,
     L: Lease,
 {
-    ctx.reconcile(onoff_fn_common::now(), true, &event.context.request_id)
-        .await
+    ctx.reconcile(onoff_fn_common::now(), true, &event.context).await
 }
 
 #[cfg(test)]

@@ -34,8 +34,7 @@ where
             tracing::info!(?trigger, "scaler invoked by another event kind; reconciling anyway");
         }
     }
-    ctx.reconcile(onoff_fn_common::now(), false, &event.context.request_id)
-        .await
+    ctx.reconcile(onoff_fn_common::now(), false, &event.context).await
 }
 
 #[cfg(test)]

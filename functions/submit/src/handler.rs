@@ -218,7 +218,7 @@ where
     if new_jobs > 0 {
         // Scale from zero now rather than at the next alarm period; a failure here is logged, the
         // alarm and the schedule catch up.
-        if let Err(e) = ctx.reconcile(now, false, &event.context.request_id).await {
+        if let Err(e) = ctx.reconcile(now, false, &event.context).await {
             tracing::warn!(error = %e, "scaling after submission failed");
         }
     }
@@ -306,7 +306,7 @@ mod tests {
         let v2 = objects.put(
             BUCKET,
             KEY,
-            r#"{"image":"ghcr.io/acme/train:1.4","command":["python","train.py"],"project":"vision","gpus":2}"#,
+            r#"{"image":"ghcr.io/acme/train:1.4","command":["python","train.py"],"project":"vision","gpus":4}"#,
         );
         let ev2 = s3_event(&objects, Some(&v2));
         let out = handle(&ctx, &objects, ev1).await.unwrap();
@@ -319,7 +319,7 @@ mod tests {
         assert_eq!(jobs[&first].spec.gpus, 1);
         let mut gpus: Vec<u32> = jobs.values().map(|j| j.spec.gpus).collect();
         gpus.sort_unstable();
-        assert_eq!(gpus, [1, 2]);
+        assert_eq!(gpus, [1, 4]);
         assert!(
             jobs[&first].source.contains(&format!("?versionId={v1}#")),
             "{}",
@@ -345,7 +345,7 @@ mod tests {
         objects.put(
             BUCKET,
             KEY,
-            r#"{"image":"i","command":["x"],"project":"vision","gpus":2}"#,
+            r#"{"image":"i","command":["x"],"project":"vision","gpus":4}"#,
         );
         let out = handle(&ctx, &objects, ev).await.unwrap();
         assert!(
@@ -358,7 +358,7 @@ mod tests {
         assert!(ctx.jobs.records().is_empty());
         // The new content's own event submits it.
         handle(&ctx, &objects, s3_event(&objects, None)).await.unwrap();
-        assert_eq!(ctx.jobs.records().values().next().unwrap().spec.gpus, 2);
+        assert_eq!(ctx.jobs.records().values().next().unwrap().spec.gpus, 4);
     }
 
     #[tokio::test]

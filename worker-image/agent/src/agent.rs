@@ -51,6 +51,10 @@ pub enum ExitReason {
     Notice(Notice),
     /// Asked to stop (SIGTERM/SIGINT to the agent): released its job and deregistered.
     Shutdown,
+    /// The control plane is retiring this worker (its row is Draining or Terminating: a
+    /// scale-down, or an interruption notice): it takes no new work, deregistered and terminated
+    /// its instance.
+    Drained,
 }
 
 /// How one job attempt on this worker ended.
@@ -290,16 +294,25 @@ where
         &self.me.instance_id
     }
 
-    async fn heartbeat(&self, state: WorkerState, idle_since: Option<f64>, job: Option<&str>) {
+    /// Write the heartbeat; `false` when the control plane is retiring this worker (its row is
+    /// Draining or Terminating and keeps that state).
+    async fn heartbeat(&self, state: WorkerState, idle_since: Option<f64>, job: Option<&str>) -> bool {
         let now = self.clock.now();
-        if let Err(e) = self.deps.registry.heartbeat(self.id(), state, idle_since, now).await {
-            tracing::warn!(error = %e, "heartbeat");
+        let mut retiring = false;
+        match self.deps.registry.heartbeat(self.id(), state, idle_since, now).await {
+            Ok(()) => {}
+            Err(StoreError::Conflict(e)) => {
+                tracing::info!(reason = %e, "worker is being retired: no new work");
+                retiring = true;
+            }
+            Err(e) => tracing::warn!(error = %e, "heartbeat"),
         }
         let health = serde_json::json!({
             "instance_id": self.id(), "state": format!("{state:?}"), "at": now, "job": job,
         });
         let _ = std::fs::create_dir_all(&self.cfg.work_dir);
         let _ = std::fs::write(self.cfg.health_file(), health.to_string());
+        !retiring
     }
 
     async fn notice(&self) -> Option<Notice> {
@@ -316,7 +329,9 @@ where
     async fn serve(&mut self, mut shutdown: Shutdown<'_>) -> ExitReason {
         let mut idle_since = self.clock.now();
         let mut idle_at = Instant::now();
-        self.heartbeat(WorkerState::Idle, Some(idle_since), None).await;
+        if !self.heartbeat(WorkerState::Idle, Some(idle_since), None).await {
+            return ExitReason::Drained;
+        }
         let mut next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
         let mut next_poll = Instant::now();
         loop {
@@ -334,7 +349,9 @@ where
             }
             if Instant::now() >= next_heartbeat {
                 next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
-                self.heartbeat(WorkerState::Idle, Some(idle_since), None).await;
+                if !self.heartbeat(WorkerState::Idle, Some(idle_since), None).await {
+                    return ExitReason::Drained;
+                }
             }
             // Long-poll no longer than the next thing to do.
             let until_next = [
@@ -359,7 +376,9 @@ where
             }
             idle_since = self.clock.now();
             idle_at = Instant::now();
-            self.heartbeat(WorkerState::Idle, Some(idle_since), None).await;
+            if !self.heartbeat(WorkerState::Idle, Some(idle_since), None).await {
+                return ExitReason::Drained;
+            }
             next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
         }
     }
@@ -419,6 +438,31 @@ where
         };
         let now = self.clock.now();
         let owner = self.id().to_string();
+        // One conditional write on this worker's row before the claim: a scale-down or an
+        // interruption notice that marked it Draining or Terminating first wins, and then this
+        // worker takes no job (its message goes back for another).
+        match self.deps.registry.mark_busy(&owner, now).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(job = %job_id, "worker is being retired: message left for another worker");
+                if let Err(e) = self.deps.inbox.set_visibility(&msg.lane, &msg.receipt, 0).await {
+                    tracing::warn!(error = %e, "give the message back");
+                }
+                return Some(ExitReason::Drained);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "mark busy failed: message handed back");
+                if let Err(e) = self
+                    .deps
+                    .inbox
+                    .requeue(&msg.lane, &msg.receipt, &msg.body, self.cfg.retry_delay_s as u32)
+                    .await
+                {
+                    tracing::warn!(job = %job_id, error = %e, "hand the message back");
+                }
+                return None;
+            }
+        }
         match self.deps.jobs.claim(&job_id, &owner, now + self.cfg.lease_s, now).await {
             Ok(Claim::Claimed(rec)) => {
                 // The row is the truth from here on: the message has done its work. Every re-run
@@ -561,7 +605,7 @@ where
         let id = job.id.clone();
         let owner = self.id().to_string();
         tracing::info!(job = %id, attempt = job.attempts, %lane, "claimed");
-        self.heartbeat(WorkerState::Running, None, Some(&id)).await;
+        let _ = self.heartbeat(WorkerState::Running, None, Some(&id)).await;
         let mut report = JobReport {
             job_id: id.clone(),
             attempt: job.attempts,
@@ -725,7 +769,7 @@ where
                 () = sleep_until(next_heartbeat) => {
                     next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
                     let state = if stop.is_some() { WorkerState::Draining } else { WorkerState::Running };
-                    self.heartbeat(state, None, Some(&id)).await;
+                    let _ = self.heartbeat(state, None, Some(&id)).await;
                 }
                 () = sleep_until(kill_at), if stop_deadline.is_some() => {
                     tracing::warn!(job = %id, "grace period over: killing the job");
@@ -734,7 +778,7 @@ where
                 }
             }
             if stop.is_some() && stop_deadline.is_none() {
-                self.heartbeat(WorkerState::Draining, None, Some(&id)).await;
+                let _ = self.heartbeat(WorkerState::Draining, None, Some(&id)).await;
                 let _ = std::fs::write(dir.join("STOP"), b"");
                 let _ = handle.control.send(Control::Stop).await;
                 stop_deadline = Some(Instant::now() + secs(self.cfg.notice_grace_s));

@@ -139,6 +139,9 @@ impl Registry for DynamoRegistry {
     async fn register(&self, record: WorkerRecord) -> Result<(), StoreError> {
         self.0.register_launch(record).await
     }
+    async fn mark_busy(&self, id: &str, now: f64) -> Result<bool, StoreError> {
+        self.0.mark_busy(id, now).await
+    }
     async fn heartbeat(
         &self,
         id: &str,

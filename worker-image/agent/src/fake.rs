@@ -295,11 +295,28 @@ impl Registry for FakeRegistry {
         idle_since: Option<f64>,
         now: f64,
     ) -> Result<(), StoreError> {
-        if !self.records().contains_key(id) {
+        let Some(row) = self.records().get(id).cloned() else {
             return Err(StoreError::NotFound(id.into()));
+        };
+        // As the DynamoDB adapter: a row the control plane is retiring keeps its state.
+        let retiring = match state {
+            // Deregistering: always (the DynamoDB adapter's agent registry writes it unconditionally).
+            WorkerState::Terminating => false,
+            WorkerState::Draining => row.state == WorkerState::Terminating,
+            _ => matches!(row.state, WorkerState::Draining | WorkerState::Terminating),
+        };
+        if retiring {
+            self.set_agent_view(id, row.state, row.idle_since, Some(now));
+            return Err(StoreError::Conflict(format!(
+                "{id} is being retired by the control plane"
+            )));
         }
         self.set_agent_view(id, state, idle_since, Some(now));
         Ok(())
+    }
+
+    async fn mark_busy(&self, id: &str, now: f64) -> Result<bool, StoreError> {
+        FakeRegistry::mark_busy(self, id, now)
     }
 }
 

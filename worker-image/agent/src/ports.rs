@@ -121,10 +121,19 @@ pub trait Registry {
     /// Store failures.
     async fn register(&self, record: WorkerRecord) -> Result<(), StoreError>;
 
-    /// State, idle-since and heartbeat time.
+    /// Take a job: state Running, only if the control plane is not retiring this worker (its row
+    /// Draining or Terminating). `Ok(false)` when refused: the agent must not claim.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] when the row is gone; store failures.
+    async fn mark_busy(&self, id: &str, now: f64) -> Result<bool, StoreError>;
+
+    /// State, idle-since and heartbeat time. A row the control plane is retiring keeps its state
+    /// (only the heartbeat time is written).
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the row is gone; [`StoreError::Conflict`] when the row is
+    /// Draining or Terminating (the worker is being retired); store failures.
     async fn heartbeat(
         &self,
         id: &str,
@@ -227,6 +236,9 @@ impl<T: Inbox> Inbox for &T {
 impl<T: Registry> Registry for &T {
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
         (**self).get(id).await
+    }
+    async fn mark_busy(&self, id: &str, now: f64) -> Result<bool, StoreError> {
+        (**self).mark_busy(id, now).await
     }
     async fn register(&self, record: WorkerRecord) -> Result<(), StoreError> {
         (**self).register(record).await

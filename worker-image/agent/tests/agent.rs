@@ -368,9 +368,11 @@ async fn a_crashing_job_is_retried_then_failed_with_its_reason() {
         "{reason}"
     );
     assert!(w.inbox.remaining().is_empty());
-    // A program that does not exist fails the same way, with the start error as the reason.
+    // A program that does not exist fails the same way, with the start error as the reason (on
+    // a new worker: i-a terminated itself when it went idle).
     submit(&w, "job-2", "no-such-program", 1, 600.0);
-    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    register(&w, "i-b");
+    let (r, _) = agent(&w, "i-b", &cfg(&dir)).await;
     assert_eq!(r.jobs[0].outcome, Outcome::Failed);
     assert!(w.jobs.errors()["job:job-2"].contains("no-such-program"));
 }
@@ -506,7 +508,53 @@ async fn the_job_gets_its_input_and_contract_variables() {
     let mut rec = job(&w, "job-2");
     rec.spec.input = Some("s3://b/missing".into());
     w.jobs.put(rec);
-    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    register(&w, "i-b");
+    let (r, _) = agent(&w, "i-b", &cfg(&dir)).await;
     assert_eq!(r.jobs[0].outcome, Outcome::Failed);
     assert!(w.jobs.errors()["job:job-2"].contains("NoSuchKey"));
+}
+
+/// A scale-down or an interruption notice that marked the worker first wins the race with a
+/// claim: the agent sees its row Draining or Terminating, leaves the message for another worker,
+/// takes no job and terminates its instance; its heartbeat never revives the row.
+#[tokio::test(start_paused = true)]
+async fn a_worker_the_control_plane_is_retiring_takes_no_job_and_terminates() {
+    let dir = tempdir("retiring");
+    let w = World::default();
+    register(&w, "i-a");
+    w.launcher.script(
+        "work",
+        Script {
+            items: 5,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
+    );
+    // Idle and polling, then the control plane marks it Draining before a job arrives.
+    let registry = &w.registry;
+    let inbox = &w.inbox;
+    let jobs = &w.jobs;
+    let later = async {
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert!(registry
+            .set_state_if("i-a", WorkerState::Draining, &[WorkerState::Idle])
+            .await
+            .unwrap());
+        let spec: JobSpec =
+            serde_json::from_value(serde_json::json!({"image": "img", "command": ["work"], "project": "p"})).unwrap();
+        jobs.put(JobRecord::new("job-1".into(), spec, "test".into(), T0));
+        inbox.send("standard", r#"{"job_id":"job-1"}"#);
+    };
+    let c = cfg(&dir);
+    let (_, (r, terminated)) = tokio::join!(later, agent(&w, "i-a", &c));
+    assert_eq!(r.exit, ExitReason::Drained);
+    assert!(r.jobs.is_empty() && w.launcher.started().is_empty(), "{r:?}");
+    assert_eq!(terminated, vec!["i-a".to_string()]);
+    assert_eq!(job(&w, "job-1").state, JobState::Queued);
+    assert_eq!(
+        w.inbox.pending_for("standard", "job-1"),
+        1,
+        "the message is there for another worker"
+    );
 }
