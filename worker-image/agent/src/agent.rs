@@ -186,6 +186,27 @@ fn newest_checkpoint(dir: &Path) -> Option<u64> {
         .max()
 }
 
+/// Hard-link every file of checkpoint `src` into `dst` (made anew), for an upload that the job
+/// cannot spoil by deleting or renaming `src` meanwhile (the files of a complete checkpoint are
+/// not rewritten: a new checkpoint is a new directory). Links cost neither space nor time; `src`
+/// and `dst` are both under the job's work directory, so on one file system.
+fn stage(src: &Path, dst: &Path) -> std::io::Result<()> {
+    if dst.exists() {
+        std::fs::remove_dir_all(dst)?;
+    }
+    std::fs::create_dir_all(dst)?;
+    for e in std::fs::read_dir(src)? {
+        let e = e?;
+        let (from, to) = (e.path(), dst.join(e.file_name()));
+        if e.file_type()?.is_dir() {
+            stage(&from, &to)?;
+        } else {
+            std::fs::hard_link(&from, &to)?;
+        }
+    }
+    Ok(())
+}
+
 /// `ONOFF_ITEMS <n>` lines.
 fn items_line(line: &str) -> Option<u64> {
     line.trim().strip_prefix("ONOFF_ITEMS")?.trim().parse().ok()
@@ -1096,7 +1117,19 @@ where
         let newest = newest_checkpoint(dir).filter(|_| done.behind(dir))?;
         let seq = done.remote_seq + 1;
         let path: PathBuf = dir.join(newest.to_string());
-        match self.deps.checkpoints.upload(id, seq, &path).await {
+        // The job may delete this checkpoint once it has written a newer one, long before a
+        // checkpoint of many GB is up: upload from hard links of its files.
+        let staged = dir.with_file_name("uploading").join(newest.to_string());
+        let from = match stage(&path, &staged) {
+            Ok(()) => staged.clone(),
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "cannot stage the checkpoint: uploading it in place");
+                path
+            }
+        };
+        let uploaded = self.deps.checkpoints.upload(id, seq, &from).await;
+        let _ = std::fs::remove_dir_all(&staged);
+        match uploaded {
             Ok(_) => {
                 tracing::info!(job = %id, seq, "checkpoint uploaded");
                 Some(Uploaded {

@@ -391,10 +391,11 @@ fn read_tree(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) -> std::
 
 impl CheckpointStore for FakeCheckpoints {
     async fn upload(&self, job_id: &str, seq: u64, dir: &Path) -> Result<CheckpointRef, StoreError> {
-        let mut files = Vec::new();
-        read_tree(dir, dir, &mut files).map_err(|e| StoreError::Other(e.to_string()))?;
+        // The files are read as the transfer goes, as S3 uploads stream them: here at its end.
         let i = self.begin(true, job_id, seq);
         self.finish(i).await;
+        let mut files = Vec::new();
+        read_tree(dir, dir, &mut files).map_err(|e| StoreError::Other(e.to_string()))?;
         let r = CheckpointRef {
             job_id: job_id.into(),
             seq,
@@ -473,7 +474,8 @@ impl Instance for FakeInstance {
 /// How a scripted job behaves. It processes `items_per_s` items per second of tokio time until
 /// `items` are done, resuming from `$ONOFF_RESUME_DIR/items`; writes a checkpoint (a numbered
 /// directory holding `items`) every `checkpoint_every_s`, when `$ONOFF_CHECKPOINT_NOW_FILE`
-/// appears (and deletes it) and when stopped; exits `exit_code` when done, 143 when stopped.
+/// appears (and deletes it) and when stopped, deleting the older ones as the example job does;
+/// exits `exit_code` when done, 143 when stopped.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Script {
     /// Items to process in all.
@@ -514,6 +516,9 @@ fn write_checkpoint(dir: &Path, n: u64, items: u64) {
     let _ = std::fs::create_dir_all(&tmp);
     let _ = std::fs::write(tmp.join("items"), items.to_string());
     let _ = std::fs::rename(&tmp, dir.join(n.to_string()));
+    if n > 1 {
+        let _ = std::fs::remove_dir_all(dir.join((n - 1).to_string()));
+    }
 }
 
 impl Launcher for ScriptedLauncher {

@@ -580,7 +580,8 @@ async fn a_checkpoint_that_takes_40_minutes_each_way_never_costs_the_lease_or_th
         ..World::default()
     };
     register(&w, "i-a");
-    // An hour of work resumed at item 100; local checkpoints every 10 minutes, uploads every 15.
+    // An hour of work resumed at item 100; local checkpoints every 10 minutes (each deletes the
+    // one before, long before its 40-minute upload is done), uploads every 15.
     w.launcher.script(
         "train",
         Script {
