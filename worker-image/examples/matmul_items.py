@@ -11,7 +11,9 @@ Real computation over input items that follows the job contract in worker-image/
 - a checkpoint every --checkpoint-every items, written to $ONOFF_CHECKPOINT_DIR/.tmp-<n> and renamed
   to $ONOFF_CHECKPOINT_DIR/<n> (n = items done, so numbers keep growing across resumed attempts);
 - resumes from $ONOFF_RESUME_DIR/state.json when there is one;
-- stops after the current item on SIGTERM or when $ONOFF_STOP_FILE exists: checkpoint, exit 143.
+- stops after the current item on SIGTERM or when $ONOFF_STOP_FILE exists: checkpoint, exit 143;
+- when $ONOFF_CHECKPOINT_NOW_FILE exists (a rebalance recommendation), writes a checkpoint after the
+  current item, deletes the file and keeps going.
 
 Runs on the Python 3 standard library alone (CPU). When `torch` imports and CUDA is available it does
 the matrix products on the GPU instead, with the same result: the products are done in float64,
@@ -310,6 +312,7 @@ def run(args: argparse.Namespace, env: dict, stop: StopFlag) -> int:
         }
 
     last_checkpoint = start  # the resumed checkpoint already holds this state
+    now_file = env.get("ONOFF_CHECKPOINT_NOW_FILE") or None
     fail_now = args.fail_at is not None and (
         args.fail_attempts is None or int(env.get("ONOFF_ATTEMPT") or 1) <= args.fail_attempts
     )
@@ -330,9 +333,17 @@ def run(args: argparse.Namespace, env: dict, stop: StopFlag) -> int:
         if args.min_item_ms:
             time.sleep(max(0.0, args.min_item_ms / 1000 - (time.monotonic() - began)))
         print(f"ONOFF_ITEMS {i + 1}", flush=True)
-        if checkpoint_dir and (i + 1) % args.checkpoint_every == 0 and i + 1 < total:
+        asked = bool(now_file and os.path.exists(now_file))
+        if checkpoint_dir and i + 1 < total and (asked or (i + 1) % args.checkpoint_every == 0):
             write_checkpoint(checkpoint_dir, state(i + 1))
             last_checkpoint = i + 1
+            if asked:
+                print(f"checkpoint at item {i + 1}: asked by {now_file}", file=sys.stderr, flush=True)
+        if asked:
+            try:
+                os.remove(now_file)
+            except FileNotFoundError:
+                pass
 
     print(f"ONOFF_RESULT {digest.hex()}", flush=True)
     if args.output:

@@ -196,6 +196,19 @@ class JobTest(unittest.TestCase):
         self.assertEqual(state["next_item"], 18)
         self.assertEqual(state["size"], SIZE)
 
+    def test_checkpoint_now_file_writes_one_at_once_and_keeps_running(self):
+        ckpt, now_file = self.mkdir("ckpt"), self.path("checkpoint-now")
+        with open(now_file, "w"):
+            pass
+        # --checkpoint-every larger than the job: only the asked-for checkpoint is written.
+        p = run_job(["--items", 6, "--size", SIZE, "--checkpoint-every", 100],
+                    ONOFF_CHECKPOINT_DIR=ckpt, ONOFF_CHECKPOINT_NOW_FILE=now_file)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertFalse(os.path.exists(now_file), "the job deletes the file once the checkpoint is in place")
+        self.assertEqual(numbered(ckpt), ["1"], "one checkpoint, after the first item")
+        self.assertIn("asked by", p.stderr)
+        self.assertEqual(items_reported(p.stdout), list(range(1, 7)), "it kept running to the end")
+
     def test_no_checkpoint_dir_means_no_checkpoints(self):
         p = run_job(["--items", 12, "--size", SIZE, "--checkpoint-every", 2], ONOFF_STOP_FILE=self.path("stop"))
         self.assertEqual(p.returncode, 0, p.stderr)

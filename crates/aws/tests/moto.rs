@@ -847,6 +847,47 @@ async fn checkpoints_stream_up_manifest_last_and_only_complete_ones_count() {
 }
 
 #[tokio::test]
+async fn checkpoints_of_many_files_and_parts_go_up_and_down_concurrently_byte_for_byte() {
+    use onoff_aws::checkpoints::S3Checkpoints;
+    use onoff_control::ports::CheckpointStore;
+    let c = clients().await;
+    let bucket = unique("onoff-ckpt");
+    c.s3.create_bucket().bucket(&bucket).send().await.unwrap();
+    // 3 at a time over 12 small files and two multipart files (4 + 3 parts of 5 MiB).
+    let store = S3Checkpoints::new(c.s3.clone(), &bucket)
+        .with_part_size(5 * 1024 * 1024)
+        .with_concurrency(3);
+    let dir = std::env::temp_dir().join(unique("ckpt-many"));
+    let mut want = Vec::new();
+    for i in 0..12u32 {
+        let rel = format!("shard-{:02}/state-{i}.bin", i % 4);
+        want.push((rel, (0..1000 + i * 37).map(|b| (b ^ i) as u8).collect::<Vec<u8>>()));
+    }
+    for (name, mib, seed) in [("a.bin", 18u32, 7u32), ("b.bin", 11, 13)] {
+        let bytes = (0..mib * 1024 * 1024 + 3)
+            .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 11) as u8)
+            .collect();
+        want.push((name.to_string(), bytes));
+    }
+    for (rel, bytes) in &want {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, bytes).unwrap();
+    }
+    let r = store.upload("job-many", 1, &dir).await.unwrap();
+    assert_eq!(r.files.len(), want.len());
+    let latest = store.latest("job-many").await.unwrap().unwrap();
+    assert_eq!(latest, r);
+    let dest = std::env::temp_dir().join(unique("ckpt-many-dst"));
+    store.download(&latest, &dest).await.unwrap();
+    for (rel, bytes) in &want {
+        assert!(std::fs::read(dest.join(rel)).unwrap() == *bytes, "{rel} differs");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(&dest).ok();
+}
+
+#[tokio::test]
 async fn submit_then_scaler_launches_tagged_instances_and_the_reaper_terminates_an_orphan() {
     use onoff_aws::jobs::DynamoJobs;
     use onoff_control::reconcile::{reconcile, ReconcileOptions};

@@ -1,8 +1,19 @@
 //! The agent's loop: register, poll, claim, run, checkpoint, react to notices, exit when idle.
 //!
+//! A claimed job's attempt is two futures polled together from the claim until the attempt is
+//! settled: the attempt itself (resume download, input download, a lease check, the process,
+//! checkpoint uploads, the final record) and its watcher (lease renewal, heartbeat, IMDS notices,
+//! the agent's shutdown), which tells the attempt what it saw. No transfer, however long, holds
+//! up the lease or the heartbeat, and the periodic uploads run beside the process.
+//!
+//! Notices: a spot interruption notice (or the agent's shutdown) stops the job, which
+//! checkpoints and is released; a rebalance recommendation asks the job for a checkpoint,
+//! uploads checkpoints as they appear, lets the job finish and takes no new one.
+//!
 //! Everything goes through the ports in [`crate::ports`] and tokio time, so the whole loop runs in
 //! tests against fakes with paused time.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -13,6 +24,7 @@ use onoff_control::ports::{
     checkpoint_prefix, wake, CheckpointStore, Claim, JobRecord, JobStore, StoreError, WorkerRecord,
 };
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
+use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
 use crate::config::{AgentConfig, ShutdownMode};
@@ -46,8 +58,9 @@ pub struct Deps<M, Q, J, R, C, O, I, L> {
 pub enum ExitReason {
     /// No job for the idle timeout: deregistered and terminated its instance.
     IdleTimeout,
-    /// A spot interruption notice or rebalance recommendation: released its job, deregistered and
-    /// terminated its instance.
+    /// A notice: deregistered and terminated its instance. After a spot interruption notice its
+    /// job was checkpointed and released; after a rebalance recommendation its job was
+    /// checkpointed at once and run to its end, and no other job was taken.
     Notice(Notice),
     /// Asked to stop (SIGTERM/SIGINT to the agent): released its job and deregistered.
     Shutdown,
@@ -68,7 +81,8 @@ pub enum Outcome {
     Retrying,
     /// Stopped for a notice or shutdown, checkpointed, released for resume (attempt not counted).
     Released,
-    /// The lease was lost (expired and taken over): the job was killed, nothing recorded.
+    /// The lease was lost (ended by the reaper, or the job cancelled): the job was killed, or
+    /// not started when that was found before its start; nothing recorded.
     LostLease,
 }
 
@@ -176,12 +190,121 @@ fn newest_checkpoint(dir: &Path) -> Option<u64> {
         .max()
 }
 
+/// Hard-link every file of checkpoint `src` into `dst` (made anew), for an upload that the job
+/// cannot spoil by deleting or renaming `src` meanwhile (the files of a complete checkpoint are
+/// not rewritten: a new checkpoint is a new directory). Links cost neither space nor time; `src`
+/// and `dst` are both under the job's work directory, so on one file system.
+fn stage(src: &Path, dst: &Path) -> std::io::Result<()> {
+    if dst.exists() {
+        std::fs::remove_dir_all(dst)?;
+    }
+    std::fs::create_dir_all(dst)?;
+    for e in std::fs::read_dir(src)? {
+        let e = e?;
+        let (from, to) = (e.path(), dst.join(e.file_name()));
+        if e.file_type()?.is_dir() {
+            stage(&from, &to)?;
+        } else {
+            std::fs::hard_link(&from, &to)?;
+        }
+    }
+    Ok(())
+}
+
 /// `ONOFF_ITEMS <n>` lines.
 fn items_line(line: &str) -> Option<u64> {
     line.trim().strip_prefix("ONOFF_ITEMS")?.trim().parse().ok()
 }
 
 type Shutdown<'a> = Pin<&'a mut (dyn Future<Output = ()> + Send)>;
+
+/// What an attempt's watcher ([`Worker::watch`]) has seen, for the attempt to act on.
+#[derive(Debug, Clone, Default)]
+struct Alerts {
+    /// Checkpoint and stop: a spot interruption notice or the agent's shutdown.
+    stop: Option<ExitReason>,
+    /// A rebalance recommendation: checkpoint now, finish this job, take no other.
+    rebalance: Option<Notice>,
+    /// This worker no longer holds the lease (why): the job must not run here any more.
+    lease_lost: Option<String>,
+}
+
+/// Why a wait of an attempt was cut short.
+#[derive(Debug)]
+enum Interrupt {
+    /// Before the process started: release the job.
+    Stop(ExitReason),
+    /// Record nothing.
+    LeaseLost(String),
+}
+
+impl Interrupt {
+    /// Before the job's process runs, a lost lease or a stop ends the attempt.
+    fn before_start(a: &Alerts) -> Option<Self> {
+        Self::lease_lost(a).or_else(|| a.stop.clone().map(Interrupt::Stop))
+    }
+
+    /// After it ran (its last upload), only a lost lease does.
+    fn lease_lost(a: &Alerts) -> Option<Self> {
+        a.lease_lost.clone().map(Interrupt::LeaseLost)
+    }
+}
+
+/// `fut`, unless `alerts` call for `interrupt` first (then `fut` is dropped).
+async fn unless<T>(
+    alerts: &mut watch::Receiver<Alerts>,
+    interrupt: fn(&Alerts) -> Option<Interrupt>,
+    fut: impl Future<Output = T>,
+) -> Result<T, Interrupt> {
+    tokio::pin!(fut);
+    loop {
+        if let Some(i) = interrupt(&alerts.borrow_and_update()) {
+            return Err(i);
+        }
+        tokio::select! {
+            biased;
+            changed = alerts.changed() => {
+                if changed.is_err() {
+                    // No watcher any more: nothing can interrupt.
+                    return Ok(fut.await);
+                }
+            }
+            v = &mut fut => return Ok(v),
+        }
+    }
+}
+
+/// The output of the future in `slot`; pending while there is none.
+async fn poll_some<F: Future + Unpin>(slot: &mut Option<F>) -> F::Output {
+    match slot {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Which checkpoints of an attempt are in the store.
+#[derive(Debug, Clone, Copy, Default)]
+struct Uploads {
+    /// The newest local checkpoint (its directory number) uploaded.
+    local: Option<u64>,
+    /// The last sequence number in the store (the resumed one, or the last upload).
+    remote_seq: u64,
+}
+
+impl Uploads {
+    /// Whether `dir` holds a complete checkpoint newer than the last one uploaded.
+    fn behind(&self, dir: &Path) -> bool {
+        newest_checkpoint(dir).is_some_and(|n| self.local.is_none_or(|u| n > u))
+    }
+}
+
+/// A checkpoint just uploaded.
+#[derive(Debug)]
+struct Uploaded {
+    uploads: Uploads,
+    /// Its S3 prefix.
+    prefix: String,
+}
 
 struct Worker<'a, M, Q, J, R, C, O, I, L> {
     deps: &'a Deps<M, Q, J, R, C, O, I, L>,
@@ -436,6 +559,16 @@ where
             self.poison(&msg, &format!("sqs:{}", msg.message_id), &reason).await;
             return None;
         };
+        // A notice may have come while this message was on its way (the idle loop polls IMDS
+        // every few seconds): a worker at risk takes no new job. The message goes back as a new
+        // one, visible at once, for a worker that stays.
+        if let Some(n) = self.notice().await {
+            tracing::warn!(job = %job_id, notice = ?n, "notice before the claim: message handed back, draining");
+            if let Err(e) = self.deps.inbox.requeue(&msg.lane, &msg.receipt, &msg.body, 0).await {
+                tracing::warn!(job = %job_id, error = %e, "hand the message back (it reappears after its visibility)");
+            }
+            return Some(ExitReason::Notice(n));
+        }
         let now = self.clock.now();
         let owner = self.id().to_string();
         // One conditional write on this worker's row before the claim: a scale-down or an
@@ -556,7 +689,7 @@ where
     /// End the attempt as `end` says: one conditional write under this worker's lease, then a
     /// fresh wake-up message when the job is to run again. `None` when the lease was lost (the
     /// reaper or another worker has the job: nothing recorded here).
-    async fn end_attempt(&mut self, job: &JobRecord, end: AttemptEnd) -> Option<JobState> {
+    async fn end_attempt(&self, job: &JobRecord, end: AttemptEnd) -> Option<JobState> {
         let settle = Settle::of(job, &end, &self.cfg.rerun_limits);
         let now = self.clock.now();
         if let Err(e) = self.deps.jobs.finish(&job.id, self.id(), &settle, now).await {
@@ -586,7 +719,7 @@ where
     }
 
     /// [`Self::end_attempt`] as an [`Outcome`].
-    async fn settle(&mut self, job: &JobRecord, end: AttemptEnd) -> Outcome {
+    async fn settle(&self, job: &JobRecord, end: AttemptEnd) -> Outcome {
         match self.end_attempt(job, end).await {
             Some(JobState::Succeeded) => Outcome::Succeeded,
             Some(JobState::Failed) => Outcome::Failed,
@@ -596,16 +729,118 @@ where
         }
     }
 
-    async fn run_job(
-        &mut self,
-        lane: &str,
-        job: JobRecord,
-        mut shutdown: Shutdown<'_>,
-    ) -> (JobReport, Option<ExitReason>) {
+    /// Run a claimed job's attempt, with [`Self::watch`] beside it from the claim to the settle.
+    async fn run_job(&self, lane: &str, job: JobRecord, shutdown: Shutdown<'_>) -> (JobReport, Option<ExitReason>) {
+        tracing::info!(job = %job.id, attempt = job.attempts, %lane, "claimed");
+        self.heartbeat(WorkerState::Running, None, Some(&job.id)).await;
+        let (tx, rx) = watch::channel(Alerts::default());
+        let attempt = self.attempt(&job, rx);
+        let watcher = self.watch(&job.id, &tx, shutdown);
+        // The watcher never ends by itself: it stops (is dropped) when the attempt is settled.
+        let report = tokio::select! {
+            biased;
+            report = attempt => report,
+            never = watcher => match never {},
+        };
+        let alerts = tx.borrow().clone();
+        // A stop (a spot notice, the agent's shutdown) or a rebalance recommendation seen during
+        // the attempt ends the agent once the attempt is settled, however the job ended.
+        let exit = alerts.stop.or_else(|| alerts.rebalance.map(ExitReason::Notice));
+        (report, exit)
+    }
+
+    /// The attempt's watcher: renews the lease every third of it, heartbeats, polls IMDS for
+    /// notices and watches the agent's shutdown, and tells the attempt through `alerts`. It runs
+    /// beside the attempt's transfers and its process alike, so a checkpoint that takes an hour to
+    /// move neither lets the lease expire nor silences the heartbeat or the notices.
+    async fn watch(&self, id: &str, alerts: &watch::Sender<Alerts>, mut shutdown: Shutdown<'_>) -> Infallible {
+        let renew_every = secs(self.cfg.lease_s / 3.0);
+        let mut next_renew = Instant::now() + renew_every;
+        let mut next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
+        let mut next_poll = Instant::now() + secs(self.cfg.imds_poll_s);
+        let mut shutdown_open = true;
+        loop {
+            let (lost, stopping, draining) = {
+                let a = alerts.borrow();
+                (
+                    a.lease_lost.is_some(),
+                    a.stop.is_some(),
+                    a.stop.is_some() || a.rebalance.is_some(),
+                )
+            };
+            let mut heartbeat_now = false;
+            tokio::select! {
+                () = sleep_until(next_renew), if !lost => {
+                    next_renew = Instant::now() + renew_every;
+                    match self.renew(id).await {
+                        Ok(()) => {}
+                        Err(why) => {
+                            tracing::error!(job = %id, error = %why, "lease lost");
+                            alerts.send_modify(|a| a.lease_lost = Some(why));
+                        }
+                    }
+                }
+                () = sleep_until(next_heartbeat) => heartbeat_now = true,
+                () = sleep_until(next_poll), if !stopping => {
+                    next_poll = Instant::now() + secs(self.cfg.imds_poll_s);
+                    match self.notice().await {
+                        Some(n @ Notice::SpotInterruption { .. }) => {
+                            tracing::warn!(job = %id, notice = ?n, "spot interruption notice: the job checkpoints and stops");
+                            alerts.send_modify(|a| a.stop = Some(ExitReason::Notice(n)));
+                            heartbeat_now = true;
+                        }
+                        Some(n @ Notice::Rebalance { .. }) if !draining => {
+                            tracing::warn!(job = %id, notice = ?n, "rebalance recommendation: checkpoint now, finish this job, take no other");
+                            alerts.send_modify(|a| a.rebalance = Some(n));
+                            heartbeat_now = true;
+                        }
+                        _ => {}
+                    }
+                }
+                () = &mut shutdown, if shutdown_open => {
+                    // Resolved once: never polled again.
+                    shutdown_open = false;
+                    if !stopping {
+                        tracing::warn!(job = %id, "agent shutdown: the job checkpoints and stops");
+                        alerts.send_modify(|a| a.stop = Some(ExitReason::Shutdown));
+                        heartbeat_now = true;
+                    }
+                }
+            }
+            if heartbeat_now {
+                next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
+                let a = alerts.borrow().clone();
+                // Draining: on its way out, or finishing its job and taking no other.
+                let state = if a.stop.is_some() || a.rebalance.is_some() {
+                    WorkerState::Draining
+                } else {
+                    WorkerState::Running
+                };
+                self.heartbeat(state, None, Some(id)).await;
+            }
+        }
+    }
+
+    /// Extend the lease of job `id` by a lease from now. `Err` with the reason when this worker no
+    /// longer holds it; a passing store failure is logged and counts as held (the next renewal
+    /// tries again, two more before the lease runs out).
+    async fn renew(&self, id: &str) -> Result<(), String> {
+        let until = self.clock.now() + self.cfg.lease_s;
+        match self.deps.jobs.renew(id, self.id(), until).await {
+            Ok(()) => Ok(()),
+            Err(e @ (StoreError::Conflict(_) | StoreError::NotFound(_))) => Err(e.to_string()),
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "renew lease (tried again at the next renewal)");
+                Ok(())
+            }
+        }
+    }
+
+    /// One attempt from its claim to its settle: resume data, input, the process, checkpoint
+    /// uploads, the final record. Every wait here is raced against `alerts`, never against the
+    /// lease or the heartbeat, which [`Self::watch`] keeps beside it.
+    async fn attempt(&self, job: &JobRecord, mut alerts: watch::Receiver<Alerts>) -> JobReport {
         let id = job.id.clone();
-        let owner = self.id().to_string();
-        tracing::info!(job = %id, attempt = job.attempts, %lane, "claimed");
-        let _ = self.heartbeat(WorkerState::Running, None, Some(&id)).await;
         let mut report = JobReport {
             job_id: id.clone(),
             attempt: job.attempts,
@@ -622,6 +857,7 @@ where
         };
         let dir = self.cfg.work_dir.join("jobs").join(&id);
         let (ckpt_dir, resume_dir, input_dir) = (dir.join("checkpoint"), dir.join("resume"), dir.join("input"));
+        let (stop_file, checkpoint_now_file) = (dir.join("STOP"), dir.join("CHECKPOINT_NOW"));
         let prepared = (|| -> std::io::Result<()> {
             if dir.exists() {
                 std::fs::remove_dir_all(&dir)?;
@@ -634,43 +870,50 @@ where
         if let Some(img) = &self.cfg.worker_image {
             if &job.spec.image != img {
                 let reason = format!("job wants image {:?}; this worker runs {img:?}", job.spec.image);
-                report.outcome = self.settle(&job, AttemptEnd::Fatal(reason)).await;
-                return (report, None);
+                report.outcome = self.settle(job, AttemptEnd::Fatal(reason)).await;
+                return report;
             }
         }
         if let Err(e) = prepared {
             let why = format!("work dir {}: {e}", dir.display());
-            report.outcome = self.settle(&job, AttemptEnd::Failed(why)).await;
-            return (report, None);
+            report.outcome = self.settle(job, AttemptEnd::Failed(why)).await;
+            return report;
         }
-        // The latest complete checkpoint, if any.
-        let mut remote_seq = 0;
+        let mut uploads = Uploads::default();
         let mut env: Vec<(String, String)> = vec![
             ("ONOFF_JOB_ID".into(), id.clone()),
             ("ONOFF_ATTEMPT".into(), job.attempts.to_string()),
             ("ONOFF_CHECKPOINT_DIR".into(), ckpt_dir.display().to_string()),
-            ("ONOFF_STOP_FILE".into(), dir.join("STOP").display().to_string()),
+            ("ONOFF_STOP_FILE".into(), stop_file.display().to_string()),
+            (
+                "ONOFF_CHECKPOINT_NOW_FILE".into(),
+                checkpoint_now_file.display().to_string(),
+            ),
         ];
-        match self.deps.checkpoints.latest(&id).await {
-            Ok(Some(r)) => match self.deps.checkpoints.download(&r, &resume_dir).await {
-                Ok(()) => {
-                    remote_seq = r.seq;
-                    report.resumed_from = Some(r.seq);
-                    env.push(("ONOFF_RESUME_DIR".into(), resume_dir.display().to_string()));
-                    tracing::info!(job = %id, seq = r.seq, "resuming from checkpoint");
-                }
-                Err(e) => {
-                    let why = format!("download checkpoint: {e}");
-                    report.outcome = self.settle(&job, AttemptEnd::Released(why)).await;
-                    return (report, None);
-                }
-            },
-            Ok(None) => {}
-            Err(e) => {
-                let why = format!("list checkpoints: {e}");
-                report.outcome = self.settle(&job, AttemptEnd::Released(why)).await;
-                return (report, None);
+        // The latest complete checkpoint, if any: a long download, with the lease kept beside it.
+        let resume = async {
+            match self.deps.checkpoints.latest(&id).await {
+                Ok(Some(r)) => match self.deps.checkpoints.download(&r, &resume_dir).await {
+                    Ok(()) => Ok(Some(r.seq)),
+                    Err(e) => Err(format!("download checkpoint: {e}")),
+                },
+                Ok(None) => Ok(None),
+                Err(e) => Err(format!("list checkpoints: {e}")),
             }
+        };
+        match unless(&mut alerts, Interrupt::before_start, resume).await {
+            Ok(Ok(Some(seq))) => {
+                uploads.remote_seq = seq;
+                report.resumed_from = Some(seq);
+                env.push(("ONOFF_RESUME_DIR".into(), resume_dir.display().to_string()));
+                tracing::info!(job = %id, seq, "resuming from checkpoint");
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(why)) => {
+                report.outcome = self.settle(job, AttemptEnd::Released(why)).await;
+                return report;
+            }
+            Err(i) => return self.interrupted(job, report, i).await,
         }
         if let Some(uri) = &job.spec.input {
             let name = parse_s3_uri(uri)
@@ -678,12 +921,30 @@ where
                 .filter(|n| !n.is_empty() && *n != "." && *n != "..")
                 .unwrap_or("input");
             let dest = input_dir.join(name);
-            if let Err(e) = self.deps.objects.download(uri, &dest).await {
-                report.outcome = self.settle(&job, AttemptEnd::Failed(format!("input {uri}: {e}"))).await;
-                return (report, None);
+            match unless(
+                &mut alerts,
+                Interrupt::before_start,
+                self.deps.objects.download(uri, &dest),
+            )
+            .await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    report.outcome = self.settle(job, AttemptEnd::Failed(format!("input {uri}: {e}"))).await;
+                    return report;
+                }
+                Err(i) => return self.interrupted(job, report, i).await,
             }
             env.push(("ONOFF_JOB_INPUT".into(), dest.display().to_string()));
             env.push(("ONOFF_JOB_INPUT_URI".into(), uri.clone()));
+        }
+        // The transfers may have taken long: start only under a lease this worker still holds
+        // (cancelled, or taken by the reaper meanwhile: another worker may be running it).
+        if let Some(i) = Interrupt::before_start(&alerts.borrow_and_update()) {
+            return self.interrupted(job, report, i).await;
+        }
+        if let Err(why) = self.renew(&id).await {
+            return self.interrupted(job, report, Interrupt::LeaseLost(why)).await;
         }
         let cmd = JobCommand {
             argv: job.spec.command.clone(),
@@ -693,24 +954,59 @@ where
         let mut handle = match self.deps.launcher.start(&cmd) {
             Ok(h) => h,
             Err(e) => {
-                report.outcome = self.settle(&job, AttemptEnd::Failed(e)).await;
-                return (report, None);
+                report.outcome = self.settle(job, AttemptEnd::Failed(e)).await;
+                return report;
             }
         };
         let started = Instant::now();
         let mut billed = started;
-        let mut local_uploaded: Option<u64> = None;
-        let renew_every = secs(self.cfg.lease_s / 3.0);
         let ckpt_every = secs(job.spec.checkpoint_interval_s / self.cfg.time_scale);
-        let mut next_renew = Instant::now() + renew_every;
         let mut next_ckpt = Instant::now() + ckpt_every;
-        let mut next_poll = Instant::now() + secs(self.cfg.imds_poll_s);
-        let mut next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
-        let mut stop: Option<ExitReason> = None;
+        // After a rebalance recommendation: look for a new complete checkpoint this often, and
+        // upload each one as soon as it is there.
+        let mut next_scan: Option<Instant> = None;
+        // The upload in flight: polled beside everything else, never awaited alone.
+        let mut upload: Option<Pin<Box<dyn Future<Output = Option<Uploaded>> + '_>>> = None;
         let mut items_base: Option<u64> = None;
+        let mut stop: Option<ExitReason> = None;
         let mut stop_deadline: Option<Instant> = None;
+        let mut rebalanced = false;
+        let mut watched = true;
+        let far = Instant::now() + Duration::from_secs(86_400 * 365 * 10);
         let exit_code = loop {
-            let kill_at = stop_deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
+            let a = alerts.borrow_and_update().clone();
+            if let Some(why) = a.lease_lost {
+                // Another writer ended the lease (the reaper, a cancel): another worker may run
+                // the job now. Kill it, its whole process group, and record nothing.
+                tracing::error!(job = %id, %why, "lease lost: killing the job");
+                let _ = handle.control.send(Control::Kill).await;
+                while let Some(ev) = handle.events.recv().await {
+                    if let JobEvent::Exited(c) = ev {
+                        report.exit_code = c;
+                        break;
+                    }
+                }
+                report.outcome = Outcome::LostLease;
+                self.account(&mut report, job, started, &mut billed, None).await;
+                return report;
+            }
+            if let (Some(reason), None) = (&a.stop, &stop) {
+                let _ = std::fs::write(&stop_file, b"");
+                let _ = handle.control.send(Control::Stop).await;
+                stop_deadline = Some(Instant::now() + secs(self.cfg.notice_grace_s));
+                stop = Some(reason.clone());
+            }
+            if a.rebalance.is_some() && !rebalanced && stop.is_none() {
+                rebalanced = true;
+                // Ask for a checkpoint (jobs that honour the file write one and delete it), and
+                // upload the newest complete one now.
+                let _ = std::fs::write(&checkpoint_now_file, b"");
+                next_scan = Some(Instant::now());
+            }
+            let next_upload = match next_scan {
+                Some(scan) => scan.min(next_ckpt),
+                None => next_ckpt,
+            };
             tokio::select! {
                 ev = handle.events.recv() => match ev {
                     Some(JobEvent::Line(l)) => {
@@ -726,98 +1022,111 @@ where
                     Some(JobEvent::Exited(code)) => break code,
                     None => break None,
                 },
-                () = sleep_until(next_renew) => {
-                    next_renew = Instant::now() + renew_every;
-                    let until = self.clock.now() + self.cfg.lease_s;
-                    match self.deps.jobs.renew(&id, &owner, until).await {
-                        Ok(()) => {}
-                        Err(StoreError::Conflict(e)) => {
-                            tracing::error!(job = %id, error = %e, "lease lost: killing the job");
-                            let _ = handle.control.send(Control::Kill).await;
-                            while let Some(ev) = handle.events.recv().await {
-                                if let JobEvent::Exited(c) = ev {
-                                    report.exit_code = c;
-                                    break;
-                                }
-                            }
-                            report.outcome = Outcome::LostLease;
-                            self.account(&mut report, &job, started, &mut billed, None).await;
-                            return (report, None);
-                        }
-                        Err(e) => tracing::warn!(job = %id, error = %e, "renew lease"),
+                changed = alerts.changed(), if watched => {
+                    // The sender lives until the attempt ends; were it gone, the job would run
+                    // on unwatched rather than the loop spin.
+                    watched = changed.is_ok();
+                }
+                () = sleep_until(next_upload), if upload.is_none() && stop.is_none() => {
+                    let regular = Instant::now() >= next_ckpt;
+                    if regular {
+                        next_ckpt = Instant::now() + ckpt_every;
+                    }
+                    if let Some(scan) = &mut next_scan {
+                        *scan = Instant::now() + secs(self.cfg.imds_poll_s);
+                    }
+                    if uploads.behind(&ckpt_dir) {
+                        upload = Some(Box::pin(self.upload_newest(&id, &ckpt_dir, uploads)));
+                    } else if regular {
+                        self.account(&mut report, job, started, &mut billed, None).await;
                     }
                 }
-                () = sleep_until(next_ckpt), if stop.is_none() => {
-                    next_ckpt = Instant::now() + ckpt_every;
-                    let uploaded = self.upload_newest(&id, &ckpt_dir, &mut local_uploaded, &mut remote_seq).await;
-                    if uploaded.is_some() {
+                done = poll_some(&mut upload) => {
+                    upload = None;
+                    let prefix = done.map(|u| {
+                        uploads = u.uploads;
                         report.checkpoints_uploaded += 1;
-                    }
-                    self.account(&mut report, &job, started, &mut billed, uploaded).await;
+                        u.prefix
+                    });
+                    self.account(&mut report, job, started, &mut billed, prefix).await;
                 }
-                () = sleep_until(next_poll), if stop.is_none() => {
-                    next_poll = Instant::now() + secs(self.cfg.imds_poll_s);
-                    if let Some(n) = self.notice().await {
-                        tracing::warn!(job = %id, notice = ?n, "notice: asking the job to checkpoint and stop");
-                        stop = Some(ExitReason::Notice(n));
-                    }
-                }
-                () = &mut shutdown, if stop.is_none() => {
-                    tracing::warn!(job = %id, "agent shutdown: asking the job to checkpoint and stop");
-                    stop = Some(ExitReason::Shutdown);
-                }
-                () = sleep_until(next_heartbeat) => {
-                    next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
-                    let state = if stop.is_some() { WorkerState::Draining } else { WorkerState::Running };
-                    let _ = self.heartbeat(state, None, Some(&id)).await;
-                }
-                () = sleep_until(kill_at), if stop_deadline.is_some() => {
+                () = sleep_until(stop_deadline.unwrap_or(far)), if stop_deadline.is_some() => {
                     tracing::warn!(job = %id, "grace period over: killing the job");
                     let _ = handle.control.send(Control::Kill).await;
-                    stop_deadline = Some(Instant::now() + Duration::from_secs(86_400 * 365));
+                    stop_deadline = None;
                 }
-            }
-            if stop.is_some() && stop_deadline.is_none() {
-                let _ = self.heartbeat(WorkerState::Draining, None, Some(&id)).await;
-                let _ = std::fs::write(dir.join("STOP"), b"");
-                let _ = handle.control.send(Control::Stop).await;
-                stop_deadline = Some(Instant::now() + secs(self.cfg.notice_grace_s));
             }
         };
         report.exit_code = exit_code;
         report.completed = exit_code == Some(0);
         if report.completed {
             // SUCCEEDED is recorded before anything optional: a job that exited 0 must never run
-            // again, whatever a last upload does (nobody resumes a finished job's checkpoint).
-            self.account(&mut report, &job, started, &mut billed, None).await;
-            report.outcome = self.settle(&job, AttemptEnd::Succeeded).await;
+            // again, whatever a last upload does (nobody resumes a finished job's checkpoint). An
+            // upload still in flight is abandoned.
+            drop(upload);
+            self.account(&mut report, job, started, &mut billed, None).await;
+            report.outcome = self.settle(job, AttemptEnd::Succeeded).await;
             tracing::info!(job = %id, seconds = report.seconds, cost_usd = report.cost_usd, outcome = report.outcome.as_str(), "exited 0");
-            return (report, stop);
+            return report;
         }
         // The newest complete checkpoint goes up before the attempt ends: the resume or the retry
-        // starts from it.
-        let uploaded = self
-            .upload_newest(&id, &ckpt_dir, &mut local_uploaded, &mut remote_seq)
+        // starts from it. The one in flight finishes first (the newer one gets the next number).
+        // Only a lost lease cuts this short: a stop has already been acted on.
+        let last = async {
+            let mut uploads = uploads;
+            let mut prefixes = Vec::new();
+            if let Some(u) = upload.take() {
+                if let Some(u) = u.await {
+                    uploads = u.uploads;
+                    prefixes.push(u.prefix);
+                }
+            }
+            if uploads.behind(&ckpt_dir) {
+                if let Some(u) = self.upload_newest(&id, &ckpt_dir, uploads).await {
+                    prefixes.push(u.prefix);
+                }
+            }
+            prefixes
+        };
+        let prefixes = match unless(&mut alerts, Interrupt::lease_lost, last).await {
+            Ok(p) => p,
+            Err(i) => return self.interrupted(job, report, i).await,
+        };
+        report.checkpoints_uploaded += prefixes.len() as u32;
+        self.account(&mut report, job, started, &mut billed, prefixes.last().cloned())
             .await;
-        if uploaded.is_some() {
-            report.checkpoints_uploaded += 1;
-        }
-        self.account(&mut report, &job, started, &mut billed, uploaded).await;
         if let Some(reason) = stop {
             let why = match &reason {
                 ExitReason::Notice(n) => format!("{n:?}"),
                 other => format!("{other:?}"),
             };
-            report.outcome = self.settle(&job, AttemptEnd::Released(why)).await;
+            report.outcome = self.settle(job, AttemptEnd::Released(why)).await;
             tracing::info!(job = %id, outcome = report.outcome.as_str(), "stopped for {reason:?}");
-            return (report, Some(reason));
+            return report;
         }
         let why = match exit_code {
             Some(c) => format!("exit code {c}"),
             None => "killed by a signal".to_string(),
         };
-        report.outcome = self.settle(&job, AttemptEnd::Failed(why)).await;
-        (report, None)
+        report.outcome = self.settle(job, AttemptEnd::Failed(why)).await;
+        report
+    }
+
+    /// End an attempt that was interrupted before or after its process ran.
+    async fn interrupted(&self, job: &JobRecord, mut report: JobReport, i: Interrupt) -> JobReport {
+        match i {
+            Interrupt::LeaseLost(why) => {
+                tracing::error!(job = %job.id, %why, "lease lost: the job is not run here");
+                report.outcome = Outcome::LostLease;
+            }
+            Interrupt::Stop(reason) => {
+                tracing::info!(job = %job.id, "stopped for {reason:?} before the job started");
+                report.outcome = self
+                    .settle(job, AttemptEnd::Released(format!("{reason:?} before the job started")))
+                    .await;
+            }
+        }
+        report
     }
 
     /// Add the cost since the last record (and the new checkpoint, if any) to the job record.
@@ -846,27 +1155,34 @@ where
         }
     }
 
-    /// Upload the newest complete local checkpoint if it is newer than the last one uploaded;
-    /// returns its prefix.
-    async fn upload_newest(
-        &self,
-        id: &str,
-        dir: &Path,
-        local_uploaded: &mut Option<u64>,
-        remote_seq: &mut u64,
-    ) -> Option<String> {
-        let newest = newest_checkpoint(dir)?;
-        if local_uploaded.is_some_and(|u| u >= newest) {
-            return None;
-        }
-        let seq = *remote_seq + 1;
+    /// Upload the newest complete local checkpoint if it is newer than the last one uploaded
+    /// (`done`); returns what was uploaded.
+    async fn upload_newest(&self, id: &str, dir: &Path, done: Uploads) -> Option<Uploaded> {
+        let newest = newest_checkpoint(dir).filter(|_| done.behind(dir))?;
+        let seq = done.remote_seq + 1;
         let path: PathBuf = dir.join(newest.to_string());
-        match self.deps.checkpoints.upload(id, seq, &path).await {
+        // The job may delete this checkpoint once it has written a newer one, long before a
+        // checkpoint of many GB is up: upload from hard links of its files.
+        let staged = dir.with_file_name("uploading").join(newest.to_string());
+        let from = match stage(&path, &staged) {
+            Ok(()) => staged.clone(),
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "cannot stage the checkpoint: uploading it in place");
+                path
+            }
+        };
+        let uploaded = self.deps.checkpoints.upload(id, seq, &from).await;
+        let _ = std::fs::remove_dir_all(&staged);
+        match uploaded {
             Ok(_) => {
-                *remote_seq = seq;
-                *local_uploaded = Some(newest);
                 tracing::info!(job = %id, seq, "checkpoint uploaded");
-                Some(checkpoint_prefix(id, seq))
+                Some(Uploaded {
+                    uploads: Uploads {
+                        local: Some(newest),
+                        remote_seq: seq,
+                    },
+                    prefix: checkpoint_prefix(id, seq),
+                })
             }
             Err(e) => {
                 tracing::warn!(job = %id, error = %e, "checkpoint upload (the previous one still counts)");

@@ -323,13 +323,64 @@ impl Registry for FakeRegistry {
 /// Files of one checkpoint: (relative path, bytes).
 type Files = Vec<(String, Vec<u8>)>;
 
-/// Checkpoints in memory: job -> seq -> files.
+/// Checkpoints in memory: job -> seq -> files; each upload and download can take a set time of
+/// tokio time (a checkpoint of many GB on a real link).
 #[derive(Debug, Default)]
 pub struct FakeCheckpoints {
     store: Mutex<BTreeMap<String, BTreeMap<u64, Files>>>,
+    transfer_time: Duration,
+    transfers: Mutex<Vec<Transfer>>,
+}
+
+/// One upload or download of [`FakeCheckpoints`], for tests to check when it ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transfer {
+    /// `true` for an upload.
+    pub upload: bool,
+    /// Job id.
+    pub job_id: String,
+    /// Sequence number.
+    pub seq: u64,
+    /// When it started.
+    pub started: Instant,
+    /// When it completed (`None`: in flight, or abandoned).
+    pub ended: Option<Instant>,
 }
 
 impl FakeCheckpoints {
+    /// Every upload and download takes `t` (tokio time; an upload counts only at its end, as
+    /// the S3 store's manifest is written last).
+    pub fn with_transfer_time(t: Duration) -> Self {
+        Self {
+            transfer_time: t,
+            ..Self::default()
+        }
+    }
+
+    /// Every transfer started, in order.
+    pub fn transfers(&self) -> Vec<Transfer> {
+        self.transfers.lock().expect("lock").clone()
+    }
+
+    /// Record a transfer's start; returns its index.
+    fn begin(&self, upload: bool, job_id: &str, seq: u64) -> usize {
+        let mut t = self.transfers.lock().expect("lock");
+        t.push(Transfer {
+            upload,
+            job_id: job_id.into(),
+            seq,
+            started: Instant::now(),
+            ended: None,
+        });
+        t.len() - 1
+    }
+
+    /// Take the transfer time, then record the end of transfer `i`.
+    async fn finish(&self, i: usize) {
+        tokio::time::sleep(self.transfer_time).await;
+        self.transfers.lock().expect("lock")[i].ended = Some(Instant::now());
+    }
+
     /// Sequence numbers stored for `job`.
     pub fn seqs(&self, job: &str) -> Vec<u64> {
         self.store
@@ -357,6 +408,9 @@ fn read_tree(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) -> std::
 
 impl CheckpointStore for FakeCheckpoints {
     async fn upload(&self, job_id: &str, seq: u64, dir: &Path) -> Result<CheckpointRef, StoreError> {
+        // The files are read as the transfer goes, as S3 uploads stream them: here at its end.
+        let i = self.begin(true, job_id, seq);
+        self.finish(i).await;
         let mut files = Vec::new();
         read_tree(dir, dir, &mut files).map_err(|e| StoreError::Other(e.to_string()))?;
         let r = CheckpointRef {
@@ -385,6 +439,8 @@ impl CheckpointStore for FakeCheckpoints {
     }
 
     async fn download(&self, r: &CheckpointRef, dest: &Path) -> Result<(), StoreError> {
+        let i = self.begin(false, &r.job_id, r.seq);
+        self.finish(i).await;
         let files = self
             .store
             .lock()
@@ -434,8 +490,9 @@ impl Instance for FakeInstance {
 
 /// How a scripted job behaves. It processes `items_per_s` items per second of tokio time until
 /// `items` are done, resuming from `$ONOFF_RESUME_DIR/items`; writes a checkpoint (a numbered
-/// directory holding `items`) every `checkpoint_every_s` and when stopped; exits `exit_code`
-/// when done, 143 when stopped.
+/// directory holding `items`) every `checkpoint_every_s`, when `$ONOFF_CHECKPOINT_NOW_FILE`
+/// appears (and deletes it) and when stopped, deleting the older ones as the example job does;
+/// exits `exit_code` when done, 143 when stopped.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Script {
     /// Items to process in all.
@@ -483,6 +540,9 @@ fn write_checkpoint(dir: &Path, n: u64, items: u64) {
     let _ = std::fs::create_dir_all(&tmp);
     let _ = std::fs::write(tmp.join("items"), items.to_string());
     let _ = std::fs::rename(&tmp, dir.join(n.to_string()));
+    if n > 1 {
+        let _ = std::fs::remove_dir_all(dir.join((n - 1).to_string()));
+    }
 }
 
 impl Launcher for ScriptedLauncher {
@@ -500,6 +560,7 @@ impl Launcher for ScriptedLauncher {
             self.failures.lock().expect("lock").get(&(started.len() - 1)).copied()
         };
         let ckpt = env_of(cmd, "ONOFF_CHECKPOINT_DIR").map(std::path::PathBuf::from);
+        let ckpt_now = env_of(cmd, "ONOFF_CHECKPOINT_NOW_FILE").map(std::path::PathBuf::from);
         let mut done: u64 = env_of(cmd, "ONOFF_RESUME_DIR")
             .and_then(|d| std::fs::read_to_string(Path::new(d).join("items")).ok())
             .and_then(|s| s.trim().parse().ok())
@@ -524,8 +585,9 @@ impl Launcher for ScriptedLauncher {
                         done = (done + script.items_per_s).min(script.items);
                         let _ = etx.send(JobEvent::Line(format!("ONOFF_ITEMS {done}"))).await;
                         since_ckpt += 1;
-                        if let (Some(every), Some(dir)) = (script.checkpoint_every_s, &ckpt) {
-                            if since_ckpt >= every {
+                        let asked = ckpt_now.as_deref().is_some_and(|f| std::fs::remove_file(f).is_ok());
+                        if let Some(dir) = &ckpt {
+                            if asked || script.checkpoint_every_s.is_some_and(|every| since_ckpt >= every) {
                                 since_ckpt = 0;
                                 n += 1;
                                 write_checkpoint(dir, n, done);

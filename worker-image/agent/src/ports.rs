@@ -33,7 +33,8 @@ pub enum Notice {
         /// When, as IMDS gives it.
         time: String,
     },
-    /// `events/recommendations/rebalance`: elevated risk of interruption.
+    /// `events/recommendations/rebalance`: elevated risk of interruption (often not followed by
+    /// one): the agent checkpoints, finishes its job and takes no other.
     Rebalance {
         /// `noticeTime`, as IMDS gives it.
         time: String,
@@ -183,7 +184,7 @@ pub enum JobEvent {
     Exited(Option<i32>),
 }
 
-/// Asking a running job to stop.
+/// Asking a running job to stop, every process it started included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
     /// SIGTERM: checkpoint and exit.
@@ -193,6 +194,7 @@ pub enum Control {
 }
 
 /// A started job: its events (ending with [`JobEvent::Exited`]) and its control channel.
+/// Dropping the control sender kills the job.
 #[derive(Debug)]
 pub struct JobHandle {
     /// Output lines, then the exit.

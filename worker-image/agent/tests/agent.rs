@@ -1,5 +1,5 @@
-//! The agent loop against fakes with paused tokio time: claims, leases, checkpoints, notices, idle
-//! exit, retries and poison messages.
+//! The agent loop against fakes with paused tokio time: claims, leases, checkpoints (slow ones
+//! too), notices and rebalance recommendations, idle exit, retries and poison messages.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use onoff_agent::ports::Notice;
 use onoff_agent::{run, AgentConfig, AgentReport, Deps, ExitReason, Outcome, ShutdownMode};
 use onoff_control::fake::{FakeJobs, FakeRegistry};
 use onoff_control::job::{AttemptEnd, JobSpec, JobState, RerunLimits, Settle};
-use onoff_control::ports::{wake, JobRecord, JobStore, WorkerRecord, WorkerRegistry};
+use onoff_control::ports::{wake, CheckpointStore, Claim, JobRecord, JobStore, WorkerRecord, WorkerRegistry};
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 
 const T0: f64 = 1_800_000_000.0;
@@ -512,6 +512,309 @@ async fn the_job_gets_its_input_and_contract_variables() {
     let (r, _) = agent(&w, "i-b", &cfg(&dir)).await;
     assert_eq!(r.jobs[0].outcome, Outcome::Failed);
     assert!(w.jobs.errors()["job:job-2"].contains("NoSuchKey"));
+}
+
+/// A checkpoint of about 20 GB at ~70 Mbit/s: 40 minutes each way.
+const SLOW: Duration = Duration::from_secs(2400);
+
+/// Run agent `id` and look at the jobs table and the workers table every 5 s while it runs:
+/// whenever job `job_id` is RUNNING, its lease must run into the future (the reaper would
+/// otherwise end it and another worker run it), nobody else can claim it, and the agent's
+/// heartbeat must be fresh (the reaper treats 300 s of silence as a lost instance). Returns the
+/// report, the terminations and how many samples saw the job RUNNING.
+async fn agent_watched(
+    w: &World,
+    id: &str,
+    c: &AgentConfig,
+    metadata: Option<Arc<FakeMetadata>>,
+    job_id: &str,
+) -> (AgentReport, Vec<String>, u32) {
+    let start = tokio::time::Instant::now();
+    let run = agent_until(w, id, c, std::future::pending(), metadata);
+    tokio::pin!(run);
+    let mut samples = 0;
+    loop {
+        tokio::select! {
+            (report, terminated) = &mut run => return (report, terminated, samples),
+            () = tokio::time::sleep(Duration::from_secs(5)) => {
+                let now = T0 + start.elapsed().as_secs_f64();
+                let rec = job(w, job_id);
+                if rec.state != JobState::Running {
+                    continue;
+                }
+                samples += 1;
+                let until = rec.lease_expires_at.unwrap();
+                assert!(until > now, "lease of {job_id} ran out at {until} (now {now})");
+                assert_eq!(
+                    w.jobs.claim(job_id, "i-other", now + 60.0, now).await.unwrap(),
+                    Claim::NotClaimable(JobState::Running)
+                );
+                let beat = w.registry.records()[id].heartbeat_at.unwrap();
+                assert!(now - beat <= c.heartbeat_s + 5.0, "last heartbeat {} s ago", now - beat);
+            }
+        }
+    }
+}
+
+/// Put a complete checkpoint holding `items` in the store as `seq` of `job_id`.
+async fn seed_checkpoint(w: &World, job_id: &str, seq: u64, items: u64) {
+    let d = tempdir(&format!("seed-{job_id}-{seq}"));
+    std::fs::write(d.join("items"), items.to_string()).unwrap();
+    w.checkpoints.upload(job_id, seq, &d).await.unwrap();
+}
+
+/// Items in the newest stored checkpoint of `job_id`.
+async fn stored_items(w: &World, job_id: &str) -> u64 {
+    let latest = w.checkpoints.latest(job_id).await.unwrap().unwrap();
+    let d = tempdir(&format!("stored-{job_id}-{}", latest.seq));
+    w.checkpoints.download(&latest, &d).await.unwrap();
+    std::fs::read_to_string(d.join("items"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_checkpoint_that_takes_40_minutes_each_way_never_costs_the_lease_or_the_heartbeat() {
+    let dir = tempdir("slow");
+    let w = World {
+        checkpoints: FakeCheckpoints::with_transfer_time(SLOW),
+        ..World::default()
+    };
+    register(&w, "i-a");
+    // An hour of work resumed at item 100; local checkpoints every 10 minutes (each deletes the
+    // one before, long before its 40-minute upload is done), uploads every 15.
+    w.launcher.script(
+        "train",
+        Script {
+            items: 3600,
+            items_per_s: 1,
+            checkpoint_every_s: Some(600),
+            exit_code: 0,
+        },
+    );
+    submit(&w, "job-1", "train", 3, 900.0);
+    seed_checkpoint(&w, "job-1", 1, 100).await;
+    let seeded = w.checkpoints.transfers().len();
+    let c = cfg(&dir);
+    let (r, _, samples) = agent_watched(&w, "i-a", &c, None, "job-1").await;
+    // 40 min of download, then 3500 s of work: the lease and the heartbeat were checked
+    // throughout (every 5 s) and always held.
+    assert!(samples >= (2400 + 3500) / 5 - 2, "{samples}");
+    assert_eq!(r.jobs.len(), 1, "{:?}", r.jobs);
+    let j = &r.jobs[0];
+    assert_eq!((j.outcome, j.resumed_from), (Outcome::Succeeded, Some(1)));
+    assert!((j.seconds - 3500.0).abs() < 3.0, "{}", j.seconds);
+    assert_eq!(w.launcher.started().len(), 1, "it ran once");
+    let rec = job(&w, "job-1");
+    assert_eq!(
+        (rec.state, rec.attempts, rec.lease_expiries),
+        (JobState::Succeeded, 1, 0)
+    );
+    // The download came first; the upload started 900 s into the run went up while the job ran
+    // on (it took 40 min); the next one was still in flight when the job exited 0 and was left:
+    // SUCCEEDED does not wait for it.
+    let t = &w.checkpoints.transfers()[seeded..];
+    assert_eq!(t.len(), 3, "{t:?}");
+    assert!(!t[0].upload && t[0].ended.is_some());
+    assert!(t[1].upload && t[1].ended.is_some() && t[1].seq == 2);
+    assert!(t[2].upload && t[2].ended.is_none(), "{t:?}");
+    assert_eq!(j.checkpoints_uploaded, 1);
+    assert_eq!(rec.last_checkpoint, Some(format!("checkpoints/job-1/{:020}/", 2)));
+    assert_eq!(r.exit, ExitReason::IdleTimeout);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_spot_notice_during_a_slow_upload_stops_the_job_at_once_and_the_lease_outlasts_the_last_upload() {
+    let dir = tempdir("slow-notice");
+    let w = World {
+        checkpoints: FakeCheckpoints::with_transfer_time(SLOW),
+        ..World::default()
+    };
+    register(&w, "i-a");
+    w.launcher.script(
+        "train",
+        Script {
+            items: 10_000,
+            items_per_s: 1,
+            checkpoint_every_s: Some(100),
+            exit_code: 0,
+        },
+    );
+    submit(&w, "job-1", "train", 1, 100.0);
+    let md = Arc::new(FakeMetadata::new("i-a"));
+    let md2 = md.clone();
+    // The upload started at 100 s is still going (until 2500 s) when the notice comes.
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        md2.set_notice(Notice::SpotInterruption {
+            action: "terminate".into(),
+            time: "2026-11-22T10:00:00Z".into(),
+        });
+    });
+    let (r, terminated, samples) = agent_watched(&w, "i-a", &cfg(&dir), Some(md), "job-1").await;
+    assert!(
+        matches!(r.exit, ExitReason::Notice(Notice::SpotInterruption { .. })),
+        "{:?}",
+        r.exit
+    );
+    let j = &r.jobs[0];
+    assert_eq!(j.outcome, Outcome::Released);
+    // Stopped within an IMDS poll of the notice, not after the upload in flight.
+    let done = j.items.unwrap();
+    assert!((300..=310).contains(&done), "{done}");
+    // The upload in flight finished, then the stop checkpoint went up, with the lease held the
+    // whole time (about 80 minutes).
+    assert_eq!(j.checkpoints_uploaded, 2);
+    assert_eq!(w.checkpoints.seqs("job-1"), vec![1, 2]);
+    assert_eq!(stored_items(&w, "job-1").await, done);
+    assert!(samples >= 4800 / 5 - 2, "{samples}");
+    let rec = job(&w, "job-1");
+    assert_eq!((rec.state, rec.attempts, rec.lease_expiries), (JobState::Queued, 0, 0));
+    assert_eq!(w.inbox.pending_for("standard", "job-1"), 1);
+    assert_eq!(terminated, vec!["i-a".to_string()]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_cancelled_during_its_resume_download_is_never_started() {
+    let dir = tempdir("slow-cancel");
+    let w = World {
+        checkpoints: FakeCheckpoints::with_transfer_time(Duration::from_secs(2410)),
+        ..World::default()
+    };
+    register(&w, "i-a");
+    w.launcher.script(
+        "train",
+        Script {
+            items: 100,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
+    );
+    submit(&w, "job-1", "train", 3, 600.0);
+    seed_checkpoint(&w, "job-1", 1, 10).await;
+    // Cancelled at 2405 s: the lease was last renewed at 2400 s (every 20 s), the download ends
+    // at 2410 s, the next renewal would come at 2420 s.
+    let cancel = async {
+        tokio::time::sleep(Duration::from_secs(2405)).await;
+        w.jobs
+            .transition("job-1", JobState::Running, JobState::Cancelled)
+            .await
+            .unwrap();
+    };
+    let c = cfg(&dir);
+    let (_, (r, _)) = tokio::join!(cancel, agent(&w, "i-a", &c));
+    assert!(w.launcher.started().is_empty(), "the lease is checked before the start");
+    assert_eq!(r.jobs.len(), 1);
+    assert_eq!(r.jobs[0].outcome, Outcome::LostLease);
+    assert_eq!(job(&w, "job-1").state, JobState::Cancelled);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rebalance_recommendation_uploads_a_checkpoint_at_once_lets_the_job_finish_and_takes_no_other() {
+    let dir = tempdir("rebalance");
+    let w = World::default();
+    register(&w, "i-a");
+    // No checkpoints of its own: only the one the agent asks for.
+    w.launcher.script(
+        "train",
+        Script {
+            items: 300,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
+    );
+    submit(&w, "job-1", "train", 1, 600.0);
+    submit(&w, "job-2", "train", 1, 600.0);
+    let md = Arc::new(FakeMetadata::new("i-a"));
+    let md2 = md.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(50)).await;
+        md2.set_notice(Notice::Rebalance {
+            time: "2026-11-22T10:00:00Z".into(),
+        });
+    });
+    let registry = &w.registry;
+    let draining = async {
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        registry.records()["i-a"].state
+    };
+    let start = tokio::time::Instant::now();
+    let c = cfg(&dir);
+    let (state_at_100, (r, terminated)) =
+        tokio::join!(draining, agent_until(&w, "i-a", &c, std::future::pending(), Some(md)));
+    assert!(
+        matches!(r.exit, ExitReason::Notice(Notice::Rebalance { .. })),
+        "{:?}",
+        r.exit
+    );
+    // The job ran to the end on this instance: the rebalance did not stop it.
+    assert_eq!(r.jobs.len(), 1, "{:?}", r.jobs);
+    let j = &r.jobs[0];
+    assert_eq!((j.outcome, j.completed, j.items), (Outcome::Succeeded, true, Some(300)));
+    assert!((j.seconds - 300.0).abs() < 3.0, "{}", j.seconds);
+    // It was asked for a checkpoint, which went up within seconds of the recommendation.
+    assert_eq!(j.checkpoints_uploaded, 1);
+    let up = &w.checkpoints.transfers()[0];
+    let at = (up.started - start).as_secs_f64();
+    assert!((50.0..=62.0).contains(&at), "uploaded at {at} s");
+    let items = stored_items(&w, "job-1").await;
+    assert!((50..=62).contains(&items), "{items}");
+    // Meanwhile it told the control plane it takes no new work.
+    assert_eq!(state_at_100, WorkerState::Draining);
+    // It took no other job: job-2 waits, with its message, for a worker that stays.
+    let other = job(&w, "job-2");
+    assert_eq!((other.state, other.attempts), (JobState::Queued, 0));
+    assert_eq!(w.inbox.pending_for("standard", "job-2"), 1);
+    assert_eq!(w.launcher.started().len(), 1);
+    assert_eq!(job(&w, "job-1").state, JobState::Succeeded);
+    assert_eq!(terminated, vec!["i-a".to_string()]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_agent_that_sees_a_rebalance_claims_nothing_and_leaves() {
+    let dir = tempdir("rebalance-idle");
+    let w = World::default();
+    register(&w, "i-a");
+    w.launcher.script(
+        "train",
+        Script {
+            items: 30,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
+    );
+    let md = Arc::new(FakeMetadata::new("i-a"));
+    let md2 = md.clone();
+    let world = &w;
+    // A job and a rebalance recommendation arrive together while the agent long-polls, between
+    // two of its IMDS polls.
+    let arrive = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        md2.set_notice(Notice::Rebalance {
+            time: "2026-11-22T10:00:00Z".into(),
+        });
+        submit(world, "job-1", "train", 1, 600.0);
+    };
+    let c = cfg(&dir);
+    let (_, (r, terminated)) = tokio::join!(arrive, agent_until(&w, "i-a", &c, std::future::pending(), Some(md)));
+    assert!(
+        matches!(r.exit, ExitReason::Notice(Notice::Rebalance { .. })),
+        "{:?}",
+        r.exit
+    );
+    assert!(r.jobs.is_empty(), "{:?}", r.jobs);
+    assert!(w.launcher.started().is_empty());
+    let rec = job(&w, "job-1");
+    assert_eq!((rec.state, rec.attempts), (JobState::Queued, 0));
+    // Its message is back in the lane as a fresh one, for another worker.
+    assert_eq!(w.inbox.pending_for("standard", "job-1"), 1);
+    assert!(w.inbox.remaining().iter().all(|(_, receives)| *receives == 0));
+    assert_eq!(terminated, vec!["i-a".to_string()]);
 }
 
 /// A scale-down or an interruption notice that marked the worker first wins the race with a
