@@ -1434,3 +1434,53 @@ async fn an_item_over_dynamodbs_size_limit_is_invalid_not_a_retryable_failure() 
     // Within the limit it is written.
     jobs.record_error("sqs:m", "too big", 1_700_000_000.0).await.unwrap();
 }
+
+/// One row that does not parse (a hand-edited item) is listed as unreadable; the other active jobs
+/// are still listed, and finished ones are not (the sparse index).
+#[tokio::test]
+async fn an_unreadable_active_row_is_skipped_and_named() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use onoff_aws::jobs::DynamoJobs;
+    use onoff_control::job::{AttemptEnd, JobState, RerunLimits, Settle};
+    use onoff_control::ports::{Claim, JobRecord, JobStore};
+    let c = clients().await;
+    let t = unique("jobs");
+    onoff_aws::provision::jobs_table(&c, &t).await.unwrap();
+    let jobs = DynamoJobs::new(c.dynamodb.clone(), &t);
+    let spec: onoff_control::job::JobSpec =
+        serde_json::from_value(serde_json::json!({"image": "i", "command": ["x"], "project": "p"})).unwrap();
+    for id in ["job-ok", "job-done"] {
+        jobs.create(&JobRecord::new(id.into(), spec.clone(), "test".into(), 1.0))
+            .await
+            .unwrap();
+    }
+    let Claim::Claimed(rec) = jobs.claim("job-done", "i-a", 100.0, 1.0).await.unwrap() else {
+        panic!()
+    };
+    jobs.finish(
+        "job-done",
+        "i-a",
+        &Settle::of(&rec, &AttemptEnd::Succeeded, &RerunLimits::default()),
+        2.0,
+    )
+    .await
+    .unwrap();
+    c.dynamodb
+        .put_item()
+        .table_name(&t)
+        .item("job_id", AttributeValue::S("job-garbled".into()))
+        .item("active_lane", AttributeValue::S("standard".into()))
+        .item("state", AttributeValue::S("QUEUED".into()))
+        .item("spec", AttributeValue::S("{not json".into()))
+        .send()
+        .await
+        .unwrap();
+    let listed = jobs.active().await.unwrap();
+    let ids: Vec<&str> = listed.items.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(ids, ["job-ok"]);
+    assert_eq!(listed.unreadable.len(), 1, "{:?}", listed.unreadable);
+    assert_eq!(listed.unreadable[0].0, "job-garbled");
+    assert!(listed.unreadable[0].1.contains("spec"), "{:?}", listed.unreadable);
+    let done = jobs.get("job-done").await.unwrap().unwrap();
+    assert_eq!((done.state, done.finished_at), (JobState::Succeeded, Some(2.0)));
+}

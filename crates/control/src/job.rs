@@ -474,6 +474,54 @@ mod tests {
             .all(|s| all.iter().all(|t| !s.can_go(*t))));
     }
 
+    fn running(attempts: u32, hand_backs: u32, lease_expiries: u32) -> crate::ports::JobRecord {
+        let spec = JobSpec::parse(
+            r#"{"image":"i","command":["x"],"project":"p","max_attempts":3}"#,
+            LANES,
+            0.0,
+        )
+        .unwrap();
+        let mut r = crate::ports::JobRecord::new("job-1".into(), spec, "test".into(), 0.0);
+        (r.state, r.attempts, r.hand_backs, r.lease_expiries) =
+            (JobState::Running, attempts, hand_backs, lease_expiries);
+        r
+    }
+
+    #[test]
+    fn attempt_ends_count_what_they_should_and_fail_at_their_bounds() {
+        let limits = RerunLimits {
+            max_hand_backs: 3,
+            max_lease_expiries: 2,
+        };
+        let s = |r: &crate::ports::JobRecord, e: AttemptEnd| Settle::of(r, &e, &limits);
+        // A failed attempt counts; the last one fails the job.
+        let r = s(&running(2, 0, 0), AttemptEnd::Failed("exit code 1".into()));
+        assert_eq!((r.to, r.attempts), (JobState::Retrying, 2));
+        let r = s(&running(3, 0, 0), AttemptEnd::Failed("exit code 1".into()));
+        assert_eq!((r.to, r.attempts), (JobState::Failed, 3));
+        assert!(r.reason.unwrap().contains("attempt 3 of 3"));
+        // Releases take the attempt back, whatever the count.
+        let r = s(&running(3, 0, 0), AttemptEnd::Released("spot notice".into()));
+        assert_eq!((r.to, r.attempts), (JobState::Queued, 2));
+        // Hand-backs: not counted as attempts, FAILED at the bound.
+        let r = s(&running(1, 1, 0), AttemptEnd::HandedBack("too few GPUs".into()));
+        assert_eq!((r.to, r.attempts, r.hand_backs), (JobState::Queued, 0, 2));
+        let r = s(&running(1, 2, 0), AttemptEnd::HandedBack("too few GPUs".into()));
+        assert_eq!((r.to, r.hand_backs), (JobState::Failed, 3));
+        assert!(r.reason.unwrap().contains("handed back 3 times"));
+        // Lost leases: the attempt taken back, the loss counted, FAILED at the bound.
+        let r = s(&running(1, 0, 0), AttemptEnd::LeaseLost("expired".into()));
+        assert_eq!((r.to, r.attempts, r.lease_expiries), (JobState::Queued, 0, 1));
+        let r = s(&running(1, 0, 1), AttemptEnd::LeaseLost("expired".into()));
+        assert_eq!((r.to, r.lease_expiries), (JobState::Failed, 2));
+        // A job that can never run fails at once; a success is a success.
+        assert_eq!(
+            s(&running(1, 0, 0), AttemptEnd::Fatal("wrong image".into())).to,
+            JobState::Failed
+        );
+        assert_eq!(s(&running(1, 0, 0), AttemptEnd::Succeeded).to, JobState::Succeeded);
+    }
+
     #[test]
     fn job_ids_follow_the_idempotency_key() {
         assert_eq!(job_id_for("token-1"), job_id_for("token-1"));

@@ -1,6 +1,8 @@
 //! The agent loop against fakes with paused tokio time: claims, leases, checkpoints (slow ones
 //! too), notices and rebalance recommendations, idle exit, retries and poison messages.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,11 +10,13 @@ use onoff_agent::fake::{
     FakeCheckpoints, FakeInbox, FakeInstance, FakeMetadata, FakeObjects, Script, ScriptedLauncher,
 };
 use onoff_agent::ports::Notice;
-use onoff_agent::{run, AgentConfig, AgentReport, Deps, ExitReason, Outcome, ShutdownMode};
+use onoff_agent::{run, AgentConfig, AgentReport, Deps, ExitReason, Outcome};
 use onoff_control::fake::{FakeJobs, FakeRegistry};
 use onoff_control::job::{AttemptEnd, JobSpec, JobState, RerunLimits, Settle};
 use onoff_control::ports::{wake, CheckpointStore, Claim, JobRecord, JobStore, WorkerRecord, WorkerRegistry};
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
+
+use common::{cfg, ArcMd};
 
 const T0: f64 = 1_800_000_000.0;
 
@@ -25,26 +29,6 @@ struct World {
     checkpoints: FakeCheckpoints,
     objects: FakeObjects,
     launcher: ScriptedLauncher,
-}
-
-fn cfg(dir: &std::path::Path) -> AgentConfig {
-    AgentConfig {
-        lanes: vec!["standard".into()],
-        idle_timeout_s: 120.0,
-        heartbeat_s: 30.0,
-        lease_s: 60.0,
-        notice_grace_s: 30.0,
-        imds_poll_s: 5.0,
-        poll_wait_s: 10.0,
-        retry_delay_s: 15.0,
-        rerun_limits: Default::default(),
-        shutdown: ShutdownMode::ApiOnly,
-        work_dir: dir.to_path_buf(),
-        worker_image: None,
-        time_scale: 1.0,
-        deployment: "test".into(),
-        gpus: None,
-    }
 }
 
 fn register(w: &World, id: &str) {
@@ -114,16 +98,6 @@ async fn agent_until(
     let report = run(&deps, c, T0, shutdown).await.unwrap();
     let terminated = deps.instance.0.lock().unwrap().clone();
     (report, terminated)
-}
-
-struct ArcMd(Arc<FakeMetadata>);
-impl onoff_agent::ports::Metadata for ArcMd {
-    async fn identity(&self) -> Result<onoff_agent::ports::Identity, String> {
-        self.0.identity().await
-    }
-    async fn notice(&self) -> Result<Option<Notice>, String> {
-        self.0.notice().await
-    }
 }
 
 fn job(w: &World, id: &str) -> JobRecord {
@@ -860,4 +834,35 @@ async fn a_worker_the_control_plane_is_retiring_takes_no_job_and_terminates() {
         1,
         "the message is there for another worker"
     );
+}
+
+/// A throttled jobs table at claim time is not poison: no error record, no visibility change
+/// (which would count towards the dead-letter queue), a fresh message after the retry delay, and
+/// the job runs once the table answers again.
+#[tokio::test(start_paused = true)]
+async fn a_throttled_claim_is_retried_with_a_fresh_message_not_dead_lettered() {
+    let dir = tempdir("throttled");
+    let w = World::default();
+    register(&w, "i-a");
+    w.launcher.script(
+        "work",
+        Script {
+            items: 3,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
+    );
+    submit(&w, "job-1", "work", 3, 600.0);
+    // The claim (the first jobs-table call of this run) is throttled.
+    w.jobs.fail_next(onoff_control::ports::StoreError::Other(
+        "claim job: ThrottlingException: Rate of requests exceeds the allowed throughput".into(),
+    ));
+    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    assert_eq!(r.poison, 0);
+    assert!(w.jobs.errors().is_empty(), "{:?}", w.jobs.errors());
+    assert!(w.inbox.dead_letters().is_empty());
+    assert_eq!(r.jobs.len(), 1, "{r:?}");
+    assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
+    assert_eq!(job(&w, "job-1").attempts, 1, "the throttled claim counted nothing");
 }

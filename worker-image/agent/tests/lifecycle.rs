@@ -5,6 +5,8 @@
 //! messages never reach the dead-letter queue, and every worker that ran it terminates its own
 //! instance, the last one after its idle timeout once the job is done.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,44 +14,16 @@ use onoff_agent::fake::{
     FakeCheckpoints, FakeInbox, FakeInstance, FakeMetadata, FakeObjects, Script, ScriptedLauncher,
 };
 use onoff_agent::ports::Notice;
-use onoff_agent::{run, AgentConfig, AgentReport, Deps, ExitReason, Outcome, ShutdownMode};
+use onoff_agent::{run, AgentReport, Deps, ExitReason, Outcome};
 use onoff_control::fake::{FakeJobs, FakeRegistry};
 use onoff_control::job::{JobSpec, JobState};
 use onoff_control::ports::{JobRecord, WorkerRecord, WorkerRegistry};
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 
+use common::{cfg, ArcMd};
+
 const T0: f64 = 1_800_000_000.0;
 const HOUR: u64 = 3600;
-
-struct ArcMd(Arc<FakeMetadata>);
-impl onoff_agent::ports::Metadata for ArcMd {
-    async fn identity(&self) -> Result<onoff_agent::ports::Identity, String> {
-        self.0.identity().await
-    }
-    async fn notice(&self) -> Result<Option<Notice>, String> {
-        self.0.notice().await
-    }
-}
-
-fn cfg(dir: &std::path::Path) -> AgentConfig {
-    AgentConfig {
-        lanes: vec!["standard".into()],
-        idle_timeout_s: 120.0,
-        heartbeat_s: 30.0,
-        lease_s: 60.0,
-        notice_grace_s: 30.0,
-        imds_poll_s: 5.0,
-        poll_wait_s: 10.0,
-        retry_delay_s: 15.0,
-        rerun_limits: Default::default(),
-        shutdown: ShutdownMode::ApiOnly,
-        work_dir: dir.to_path_buf(),
-        worker_image: None,
-        time_scale: 1.0,
-        deployment: "test".into(),
-        gpus: None,
-    }
-}
 
 #[tokio::test(start_paused = true)]
 async fn a_30_hour_job_with_three_notices_and_two_crashes_succeeds_once_and_nothing_stays_up() {
