@@ -8,7 +8,7 @@
 //!   `boot_timeout_s` of launch, are terminated and their jobs re-queued;
 //! - RUNNING jobs whose lease expired are re-queued (or FAILED after `max_lease_expiries`), each
 //!   write conditioned on the exact lease the reaper saw;
-//! - pending jobs (QUEUED, RETRYING) with no wake-up message sent for `2 × lease_s` get a fresh
+//! - pending jobs (QUEUED, RETRYING) with no wake-up message sent for `resend_after_s` get a fresh
 //!   one (a message lost, expired or never sent: the jobs table is the truth, messages only wake
 //!   workers up, and a duplicate is harmless because claims are conditional).
 //!
@@ -44,19 +44,13 @@ pub struct ReconcileOptions {
     pub launch_grace_s: f64,
     /// GPUs of the largest instance; larger jobs run on several instances. Default 8.
     pub max_gpus_per_instance: u32,
-    /// The agents' job lease, seconds (`ONOFF_LEASE_S`, default 300). A pending job with no
-    /// wake-up message sent for two lease periods gets a fresh one.
-    pub lease_s: f64,
+    /// A pending job with no wake-up message sent for this long gets a fresh one, seconds.
+    /// Default 600: two of the agents' default 300 s leases (`ONOFF_LEASE_S`), long enough that a
+    /// message sent with the retry delay (at most 900 s is SQS's cap; the agent's default is 30 s)
+    /// has usually been received, short enough that a lost one costs minutes, not a GPU forever.
+    pub resend_after_s: f64,
     /// Bounds on re-runs (lost leases).
     pub limits: RerunLimits,
-}
-
-impl ReconcileOptions {
-    /// How long after its last wake-up message a pending job is sent another, seconds: two lease
-    /// periods.
-    pub fn resend_after_s(&self) -> f64 {
-        2.0 * self.lease_s
-    }
 }
 
 impl Default for ReconcileOptions {
@@ -67,7 +61,7 @@ impl Default for ReconcileOptions {
             boot_timeout_s: 1800.0,
             launch_grace_s: 180.0,
             max_gpus_per_instance: 8,
-            lease_s: 300.0,
+            resend_after_s: 600.0,
             limits: RerunLimits::default(),
         }
     }
@@ -174,7 +168,7 @@ pub async fn reap_jobs<J: JobStore, Q: JobQueue>(
             Err(e) => out.errors.push(format!("requeue {}: {e}", job.id)),
         }
     }
-    for job in snapshot.iter().filter(|j| j.needs_wake_up(now, opts.resend_after_s())) {
+    for job in snapshot.iter().filter(|j| j.needs_wake_up(now, opts.resend_after_s)) {
         match wake(jobs, queue, &job.id, &job.spec.lane, 0, now).await {
             Ok(()) => out.woken.push(job.id.clone()),
             Err(e) => out.errors.push(format!("wake {}: {e}", job.id)),

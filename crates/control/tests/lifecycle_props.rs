@@ -108,7 +108,7 @@ impl World {
             succeeded: BTreeMap::new(),
             finals: BTreeMap::new(),
             opts: ReconcileOptions {
-                lease_s: LEASE_S,
+                resend_after_s: 2.0 * LEASE_S,
                 ..ReconcileOptions::default()
             },
         };

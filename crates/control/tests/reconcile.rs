@@ -308,7 +308,7 @@ fn a_ghost_row_gets_a_fresh_message_within_two_lease_periods() {
     let ids = w.submit(2);
     assert_eq!(w.queue.sent().len(), 2);
     // Both messages are lost (retention, a bug, a hand-deleted message): the rows stay QUEUED.
-    let lease = ReconcileOptions::default().lease_s;
+    let lease = ReconcileOptions::default().resend_after_s / 2.0;
     let r = w.reconcile(NOW + lease, true);
     assert!(r.jobs_woken.is_empty(), "too early: {r:?}");
     assert_eq!(w.queue.sent().len(), 2);

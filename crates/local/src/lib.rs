@@ -42,6 +42,9 @@ use crate::imds::{ImdsServer, ImdsState};
 use crate::moto::Moto;
 use crate::replay::ReplayJob;
 
+/// The agents' job lease in local runs, seconds (deployed: 300).
+const AGENT_LEASE_S: f64 = 6.0;
+
 /// The default policy of local runs (`examples/local-policy.toml`).
 pub const LOCAL_POLICY: &str = include_str!("../../../examples/local-policy.toml");
 
@@ -352,6 +355,9 @@ async fn run_with(
     settings.reconcile.heartbeat_timeout_s = 10.0;
     settings.reconcile.boot_timeout_s = 30.0 + opts.boot_s;
     settings.reconcile.launch_grace_s = (opts.boot_s + 2.0).max(3.0);
+    // A pending job whose message is gone gets another within a minute (deployed: 10 minutes):
+    // soon enough for a run, late enough not to flood the emulator with duplicates in a burst.
+    settings.reconcile.resend_after_s = 60.0;
     settings.lease_ttl_s = 10.0;
     // GPUs per instance type, for each agent's ONOFF_GPUS (on EC2 the user data counts them).
     let gpus_of: BTreeMap<String, u32> = settings
@@ -383,7 +389,7 @@ async fn run_with(
             ("ONOFF_SHUTDOWN", "api-only".into()),
             ("ONOFF_IDLE_TIMEOUT_S", opts.agent_idle_timeout_s.to_string()),
             ("ONOFF_HEARTBEAT_S", "1".into()),
-            ("ONOFF_LEASE_S", "6".into()),
+            ("ONOFF_LEASE_S", AGENT_LEASE_S.to_string()),
             ("ONOFF_IMDS_POLL_S", "0.5".into()),
             ("ONOFF_POLL_WAIT_S", "1".into()),
             ("ONOFF_RETRY_DELAY_S", "1".into()),
