@@ -13,6 +13,7 @@
 //! - [`reconcile`](mod@reconcile): observe, reap, decide, act (the scaler and the reconciler).
 //! - [`lease`](mod@lease): how long an invocation holds the reconcile lease (from its deadline).
 //! - [`submit`](mod@submit): validate a job spec, write the job, enqueue it (idempotent).
+//! - [`boundary`]: what one job's AWS session may touch (the session policy the agent asks for).
 //! - [`admission`]: the size cap of a spec, and [`admission::feasible`]: whether an allowed
 //!   instance can ever run a job (checked at submission).
 //! - [`emf`]: CloudWatch Embedded Metric Format lines (functions and the agent print them).
@@ -21,6 +22,7 @@
 
 pub mod act;
 pub mod admission;
+pub mod boundary;
 pub mod catalog;
 pub mod emf;
 pub mod events;
