@@ -12,6 +12,7 @@
 //! - [`jobs`]: [`onoff_control::ports::JobStore`] on DynamoDB: conditional transitions, leases, error records.
 //! - [`queue`]: lane queues on SQS: backlog, send, receive, visibility, delete.
 //! - [`objects`]: job spec objects on S3: size and bytes of the version an event names.
+//! - [`record`]: every call a component makes as a JSON line (for `onoff local`'s IAM checks).
 //! - [`provision`]: the template's resources created through the SDK, for a local emulator.
 #![warn(missing_docs)]
 
@@ -23,5 +24,6 @@ pub mod jobs;
 pub mod objects;
 pub mod provision;
 pub mod queue;
+pub mod record;
 pub mod settings;
 pub mod state;

@@ -206,7 +206,23 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
     jobs_table(c, &jobs).await?;
     table(c, &workers, "instance_id").await?;
     table(c, &control, "pk").await?;
-    let bucket = format!("{p}-bucket").to_lowercase();
+    // Named as template.yaml names it (`<stack>-<account>-<region>`): the submit role's policy
+    // names the bucket that way, and `onoff local` enforces the template's policies.
+    let account = c
+        .sts
+        .get_caller_identity()
+        .send()
+        .await
+        .map_err(|e| {
+            perr(
+                "bucket name (the account id)",
+                aws_sdk_sts::error::DisplayErrorContext(e),
+            )
+        })?
+        .account
+        .unwrap_or_default();
+    let region = c.s3.config().region().map(ToString::to_string).unwrap_or_default();
+    let bucket = format!("{p}-{account}-{region}").to_lowercase();
     c.s3.create_bucket()
         .bucket(&bucket)
         .send()

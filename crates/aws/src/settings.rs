@@ -126,6 +126,10 @@ pub struct Clients {
     pub dynamodb: aws_sdk_dynamodb::Client,
     /// S3 (path-style addressing when an endpoint override is set, as local emulators need).
     pub s3: aws_sdk_s3::Client,
+    /// STS (the agent's per-job sessions).
+    pub sts: aws_sdk_sts::Client,
+    /// Lambda (submit and interruption ask the scaler to run: an asynchronous invoke).
+    pub lambda: aws_sdk_lambda::Client,
 }
 
 impl Clients {
@@ -139,16 +143,35 @@ impl Clients {
         Self::from_conf(&conf)
     }
 
-    /// Build the clients from a loaded configuration.
+    /// Build the clients from a loaded configuration, recording calls if the environment asks
+    /// for it ([`crate::record::from_env`]).
     pub fn from_conf(conf: &SdkConfig) -> Self {
-        let s3_conf = aws_sdk_s3::config::Builder::from(conf)
-            .force_path_style(conf.endpoint_url().is_some())
-            .build();
+        Self::from_conf_recorded(conf, crate::record::from_env())
+    }
+
+    /// Build the clients from a loaded configuration, every call recorded by `recorder` if given.
+    pub fn from_conf_recorded(conf: &SdkConfig, recorder: Option<crate::record::CallRecorder>) -> Self {
+        let mut s3 = aws_sdk_s3::config::Builder::from(conf).force_path_style(conf.endpoint_url().is_some());
+        let mut sqs = aws_sdk_sqs::config::Builder::from(conf);
+        let mut ec2 = aws_sdk_ec2::config::Builder::from(conf);
+        let mut dynamodb = aws_sdk_dynamodb::config::Builder::from(conf);
+        let mut sts = aws_sdk_sts::config::Builder::from(conf);
+        let mut lambda = aws_sdk_lambda::config::Builder::from(conf);
+        if let Some(r) = recorder {
+            lambda = lambda.interceptor(r.clone());
+            s3 = s3.interceptor(r.clone());
+            sqs = sqs.interceptor(r.clone());
+            ec2 = ec2.interceptor(r.clone());
+            dynamodb = dynamodb.interceptor(r.clone());
+            sts = sts.interceptor(r);
+        }
         Self {
-            sqs: aws_sdk_sqs::Client::new(conf),
-            ec2: aws_sdk_ec2::Client::new(conf),
-            dynamodb: aws_sdk_dynamodb::Client::new(conf),
-            s3: aws_sdk_s3::Client::from_conf(s3_conf),
+            sqs: aws_sdk_sqs::Client::from_conf(sqs.build()),
+            ec2: aws_sdk_ec2::Client::from_conf(ec2.build()),
+            dynamodb: aws_sdk_dynamodb::Client::from_conf(dynamodb.build()),
+            s3: aws_sdk_s3::Client::from_conf(s3.build()),
+            sts: aws_sdk_sts::Client::from_conf(sts.build()),
+            lambda: aws_sdk_lambda::Client::from_conf(lambda.build()),
         }
     }
 }

@@ -74,6 +74,11 @@ pub struct LocalArgs {
     /// moto server program. Default: $ONOFF_MOTO_SERVER, else .venv/bin/moto_server.
     #[arg(long)]
     moto_server: Option<PathBuf>,
+    /// Do not enforce IAM. By default every component runs under its own role with the policies
+    /// template.yaml gives it, and the emulator refuses what they do not allow (with --endpoint,
+    /// enforcement is on for the whole emulator during the run).
+    #[arg(long)]
+    no_iam: bool,
     /// The onoff-agent binary. Default: next to this binary.
     #[arg(long)]
     agent_bin: Option<PathBuf>,
@@ -170,6 +175,7 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         }),
         python: a.python.clone(),
         run_dir: a.run_dir.clone(),
+        iam: !a.no_iam,
     })
 }
 
@@ -260,6 +266,13 @@ pub fn run(a: LocalArgs) -> Result<()> {
             report.instances_left_running
         ));
     }
+    if report.access_denied > 0 {
+        bad.push(format!(
+            "{} AWS call(s) refused by IAM: {}",
+            report.access_denied,
+            report.denied_calls.join(", ")
+        ));
+    }
     if !bad.is_empty() {
         bail!("{}", bad.join("; "));
     }
@@ -290,6 +303,21 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
     println!(
         "  wait       p50 {:.0} s, p95 {:.0} s (trace time, submission to first start)",
         r.wait_p50_s, r.wait_p95_s
+    );
+    println!(
+        "  IAM        {}; {} AWS calls, {} refused{}",
+        if r.iam_enforced {
+            "enforced (each component under its template role)"
+        } else {
+            "not enforced (--no-iam)"
+        },
+        r.calls_recorded,
+        r.access_denied,
+        if r.denied_calls.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", r.denied_calls.join(", "))
+        }
     );
     if r.handler_errors > 0 {
         println!(

@@ -1,5 +1,5 @@
-//! `onoff local` end to end: moto server (the one `scripts/test.sh` starts, reached with
-//! `--endpoint`), the control plane in process, real `onoff-agent` processes running the example
+//! `onoff local` end to end: its own moto server (IAM enforced: every component under the role
+//! template.yaml gives it), the control plane in process, real `onoff-agent` processes running the example
 //! workload, a slice of the real Philly trace, spot notices and worker kills injected; and, while
 //! it runs, bad job specs put into its bucket by a real AWS client (boto3, from the `.venv` the
 //! test script installs).
@@ -7,20 +7,22 @@
 
 use std::process::{Command, Stdio};
 
-/// Puts five bad specs under `jobs/` of the run's bucket once it exists; prints their keys.
+/// Puts five bad specs under `jobs/` of the run's bucket as the run's submitter (its stack.json
+/// names the emulator, the bucket and the submitter's session); prints their keys. Then tries what
+/// a submitter may not do, and prints each refusal.
 const BAD_INPUTS: &str = r#"
-import sys, time, json, boto3
-endpoint, bucket = sys.argv[1], sys.argv[2]
-s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                  aws_access_key_id="test", aws_secret_access_key="test")
-for _ in range(300):
-    try:
-        s3.head_bucket(Bucket=bucket)
+import sys, time, json, os, boto3
+path = sys.argv[1]
+for _ in range(600):
+    if os.path.exists(path):
         break
-    except Exception:
-        time.sleep(0.2)
+    time.sleep(0.2)
 else:
-    sys.exit("bucket %s never appeared" % bucket)
+    sys.exit("%s never appeared" % path)
+time.sleep(0.2)
+stack = json.load(open(path))
+endpoint, bucket, creds = stack["endpoint"], stack["bucket"], stack["submitter"]
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **creds)
 ok = {"image": "img", "command": ["python", "x.py"], "project": "p"}
 bad = {
     "jobs/bad-oversize.json": json.dumps(dict(ok, note="x" * (300 * 1024))).encode(),
@@ -32,18 +34,25 @@ bad = {
 for key, body in bad.items():
     s3.put_object(Bucket=bucket, Key=key, Body=body)
     print(key)
+for what, call in [
+    ("read a checkpoint", lambda: s3.list_objects_v2(Bucket=bucket, Prefix="checkpoints/")),
+    ("write outside jobs/", lambda: s3.put_object(Bucket=bucket, Key="checkpoints/x/y", Body=b"x")),
+]:
+    try:
+        call()
+        print("ALLOWED", what)
+    except Exception as e:
+        print("refused", what, type(e).__name__)
 "#;
 
 #[test]
 fn local_run_with_faults_finishes_every_job_exactly_once() {
-    let endpoint = std::env::var("ONOFF_TEST_AWS_ENDPOINT").expect(
-        "ONOFF_TEST_AWS_ENDPOINT is not set: run the tests with scripts/test.sh, which installs and starts moto server",
-    );
-    let moto = std::env::var("ONOFF_MOTO_SERVER").expect("ONOFF_MOTO_SERVER is set by scripts/moto.sh");
+    let moto = std::env::var("ONOFF_MOTO_SERVER")
+        .expect("ONOFF_MOTO_SERVER is not set: run the tests with scripts/test.sh, which installs moto server");
     let python = std::path::Path::new(&moto).with_file_name("python");
     let run_dir = std::env::temp_dir().join(format!("onoff-local-test-{}", std::process::id()));
     let child = Command::new(env!("CARGO_BIN_EXE_onoff"))
-        .args(["local", "--endpoint", &endpoint])
+        .args(["local", "--moto-server", &moto])
         .args([
             "--json",
             "--quiet",
@@ -74,10 +83,10 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("onoff runs");
-    // The run's resources are named after its process id.
-    let bucket = format!("onoff-local-{}-bucket", child.id());
+    let stack = run_dir.join("stack.json");
     let put = Command::new(&python)
-        .args(["-c", BAD_INPUTS, &endpoint, &bucket])
+        .args(["-c", BAD_INPUTS])
+        .arg(&stack)
         .output()
         .expect("python from .venv runs");
     assert!(
@@ -85,6 +94,9 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
         "putting the bad inputs failed: {}",
         String::from_utf8_lossy(&put.stderr)
     );
+    let said = String::from_utf8_lossy(&put.stdout);
+    assert!(!said.contains("ALLOWED"), "the submitter did what it may not: {said}");
+    assert_eq!(said.matches("refused").count(), 2, "{said}");
     let out = child.wait_with_output().expect("onoff ends");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let v: serde_json::Value =
@@ -96,6 +108,13 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
     assert_eq!(n("jobs_failed"), 0.0);
     assert_eq!(n("jobs_lost"), 0.0);
     assert_eq!(n("duplicate_completions"), 0.0, "no job completes twice");
+    // IAM enforced with the template's policies, and nothing the components did was refused.
+    assert_eq!(v["iam_enforced"], true, "{v}");
+    assert_eq!(n("access_denied"), 0.0, "refused calls: {}", v["denied_calls"]);
+    assert!(n("calls_recorded") > 100.0, "every component's calls are recorded: {v}");
+    // Submit asks the scaler instead of launching; the launch follows within a second.
+    assert!(n("scale_requests_served") >= 1.0, "{v}");
+    assert!(n("scale_request_latency_max_s") < 1.0, "{v}");
     assert!(n("spot_notices_sent") >= 1.0, "the run injected a spot notice: {v}");
     assert!(n("workers_killed") >= 1.0, "the run killed a worker: {v}");
     assert!(

@@ -94,7 +94,10 @@ mod tests {
         assert!(text.contains("arn:aws:s3:::b/checkpoints/job-1/*"));
         assert!(text.contains("arn:aws:s3:::b/outputs/job-1/*"));
         assert!(text.contains("arn:aws:s3:::b/inputs/x.bin"));
-        assert!(!text.contains("checkpoints/*"), "never the whole checkpoints prefix: {text}");
+        assert!(
+            !text.contains("checkpoints/*"),
+            "never the whole checkpoints prefix: {text}"
+        );
         assert!(text.len() < 2048, "{} characters", text.len());
         let none = job_session_policy("aws", "b", "job-1", None).to_string();
         assert!(!none.contains("ItsInput"));

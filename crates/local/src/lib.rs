@@ -14,6 +14,7 @@
 //! - [`run_local`]: the run, its progress and its [`LocalReport`].
 #![warn(missing_docs)]
 
+pub mod iam;
 pub mod imds;
 pub mod moto;
 pub mod replay;
@@ -99,6 +100,8 @@ pub struct LocalOptions {
     pub python: String,
     /// Directory for logs and the workers' work dirs.
     pub run_dir: PathBuf,
+    /// Enforce IAM in the emulator ([`iam`](mod@iam)); off with `--no-iam`.
+    pub iam: bool,
 }
 
 /// What a run did. Dollar figures are in trace time: instance price × lifetime × `compress`.
@@ -137,6 +140,25 @@ pub struct LocalReport {
     pub wait_p95_s: f64,
     /// Handler invocations that returned an error.
     pub handler_errors: usize,
+    /// IAM was enforced: every component (the four functions, each agent, each job) ran under its
+    /// own role with the policies template.yaml gives it, as moto evaluates them
+    /// ([`iam`](mod@iam)). False with `--no-iam`.
+    pub iam_enforced: bool,
+    /// AWS calls of the components the emulator refused (HTTP 403), from the call log
+    /// (`calls.jsonl` in the run directory). A green run has 0.
+    pub access_denied: usize,
+    /// Refused calls by principal and operation, e.g. `worker/i-0abc: sqs:SendMessage` (at most 20).
+    pub denied_calls: Vec<String>,
+    /// AWS calls recorded (all components).
+    pub calls_recorded: usize,
+    /// Scaler runs on a scale request (submit's or interruption's asynchronous invoke; several
+    /// requests waiting are served by one run).
+    pub scale_requests_served: usize,
+    /// Wall seconds from the start of the invocation that asked to the end of the scaler's run
+    /// (its launch calls included), median.
+    pub scale_request_latency_p50_s: f64,
+    /// The same, the longest.
+    pub scale_request_latency_max_s: f64,
     /// Wall seconds the run took.
     pub wall_s: f64,
     /// Trace seconds per wall second.
@@ -317,7 +339,19 @@ async fn run_with(
         ))
         .load()
         .await;
-    let clients = Clients::from_conf(&conf);
+    // The setup's clients: IAM is not enforced yet.
+    let setup = Clients::from_conf_recorded(&conf, None);
+    // Clients with a session's credentials, recording their calls if a recorder is given.
+    let with_session = |s: Option<&iam::Session>, rec: Option<onoff_aws::record::CallRecorder>| {
+        let conf = match s {
+            Some(s) => conf
+                .to_builder()
+                .credentials_provider(aws_sdk_s3::config::SharedCredentialsProvider::new(s.credentials()))
+                .build(),
+            None => conf.clone(),
+        };
+        Clients::from_conf_recorded(&conf, rec)
+    };
 
     // Policy and resources.
     let policy_text = match &opts.policy {
@@ -335,7 +369,7 @@ async fn run_with(
     let lane = lanes.first().cloned().context("the policy has no lane")?;
     let prefix = format!("onoff-local-{}", std::process::id());
     let provisioned = onoff_aws::provision::provision(
-        &clients,
+        &setup,
         &onoff_aws::provision::ProvisionOptions {
             prefix: prefix.clone(),
             lanes: lanes.clone(),
@@ -365,6 +399,89 @@ async fn run_with(
         .iter()
         .map(|o| (o.key.instance_type.clone(), o.gpus))
         .collect();
+    // IAM: every component under its own role, the template's policies enforced by the emulator.
+    let call_log_path = run_dir.join("calls.jsonl");
+    let call_log = onoff_aws::record::CallLog::open(&call_log_path)
+        .with_context(|| format!("creating {}", call_log_path.display()))?;
+    let sessions = if opts.iam {
+        let account = setup
+            .sts
+            .get_caller_identity()
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("sts GetCallerIdentity: {}", aws_sdk_s3::error::DisplayErrorContext(e)))?
+            .account
+            .unwrap_or_default();
+        let lt_id = setup
+            .ec2
+            .describe_launch_templates()
+            .launch_template_names(&res.launch_template)
+            .send()
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "describe the launch template: {}",
+                    aws_sdk_s3::error::DisplayErrorContext(e)
+                )
+            })?
+            .launch_templates()
+            .first()
+            .and_then(|t| t.launch_template_id())
+            .unwrap_or_default()
+            .to_string();
+        let stack = iam::local_stack(&prefix, &account, &res, &lt_id);
+        Some(
+            iam::setup(endpoint, &stack)
+                .await
+                .context("IAM setup in the emulator")?,
+        )
+    } else {
+        None
+    };
+    std::fs::write(
+        run_dir.join("stack.json"),
+        serde_json::json!({
+            "endpoint": endpoint,
+            "bucket": res.bucket,
+            "prefix": prefix,
+            "iam_enforced": sessions.is_some(),
+            "submitter": sessions.as_ref().map(|s| serde_json::json!({
+                "aws_access_key_id": s.submitter.access_key_id,
+                "aws_secret_access_key": s.submitter.secret_access_key,
+                "aws_session_token": s.submitter.session_token,
+            })),
+        })
+        .to_string(),
+    )?;
+    // The runner plays AWS itself (EC2, CloudWatch alarms, S3 notifications) and watches.
+    let clients = with_session(sessions.as_ref().map(|s| &s.runner), None);
+    let submitter = with_session(
+        sessions.as_ref().map(|s| &s.submitter),
+        Some(call_log.recorder("submitter")),
+    );
+    let function = |name: &str| {
+        let c = with_session(
+            sessions.as_ref().and_then(|s| s.functions.get(name)),
+            Some(call_log.recorder(name)),
+        );
+        (onoff_fn_common::ctx_from_clients(settings.clone(), &c), c)
+    };
+    let (scaler_ctx, scaler_clients) = function("scaler");
+    let (reconciler_ctx, reconciler_clients) = function("reconciler");
+    let (interruption_ctx, interruption_clients) = function("interruption");
+    let (submit_ctx, submit_clients) = function("submit");
+    // Scale requests (submit's and interruption's asynchronous invokes of the scaler), each with
+    // when its asker's invocation started.
+    let asks: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
+    let submit_clients = Asking {
+        clients: submit_clients,
+        asks: asks.clone(),
+    };
+    let interruption_clients = Asking {
+        clients: interruption_clients,
+        asks: asks.clone(),
+    };
+    let mut ask_latencies: Vec<f64> = Vec::new();
     let ctx = onoff_fn_common::ctx_from_clients(settings, &clients);
     let fleet = Ec2Fleet::new(clients.ec2.clone(), &res.launch_template).with_deployment(&prefix);
 
@@ -384,8 +501,7 @@ async fn run_with(
     agent_env.extend(
         [
             ("AWS_ENDPOINT_URL", endpoint.to_string()),
-            ("AWS_ACCESS_KEY_ID", "test".into()),
-            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("ONOFF_CALL_LOG", call_log_path.display().to_string()),
             ("ONOFF_SHUTDOWN", "api-only".into()),
             ("ONOFF_IDLE_TIMEOUT_S", opts.agent_idle_timeout_s.to_string()),
             ("ONOFF_HEARTBEAT_S", "1".into()),
@@ -400,6 +516,18 @@ async fn run_with(
         .into_iter()
         .map(|(k, v)| (k.to_string(), v)),
     );
+    match &sessions {
+        Some(s) => {
+            agent_env.extend(s.worker.env());
+            if let Some(arn) = &s.job_role_arn {
+                agent_env.push(("ONOFF_JOB_ROLE_ARN".into(), arn.clone()));
+            }
+        }
+        None => agent_env.extend(
+            [("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test")]
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+        ),
+    }
     let attempts: Arc<Mutex<Vec<AttemptLine>>> = Arc::default();
     let mut instances: BTreeMap<String, Inst> = BTreeMap::new();
     let mut events: VecDeque<serde_json::Value> = VecDeque::new();
@@ -408,6 +536,7 @@ async fn run_with(
     let mut report = LocalReport {
         jobs_submitted: 0,
         compress: opts.compress,
+        iam_enforced: sessions.is_some(),
         ..LocalReport::default()
     };
     let mut alarm_state: BTreeMap<String, bool> = BTreeMap::new();
@@ -451,6 +580,24 @@ async fn run_with(
         }
     };
 
+    // Scale requests: Lambda would start the scaler within moments of the asynchronous invoke
+    // (and concurrently with the asker's next events); here it runs right after the invocation
+    // that asked. Timed from the start of that invocation to the end of the scaler's run (its
+    // launch calls included).
+    macro_rules! serve_scale_requests {
+        () => {
+            let requests: Vec<(Instant, String)> = std::mem::take(&mut *asks.lock().expect("lock"));
+            if let Some(first) = requests.iter().map(|(t, _)| *t).min() {
+                let reasons: Vec<&str> = requests.iter().map(|(_, r)| r.as_str()).collect();
+                let mut payload = onoff_fn_common::scale_request(&reasons.join("; "));
+                payload["requests"] = requests.len().into();
+                let r = scaler::handler::handle(&scaler_ctx, &scaler_clients, lambda_event(payload)).await;
+                ask_latencies.push(first.elapsed().as_secs_f64());
+                invoke_err("scaler", r, &mut report.handler_errors);
+            }
+        };
+    }
+
     loop {
         let now = Instant::now();
         let elapsed = (now - t0).as_secs_f64();
@@ -458,7 +605,7 @@ async fn run_with(
         while pending.front().is_some_and(|j| j.at_s <= elapsed) {
             let j = pending.pop_front().expect("front exists");
             let key = format!("jobs/{}.json", j.name);
-            clients
+            submitter
                 .s3
                 .put_object()
                 .bucket(&res.bucket)
@@ -512,11 +659,15 @@ async fn run_with(
                         Some(v) if v != "null" => v.into(),
                         _ => serde_json::Value::Null,
                     };
-                    let r = submit::handler::handle(&ctx, &clients, lambda_event(ev)).await;
+                    let t = Instant::now();
+                    let r = submit::handler::handle(&submit_ctx, &submit_clients, lambda_event(ev)).await;
+                    since_invocation_start(&asks, t);
+                    serve_scale_requests!();
                     invoke_err("submit", r, &mut report.handler_errors);
                 }
             }
         }
+        serve_scale_requests!();
         // The queue-depth alarm: ALARM while a lane has visible messages; EventBridge delivers the
         // state change to the scaler.
         if now >= next_alarm {
@@ -531,7 +682,7 @@ async fn run_with(
                     event_n += 1;
                     ev["time"] = iso(unix_now()).into();
                     ev["detail"]["alarmName"] = format!("{prefix}-{l}-backlog").into();
-                    let r = scaler::handler::handle(&ctx, &clients, lambda_event(ev)).await;
+                    let r = scaler::handler::handle(&scaler_ctx, &scaler_clients, lambda_event(ev)).await;
                     invoke_err("scaler", r, &mut report.handler_errors);
                 }
             }
@@ -543,13 +694,16 @@ async fn run_with(
             ev["id"] = format!("local-schedule-{event_n}").into();
             event_n += 1;
             ev["time"] = iso(unix_now()).into();
-            let r = reconciler::handler::handle(&ctx, &clients, lambda_event(ev)).await;
+            let r = reconciler::handler::handle(&reconciler_ctx, &reconciler_clients, lambda_event(ev)).await;
             invoke_err("reconciler", r, &mut report.handler_errors);
         }
         // EC2 events -> interruption.
         while let Some(ev) = events.pop_front() {
-            let r = interruption::handler::handle(&ctx, &clients, lambda_event(ev)).await;
+            let t = Instant::now();
+            let r = interruption::handler::handle(&interruption_ctx, &interruption_clients, lambda_event(ev)).await;
+            since_invocation_start(&asks, t);
             invoke_err("interruption", r, &mut report.handler_errors);
+            serve_scale_requests!();
         }
         // The instance runner.
         if now >= next_fleet {
@@ -791,6 +945,28 @@ async fn run_with(
     } else {
         0.0
     };
+    ask_latencies.sort_by(f64::total_cmp);
+    report.scale_requests_served = ask_latencies.len();
+    report.scale_request_latency_p50_s = percentile(&ask_latencies, 0.5);
+    report.scale_request_latency_max_s = ask_latencies.last().copied().unwrap_or(0.0);
+    // Every component's calls: the refused ones are IAM's verdict on the template's policies.
+    let calls = onoff_aws::record::read_log(&call_log_path).unwrap_or_default();
+    report.calls_recorded = calls.len();
+    let denied: Vec<&onoff_aws::record::CallRecord> = calls.iter().filter(|c| c.status == 403).collect();
+    report.access_denied = denied.len();
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &denied {
+        *kinds
+            .entry(format!("{}: {}:{}", c.principal, c.service, c.operation))
+            .or_default() += 1;
+    }
+    report.denied_calls = kinds.into_iter().take(20).map(|(k, n)| format!("{k} ({n}x)")).collect();
+    if sessions.is_some() && opts.endpoint.is_some() {
+        // A shared emulator: leave it as it was found.
+        if let Err(e) = iam::enforce(endpoint, false).await {
+            tracing::warn!(error = %e, "could not turn IAM enforcement off again");
+        }
+    }
     report.wall_s = started.elapsed().as_secs_f64();
     Ok(report)
 }
@@ -894,6 +1070,41 @@ async fn scan_jobs(
     Ok(out)
 }
 
+/// Date the scale requests made since `t` (an invocation's start) at `t`.
+fn since_invocation_start(asks: &Mutex<Vec<(Instant, String)>>, t: Instant) {
+    for (at, _) in asks.lock().expect("lock").iter_mut() {
+        if *at >= t {
+            *at = t;
+        }
+    }
+}
+
+/// A function's clients in the local stack, where an asynchronous invoke of the scaler is a
+/// request the run loop serves at once (moto runs no functions).
+struct Asking {
+    clients: Clients,
+    asks: Arc<Mutex<Vec<(Instant, String)>>>,
+}
+
+impl onoff_fn_common::ObjectReader for Asking {
+    async fn size(&self, obj: &onoff_fn_common::ObjectRef) -> Result<u64, onoff_fn_common::ObjectError> {
+        self.clients.size(obj).await
+    }
+    async fn read(&self, obj: &onoff_fn_common::ObjectRef) -> Result<Vec<u8>, onoff_fn_common::ObjectError> {
+        self.clients.read(obj).await
+    }
+}
+
+impl onoff_fn_common::ScalerTrigger for Asking {
+    async fn ask_scaler(&self, reason: &str) -> Result<(), String> {
+        self.asks
+            .lock()
+            .expect("lock")
+            .push((Instant::now(), reason.to_string()));
+        Ok(())
+    }
+}
+
 /// Start an instance's IMDS and its agent process (in its own process group, so a kill takes the
 /// job with it, as a dying machine would).
 async fn start_agent(
@@ -930,6 +1141,7 @@ async fn start_agent(
         .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds.endpoint)
         .env("ONOFF_WORK_DIR", &work)
         .env("ONOFF_LANES", &inst.lane)
+        .env("ONOFF_PRINCIPAL", format!("worker/{id}"))
         .process_group(0)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())

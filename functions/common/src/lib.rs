@@ -420,6 +420,50 @@ mod tests {
 
 pub use onoff_aws::objects::{ObjectError, ObjectRef};
 
+/// The environment variable naming the scaler function (template.yaml sets it on submit and
+/// interruption).
+pub const SCALER_FUNCTION_VAR: &str = "ONOFF_SCALER_FUNCTION";
+
+/// Asking the scaler to run now. Submit (after new jobs) and interruption (after a notice or a
+/// lost worker) ask instead of launching themselves: only the scaler and the reconciler hold
+/// launch rights (issue 10).
+#[allow(async_fn_in_trait)]
+pub trait ScalerTrigger {
+    /// Ask the scaler to run; `reason` is logged by it. Returns once the request is accepted,
+    /// not when the scaler has run.
+    ///
+    /// # Errors
+    /// The request could not be made (the caller logs it: the alarm and the schedule catch up).
+    async fn ask_scaler(&self, reason: &str) -> Result<(), String>;
+}
+
+/// The payload of a scale request (an asynchronous invoke of the scaler).
+#[must_use]
+pub fn scale_request(reason: &str) -> serde_json::Value {
+    serde_json::json!({ "source": "onoff.scale-request", "reason": reason })
+}
+
+impl ScalerTrigger for onoff_aws::settings::Clients {
+    /// `lambda:InvokeFunction` with `InvocationType` `Event` on [`SCALER_FUNCTION_VAR`]: Lambda
+    /// queues the event and answers 202 at once (Lambda Developer Guide, "Invoking a Lambda
+    /// function asynchronously").
+    async fn ask_scaler(&self, reason: &str) -> Result<(), String> {
+        let function = std::env::var(SCALER_FUNCTION_VAR)
+            .ok()
+            .filter(|f| !f.is_empty())
+            .ok_or_else(|| format!("{SCALER_FUNCTION_VAR} is not set"))?;
+        self.lambda
+            .invoke()
+            .function_name(&function)
+            .invocation_type(aws_sdk_lambda::types::InvocationType::Event)
+            .payload(aws_sdk_lambda::primitives::Blob::new(scale_request(reason).to_string()))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("invoke {function}: {}", aws_sdk_lambda::error::DisplayErrorContext(e)))
+    }
+}
+
 /// Reading job spec objects: the version a submission event names.
 #[allow(async_fn_in_trait)]
 pub trait ObjectReader {
@@ -496,6 +540,15 @@ pub mod testing {
     pub struct FakeObjects {
         versions: Mutex<BTreeMap<(String, String), Vec<Version>>>,
         reads: AtomicUsize,
+        /// Reasons of the scale requests made ([`super::ScalerTrigger`]).
+        pub scale_requests: Mutex<Vec<String>>,
+    }
+
+    impl super::ScalerTrigger for FakeObjects {
+        async fn ask_scaler(&self, reason: &str) -> Result<(), String> {
+            self.scale_requests.lock().expect("lock").push(reason.to_string());
+            Ok(())
+        }
     }
 
     impl FakeObjects {

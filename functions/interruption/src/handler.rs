@@ -1,16 +1,17 @@
 //! Interruption: EC2 events from EventBridge (spot interruption warning, rebalance
 //! recommendation, state change). Idempotent by event id, recorded once the event's work is done
 //! (a retry after a failure does it); unknown kinds are a logged no-op; malformed events are logged
-//! and dropped. After a worker is drained the policy runs at once, so replacement capacity is
-//! launched elsewhere when the backlog needs it; a failure of that reconcile is logged, not
-//! retried (the event's own work is done and recorded; the schedule and the alarm catch up).
+//! and dropped. After a worker is drained it asks the scaler to run at once (an asynchronous
+//! invoke: this function holds no launch rights), so replacement capacity is launched elsewhere
+//! when the backlog needs it; a failure of that request is logged, not retried (the event's own
+//! work is done and recorded; the schedule and the alarm catch up).
 
 use lambda_runtime::LambdaEvent;
 use onoff_control::interruption::{handle_event, HandleError, Handled};
 use onoff_control::ports::{
     Backlog, EventLog, Fleet, FleetLister, JobQueue, JobStore, Lease, OfferingAvailability, WorkerRegistry,
 };
-use onoff_fn_common::{Ctx, HandlerError};
+use onoff_fn_common::{Ctx, HandlerError, ScalerTrigger};
 
 /// Handle one EventBridge event.
 ///
@@ -18,7 +19,7 @@ use onoff_fn_common::{Ctx, HandlerError};
 /// `Retryable` when a store failed (EventBridge retries).
 pub async fn handle<Q, W, J, F, A, E, L, C>(
     ctx: &Ctx<Q, W, J, F, A, E, L>,
-    _clients: &C,
+    clients: &C,
     event: LambdaEvent<serde_json::Value>,
 ) -> Result<serde_json::Value, HandlerError>
 where
@@ -29,18 +30,21 @@ where
     A: OfferingAvailability,
     E: EventLog,
     L: Lease,
+    C: ScalerTrigger,
 {
     let now = onoff_fn_common::now();
-    let invocation = &event.context;
-    // The replacement decision after a drain: best effort.
-    let replace = |what: &'static str, worker: String| async move {
-        let mut out = match ctx.reconcile(now, false, invocation).await {
-            Ok(r) => serde_json::json!({ "reconcile": r }),
+    // The replacement decision after a drain is the scaler's: ask it, best effort.
+    let ask = |reason: String| async move {
+        match clients.ask_scaler(&reason).await {
+            Ok(()) => serde_json::json!({ "scale_request": reason }),
             Err(e) => {
-                tracing::warn!(error = %e, "reconcile after a notice failed");
-                serde_json::json!({ "reconcile_error": e.to_string() })
+                tracing::warn!(error = %e, "asking the scaler failed; the alarm and the schedule catch up");
+                serde_json::json!({ "scale_request_error": e })
             }
-        };
+        }
+    };
+    let replace = |what: &'static str, worker: String| async move {
+        let mut out = ask(format!("interruption: {what} {worker}")).await;
         out[what] = serde_json::Value::String(worker);
         out
     };
@@ -68,7 +72,7 @@ where
             tracing::info!(%why, "no-op");
             Ok(serde_json::json!({ "noop": why }))
         }
-        Ok(Handled::Reconcile) => ctx.reconcile(now, false, invocation).await,
+        Ok(Handled::Reconcile) => Ok(ask("interruption: capacity changed".into()).await),
         Err(HandleError::Malformed(e)) => {
             tracing::warn!(error = %e, "dropping a malformed event");
             Ok(serde_json::json!({ "dropped": e.to_string() }))
@@ -80,9 +84,10 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use onoff_control::fake::FleetCall;
     use onoff_control::ports::WorkerRecord;
     use onoff_control::submit::{submit, Source};
-    use onoff_fn_common::testing::fake_ctx;
+    use onoff_fn_common::testing::{fake_ctx, FakeObjects};
     use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 
     fn sample(name: &str) -> serde_json::Value {
@@ -125,9 +130,10 @@ mod tests {
         )
         .await
         .unwrap();
+        let asks = FakeObjects::default();
         let out = handle(
             &ctx,
-            &(),
+            &asks,
             LambdaEvent::new(
                 sample("spot-interruption-warning.json"),
                 lambda_runtime::Context::default(),
@@ -141,14 +147,28 @@ mod tests {
             WorkerState::Draining
         );
         assert!(ctx.avail.marked().contains_key(&spot));
-        let launched = out["reconcile"]["launched"].as_array().unwrap();
-        assert_eq!(launched.len(), 1, "{out}");
+        // It launches nothing itself (no launch rights): it asks the scaler...
+        assert!(
+            ctx.fleet.calls().iter().all(|c| !matches!(c, FleetCall::Launch(_))),
+            "{out}"
+        );
+        assert_eq!(
+            *asks.scale_requests.lock().unwrap(),
+            ["interruption: drained i-0b662ef9931388ba0"]
+        );
+        // ...whose run launches the replacement elsewhere.
+        let r = ctx
+            .reconcile(now, false, &lambda_runtime::Context::default())
+            .await
+            .unwrap();
+        let launched = r["launched"].as_array().unwrap();
+        assert_eq!(launched.len(), 1, "{r}");
         let new = &ctx.fleet.running()[launched[0].as_str().unwrap()];
         assert_ne!(new, &spot, "the replacement avoids the interrupted offering");
         // EventBridge delivers it again: handled once.
         let again = handle(
             &ctx,
-            &(),
+            &FakeObjects::default(),
             LambdaEvent::new(
                 sample("spot-interruption-warning.json"),
                 lambda_runtime::Context::default(),
@@ -161,7 +181,6 @@ mod tests {
 
     #[tokio::test]
     async fn a_rebalance_drains_the_worker_but_neither_stops_it_nor_requeues_its_job() {
-        use onoff_control::fake::FleetCall;
         use onoff_control::job::JobState;
         use onoff_control::ports::Claim;
         let ctx = fake_ctx();
@@ -206,7 +225,7 @@ mod tests {
         let sent = ctx.queues.sent().len();
         let out = handle(
             &ctx,
-            &(),
+            &FakeObjects::default(),
             LambdaEvent::new(
                 sample("rebalance-recommendation.json"),
                 lambda_runtime::Context::default(),
@@ -235,7 +254,7 @@ mod tests {
         for name in ["rebalance-recommendation.json", "instance-state-change.json"] {
             let out = handle(
                 &ctx,
-                &(),
+                &FakeObjects::default(),
                 LambdaEvent::new(sample(name), lambda_runtime::Context::default()),
             )
             .await
@@ -247,7 +266,7 @@ mod tests {
         }
         let out = handle(
             &ctx,
-            &(),
+            &FakeObjects::default(),
             LambdaEvent::new(
                 serde_json::json!({"source": "aws.ec2"}),
                 lambda_runtime::Context::default(),

@@ -4,8 +4,9 @@
 //! be able to run it), written as a job and enqueued in its lane (idempotent by client token, or
 //! by S3 key, ETag and version id, or by SQS message id). A bad spec gets an error record with its
 //! reason; an SQS record that fails is reported in `batchItemFailures`, so SQS redelivers it and,
-//! after maxReceiveCount, moves it to the dead-letter queue. After new jobs the policy runs at
-//! once, so scale-from-zero does not wait for the alarm period.
+//! after maxReceiveCount, moves it to the dead-letter queue. After new jobs it asks the scaler to
+//! run at once (an asynchronous invoke: this function holds no launch rights), so scale-from-zero
+//! does not wait for the alarm period.
 //!
 //! An S3 spec is read as the version the event names (an overwrite is its own event and its own
 //! job), HeadObject first: an object over
@@ -19,7 +20,7 @@ use onoff_control::ports::{
     Backlog, EventLog, Fleet, FleetLister, JobQueue, JobStore, Lease, OfferingAvailability, WorkerRegistry,
 };
 use onoff_control::submit::{reject, submit, too_large, Admission, Rules, Source, SubmitError, Submitted};
-use onoff_fn_common::{Ctx, HandlerError, ObjectError, ObjectReader, ObjectRef};
+use onoff_fn_common::{Ctx, HandlerError, ObjectError, ObjectReader, ObjectRef, ScalerTrigger};
 
 /// S3 event keys are URL-encoded (`+` for space, `%xx`).
 fn decode_key(key: &str) -> String {
@@ -115,7 +116,7 @@ where
     A: OfferingAvailability,
     E: EventLog,
     L: Lease,
-    C: ObjectReader,
+    C: ObjectReader + ScalerTrigger,
 {
     let now = onoff_fn_common::now();
     let rules = Admission {
@@ -218,8 +219,8 @@ where
     if new_jobs > 0 {
         // Scale from zero now rather than at the next alarm period; a failure here is logged, the
         // alarm and the schedule catch up.
-        if let Err(e) = ctx.reconcile(now, false, &event.context).await {
-            tracing::warn!(error = %e, "scaling after submission failed");
+        if let Err(e) = objects.ask_scaler(&format!("submit: {new_jobs} new job(s)")).await {
+            tracing::warn!(error = %e, "asking the scaler after submission failed");
         }
     }
     Ok(response)
@@ -245,9 +246,10 @@ mod tests {
     #[tokio::test]
     async fn the_sqs_sample_submits_the_good_record_and_fails_the_malformed_one() {
         let ctx = fake_ctx();
+        let asks = FakeObjects::default();
         let out = handle(
             &ctx,
-            &FakeObjects::default(),
+            &asks,
             LambdaEvent::new(sample("sqs-submission-batch.json"), lambda_runtime::Context::default()),
         )
         .await
@@ -263,18 +265,19 @@ mod tests {
             errors["sqs:2e1424d4-f796-459a-8184-9c92662be6da"].contains("argv array"),
             "{errors:?}"
         );
-        // Scale-from-zero ran: one worker for the one job.
-        assert_eq!(ctx.fleet.running().len(), 1);
-        // Redelivered (at-least-once): still one job, no new launch.
+        // Scale-from-zero: submit launches nothing itself (no launch rights), it asks the scaler.
+        assert!(ctx.fleet.running().is_empty());
+        assert_eq!(*asks.scale_requests.lock().unwrap(), ["submit: 1 new job(s)"]);
+        // Redelivered (at-least-once): still one job, and no new job to ask for.
         handle(
             &ctx,
-            &FakeObjects::default(),
+            &asks,
             LambdaEvent::new(sample("sqs-submission-batch.json"), lambda_runtime::Context::default()),
         )
         .await
         .unwrap();
         assert_eq!(ctx.jobs.records().len(), 1);
-        assert_eq!(ctx.fleet.running().len(), 1);
+        assert_eq!(asks.scale_requests.lock().unwrap().len(), 1);
     }
 
     const BUCKET: &str = "onoff-jobs-123456789012";

@@ -946,6 +946,14 @@ where
         if let Err(why) = self.renew(&id).await {
             return self.interrupted(job, report, Interrupt::LeaseLost(why)).await;
         }
+        // The job's own AWS session, scoped to its input and its prefixes; never the agent's.
+        match self.deps.objects.job_session(&id, job.spec.input.as_deref()).await {
+            Ok(vars) => env.extend(vars),
+            Err(e) => {
+                report.outcome = self.settle(job, AttemptEnd::Failed(e)).await;
+                return report;
+            }
+        }
         let cmd = JobCommand {
             argv: job.spec.command.clone(),
             env,

@@ -159,14 +159,28 @@ impl Registry for DynamoRegistry {
 
 /// Job inputs on S3.
 #[derive(Debug, Clone)]
-pub struct S3Objects(pub aws_sdk_s3::Client);
+pub struct S3Objects {
+    /// S3.
+    pub s3: aws_sdk_s3::Client,
+    /// STS, for the jobs' sessions.
+    pub sts: aws_sdk_sts::Client,
+    /// `ONOFF_JOB_ROLE_ARN`: the role each job's session is of (template.yaml `JobRole`); none:
+    /// jobs get no AWS credentials.
+    pub job_role_arn: Option<String>,
+    /// The deployment bucket (the jobs' checkpoints and outputs).
+    pub bucket: String,
+}
+
+/// A job's session lasts one hour: the longest STS allows when a role session (the worker's)
+/// assumes another role ("role chaining", IAM User Guide).
+pub const JOB_SESSION_S: i32 = 3600;
 
 impl Objects for S3Objects {
     async fn download(&self, uri: &str, dest: &Path) -> Result<(), String> {
         use aws_sdk_s3::error::ProvideErrorMetadata;
         let (bucket, key) = parse_s3_uri(uri).ok_or_else(|| format!("{uri} is not s3://bucket/key"))?;
         let mut obj = self
-            .0
+            .s3
             .get_object()
             .bucket(bucket)
             .key(key)
@@ -178,6 +192,38 @@ impl Objects for S3Objects {
             file.write_all(&chunk).await.map_err(|e| e.to_string())?;
         }
         file.flush().await.map_err(|e| e.to_string())
+    }
+
+    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Vec<(String, String)>, String> {
+        use aws_sdk_sts::error::ProvideErrorMetadata;
+        let Some(role) = &self.job_role_arn else {
+            return Ok(Vec::new());
+        };
+        let partition = role.split(':').nth(1).unwrap_or("aws");
+        let input = input.and_then(parse_s3_uri);
+        let policy = onoff_control::boundary::job_session_policy(partition, &self.bucket, job_id, input);
+        let out = self
+            .sts
+            .assume_role()
+            .role_arn(role)
+            .role_session_name(onoff_control::boundary::job_session_name(job_id))
+            .policy(policy.to_string())
+            .duration_seconds(JOB_SESSION_S)
+            .send()
+            .await
+            .map_err(|e| {
+                format!(
+                    "job session ({role}): {}: {}",
+                    e.code().unwrap_or("Unknown"),
+                    e.message().unwrap_or_default()
+                )
+            })?;
+        let c = out.credentials().ok_or("job session: STS returned no credentials")?;
+        Ok(vec![
+            ("AWS_ACCESS_KEY_ID".into(), c.access_key_id().to_string()),
+            ("AWS_SECRET_ACCESS_KEY".into(), c.secret_access_key().to_string()),
+            ("AWS_SESSION_TOKEN".into(), c.session_token().to_string()),
+        ])
     }
 }
 

@@ -72,8 +72,13 @@ async fn run(cfg: AgentConfig) -> Result<(), String> {
             clients.dynamodb.clone(),
             workers_table,
         )),
-        checkpoints: onoff_aws::checkpoints::S3Checkpoints::new(clients.s3.clone(), bucket),
-        objects: S3Objects(clients.s3.clone()),
+        checkpoints: onoff_aws::checkpoints::S3Checkpoints::new(clients.s3.clone(), bucket.clone()),
+        objects: S3Objects {
+            s3: clients.s3.clone(),
+            sts: clients.sts.clone(),
+            job_role_arn: std::env::var("ONOFF_JOB_ROLE_ARN").ok().filter(|s| !s.is_empty()),
+            bucket: bucket.clone(),
+        },
         instance: Ec2Instance {
             client: clients.ec2.clone(),
             mode: cfg.shutdown,

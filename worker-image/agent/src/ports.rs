@@ -144,7 +144,7 @@ pub trait Registry {
     ) -> Result<(), StoreError>;
 }
 
-/// Downloading a job's input object.
+/// Downloading a job's input object, and the job's own AWS session.
 #[allow(async_fn_in_trait)]
 pub trait Objects {
     /// Download `uri` (`s3://bucket/key`) to `dest`.
@@ -152,6 +152,18 @@ pub trait Objects {
     /// # Errors
     /// Not found or store failure, as text.
     async fn download(&self, uri: &str, dest: &std::path::Path) -> Result<(), String>;
+
+    /// The environment variables that give job `job_id` an AWS session of its own, scoped to it
+    /// ([`onoff_control::boundary::job_session_policy`]): `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`. Empty when no job role is configured (the
+    /// job then gets no AWS credentials at all).
+    ///
+    /// # Errors
+    /// The session could not be created (STS refused or failed), as text.
+    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Vec<(String, String)>, String> {
+        let _ = (job_id, input);
+        Ok(Vec::new())
+    }
 }
 
 /// This instance, as a cloud resource.
@@ -258,6 +270,9 @@ impl<T: Registry> Registry for &T {
 impl<T: Objects> Objects for &T {
     async fn download(&self, uri: &str, dest: &std::path::Path) -> Result<(), String> {
         (**self).download(uri, dest).await
+    }
+    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Vec<(String, String)>, String> {
+        (**self).job_session(job_id, input).await
     }
 }
 impl<T: Instance> Instance for &T {

@@ -18,6 +18,44 @@ use crate::ports::{Control, JobCommand, JobEvent, JobHandle, Launcher};
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProcessLauncher;
 
+/// What a job inherits of the agent's environment: these variables, and those starting with
+/// [`JOB_ENV_PREFIXES`]. Nothing else: not the agent's AWS credentials (`AWS_ACCESS_KEY_ID`,
+/// ...), not its settings. A job's AWS credentials are its own session's
+/// ([`crate::ports::Objects::job_session`]).
+pub const JOB_ENV_PASSTHROUGH: &[&str] = &[
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "USER",
+    "LD_LIBRARY_PATH",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    // An endpoint override (local emulators); on AWS it is unset.
+    "AWS_ENDPOINT_URL",
+];
+
+/// Prefixes of inherited variables: the GPU runtime's.
+pub const JOB_ENV_PREFIXES: &[&str] = &["NVIDIA_", "CUDA_"];
+
+/// The job's environment: the inherited part of `agent_env` ([`JOB_ENV_PASSTHROUGH`],
+/// [`JOB_ENV_PREFIXES`]), `AWS_EC2_METADATA_DISABLED=true` (SDKs in the job do not look for
+/// credentials or a region in the instance metadata), then the job's own `vars`.
+pub fn job_env(
+    agent_env: impl IntoIterator<Item = (String, String)>,
+    vars: &[(String, String)],
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = agent_env
+        .into_iter()
+        .filter(|(k, _)| JOB_ENV_PASSTHROUGH.contains(&k.as_str()) || JOB_ENV_PREFIXES.iter().any(|p| k.starts_with(p)))
+        .collect();
+    env.push(("AWS_EC2_METADATA_DISABLED".into(), "true".into()));
+    env.extend(vars.iter().cloned());
+    env
+}
+
 fn forward<R: AsyncRead + Unpin + Send + 'static>(r: R, tx: mpsc::Sender<JobEvent>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut lines = BufReader::new(r).lines();
@@ -54,7 +92,8 @@ impl Launcher for ProcessLauncher {
         let (program, args) = cmd.argv.split_first().ok_or("empty command")?;
         let mut child = tokio::process::Command::new(program)
             .args(args)
-            .envs(cmd.env.iter().map(|(k, v)| (k, v)))
+            .env_clear()
+            .envs(job_env(std::env::vars(), &cmd.env))
             .current_dir(&cmd.cwd)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -105,6 +144,57 @@ impl Launcher for ProcessLauncher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_inherits_no_credentials_and_no_settings_of_the_agent() {
+        let agent = [
+            ("PATH", "/usr/bin"),
+            ("AWS_ACCESS_KEY_ID", "AKIAAGENT"),
+            ("AWS_SECRET_ACCESS_KEY", "agent-secret"),
+            ("AWS_SESSION_TOKEN", "agent-token"),
+            ("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:1"),
+            ("ONOFF_JOBS_TABLE", "jobs"),
+            ("AWS_REGION", "us-east-1"),
+            ("NVIDIA_VISIBLE_DEVICES", "0"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let env = job_env(agent, &[("AWS_ACCESS_KEY_ID".into(), "ASIAJOB".into())]);
+        let get = |k: &str| {
+            env.iter()
+                .filter(|(n, _)| n == k)
+                .map(|(_, v)| v.as_str())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(get("AWS_ACCESS_KEY_ID"), ["ASIAJOB"], "only the job's own key");
+        assert!(get("AWS_SECRET_ACCESS_KEY").is_empty());
+        assert!(get("AWS_SESSION_TOKEN").is_empty());
+        assert!(get("AWS_EC2_METADATA_SERVICE_ENDPOINT").is_empty());
+        assert!(get("ONOFF_JOBS_TABLE").is_empty());
+        assert_eq!(get("AWS_EC2_METADATA_DISABLED"), ["true"]);
+        assert_eq!(get("PATH"), ["/usr/bin"]);
+        assert_eq!(get("AWS_REGION"), ["us-east-1"]);
+        assert_eq!(get("NVIDIA_VISIBLE_DEVICES"), ["0"]);
+    }
+
+    #[tokio::test]
+    async fn a_job_process_does_not_see_the_agents_credentials() {
+        // The variable is set in this (the agent's) process; the job must not see it.
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "agent-secret-for-the-test");
+        let h = ProcessLauncher
+            .start(&JobCommand {
+                argv: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    "echo secret=${AWS_SECRET_ACCESS_KEY:-none}".into(),
+                ],
+                env: vec![],
+                cwd: std::env::temp_dir(),
+            })
+            .expect("starts");
+        let (lines, code) = collect(h).await;
+        assert_eq!(code, Some(0));
+        assert_eq!(lines, ["secret=none"]);
+    }
 
     async fn collect(mut h: JobHandle) -> (Vec<String>, Option<i32>) {
         let mut lines = Vec::new();

@@ -1,0 +1,470 @@
+//! template.yaml's IAM, executable: each component's policies resolved for a concrete stack
+//! (CloudFormation intrinsics replaced by the stack's names), and what moto server evaluates of
+//! them ([`moto_projection`]). No AWS SDK here.
+#![warn(missing_docs)]
+
+use std::collections::BTreeMap;
+
+use serde_json::Value as J;
+use serde_yaml::Value as Y;
+
+/// The deployment template, as built into this crate.
+pub const TEMPLATE: &str = include_str!("../../../template.yaml");
+
+/// A failure to read or resolve the template.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Not YAML.
+    #[error("template: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    /// A `!Ref`, `!GetAtt` or `${...}` the stack does not name.
+    #[error("the stack has no value for {0}")]
+    Unresolved(String),
+    /// A resource or form the template does not have, or one this crate does not resolve.
+    #[error("template: {0}")]
+    Shape(String),
+}
+
+/// The names a deployed stack gives the template's resources.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stack {
+    /// `aws`.
+    pub partition: String,
+    /// e.g. `us-east-1`.
+    pub region: String,
+    /// 12-digit account id.
+    pub account: String,
+    /// `AWS::StackName`.
+    pub stack_name: String,
+    /// Logical id -> the value of `!Ref` (queue URL, table name, bucket name, launch template id,
+    /// role name, function name).
+    pub refs: BTreeMap<String, String>,
+    /// `Logical.Attribute` -> the value of `!GetAtt` (e.g. `JobsTable.Arn`).
+    pub atts: BTreeMap<String, String>,
+    /// Template parameter values; a parameter missing here takes the template's `Default`.
+    pub params: BTreeMap<String, String>,
+}
+
+/// A component that runs under a role of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Principal {
+    /// The scaler function.
+    Scaler,
+    /// The reconciler function.
+    Reconciler,
+    /// The interruption function.
+    Interruption,
+    /// The submit function.
+    Submit,
+    /// The worker agent (the instance profile's role).
+    Worker,
+    /// A job (the agent assumes the job role per job, with a session policy of the job's own).
+    Job,
+}
+
+impl Principal {
+    /// Every principal.
+    pub const ALL: [Principal; 6] = [
+        Principal::Scaler,
+        Principal::Reconciler,
+        Principal::Interruption,
+        Principal::Submit,
+        Principal::Worker,
+        Principal::Job,
+    ];
+
+    /// `scaler`, `reconciler`, `interruption`, `submit`, `worker`, `job`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Principal::Scaler => "scaler",
+            Principal::Reconciler => "reconciler",
+            Principal::Interruption => "interruption",
+            Principal::Submit => "submit",
+            Principal::Worker => "worker",
+            Principal::Job => "job",
+        }
+    }
+
+    /// The logical id of its role in the template.
+    #[must_use]
+    pub fn role_logical_id(self) -> &'static str {
+        match self {
+            Principal::Scaler => "ScalerRole",
+            Principal::Reconciler => "ReconcilerRole",
+            Principal::Interruption => "InterruptionRole",
+            Principal::Submit => "SubmitRole",
+            Principal::Worker => "WorkerRole",
+            Principal::Job => "JobRole",
+        }
+    }
+}
+
+impl std::str::FromStr for Principal {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Principal::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| Error::Shape(format!("no principal {s:?}")))
+    }
+}
+
+fn resources(t: &Y) -> Result<&serde_yaml::Mapping, Error> {
+    t.get("Resources")
+        .and_then(Y::as_mapping)
+        .ok_or_else(|| Error::Shape("no Resources".into()))
+}
+
+/// Whether the template has a role for `p`.
+///
+/// # Errors
+/// The template is not YAML.
+pub fn has_role(template: &str, p: Principal) -> Result<bool, Error> {
+    let t: Y = serde_yaml::from_str(template)?;
+    Ok(resources(&t)?.get(p.role_logical_id()).is_some())
+}
+
+struct Resolver<'a> {
+    stack: &'a Stack,
+    defaults: BTreeMap<String, String>,
+}
+
+impl Resolver<'_> {
+    fn reference(&self, name: &str) -> Result<String, Error> {
+        let s = self.stack;
+        Ok(match name {
+            "AWS::Partition" => s.partition.clone(),
+            "AWS::Region" => s.region.clone(),
+            "AWS::AccountId" => s.account.clone(),
+            "AWS::StackName" => s.stack_name.clone(),
+            "AWS::URLSuffix" => "amazonaws.com".into(),
+            _ => match s
+                .refs
+                .get(name)
+                .or_else(|| s.params.get(name))
+                .or_else(|| self.defaults.get(name))
+            {
+                Some(v) => v.clone(),
+                None => return Err(Error::Unresolved(format!("!Ref {name}"))),
+            },
+        })
+    }
+
+    fn att(&self, name: &str) -> Result<String, Error> {
+        self.stack
+            .atts
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::Unresolved(format!("!GetAtt {name}")))
+    }
+
+    fn sub(&self, text: &str, vars: &BTreeMap<String, String>) -> Result<String, Error> {
+        let mut out = String::new();
+        let mut rest = text;
+        while let Some(i) = rest.find("${") {
+            out.push_str(&rest[..i]);
+            let after = &rest[i + 2..];
+            let end = after
+                .find('}')
+                .ok_or_else(|| Error::Shape(format!("unclosed ${{ in {text:?}")))?;
+            let name = &after[..end];
+            if let Some(lit) = name.strip_prefix('!') {
+                // `${!Literal}` is the literal `${Literal}`.
+                out.push_str("${");
+                out.push_str(lit);
+                out.push('}');
+            } else if let Some(v) = vars.get(name) {
+                out.push_str(v);
+            } else if name.contains('.') {
+                out.push_str(&self.att(name)?);
+            } else {
+                out.push_str(&self.reference(name)?);
+            }
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+
+    fn resolve(&self, v: &Y) -> Result<J, Error> {
+        Ok(match v {
+            Y::Null => J::Null,
+            Y::Bool(b) => J::Bool(*b),
+            Y::Number(n) => serde_json::to_value(n).map_err(|e| Error::Shape(e.to_string()))?,
+            Y::String(s) => J::String(s.clone()),
+            Y::Sequence(xs) => J::Array(xs.iter().map(|x| self.resolve(x)).collect::<Result<_, _>>()?),
+            Y::Mapping(m) => {
+                if m.len() == 1 {
+                    if let Some((Y::String(k), inner)) = m.iter().next() {
+                        if let Some(f) = k.strip_prefix("Fn::").or((k == "Ref").then_some("Ref")) {
+                            return self.intrinsic(f, inner);
+                        }
+                    }
+                }
+                let mut out = serde_json::Map::new();
+                for (k, x) in m {
+                    let k = k
+                        .as_str()
+                        .ok_or_else(|| Error::Shape(format!("a non-string key {k:?}")))?;
+                    out.insert(k.to_string(), self.resolve(x)?);
+                }
+                J::Object(out)
+            }
+            Y::Tagged(t) => {
+                let tag = t.tag.to_string();
+                self.intrinsic(tag.trim_start_matches('!'), &t.value)?
+            }
+        })
+    }
+
+    fn string(&self, v: &Y) -> Result<String, Error> {
+        match self.resolve(v)? {
+            J::String(s) => Ok(s),
+            other => Err(Error::Shape(format!("expected a string, got {other}"))),
+        }
+    }
+
+    fn intrinsic(&self, f: &str, arg: &Y) -> Result<J, Error> {
+        Ok(match (f, arg) {
+            ("Ref", Y::String(name)) => J::String(self.reference(name)?),
+            ("GetAtt", Y::String(name)) => J::String(self.att(name)?),
+            ("GetAtt", Y::Sequence(xs)) if xs.len() == 2 => {
+                J::String(self.att(&format!("{}.{}", self.string(&xs[0])?, self.string(&xs[1])?))?)
+            }
+            ("Sub", Y::String(text)) => J::String(self.sub(text, &BTreeMap::new())?),
+            ("Sub", Y::Sequence(xs)) if xs.len() == 2 => {
+                let text = self.string(&xs[0])?;
+                let mut vars = BTreeMap::new();
+                if let Y::Mapping(m) = &xs[1] {
+                    for (k, v) in m {
+                        vars.insert(k.as_str().unwrap_or_default().to_string(), self.string(v)?);
+                    }
+                }
+                J::String(self.sub(&text, &vars)?)
+            }
+            ("Join", Y::Sequence(xs)) if xs.len() == 2 => {
+                let sep = self.string(&xs[0])?;
+                let parts = match self.resolve(&xs[1])? {
+                    J::Array(a) => a
+                        .into_iter()
+                        .map(|p| p.as_str().map(str::to_string).unwrap_or_else(|| p.to_string()))
+                        .collect::<Vec<_>>(),
+                    other => return Err(Error::Shape(format!("!Join of {other}"))),
+                };
+                J::String(parts.join(&sep))
+            }
+            ("Split", Y::Sequence(xs)) if xs.len() == 2 => {
+                let sep = self.string(&xs[0])?;
+                let s = self.string(&xs[1])?;
+                J::Array(s.split(sep.as_str()).map(|p| J::String(p.to_string())).collect())
+            }
+            ("Select", Y::Sequence(xs)) if xs.len() == 2 => {
+                let i = self.string(&xs[0])?.parse::<usize>().unwrap_or(usize::MAX);
+                match self.resolve(&xs[1])? {
+                    J::Array(a) => a
+                        .get(i)
+                        .cloned()
+                        .ok_or_else(|| Error::Shape(format!("!Select {i} out of range")))?,
+                    other => return Err(Error::Shape(format!("!Select of {other}"))),
+                }
+            }
+            (other, _) => return Err(Error::Shape(format!("intrinsic {other} is not resolved here"))),
+        })
+    }
+}
+
+fn resolver<'a>(t: &Y, stack: &'a Stack) -> Resolver<'a> {
+    let mut defaults = BTreeMap::new();
+    if let Some(params) = t.get("Parameters").and_then(Y::as_mapping) {
+        for (k, v) in params {
+            if let (Some(k), Some(d)) = (k.as_str(), v.get("Default")) {
+                let d = match d {
+                    Y::String(s) => s.clone(),
+                    Y::Number(n) => n.to_string(),
+                    Y::Bool(b) => b.to_string(),
+                    _ => continue,
+                };
+                defaults.insert(k.to_string(), d);
+            }
+        }
+    }
+    Resolver { stack, defaults }
+}
+
+/// The identity policy documents of `p`'s role: its inline `Policies` and the template's managed
+/// policies it attaches (`ManagedPolicyArns: [!Ref X]`), resolved for `stack`.
+///
+/// # Errors
+/// The template has no such role, or a name the stack does not give.
+pub fn identity_policies(template: &str, stack: &Stack, p: Principal) -> Result<Vec<J>, Error> {
+    let t: Y = serde_yaml::from_str(template)?;
+    let res = resources(&t)?;
+    let r = resolver(&t, stack);
+    let role = res
+        .get(p.role_logical_id())
+        .ok_or_else(|| Error::Shape(format!("no resource {}", p.role_logical_id())))?;
+    let props = role
+        .get("Properties")
+        .ok_or_else(|| Error::Shape(format!("{} has no Properties", p.role_logical_id())))?;
+    let mut docs = Vec::new();
+    for managed in props
+        .get("ManagedPolicyArns")
+        .and_then(Y::as_sequence)
+        .into_iter()
+        .flatten()
+    {
+        let name = match managed {
+            Y::Tagged(tv) if tv.tag == "!Ref" => tv.value.as_str().unwrap_or_default().to_string(),
+            Y::Mapping(m) => m.get("Ref").and_then(Y::as_str).unwrap_or_default().to_string(),
+            _ => continue,
+        };
+        let doc = res
+            .get(name.as_str())
+            .and_then(|m| m.get("Properties"))
+            .and_then(|p| p.get("PolicyDocument"))
+            .ok_or_else(|| Error::Shape(format!("managed policy {name} is not in the template")))?;
+        docs.push(r.resolve(doc)?);
+    }
+    for inline in props.get("Policies").and_then(Y::as_sequence).into_iter().flatten() {
+        if let Some(doc) = inline.get("PolicyDocument") {
+            docs.push(r.resolve(doc)?);
+        }
+    }
+    Ok(docs)
+}
+
+/// Services whose resource moto checks (S3 object and bucket ARNs, SQS queue ARNs, the role ARN of
+/// STS AssumeRole); for every other service moto authorizes against the resource `*`.
+pub const MOTO_RESOURCE_SERVICES: [&str; 3] = ["s3", "sqs", "sts"];
+
+/// `doc` as moto server 5.2 evaluates it (moto/iam/access_control.py): the action always; the
+/// resource only for [`MOTO_RESOURCE_SERVICES`] (elsewhere moto asks about `*`, which a
+/// statement naming an ARN never matches, so such statements get `Resource: "*"` here);
+/// conditions never (moto passes no context values, so every condition holds). moto evaluates no
+/// resource-based policy and no session policy. What moto leaves out the policy-evaluation tests
+/// cover.
+#[must_use]
+pub fn moto_projection(doc: &J) -> J {
+    let mut out = doc.clone();
+    let statements = match out.get_mut("Statement") {
+        Some(J::Array(a)) => a.iter_mut().collect::<Vec<_>>(),
+        Some(one @ J::Object(_)) => vec![one],
+        _ => Vec::new(),
+    };
+    for st in statements {
+        let actions: Vec<String> = match st.get("Action") {
+            Some(J::String(a)) => vec![a.clone()],
+            Some(J::Array(a)) => a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect(),
+            _ => Vec::new(),
+        };
+        let only_checked = !actions.is_empty()
+            && actions
+                .iter()
+                .all(|a| MOTO_RESOURCE_SERVICES.iter().any(|s| a.starts_with(&format!("{s}:"))));
+        if !only_checked {
+            st["Resource"] = J::String("*".into());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stack() -> Stack {
+        let mut s = Stack {
+            partition: "aws".into(),
+            region: "us-east-1".into(),
+            account: "123456789012".into(),
+            stack_name: "st".into(),
+            ..Stack::default()
+        };
+        for (k, v) in [
+            ("Bucket", "st-123456789012-us-east-1"),
+            ("WorkerLaunchTemplate", "lt-1"),
+        ] {
+            s.refs.insert(k.into(), v.into());
+        }
+        for (k, v) in [
+            ("ExpressQueue.Arn", "arn:aws:sqs:us-east-1:123456789012:st-express"),
+            ("StandardQueue.Arn", "arn:aws:sqs:us-east-1:123456789012:st-standard"),
+            (
+                "SubmissionQueue.Arn",
+                "arn:aws:sqs:us-east-1:123456789012:st-submissions",
+            ),
+            ("FailedEventsQueue.Arn", "arn:aws:sqs:us-east-1:123456789012:st-failed"),
+            ("JobsTable.Arn", "arn:aws:dynamodb:us-east-1:123456789012:table/st-jobs"),
+            (
+                "WorkersTable.Arn",
+                "arn:aws:dynamodb:us-east-1:123456789012:table/st-workers",
+            ),
+            (
+                "ControlTable.Arn",
+                "arn:aws:dynamodb:us-east-1:123456789012:table/st-control",
+            ),
+            ("Bucket.Arn", "arn:aws:s3:::st-123456789012-us-east-1"),
+            ("WorkerRole.Arn", "arn:aws:iam::123456789012:role/st-worker"),
+            ("JobRole.Arn", "arn:aws:iam::123456789012:role/st-job"),
+            (
+                "ScalerFunction.Arn",
+                "arn:aws:lambda:us-east-1:123456789012:function:st-scaler",
+            ),
+            ("ScalerLogGroup.Arn", "arn:aws:logs:x"),
+            ("ReconcilerLogGroup.Arn", "arn:aws:logs:x"),
+            ("InterruptionLogGroup.Arn", "arn:aws:logs:x"),
+            ("SubmitLogGroup.Arn", "arn:aws:logs:x"),
+            ("WorkerLogGroup.Arn", "arn:aws:logs:x"),
+        ] {
+            s.atts.insert(k.into(), v.into());
+        }
+        s
+    }
+
+    #[test]
+    fn every_role_of_the_template_resolves_for_a_stack() {
+        for p in Principal::ALL {
+            if !has_role(TEMPLATE, p).unwrap() {
+                continue;
+            }
+            let docs = identity_policies(TEMPLATE, &stack(), p).unwrap_or_else(|e| panic!("{}: {e}", p.as_str()));
+            assert!(!docs.is_empty(), "{} has policies", p.as_str());
+            let text = serde_json::to_string(&docs).unwrap();
+            assert!(!text.contains("${AWS::"), "{}: unresolved: {text}", p.as_str());
+        }
+    }
+
+    #[test]
+    fn the_worker_terminates_with_its_own_arn_as_a_literal_policy_variable() {
+        let docs = identity_policies(TEMPLATE, &stack(), Principal::Worker).unwrap();
+        let text = serde_json::to_string(&docs).unwrap();
+        assert!(text.contains("${ec2:SourceInstanceARN}"), "{text}");
+        assert!(
+            text.contains("arn:aws:s3:::st-123456789012-us-east-1/checkpoints/*"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn moto_sees_dynamodb_and_ec2_statements_on_any_resource_and_keeps_s3_and_sqs_arns() {
+        let doc = serde_json::json!({"Statement": [
+            {"Effect": "Allow", "Action": "dynamodb:GetItem", "Resource": "arn:aws:dynamodb:r:a:table/t"},
+            {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": "arn:aws:s3:::b/k/*"},
+            {"Effect": "Allow", "Action": ["sqs:SendMessage", "ec2:RunInstances"], "Resource": "arn:aws:sqs:r:a:q"},
+        ]});
+        let p = moto_projection(&doc);
+        assert_eq!(p["Statement"][0]["Resource"], "*");
+        assert_eq!(p["Statement"][1]["Resource"], "arn:aws:s3:::b/k/*");
+        assert_eq!(
+            p["Statement"][2]["Resource"], "*",
+            "a mixed statement must not lose its EC2 action"
+        );
+    }
+
+    #[test]
+    fn unknown_names_are_named_in_the_error() {
+        let e = identity_policies(TEMPLATE, &Stack::default(), Principal::Submit).unwrap_err();
+        assert!(e.to_string().contains("no value for"), "{e}");
+    }
+}

@@ -1,0 +1,364 @@
+//! IAM in the local emulator: one role per component with the policies template.yaml gives it,
+//! a session of each role, then enforcement on.
+//!
+//! moto server checks IAM once its count of unauthenticated requests reaches
+//! `INITIAL_NO_AUTH_ACTION_COUNT` (moto's IAM docs); its `POST /moto-api/reset-auth` sets that
+//! count and zeroes the counter, so `onoff local` sets everything up unauthenticated, then posts
+//! `0`: from then on every request must be signed by a known key and allowed by its principal's
+//! policies. What moto checks is narrower than IAM (see `onoff_iam::moto_projection`): the
+//! action always, the resource only for S3, SQS and STS AssumeRole, no conditions, no resource-
+//! or session policies. The rest is covered by evaluating the recorded calls against the
+//! template (`onoff_iam::evaluate`).
+//!
+//! The setup speaks IAM's and STS's Query APIs directly (unsigned: before enforcement moto does
+//! not check signatures), so `onoff local` needs no IAM SDK crate.
+
+use anyhow::Context as _;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A role session's credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// Role ARN.
+    pub role_arn: String,
+    /// Access key id.
+    pub access_key_id: String,
+    /// Secret access key.
+    pub secret_access_key: String,
+    /// Session token.
+    pub session_token: String,
+}
+
+impl Session {
+    /// The SDK credentials of this session.
+    #[must_use]
+    pub fn credentials(&self) -> aws_sdk_s3::config::Credentials {
+        aws_sdk_s3::config::Credentials::new(
+            &self.access_key_id,
+            &self.secret_access_key,
+            Some(self.session_token.clone()),
+            None,
+            "onoff-local-iam",
+        )
+    }
+
+    /// The environment variables that give a process this session.
+    #[must_use]
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID".into(), self.access_key_id.clone()),
+            ("AWS_SECRET_ACCESS_KEY".into(), self.secret_access_key.clone()),
+            ("AWS_SESSION_TOKEN".into(), self.session_token.clone()),
+        ]
+    }
+}
+
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// POST `body` to `endpoint` + `path`; returns (status, body). HTTP/1.1, `Connection: close`.
+async fn post(
+    endpoint: &str,
+    path: &str,
+    service: &str,
+    content_type: &str,
+    body: &str,
+) -> anyhow::Result<(u16, String)> {
+    let hostport = endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();
+    let mut stream = tokio::net::TcpStream::connect(&hostport)
+        .await
+        .with_context(|| format!("connect to {endpoint}"))?;
+    // moto routes a request by the service in the credential scope.
+    let auth = format!(
+        "AWS4-HMAC-SHA256 Credential=setup/20260101/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0"
+    );
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: {content_type}\r\nAuthorization: {auth}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).await?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("no HTTP status from {endpoint}{path}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+async fn query(endpoint: &str, service: &str, params: &[(&str, &str)]) -> anyhow::Result<String> {
+    let body = params
+        .iter()
+        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+        .collect::<Vec<_>>()
+        .join("&");
+    let action = params.iter().find(|(k, _)| *k == "Action").map_or("", |(_, v)| *v);
+    let (status, text) = post(endpoint, "/", service, "application/x-www-form-urlencoded", &body).await?;
+    anyhow::ensure!(status == 200, "{service} {action}: HTTP {status}: {text}");
+    Ok(text)
+}
+
+fn xml_field(xml: &str, tag: &str) -> Option<String> {
+    let open = format!("<{tag}>");
+    let start = xml.find(&open)? + open.len();
+    let end = xml[start..].find(&format!("</{tag}>"))? + start;
+    Some(xml[start..end].to_string())
+}
+
+/// Create role `name` with `policies` (inline, named `p0`, `p1`, ...) and a trust policy any
+/// principal of the account may assume (local stand-in for "Lambda / EC2 assumes the role";
+/// moto does not check service principals). Returns the role ARN.
+///
+/// # Errors
+/// The emulator refused a call.
+pub async fn create_role(endpoint: &str, name: &str, policies: &[serde_json::Value]) -> anyhow::Result<String> {
+    let trust = serde_json::json!({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}],
+    })
+    .to_string();
+    let out = query(
+        endpoint,
+        "iam",
+        &[
+            ("Action", "CreateRole"),
+            ("Version", "2010-05-08"),
+            ("RoleName", name),
+            ("AssumeRolePolicyDocument", &trust),
+        ],
+    )
+    .await?;
+    let arn = xml_field(&out, "Arn").with_context(|| format!("CreateRole {name}: no Arn in {out}"))?;
+    for (i, p) in policies.iter().enumerate() {
+        let doc = p.to_string();
+        query(
+            endpoint,
+            "iam",
+            &[
+                ("Action", "PutRolePolicy"),
+                ("Version", "2010-05-08"),
+                ("RoleName", name),
+                ("PolicyName", &format!("p{i}")),
+                ("PolicyDocument", &doc),
+            ],
+        )
+        .await?;
+    }
+    Ok(arn)
+}
+
+/// A session of `role_arn` named `session_name`, for 12 hours (moto does not expire sessions).
+///
+/// # Errors
+/// The emulator refused the call or its answer has no credentials.
+pub async fn assume(endpoint: &str, role_arn: &str, session_name: &str) -> anyhow::Result<Session> {
+    let out = query(
+        endpoint,
+        "sts",
+        &[
+            ("Action", "AssumeRole"),
+            ("Version", "2011-06-15"),
+            ("RoleArn", role_arn),
+            ("RoleSessionName", session_name),
+            ("DurationSeconds", "43200"),
+        ],
+    )
+    .await?;
+    let field = |t: &str| xml_field(&out, t).with_context(|| format!("AssumeRole {role_arn}: no {t}"));
+    Ok(Session {
+        role_arn: role_arn.to_string(),
+        access_key_id: field("AccessKeyId")?,
+        secret_access_key: field("SecretAccessKey")?,
+        session_token: field("SessionToken")?,
+    })
+}
+
+/// Turn enforcement on (`true`: every request from now on is authenticated and authorized) or
+/// off again (a shared emulator, left as it was found).
+///
+/// # Errors
+/// The emulator refused.
+pub async fn enforce(endpoint: &str, on: bool) -> anyhow::Result<()> {
+    let count = if on { "0" } else { "inf" };
+    let (status, text) = post(endpoint, "/moto-api/reset-auth", "iam", "text/plain", count).await?;
+    anyhow::ensure!(status == 200, "moto reset-auth: HTTP {status}: {text}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(encode("a b/{\"x\"}"), "a%20b%2F%7B%22x%22%7D");
+        assert_eq!(encode("Az09-_.~"), "Az09-_.~");
+    }
+
+    #[test]
+    fn xml_fields_are_found() {
+        let x = "<R><Credentials><AccessKeyId>AK</AccessKeyId></Credentials></R>";
+        assert_eq!(xml_field(x, "AccessKeyId").as_deref(), Some("AK"));
+        assert_eq!(xml_field(x, "Nope"), None);
+    }
+}
+
+/// The local stand-ins for the deployment's names, as `onoff_iam` resolves the template with:
+/// the resources `onoff_aws::provision` created under `prefix` (the stack name), the roles this
+/// module creates (`<prefix>-<principal>`), moto's account and us-east-1.
+#[must_use]
+pub fn local_stack(
+    prefix: &str,
+    account: &str,
+    res: &onoff_aws::settings::Resources,
+    launch_template_id: &str,
+) -> onoff_iam::Stack {
+    let region = "us-east-1";
+    let mut refs = std::collections::BTreeMap::new();
+    let mut atts = std::collections::BTreeMap::new();
+    let queue_arn = |name: &str| format!("arn:aws:sqs:{region}:{account}:{name}");
+    for (logical, lane) in [("ExpressQueue", "express"), ("StandardQueue", "standard")] {
+        let url = res
+            .queue_url(lane)
+            .map_or_else(|| format!("http://localhost/{account}/{prefix}-{lane}"), str::to_string);
+        let name = url.rsplit('/').next().unwrap_or_default().to_string();
+        atts.insert(format!("{logical}.Arn"), queue_arn(&name));
+        atts.insert(format!("{logical}.QueueName"), name);
+        refs.insert(logical.to_string(), url);
+    }
+    for (logical, name) in [
+        ("SubmissionQueue", format!("{prefix}-submissions")),
+        ("FailedEventsQueue", format!("{prefix}-failed-events")),
+    ] {
+        atts.insert(format!("{logical}.Arn"), queue_arn(&name));
+        refs.insert(logical.to_string(), format!("http://localhost/{account}/{name}"));
+    }
+    for (logical, name) in [
+        ("JobsTable", &res.jobs_table),
+        ("WorkersTable", &res.workers_table),
+        ("ControlTable", &res.control_table),
+    ] {
+        atts.insert(
+            format!("{logical}.Arn"),
+            format!("arn:aws:dynamodb:{region}:{account}:table/{name}"),
+        );
+        refs.insert(logical.to_string(), name.clone());
+    }
+    refs.insert("Bucket".into(), res.bucket.clone());
+    atts.insert("Bucket.Arn".into(), format!("arn:aws:s3:::{}", res.bucket));
+    refs.insert("WorkerLaunchTemplate".into(), launch_template_id.to_string());
+    for p in onoff_iam::Principal::ALL {
+        let role = format!("{prefix}-{}", p.as_str());
+        atts.insert(
+            format!("{}.Arn", p.role_logical_id()),
+            format!("arn:aws:iam::{account}:role/{role}"),
+        );
+        refs.insert(p.role_logical_id().to_string(), role);
+    }
+    for f in ["Scaler", "Reconciler", "Interruption", "Submit"] {
+        let name = format!("{prefix}-{}", f.to_lowercase());
+        atts.insert(
+            format!("{f}Function.Arn"),
+            format!("arn:aws:lambda:{region}:{account}:function:{name}"),
+        );
+        refs.insert(format!("{f}Function"), name);
+        atts.insert(
+            format!("{f}LogGroup.Arn"),
+            format!(
+                "arn:aws:logs:{region}:{account}:log-group:/aws/lambda/{prefix}-{}:*",
+                f.to_lowercase()
+            ),
+        );
+    }
+    atts.insert(
+        "WorkerLogGroup.Arn".into(),
+        format!("arn:aws:logs:{region}:{account}:log-group:/onoff/{prefix}/workers:*"),
+    );
+    onoff_iam::Stack {
+        partition: "aws".into(),
+        region: region.into(),
+        account: account.into(),
+        stack_name: prefix.into(),
+        refs,
+        atts,
+        params: std::collections::BTreeMap::new(),
+    }
+}
+
+/// The sessions of a local run: one per function, one for the agents (the worker role), the
+/// runner's (it plays EC2, CloudWatch and S3 notifications: allowed everything) and the
+/// submitter's (puts job specs under `jobs/`). The job role exists (the agents assume it per job)
+/// but has no session here.
+#[derive(Debug, Clone)]
+pub struct LocalSessions {
+    /// Function name (`scaler`, ...) -> its session.
+    pub functions: std::collections::BTreeMap<String, Session>,
+    /// The worker role's session (every agent).
+    pub worker: Session,
+    /// The job role's ARN (none while the template has no `JobRole`).
+    pub job_role_arn: Option<String>,
+    /// Everything allowed.
+    pub runner: Session,
+    /// `s3:PutObject` under `jobs/` of the bucket.
+    pub submitter: Session,
+}
+
+/// Create the roles of `stack` in the emulator with the template's policies (as moto evaluates
+/// them), a session of each, then turn enforcement on.
+///
+/// # Errors
+/// The template does not resolve for the stack, or the emulator refused a setup call.
+pub async fn setup(endpoint: &str, stack: &onoff_iam::Stack) -> anyhow::Result<LocalSessions> {
+    use onoff_iam::Principal;
+    let mut arns = std::collections::BTreeMap::new();
+    for p in Principal::ALL {
+        if !onoff_iam::has_role(onoff_iam::TEMPLATE, p)? {
+            continue;
+        }
+        let docs = onoff_iam::identity_policies(onoff_iam::TEMPLATE, stack, p)
+            .with_context(|| format!("the template's policies of {}", p.as_str()))?;
+        let projected: Vec<serde_json::Value> = docs.iter().map(onoff_iam::moto_projection).collect();
+        let name = format!("{}-{}", stack.stack_name, p.as_str());
+        arns.insert(p, create_role(endpoint, &name, &projected).await?);
+    }
+    let all = serde_json::json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]});
+    let runner = create_role(endpoint, &format!("{}-runner", stack.stack_name), &[all]).await?;
+    let bucket = stack.refs.get("Bucket").cloned().unwrap_or_default();
+    let put_jobs = serde_json::json!({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "s3:PutObject", "Resource": format!("arn:aws:s3:::{bucket}/jobs/*")},
+    ]});
+    let submitter = create_role(endpoint, &format!("{}-submitter", stack.stack_name), &[put_jobs]).await?;
+    let mut functions = std::collections::BTreeMap::new();
+    for p in [
+        Principal::Scaler,
+        Principal::Reconciler,
+        Principal::Interruption,
+        Principal::Submit,
+    ] {
+        functions.insert(p.as_str().to_string(), assume(endpoint, &arns[&p], p.as_str()).await?);
+    }
+    let sessions = LocalSessions {
+        functions,
+        worker: assume(endpoint, &arns[&Principal::Worker], "worker").await?,
+        job_role_arn: arns.get(&Principal::Job).cloned(),
+        runner: assume(endpoint, &runner, "runner").await?,
+        submitter: assume(endpoint, &submitter, "submitter").await?,
+    };
+    enforce(endpoint, true).await?;
+    Ok(sessions)
+}
