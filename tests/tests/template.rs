@@ -539,6 +539,10 @@ const SET_BY_LAMBDA: &[&str] = &[
     "AWS_XRAY_DAEMON_ADDRESS",
 ];
 
+/// Read only to record calls (`onoff_aws::record`: `onoff local` sets them for its components); a
+/// deployment leaves them unset and records nothing.
+const RECORDING_ONLY: &[&str] = &["ONOFF_CALL_LOG", "ONOFF_PRINCIPAL"];
+
 #[test]
 fn every_environment_variable_a_function_reads_is_set() {
     let t = template();
@@ -553,7 +557,7 @@ fn every_environment_variable_a_function_reads_is_set() {
         );
         let env = stack.eval(&f.props["Environment"]["Variables"]);
         for (name, file) in &read {
-            if SET_BY_LAMBDA.contains(&name.as_str()) {
+            if SET_BY_LAMBDA.contains(&name.as_str()) || RECORDING_ONLY.contains(&name.as_str()) {
                 continue;
             }
             if name == "AWS_LAMBDA_LOG_FORMAT" {
@@ -1224,8 +1228,77 @@ fn the_active_jobs_index_is_the_one_the_code_scans_and_the_functions_may_scan_it
     );
     assert_eq!(index["Projection"]["ProjectionType"], "ALL");
     assert_eq!(table["TimeToLiveSpecification"]["AttributeName"], "expires_at");
-    let policy = &t["Resources"]["ReconcileAccess"]["Properties"]["PolicyDocument"]["Statement"];
+    let policy = &t["Resources"]["StateAccess"]["Properties"]["PolicyDocument"]["Statement"];
     let statements = stack.eval(policy).as_array().cloned().unwrap();
     let index_arn = format!("<JobsTable.Arn>/index/{name}");
     assert!(allows(&statements, "dynamodb:Scan", &index_arn), "{index_arn}");
+}
+
+/// Launch rights only where launches happen (issue 10): submit and interruption may not launch,
+/// terminate or pass a role (they ask the scaler, `lambda:InvokeFunction` on it and nothing
+/// else); the scaler and the reconciler may. Fails on a template where every function holds the
+/// launch policy.
+#[test]
+fn only_the_scaler_and_the_reconciler_may_launch_and_the_others_may_ask_the_scaler() {
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    let sub = |text: &str| scalar_text(&stack.eval(&json!({ "Fn::Sub": text })));
+    let instances = sub("arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}:instance/*");
+    let worker_role = sub("${WorkerRole.Arn}");
+    let launch: Vec<(&str, &str)> = vec![
+        ("ec2:CreateFleet", &instances),
+        ("ec2:RunInstances", &instances),
+        ("ec2:TerminateInstances", &instances),
+        ("iam:PassRole", &worker_role),
+    ];
+    let scaler_arn =
+        sub("arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-scaler");
+    let scaler_arn = scaler_arn.as_str();
+    // Inline and attached (the template's managed policies) statements of a role.
+    let all_statements = |role: &str| {
+        let mut st = role_statements(&t, &stack, role);
+        for m in t["Resources"][role]["Properties"]["ManagedPolicyArns"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
+            let name = m["Ref"].as_str().expect("a managed policy of the template").to_string();
+            let doc = &t["Resources"][name.as_str()]["Properties"]["PolicyDocument"]["Statement"];
+            st.extend(stack.eval(doc).as_array().cloned().unwrap_or_default());
+        }
+        st
+    };
+    for role in ["ScalerRole", "ReconcilerRole"] {
+        let st = all_statements(role);
+        for (action, resource) in &launch {
+            assert!(
+                allows(&st, action, resource),
+                "{role} must allow {action} on {resource}"
+            );
+        }
+    }
+    for role in ["SubmitRole", "InterruptionRole"] {
+        let st = all_statements(role);
+        for (action, resource) in &launch {
+            assert!(!allows(&st, action, resource), "{role} must not allow {action}");
+            assert!(!allows(&st, action, "*"), "{role} must not allow {action} on *");
+        }
+        assert!(
+            allows(&st, "lambda:InvokeFunction", scaler_arn),
+            "{role} asks the scaler"
+        );
+        let invokes: Vec<&Value> = st
+            .iter()
+            .filter(|s| {
+                let a = &s["Action"];
+                a == "lambda:InvokeFunction"
+                    || a.as_array()
+                        .is_some_and(|v| v.iter().any(|x| x == "lambda:InvokeFunction"))
+            })
+            .collect();
+        assert!(
+            invokes.iter().all(|s| s["Resource"] == scaler_arn),
+            "{role} invokes only the scaler: {invokes:?}"
+        );
+    }
 }
