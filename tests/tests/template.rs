@@ -98,7 +98,7 @@ const REQUIRED_PARAMETERS: &[(&str, &str)] = &[
         "123456789012.dkr.ecr.us-east-1.amazonaws.com/onoff-worker:1",
     ),
     ("WorkerVpcId", "vpc-0123456789abcdef0"),
-    ("WorkerSubnets", "us-east-1a=subnet-0a,us-east-1b=subnet-0b"),
+    ("WorkerSubnets", "subnet-0a,subnet-0b"),
 ];
 
 struct Stack<'a> {
@@ -149,7 +149,14 @@ impl<'a> Stack<'a> {
             "AWS::URLSuffix" => json!("amazonaws.com"),
             "AWS::NoValue" => Value::Null,
             _ => match self.params.get(name) {
-                Some(v) => json!(v),
+                Some(v) => {
+                    let ty = self.template["Parameters"][name]["Type"].as_str().unwrap_or_default();
+                    if ty == "CommaDelimitedList" || ty.starts_with("List<") {
+                        json!(v.split(',').collect::<Vec<_>>())
+                    } else {
+                        json!(v)
+                    }
+                }
                 None => {
                     assert!(
                         self.template["Resources"].get(name).is_some(),
@@ -709,6 +716,33 @@ fn triggers(t: &Value, stack: &Stack) -> BTreeMap<String, Vec<Trigger>> {
                 ),
             };
             out.entry(f.logical_id.clone()).or_default().push(trigger);
+        }
+    }
+    // S3 notifications declared on a bucket of the template, invoking a function.
+    for (id, r) in t["Resources"].as_object().expect("Resources") {
+        if r["Type"] != "AWS::S3::Bucket" {
+            continue;
+        }
+        let configs = &r["Properties"]["NotificationConfiguration"]["LambdaConfigurations"];
+        for c in configs.as_array().into_iter().flatten() {
+            let fn_id = c["Function"]["Fn::GetAtt"][0]
+                .as_str()
+                .unwrap_or_else(|| panic!("{id}: a notification's Function must be !GetAtt <function>.Arn"));
+            let p = stack.eval(c);
+            let rule = |n: &str| {
+                p["Filter"]["S3Key"]["Rules"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|r| r["Name"].as_str().is_some_and(|x| x.eq_ignore_ascii_case(n)))
+                    .map(|r| scalar_text(&r["Value"]))
+                    .unwrap_or_default()
+            };
+            out.entry(fn_id.to_string()).or_default().push(Trigger::S3 {
+                events: vec![scalar_text(&p["Event"])],
+                prefix: rule("prefix"),
+                suffix: rule("suffix"),
+            });
         }
     }
     // EventBridge rules declared as plain resources, targeting a function.
@@ -1301,4 +1335,59 @@ fn only_the_scaler_and_the_reconciler_may_launch_and_the_others_may_ask_the_scal
             "{role} invokes only the scaler: {invokes:?}"
         );
     }
+}
+
+/// S3 may invoke a function only for a notification of the template's own bucket: every
+/// `lambda:InvokeFunction` permission for `s3.amazonaws.com` names the bucket (`SourceArn`) and
+/// the account, and every function a bucket notifies has one. (SAM's S3 event source names only
+/// the account, so any bucket of the account could invoke the function.)
+#[test]
+fn s3_may_invoke_a_function_only_for_the_stacks_bucket() {
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    let res = t["Resources"].as_object().expect("Resources");
+    let bucket_arn = "arn:aws:s3:::onoff-123456789012-us-east-1";
+    let mut permitted = BTreeSet::new();
+    for (id, r) in res {
+        if r["Type"] == "AWS::Serverless::Function" {
+            for (name, ev) in r["Properties"]["Events"].as_object().into_iter().flatten() {
+                assert_ne!(
+                    ev["Type"], "S3",
+                    "{id}.{name}: a SAM S3 event's permission names no bucket"
+                );
+            }
+        }
+        if r["Type"] != "AWS::Lambda::Permission" || r["Properties"]["Principal"] != "s3.amazonaws.com" {
+            continue;
+        }
+        let p = stack.eval(&r["Properties"]);
+        assert_eq!(p["SourceArn"], bucket_arn, "{id}: SourceArn must be the stack's bucket");
+        assert_eq!(p["SourceAccount"], "123456789012", "{id}: SourceAccount");
+        assert_eq!(p["Action"], "lambda:InvokeFunction");
+        let f = r["Properties"]["FunctionName"]["Fn::GetAtt"][0]
+            .as_str()
+            .unwrap_or_else(|| panic!("{id}: FunctionName must be !GetAtt <function>.Arn"));
+        permitted.insert(f.to_string());
+    }
+    let bucket = res
+        .iter()
+        .find(|(_, r)| r["Type"] == "AWS::S3::Bucket")
+        .map(|(_, r)| r)
+        .expect("a bucket");
+    assert_eq!(
+        stack.eval(&bucket["Properties"]["BucketName"]),
+        bucket_arn.trim_start_matches("arn:aws:s3:::"),
+        "the permission's SourceArn is built from the bucket's name"
+    );
+    let notified: BTreeSet<String> = bucket["Properties"]["NotificationConfiguration"]["LambdaConfigurations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| c["Function"]["Fn::GetAtt"][0].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(!notified.is_empty(), "the bucket notifies submit");
+    assert_eq!(
+        notified, permitted,
+        "every notified function has a permission naming the bucket"
+    );
 }

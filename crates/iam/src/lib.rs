@@ -1,7 +1,11 @@
 //! template.yaml's IAM, executable: each component's policies resolved for a concrete stack
-//! (CloudFormation intrinsics replaced by the stack's names), and what moto server evaluates of
-//! them ([`moto_projection`]). No AWS SDK here.
+//! (CloudFormation intrinsics replaced by the stack's names), what moto server evaluates of them
+//! ([`moto_projection`]), IAM's verdict on a request from all of them ([`eval`]) and recorded
+//! calls as IAM requests ([`calls`]). No AWS SDK here.
 #![warn(missing_docs)]
+
+pub mod calls;
+pub mod eval;
 
 use std::collections::BTreeMap;
 
@@ -128,9 +132,64 @@ pub fn has_role(template: &str, p: Principal) -> Result<bool, Error> {
 struct Resolver<'a> {
     stack: &'a Stack,
     defaults: BTreeMap<String, String>,
+    /// Parameters whose `!Ref` is a list (`CommaDelimitedList`, `List<...>`).
+    list_params: std::collections::BTreeSet<String>,
+    /// The template's `Conditions`.
+    conditions: serde_yaml::Mapping,
 }
 
 impl Resolver<'_> {
+    /// `!Ref name`: a list for list-typed parameters (split at commas; empty text is `[""]`, as
+    /// CloudFormation gives it), else text.
+    fn reference_value(&self, name: &str) -> Result<J, Error> {
+        if name == "AWS::NoValue" {
+            return Ok(J::Null);
+        }
+        let text = self.reference(name)?;
+        if self.list_params.contains(name) {
+            return Ok(J::Array(
+                text.split(',').map(|s| J::String(s.trim().to_string())).collect(),
+            ));
+        }
+        Ok(J::String(text))
+    }
+
+    /// The named condition of the template's `Conditions`.
+    fn condition(&self, name: &str) -> Result<bool, Error> {
+        let c = self
+            .conditions
+            .get(name)
+            .ok_or_else(|| Error::Shape(format!("no condition {name}")))?;
+        self.truth(c)
+    }
+
+    /// A condition function (`Fn::Equals`, `Fn::Not`, `Fn::And`, `Fn::Or`, `Condition`).
+    fn truth(&self, v: &Y) -> Result<bool, Error> {
+        let (f, arg) = match v {
+            Y::Tagged(t) => (t.tag.to_string().trim_start_matches('!').to_string(), &t.value),
+            Y::Mapping(m) if m.len() == 1 => match m.iter().next() {
+                Some((Y::String(k), inner)) => (k.trim_start_matches("Fn::").to_string(), inner),
+                _ => return Err(Error::Shape(format!("condition {v:?}"))),
+            },
+            _ => return Err(Error::Shape(format!("condition {v:?}"))),
+        };
+        let items = || arg.as_sequence().cloned().unwrap_or_default();
+        match f.as_str() {
+            "Equals" => {
+                let xs = items();
+                if xs.len() != 2 {
+                    return Err(Error::Shape("Fn::Equals takes two values".into()));
+                }
+                Ok(self.resolve(&xs[0])? == self.resolve(&xs[1])?)
+            }
+            "Not" => Ok(!self.truth(items().first().ok_or_else(|| Error::Shape("Fn::Not []".into()))?)?),
+            "And" => items().iter().try_fold(true, |acc, x| Ok(acc && self.truth(x)?)),
+            "Or" => items().iter().try_fold(false, |acc, x| Ok(acc || self.truth(x)?)),
+            "Condition" => self.condition(arg.as_str().unwrap_or_default()),
+            other => Err(Error::Shape(format!("condition function {other}"))),
+        }
+    }
+
     fn reference(&self, name: &str) -> Result<String, Error> {
         let s = self.stack;
         Ok(match name {
@@ -227,7 +286,17 @@ impl Resolver<'_> {
 
     fn intrinsic(&self, f: &str, arg: &Y) -> Result<J, Error> {
         Ok(match (f, arg) {
-            ("Ref", Y::String(name)) => J::String(self.reference(name)?),
+            ("Ref", Y::String(name)) => self.reference_value(name)?,
+            ("If", Y::Sequence(xs)) if xs.len() == 3 => {
+                let name = xs[0]
+                    .as_str()
+                    .ok_or_else(|| Error::Shape("Fn::If names a condition".into()))?;
+                if self.condition(name)? {
+                    self.resolve(&xs[1])?
+                } else {
+                    self.resolve(&xs[2])?
+                }
+            }
             ("GetAtt", Y::String(name)) => J::String(self.att(name)?),
             ("GetAtt", Y::Sequence(xs)) if xs.len() == 2 => {
                 J::String(self.att(&format!("{}.{}", self.string(&xs[0])?, self.string(&xs[1])?))?)
@@ -260,7 +329,11 @@ impl Resolver<'_> {
                 J::Array(s.split(sep.as_str()).map(|p| J::String(p.to_string())).collect())
             }
             ("Select", Y::Sequence(xs)) if xs.len() == 2 => {
-                let i = self.string(&xs[0])?.parse::<usize>().unwrap_or(usize::MAX);
+                let i = match self.resolve(&xs[0])? {
+                    J::Number(n) => n.as_u64().map_or(usize::MAX, |n| n as usize),
+                    J::String(s) => s.parse::<usize>().unwrap_or(usize::MAX),
+                    other => return Err(Error::Shape(format!("!Select index {other}"))),
+                };
                 match self.resolve(&xs[1])? {
                     J::Array(a) => a
                         .get(i)
@@ -289,7 +362,25 @@ fn resolver<'a>(t: &Y, stack: &'a Stack) -> Resolver<'a> {
             }
         }
     }
-    Resolver { stack, defaults }
+    let list_params = t
+        .get("Parameters")
+        .and_then(Y::as_mapping)
+        .into_iter()
+        .flatten()
+        .filter(|(_, v)| {
+            v.get("Type")
+                .and_then(Y::as_str)
+                .is_some_and(|ty| ty == "CommaDelimitedList" || ty.starts_with("List<"))
+        })
+        .filter_map(|(k, _)| k.as_str().map(str::to_string))
+        .collect();
+    let conditions = t.get("Conditions").and_then(Y::as_mapping).cloned().unwrap_or_default();
+    Resolver {
+        stack,
+        defaults,
+        list_params,
+        conditions,
+    }
 }
 
 /// The identity policy documents of `p`'s role: its inline `Policies` and the template's managed
@@ -314,11 +405,7 @@ pub fn identity_policies(template: &str, stack: &Stack, p: Principal) -> Result<
         .into_iter()
         .flatten()
     {
-        let name = match managed {
-            Y::Tagged(tv) if tv.tag == "!Ref" => tv.value.as_str().unwrap_or_default().to_string(),
-            Y::Mapping(m) => m.get("Ref").and_then(Y::as_str).unwrap_or_default().to_string(),
-            _ => continue,
-        };
+        let Some(name) = ref_name(managed) else { continue };
         let doc = res
             .get(name.as_str())
             .and_then(|m| m.get("Properties"))
@@ -329,6 +416,66 @@ pub fn identity_policies(template: &str, stack: &Stack, p: Principal) -> Result<
     for inline in props.get("Policies").and_then(Y::as_sequence).into_iter().flatten() {
         if let Some(doc) = inline.get("PolicyDocument") {
             docs.push(r.resolve(doc)?);
+        }
+    }
+    // AWS::IAM::Policy resources attached to the role (`Roles: [!Ref <role>]`).
+    for (_, res) in res.iter() {
+        if res.get("Type").and_then(Y::as_str) != Some("AWS::IAM::Policy") {
+            continue;
+        }
+        let Some(props) = res.get("Properties") else { continue };
+        let attached = props
+            .get("Roles")
+            .and_then(Y::as_sequence)
+            .into_iter()
+            .flatten()
+            .any(|r| ref_name(r).as_deref() == Some(p.role_logical_id()));
+        if let (true, Some(doc)) = (attached, props.get("PolicyDocument")) {
+            docs.push(r.resolve(doc)?);
+        }
+    }
+    Ok(docs)
+}
+
+/// The logical id a `!Ref X` (or `{Ref: X}`) names.
+fn ref_name(v: &Y) -> Option<String> {
+    match v {
+        Y::Tagged(tv) if tv.tag == "!Ref" => tv.value.as_str().map(str::to_string),
+        Y::Mapping(m) => m.get("Ref").and_then(Y::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+/// The trust policy (`AssumeRolePolicyDocument`) of `p`'s role, resolved for `stack`.
+///
+/// # Errors
+/// The template has no such role, or a name the stack does not give.
+pub fn trust_policy(template: &str, stack: &Stack, p: Principal) -> Result<J, Error> {
+    let t: Y = serde_yaml::from_str(template)?;
+    let res = resources(&t)?;
+    let doc = res
+        .get(p.role_logical_id())
+        .and_then(|r| r.get("Properties"))
+        .and_then(|p| p.get("AssumeRolePolicyDocument"))
+        .ok_or_else(|| Error::Shape(format!("{} has no AssumeRolePolicyDocument", p.role_logical_id())))?;
+    resolver(&t, stack).resolve(doc)
+}
+
+/// The resource-based policies of the template (bucket policies, queue policies), resolved for
+/// `stack`. Each statement names its resources, so every request may be evaluated against all.
+///
+/// # Errors
+/// A name the stack does not give.
+pub fn resource_policies(template: &str, stack: &Stack) -> Result<Vec<J>, Error> {
+    let t: Y = serde_yaml::from_str(template)?;
+    let r = resolver(&t, stack);
+    let mut docs = Vec::new();
+    for (_, res) in resources(&t)?.iter() {
+        let ty = res.get("Type").and_then(Y::as_str).unwrap_or_default();
+        if ty == "AWS::S3::BucketPolicy" || ty == "AWS::SQS::QueuePolicy" {
+            if let Some(doc) = res.get("Properties").and_then(|p| p.get("PolicyDocument")) {
+                docs.push(r.resolve(doc)?);
+            }
         }
     }
     Ok(docs)
@@ -387,6 +534,17 @@ mod tests {
         ] {
             s.refs.insert(k.into(), v.into());
         }
+        for (k, v) in [
+            ("WorkerSubnets", "subnet-0a,subnet-0b"),
+            ("WorkerVpcId", "vpc-0"),
+            (
+                "WorkerImageUri",
+                "123456789012.dkr.ecr.us-east-1.amazonaws.com/onoff-worker:1",
+            ),
+        ] {
+            s.params.insert(k.into(), v.into());
+        }
+        s.atts.insert("WorkerSecurityGroup.GroupId".into(), "sg-0".into());
         for (k, v) in [
             ("ExpressQueue.Arn", "arn:aws:sqs:us-east-1:123456789012:st-express"),
             ("StandardQueue.Arn", "arn:aws:sqs:us-east-1:123456789012:st-standard"),

@@ -1,0 +1,548 @@
+//! The trust boundary of template.yaml, evaluated as IAM would (`onoff_iam::eval`): what a job,
+//! a worker, each function and a submitter may and may not do, including the conditions moto
+//! does not evaluate (`dynamodb:LeadingKeys`, `ec2:ResourceTag`, `ec2:SourceInstanceARN`,
+//! `s3:prefix`, `aws:PrincipalArn`), session policies and the bucket and queue policies.
+//!
+//! The stack: `st` in us-east-1 of account 123456789012, workers in subnet-0a and subnet-0b.
+
+use onoff_iam::eval::{Authorizer, Caller, Decision, Request};
+use onoff_iam::{Principal, Stack, TEMPLATE};
+
+const ACCOUNT: &str = "123456789012";
+const BUCKET: &str = "st-123456789012-us-east-1";
+const LT: &str = "lt-0123456789abcdef0";
+
+fn stack_with(params: &[(&str, &str)]) -> Stack {
+    let mut s = Stack {
+        partition: "aws".into(),
+        region: "us-east-1".into(),
+        account: ACCOUNT.into(),
+        stack_name: "st".into(),
+        ..Stack::default()
+    };
+    let q = |name: &str| format!("https://sqs.us-east-1.amazonaws.com/{ACCOUNT}/{name}");
+    let qarn = |name: &str| format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}");
+    for (logical, name) in [
+        ("ExpressQueue", "st-express"),
+        ("StandardQueue", "st-standard"),
+        ("SubmissionQueue", "st-submissions"),
+        ("FailedEventsQueue", "st-failed-events"),
+    ] {
+        s.refs.insert(logical.into(), q(name));
+        s.atts.insert(format!("{logical}.Arn"), qarn(name));
+    }
+    for (logical, name) in [
+        ("JobsTable", "st-jobs"),
+        ("WorkersTable", "st-worker-rows"),
+        ("ControlTable", "st-control"),
+    ] {
+        s.refs.insert(logical.into(), name.into());
+        s.atts.insert(
+            format!("{logical}.Arn"),
+            format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/{name}"),
+        );
+    }
+    s.refs.insert("Bucket".into(), BUCKET.into());
+    s.atts.insert("Bucket.Arn".into(), format!("arn:aws:s3:::{BUCKET}"));
+    s.refs.insert("WorkerLaunchTemplate".into(), LT.into());
+    s.atts.insert("WorkerSecurityGroup.GroupId".into(), "sg-0w".into());
+    for p in Principal::ALL {
+        s.atts.insert(
+            format!("{}.Arn", p.role_logical_id()),
+            format!("arn:aws:iam::{ACCOUNT}:role/st-{}", p.as_str()),
+        );
+        s.refs.insert(p.role_logical_id().into(), format!("st-{}", p.as_str()));
+    }
+    for l in ["Scaler", "Reconciler", "Interruption", "Submit", "Worker"] {
+        s.atts.insert(
+            format!("{l}LogGroup.Arn"),
+            format!("arn:aws:logs:us-east-1:{ACCOUNT}:log-group:{l}:*"),
+        );
+    }
+    s.params.insert("WorkerSubnets".into(), "subnet-0a,subnet-0b".into());
+    s.params.insert(
+        "WorkerImageUri".into(),
+        format!("{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/team/onoff-worker:7"),
+    );
+    s.params.insert("WorkerVpcId".into(), "vpc-0".into());
+    for (k, v) in params {
+        s.params.insert((*k).into(), (*v).into());
+    }
+    s
+}
+
+fn authorizer() -> Authorizer {
+    Authorizer::for_template(TEMPLATE, &stack_with(&[])).expect("the template resolves")
+}
+
+fn allowed(a: &Authorizer, c: &Caller, r: &Request) -> bool {
+    a.decide(c, r)
+        .unwrap_or_else(|e| panic!("{} {}: {e}", r.action, r.resource))
+        .allowed()
+}
+
+#[track_caller]
+fn assert_allowed(a: &Authorizer, c: &Caller, r: Request) {
+    let d = a.decide(c, &r).unwrap();
+    assert_eq!(d, Decision::Allow, "{} on {} by {}", r.action, r.resource, c.role_arn);
+}
+
+#[track_caller]
+fn assert_denied(a: &Authorizer, c: &Caller, r: Request) {
+    let d = a.decide(c, &r).unwrap();
+    assert!(
+        !d.allowed(),
+        "{} on {} by {} must be denied",
+        r.action,
+        r.resource,
+        c.role_arn
+    );
+}
+
+fn obj(key: &str) -> String {
+    format!("arn:aws:s3:::{BUCKET}/{key}")
+}
+
+fn instance(id: &str) -> String {
+    format!("arn:aws:ec2:us-east-1:{ACCOUNT}:instance/{id}")
+}
+
+fn job_caller(a: &Authorizer, job: &str, input: Option<&str>) -> Caller {
+    // The session policy the agent passes to sts:AssumeRole for this job.
+    let policy = onoff_control::boundary::job_session_policy("aws", BUCKET, job, input.map(|k| (BUCKET, k)));
+    a.job(policy).expect("the template has a job role")
+}
+
+// ---- a job ------------------------------------------------------------------------------------
+
+#[test]
+fn a_job_touches_its_own_input_checkpoints_and_outputs() {
+    let a = authorizer();
+    let job = job_caller(&a, "job-1", Some("inputs/data.bin"));
+    assert_allowed(&a, &job, Request::new("s3:GetObject", &obj("inputs/data.bin")));
+    assert_allowed(
+        &a,
+        &job,
+        Request::new("s3:GetObject", &obj("checkpoints/job-1/3/model.pt")),
+    );
+    assert_allowed(
+        &a,
+        &job,
+        Request::new("s3:PutObject", &obj("checkpoints/job-1/4/model.pt")),
+    );
+    assert_allowed(&a, &job, Request::new("s3:PutObject", &obj("outputs/job-1/result.csv")));
+    assert_allowed(
+        &a,
+        &job,
+        Request::new("s3:ListBucket", &format!("arn:aws:s3:::{BUCKET}")).with("s3:prefix", "checkpoints/job-1/"),
+    );
+}
+
+#[test]
+fn a_job_cannot_read_another_jobs_checkpoint_or_input() {
+    let a = authorizer();
+    let job = job_caller(&a, "job-1", Some("inputs/data.bin"));
+    assert_denied(
+        &a,
+        &job,
+        Request::new("s3:GetObject", &obj("checkpoints/job-2/3/model.pt")),
+    );
+    assert_denied(
+        &a,
+        &job,
+        Request::new("s3:PutObject", &obj("checkpoints/job-2/4/model.pt")),
+    );
+    assert_denied(&a, &job, Request::new("s3:GetObject", &obj("outputs/job-2/result.csv")));
+    assert_denied(&a, &job, Request::new("s3:GetObject", &obj("inputs/other.bin")));
+    assert_denied(&a, &job, Request::new("s3:GetObject", &obj("jobs/spec.json")));
+    assert_denied(
+        &a,
+        &job,
+        Request::new("s3:ListBucket", &format!("arn:aws:s3:::{BUCKET}")).with("s3:prefix", "checkpoints/"),
+    );
+}
+
+#[test]
+fn a_job_cannot_write_the_jobs_table_delete_a_message_or_terminate_an_instance() {
+    let a = authorizer();
+    let job = job_caller(&a, "job-1", None);
+    let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
+    assert_denied(
+        &a,
+        &job,
+        Request::new("dynamodb:UpdateItem", &jobs).with_many("dynamodb:LeadingKeys", &["job-1"]),
+    );
+    assert_denied(
+        &a,
+        &job,
+        Request::new("dynamodb:PutItem", &jobs).with_many("dynamodb:LeadingKeys", &["job-9"]),
+    );
+    assert_denied(
+        &a,
+        &job,
+        Request::new(
+            "sqs:DeleteMessage",
+            &format!("arn:aws:sqs:us-east-1:{ACCOUNT}:st-standard"),
+        ),
+    );
+    assert_denied(
+        &a,
+        &job,
+        Request::new("ec2:TerminateInstances", &instance("i-1")).with("ec2:ResourceTag/onoff:managed", "st"),
+    );
+    // Even the job role without a session policy holds no table, queue or EC2 rights.
+    let role = a.caller(Principal::Job).unwrap();
+    assert_denied(
+        &a,
+        &role,
+        Request::new("dynamodb:UpdateItem", &jobs).with_many("dynamodb:LeadingKeys", &["job-1"]),
+    );
+    assert_denied(&a, &role, Request::new("ec2:TerminateInstances", &instance("i-1")));
+}
+
+#[test]
+fn only_the_worker_role_may_start_a_job_session() {
+    let a = authorizer();
+    let worker = a.worker("i-1").unwrap();
+    assert!(a.may_assume(TEMPLATE, &worker, Principal::Job).unwrap());
+    for p in [Principal::Scaler, Principal::Submit, Principal::Job] {
+        let c = a.caller(p).unwrap();
+        assert!(
+            !a.may_assume(TEMPLATE, &c, Principal::Job).unwrap(),
+            "{} must not assume the job role",
+            p.as_str()
+        );
+    }
+}
+
+// ---- a worker ---------------------------------------------------------------------------------
+
+#[test]
+fn a_worker_writes_only_its_own_worker_row() {
+    let a = authorizer();
+    let worker = a.worker("i-1").unwrap();
+    let rows = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-worker-rows");
+    for action in ["dynamodb:UpdateItem", "dynamodb:PutItem", "dynamodb:GetItem"] {
+        assert_allowed(
+            &a,
+            &worker,
+            Request::new(action, &rows).with_many("dynamodb:LeadingKeys", &[&instance("i-1")]),
+        );
+        assert_denied(
+            &a,
+            &worker,
+            Request::new(action, &rows).with_many("dynamodb:LeadingKeys", &[&instance("i-2")]),
+        );
+    }
+}
+
+#[test]
+fn a_worker_creates_no_job_rows_but_error_records() {
+    let a = authorizer();
+    let worker = a.worker("i-1").unwrap();
+    let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
+    assert_denied(
+        &a,
+        &worker,
+        Request::new("dynamodb:PutItem", &jobs).with_many("dynamodb:LeadingKeys", &["job-1"]),
+    );
+    assert_allowed(
+        &a,
+        &worker,
+        Request::new("dynamodb:PutItem", &jobs).with_many("dynamodb:LeadingKeys", &["error#sqs:m-1"]),
+    );
+    // Its leases: conditional updates in code (the lease owner is an attribute IAM cannot see).
+    assert_allowed(
+        &a,
+        &worker,
+        Request::new("dynamodb:UpdateItem", &jobs).with_many("dynamodb:LeadingKeys", &["job-1"]),
+    );
+}
+
+#[test]
+fn a_worker_terminates_only_itself() {
+    let a = authorizer();
+    let worker = a.worker("i-1").unwrap();
+    assert_allowed(
+        &a,
+        &worker,
+        Request::new("ec2:TerminateInstances", &instance("i-1")).with("ec2:ResourceTag/onoff:managed", "st"),
+    );
+    assert_denied(
+        &a,
+        &worker,
+        Request::new("ec2:TerminateInstances", &instance("i-2")).with("ec2:ResourceTag/onoff:managed", "st"),
+    );
+}
+
+#[test]
+fn a_worker_pulls_only_the_worker_images_repository() {
+    let a = authorizer();
+    let worker = a.worker("i-1").unwrap();
+    let repo = |name: &str| format!("arn:aws:ecr:us-east-1:{ACCOUNT}:repository/{name}");
+    assert_allowed(
+        &a,
+        &worker,
+        Request::new("ecr:BatchGetImage", &repo("team/onoff-worker")),
+    );
+    assert_allowed(
+        &a,
+        &worker,
+        Request::new("ecr:GetDownloadUrlForLayer", &repo("team/onoff-worker")),
+    );
+    assert_denied(&a, &worker, Request::new("ecr:BatchGetImage", &repo("team/other")));
+    assert_denied(&a, &worker, Request::new("ecr:BatchGetImage", &repo("onoff-worker")));
+    // A digest reference names the same repository.
+    let pinned = Authorizer::for_template(
+        TEMPLATE,
+        &stack_with(&[(
+            "WorkerImageUri",
+            "123456789012.dkr.ecr.us-east-1.amazonaws.com/onoff-worker@sha256:abcd",
+        )]),
+    )
+    .unwrap();
+    let w = pinned.worker("i-1").unwrap();
+    assert_allowed(&pinned, &w, Request::new("ecr:BatchGetImage", &repo("onoff-worker")));
+    // An image outside ECR: no repository at all.
+    let public = Authorizer::for_template(
+        TEMPLATE,
+        &stack_with(&[("WorkerImageUri", "nvcr.io/nvidia/pytorch:24.01")]),
+    )
+    .unwrap();
+    let w = public.worker("i-1").unwrap();
+    assert_denied(&public, &w, Request::new("ecr:BatchGetImage", &repo("nvidia/pytorch")));
+}
+
+// ---- the functions ----------------------------------------------------------------------------
+
+fn launch(a: &Authorizer, c: &Caller, lt: &str, subnet: &str) -> bool {
+    let lt_arn = format!("arn:aws:ec2:us-east-1:{ACCOUNT}:launch-template/{lt}");
+    let subnet_arn = format!("arn:aws:ec2:us-east-1:{ACCOUNT}:subnet/{subnet}");
+    let inst = Request::new(
+        "ec2:CreateFleet",
+        &format!("arn:aws:ec2:us-east-1:{ACCOUNT}:instance/*"),
+    )
+    .with("aws:RequestTag/onoff:managed", "st");
+    allowed(a, c, &Request::new("ec2:CreateFleet", &lt_arn))
+        && allowed(a, c, &Request::new("ec2:CreateFleet", &subnet_arn))
+        && allowed(a, c, &inst)
+}
+
+#[test]
+fn the_scaler_launches_only_from_the_worker_template_into_the_stacks_subnets() {
+    let a = authorizer();
+    for p in [Principal::Scaler, Principal::Reconciler] {
+        let c = a.caller(p).unwrap();
+        assert!(launch(&a, &c, LT, "subnet-0a"), "{} launches", p.as_str());
+        assert!(launch(&a, &c, LT, "subnet-0b"));
+        assert!(!launch(&a, &c, "lt-other", "subnet-0a"), "another launch template");
+        assert!(!launch(&a, &c, LT, "subnet-0c"), "a subnet outside WorkerSubnets");
+        let pass = Request::new("iam:PassRole", &format!("arn:aws:iam::{ACCOUNT}:role/st-worker"))
+            .with("iam:PassedToService", "ec2.amazonaws.com");
+        assert_allowed(&a, &c, pass);
+        let other = Request::new("iam:PassRole", &format!("arn:aws:iam::{ACCOUNT}:role/admin"))
+            .with("iam:PassedToService", "ec2.amazonaws.com");
+        assert_denied(&a, &c, other);
+    }
+    for p in [
+        Principal::Submit,
+        Principal::Interruption,
+        Principal::Worker,
+        Principal::Job,
+    ] {
+        let c = a.caller(p).unwrap();
+        assert!(!launch(&a, &c, LT, "subnet-0a"), "{} must not launch", p.as_str());
+    }
+}
+
+#[test]
+fn the_reaper_terminates_only_instances_of_the_worker_launch_template() {
+    let a = authorizer();
+    let c = a.caller(Principal::Reconciler).unwrap();
+    let ours = Request::new("ec2:TerminateInstances", &instance("i-1"))
+        .with("ec2:ResourceTag/onoff:managed", "st")
+        .with("ec2:ResourceTag/aws:ec2launchtemplate:id", LT);
+    assert_allowed(&a, &c, ours);
+    // Carries the tag, launched some other way.
+    let tagged = Request::new("ec2:TerminateInstances", &instance("i-2")).with("ec2:ResourceTag/onoff:managed", "st");
+    assert_denied(&a, &c, tagged);
+    let other_lt = Request::new("ec2:TerminateInstances", &instance("i-3"))
+        .with("ec2:ResourceTag/onoff:managed", "st")
+        .with("ec2:ResourceTag/aws:ec2launchtemplate:id", "lt-other");
+    assert_denied(&a, &c, other_lt);
+    let submit = a.caller(Principal::Submit).unwrap();
+    let ours = Request::new("ec2:TerminateInstances", &instance("i-1"))
+        .with("ec2:ResourceTag/onoff:managed", "st")
+        .with("ec2:ResourceTag/aws:ec2launchtemplate:id", LT);
+    assert_denied(&a, &submit, ours);
+}
+
+#[test]
+fn submit_and_interruption_may_ask_only_the_scaler() {
+    let a = authorizer();
+    let f = |n: &str| format!("arn:aws:lambda:us-east-1:{ACCOUNT}:function:st-{n}");
+    for p in [Principal::Submit, Principal::Interruption] {
+        let c = a.caller(p).unwrap();
+        assert_allowed(&a, &c, Request::new("lambda:InvokeFunction", &f("scaler")));
+        assert_denied(&a, &c, Request::new("lambda:InvokeFunction", &f("reconciler")));
+        assert_denied(&a, &c, Request::new("lambda:InvokeFunction", &f("submit")));
+    }
+}
+
+// ---- who may submit ---------------------------------------------------------------------------
+
+/// A role outside the template whose own policy allows everything: only resource-based policies
+/// can stop it.
+fn admin(arn: &str) -> Caller {
+    Caller {
+        role_arn: arn.into(),
+        identity: vec![serde_json::json!({"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": "*", "Resource": "*"}]})],
+        session_policy: None,
+        instance_arn: None,
+    }
+}
+
+#[test]
+fn only_submitter_principals_put_job_specs_or_send_submissions() {
+    let a = Authorizer::for_template(
+        TEMPLATE,
+        &stack_with(&[(
+            "SubmitterPrincipals",
+            "arn:aws:iam::123456789012:role/ml-*,arn:aws:iam::123456789012:user/ci",
+        )]),
+    )
+    .unwrap();
+    let put = Request::new("s3:PutObject", &obj("jobs/train.json"));
+    let send = Request::new(
+        "sqs:SendMessage",
+        &format!("arn:aws:sqs:us-east-1:{ACCOUNT}:st-submissions"),
+    );
+    for who in [
+        "arn:aws:iam::123456789012:role/ml-alice",
+        "arn:aws:iam::123456789012:user/ci",
+    ] {
+        assert_allowed(&a, &admin(who), put.clone());
+        assert_allowed(&a, &admin(who), send.clone());
+    }
+    let outsider = admin("arn:aws:iam::123456789012:role/analytics");
+    match a.decide(&outsider, &put).unwrap() {
+        Decision::ExplicitDeny(why) => assert!(why.contains("OnlySubmittersPutJobSpecs"), "{why}"),
+        other => panic!("the bucket policy must deny: {other:?}"),
+    }
+    assert!(matches!(a.decide(&outsider, &send).unwrap(), Decision::ExplicitDeny(_)));
+    // The rest of the bucket is not submission: an admin still reads checkpoints.
+    assert_allowed(
+        &a,
+        &outsider,
+        Request::new("s3:GetObject", &obj("checkpoints/job-1/1/f")),
+    );
+}
+
+#[test]
+fn by_default_any_principal_of_the_account_may_submit_and_no_one_else() {
+    let a = authorizer();
+    let put = Request::new("s3:PutObject", &obj("jobs/train.json"));
+    assert_allowed(&a, &admin("arn:aws:iam::123456789012:role/anyone"), put.clone());
+    assert_denied(&a, &admin("arn:aws:iam::210987654321:role/elsewhere"), put);
+}
+
+// ---- what every function needs still holds ---------------------------------------------------
+
+#[test]
+fn the_functions_keep_their_state_access() {
+    let a = authorizer();
+    let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
+    let rows = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-worker-rows");
+    for p in [
+        Principal::Scaler,
+        Principal::Reconciler,
+        Principal::Interruption,
+        Principal::Submit,
+    ] {
+        let c = a.caller(p).unwrap();
+        assert_allowed(&a, &c, Request::new("dynamodb:Scan", &format!("{jobs}/index/active")));
+        assert_allowed(
+            &a,
+            &c,
+            Request::new("dynamodb:UpdateItem", &rows).with_many("dynamodb:LeadingKeys", &[&instance("i-1")]),
+        );
+        assert_allowed(&a, &c, Request::new("ec2:DescribeInstances", "*"));
+    }
+    let submit = a.caller(Principal::Submit).unwrap();
+    assert_allowed(&a, &submit, Request::new("s3:GetObjectVersion", &obj("jobs/x.json")));
+    assert_denied(&a, &submit, Request::new("s3:GetObject", &obj("checkpoints/job-1/1/f")));
+}
+
+// ---- the evaluation logic on the IAM User Guide's cases ---------------------------------------
+
+fn caller(identity: serde_json::Value, session: Option<serde_json::Value>) -> Caller {
+    Caller {
+        role_arn: "arn:aws:iam::123456789012:role/r".into(),
+        identity: vec![identity],
+        session_policy: session,
+        instance_arn: None,
+    }
+}
+
+/// IAM User Guide, "Policy evaluation logic": an explicit deny overrides any allow; no allow is
+/// an implicit deny; a session's permissions are the intersection of the role's identity
+/// policies and its session policy, and a session policy cannot grant what the role lacks.
+#[test]
+fn the_policy_types_combine_as_the_iam_user_guide_says() {
+    let a = authorizer();
+    let allow_bucket = serde_json::json!({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "s3:*", "Resource": "arn:aws:s3:::data/*"}]});
+    let with_deny = serde_json::json!({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "s3:*", "Resource": "arn:aws:s3:::data/*"},
+        {"Sid": "NoSecrets", "Effect": "Deny", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::data/secret/*"}]});
+    let only_public = serde_json::json!({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::data/public/*"}]});
+    let get = |k: &str| Request::new("s3:GetObject", &format!("arn:aws:s3:::data/{k}"));
+
+    // Allow.
+    assert_eq!(
+        a.decide(&caller(allow_bucket.clone(), None), &get("a")).unwrap(),
+        Decision::Allow
+    );
+    // Explicit deny beats the allow.
+    assert!(matches!(
+        a.decide(&caller(with_deny, None), &get("secret/k")).unwrap(),
+        Decision::ExplicitDeny(s) if s.contains("NoSecrets")
+    ));
+    // Nothing allows: implicit deny.
+    assert!(matches!(
+        a.decide(
+            &caller(allow_bucket.clone(), None),
+            &Request::new("s3:GetObject", "arn:aws:s3:::other/a")
+        )
+        .unwrap(),
+        Decision::ImplicitDeny(_)
+    ));
+    // Session policy: intersection.
+    let session = caller(allow_bucket.clone(), Some(only_public.clone()));
+    assert_eq!(a.decide(&session, &get("public/a")).unwrap(), Decision::Allow);
+    assert!(matches!(
+        a.decide(&session, &get("private/a")).unwrap(),
+        Decision::ImplicitDeny(_)
+    ));
+    // A session policy grants nothing the role lacks.
+    let narrow_role = serde_json::json!({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::data/private/*"}]});
+    let s2 = caller(narrow_role, Some(only_public));
+    assert!(!a.decide(&s2, &get("public/a")).unwrap().allowed());
+    // Policy variables in conditions come from the request context.
+    let own = serde_json::json!({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "ec2:TerminateInstances", "Resource": "*",
+         "Condition": {"StringEquals": {"aws:ARN": "${ec2:SourceInstanceARN}"}}}]});
+    let mut w = caller(own, None);
+    w.instance_arn = Some(instance("i-1"));
+    assert!(a
+        .decide(&w, &Request::new("ec2:TerminateInstances", &instance("i-1")))
+        .unwrap()
+        .allowed());
+    assert!(!a
+        .decide(&w, &Request::new("ec2:TerminateInstances", &instance("i-2")))
+        .unwrap()
+        .allowed());
+}
