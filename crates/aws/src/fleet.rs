@@ -39,25 +39,39 @@ pub struct ManagedInstance {
     pub launched_at: Option<f64>,
 }
 
+/// Tag EC2 puts on every instance launched from a launch template: the template's id. Nobody can
+/// set a tag starting with `aws:`, so it tells which instances the worker template launched.
+pub const TAG_LAUNCH_TEMPLATE: &str = "aws:ec2launchtemplate:id";
+
 /// EC2 as the fleet.
 #[derive(Debug, Clone)]
 pub struct Ec2Fleet {
     client: aws_sdk_ec2::Client,
     launch_template: String,
     subnets: Vec<(String, String)>,
+    /// `subnets` with every zone known (looked up once, at the first launch).
+    placed: std::sync::Arc<tokio::sync::OnceCell<Vec<(String, String)>>>,
     deployment: String,
 }
 
 impl Ec2Fleet {
-    /// Launch from the launch template called `launch_template` (version `$Latest`), placing by
-    /// availability zone alone.
+    /// Launch from the launch template `launch_template`, by id (`lt-...`) or by name (version
+    /// `$Latest`), placing by availability zone alone. Given its id, the fleet lists and reaps
+    /// only instances EC2 launched from it ([`TAG_LAUNCH_TEMPLATE`]).
     pub fn new(client: aws_sdk_ec2::Client, launch_template: impl Into<String>) -> Self {
         Self {
             client,
             launch_template: launch_template.into(),
             subnets: Vec::new(),
+            placed: std::sync::Arc::default(),
             deployment: "onoff".into(),
         }
+    }
+
+    fn launch_template_id(&self) -> Option<&str> {
+        self.launch_template
+            .starts_with("lt-")
+            .then_some(self.launch_template.as_str())
     }
 
     /// Tag instances `onoff:managed=<name>` and list only those (default `onoff`).
@@ -66,12 +80,59 @@ impl Ec2Fleet {
         self
     }
 
-    /// Launch into these subnets, given as (availability zone, subnet id): an offering's zone picks
-    /// its subnet (the override names the subnet, which implies the zone). Zones without a subnet
-    /// are placed by zone alone.
+    /// Launch into these subnets, given as (availability zone, subnet id); an empty zone is looked
+    /// up (`ec2:DescribeSubnets`) at the first launch. An offering's zone picks its subnet (the
+    /// override names the subnet, which implies the zone). Zones without a subnet are placed by
+    /// zone alone.
     pub fn with_subnets(mut self, subnets: Vec<(String, String)>) -> Self {
         self.subnets = subnets;
+        self.placed = std::sync::Arc::default();
         self
+    }
+
+    /// The subnets with their zones, looked up once.
+    async fn placed_subnets(&self) -> Result<&[(String, String)], FleetError> {
+        let v = self
+            .placed
+            .get_or_try_init(|| async {
+                let unknown: Vec<String> = self
+                    .subnets
+                    .iter()
+                    .filter(|(z, _)| z.is_empty())
+                    .map(|(_, s)| s.clone())
+                    .collect();
+                if unknown.is_empty() {
+                    return Ok(self.subnets.clone());
+                }
+                let out = self
+                    .client
+                    .describe_subnets()
+                    .set_subnet_ids(Some(unknown))
+                    .send()
+                    .await
+                    .map_err(|e| fleet_error(&e))?;
+                let zone_of = |id: &str| {
+                    out.subnets()
+                        .iter()
+                        .find(|s| s.subnet_id() == Some(id))
+                        .and_then(|s| s.availability_zone())
+                        .map(str::to_string)
+                };
+                self.subnets
+                    .iter()
+                    .map(|(z, id)| {
+                        if !z.is_empty() {
+                            return Ok((z.clone(), id.clone()));
+                        }
+                        zone_of(id).map(|z| (z, id.clone())).ok_or_else(|| FleetError {
+                            kind: FleetErrorKind::Other,
+                            message: format!("subnet {id} (ONOFF_SUBNETS) is not described by EC2"),
+                        })
+                    })
+                    .collect()
+            })
+            .await?;
+        Ok(v.as_slice())
     }
 
     /// Each availability zone's default subnet, as (zone, subnet id).
@@ -97,21 +158,29 @@ impl Ec2Fleet {
             .collect())
     }
 
-    /// Every instance of this deployment (tag `onoff:managed` = the deployment name) that is pending or running, across all pages.
+    /// Every instance of this deployment (tag `onoff:managed` = the deployment name, and, when
+    /// the launch template is given by id, launched from it) that is pending or running, across
+    /// all pages.
     ///
     /// # Errors
     /// EC2 failures, classified.
     pub async fn describe_managed(&self) -> Result<Vec<ManagedInstance>, FleetError> {
         let mut out = Vec::new();
-        let mut pages = self
-            .client
-            .describe_instances()
-            .filters(
+        let mut call = self.client.describe_instances().filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name(format!("tag:{TAG_MANAGED}"))
+                .values(&self.deployment)
+                .build(),
+        );
+        if let Some(id) = self.launch_template_id() {
+            call = call.filters(
                 aws_sdk_ec2::types::Filter::builder()
-                    .name(format!("tag:{TAG_MANAGED}"))
-                    .values(&self.deployment)
+                    .name(format!("tag:{TAG_LAUNCH_TEMPLATE}"))
+                    .values(id)
                     .build(),
-            )
+            );
+        }
+        let mut pages = call
             .filters(
                 aws_sdk_ec2::types::Filter::builder()
                     .name("instance-state-name")
@@ -193,6 +262,44 @@ impl Ec2Fleet {
     }
 }
 
+/// For emulators only: what EC2 does and moto 5.2.5 does not. EC2 tags every instance launched
+/// from a launch template `aws:ec2launchtemplate:id` ([`TAG_LAUNCH_TEMPLATE`]); moto tags those of
+/// RunInstances but not those of CreateFleet. This tags every instance of `deployment` that lacks
+/// it with `launch_template_id`. `onoff local` (which plays EC2) calls it right after each function
+/// that may launch returns, before anything lists the instances; the moto tests likewise. Best
+/// effort: errors are ignored.
+pub async fn tag_as_ec2_does(ec2: &aws_sdk_ec2::Client, deployment: &str, launch_template_id: &str) {
+    let Ok(out) = ec2
+        .describe_instances()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name(format!("tag:{TAG_MANAGED}"))
+                .values(deployment)
+                .build(),
+        )
+        .send()
+        .await
+    else {
+        return;
+    };
+    let untagged: Vec<String> = out
+        .reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .filter(|i| !i.tags().iter().any(|t| t.key() == Some(TAG_LAUNCH_TEMPLATE)))
+        .filter_map(|i| i.instance_id().map(str::to_string))
+        .collect();
+    if untagged.is_empty() {
+        return;
+    }
+    let _ = ec2
+        .create_tags()
+        .set_resources(Some(untagged))
+        .tags(tag(TAG_LAUNCH_TEMPLATE, launch_template_id))
+        .send()
+        .await;
+}
+
 fn tag(key: &str, value: &str) -> Tag {
     Tag::builder().key(key).value(value).build()
 }
@@ -213,16 +320,17 @@ impl Fleet for Ec2Fleet {
             .total_target_capacity(req.count as i32)
             .default_target_capacity_type(capacity)
             .build();
-        let mut config = FleetLaunchTemplateConfigRequest::builder().launch_template_specification(
-            FleetLaunchTemplateSpecificationRequest::builder()
-                .launch_template_name(&self.launch_template)
-                .version("$Latest")
-                .build(),
-        );
+        let spec = FleetLaunchTemplateSpecificationRequest::builder().version("$Latest");
+        let spec = match self.launch_template_id() {
+            Some(id) => spec.launch_template_id(id),
+            None => spec.launch_template_name(&self.launch_template),
+        };
+        let mut config = FleetLaunchTemplateConfigRequest::builder().launch_template_specification(spec.build());
+        let subnets = self.placed_subnets().await?;
         for key in &req.offerings {
             let o = FleetLaunchTemplateOverridesRequest::builder()
                 .instance_type(InstanceType::from(key.instance_type.as_str()));
-            config = config.overrides(match self.subnets.iter().find(|(z, _)| *z == key.zone) {
+            config = config.overrides(match subnets.iter().find(|(z, _)| *z == key.zone) {
                 Some((_, subnet)) => o.subnet_id(subnet).build(),
                 None => o.availability_zone(&key.zone).build(),
             });
@@ -260,7 +368,7 @@ impl Fleet for Ec2Fleet {
             let ty = o.and_then(|o| o.instance_type()).map(|t| t.as_str().to_string());
             let zone = o.and_then(|o| o.availability_zone()).map(str::to_string).or_else(|| {
                 let subnet = o.and_then(|o| o.subnet_id())?;
-                self.subnets.iter().find(|(_, s)| s == subnet).map(|(z, _)| z.clone())
+                subnets.iter().find(|(_, s)| s == subnet).map(|(z, _)| z.clone())
             });
             req.offerings
                 .iter()

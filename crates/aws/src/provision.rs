@@ -202,9 +202,9 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
         queue_urls.push((lane.clone(), url));
         dead_letter_queues.push((lane.clone(), dlq));
     }
-    let (jobs, workers, control) = (format!("{p}-jobs"), format!("{p}-workers"), format!("{p}-control"));
+    let (jobs, workers, control) = (format!("{p}-jobs"), format!("{p}-worker-rows"), format!("{p}-control"));
     jobs_table(c, &jobs).await?;
-    table(c, &workers, "instance_id").await?;
+    table(c, &workers, crate::state::WORKER_KEY).await?;
     table(c, &control, "pk").await?;
     // Named as template.yaml names it (`<stack>-<account>-<region>`): the submit role's policy
     // names the bucket that way, and `onoff local` enforces the template's policies.
@@ -244,7 +244,7 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
                 aws_sdk_s3::error::DisplayErrorContext(e),
             )
         })?;
-    let launch_template = format!("{p}-worker");
+    let launch_template_name = format!("{p}-worker");
     let image = c
         .ec2
         .describe_images()
@@ -257,9 +257,10 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
         .and_then(|i| i.image_id())
         .map(str::to_string)
         .ok_or_else(|| perr("launch template image", "the emulator lists no Amazon image"))?;
-    c.ec2
+    let created = c
+        .ec2
         .create_launch_template()
-        .launch_template_name(&launch_template)
+        .launch_template_name(&launch_template_name)
         .launch_template_data(
             aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
                 .image_id(image)
@@ -276,13 +277,24 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
         .await
         .map_err(|e| {
             perr(
-                format!("launch template {launch_template}"),
+                format!("launch template {launch_template_name}"),
                 aws_sdk_ec2::error::DisplayErrorContext(e),
             )
         })?;
+    // By id, as template.yaml sets ONOFF_LAUNCH_TEMPLATE: the reaper then lists only instances
+    // EC2 tagged with it.
+    let launch_template = created
+        .launch_template()
+        .and_then(|t| t.launch_template_id())
+        .map(str::to_string)
+        .ok_or_else(|| perr(format!("launch template {launch_template_name}"), "no id returned"))?;
+    // Subnet ids only, as template.yaml gives them: the fleet looks their zones up.
     let subnets = crate::fleet::Ec2Fleet::default_subnets(&c.ec2)
         .await
-        .map_err(|e| perr("subnets", e))?;
+        .map_err(|e| perr("subnets", e))?
+        .into_iter()
+        .map(|(_, id)| (String::new(), id))
+        .collect();
     Ok(Provisioned {
         resources: Resources {
             queue_urls,
@@ -292,6 +304,7 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
             bucket,
             launch_template,
             subnets,
+            instance_arn_prefix: format!("arn:aws:ec2:{region}:{account}:instance/"),
         },
         dead_letter_queues,
     })

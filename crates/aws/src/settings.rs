@@ -19,11 +19,37 @@ pub struct Resources {
     pub control_table: String,
     /// `ONOFF_BUCKET`: job specs and checkpoints.
     pub bucket: String,
-    /// `ONOFF_LAUNCH_TEMPLATE`: the workers' launch template name.
+    /// `ONOFF_LAUNCH_TEMPLATE`: the workers' launch template, by id (`lt-...`, as template.yaml
+    /// sets it) or by name. The reaper terminates only instances EC2 tagged
+    /// `aws:ec2launchtemplate:id` with its id.
     pub launch_template: String,
-    /// `ONOFF_SUBNETS` (optional): zone=subnet pairs, comma separated; launches in a zone go to
-    /// its subnet.
+    /// `ONOFF_SUBNETS` (optional): subnets workers launch into, comma separated, each a subnet id
+    /// (its zone is looked up with `ec2:DescribeSubnets` at the first launch) or a `zone=subnet`
+    /// pair; as (zone, subnet id), the zone empty when not given. Launches in a zone go to its
+    /// subnet.
     pub subnets: Vec<(String, String)>,
+    /// `ONOFF_INSTANCE_ARN_PREFIX`: `arn:<partition>:ec2:<region>:<account>:instance/`; worker
+    /// rows are keyed by instance ARN.
+    pub instance_arn_prefix: String,
+}
+
+/// Parse `ONOFF_SUBNETS`: `subnet-a,us-east-1b=subnet-b` -> `[("", "subnet-a"), ("us-east-1b", "subnet-b")]`.
+fn subnets(raw: &str) -> Result<Vec<(String, String)>, SettingsError> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|entry| {
+            let (zone, id) = entry.split_once('=').unwrap_or(("", entry));
+            let (zone, id) = (zone.trim(), id.trim());
+            if !id.starts_with("subnet-") {
+                return Err(SettingsError::Malformed {
+                    name: "ONOFF_SUBNETS",
+                    reason: format!("{entry:?} is not a subnet id (subnet-...) or zone=subnet-..."),
+                });
+            }
+            Ok((zone.to_string(), id.to_string()))
+        })
+        .collect()
 }
 
 /// Parse `a=b,c=d` pairs of the variable `name`.
@@ -70,11 +96,14 @@ impl Resources {
                 .ok_or(SettingsError::Missing(name))
         };
         let queue_urls = pairs("ONOFF_QUEUE_URLS", &need("ONOFF_QUEUE_URLS")?, "lane=url")?;
-        let subnets = pairs(
-            "ONOFF_SUBNETS",
-            &get("ONOFF_SUBNETS").unwrap_or_default(),
-            "zone=subnet",
-        )?;
+        let subnets = subnets(&get("ONOFF_SUBNETS").unwrap_or_default())?;
+        let instance_arn_prefix = need("ONOFF_INSTANCE_ARN_PREFIX")?;
+        if !(instance_arn_prefix.starts_with("arn:") && instance_arn_prefix.ends_with(":instance/")) {
+            return Err(SettingsError::Malformed {
+                name: "ONOFF_INSTANCE_ARN_PREFIX",
+                reason: format!("{instance_arn_prefix:?} is not arn:<partition>:ec2:<region>:<account>:instance/"),
+            });
+        }
         Ok(Self {
             queue_urls,
             subnets,
@@ -83,6 +112,7 @@ impl Resources {
             control_table: need("ONOFF_CONTROL_TABLE")?,
             bucket: need("ONOFF_BUCKET")?,
             launch_template: need("ONOFF_LAUNCH_TEMPLATE")?,
+            instance_arn_prefix,
         })
     }
 
@@ -97,7 +127,12 @@ impl Resources {
     /// The environment variables [`Resources::from_lookup`] reads, with these values (to configure
     /// a child process or a function run in process).
     pub fn env_pairs(&self) -> Vec<(&'static str, String)> {
-        let join = |v: &[(String, String)]| v.iter().map(|(a, b)| format!("{a}={b}")).collect::<Vec<_>>().join(",");
+        let join = |v: &[(String, String)]| {
+            v.iter()
+                .map(|(a, b)| if a.is_empty() { b.clone() } else { format!("{a}={b}") })
+                .collect::<Vec<_>>()
+                .join(",")
+        };
         vec![
             ("ONOFF_QUEUE_URLS", join(&self.queue_urls)),
             ("ONOFF_JOBS_TABLE", self.jobs_table.clone()),
@@ -106,6 +141,7 @@ impl Resources {
             ("ONOFF_BUCKET", self.bucket.clone()),
             ("ONOFF_LAUNCH_TEMPLATE", self.launch_template.clone()),
             ("ONOFF_SUBNETS", join(&self.subnets)),
+            ("ONOFF_INSTANCE_ARN_PREFIX", self.instance_arn_prefix.clone()),
         ]
     }
 
@@ -191,6 +227,10 @@ mod tests {
         ("ONOFF_CONTROL_TABLE", "control"),
         ("ONOFF_BUCKET", "bucket"),
         ("ONOFF_LAUNCH_TEMPLATE", "onoff-worker"),
+        (
+            "ONOFF_INSTANCE_ARN_PREFIX",
+            "arn:aws:ec2:us-east-1:123456789012:instance/",
+        ),
     ];
 
     #[test]
@@ -201,9 +241,10 @@ mod tests {
         assert_eq!(r.launch_template, "onoff-worker");
         assert!(r.subnets.is_empty());
         let mut with = ALL.to_vec();
-        with.push(("ONOFF_SUBNETS", "us-east-1a=subnet-1,us-east-1b=subnet-2"));
+        with.push(("ONOFF_SUBNETS", "subnet-0,us-east-1a=subnet-1,us-east-1b=subnet-2"));
         let r = Resources::from_lookup(env(&with)).unwrap();
-        assert_eq!(r.subnets[1], ("us-east-1b".to_string(), "subnet-2".to_string()));
+        assert_eq!(r.subnets[0], (String::new(), "subnet-0".to_string()));
+        assert_eq!(r.subnets[2], ("us-east-1b".to_string(), "subnet-2".to_string()));
         // The variables it would be configured with read back the same.
         let pairs = r.env_pairs();
         let again = Resources::from_lookup(|k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())).unwrap();
@@ -221,5 +262,14 @@ mod tests {
         bad[0] = ("ONOFF_QUEUE_URLS", "standard");
         let err = Resources::from_lookup(env(&bad)).unwrap_err().to_string();
         assert!(err.contains("ONOFF_QUEUE_URLS") && err.contains("lane=url"), "{err}");
+        let mut bad = ALL.to_vec();
+        bad.push(("ONOFF_SUBNETS", "us-east-1a"));
+        let err = Resources::from_lookup(env(&bad)).unwrap_err().to_string();
+        assert!(err.contains("ONOFF_SUBNETS") && err.contains("subnet id"), "{err}");
+        let mut bad = ALL.to_vec();
+        bad.retain(|(k, _)| *k != "ONOFF_INSTANCE_ARN_PREFIX");
+        bad.push(("ONOFF_INSTANCE_ARN_PREFIX", "i-"));
+        let err = Resources::from_lookup(env(&bad)).unwrap_err().to_string();
+        assert!(err.contains("ONOFF_INSTANCE_ARN_PREFIX"), "{err}");
     }
 }

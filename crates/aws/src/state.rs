@@ -2,7 +2,8 @@
 //! ([`OfferingAvailability`]). Every write is conditional, so a transition happens once however
 //! many invocations race for it.
 //!
-//! Workers table (key `instance_id`): `lane`, `instance_type`, `zone`, `capacity_type`,
+//! Workers table (key `instance_arn`, the instance's ARN, so IAM can let an instance write only
+//! its own row with `dynamodb:LeadingKeys`): `instance_id`, `lane`, `instance_type`, `zone`, `capacity_type`,
 //! `price_usd_per_h`, `state`, `launched_at`, `project`, and `expires_at` (TTL, set when a worker
 //! is terminating). Control table (key `pk`): `unavailable#<type>#<zone>#<capacity>` items with
 //! `until` and `expires_at`; `lease#<name>` items with `owner` and `until`; `event#<id>` items (with `expires_at`) for events already handled.
@@ -43,11 +44,15 @@ pub fn parse_state(name: &str) -> Option<WorkerState> {
     })
 }
 
+/// The key attribute of the workers table: the instance's ARN.
+pub const WORKER_KEY: &str = "instance_arn";
+
 /// The workers table.
 #[derive(Debug, Clone)]
 pub struct DynamoWorkers {
     client: aws_sdk_dynamodb::Client,
     table: String,
+    arn_prefix: String,
     now: fn() -> f64,
 }
 
@@ -59,13 +64,25 @@ pub fn unix_now() -> f64 {
 }
 
 impl DynamoWorkers {
-    /// The table called `table`.
-    pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
+    /// The table called `table`, whose rows are keyed by `instance_arn_prefix` + instance id
+    /// (`arn:aws:ec2:<region>:<account>:instance/`, `ONOFF_INSTANCE_ARN_PREFIX`).
+    pub fn new(
+        client: aws_sdk_dynamodb::Client,
+        table: impl Into<String>,
+        instance_arn_prefix: impl Into<String>,
+    ) -> Self {
         Self {
             client,
             table: table.into(),
+            arn_prefix: instance_arn_prefix.into(),
             now: unix_now,
         }
+    }
+
+    /// The key of instance `id`'s row: its ARN.
+    #[must_use]
+    pub fn key_of(&self, id: &str) -> AttributeValue {
+        s(format!("{}{id}", self.arn_prefix))
     }
 
     async fn get_record(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
@@ -73,7 +90,7 @@ impl DynamoWorkers {
             .client
             .get_item()
             .table_name(&self.table)
-            .key("instance_id", s(id))
+            .key(WORKER_KEY, self.key_of(id))
             .consistent_read(true)
             .send()
             .await
@@ -121,6 +138,7 @@ impl WorkerRegistry for DynamoWorkers {
             .client
             .put_item()
             .table_name(&self.table)
+            .item(WORKER_KEY, self.key_of(&r.id))
             .item("instance_id", s(&r.id))
             .item("lane", s(&r.lane))
             .item("instance_type", s(&r.offering.instance_type))
@@ -146,7 +164,7 @@ impl WorkerRegistry for DynamoWorkers {
             .client
             .update_item()
             .table_name(&self.table)
-            .key("instance_id", s(id))
+            .key(WORKER_KEY, self.key_of(id))
             .condition_expression("attribute_exists(instance_id)")
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":s", s(state_name(state)));
@@ -176,7 +194,7 @@ impl WorkerRegistry for DynamoWorkers {
             .client
             .update_item()
             .table_name(&self.table)
-            .key("instance_id", s(id))
+            .key(WORKER_KEY, self.key_of(id))
             .condition_expression(format!("#s IN ({})", placeholders.join(", ")))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .expression_attribute_names("#s", "state")
@@ -257,7 +275,7 @@ impl DynamoWorkers {
             .client
             .update_item()
             .table_name(&self.table)
-            .key("instance_id", s(id))
+            .key(WORKER_KEY, self.key_of(id))
             .update_expression("SET #s = :run, heartbeat_at = :h REMOVE idle_since")
             .condition_expression("attribute_exists(instance_id) AND NOT (#s IN (:d, :t))")
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
@@ -295,7 +313,7 @@ impl DynamoWorkers {
             .client
             .update_item()
             .table_name(&self.table)
-            .key("instance_id", s(id))
+            .key(WORKER_KEY, self.key_of(id))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":s", s(state_name(state)))
@@ -322,7 +340,7 @@ impl DynamoWorkers {
                 self.client
                     .update_item()
                     .table_name(&self.table)
-                    .key("instance_id", s(id))
+                    .key(WORKER_KEY, self.key_of(id))
                     .update_expression("SET heartbeat_at = :h")
                     .condition_expression("attribute_exists(instance_id)")
                     .expression_attribute_values(":h", n(now))

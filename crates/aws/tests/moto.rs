@@ -24,6 +24,9 @@ use onoff_policy::{
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// Worker rows are keyed by instance ARN: moto's account and region.
+const ARN_PREFIX: &str = "arn:aws:ec2:us-east-1:123456789012:instance/";
+
 /// Records the body of every request an SDK client sends.
 #[derive(Debug, Clone, Default)]
 struct BodyLog(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
@@ -123,8 +126,27 @@ async fn launch_template(c: &Clients) -> String {
         )
         .send()
         .await
-        .unwrap();
-    name
+        .unwrap()
+        .launch_template()
+        .and_then(|t| t.launch_template_id())
+        .expect("a launch template id")
+        .to_string()
+}
+
+/// A launch template by name: the fleet then lists instances by the deployment tag alone (moto
+/// does not tag CreateFleet's instances with their launch template, as EC2 does).
+async fn launch_template_name(c: &Clients) -> String {
+    let id = launch_template(c).await;
+    c.ec2
+        .describe_launch_templates()
+        .launch_template_ids(&id)
+        .send()
+        .await
+        .unwrap()
+        .launch_templates()[0]
+        .launch_template_name()
+        .unwrap()
+        .to_string()
 }
 
 fn key(ty: &str, zone: &str, cap: CapacityType) -> OfferingKey {
@@ -188,8 +210,11 @@ async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
             .interceptor(sent.clone())
             .build(),
     );
-    let fleet = Ec2Fleet::new(ec2, launch_template(&c).await)
-        .with_subnets(subnets)
+    // Subnet ids alone, as template.yaml gives them: the fleet looks their zones up.
+    let ids_only: Vec<(String, String)> = subnets.iter().map(|(_, id)| (String::new(), id.clone())).collect();
+    let lt = launch_template(&c).await;
+    let fleet = Ec2Fleet::new(ec2, &lt)
+        .with_subnets(ids_only)
         .with_deployment(&deployment);
     let lane = unique("lane");
     let req = LaunchRequest {
@@ -204,6 +229,8 @@ async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
     assert!(req.client_token.starts_with("onoff-") && req.client_token.len() <= 64);
     let launched = fleet.launch(&req).await.unwrap().launched;
     assert_eq!(launched.len(), 2);
+    // EC2 tags them with their launch template; moto does not (the emulator's gap).
+    onoff_aws::fleet::tag_as_ec2_does(&c.ec2, &deployment, &lt).await;
     // CreateFleet went out with the request's token as its ClientToken (moto accepts it; it does
     // not replay by it, the fake fleet does).
     let bodies = sent.0.lock().unwrap().clone();
@@ -227,6 +254,45 @@ async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
         assert_eq!(i.zone, "us-east-1b");
         assert!(launched.iter().any(|l| l.instance_id == i.instance_id));
     }
+    // The override named the zone's subnet, found by its id alone.
+    let zone_b = subnets.iter().find(|(z, _)| z == "us-east-1b").unwrap().1.clone();
+    assert!(create[0].contains(&format!("SubnetId={zone_b}")), "{}", create[0]);
+    // An instance that carries the tag but was not launched from the worker template is not
+    // this deployment's: not listed, so never reaped.
+    let stray = c
+        .ec2
+        .run_instances()
+        .image_id("ami-12c6146b")
+        .min_count(1)
+        .max_count(1)
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::Instance)
+                .tags(
+                    aws_sdk_ec2::types::Tag::builder()
+                        .key(TAG_MANAGED)
+                        .value(&deployment)
+                        .build(),
+                )
+                .tags(aws_sdk_ec2::types::Tag::builder().key(TAG_LANE).value(&lane).build())
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let stray_id = stray.instances()[0].instance_id().unwrap().to_string();
+    let listed = fleet.describe_managed().await.unwrap();
+    assert!(
+        !listed.iter().any(|i| i.instance_id == stray_id),
+        "a tagged instance from elsewhere is not listed"
+    );
+    assert_eq!(listed.iter().filter(|i| i.lane.as_deref() == Some(&lane)).count(), 2);
+    c.ec2
+        .terminate_instances()
+        .instance_ids(&stray_id)
+        .send()
+        .await
+        .unwrap();
     // Tags as EC2 stores them.
     let d = c
         .ec2
@@ -267,8 +333,8 @@ async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
 async fn worker_registry_writes_are_conditional_and_idempotent() {
     let c = clients().await;
     let name = unique("workers");
-    table(&c, &name, "instance_id").await;
-    let reg = DynamoWorkers::new(c.dynamodb.clone(), &name);
+    table(&c, &name, onoff_aws::state::WORKER_KEY).await;
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &name, ARN_PREFIX);
     let rec = WorkerRecord {
         id: "i-0aaaaaaaaaaaaaaa1".into(),
         lane: "standard".into(),
@@ -289,6 +355,20 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
     .await
     .unwrap();
     assert_eq!(reg.get(&rec.id).await.unwrap(), Some(rec.clone()));
+    // The row's key is the instance's ARN (the worker role may write only the row whose leading
+    // key is its own ec2:SourceInstanceARN).
+    let raw = c
+        .dynamodb
+        .get_item()
+        .table_name(&name)
+        .key(
+            onoff_aws::state::WORKER_KEY,
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("{ARN_PREFIX}{}", rec.id)),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(raw.item().is_some(), "keyed by {ARN_PREFIX}{}", rec.id);
     reg.set_state(&rec.id, WorkerState::Draining).await.unwrap();
     assert_eq!(reg.get(&rec.id).await.unwrap().unwrap().state, WorkerState::Draining);
     assert_eq!(
@@ -297,7 +377,7 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
     );
     assert_eq!(reg.get("i-0bbbbbbbbbbbbbbb2").await.unwrap(), None);
     // A missing table is a clear error, not a panic.
-    let missing = DynamoWorkers::new(c.dynamodb.clone(), unique("no-such-table"));
+    let missing = DynamoWorkers::new(c.dynamodb.clone(), unique("no-such-table"), ARN_PREFIX);
     let err = missing.register_launch(rec).await.unwrap_err().to_string();
     assert!(
         err.contains("table not found") || err.contains("ResourceNotFound"),
@@ -309,8 +389,8 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
 async fn scale_down_and_an_agent_claim_race_through_conditional_writes_and_one_wins() {
     let c = clients().await;
     let name = unique("workers");
-    table(&c, &name, "instance_id").await;
-    let reg = DynamoWorkers::new(c.dynamodb.clone(), &name);
+    table(&c, &name, onoff_aws::state::WORKER_KEY).await;
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &name, ARN_PREFIX);
     let worker = |id: &str| WorkerRecord {
         id: id.into(),
         lane: "standard".into(),
@@ -431,15 +511,15 @@ async fn insufficient_capacity_on_the_first_offering_falls_back_to_the_next() {
     let c = clients().await;
     let workers = unique("workers");
     let control = unique("control");
-    table(&c, &workers, "instance_id").await;
+    table(&c, &workers, onoff_aws::state::WORKER_KEY).await;
     table(&c, &control, "pk").await;
     let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
     let fleet = FaultyFleet::new(
-        Ec2Fleet::new(c.ec2.clone(), launch_template(&c).await)
+        Ec2Fleet::new(c.ec2.clone(), launch_template_name(&c).await)
             .with_subnets(subnets)
             .with_deployment(unique("deploy")),
     );
-    let reg = DynamoWorkers::new(c.dynamodb.clone(), &workers);
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &workers, ARN_PREFIX);
     let ctl = DynamoControl::new(c.dynamodb.clone(), &control);
     let first = key("g5.xlarge", "us-east-1a", CapacityType::Spot);
     fleet.set_no_capacity(first.clone());
@@ -740,9 +820,9 @@ async fn a_spot_warning_drains_the_worker_and_marks_its_offering_once() {
     let c = clients().await;
     let workers = unique("workers");
     let control = unique("control");
-    table(&c, &workers, "instance_id").await;
+    table(&c, &workers, onoff_aws::state::WORKER_KEY).await;
     table(&c, &control, "pk").await;
-    let reg = DynamoWorkers::new(c.dynamodb.clone(), &workers);
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &workers, ARN_PREFIX);
     let ctl = DynamoControl::new(c.dynamodb.clone(), &control);
     let id = "i-0b662ef9931388ba0";
     let offering = key("g5.xlarge", "us-east-1a", CapacityType::Spot);
@@ -895,7 +975,7 @@ async fn submit_then_scaler_launches_tagged_instances_and_the_reaper_terminates_
     let c = clients().await;
     let (jobs_t, workers_t, control_t) = (unique("jobs"), unique("workers"), unique("control"));
     onoff_aws::provision::jobs_table(&c, &jobs_t).await.unwrap();
-    table(&c, &workers_t, "instance_id").await;
+    table(&c, &workers_t, onoff_aws::state::WORKER_KEY).await;
     table(&c, &control_t, "pk").await;
     let lane = unique("lane");
     let url = c
@@ -910,11 +990,11 @@ async fn submit_then_scaler_launches_tagged_instances_and_the_reaper_terminates_
         .to_string();
     let queues = SqsQueues::new(c.sqs.clone(), vec![(lane.clone(), url)]);
     let jobs = DynamoJobs::new(c.dynamodb.clone(), &jobs_t);
-    let reg = DynamoWorkers::new(c.dynamodb.clone(), &workers_t);
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &workers_t, ARN_PREFIX);
     let ctl = DynamoControl::new(c.dynamodb.clone(), &control_t);
     let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
     let deployment = unique("deploy");
-    let fleet = Ec2Fleet::new(c.ec2.clone(), launch_template(&c).await)
+    let fleet = Ec2Fleet::new(c.ec2.clone(), launch_template_name(&c).await)
         .with_subnets(subnets)
         .with_deployment(&deployment);
     let cfg = PolicyConfig {
@@ -1043,7 +1123,7 @@ struct Deployment {
 async fn deployment(c: &Clients, idle_timeout_s: f64) -> Deployment {
     let (jobs_t, workers_t, control_t) = (unique("jobs"), unique("workers"), unique("control"));
     onoff_aws::provision::jobs_table(c, &jobs_t).await.unwrap();
-    table(c, &workers_t, "instance_id").await;
+    table(c, &workers_t, onoff_aws::state::WORKER_KEY).await;
     table(c, &control_t, "pk").await;
     let lane = unique("lane");
     let url = c
@@ -1072,9 +1152,9 @@ async fn deployment(c: &Clients, idle_timeout_s: f64) -> Deployment {
         queues: SqsQueues::new(c.sqs.clone(), vec![(lane.clone(), url)]),
         lane,
         jobs: onoff_aws::jobs::DynamoJobs::new(c.dynamodb.clone(), &jobs_t),
-        workers: DynamoWorkers::new(c.dynamodb.clone(), &workers_t),
+        workers: DynamoWorkers::new(c.dynamodb.clone(), &workers_t, ARN_PREFIX),
         control: DynamoControl::new(c.dynamodb.clone(), &control_t),
-        fleet: Ec2Fleet::new(c.ec2.clone(), launch_template(c).await)
+        fleet: Ec2Fleet::new(c.ec2.clone(), launch_template_name(c).await)
             .with_subnets(subnets)
             .with_deployment(unique("deploy")),
         cfg,
@@ -1330,7 +1410,7 @@ async fn after_a_spot_warning_the_replacement_launches_in_another_offering() {
 async fn one_create_fleet_call_spreads_over_its_overrides() {
     let c = clients().await;
     let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
-    let fleet = Ec2Fleet::new(c.ec2.clone(), launch_template(&c).await)
+    let fleet = Ec2Fleet::new(c.ec2.clone(), launch_template_name(&c).await)
         .with_subnets(subnets)
         .with_deployment(unique("deploy"));
     let a = key("g5.xlarge", "us-east-1a", CapacityType::Spot);

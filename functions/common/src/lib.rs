@@ -188,7 +188,7 @@ pub fn ctx_from_clients(settings: Settings, c: &onoff_aws::settings::Clients) ->
     let control = onoff_aws::state::DynamoControl::new(c.dynamodb.clone(), &r.control_table);
     Ctx {
         queues: onoff_aws::queue::SqsQueues::new(c.sqs.clone(), r.queue_urls.clone()),
-        workers: onoff_aws::state::DynamoWorkers::new(c.dynamodb.clone(), &r.workers_table),
+        workers: onoff_aws::state::DynamoWorkers::new(c.dynamodb.clone(), &r.workers_table, &r.instance_arn_prefix),
         jobs: onoff_aws::jobs::DynamoJobs::new(c.dynamodb.clone(), &r.jobs_table),
         fleet: onoff_aws::fleet::Ec2Fleet::new(c.ec2.clone(), &r.launch_template)
             .with_subnets(r.subnets.clone())
@@ -342,6 +342,10 @@ mod tests {
         ("ONOFF_CONTROL_TABLE", "control"),
         ("ONOFF_BUCKET", "bucket"),
         ("ONOFF_LAUNCH_TEMPLATE", "onoff-worker"),
+        (
+            "ONOFF_INSTANCE_ARN_PREFIX",
+            "arn:aws:ec2:us-east-1:123456789012:instance/",
+        ),
     ];
 
     #[test]
@@ -513,6 +517,10 @@ pub mod testing {
             ("ONOFF_CONTROL_TABLE", "control"),
             ("ONOFF_BUCKET", "bucket"),
             ("ONOFF_LAUNCH_TEMPLATE", "onoff-worker"),
+            (
+                "ONOFF_INSTANCE_ARN_PREFIX",
+                "arn:aws:ec2:us-east-1:123456789012:instance/",
+            ),
         ];
         let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
         Ctx {
