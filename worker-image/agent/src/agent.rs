@@ -31,6 +31,7 @@ use crate::config::{AgentConfig, ShutdownMode};
 use crate::ports::{
     Control, Identity, Inbox, Instance, JobCommand, JobEvent, Launcher, Message, Metadata, Notice, Objects, Registry,
 };
+use crate::process::{chown_tree, write_job_credentials};
 
 /// The ports the agent runs against.
 #[derive(Debug)]
@@ -947,12 +948,34 @@ where
             return self.interrupted(job, report, Interrupt::LeaseLost(why)).await;
         }
         // The job's own AWS session, scoped to its input and its prefixes; never the agent's.
+        let aws_dir = dir.join(".aws");
+        let mut next_session: Option<Instant> = None;
         match self.deps.objects.job_session(&id, job.spec.input.as_deref()).await {
-            Ok(vars) => env.extend(vars),
+            Ok(Some(creds)) => match write_job_credentials(&aws_dir, &creds, self.cfg.job_user) {
+                Ok(vars) => {
+                    env.extend(vars);
+                    next_session = Some(Instant::now() + Duration::from_secs_f64(creds.lifetime_s / 2.0));
+                }
+                Err(e) => {
+                    let why = format!("job credentials in {}: {e}", aws_dir.display());
+                    report.outcome = self.settle(job, AttemptEnd::Failed(why)).await;
+                    return report;
+                }
+            },
+            Ok(None) => {}
             Err(e) => {
                 report.outcome = self.settle(job, AttemptEnd::Failed(e)).await;
                 return report;
             }
+        }
+        if let Some((uid, gid)) = self.cfg.job_user {
+            // The job's own user owns its work dir (resume data and input included) and HOME.
+            if let Err(e) = chown_tree(&dir, uid, gid) {
+                let why = format!("work dir {} for uid {uid}: {e}", dir.display());
+                report.outcome = self.settle(job, AttemptEnd::Failed(why)).await;
+                return report;
+            }
+            env.push(("HOME".into(), dir.display().to_string()));
         }
         let cmd = JobCommand {
             argv: job.spec.command.clone(),
@@ -1057,6 +1080,25 @@ where
                         u.prefix
                     });
                     self.account(&mut report, job, started, &mut billed, prefix).await;
+                }
+                () = sleep_until(next_session.unwrap_or(far)), if next_session.is_some() => {
+                    // A new session before the old one expires: the job's SDKs read the file again
+                    // as their credentials near expiry. A failure keeps the old one (valid for the
+                    // other half of its life) and tries again in a minute.
+                    let renewed = match self.deps.objects.job_session(&id, job.spec.input.as_deref()).await {
+                        Ok(Some(creds)) => write_job_credentials(&aws_dir, &creds, self.cfg.job_user)
+                            .map(|_| creds.lifetime_s)
+                            .map_err(|e| e.to_string()),
+                        Ok(None) => Err("no job role any more".into()),
+                        Err(e) => Err(e),
+                    };
+                    next_session = Some(match renewed {
+                        Ok(lifetime_s) => Instant::now() + Duration::from_secs_f64(lifetime_s / 2.0),
+                        Err(e) => {
+                            tracing::warn!(job = %id, error = %e, "renew the job's AWS session (tried again in 60 s)");
+                            Instant::now() + Duration::from_secs(60)
+                        }
+                    });
                 }
                 () = sleep_until(stop_deadline.unwrap_or(far)), if stop_deadline.is_some() => {
                     tracing::warn!(job = %id, "grace period over: killing the job");

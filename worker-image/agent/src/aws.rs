@@ -13,7 +13,7 @@ use onoff_policy::WorkerState;
 use tokio::io::AsyncWriteExt;
 
 use crate::config::ShutdownMode;
-use crate::ports::{Identity, Inbox, Instance, Message, Metadata, Notice, Objects, Registry};
+use crate::ports::{Identity, Inbox, Instance, JobCredentials, Message, Metadata, Notice, Objects, Registry};
 
 /// IMDSv2 through aws-config's client. The endpoint is IMDS's, or
 /// `AWS_EC2_METADATA_SERVICE_ENDPOINT` when set (the local runner gives each agent its own).
@@ -194,10 +194,10 @@ impl Objects for S3Objects {
         file.flush().await.map_err(|e| e.to_string())
     }
 
-    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Vec<(String, String)>, String> {
+    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Option<JobCredentials>, String> {
         use aws_sdk_sts::error::ProvideErrorMetadata;
         let Some(role) = &self.job_role_arn else {
-            return Ok(Vec::new());
+            return Ok(None);
         };
         let partition = role.split(':').nth(1).unwrap_or("aws");
         let input = input.and_then(parse_s3_uri);
@@ -219,11 +219,17 @@ impl Objects for S3Objects {
                 )
             })?;
         let c = out.credentials().ok_or("job session: STS returned no credentials")?;
-        Ok(vec![
-            ("AWS_ACCESS_KEY_ID".into(), c.access_key_id().to_string()),
-            ("AWS_SECRET_ACCESS_KEY".into(), c.secret_access_key().to_string()),
-            ("AWS_SESSION_TOKEN".into(), c.session_token().to_string()),
-        ])
+        let expiration = c
+            .expiration()
+            .fmt(aws_sdk_sts::primitives::DateTimeFormat::DateTime)
+            .map_err(|e| format!("job session: expiration: {e}"))?;
+        Ok(Some(JobCredentials {
+            access_key_id: c.access_key_id().to_string(),
+            secret_access_key: c.secret_access_key().to_string(),
+            session_token: c.session_token().to_string(),
+            expiration,
+            lifetime_s: f64::from(JOB_SESSION_S),
+        }))
     }
 }
 

@@ -55,6 +55,11 @@ pub struct AgentConfig {
     /// for more is handed back to its lane for a bigger worker instead of run here. Unset: no
     /// check.
     pub gpus: Option<u32>,
+    /// `ONOFF_JOB_UID` and `ONOFF_JOB_GID` (default: the UID): the user jobs run as, another than
+    /// the agent's, so a job can neither read the agent's credentials nor, with the host's
+    /// firewall rule (template.yaml's user data), reach the instance metadata service. Needs the
+    /// agent to run as root. Unset: jobs run as the agent's user.
+    pub job_user: Option<(u32, u32)>,
 }
 
 impl Default for AgentConfig {
@@ -75,6 +80,7 @@ impl Default for AgentConfig {
             time_scale: 1.0,
             deployment: "onoff".into(),
             gpus: None,
+            job_user: None,
         }
     }
 }
@@ -156,6 +162,26 @@ impl AgentConfig {
                 problem: format!("{g:?} is not a whole number of GPUs"),
             })?);
         }
+        let id = |name: &'static str, v: String| {
+            v.trim().parse::<u32>().map_err(|_| ConfigError {
+                name,
+                problem: format!("{v:?} is not a numeric user or group id"),
+            })
+        };
+        if let Some(uid) = get("ONOFF_JOB_UID") {
+            let uid = id("ONOFF_JOB_UID", uid)?;
+            let gid = match get("ONOFF_JOB_GID") {
+                Some(g) => id("ONOFF_JOB_GID", g)?,
+                None => uid,
+            };
+            if uid == 0 {
+                return Err(ConfigError {
+                    name: "ONOFF_JOB_UID",
+                    problem: "jobs must not run as root (0)".into(),
+                });
+            }
+            c.job_user = Some((uid, gid));
+        }
         if c.notice_grace_s >= 120.0 {
             return Err(ConfigError {
                 name: "ONOFF_NOTICE_GRACE_S",
@@ -199,5 +225,9 @@ mod tests {
         assert_eq!(bad.name, "ONOFF_LEASE_S");
         let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_NOTICE_GRACE_S").then(|| "150".to_string())).unwrap_err();
         assert!(bad.to_string().contains("120 s"), "{bad}");
+        let c = AgentConfig::from_lookup(|k| (k == "ONOFF_JOB_UID").then(|| "10002".to_string())).unwrap();
+        assert_eq!(c.job_user, Some((10002, 10002)));
+        let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_JOB_UID").then(|| "0".to_string())).unwrap_err();
+        assert_eq!(bad.name, "ONOFF_JOB_UID");
     }
 }

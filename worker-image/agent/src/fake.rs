@@ -460,20 +460,53 @@ impl CheckpointStore for FakeCheckpoints {
     }
 }
 
-/// Input objects in memory: uri -> bytes.
+/// Input objects in memory (uri -> bytes), and job sessions.
 #[derive(Debug, Default)]
-pub struct FakeObjects(pub Mutex<BTreeMap<String, Vec<u8>>>);
+pub struct FakeObjects {
+    /// uri -> bytes.
+    pub objects: Mutex<BTreeMap<String, Vec<u8>>>,
+    /// `None`: no job role (jobs get no session). `Some(n)`: sessions are issued, `n` so far
+    /// (each an hour long, key `ASIAJOB<n>`).
+    pub sessions: Mutex<Option<u32>>,
+}
+
+impl FakeObjects {
+    /// Issue job sessions (as with a job role).
+    pub fn with_sessions() -> Self {
+        Self {
+            sessions: Mutex::new(Some(0)),
+            ..Self::default()
+        }
+    }
+}
 
 impl Objects for FakeObjects {
     async fn download(&self, uri: &str, dest: &Path) -> Result<(), String> {
         let b = self
-            .0
+            .objects
             .lock()
             .expect("lock")
             .get(uri)
             .cloned()
             .ok_or_else(|| format!("{uri}: NoSuchKey"))?;
         std::fs::write(dest, b).map_err(|e| e.to_string())
+    }
+
+    async fn job_session(
+        &self,
+        job_id: &str,
+        _input: Option<&str>,
+    ) -> Result<Option<crate::ports::JobCredentials>, String> {
+        let mut s = self.sessions.lock().expect("lock");
+        let Some(n) = s.as_mut() else { return Ok(None) };
+        *n += 1;
+        Ok(Some(crate::ports::JobCredentials {
+            access_key_id: format!("ASIAJOB{n}"),
+            secret_access_key: format!("secret-{job_id}-{n}"),
+            session_token: format!("token-{n}"),
+            expiration: "2099-01-01T00:00:00Z".into(),
+            lifetime_s: 3600.0,
+        }))
     }
 }
 

@@ -50,6 +50,14 @@ async fn shutdown_signal() {
 }
 
 async fn run(cfg: AgentConfig) -> Result<(), String> {
+    if cfg.job_user.is_some() && !onoff_agent::process::can_switch_user() {
+        return Err(
+            "ONOFF_JOB_UID is set, but the agent does not run as root and cannot start jobs as another user \
+             (run its container with --user 0:0 and the capabilities template.yaml's user data gives it, \
+             or unset ONOFF_JOB_UID)"
+                .into(),
+        );
+    }
     let queue_urls = onoff_aws::settings::Resources::from_lookup(|k| match k {
         // Only the queues, tables and bucket matter to the agent; the rest is the control plane's.
         "ONOFF_CONTROL_TABLE" | "ONOFF_LAUNCH_TEMPLATE" => Some("-".into()),
@@ -71,6 +79,7 @@ async fn run(cfg: AgentConfig) -> Result<(), String> {
         registry: DynamoRegistry(onoff_aws::state::DynamoWorkers::new(
             clients.dynamodb.clone(),
             workers_table,
+            queue_urls.instance_arn_prefix.clone(),
         )),
         checkpoints: onoff_aws::checkpoints::S3Checkpoints::new(clients.s3.clone(), bucket.clone()),
         objects: S3Objects {
@@ -83,7 +92,7 @@ async fn run(cfg: AgentConfig) -> Result<(), String> {
             client: clients.ec2.clone(),
             mode: cfg.shutdown,
         },
-        launcher: ProcessLauncher,
+        launcher: ProcessLauncher::as_user(cfg.job_user),
     };
     let report = onoff_agent::run(&deps, &cfg, onoff_aws::state::unix_now(), shutdown_signal())
         .await

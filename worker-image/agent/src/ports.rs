@@ -153,16 +153,57 @@ pub trait Objects {
     /// Not found or store failure, as text.
     async fn download(&self, uri: &str, dest: &std::path::Path) -> Result<(), String>;
 
-    /// The environment variables that give job `job_id` an AWS session of its own, scoped to it
-    /// ([`onoff_control::boundary::job_session_policy`]): `AWS_ACCESS_KEY_ID`,
-    /// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`. Empty when no job role is configured (the
-    /// job then gets no AWS credentials at all).
+    /// An AWS session of its own for job `job_id`, scoped to it
+    /// ([`onoff_control::boundary::job_session_policy`]); `None` when no job role is configured
+    /// (the job then gets no AWS credentials at all). The agent hands it to the job through a
+    /// `credential_process` file and starts a new session before this one expires.
     ///
     /// # Errors
     /// The session could not be created (STS refused or failed), as text.
-    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Vec<(String, String)>, String> {
+    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Option<JobCredentials>, String> {
         let _ = (job_id, input);
-        Ok(Vec::new())
+        Ok(None)
+    }
+}
+
+/// A job's temporary AWS credentials.
+#[derive(Clone, PartialEq)]
+pub struct JobCredentials {
+    /// Access key id.
+    pub access_key_id: String,
+    /// Secret access key.
+    pub secret_access_key: String,
+    /// Session token.
+    pub session_token: String,
+    /// When they expire, RFC 3339 (UTC).
+    pub expiration: String,
+    /// Their lifetime from issue, seconds (the agent renews them after half of it).
+    pub lifetime_s: f64,
+}
+
+impl std::fmt::Debug for JobCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the secret or the token in a log line.
+        f.debug_struct("JobCredentials")
+            .field("access_key_id", &self.access_key_id)
+            .field("expiration", &self.expiration)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JobCredentials {
+    /// The JSON a `credential_process` prints (AWS SDKs and CLI Reference Guide, "Sourcing
+    /// credentials with an external process"): `Version` 1 and the four fields.
+    #[must_use]
+    pub fn process_json(&self) -> String {
+        serde_json::json!({
+            "Version": 1,
+            "AccessKeyId": self.access_key_id,
+            "SecretAccessKey": self.secret_access_key,
+            "SessionToken": self.session_token,
+            "Expiration": self.expiration,
+        })
+        .to_string()
     }
 }
 
@@ -271,7 +312,7 @@ impl<T: Objects> Objects for &T {
     async fn download(&self, uri: &str, dest: &std::path::Path) -> Result<(), String> {
         (**self).download(uri, dest).await
     }
-    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Vec<(String, String)>, String> {
+    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Option<JobCredentials>, String> {
         (**self).job_session(job_id, input).await
     }
 }

@@ -14,9 +14,93 @@ use tokio::sync::mpsc;
 
 use crate::ports::{Control, JobCommand, JobEvent, JobHandle, Launcher};
 
-/// Starts jobs as processes.
+/// Starts jobs as processes, as the agent's user or, with `user`, as another (uid, gid); the
+/// agent must then run as root (it sets the ids between fork and exec, dropping supplementary
+/// groups).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ProcessLauncher;
+pub struct ProcessLauncher {
+    /// The user jobs run as ([`crate::AgentConfig::job_user`]).
+    pub user: Option<(u32, u32)>,
+}
+
+impl ProcessLauncher {
+    /// Jobs run as `user` (uid, gid), if given.
+    #[must_use]
+    pub fn as_user(user: Option<(u32, u32)>) -> Self {
+        Self { user }
+    }
+}
+
+/// Whether this process can start jobs as another user: it runs as root.
+#[must_use]
+pub fn can_switch_user() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Hand `dir` and everything under it to `uid`:`gid` (the job's work dir, after the agent wrote
+/// the resume data and input into it).
+///
+/// # Errors
+/// A chown failed.
+pub fn chown_tree(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))?;
+    if dir.is_dir() && !dir.is_symlink() {
+        for entry in std::fs::read_dir(dir)? {
+            chown_tree(&entry?.path(), uid, gid)?;
+        }
+    }
+    Ok(())
+}
+
+/// Give the job its AWS session through a `credential_process` (AWS SDKs and CLI Reference Guide,
+/// "Sourcing credentials with an external process"): `<dir>/credentials.json` holds the
+/// process output, `<dir>/config` names `cat` of it as the default profile's
+/// `credential_process`. SDKs run the process again when the expiration nears, so rewriting the
+/// file ([`write_job_credentials`] again) renews a running job's session. Both files are mode
+/// 0600 and, with `user`, owned by the job's user. Returns the variables that point the job's
+/// SDKs at them (`AWS_CONFIG_FILE`, and `AWS_SHARED_CREDENTIALS_FILE` at an empty file).
+///
+/// # Errors
+/// The files could not be written.
+pub fn write_job_credentials(
+    dir: &std::path::Path,
+    creds: &crate::ports::JobCredentials,
+    user: Option<(u32, u32)>,
+) -> std::io::Result<Vec<(String, String)>> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir)?;
+    let write = |name: &str, text: &str| -> std::io::Result<std::path::PathBuf> {
+        let path = dir.join(name);
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(&tmp, Some(uid), Some(gid))?;
+        }
+        // Atomic: a job's SDK reading the file never sees half of it.
+        std::fs::rename(&tmp, &path)?;
+        Ok(path)
+    };
+    let creds_path = write("credentials.json", &creds.process_json())?;
+    let config = format!("[default]\ncredential_process = cat {}\n", creds_path.display());
+    let config_path = write("config", &config)?;
+    let empty = write("credentials", "")?;
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+    }
+    Ok(vec![
+        ("AWS_CONFIG_FILE".into(), config_path.display().to_string()),
+        ("AWS_SHARED_CREDENTIALS_FILE".into(), empty.display().to_string()),
+        ("AWS_SDK_LOAD_CONFIG".into(), "1".into()),
+    ])
+}
 
 /// What a job inherits of the agent's environment: these variables, and those starting with
 /// [`JOB_ENV_PREFIXES`]. Nothing else: not the agent's AWS credentials (`AWS_ACCESS_KEY_ID`,
@@ -90,7 +174,11 @@ impl Drop for Group {
 impl Launcher for ProcessLauncher {
     fn start(&self, cmd: &JobCommand) -> Result<JobHandle, String> {
         let (program, args) = cmd.argv.split_first().ok_or("empty command")?;
-        let mut child = tokio::process::Command::new(program)
+        let mut command = tokio::process::Command::new(program);
+        if let Some((uid, gid)) = self.user {
+            command.uid(uid).gid(gid);
+        }
+        let mut child = command
             .args(args)
             .env_clear()
             .envs(job_env(std::env::vars(), &cmd.env))
@@ -180,7 +268,7 @@ mod tests {
     async fn a_job_process_does_not_see_the_agents_credentials() {
         // The variable is set in this (the agent's) process; the job must not see it.
         std::env::set_var("AWS_SECRET_ACCESS_KEY", "agent-secret-for-the-test");
-        let h = ProcessLauncher
+        let h = ProcessLauncher::default()
             .start(&JobCommand {
                 argv: vec![
                     "sh".into(),
@@ -194,6 +282,57 @@ mod tests {
         let (lines, code) = collect(h).await;
         assert_eq!(code, Some(0));
         assert_eq!(lines, ["secret=none"]);
+    }
+
+    #[test]
+    fn job_credentials_are_a_private_credential_process_file() {
+        let dir = std::env::temp_dir().join(format!("onoff-creds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let creds = crate::ports::JobCredentials {
+            access_key_id: "ASIA1".into(),
+            secret_access_key: "s".into(),
+            session_token: "t".into(),
+            expiration: "2030-01-01T00:00:00Z".into(),
+            lifetime_s: 3600.0,
+        };
+        let vars = write_job_credentials(&dir, &creds, None).unwrap();
+        let config = &vars.iter().find(|(k, _)| k == "AWS_CONFIG_FILE").unwrap().1;
+        let text = std::fs::read_to_string(config).unwrap();
+        assert!(text.starts_with("[default]\ncredential_process = cat "), "{text}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("credentials.json")).unwrap()).unwrap();
+        assert_eq!(json["AccessKeyId"], "ASIA1");
+        assert_eq!(json["Expiration"], "2030-01-01T00:00:00Z");
+        use std::os::unix::fs::PermissionsExt;
+        for f in ["credentials.json", "config"] {
+            let mode = std::fs::metadata(dir.join(f)).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{f}");
+        }
+        // Rewritten in place: the newest session.
+        let newer = crate::ports::JobCredentials {
+            access_key_id: "ASIA2".into(),
+            ..creds
+        };
+        write_job_credentials(&dir, &newer, None).unwrap();
+        assert!(std::fs::read_to_string(dir.join("credentials.json"))
+            .unwrap()
+            .contains("ASIA2"));
+        assert!(!format!("{newer:?}").contains("\"s\""), "Debug shows no secret");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_job_runs_as_its_own_user_when_the_agent_is_root() {
+        if !can_switch_user() {
+            eprintln!("not root: jobs cannot be started as another user here");
+            return;
+        }
+        let h = ProcessLauncher::as_user(Some((10002, 10002)))
+            .start(&cmd(&["sh", "-c", "echo $(id -u):$(id -g):$(id -G)"]))
+            .unwrap();
+        let (lines, code) = collect(h).await;
+        assert_eq!(code, Some(0));
+        assert_eq!(lines, ["10002:10002:10002"], "no supplementary group of the agent's");
     }
 
     async fn collect(mut h: JobHandle) -> (Vec<String>, Option<i32>) {
@@ -217,7 +356,7 @@ mod tests {
 
     #[tokio::test]
     async fn streams_lines_and_exit_code_without_a_shell() {
-        let h = ProcessLauncher
+        let h = ProcessLauncher::default()
             .start(&cmd(&[
                 "sh",
                 "-c",
@@ -228,15 +367,22 @@ mod tests {
         assert_eq!(code, Some(7));
         assert!(lines.contains(&"ONOFF_ITEMS 3".to_string()) && lines.contains(&"job-1".to_string()));
         // argv is not a shell string: `;` is an argument of echo.
-        let (lines, code) = collect(ProcessLauncher.start(&cmd(&["echo", "a;", "exit", "3"])).unwrap()).await;
+        let (lines, code) = collect(
+            ProcessLauncher::default()
+                .start(&cmd(&["echo", "a;", "exit", "3"]))
+                .unwrap(),
+        )
+        .await;
         assert_eq!((lines, code), (vec!["a; exit 3".to_string()], Some(0)));
-        let err = ProcessLauncher.start(&cmd(&["/nonexistent/program"])).unwrap_err();
+        let err = ProcessLauncher::default()
+            .start(&cmd(&["/nonexistent/program"]))
+            .unwrap_err();
         assert!(err.contains("/nonexistent/program"), "{err}");
     }
 
     #[tokio::test]
     async fn stop_sends_sigterm_and_kill_kills() {
-        let h = ProcessLauncher
+        let h = ProcessLauncher::default()
             .start(&cmd(&[
                 "sh",
                 "-c",
@@ -254,7 +400,7 @@ mod tests {
             (Some("stopping"), Some(143)),
             "{lines:?}"
         );
-        let h = ProcessLauncher.start(&cmd(&["sleep", "30"])).unwrap();
+        let h = ProcessLauncher::default().start(&cmd(&["sleep", "30"])).unwrap();
         h.control.send(Control::Kill).await.unwrap();
         let (_, code) = collect(h).await;
         assert_eq!(code, None, "killed by a signal");
@@ -285,7 +431,7 @@ mod tests {
     /// Start `script` under `sh -c`; it prints the pid of a background `sleep` first.
     /// (Whether that still runs is for the caller: a script that exits at once takes it along.)
     async fn with_grandchild(script: &str) -> (JobHandle, i32) {
-        let mut h = ProcessLauncher.start(&cmd(&["sh", "-c", script])).unwrap();
+        let mut h = ProcessLauncher::default().start(&cmd(&["sh", "-c", script])).unwrap();
         let Some(JobEvent::Line(l)) = h.events.recv().await else {
             panic!("no pid line")
         };

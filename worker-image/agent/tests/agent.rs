@@ -462,7 +462,7 @@ async fn the_job_gets_its_input_and_contract_variables() {
     rec.spec.input = Some("s3://b/inputs/items.txt".into());
     w.jobs.put(rec);
     w.objects
-        .0
+        .objects
         .lock()
         .unwrap()
         .insert("s3://b/inputs/items.txt".into(), b"1\n2\n".to_vec());
@@ -865,4 +865,48 @@ async fn a_throttled_claim_is_retried_with_a_fresh_message_not_dead_lettered() {
     assert_eq!(r.jobs.len(), 1, "{r:?}");
     assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
     assert_eq!(job(&w, "job-1").attempts, 1, "the throttled claim counted nothing");
+}
+
+/// A job gets its own AWS session as a `credential_process` file, never in its environment, and
+/// a job that runs longer than a session lasts (an hour: role chaining's limit) gets a new one
+/// every half hour while it runs.
+#[tokio::test(start_paused = true)]
+async fn a_long_job_keeps_a_session_of_its_own_renewed_before_it_expires() {
+    let dir = tempdir("session");
+    let w = World {
+        objects: FakeObjects::with_sessions(),
+        ..World::default()
+    };
+    register(&w, "i-a");
+    // 140 minutes of work.
+    w.launcher.script(
+        "train",
+        Script {
+            items: 8400,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
+    );
+    submit(&w, "job-1", "train", 3, 3600.0);
+    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
+    let issued = w.objects.sessions.lock().unwrap().unwrap();
+    // At the start, then at 30, 60, 90 and 120 minutes.
+    assert_eq!(issued, 5, "one session at the start and one every half hour");
+    let env = &w.launcher.started()[0].env;
+    let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    assert!(get("AWS_ACCESS_KEY_ID").is_none() && get("AWS_SESSION_TOKEN").is_none());
+    let config = std::path::PathBuf::from(get("AWS_CONFIG_FILE").expect("AWS_CONFIG_FILE"));
+    let text = std::fs::read_to_string(&config).unwrap();
+    let process = text
+        .lines()
+        .find_map(|l| l.strip_prefix("credential_process = cat "))
+        .expect("a credential_process line");
+    let creds: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(process).unwrap()).unwrap();
+    assert_eq!(creds["Version"], 1);
+    assert_eq!(creds["AccessKeyId"], "ASIAJOB5", "the file holds the newest session");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(process).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "only the job's user reads its credentials");
 }

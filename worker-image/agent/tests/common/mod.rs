@@ -24,6 +24,7 @@ pub fn cfg(dir: &std::path::Path) -> AgentConfig {
         time_scale: 1.0,
         deployment: "test".into(),
         gpus: None,
+        job_user: None,
     }
 }
 
