@@ -79,6 +79,10 @@ pub struct LocalArgs {
     /// enforcement is on for the whole emulator during the run).
     #[arg(long)]
     no_iam: bool,
+    /// Run jobs as the agents' user. By default, when run as root, jobs run as UID 10002 (as on a
+    /// worker) and the local instance metadata service refuses that user.
+    #[arg(long)]
+    no_job_user: bool,
     /// The onoff-agent binary. Default: next to this binary.
     #[arg(long)]
     agent_bin: Option<PathBuf>,
@@ -176,6 +180,7 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         python: a.python.clone(),
         run_dir: a.run_dir.clone(),
         iam: !a.no_iam,
+        job_user: !a.no_job_user,
     })
 }
 
@@ -273,6 +278,13 @@ pub fn run(a: LocalArgs) -> Result<()> {
             report.denied_calls.join(", ")
         ));
     }
+    if let Some(c) = report.policy_check.as_ref().filter(|c| c.denied > 0) {
+        bad.push(format!(
+            "{} request(s) template.yaml's policies deny (conditions, session or resource policies): {}",
+            c.denied,
+            c.denied_requests.join("; ")
+        ));
+    }
     if !bad.is_empty() {
         bail!("{}", bad.join("; "));
     }
@@ -318,6 +330,25 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         } else {
             format!(": {}", r.denied_calls.join(", "))
         }
+    );
+    if let Some(c) = &r.policy_check {
+        println!(
+            "  policies   {} requests evaluated against template.yaml's full policies, {} denied{}",
+            c.requests,
+            c.denied,
+            if c.not_covered.is_empty() {
+                String::new()
+            } else {
+                format!("; not covered: {}", c.not_covered.join(", "))
+            }
+        );
+    }
+    println!(
+        "  jobs' user {}",
+        r.job_user.map_or_else(
+            || "the agents' own (not root, or --no-job-user)".to_string(),
+            |u| format!("uid {u}, refused by the local instance metadata service")
+        )
     );
     if r.handler_errors > 0 {
         println!(

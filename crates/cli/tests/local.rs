@@ -112,6 +112,23 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
     assert_eq!(v["iam_enforced"], true, "{v}");
     assert_eq!(n("access_denied"), 0.0, "refused calls: {}", v["denied_calls"]);
     assert!(n("calls_recorded") > 100.0, "every component's calls are recorded: {v}");
+    // The same calls against template.yaml's full policies (conditions, session and resource
+    // policies, which moto does not evaluate): all allowed.
+    let check = &v["policy_check"];
+    assert!(
+        check["requests"].as_f64().unwrap_or(0.0) > 100.0,
+        "calls evaluated: {check}"
+    );
+    assert_eq!(check["denied"], 0, "denied by the template's policies: {check}");
+    assert_eq!(
+        check["not_covered"],
+        serde_json::json!([]),
+        "every operation evaluated: {check}"
+    );
+    // As root (CI), jobs run as a user of their own, as on a worker.
+    if nix_is_root() {
+        assert_eq!(v["job_user"], 10002, "{v}");
+    }
     // Submit asks the scaler instead of launching; the launch follows within a second.
     assert!(n("scale_requests_served") >= 1.0, "{v}");
     assert!(n("scale_request_latency_max_s") < 1.0, "{v}");
@@ -162,4 +179,9 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
     }
     assert!(leftover.is_empty(), "processes left running: {leftover:?}");
     let _ = std::fs::remove_dir_all(&run_dir);
+}
+
+fn nix_is_root() -> bool {
+    // The owner of /proc/self is this process's effective user.
+    std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
 }

@@ -218,16 +218,14 @@ mod tests {
     }
 }
 
+/// The worker image of a local run (jobs name it; no registry is involved).
+pub const LOCAL_IMAGE: &str = "onoff-local";
+
 /// The local stand-ins for the deployment's names, as `onoff_iam` resolves the template with:
 /// the resources `onoff_aws::provision` created under `prefix` (the stack name), the roles this
 /// module creates (`<prefix>-<principal>`), moto's account and us-east-1.
 #[must_use]
-pub fn local_stack(
-    prefix: &str,
-    account: &str,
-    res: &onoff_aws::settings::Resources,
-    launch_template_id: &str,
-) -> onoff_iam::Stack {
+pub fn local_stack(prefix: &str, account: &str, res: &onoff_aws::settings::Resources) -> onoff_iam::Stack {
     let region = "us-east-1";
     let mut refs = std::collections::BTreeMap::new();
     let mut atts = std::collections::BTreeMap::new();
@@ -261,7 +259,10 @@ pub fn local_stack(
     }
     refs.insert("Bucket".into(), res.bucket.clone());
     atts.insert("Bucket.Arn".into(), format!("arn:aws:s3:::{}", res.bucket));
-    refs.insert("WorkerLaunchTemplate".into(), launch_template_id.to_string());
+    refs.insert("WorkerLaunchTemplate".into(), res.launch_template.clone());
+    // The emulator's launch template names no security group; the template's statement for it
+    // then names one no launch uses.
+    atts.insert("WorkerSecurityGroup.GroupId".into(), format!("sg-{prefix}"));
     for p in onoff_iam::Principal::ALL {
         let role = format!("{prefix}-{}", p.as_str());
         atts.insert(
@@ -289,6 +290,17 @@ pub fn local_stack(
         "WorkerLogGroup.Arn".into(),
         format!("arn:aws:logs:{region}:{account}:log-group:/onoff/{prefix}/workers:*"),
     );
+    let mut params = std::collections::BTreeMap::new();
+    params.insert(
+        "WorkerSubnets".into(),
+        res.subnets
+            .iter()
+            .map(|(_, id)| id.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+    params.insert("WorkerVpcId".into(), "vpc-local".into());
+    params.insert("WorkerImageUri".into(), LOCAL_IMAGE.into());
     onoff_iam::Stack {
         partition: "aws".into(),
         region: region.into(),
@@ -296,7 +308,7 @@ pub fn local_stack(
         stack_name: prefix.into(),
         refs,
         atts,
-        params: std::collections::BTreeMap::new(),
+        params,
     }
 }
 
@@ -316,6 +328,32 @@ pub struct LocalSessions {
     pub runner: Session,
     /// `s3:PutObject` under `jobs/` of the bucket.
     pub submitter: Session,
+    /// The submitter's role and policy, for the evaluation of its calls ([`check_calls`]).
+    pub submitter_caller: onoff_iam::eval::Caller,
+}
+
+impl Session {
+    /// The JSON EC2's instance metadata serves at `iam/security-credentials/<role>` for this
+    /// session (the local IMDS serves the worker role's session so).
+    #[must_use]
+    pub fn imds_json(&self) -> String {
+        serde_json::json!({
+            "Code": "Success",
+            "Type": "AWS-HMAC",
+            "AccessKeyId": self.access_key_id,
+            "SecretAccessKey": self.secret_access_key,
+            "Token": self.session_token,
+            "Expiration": "2099-01-01T00:00:00Z",
+            "LastUpdated": "2026-01-01T00:00:00Z",
+        })
+        .to_string()
+    }
+
+    /// The role's name (the last part of its ARN).
+    #[must_use]
+    pub fn role_name(&self) -> &str {
+        self.role_arn.rsplit('/').next().unwrap_or_default()
+    }
 }
 
 /// Create the roles of `stack` in the emulator with the template's policies (as moto evaluates
@@ -342,7 +380,18 @@ pub async fn setup(endpoint: &str, stack: &onoff_iam::Stack) -> anyhow::Result<L
     let put_jobs = serde_json::json!({"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Action": "s3:PutObject", "Resource": format!("arn:aws:s3:::{bucket}/jobs/*")},
     ]});
-    let submitter = create_role(endpoint, &format!("{}-submitter", stack.stack_name), &[put_jobs]).await?;
+    let submitter = create_role(
+        endpoint,
+        &format!("{}-submitter", stack.stack_name),
+        std::slice::from_ref(&put_jobs),
+    )
+    .await?;
+    let submitter_caller = onoff_iam::eval::Caller {
+        role_arn: submitter.clone(),
+        identity: vec![put_jobs],
+        session_policy: None,
+        instance_arn: None,
+    };
     let mut functions = std::collections::BTreeMap::new();
     for p in [
         Principal::Scaler,
@@ -358,7 +407,75 @@ pub async fn setup(endpoint: &str, stack: &onoff_iam::Stack) -> anyhow::Result<L
         job_role_arn: arns.get(&Principal::Job).cloned(),
         runner: assume(endpoint, &runner, "runner").await?,
         submitter: assume(endpoint, &submitter, "submitter").await?,
+        submitter_caller,
     };
     enforce(endpoint, true).await?;
     Ok(sessions)
+}
+
+/// The recorded calls of a run evaluated against template.yaml's full policies
+/// (`onoff_iam::eval`): conditions, session and resource-based policies included, which moto
+/// does not evaluate.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PolicyCheck {
+    /// IAM requests evaluated (a call can be several: a launch is its template, subnets,
+    /// instances, tags and the passed role).
+    pub requests: usize,
+    /// Of those, denied.
+    pub denied: usize,
+    /// The denied ones, `principal: action on resource (why)`, at most 20 distinct.
+    pub denied_requests: Vec<String>,
+    /// Calls of operations the evaluation does not cover (`service Operation`, distinct).
+    pub not_covered: Vec<String>,
+}
+
+/// Evaluate every call of `calls` (a run's `calls.jsonl`) made by a template principal (the four
+/// functions, `worker/<instance-id>`) or by the local `submitter` (its role and policy given).
+/// The runner's calls (it plays EC2 and the event sources) are not IAM's business.
+///
+/// # Errors
+/// The template does not resolve for `stack`.
+pub fn check_calls(
+    calls: &[onoff_iam::calls::Call],
+    stack: &onoff_iam::Stack,
+    world: &onoff_iam::calls::World,
+    submitter: Option<&onoff_iam::eval::Caller>,
+) -> anyhow::Result<PolicyCheck> {
+    use onoff_iam::Principal;
+    let auth = onoff_iam::eval::Authorizer::for_template(onoff_iam::TEMPLATE, stack)?;
+    let mut out = PolicyCheck::default();
+    let mut denied = std::collections::BTreeSet::new();
+    let mut not_covered = std::collections::BTreeSet::new();
+    for call in calls {
+        let (who, rest) = call.principal.split_once('/').unwrap_or((call.principal.as_str(), ""));
+        let caller = match who {
+            "worker" => auth.worker(rest)?,
+            "submitter" => match submitter {
+                Some(c) => c.clone(),
+                None => continue,
+            },
+            name => match name.parse::<Principal>() {
+                Ok(p) if p != Principal::Worker && p != Principal::Job => auth.caller(p)?,
+                _ => continue,
+            },
+        };
+        let requests = match onoff_iam::calls::requests(call, stack, world) {
+            Ok(r) => r,
+            Err(why) => {
+                not_covered.insert(why);
+                continue;
+            }
+        };
+        for r in requests {
+            out.requests += 1;
+            let d = auth.decide(&caller, &r)?;
+            if !d.allowed() {
+                out.denied += 1;
+                denied.insert(format!("{}: {} on {} ({d:?})", call.principal, r.action, r.resource));
+            }
+        }
+    }
+    out.denied_requests = denied.into_iter().take(20).collect();
+    out.not_covered = not_covered.into_iter().collect();
+    Ok(out)
 }

@@ -1,7 +1,13 @@
 //! A local instance metadata service for one emulated instance, speaking IMDSv2: `PUT
 //! /latest/api/token` gives a session token, every `GET /latest/meta-data/...` must carry it.
-//! Serves the instance's identity, and `spot/instance-action` or
+//! Serves the instance's identity, the instance profile's credentials
+//! (`iam/security-credentials/<role>`), and `spot/instance-action` or
 //! `events/recommendations/rebalance` once a notice is injected (404 before, as on EC2).
+//!
+//! Connections from the user jobs run as are refused ([`ImdsState::refuse_uid`]): the local form
+//! of the worker's firewall rule (`iptables -m owner --uid-owner <job uid> -j REJECT` on the
+//! metadata address, template.yaml's user data). The owner of the connecting socket is read from
+//! `/proc/net/tcp`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -27,6 +33,28 @@ pub struct ImdsState {
     pub spot_action: Option<String>,
     /// `events/recommendations/rebalance` body, once a rebalance recommendation is injected.
     pub rebalance: Option<String>,
+    /// The instance profile's role name and its credentials (the JSON EC2 serves at
+    /// `iam/security-credentials/<role>`).
+    pub credentials: Option<(String, String)>,
+    /// Connections from sockets this user owns are closed unanswered.
+    pub refuse_uid: Option<u32>,
+}
+
+/// The user owning the loopback TCP socket whose local address is `addr` (the client's end of a
+/// connection to us), from `/proc/net/tcp`; `None` when not found (not Linux, or gone).
+#[must_use]
+pub fn socket_uid(addr: SocketAddr) -> Option<u32> {
+    let SocketAddr::V4(v4) = addr else { return None };
+    // /proc/net/tcp: `sl local_address rem_address st ... uid ...`, addresses as hex IPv4 in
+    // host byte order (little-endian here) and a hex port.
+    let want = format!("{:08X}:{:04X}", u32::from_le_bytes(v4.ip().octets()), v4.port());
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    table.lines().skip(1).find_map(|l| {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        (cols.get(1) == Some(&want.as_str()))
+            .then(|| cols.get(7).and_then(|u| u.parse().ok()))
+            .flatten()
+    })
 }
 
 const TOKEN: &str = "onoff-local-imds-token";
@@ -82,7 +110,13 @@ fn answer(state: &Mutex<ImdsState>, req: &Request<Incoming>) -> Response<Full<By
         "instance-life-cycle" => Some(s.lifecycle.clone()),
         "spot/instance-action" => s.spot_action.clone(),
         "events/recommendations/rebalance" => s.rebalance.clone(),
-        _ => None,
+        "iam/security-credentials" | "iam/security-credentials/" => {
+            s.credentials.as_ref().map(|(role, _)| role.clone())
+        }
+        other => match (&s.credentials, other.strip_prefix("iam/security-credentials/")) {
+            (Some((role, json)), Some(asked)) if asked == role => Some(json.clone()),
+            _ => None,
+        },
     };
     match body {
         Some(b) => reply(StatusCode::OK, b),
@@ -101,7 +135,13 @@ impl ImdsServer {
         let state = Arc::new(Mutex::new(state));
         let shared = state.clone();
         let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
+            while let Ok((stream, peer)) = listener.accept().await {
+                let refuse = shared.lock().expect("lock").refuse_uid;
+                if refuse.is_some() && refuse == socket_uid(peer) {
+                    // Closed unanswered, as the firewall rule rejects it on EC2.
+                    drop(stream);
+                    continue;
+                }
                 let st = shared.clone();
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -126,5 +166,90 @@ impl ImdsServer {
     /// Inject a rebalance recommendation.
     pub fn rebalance(&self, time: &str) {
         self.state.lock().expect("lock").rebalance = Some(serde_json::json!({ "noticeTime": time }).to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// One HTTP/1.1 request; the whole answer, empty when the server closed unanswered.
+    async fn ask(endpoint: &str, method: &str, path: &str, header: &str) -> String {
+        let host = endpoint.trim_start_matches("http://");
+        let mut s = tokio::net::TcpStream::connect(host).await.expect("connect");
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{header}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        );
+        // The server may close before the request is written (refused): that is an answer too.
+        let _ = s.write_all(req.as_bytes()).await;
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn state(refuse_uid: Option<u32>) -> ImdsState {
+        ImdsState {
+            instance_id: "i-1".into(),
+            credentials: Some(("worker-role".into(), r#"{"Code":"Success","AccessKeyId":"AK"}"#.into())),
+            refuse_uid,
+            ..ImdsState::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_instance_profiles_credentials_are_served_with_a_token() {
+        let other = nix::unistd::geteuid().as_raw().wrapping_add(1);
+        let imds = ImdsServer::start(state(Some(other))).await.unwrap();
+        let token = ask(
+            &imds.endpoint,
+            "PUT",
+            "/latest/api/token",
+            "x-aws-ec2-metadata-token-ttl-seconds: 60",
+        )
+        .await;
+        assert!(token.starts_with("HTTP/1.1 200"), "{token}");
+        let h = format!("x-aws-ec2-metadata-token: {TOKEN}");
+        let role = ask(&imds.endpoint, "GET", "/latest/meta-data/iam/security-credentials/", &h).await;
+        assert!(role.ends_with("worker-role"), "{role}");
+        let creds = ask(
+            &imds.endpoint,
+            "GET",
+            "/latest/meta-data/iam/security-credentials/worker-role",
+            &h,
+        )
+        .await;
+        assert!(creds.contains("\"AccessKeyId\":\"AK\""), "{creds}");
+        let none = ask(
+            &imds.endpoint,
+            "GET",
+            "/latest/meta-data/iam/security-credentials/other",
+            &h,
+        )
+        .await;
+        assert!(none.starts_with("HTTP/1.1 404"), "{none}");
+    }
+
+    #[tokio::test]
+    async fn the_job_users_connections_are_refused() {
+        // This process plays the job: its user is the refused one.
+        let me = nix::unistd::geteuid().as_raw();
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let probe = std::net::TcpListener::bind(addr).unwrap();
+        let client = std::net::TcpStream::connect(probe.local_addr().unwrap()).unwrap();
+        assert_eq!(
+            socket_uid(client.local_addr().unwrap()),
+            Some(me),
+            "/proc/net/tcp names the owner"
+        );
+        let imds = ImdsServer::start(state(Some(me))).await.unwrap();
+        let answer = ask(
+            &imds.endpoint,
+            "PUT",
+            "/latest/api/token",
+            "x-aws-ec2-metadata-token-ttl-seconds: 60",
+        )
+        .await;
+        assert_eq!(answer, "", "closed unanswered");
     }
 }

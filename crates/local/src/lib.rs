@@ -102,6 +102,9 @@ pub struct LocalOptions {
     pub run_dir: PathBuf,
     /// Enforce IAM in the emulator ([`iam`](mod@iam)); off with `--no-iam`.
     pub iam: bool,
+    /// Run jobs as a user of their own ([`LOCAL_JOB_UID`]) when this process runs as root; off
+    /// with `--no-job-user`.
+    pub job_user: bool,
 }
 
 /// What a run did. Dollar figures are in trace time: instance price × lifetime × `compress`.
@@ -151,6 +154,13 @@ pub struct LocalReport {
     pub denied_calls: Vec<String>,
     /// AWS calls recorded (all components).
     pub calls_recorded: usize,
+    /// The recorded calls evaluated against template.yaml's full policies (conditions, session
+    /// and resource-based policies; `onoff_iam::eval`); `None` without IAM. A green run has
+    /// `denied: 0`.
+    pub policy_check: Option<iam::PolicyCheck>,
+    /// The user jobs ran as ([`LOCAL_JOB_UID`]); `None`: the agents' own (not root, or
+    /// `--no-job-user`), and a job could then reach the local IMDS.
+    pub job_user: Option<u32>,
     /// Scaler runs on a scale request (submit's or interruption's asynchronous invoke; several
     /// requests waiting are served by one run).
     pub scale_requests_served: usize,
@@ -403,6 +413,7 @@ async fn run_with(
     let call_log_path = run_dir.join("calls.jsonl");
     let call_log = onoff_aws::record::CallLog::open(&call_log_path)
         .with_context(|| format!("creating {}", call_log_path.display()))?;
+    let mut iam_stack: Option<onoff_iam::Stack> = None;
     let sessions = if opts.iam {
         let account = setup
             .sts
@@ -412,29 +423,12 @@ async fn run_with(
             .map_err(|e| anyhow::anyhow!("sts GetCallerIdentity: {}", aws_sdk_s3::error::DisplayErrorContext(e)))?
             .account
             .unwrap_or_default();
-        let lt_id = setup
-            .ec2
-            .describe_launch_templates()
-            .launch_template_names(&res.launch_template)
-            .send()
+        let stack = iam::local_stack(&prefix, &account, &res);
+        let s = iam::setup(endpoint, &stack)
             .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "describe the launch template: {}",
-                    aws_sdk_s3::error::DisplayErrorContext(e)
-                )
-            })?
-            .launch_templates()
-            .first()
-            .and_then(|t| t.launch_template_id())
-            .unwrap_or_default()
-            .to_string();
-        let stack = iam::local_stack(&prefix, &account, &res, &lt_id);
-        Some(
-            iam::setup(endpoint, &stack)
-                .await
-                .context("IAM setup in the emulator")?,
-        )
+            .context("IAM setup in the emulator")?;
+        iam_stack = Some(stack);
+        Some(s)
     } else {
         None
     };
@@ -485,8 +479,26 @@ async fn run_with(
     let ctx = onoff_fn_common::ctx_from_clients(settings, &clients);
     let fleet = Ec2Fleet::new(clients.ec2.clone(), &res.launch_template).with_deployment(&prefix);
 
+    // Jobs run as a user of their own when this process can switch users (root), as on a worker
+    // (template.yaml: ONOFF_JOB_UID=10002, and a firewall rule keeps that user from IMDS; here the
+    // local IMDS refuses it). Their files must then be reachable: the run dir is opened to others
+    // and the workload copied into it (the checkout may sit in a private home).
+    let job_uid = (opts.job_user && can_switch_user()).then_some(LOCAL_JOB_UID);
+    let mut replay_opts = opts.clone();
+    if job_uid.is_some() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(run_dir, std::fs::Permissions::from_mode(0o755))?;
+        let dir = run_dir.join("workload");
+        std::fs::create_dir_all(&dir)?;
+        let name = opts.workload.file_name().context("--workload names no file")?;
+        let copy = dir.join(name);
+        std::fs::copy(&opts.workload, &copy)
+            .with_context(|| format!("copying the workload {}", opts.workload.display()))?;
+        replay_opts.workload = copy;
+    }
+
     // The replay.
-    let plan = replay::plan(opts, &lane)?;
+    let plan = replay::plan(&replay_opts, &lane)?;
     let job_ids: BTreeSet<String> = plan.iter().map(|j| j.job_id.clone()).collect();
     let replay_keys: Vec<String> = plan.iter().map(|j| format!("jobs/{}.json", j.name)).collect();
     let mut pending: VecDeque<ReplayJob> = plan.into_iter().collect();
@@ -516,6 +528,9 @@ async fn run_with(
         .into_iter()
         .map(|(k, v)| (k.to_string(), v)),
     );
+    if let Some(uid) = job_uid {
+        agent_env.push(("ONOFF_JOB_UID".into(), uid.to_string()));
+    }
     match &sessions {
         Some(s) => {
             agent_env.extend(s.worker.env());
@@ -594,6 +609,7 @@ async fn run_with(
                 let r = scaler::handler::handle(&scaler_ctx, &scaler_clients, lambda_event(payload)).await;
                 ask_latencies.push(first.elapsed().as_secs_f64());
                 invoke_err("scaler", r, &mut report.handler_errors);
+                onoff_aws::fleet::tag_as_ec2_does(&clients.ec2, &prefix, &res.launch_template).await;
             }
         };
     }
@@ -684,6 +700,7 @@ async fn run_with(
                     ev["detail"]["alarmName"] = format!("{prefix}-{l}-backlog").into();
                     let r = scaler::handler::handle(&scaler_ctx, &scaler_clients, lambda_event(ev)).await;
                     invoke_err("scaler", r, &mut report.handler_errors);
+                    onoff_aws::fleet::tag_as_ec2_does(&clients.ec2, &prefix, &res.launch_template).await;
                 }
             }
         }
@@ -696,6 +713,7 @@ async fn run_with(
             ev["time"] = iso(unix_now()).into();
             let r = reconciler::handler::handle(&reconciler_ctx, &reconciler_clients, lambda_event(ev)).await;
             invoke_err("reconciler", r, &mut report.handler_errors);
+            onoff_aws::fleet::tag_as_ec2_does(&clients.ec2, &prefix, &res.launch_template).await;
         }
         // EC2 events -> interruption.
         while let Some(ev) = events.pop_front() {
@@ -737,8 +755,14 @@ async fn run_with(
                         continue;
                     }
                     if inst.agent.is_none() && now - inst.seen_at >= Duration::from_secs_f64(opts.boot_s) {
-                        let gpus = gpus_of.get(&inst.instance_type).copied();
-                        let agent = start_agent(&opts.agent_bin, id, inst, gpus, &agent_env, run_dir, &attempts).await;
+                        let imds = ImdsExtras {
+                            gpus: gpus_of.get(&inst.instance_type).copied(),
+                            credentials: sessions
+                                .as_ref()
+                                .map(|s| (s.worker.role_name().to_string(), s.worker.imds_json())),
+                            refuse_uid: job_uid,
+                        };
+                        let agent = start_agent(&opts.agent_bin, id, inst, &agent_env, run_dir, &attempts, imds).await;
                         match agent {
                             Ok((a, imds)) => {
                                 inst.agent = Some(a);
@@ -961,6 +985,15 @@ async fn run_with(
             .or_default() += 1;
     }
     report.denied_calls = kinds.into_iter().take(20).map(|(k, n)| format!("{k} ({n}x)")).collect();
+    report.job_user = job_uid;
+    // The same calls against the template's full policies (conditions, session and resource
+    // policies), which moto does not evaluate.
+    if let (Some(stack), Some(s)) = (&iam_stack, &sessions) {
+        let world = world_of(&clients, &res, s).await;
+        let text = std::fs::read_to_string(&call_log_path).unwrap_or_default();
+        let recorded = onoff_iam::calls::parse_log(&text);
+        report.policy_check = Some(iam::check_calls(&recorded, stack, &world, Some(&s.submitter_caller))?);
+    }
     if sessions.is_some() && opts.endpoint.is_some() {
         // A shared emulator: leave it as it was found.
         if let Err(e) = iam::enforce(endpoint, false).await {
@@ -969,6 +1002,38 @@ async fn run_with(
     }
     report.wall_s = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// What the evaluation of recorded calls needs to know of the run: every instance's tags (the
+/// emulator lists terminated instances too), the launch template, the worker role.
+async fn world_of(
+    clients: &Clients,
+    res: &onoff_aws::settings::Resources,
+    s: &iam::LocalSessions,
+) -> onoff_iam::calls::World {
+    let mut world = onoff_iam::calls::World {
+        worker_role_arn: s.worker.role_arn.clone(),
+        ..onoff_iam::calls::World::default()
+    };
+    world
+        .launch_templates
+        .insert(res.launch_template.clone(), res.launch_template.clone());
+    let mut pages = clients.ec2.describe_instances().into_paginator().send();
+    while let Some(Ok(page)) = pages.next().await {
+        for r in page.reservations() {
+            for i in r.instances() {
+                let tags = i
+                    .tags()
+                    .iter()
+                    .filter_map(|t| Some((t.key()?.to_string(), t.value()?.to_string())))
+                    .collect();
+                world
+                    .instance_tags
+                    .insert(i.instance_id().unwrap_or_default().to_string(), tags);
+            }
+        }
+    }
+    world
 }
 
 /// The error records of the jobs table, timed against the puts of their S3 objects.
@@ -1105,18 +1170,39 @@ impl onoff_fn_common::ScalerTrigger for Asking {
     }
 }
 
+/// The user jobs run as when `onoff local` runs as root (the worker image's `onoff-job`).
+pub const LOCAL_JOB_UID: u32 = 10002;
+
+/// Whether this process can start jobs as another user (it runs as root).
+#[must_use]
+pub fn can_switch_user() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// What an instance has beyond its identity.
+struct ImdsExtras {
+    /// GPUs of its type (`ONOFF_GPUS`; on EC2 the user data counts them).
+    gpus: Option<u32>,
+    /// The worker role's name and session its IMDS serves (`iam/security-credentials/<role>`).
+    credentials: Option<(String, String)>,
+    /// The job user, refused by its IMDS.
+    refuse_uid: Option<u32>,
+}
+
 /// Start an instance's IMDS and its agent process (in its own process group, so a kill takes the
 /// job with it, as a dying machine would).
 async fn start_agent(
     bin: &std::path::Path,
     id: &str,
     inst: &Inst,
-    gpus: Option<u32>,
     env: &[(String, String)],
     run_dir: &std::path::Path,
     attempts: &Arc<Mutex<Vec<AttemptLine>>>,
+    extras: ImdsExtras,
 ) -> anyhow::Result<(Agent, ImdsServer)> {
     let imds = ImdsServer::start(ImdsState {
+        credentials: extras.credentials,
+        refuse_uid: extras.refuse_uid,
         instance_id: id.to_string(),
         instance_type: inst.instance_type.clone(),
         zone: inst.zone.clone(),
@@ -1132,7 +1218,7 @@ async fn start_agent(
     std::fs::create_dir_all(&work)?;
     let log = std::fs::File::create(run_dir.join("workers").join(format!("{id}.log")))?;
     let mut cmd = tokio::process::Command::new(bin);
-    if let Some(g) = gpus {
+    if let Some(g) = extras.gpus {
         cmd.env("ONOFF_GPUS", g.to_string());
     }
     let mut child = cmd

@@ -50,7 +50,7 @@ pub fn plan(opts: &LocalOptions, lane: &str) -> anyhow::Result<Vec<ReplayJob>> {
             let items = ((run_s * 1000.0 / opts.item_ms).round() as u64).max(2);
             let token = format!("philly-{}", j.id);
             let spec = serde_json::json!({
-                "image": "onoff-local",
+                "image": crate::iam::LOCAL_IMAGE,
                 "command": [
                     opts.python, workload.display().to_string(),
                     "--items", items.to_string(), "--seed", j.id.to_string(), "--size", "16",

@@ -1,0 +1,213 @@
+//! A job is not the worker. Against a moto server of its own with IAM enforced and the roles
+//! template.yaml gives (`onoff_local::iam::setup`): the worker role starts a job session as the
+//! agent does (`sts:AssumeRole` on the job role with the job's session policy), and with that
+//! session the job is refused writing the jobs table, deleting a queue message and terminating an
+//! instance (moto refuses: the job role has none of those actions), and reading another job's
+//! checkpoint (moto does not evaluate session policies: template.yaml's evaluation of the very
+//! request the job made refuses it). And a job process, run as its own user, gets nothing from
+//! the instance metadata service the agent reads.
+
+use std::path::PathBuf;
+
+use aws_config::BehaviorVersion;
+use aws_sdk_s3::config::{Credentials, Region, SharedCredentialsProvider};
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use onoff_aws::settings::Clients;
+
+fn moto_program() -> PathBuf {
+    std::env::var_os("ONOFF_MOTO_SERVER")
+        .map(PathBuf::from)
+        .or_else(onoff_local::moto::find_moto_server)
+        .expect("moto server not found: run the tests with scripts/test.sh, which installs it")
+}
+
+async fn clients(endpoint: &str, creds: Credentials, log: Option<onoff_aws::record::CallRecorder>) -> Clients {
+    let conf = aws_config::defaults(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(SharedCredentialsProvider::new(creds))
+        .load()
+        .await;
+    Clients::from_conf_recorded(&conf, log)
+}
+
+/// HTTP status of a call's answer: 200 for success, the error's status, 0 with none.
+fn status<T, E>(r: &Result<T, aws_sdk_s3::error::SdkError<E, HttpResponse>>) -> u16 {
+    match r {
+        Ok(_) => 200,
+        Err(e) => e.raw_response().map_or(0, |r| r.status().as_u16()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_session_is_refused_what_is_not_its_own() {
+    let dir = std::env::temp_dir().join(format!("onoff-job-boundary-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut moto = onoff_local::moto::Moto::start(&moto_program(), &dir.join("moto.log"))
+        .await
+        .expect("moto starts");
+    let endpoint = moto.endpoint.clone();
+    let setup = clients(&endpoint, Credentials::new("test", "test", None, None, "t"), None).await;
+    let prefix = format!("jb{}", std::process::id());
+    let res = onoff_aws::provision::provision(
+        &setup,
+        &onoff_aws::provision::ProvisionOptions {
+            prefix: prefix.clone(),
+            lanes: vec!["standard".into()],
+            max_receive_count: 5,
+            visibility_timeout_s: 30,
+        },
+    )
+    .await
+    .expect("provision")
+    .resources;
+    let stack = onoff_local::iam::local_stack(&prefix, "123456789012", &res);
+    let sessions = onoff_local::iam::setup(&endpoint, &stack).await.expect("IAM setup");
+    let job_role = sessions.job_role_arn.clone().expect("template.yaml has a JobRole");
+
+    // The agent's step: the worker role starts the job's session with its session policy.
+    let worker = clients(&endpoint, sessions.worker.credentials(), None).await;
+    let policy = onoff_control::boundary::job_session_policy("aws", &res.bucket, "job-1", None);
+    let out = worker
+        .sts
+        .assume_role()
+        .role_arn(&job_role)
+        .role_session_name("job-1")
+        .policy(policy.to_string())
+        .duration_seconds(3600)
+        .send()
+        .await
+        .expect("the worker role may start a job session");
+    let c = out.credentials().expect("credentials");
+    let job_creds = Credentials::new(
+        c.access_key_id(),
+        c.secret_access_key(),
+        Some(c.session_token().to_string()),
+        None,
+        "job",
+    );
+    let log_path = dir.join("calls.jsonl");
+    let log = onoff_aws::record::CallLog::open(&log_path).unwrap();
+    let job = clients(&endpoint, job_creds, Some(log.recorder("job/job-1"))).await;
+
+    // Its own checkpoint: allowed.
+    let own = job
+        .s3
+        .put_object()
+        .bucket(&res.bucket)
+        .key("checkpoints/job-1/1/state.bin")
+        .body(b"mine".to_vec().into())
+        .send()
+        .await;
+    assert!(own.is_ok(), "a job writes its own checkpoint: {own:?}");
+
+    // The jobs table, a queue message, an instance: refused by the emulator.
+    let write = job
+        .dynamodb
+        .update_item()
+        .table_name(&res.jobs_table)
+        .key("job_id", aws_sdk_dynamodb::types::AttributeValue::S("job-1".into()))
+        .update_expression("SET #s = :s")
+        .expression_attribute_names("#s", "state")
+        .expression_attribute_values(":s", aws_sdk_dynamodb::types::AttributeValue::S("SUCCEEDED".into()))
+        .send()
+        .await;
+    assert_eq!(status(&write), 403, "a job may not write the jobs table: {write:?}");
+    let delete = job
+        .sqs
+        .delete_message()
+        .queue_url(res.queue_url("standard").unwrap())
+        .receipt_handle("any")
+        .send()
+        .await;
+    assert_eq!(status(&delete), 403, "a job may not delete a queue message: {delete:?}");
+    let terminate = job
+        .ec2
+        .terminate_instances()
+        .instance_ids("i-0123456789abcdef0")
+        .send()
+        .await;
+    assert!(
+        matches!(status(&terminate), 403 | 401),
+        "a job may not terminate an instance: {terminate:?}"
+    );
+
+    // Another job's checkpoint: moto evaluates no session policy and lets it through, so the
+    // request the job made is put to template.yaml's policies with its session policy.
+    let _ = job
+        .s3
+        .get_object()
+        .bucket(&res.bucket)
+        .key("checkpoints/job-2/1/state.bin")
+        .send()
+        .await;
+    onoff_local::iam::enforce(&endpoint, false).await.unwrap();
+    moto.stop().await;
+    let calls = onoff_iam::calls::parse_log(&std::fs::read_to_string(&log_path).unwrap());
+    let auth = onoff_iam::eval::Authorizer::for_template(onoff_iam::TEMPLATE, &stack).unwrap();
+    let caller = auth.job(policy).unwrap();
+    let world = onoff_iam::calls::World::default();
+    let verdict = |op: &str, key: &str| {
+        let call = calls
+            .iter()
+            .find(|c| c.operation == op && c.uri.contains(key))
+            .unwrap_or_else(|| panic!("the job's {op} of {key} was recorded"));
+        let reqs = onoff_iam::calls::requests(call, &stack, &world).unwrap();
+        auth.decide(&caller, &reqs[0]).unwrap()
+    };
+    assert!(verdict("PutObject", "checkpoints/job-1/").allowed());
+    let other = verdict("GetObject", "checkpoints/job-2/");
+    assert!(
+        !other.allowed(),
+        "another job's checkpoint must be refused by the session policy: {other:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_job_run_as_its_own_user_gets_nothing_from_the_instance_metadata_service() {
+    use onoff_local::imds::{ImdsServer, ImdsState};
+    if !onoff_local::can_switch_user() {
+        // Only root can start a process as another user (CI and onoff local on a worker run as
+        // root); the refusal itself is tested in the IMDS's own tests.
+        eprintln!("not root: a job cannot be started as another user here");
+        return;
+    }
+    let imds = ImdsServer::start(ImdsState {
+        instance_id: "i-1".into(),
+        credentials: Some(("worker".into(), r#"{"AccessKeyId":"AKWORKER"}"#.into())),
+        refuse_uid: Some(onoff_local::LOCAL_JOB_UID),
+        ..ImdsState::default()
+    })
+    .await
+    .unwrap();
+    // The token request a metadata client starts with, from a shell as the job's user and as
+    // this process's (the agent's).
+    let script = format!(
+        "exec 3<>/dev/tcp/{host}/{port} && printf 'PUT /latest/api/token HTTP/1.1\\r\\nHost: x\\r\\nx-aws-ec2-metadata-token-ttl-seconds: 60\\r\\nConnection: close\\r\\n\\r\\n' >&3 && cat <&3",
+        host = "127.0.0.1",
+        port = imds.endpoint.rsplit(':').next().unwrap()
+    );
+    let run = move |uid: Option<u32>| {
+        let mut c = std::process::Command::new("bash");
+        c.args(["-c", &script]);
+        if let Some(u) = uid {
+            use std::os::unix::process::CommandExt;
+            c.uid(u).gid(u);
+        }
+        c.output().expect("bash runs")
+    };
+    let (as_job, as_agent) = tokio::task::spawn_blocking(move || (run(Some(onoff_local::LOCAL_JOB_UID)), run(None)))
+        .await
+        .unwrap();
+    let agent_answer = String::from_utf8_lossy(&as_agent.stdout);
+    assert!(
+        agent_answer.starts_with("HTTP/1.1 200"),
+        "the agent is served: {agent_answer}"
+    );
+    let job_answer = String::from_utf8_lossy(&as_job.stdout);
+    assert!(
+        !job_answer.contains("HTTP/1.1"),
+        "the job's user must get no answer: {job_answer}"
+    );
+}
