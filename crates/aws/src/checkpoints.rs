@@ -167,6 +167,17 @@ impl S3Checkpoints {
         self
     }
 
+    /// Upload every file under `dir` to `<prefix><relative path>` (multipart above the part size,
+    /// [`CONCURRENCY`] requests at a time); returns the number of files. For a job's outputs.
+    ///
+    /// # Errors
+    /// A file cannot be read, or S3 refused an upload.
+    pub async fn upload_dir(&self, dir: &Path, prefix: &str) -> Result<usize, StoreError> {
+        let files = list_files(dir)?;
+        self.put_files(prefix, &files).await?;
+        Ok(files.len())
+    }
+
     fn prefix(job_id: &str, seq: u64) -> String {
         onoff_control::ports::checkpoint_prefix(job_id, seq)
     }

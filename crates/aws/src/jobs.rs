@@ -3,7 +3,9 @@
 //!
 //! Item (key `job_id`): `spec` (the spec as JSON), `state`, `attempts`, `hand_backs`,
 //! `lease_expiries`, `lease_owner`, `lease_expires_at`, `last_checkpoint`, `sent_at`, `cost_usd`,
-//! `source`, `created_at`, `reason`, `finished_at`, `lane`, `project`; `active_lane` (the lane)
+//! `source`, `created_at`, `reason`, `finished_at`, `lane`, `project`, `cancel_requested`,
+//! `claimed_at`, `attempt_log` (a list of JSON texts, one [`onoff_control::job::AttemptRecord`]
+//! each, appended as attempts end); `active_lane` (the lane)
 //! only while the job is not finished, which makes the [`ACTIVE_INDEX`] sparse: listing the
 //! active jobs reads only them, however long the history. A finished job gets `expires_at`
 //! ([`FINISHED_JOB_TTL_S`] later) for the table's TTL. Error records use the key
@@ -12,8 +14,10 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
-use onoff_control::job::{JobSpec, JobState, Settle};
-use onoff_control::ports::{Claim, Created, JobQueue, JobRecord, JobStore, Listing, StoreError};
+use onoff_control::job::{JobSpec, JobState, Settle, CANCELLED_REASON};
+use onoff_control::ports::{
+    CancelOutcome, Claim, Created, JobQueue, JobRecord, JobStore, Listing, Renewal, StoreError,
+};
 
 use crate::dynamo::{condition_failed, epoch_s, n, s, store_error};
 
@@ -74,6 +78,23 @@ pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<JobRec
         created_at: num("created_at").ok_or_else(|| bad("created_at"))?,
         reason: text("reason"),
         finished_at: num("finished_at"),
+        cancel_requested: item
+            .get("cancel_requested")
+            .and_then(|v| v.as_bool().ok())
+            .copied()
+            .unwrap_or(false),
+        claimed_at: num("claimed_at"),
+        attempt_log: item
+            .get("attempt_log")
+            .and_then(|v| v.as_l().ok())
+            .map(|l| {
+                l.iter()
+                    .filter_map(|e| e.as_s().ok())
+                    .map(|s| serde_json::from_str(s).map_err(|_| bad("attempt_log")))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?
+            .unwrap_or_default(),
     })
 }
 
@@ -223,13 +244,16 @@ impl JobStore for DynamoJobs {
         }
     }
 
-    async fn claim(&self, id: &str, owner: &str, lease_until: f64, _now: f64) -> Result<Claim, StoreError> {
+    async fn claim(&self, id: &str, owner: &str, lease_until: f64, now: f64) -> Result<Claim, StoreError> {
         let res = self
             .client
             .update_item()
             .table_name(&self.table)
             .key("job_id", s(id))
-            .update_expression("SET #s = :run, lease_owner = :o, lease_expires_at = :u ADD attempts :one")
+            .update_expression(
+                "SET #s = :run, lease_owner = :o, lease_expires_at = :u, claimed_at = :now ADD attempts :one",
+            )
+            .expression_attribute_values(":now", n(now))
             .condition_expression("attribute_exists(job_id) AND (#s = :q OR #s = :r)")
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":run", s(JobState::Running.as_str()))
@@ -305,7 +329,10 @@ impl JobStore for DynamoJobs {
     ) -> Result<(), StoreError> {
         self.progress(id, owner, checkpoint, cost_usd).await
     }
-    async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<(), StoreError> {
+    async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<Renewal, StoreError> {
+        // The renewal tells the lease holder about a cancel: the item as written comes back
+        // (ALL_NEW; UPDATED_NEW would leave out an attribute the update did not change). A write
+        // is charged by the item's size anyway, so this costs no extra capacity.
         let res = self
             .client
             .update_item()
@@ -317,10 +344,18 @@ impl JobStore for DynamoJobs {
             .expression_attribute_values(":run", s(JobState::Running.as_str()))
             .expression_attribute_values(":o", s(owner))
             .expression_attribute_values(":u", n(lease_until))
+            .return_values(ReturnValue::AllNew)
             .send()
             .await;
         match res {
-            Ok(_) => Ok(()),
+            Ok(out) => Ok(Renewal {
+                cancel_requested: out
+                    .attributes()
+                    .and_then(|a| a.get("cancel_requested"))
+                    .and_then(|v| v.as_bool().ok())
+                    .copied()
+                    .unwrap_or(false),
+            }),
             Err(e) if condition_failed(&e) => {
                 Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")))
             }
@@ -329,23 +364,87 @@ impl JobStore for DynamoJobs {
     }
 
     async fn finish(&self, id: &str, owner: &str, settle: &Settle, now: f64) -> Result<(), StoreError> {
-        if !JobState::Running.can_go(settle.to) || settle.to == JobState::Cancelled {
+        if !JobState::Running.can_go(settle.to) {
             return Err(StoreError::Conflict(format!(
                 "RUNNING -> {} is not an end of an attempt",
                 settle.to.as_str()
             )));
         }
-        let req = self
-            .settle_request(id, settle, now)
-            .condition_expression("#s = :run AND lease_owner = :o")
-            .expression_attribute_values(":o", s(owner));
-        match req.send().await {
+        let lease = |settle: &Settle| {
+            self.settle_request(id, settle, now)
+                .condition_expression(format!("#s = :run AND lease_owner = :o{}", not_cancelled(settle)))
+                .expression_attribute_values(":o", s(owner))
+        };
+        match lease(settle).send().await {
             Ok(_) => Ok(()),
             Err(e) if condition_failed(&e) => {
-                Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")))
+                // A cancel asked for since the claim: end it CANCELLED instead, still only under
+                // this lease.
+                match self.get(id).await? {
+                    Some(r) if r.cancel_requested && r.lease_owner.as_deref() == Some(owner) => {
+                        match lease(&cancelled(settle)).send().await {
+                            Ok(_) => Ok(()),
+                            Err(e) if condition_failed(&e) => {
+                                Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")))
+                            }
+                            Err(e) => Err(store_error("finish cancelled job", &e)),
+                        }
+                    }
+                    _ => Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}"))),
+                }
             }
             Err(e) => Err(store_error("finish job attempt", &e)),
         }
+    }
+
+    async fn request_cancel(&self, id: &str, now: f64) -> Result<CancelOutcome, StoreError> {
+        // A few rounds: the job may move between our writes (claimed, settled, re-queued).
+        for _ in 0..5 {
+            let waiting = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .key("job_id", s(id))
+                .update_expression("SET #s = :c, reason = :why, finished_at = :now, expires_at = :ttl REMOVE active_lane, lease_owner, lease_expires_at")
+                .condition_expression("#s = :q OR #s = :r")
+                .expression_attribute_names("#s", "state")
+                .expression_attribute_values(":c", s(JobState::Cancelled.as_str()))
+                .expression_attribute_values(":q", s(JobState::Queued.as_str()))
+                .expression_attribute_values(":r", s(JobState::Retrying.as_str()))
+                .expression_attribute_values(":why", s(CANCELLED_REASON))
+                .expression_attribute_values(":now", n(now))
+                .expression_attribute_values(":ttl", epoch_s(now + FINISHED_JOB_TTL_S))
+                .send()
+                .await;
+            match waiting {
+                Ok(_) => return Ok(CancelOutcome::Cancelled),
+                Err(e) if condition_failed(&e) => {}
+                Err(e) => return Err(store_error("cancel job", &e)),
+            }
+            let running = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .key("job_id", s(id))
+                .update_expression("SET cancel_requested = :yes")
+                .condition_expression("#s = :run")
+                .expression_attribute_names("#s", "state")
+                .expression_attribute_values(":run", s(JobState::Running.as_str()))
+                .expression_attribute_values(":yes", AttributeValue::Bool(true))
+                .send()
+                .await;
+            match running {
+                Ok(_) => return Ok(CancelOutcome::Requested),
+                Err(e) if condition_failed(&e) => {}
+                Err(e) => return Err(store_error("request job cancel", &e)),
+            }
+            match self.state_of(id).await? {
+                None => return Ok(CancelOutcome::Unknown),
+                Some(st) if st.is_final() => return Ok(CancelOutcome::AlreadyFinished(st)),
+                Some(_) => {}
+            }
+        }
+        Err(StoreError::Conflict(format!("{id} kept changing state; try again")))
     }
 
     async fn requeue_lost(
@@ -356,24 +455,59 @@ impl JobStore for DynamoJobs {
         settle: &Settle,
         now: f64,
     ) -> Result<(), StoreError> {
-        if !matches!(settle.to, JobState::Queued | JobState::Failed) {
+        if !matches!(settle.to, JobState::Queued | JobState::Failed | JobState::Cancelled) {
             return Err(StoreError::Conflict(format!(
-                "a lost lease ends in QUEUED or FAILED, not {}",
+                "a lost lease ends in QUEUED, FAILED or CANCELLED, not {}",
                 settle.to.as_str()
             )));
         }
-        let req = self
-            .settle_request(id, settle, now)
-            .condition_expression("#s = :run AND lease_owner = :o AND lease_expires_at = :e")
-            .expression_attribute_values(":o", s(owner))
-            .expression_attribute_values(":e", n(lease_expires_at));
-        match req.send().await {
+        let lease = |settle: &Settle| {
+            self.settle_request(id, settle, now)
+                .condition_expression(format!(
+                    "#s = :run AND lease_owner = :o AND lease_expires_at = :e{}",
+                    not_cancelled(settle)
+                ))
+                .expression_attribute_values(":o", s(owner))
+                .expression_attribute_values(":e", n(lease_expires_at))
+        };
+        let changed = || StoreError::Conflict(format!("the lease of {id} changed since it was seen"));
+        match lease(settle).send().await {
             Ok(_) => Ok(()),
-            Err(e) if condition_failed(&e) => Err(StoreError::Conflict(format!(
-                "the lease of {id} changed since it was seen"
-            ))),
+            Err(e) if condition_failed(&e) => match self.get(id).await? {
+                Some(r)
+                    if r.cancel_requested
+                        && r.lease_owner.as_deref() == Some(owner)
+                        && r.lease_expires_at == Some(lease_expires_at) =>
+                {
+                    match lease(&cancelled(settle)).send().await {
+                        Ok(_) => Ok(()),
+                        Err(e) if condition_failed(&e) => Err(changed()),
+                        Err(e) => Err(store_error("cancel job with a lost lease", &e)),
+                    }
+                }
+                _ => Err(changed()),
+            },
             Err(e) => Err(store_error("re-queue job with a lost lease", &e)),
         }
+    }
+}
+
+/// The extra condition of a settle that is not final: no cancel asked for (else the store ends it
+/// CANCELLED instead, [`cancelled`]).
+fn not_cancelled(settle: &Settle) -> &'static str {
+    if settle.to.is_final() {
+        ""
+    } else {
+        " AND (attribute_not_exists(cancel_requested) OR cancel_requested = :no)"
+    }
+}
+
+/// `settle` turned CANCELLED (a cancel asked for while the attempt ran).
+fn cancelled(settle: &Settle) -> Settle {
+    Settle {
+        to: JobState::Cancelled,
+        reason: Some(CANCELLED_REASON.into()),
+        ..settle.clone()
     }
 }
 
@@ -386,7 +520,7 @@ impl DynamoJobs {
         now: f64,
     ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
         let mut set = vec!["#s = :to", "attempts = :a", "hand_backs = :h", "lease_expiries = :x"];
-        let mut remove = vec!["lease_owner", "lease_expires_at"];
+        let mut remove = vec!["lease_owner", "lease_expires_at", "claimed_at"];
         let mut req = self
             .client
             .update_item()
@@ -401,6 +535,16 @@ impl DynamoJobs {
         if let Some(r) = &settle.reason {
             set.push("reason = :why");
             req = req.expression_attribute_values(":why", s(r));
+        }
+        if !settle.to.is_final() {
+            req = req.expression_attribute_values(":no", AttributeValue::Bool(false));
+        }
+        if let Some(a) = &settle.attempt {
+            set.push("attempt_log = list_append(if_not_exists(attempt_log, :none), :entry)");
+            let entry = serde_json::to_string(a).unwrap_or_default();
+            req = req
+                .expression_attribute_values(":none", AttributeValue::L(Vec::new()))
+                .expression_attribute_values(":entry", AttributeValue::L(vec![s(entry)]));
         }
         if settle.to.is_final() {
             set.extend(["finished_at = :now", "expires_at = :ttl"]);

@@ -166,6 +166,8 @@ pub struct Clients {
     pub sts: aws_sdk_sts::Client,
     /// Lambda (submit and interruption ask the scaler to run: an asynchronous invoke).
     pub lambda: aws_sdk_lambda::Client,
+    /// CloudWatch Logs (the agent writes each job attempt's output to a stream of its own).
+    pub logs: aws_sdk_cloudwatchlogs::Client,
 }
 
 impl Clients {
@@ -193,7 +195,9 @@ impl Clients {
         let mut dynamodb = aws_sdk_dynamodb::config::Builder::from(conf);
         let mut sts = aws_sdk_sts::config::Builder::from(conf);
         let mut lambda = aws_sdk_lambda::config::Builder::from(conf);
+        let mut logs = aws_sdk_cloudwatchlogs::config::Builder::from(conf);
         if let Some(r) = recorder {
+            logs = logs.interceptor(r.clone());
             lambda = lambda.interceptor(r.clone());
             s3 = s3.interceptor(r.clone());
             sqs = sqs.interceptor(r.clone());
@@ -208,6 +212,7 @@ impl Clients {
             s3: aws_sdk_s3::Client::from_conf(s3.build()),
             sts: aws_sdk_sts::Client::from_conf(sts.build()),
             lambda: aws_sdk_lambda::Client::from_conf(lambda.build()),
+            logs: aws_sdk_cloudwatchlogs::Client::from_conf(logs.build()),
         }
     }
 }

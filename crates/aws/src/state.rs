@@ -4,8 +4,8 @@
 //!
 //! Workers table (key `instance_arn`, the instance's ARN, so IAM can let an instance write only
 //! its own row with `dynamodb:LeadingKeys`): `instance_id`, `lane`, `instance_type`, `zone`, `capacity_type`,
-//! `price_usd_per_h`, `state`, `launched_at`, `project`, and `expires_at` (TTL, set when a worker
-//! is terminating). Control table (key `pk`): `unavailable#<type>#<zone>#<capacity>` items with
+//! `price_usd_per_h`, `state`, `launched_at`, `project`, and `ended_at` and `expires_at` (TTL)
+//! once a worker is terminating (`onoff cost` prices a worker's life from launch to `ended_at`). Control table (key `pk`): `unavailable#<type>#<zone>#<capacity>` items with
 //! `until` and `expires_at`; `lease#<name>` items with `owner` and `until`; `event#<id>` items (with `expires_at`) for events already handled.
 
 use std::collections::HashMap;
@@ -169,8 +169,9 @@ impl WorkerRegistry for DynamoWorkers {
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":s", s(state_name(state)));
         req = if state == WorkerState::Terminating {
-            req.update_expression("SET #s = :s, expires_at = :e")
+            req.update_expression("SET #s = :s, expires_at = :e, ended_at = if_not_exists(ended_at, :now)")
                 .expression_attribute_values(":e", epoch_s((self.now)() + FINISHED_ROW_TTL_S))
+                .expression_attribute_values(":now", n((self.now)()))
         } else {
             req.update_expression("SET #s = :s")
         };
@@ -203,8 +204,9 @@ impl WorkerRegistry for DynamoWorkers {
             req = req.expression_attribute_values(p, s(state_name(*st)));
         }
         req = if to == WorkerState::Terminating {
-            req.update_expression("SET #s = :s, expires_at = :e")
+            req.update_expression("SET #s = :s, expires_at = :e, ended_at = if_not_exists(ended_at, :now)")
                 .expression_attribute_values(":e", epoch_s((self.now)() + FINISHED_ROW_TTL_S))
+                .expression_attribute_values(":now", n((self.now)()))
         } else {
             req.update_expression("SET #s = :s")
         };

@@ -1564,3 +1564,79 @@ async fn an_unreadable_active_row_is_skipped_and_named() {
     let done = jobs.get("job-done").await.unwrap().unwrap();
     assert_eq!((done.state, done.finished_at), (JobState::Succeeded, Some(2.0)));
 }
+
+/// The jobs table's cancel and attempt log, as DynamoDB applies them: a waiting job is cancelled
+/// at once; a running one gets the flag, which the holder's renewal returns and which turns its
+/// release into CANCELLED; an ended attempt is appended to the log; a finished job is left alone.
+#[tokio::test]
+async fn cancel_and_the_attempt_log_are_conditional_writes_on_the_row() {
+    use onoff_aws::jobs::DynamoJobs;
+    use onoff_control::job::{AttemptEnd, AttemptRecord, JobSpec, RerunLimits, Settle};
+    use onoff_control::ports::{CancelOutcome, Claim, JobRecord, JobStore};
+    let c = clients().await;
+    let table_name = unique("jobs");
+    onoff_aws::provision::jobs_table(&c, &table_name).await.unwrap();
+    let jobs = DynamoJobs::new(c.dynamodb.clone(), &table_name);
+    let now = 1_700_000_000.0;
+    let spec: JobSpec =
+        serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p","name":"sweep 3"}"#).unwrap();
+    for id in ["job-a", "job-b"] {
+        jobs.create(&JobRecord::new(id.into(), spec.clone(), "test".into(), now))
+            .await
+            .unwrap();
+    }
+    // Waiting: cancelled at once, twice is the same, and it leaves the active index.
+    assert_eq!(
+        jobs.request_cancel("job-a", now).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    assert_eq!(
+        jobs.request_cancel("job-a", now).await.unwrap(),
+        CancelOutcome::AlreadyFinished(JobState::Cancelled)
+    );
+    let a = jobs.get("job-a").await.unwrap().unwrap();
+    assert_eq!((a.state, a.finished_at), (JobState::Cancelled, Some(now)));
+    assert_eq!(a.spec.name.as_deref(), Some("sweep 3"));
+    assert!(!jobs.active().await.unwrap().items.iter().any(|r| r.id == "job-a"));
+    assert!(matches!(
+        jobs.claim("job-a", "i-1", now + 60.0, now).await.unwrap(),
+        Claim::NotClaimable(_)
+    ));
+    // Running: the flag; the renewal reports it.
+    let Claim::Claimed(b) = jobs.claim("job-b", "i-1", now + 60.0, now).await.unwrap() else {
+        panic!("claimable")
+    };
+    assert_eq!(b.claimed_at, Some(now));
+    assert!(!jobs.renew("job-b", "i-1", now + 80.0).await.unwrap().cancel_requested);
+    assert_eq!(
+        jobs.request_cancel("job-b", now + 10.0).await.unwrap(),
+        CancelOutcome::Requested
+    );
+    assert!(jobs.renew("job-b", "i-1", now + 90.0).await.unwrap().cancel_requested);
+    // Its holder releases it (say a spot notice came first): the table makes it CANCELLED, never
+    // pending again, and keeps the attempt.
+    let attempt = AttemptRecord {
+        n: 1,
+        instance_id: "i-1".into(),
+        instance_type: Some("g5.xlarge".into()),
+        capacity_type: Some("spot".into()),
+        price_usd_per_h: Some(0.4),
+        started_at: now,
+        ended_at: now + 30.0,
+        outcome: "released".into(),
+        exit_code: Some(143),
+        checkpoint: None,
+        seconds: 30.0,
+        cost_usd: 0.0033,
+    };
+    let settle = Settle::of(&b, &AttemptEnd::Released("spot notice".into()), &RerunLimits::default())
+        .with_attempt(&b, attempt.clone());
+    assert_eq!(settle.to, JobState::Queued, "the holder read no flag at its claim");
+    jobs.finish("job-b", "i-1", &settle, now + 30.0).await.unwrap();
+    let b = jobs.get("job-b").await.unwrap().unwrap();
+    assert_eq!(b.state, JobState::Cancelled);
+    assert_eq!(b.reason.as_deref(), Some("cancelled by the user"));
+    assert_eq!(b.attempt_log, vec![attempt]);
+    assert_eq!((b.lease_owner, b.claimed_at), (None, None));
+    assert_eq!(jobs.request_cancel("job-z", now).await.unwrap(), CancelOutcome::Unknown);
+}

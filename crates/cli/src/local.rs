@@ -33,13 +33,19 @@ pub struct LocalArgs {
     item_ms: f64,
     /// Spot interruption notices injected, per busy worker per wall minute (0: none). One is due
     /// every 1/RATE busy-worker-minutes, the first after half that; each worker takes one fault
-    /// at most.
-    #[arg(long, default_value_t = 1.0)]
-    spot_notices: f64,
+    /// at most. Default 1 (0 with --serve).
+    #[arg(long)]
+    spot_notices: Option<f64>,
     /// Abrupt worker deaths (agent and job killed, instance gone, no notice), per busy worker per
-    /// wall minute (0: none).
-    #[arg(long, default_value_t = 0.5)]
-    kill_workers: f64,
+    /// wall minute (0: none). Default 0.5 (0 with --serve).
+    #[arg(long)]
+    kill_workers: Option<f64>,
+    /// Serve instead of replaying: start the stack with no trace, print its endpoint and names
+    /// (also written to RUN_DIR/stack.json), and run until Ctrl-C or SIGTERM, taking the jobs
+    /// any client submits (`onoff submit --local`, `aws s3 cp spec.json s3://<bucket>/jobs/`).
+    /// Jobs run in real time (no compression).
+    #[arg(long)]
+    serve: bool,
     /// Wall seconds from a spot notice to the reclaim (AWS gives 120; scaled down here).
     #[arg(long, default_value_t = 10.0)]
     notice_lead_s: f64,
@@ -133,8 +139,8 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         }
     }
     for (name, v) in [
-        ("--spot-notices", a.spot_notices),
-        ("--kill-workers", a.kill_workers),
+        ("--spot-notices", a.spot_notices.unwrap_or(0.0)),
+        ("--kill-workers", a.kill_workers.unwrap_or(0.0)),
         ("--notice-lead-s", a.notice_lead_s),
         ("--boot-s", a.boot_s),
         ("--drain-s", a.drain_s),
@@ -153,11 +159,11 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         }),
         jobs: a.jobs,
         skip: a.skip,
-        compress: a.compress,
+        compress: if a.serve { 1.0 } else { a.compress },
         max_job_s: a.max_job_s,
         item_ms: a.item_ms,
-        spot_notices: a.spot_notices,
-        kill_workers: a.kill_workers,
+        spot_notices: a.spot_notices.unwrap_or(if a.serve { 0.0 } else { 1.0 }),
+        kill_workers: a.kill_workers.unwrap_or(if a.serve { 0.0 } else { 0.5 }),
         notice_lead_s: a.notice_lead_s,
         boot_s: a.boot_s,
         tick_s: a.tick_s,
@@ -181,7 +187,31 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         run_dir: a.run_dir.clone(),
         iam: !a.no_iam,
         job_user: !a.no_job_user,
+        serve: a.serve,
     })
+}
+
+/// Print what a serving stack's clients need: its endpoint and names (`stack.json`).
+fn announce(run_dir: &Path, bar: Option<&ProgressBar>) {
+    let path = run_dir.join("stack.json");
+    let Ok(s) = std::fs::read_to_string(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str::<onoff_local::LocalStack>(&t).map_err(|e| e.to_string()))
+    else {
+        return;
+    };
+    let text = format!(
+        "onoff local is serving (Ctrl-C stops it and cleans up)\n  endpoint     {}\n  bucket       {} (put job specs under jobs/)\n  jobs table   {}\n  log group    {}\n  stack file   {}\n  try          onoff submit --local -- python3 -c 'print(42)'",
+        s.endpoint,
+        s.bucket,
+        s.jobs_table,
+        s.log_group,
+        path.display()
+    );
+    match bar {
+        Some(b) => b.println(text),
+        None => eprintln!("{text}"),
+    }
 }
 
 fn progress_line(p: &Progress) -> String {
@@ -233,14 +263,23 @@ pub fn run(a: LocalArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    eprintln!(
-        "onoff local: {} jobs of {}, compressed {}x; logs in {}",
-        opts.jobs,
-        opts.trace.display(),
-        opts.compress,
-        opts.run_dir.display()
-    );
+    if opts.serve {
+        eprintln!("onoff local --serve: starting; logs in {}", opts.run_dir.display());
+    } else {
+        eprintln!(
+            "onoff local: {} jobs of {}, compressed {}x; logs in {}",
+            opts.jobs,
+            opts.trace.display(),
+            opts.compress,
+            opts.run_dir.display()
+        );
+    }
+    let mut announced = false;
     let report = rt.block_on(onoff_local::run_local(&opts, |p| {
+        if opts.serve && !announced && p.phase == "serving" {
+            announced = true;
+            announce(&opts.run_dir, tty.then_some(&bar));
+        }
         let line = progress_line(p);
         if tty {
             bar.set_message(line);
@@ -256,7 +295,8 @@ pub fn run(a: LocalArgs) -> Result<()> {
         print_report(&report, &opts);
     }
     let mut bad = Vec::new();
-    if report.interrupted {
+    // Serving ends with Ctrl-C or SIGTERM: that is no failure.
+    if report.interrupted && !opts.serve {
         bad.push("interrupted (Ctrl-C or SIGTERM) before the end".to_string());
     }
     if report.jobs_lost > 0 {

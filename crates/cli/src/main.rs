@@ -13,6 +13,8 @@ use onoff_sim::{compare, AzureModel, Comparison, SimConfig, Trace, TraceFormat, 
 
 #[cfg(feature = "local")]
 mod local;
+#[cfg(feature = "local")]
+mod ops;
 mod plot;
 
 /// Repository data folder (shipped trace slices and the catalogue), as built.
@@ -34,6 +36,27 @@ enum Cmd {
     /// worker kills injected; print what it cost and whether every job finished exactly once.
     #[cfg(feature = "local")]
     Local(local::LocalArgs),
+    /// Submit a job (a spec file and/or flags, command after `--`); prints its id.
+    #[cfg(feature = "local")]
+    Submit(ops::SubmitArgs),
+    /// List jobs: id, name, project, lane, state, attempts, instance type, wait, run time, cost.
+    #[cfg(feature = "local")]
+    Jobs(ops::JobsArgs),
+    /// One job in full, with its attempts.
+    #[cfg(feature = "local")]
+    Status(ops::StatusArgs),
+    /// A job's own output (one log stream per attempt).
+    #[cfg(feature = "local")]
+    Logs(ops::LogsArgs),
+    /// Cancel a job: at once if it waits, within a lease renewal if it runs.
+    #[cfg(feature = "local")]
+    Cancel(ops::CancelArgs),
+    /// Download what a job wrote to its ONOFF_OUTPUT_DIR.
+    #[cfg(feature = "local")]
+    Outputs(ops::OutputsArgs),
+    /// $ and GPU-hours per job, project or day; spot share, savings, idle workers.
+    #[cfg(feature = "local")]
+    Cost(ops::CostArgs),
 }
 
 #[derive(clap::Args)]
@@ -102,7 +125,31 @@ fn main() -> Result<()> {
         Cmd::Simulate(a) => simulate(a),
         #[cfg(feature = "local")]
         Cmd::Local(a) => local::run(a),
+        #[cfg(feature = "local")]
+        Cmd::Submit(a) => block_on(ops::submit(a)),
+        #[cfg(feature = "local")]
+        Cmd::Jobs(a) => block_on(ops::jobs(a)),
+        #[cfg(feature = "local")]
+        Cmd::Status(a) => block_on(ops::status(a)),
+        #[cfg(feature = "local")]
+        Cmd::Logs(a) => block_on(ops::logs(a)),
+        #[cfg(feature = "local")]
+        Cmd::Cancel(a) => block_on(ops::cancel(a)),
+        #[cfg(feature = "local")]
+        Cmd::Outputs(a) => block_on(ops::outputs(a)),
+        #[cfg(feature = "local")]
+        Cmd::Cost(a) => block_on(ops::cost(a)),
     }
+}
+
+/// Run an operator verb on a runtime of its own.
+#[cfg(feature = "local")]
+fn block_on(f: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(f)
 }
 
 fn load_config(path: Option<&Path>, format: TraceFormat) -> Result<PolicyConfig> {

@@ -479,7 +479,18 @@ pub fn job_item_bytes(r: &crate::ports::JobRecord) -> usize {
         ("active_lane", r.spec.lane.len()),
     ];
     let numbers = ["attempts", "hand_backs", "lease_expiries", "cost_usd", "created_at"];
-    texts.iter().map(|(k, v)| k.len() + v).sum::<usize>() + numbers.iter().map(|k| k.len() + 21).sum::<usize>()
+    let log: usize = r
+        .attempt_log
+        .iter()
+        .map(|a| serde_json::to_string(a).map_or(0, |s| s.len() + 3))
+        .sum();
+    texts.iter().map(|(k, v)| k.len() + v).sum::<usize>()
+        + numbers.iter().map(|k| k.len() + 21).sum::<usize>()
+        + if r.attempt_log.is_empty() {
+            0
+        } else {
+            "attempt_log".len() + log
+        }
 }
 
 /// A jobs table in memory, with the same conditional semantics as the DynamoDB adapter and
@@ -528,8 +539,18 @@ impl FakeJobs {
         }
     }
 
-    /// Apply `settle` to `r` (the lease is ended).
+    /// Apply `settle` to `r` (the lease is ended); a cancel asked for wins over any end but
+    /// success.
     fn apply(r: &mut crate::ports::JobRecord, settle: &crate::job::Settle, now: f64) {
+        let mut settle = settle.clone();
+        if r.cancel_requested && settle.to != crate::job::JobState::Succeeded {
+            settle.to = crate::job::JobState::Cancelled;
+            settle.reason = Some(crate::job::CANCELLED_REASON.into());
+        }
+        if let Some(a) = &settle.attempt {
+            r.attempt_log.push(a.clone());
+        }
+        r.claimed_at = None;
         r.state = settle.to;
         r.attempts = settle.attempts;
         r.hand_backs = settle.hand_backs;
@@ -610,7 +631,7 @@ impl crate::ports::JobStore for FakeJobs {
         id: &str,
         owner: &str,
         lease_until: f64,
-        _now: f64,
+        now: f64,
     ) -> Result<crate::ports::Claim, StoreError> {
         self.injected()?;
         self.malformed(id)?;
@@ -624,6 +645,7 @@ impl crate::ports::JobStore for FakeJobs {
         r.state = crate::job::JobState::Running;
         r.lease_owner = Some(owner.into());
         r.lease_expires_at = Some(lease_until);
+        r.claimed_at = Some(now);
         r.attempts += 1;
         Ok(crate::ports::Claim::Claimed(Box::new(r.clone())))
     }
@@ -674,7 +696,7 @@ impl crate::ports::JobStore for FakeJobs {
         Ok(())
     }
 
-    async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<(), StoreError> {
+    async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<crate::ports::Renewal, StoreError> {
         self.injected()?;
         let mut m = self.jobs.lock().expect("lock");
         let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
@@ -682,7 +704,32 @@ impl crate::ports::JobStore for FakeJobs {
             return Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")));
         }
         r.lease_expires_at = Some(lease_until);
-        Ok(())
+        Ok(crate::ports::Renewal {
+            cancel_requested: r.cancel_requested,
+        })
+    }
+
+    async fn request_cancel(&self, id: &str, now: f64) -> Result<crate::ports::CancelOutcome, StoreError> {
+        use crate::job::JobState;
+        use crate::ports::CancelOutcome;
+        self.injected()?;
+        let mut m = self.jobs.lock().expect("lock");
+        let Some(r) = m.get_mut(id) else {
+            return Ok(CancelOutcome::Unknown);
+        };
+        Ok(match r.state {
+            JobState::Queued | JobState::Retrying => {
+                r.state = JobState::Cancelled;
+                r.reason = Some(crate::job::CANCELLED_REASON.into());
+                r.finished_at = Some(now);
+                CancelOutcome::Cancelled
+            }
+            JobState::Running => {
+                r.cancel_requested = true;
+                CancelOutcome::Requested
+            }
+            done => CancelOutcome::AlreadyFinished(done),
+        })
     }
 
     async fn finish(&self, id: &str, owner: &str, settle: &crate::job::Settle, now: f64) -> Result<(), StoreError> {
@@ -692,7 +739,6 @@ impl crate::ports::JobStore for FakeJobs {
         if r.state != crate::job::JobState::Running
             || r.lease_owner.as_deref() != Some(owner)
             || !r.state.can_go(settle.to)
-            || settle.to == crate::job::JobState::Cancelled
         {
             return Err(StoreError::Conflict(format!(
                 "{owner} does not hold the lease of {id} ({})",
@@ -717,7 +763,10 @@ impl crate::ports::JobStore for FakeJobs {
         if r.state != crate::job::JobState::Running
             || r.lease_owner.as_deref() != Some(owner)
             || r.lease_expires_at != Some(lease_expires_at)
-            || !matches!(settle.to, crate::job::JobState::Queued | crate::job::JobState::Failed)
+            || !matches!(
+                settle.to,
+                crate::job::JobState::Queued | crate::job::JobState::Failed | crate::job::JobState::Cancelled
+            )
         {
             return Err(StoreError::Conflict(format!(
                 "the lease of {id} changed since it was seen"

@@ -7,7 +7,7 @@
 //!  "gpus": 1, "min_gpu_memory_gib": 16, "lane": "standard", "project": "vision",
 //!  "deadline": 1790000000, "max_attempts": 3, "checkpoint_interval_s": 600,
 //!  "est_runtime_s": 3600, "job_type": "train", "client_token": "run-42",
-//!  "input": "s3://my-bucket/inputs/batch-7.txt"}
+//!  "input": "s3://my-bucket/inputs/batch-7.txt", "name": "resnet sweep 3"}
 //! ```
 //!
 //! `command` is an argv array, never a shell string. Only `image`, `command` and `project` are
@@ -56,6 +56,9 @@ pub struct JobSpec {
     /// (`ONOFF_JOB_INPUT`). Default none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<String>,
+    /// A name for people (`onoff jobs` shows it), 1-128 printable characters. Default none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 fn one() -> u32 {
@@ -172,6 +175,11 @@ impl JobSpec {
                 return bad("client_token", "must be 1-128 characters");
             }
         }
+        if let Some(n) = &self.name {
+            if n.is_empty() || n.chars().count() > 128 || n.chars().any(char::is_control) {
+                return bad("name", "must be 1-128 characters without control characters");
+            }
+        }
         if let Some(uri) = &self.input {
             if parse_s3_uri(uri).is_none() {
                 return bad("input", "must be an S3 URI s3://bucket/key");
@@ -282,6 +290,66 @@ pub enum AttemptEnd {
     /// the lease expiry is; FAILED after `max_lease_expiries` (a job that kills its worker must not
     /// boot a GPU forever).
     LeaseLost(String),
+    /// The user cancelled it while it ran (`onoff cancel`): CANCELLED, never retried.
+    Cancelled,
+}
+
+impl AttemptEnd {
+    /// The outcome's name in an [`AttemptRecord`]: `succeeded`, `failed`, `fatal`, `released`,
+    /// `handed_back`, `lease_lost`, `cancelled`.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            AttemptEnd::Succeeded => "succeeded",
+            AttemptEnd::Failed(_) => "failed",
+            AttemptEnd::Fatal(_) => "fatal",
+            AttemptEnd::Released(_) => "released",
+            AttemptEnd::HandedBack(_) => "handed_back",
+            AttemptEnd::LeaseLost(_) => "lease_lost",
+            AttemptEnd::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Why a cancelled job ended, as its row says.
+pub const CANCELLED_REASON: &str = "cancelled by the user";
+
+/// One attempt that ran, as the job's row keeps it (`onoff status`, `onoff cost`): where it ran,
+/// when, how it ended, what it cost. Appended when the attempt ends (by its lease holder, or by
+/// the reaper for a lost lease); a hand-back that never started the job is not one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// 1-based, in the order the attempts started (also the job's log stream: `<job_id>/<n>`).
+    pub n: u32,
+    /// The worker's instance id.
+    pub instance_id: String,
+    /// EC2 instance type, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<String>,
+    /// `spot` or `on-demand`, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_type: Option<String>,
+    /// The instance's price while it ran, $/h (catalogue price), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_usd_per_h: Option<f64>,
+    /// Claim time, unix seconds.
+    pub started_at: f64,
+    /// End time, unix seconds.
+    pub ended_at: f64,
+    /// [`AttemptEnd::name`].
+    pub outcome: String,
+    /// The process's exit code, if it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// S3 prefix of the last checkpoint it uploaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
+    /// Seconds the job's process ran (job seconds: a local replay's are scaled).
+    #[serde(default)]
+    pub seconds: f64,
+    /// What the attempt cost, $ (instance price × its time on the job).
+    #[serde(default)]
+    pub cost_usd: f64,
 }
 
 /// Bounds that turn repeated re-runs into FAILED.
@@ -321,6 +389,8 @@ pub struct Settle {
     pub lease_expiries: u32,
     /// Why it failed, was released or handed back (kept on the row), if it did.
     pub reason: Option<String>,
+    /// The attempt, appended to the row's attempt log (`None`: nothing ran, e.g. a hand-back).
+    pub attempt: Option<AttemptRecord>,
 }
 
 impl Settle {
@@ -333,7 +403,14 @@ impl Settle {
             hand_backs: job.hand_backs,
             lease_expiries: job.lease_expiries,
             reason: None,
+            attempt: None,
         };
+        // A cancel asked for while it ran wins over every end but success: it never runs again.
+        if job.cancel_requested && !matches!(end, AttemptEnd::Succeeded) {
+            s.to = JobState::Cancelled;
+            s.reason = Some(CANCELLED_REASON.into());
+            return s;
+        }
         let uncount = job.attempts.saturating_sub(1);
         match end {
             AttemptEnd::Succeeded => s.to = JobState::Succeeded,
@@ -364,6 +441,10 @@ impl Settle {
                     s.reason = Some(format!("handed back: {why}"));
                 }
             }
+            AttemptEnd::Cancelled => {
+                s.to = JobState::Cancelled;
+                s.reason = Some(CANCELLED_REASON.into());
+            }
             AttemptEnd::LeaseLost(why) => {
                 s.attempts = uncount;
                 s.lease_expiries += 1;
@@ -379,6 +460,23 @@ impl Settle {
             }
         }
         s
+    }
+}
+
+/// Attempts a job's row keeps in its log: 100 entries of a few hundred bytes stay far below
+/// DynamoDB's 400 KB item limit, however often a job is released (spot notices do not count
+/// towards any bound). Later attempts still run; they are not logged.
+pub const MAX_ATTEMPT_LOG: usize = 100;
+
+impl Settle {
+    /// This settle with `attempt` to append to `job`'s attempt log, unless the log is full
+    /// ([`MAX_ATTEMPT_LOG`]).
+    #[must_use]
+    pub fn with_attempt(mut self, job: &crate::ports::JobRecord, attempt: AttemptRecord) -> Self {
+        if job.attempt_log.len() < MAX_ATTEMPT_LOG {
+            self.attempt = Some(attempt);
+        }
+        self
     }
 }
 
@@ -520,6 +618,43 @@ mod tests {
             JobState::Failed
         );
         assert_eq!(s(&running(1, 0, 0), AttemptEnd::Succeeded).to, JobState::Succeeded);
+        // Cancelled by the user: CANCELLED; and once a cancel is asked for, every end of the
+        // attempt but success is CANCELLED (never queued again).
+        assert_eq!(s(&running(1, 0, 0), AttemptEnd::Cancelled).to, JobState::Cancelled);
+        let mut asked = running(1, 0, 0);
+        asked.cancel_requested = true;
+        for end in [
+            AttemptEnd::Released("spot notice".into()),
+            AttemptEnd::LeaseLost("expired".into()),
+            AttemptEnd::Failed("exit code 1".into()),
+            AttemptEnd::HandedBack("too few GPUs".into()),
+        ] {
+            let r = s(&asked, end.clone());
+            assert_eq!(r.to, JobState::Cancelled, "{end:?}");
+            assert_eq!(r.reason.as_deref(), Some(CANCELLED_REASON));
+        }
+        assert_eq!(s(&asked, AttemptEnd::Succeeded).to, JobState::Succeeded);
+    }
+
+    #[test]
+    fn an_attempt_record_round_trips_and_omits_what_is_unknown() {
+        let a = AttemptRecord {
+            n: 2,
+            instance_id: "i-1".into(),
+            instance_type: Some("g5.xlarge".into()),
+            capacity_type: Some("spot".into()),
+            price_usd_per_h: Some(0.4),
+            started_at: 10.0,
+            ended_at: 70.0,
+            outcome: AttemptEnd::Released("notice".into()).name().into(),
+            exit_code: None,
+            checkpoint: Some("checkpoints/job-1/00000000000000000003/".into()),
+            seconds: 60.0,
+            cost_usd: 0.0067,
+        };
+        let text = serde_json::to_string(&a).unwrap();
+        assert!(!text.contains("exit_code"), "{text}");
+        assert_eq!(serde_json::from_str::<AttemptRecord>(&text).unwrap(), a);
     }
 
     #[test]

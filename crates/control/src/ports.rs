@@ -305,6 +305,13 @@ pub struct JobRecord {
     pub reason: Option<String>,
     /// When it reached a final state, unix seconds.
     pub finished_at: Option<f64>,
+    /// The user asked to cancel it while it ran (`onoff cancel`): its lease holder stops it at
+    /// the next renewal and ends it CANCELLED; any end of its lease but success is CANCELLED.
+    pub cancel_requested: bool,
+    /// When its current lease was taken (RUNNING), unix seconds.
+    pub claimed_at: Option<f64>,
+    /// Every attempt that ran, oldest first ([`crate::job::AttemptRecord`]).
+    pub attempt_log: Vec<crate::job::AttemptRecord>,
 }
 
 impl JobRecord {
@@ -326,6 +333,9 @@ impl JobRecord {
             created_at: now,
             reason: None,
             finished_at: None,
+            cancel_requested: false,
+            claimed_at: None,
+            attempt_log: Vec::new(),
         }
     }
 
@@ -353,6 +363,28 @@ pub enum Claim {
     /// RUNNING under someone's lease, or finished: the message is irrelevant (if that lease is
     /// lost, the reaper re-queues the job with a fresh message), delete it.
     NotClaimable(crate::job::JobState),
+    /// No such job.
+    Unknown,
+}
+
+/// Result of [`JobStore::renew`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Renewal {
+    /// The user asked to cancel the job: stop it and end the attempt as
+    /// [`crate::job::AttemptEnd::Cancelled`].
+    pub cancel_requested: bool,
+}
+
+/// Result of [`JobStore::request_cancel`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelOutcome {
+    /// It was waiting (QUEUED or RETRYING): CANCELLED now.
+    Cancelled,
+    /// It is RUNNING: its lease holder stops it within a lease renewal and ends it CANCELLED (or
+    /// the reaper does, if the lease is lost).
+    Requested,
+    /// It had already finished, in this state: left as it is.
+    AlreadyFinished(crate::job::JobState),
     /// No such job.
     Unknown,
 }
@@ -438,11 +470,22 @@ pub trait JobStore {
     /// # Errors
     /// [`StoreError::Conflict`] when `owner` no longer holds the lease (it expired and the job was
     /// re-queued or claimed by another worker, or the job is not RUNNING); store failures.
-    async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<(), StoreError>;
+    async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<Renewal, StoreError>;
+
+    /// Cancel job `id` (`onoff cancel`): a waiting job goes to CANCELLED at once; a RUNNING one
+    /// gets `cancel_requested`, which its lease holder sees at its next renewal ([`Renewal`]) and
+    /// which turns any end of its lease but success into CANCELLED ([`JobStore::finish`],
+    /// [`JobStore::requeue_lost`]); a finished one is left alone. Idempotent.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn request_cancel(&self, id: &str, now: f64) -> Result<CancelOutcome, StoreError>;
 
     /// While `owner` holds the lease of a RUNNING job: end the attempt as `settle` says
-    /// ([`crate::job::Settle::of`]), clearing the lease. A final state stamps `finished_at = now`
-    /// and leaves the active index.
+    /// ([`crate::job::Settle::of`]), clearing the lease and appending `settle.attempt` to the
+    /// attempt log. A final state stamps `finished_at = now` and leaves the active index. If a
+    /// cancel was asked for since the claim, any end but SUCCEEDED is CANCELLED instead (a
+    /// cancelled job never waits again).
     ///
     /// # Errors
     /// [`StoreError::Conflict`] when `owner` does not hold the lease (so a job is never finished
@@ -451,7 +494,8 @@ pub trait JobStore {
 
     /// The reaper's end of a lease it found expired or whose worker is lost: applied only while
     /// the job is still RUNNING under exactly the lease it saw (`owner`, `lease_expires_at`), so a
-    /// lease renewed or re-claimed meanwhile is never stripped.
+    /// lease renewed or re-claimed meanwhile is never stripped. QUEUED, FAILED, or CANCELLED
+    /// when a cancel was asked for (as in [`JobStore::finish`]).
     ///
     /// # Errors
     /// [`StoreError::Conflict`] when the lease changed; store failures.
@@ -640,8 +684,11 @@ impl<T: JobStore> JobStore for &T {
     ) -> Result<(), StoreError> {
         (**self).record_progress(id, owner, checkpoint, cost_usd).await
     }
-    async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<(), StoreError> {
+    async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<Renewal, StoreError> {
         (**self).renew(id, owner, lease_until).await
+    }
+    async fn request_cancel(&self, id: &str, now: f64) -> Result<CancelOutcome, StoreError> {
+        (**self).request_cancel(id, now).await
     }
     async fn finish(&self, id: &str, owner: &str, settle: &crate::job::Settle, now: f64) -> Result<(), StoreError> {
         (**self).finish(id, owner, settle, now).await

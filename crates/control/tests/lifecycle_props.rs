@@ -4,8 +4,13 @@
 //! duplicated, reordered and lost, agents that crash, renew late or end attempts every way, and
 //! reconcilers whose reads go stale before they write.
 //!
+//! Users cancel jobs at random moments too (`request_cancel`); an agent that learns of a cancel at
+//! a renewal ends its attempt CANCELLED.
+//!
 //! After every step:
 //! - a job succeeds at most once, and a final state never changes;
+//! - a job the user cancelled never waits again: it is RUNNING (until its lease holder or the
+//!   reaper ends it) or final, and final means CANCELLED unless it had succeeded;
 //! - no live lease is ever stripped: an agent whose last claim or renewal set an expiry still in
 //!   the future holds the job in the table (so no two agents hold live leases on one job).
 //!
@@ -18,7 +23,7 @@ use std::sync::Mutex;
 
 use onoff_control::fake::FakeJobs;
 use onoff_control::job::{AttemptEnd, JobSpec, JobState, Settle};
-use onoff_control::ports::{wake, Claim, JobQueue, JobRecord, JobStore, StoreError};
+use onoff_control::ports::{wake, CancelOutcome, Claim, JobQueue, JobRecord, JobStore, StoreError};
 use onoff_control::reconcile::{reap_jobs, ReconcileOptions};
 use proptest::prelude::*;
 
@@ -58,6 +63,8 @@ enum Op {
     Lose(usize),
     /// Time passes.
     Advance(u8),
+    /// The user cancels job `j`.
+    Cancel(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -71,6 +78,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..8usize).prop_map(Op::Duplicate),
         1 => (0..8usize).prop_map(Op::Lose),
         3 => (0..4u8).prop_map(Op::Advance),
+        1 => (0..JOBS).prop_map(Op::Cancel),
     ]
 }
 
@@ -87,6 +95,7 @@ struct World {
     now: f64,
     succeeded: BTreeMap<String, u32>,
     finals: BTreeMap<String, JobState>,
+    cancelled: BTreeSet<String>,
     opts: ReconcileOptions,
 }
 
@@ -107,6 +116,7 @@ impl World {
             now: 1_000.0,
             succeeded: BTreeMap::new(),
             finals: BTreeMap::new(),
+            cancelled: BTreeSet::new(),
             opts: ReconcileOptions {
                 resend_after_s: 2.0 * LEASE_S,
                 ..ReconcileOptions::default()
@@ -174,7 +184,12 @@ impl World {
                 let Some(held) = &mut self.agents[a] else { return };
                 let until = self.now + LEASE_S;
                 match pollster::block_on(self.jobs.renew(&held.job.id, &format!("agent-{a}"), until)) {
-                    Ok(()) => held.lease_until = until,
+                    Ok(r) => {
+                        held.lease_until = until;
+                        if r.cancel_requested {
+                            self.end(a, AttemptEnd::Cancelled);
+                        }
+                    }
                     Err(StoreError::Conflict(_)) => self.agents[a] = None,
                     Err(e) => panic!("renew: {e}"),
                 }
@@ -219,6 +234,13 @@ impl World {
             Op::Advance(d) => {
                 self.now += [1.0, LEASE_S / 3.0, LEASE_S + 1.0, 2.0 * LEASE_S + 1.0][d as usize];
             }
+            Op::Cancel(j) => {
+                let id = format!("job-{j}");
+                let outcome = pollster::block_on(self.jobs.request_cancel(&id, self.now)).unwrap();
+                if matches!(outcome, CancelOutcome::Cancelled | CancelOutcome::Requested) {
+                    self.cancelled.insert(id);
+                }
+            }
         }
     }
 
@@ -232,6 +254,22 @@ impl World {
                 prop_assert_eq!(r.state, *f, "{} left its final state", id);
             } else if r.state.is_final() {
                 self.finals.insert(id.clone(), r.state);
+            }
+        }
+        for id in &self.cancelled {
+            let r = &records[id];
+            prop_assert!(
+                matches!(r.state, JobState::Running | JobState::Cancelled | JobState::Succeeded),
+                "{} was cancelled but is {:?}",
+                id,
+                r.state
+            );
+            if r.state == JobState::Succeeded {
+                prop_assert!(
+                    self.succeeded.get(id).copied().unwrap_or(0) == 1,
+                    "{} SUCCEEDED after its cancel without a success",
+                    id
+                );
             }
         }
         for (a, held) in self.agents.iter().enumerate() {

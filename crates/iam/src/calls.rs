@@ -9,7 +9,8 @@
 //! template, each subnet, the instances with `aws:RequestTag/*`, the fleet, tagging at launch
 //! `ec2:CreateTags` with `ec2:CreateAction`, and `iam:PassRole` of the worker role),
 //! `TerminateInstances` (each instance with its `ec2:ResourceTag/*`) and the `Describe*` calls,
-//! Lambda `Invoke`, STS `AssumeRole`. Not covered: the image, snapshot, volume, network
+//! CloudWatch Logs streams (`CreateLogStream`, `PutLogEvents` on the stream's ARN), Lambda
+//! `Invoke`, STS `AssumeRole`. Not covered: the image, snapshot, volume, network
 //! interface and security group of a launch (the local emulator's launch template names none).
 
 use std::collections::BTreeMap;
@@ -263,6 +264,30 @@ pub fn requests(call: &Call, stack: &Stack, world: &World) -> Result<Vec<Request
                         );
                     }
                     Ok(out)
+                }
+                _ => Err(unknown()),
+            }
+        }
+        "logs" | "cloudwatch logs" => {
+            let body: J = serde_json::from_str(&call.body).map_err(|e| format!("Logs {op} body: {e}"))?;
+            let group = body["logGroupName"]
+                .as_str()
+                .ok_or_else(|| format!("Logs {op}: no logGroupName"))?;
+            let group_arn = format!("arn:{partition}:logs:{region}:{account}:log-group:{group}");
+            match op {
+                // Authorized on the stream's ARN (`log-group:<g>:log-stream:<s>`): what a policy
+                // naming `log-group:<g>:*` (CloudFormation's LogGroup Arn) grants.
+                "CreateLogStream" | "PutLogEvents" | "GetLogEvents" => {
+                    let stream = body["logStreamName"]
+                        .as_str()
+                        .ok_or_else(|| format!("Logs {op}: no logStreamName"))?;
+                    Ok(vec![Request::new(
+                        &format!("logs:{op}"),
+                        &format!("{group_arn}:log-stream:{stream}"),
+                    )])
+                }
+                "CreateLogGroup" | "DescribeLogStreams" => {
+                    Ok(vec![Request::new(&format!("logs:{op}"), &format!("{group_arn}:*"))])
                 }
                 _ => Err(unknown()),
             }

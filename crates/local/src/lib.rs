@@ -49,6 +49,37 @@ const AGENT_LEASE_S: f64 = 6.0;
 /// The default policy of local runs (`examples/local-policy.toml`).
 pub const LOCAL_POLICY: &str = include_str!("../../../examples/local-policy.toml");
 
+/// What `<run-dir>/stack.json` says of a running local stack: where the emulator is, the names
+/// of its resources, the functions' settings (the operator CLI validates specs with them, as
+/// submit does) and sessions for a submitter and an operator (`onoff ... --local`).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct LocalStack {
+    /// The emulator's URL.
+    pub endpoint: String,
+    /// Region.
+    pub region: String,
+    /// The stack's name (prefix of every resource).
+    pub prefix: String,
+    /// The bucket (job specs under `jobs/`, checkpoints, outputs).
+    pub bucket: String,
+    /// The jobs table.
+    pub jobs_table: String,
+    /// The workers table.
+    pub workers_table: String,
+    /// The workers' log group (a stream per job attempt: `<job_id>/<attempt>`).
+    pub log_group: String,
+    /// The functions' environment (`ONOFF_*`), as the template sets it.
+    pub functions_env: BTreeMap<String, String>,
+    /// IAM was enforced.
+    pub iam_enforced: bool,
+    /// A session that may put job specs under `jobs/` (`aws_access_key_id`, ...).
+    pub submitter: Option<serde_json::Value>,
+    /// A session allowed everything (the operator's).
+    pub operator: Option<serde_json::Value>,
+    /// The `onoff local` process.
+    pub pid: u32,
+}
+
 /// Everything a local run can be told. Times are wall seconds unless they say trace seconds.
 #[derive(Debug, Clone)]
 pub struct LocalOptions {
@@ -105,6 +136,9 @@ pub struct LocalOptions {
     /// Run jobs as a user of their own ([`LOCAL_JOB_UID`]) when this process runs as root; off
     /// with `--no-job-user`.
     pub job_user: bool,
+    /// Serve: replay no trace, run the stack until interrupted (Ctrl-C, SIGTERM), taking the jobs
+    /// any client submits (`onoff submit --local`, `aws s3 cp` under `jobs/`).
+    pub serve: bool,
 }
 
 /// What a run did. Dollar figures are in trace time: instance price × lifetime × `compress`.
@@ -409,6 +443,21 @@ async fn run_with(
         .iter()
         .map(|o| (o.key.instance_type.clone(), o.gpus))
         .collect();
+    // The workers' log group (template.yaml `WorkerLogGroup`): each job attempt's output goes to
+    // a stream of its own there (`<job_id>/<attempt>`), which `onoff logs` reads.
+    let log_group = format!("/onoff/{prefix}/workers");
+    setup
+        .logs
+        .create_log_group()
+        .log_group_name(&log_group)
+        .send()
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "create log group {log_group}: {}",
+                aws_sdk_s3::error::DisplayErrorContext(e)
+            )
+        })?;
     // IAM: every component under its own role, the template's policies enforced by the emulator.
     let call_log_path = run_dir.join("calls.jsonl");
     let call_log = onoff_aws::record::CallLog::open(&call_log_path)
@@ -432,21 +481,28 @@ async fn run_with(
     } else {
         None
     };
-    std::fs::write(
-        run_dir.join("stack.json"),
+    let creds = |s: &iam::Session| {
         serde_json::json!({
-            "endpoint": endpoint,
-            "bucket": res.bucket,
-            "prefix": prefix,
-            "iam_enforced": sessions.is_some(),
-            "submitter": sessions.as_ref().map(|s| serde_json::json!({
-                "aws_access_key_id": s.submitter.access_key_id,
-                "aws_secret_access_key": s.submitter.secret_access_key,
-                "aws_session_token": s.submitter.session_token,
-            })),
+            "aws_access_key_id": s.access_key_id,
+            "aws_secret_access_key": s.secret_access_key,
+            "aws_session_token": s.session_token,
         })
-        .to_string(),
-    )?;
+    };
+    let stack_json = LocalStack {
+        endpoint: endpoint.to_string(),
+        region: "us-east-1".into(),
+        prefix: prefix.clone(),
+        bucket: res.bucket.clone(),
+        jobs_table: res.jobs_table.clone(),
+        workers_table: res.workers_table.clone(),
+        log_group: log_group.clone(),
+        functions_env: fn_env.iter().cloned().collect(),
+        iam_enforced: sessions.is_some(),
+        submitter: sessions.as_ref().map(|s| creds(&s.submitter)),
+        operator: sessions.as_ref().map(|s| creds(&s.runner)),
+        pid: std::process::id(),
+    };
+    std::fs::write(run_dir.join("stack.json"), serde_json::to_string_pretty(&stack_json)?)?;
     // The runner plays AWS itself (EC2, CloudWatch alarms, S3 notifications) and watches.
     let clients = with_session(sessions.as_ref().map(|s| &s.runner), None);
     let submitter = with_session(
@@ -498,7 +554,11 @@ async fn run_with(
     }
 
     // The replay.
-    let plan = replay::plan(&replay_opts, &lane)?;
+    let plan = if opts.serve {
+        Vec::new()
+    } else {
+        replay::plan(&replay_opts, &lane)?
+    };
     let job_ids: BTreeSet<String> = plan.iter().map(|j| j.job_id.clone()).collect();
     let replay_keys: Vec<String> = plan.iter().map(|j| format!("jobs/{}.json", j.name)).collect();
     let mut pending: VecDeque<ReplayJob> = plan.into_iter().collect();
@@ -514,6 +574,7 @@ async fn run_with(
         [
             ("AWS_ENDPOINT_URL", endpoint.to_string()),
             ("ONOFF_CALL_LOG", call_log_path.display().to_string()),
+            ("ONOFF_LOG_GROUP", log_group.clone()),
             ("ONOFF_SHUTDOWN", "api-only".into()),
             ("ONOFF_IDLE_TIMEOUT_S", opts.agent_idle_timeout_s.to_string()),
             ("ONOFF_HEARTBEAT_S", "1".into()),
@@ -567,7 +628,7 @@ async fn run_with(
     let (mut notices_due, mut kills_due) = (0.5, 0.5);
     let mut next_monitor = t0;
     let mut drain_started: Option<Instant> = None;
-    let mut phase = "replaying";
+    let mut phase = if opts.serve { "serving" } else { "replaying" };
     // Ctrl-C / SIGTERM: stop early, but through the cleanup (the agents run in process groups of
     // their own, so the terminal's signal does not reach them).
     let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -870,7 +931,7 @@ async fn run_with(
             let all_final =
                 pending.is_empty() && job_states.len() == job_ids.len() && job_states.values().all(|s| s.is_final());
             let live_instances = instances.values().filter(|i| i.ended_at.is_none()).count();
-            if drain_started.is_none() && (all_final || elapsed > opts.timeout_s) {
+            if !opts.serve && drain_started.is_none() && (all_final || elapsed > opts.timeout_s) {
                 drain_started = Some(now);
                 phase = "draining";
             }
@@ -1101,6 +1162,7 @@ async fn cost<W: WorkerRegistry>(instances: &BTreeMap<String, Inst>, workers: &W
 }
 
 /// State of each of `ids` in the jobs table (ids not yet written are absent).
+/// States of the jobs `ids` (every job when `ids` is empty: a serving stack's).
 async fn scan_jobs(
     clients: &Clients,
     table: &str,
@@ -1120,7 +1182,7 @@ async fn scan_jobs(
             let Some(id) = item.get("job_id").and_then(|v| v.as_s().ok()) else {
                 continue;
             };
-            if !ids.contains(id) {
+            if id.starts_with("error#") || (!ids.is_empty() && !ids.contains(id)) {
                 continue;
             }
             if let Some(st) = item

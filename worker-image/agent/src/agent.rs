@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::Duration;
 
-use onoff_control::job::{parse_s3_uri, AttemptEnd, JobState, Settle};
+use onoff_control::job::{parse_s3_uri, AttemptEnd, AttemptRecord, JobState, Settle};
 use onoff_control::ports::{
     checkpoint_prefix, wake, CheckpointStore, Claim, JobRecord, JobStore, StoreError, WorkerRecord,
 };
@@ -82,9 +82,12 @@ pub enum Outcome {
     Retrying,
     /// Stopped for a notice or shutdown, checkpointed, released for resume (attempt not counted).
     Released,
-    /// The lease was lost (ended by the reaper, or the job cancelled): the job was killed, or
-    /// not started when that was found before its start; nothing recorded.
+    /// The lease was lost (ended by the reaper): the job was killed, or not started when that
+    /// was found before its start; nothing recorded.
     LostLease,
+    /// The user cancelled it (`onoff cancel`): stopped (SIGTERM, grace, SIGKILL) or never
+    /// started, recorded CANCELLED, never retried.
+    Cancelled,
 }
 
 impl Outcome {
@@ -96,6 +99,7 @@ impl Outcome {
             Outcome::Retrying => "retrying",
             Outcome::Released => "released",
             Outcome::LostLease => "lost_lease",
+            Outcome::Cancelled => "cancelled",
         }
     }
 }
@@ -128,6 +132,10 @@ pub struct JobReport {
     /// Items this attempt processed, when the job reported them (`ONOFF_ITEMS <n>`, cumulative
     /// over the job; after a resume, counted from the first count the job printed).
     pub items: Option<u64>,
+    /// S3 prefix of the last checkpoint this attempt uploaded.
+    pub checkpoint: Option<String>,
+    /// Files of `ONOFF_OUTPUT_DIR` uploaded to `outputs/<job_id>/` when the attempt ended.
+    pub outputs_uploaded: usize,
 }
 
 impl JobReport {
@@ -228,6 +236,8 @@ struct Alerts {
     rebalance: Option<Notice>,
     /// This worker no longer holds the lease (why): the job must not run here any more.
     lease_lost: Option<String>,
+    /// The user cancelled the job (seen at a lease renewal): stop it, record CANCELLED.
+    cancel: bool,
 }
 
 /// Why a wait of an attempt was cut short.
@@ -237,18 +247,28 @@ enum Interrupt {
     Stop(ExitReason),
     /// Record nothing.
     LeaseLost(String),
+    /// Cancelled by the user: record CANCELLED.
+    Cancel,
 }
 
 impl Interrupt {
-    /// Before the job's process runs, a lost lease or a stop ends the attempt.
+    /// Before the job's process runs, a lost lease, a cancel or a stop ends the attempt.
     fn before_start(a: &Alerts) -> Option<Self> {
-        Self::lease_lost(a).or_else(|| a.stop.clone().map(Interrupt::Stop))
+        Self::lease_lost(a)
+            .or_else(|| a.cancel.then_some(Interrupt::Cancel))
+            .or_else(|| a.stop.clone().map(Interrupt::Stop))
     }
 
     /// After it ran (its last upload), only a lost lease does.
     fn lease_lost(a: &Alerts) -> Option<Self> {
         a.lease_lost.clone().map(Interrupt::LeaseLost)
     }
+}
+
+/// The number of the attempt `job` was claimed for: 1 + the attempts its log holds (also its log
+/// stream, `<job_id>/<n>`, and its entry in the attempt log).
+fn attempt_number(job: &JobRecord) -> u32 {
+    job.attempt_log.len() as u32 + 1
 }
 
 /// `fut`, unless `alerts` call for `interrupt` first (then `fut` is dropped).
@@ -690,9 +710,33 @@ where
     /// End the attempt as `end` says: one conditional write under this worker's lease, then a
     /// fresh wake-up message when the job is to run again. `None` when the lease was lost (the
     /// reaper or another worker has the job: nothing recorded here).
-    async fn end_attempt(&self, job: &JobRecord, end: AttemptEnd) -> Option<JobState> {
-        let settle = Settle::of(job, &end, &self.cfg.rerun_limits);
+    async fn end_attempt(&self, job: &JobRecord, end: AttemptEnd, report: Option<&JobReport>) -> Option<JobState> {
+        let mut settle = Settle::of(job, &end, &self.cfg.rerun_limits);
         let now = self.clock.now();
+        if let Some(r) = report {
+            let record = AttemptRecord {
+                n: attempt_number(job),
+                instance_id: self.id().to_string(),
+                instance_type: Some(self.me.instance_type.clone()).filter(|t| !t.is_empty()),
+                capacity_type: Some(
+                    if self.me.lifecycle == "spot" {
+                        "spot"
+                    } else {
+                        "on-demand"
+                    }
+                    .to_string(),
+                ),
+                price_usd_per_h: Some(self.price_usd_per_h),
+                started_at: r.started_at,
+                ended_at: now,
+                outcome: end.name().to_string(),
+                exit_code: r.exit_code,
+                checkpoint: r.checkpoint.clone(),
+                seconds: r.seconds,
+                cost_usd: r.cost_usd,
+            };
+            settle = settle.with_attempt(job, record);
+        }
         if let Err(e) = self.deps.jobs.finish(&job.id, self.id(), &settle, now).await {
             tracing::warn!(job = %job.id, error = %e, "attempt end not recorded (lease lost)");
             return None;
@@ -720,11 +764,12 @@ where
     }
 
     /// [`Self::end_attempt`] as an [`Outcome`].
-    async fn settle(&self, job: &JobRecord, end: AttemptEnd) -> Outcome {
-        match self.end_attempt(job, end).await {
+    async fn settle(&self, job: &JobRecord, end: AttemptEnd, report: &JobReport) -> Outcome {
+        match self.end_attempt(job, end, Some(report)).await {
             Some(JobState::Succeeded) => Outcome::Succeeded,
             Some(JobState::Failed) => Outcome::Failed,
             Some(JobState::Retrying) => Outcome::Retrying,
+            Some(JobState::Cancelled) => Outcome::Cancelled,
             Some(_) => Outcome::Released,
             None => Outcome::LostLease,
         }
@@ -774,7 +819,13 @@ where
                 () = sleep_until(next_renew), if !lost => {
                     next_renew = Instant::now() + renew_every;
                     match self.renew(id).await {
-                        Ok(()) => {}
+                        Ok(false) => {}
+                        Ok(true) => {
+                            if !alerts.borrow().cancel {
+                                tracing::warn!(job = %id, "cancelled by the user: the job is stopped");
+                                alerts.send_modify(|a| a.cancel = true);
+                            }
+                        }
                         Err(why) => {
                             tracing::error!(job = %id, error = %why, "lease lost");
                             alerts.send_modify(|a| a.lease_lost = Some(why));
@@ -822,17 +873,18 @@ where
         }
     }
 
-    /// Extend the lease of job `id` by a lease from now. `Err` with the reason when this worker no
-    /// longer holds it; a passing store failure is logged and counts as held (the next renewal
-    /// tries again, two more before the lease runs out).
-    async fn renew(&self, id: &str) -> Result<(), String> {
+    /// Extend the lease of job `id` by a lease from now; `Ok(true)` when the user asked to cancel
+    /// the job. `Err` with the reason when this worker no longer holds it; a passing store failure
+    /// is logged and counts as held (the next renewal tries again, two more before the lease runs
+    /// out).
+    async fn renew(&self, id: &str) -> Result<bool, String> {
         let until = self.clock.now() + self.cfg.lease_s;
         match self.deps.jobs.renew(id, self.id(), until).await {
-            Ok(()) => Ok(()),
+            Ok(r) => Ok(r.cancel_requested),
             Err(e @ (StoreError::Conflict(_) | StoreError::NotFound(_))) => Err(e.to_string()),
             Err(e) => {
                 tracing::warn!(job = %id, error = %e, "renew lease (tried again at the next renewal)");
-                Ok(())
+                Ok(false)
             }
         }
     }
@@ -855,15 +907,18 @@ where
             gpu_seconds: 0.0,
             cost_usd: 0.0,
             items: None,
+            checkpoint: None,
+            outputs_uploaded: 0,
         };
         let dir = self.cfg.work_dir.join("jobs").join(&id);
         let (ckpt_dir, resume_dir, input_dir) = (dir.join("checkpoint"), dir.join("resume"), dir.join("input"));
+        let output_dir = dir.join("output");
         let (stop_file, checkpoint_now_file) = (dir.join("STOP"), dir.join("CHECKPOINT_NOW"));
         let prepared = (|| -> std::io::Result<()> {
             if dir.exists() {
                 std::fs::remove_dir_all(&dir)?;
             }
-            for d in [&ckpt_dir, &resume_dir, &input_dir] {
+            for d in [&ckpt_dir, &resume_dir, &input_dir, &output_dir] {
                 std::fs::create_dir_all(d)?;
             }
             Ok(())
@@ -871,13 +926,13 @@ where
         if let Some(img) = &self.cfg.worker_image {
             if &job.spec.image != img {
                 let reason = format!("job wants image {:?}; this worker runs {img:?}", job.spec.image);
-                report.outcome = self.settle(job, AttemptEnd::Fatal(reason)).await;
+                report.outcome = self.settle(job, AttemptEnd::Fatal(reason), &report).await;
                 return report;
             }
         }
         if let Err(e) = prepared {
             let why = format!("work dir {}: {e}", dir.display());
-            report.outcome = self.settle(job, AttemptEnd::Failed(why)).await;
+            report.outcome = self.settle(job, AttemptEnd::Failed(why), &report).await;
             return report;
         }
         let mut uploads = Uploads::default();
@@ -886,6 +941,7 @@ where
             ("ONOFF_ATTEMPT".into(), job.attempts.to_string()),
             ("ONOFF_CHECKPOINT_DIR".into(), ckpt_dir.display().to_string()),
             ("ONOFF_STOP_FILE".into(), stop_file.display().to_string()),
+            ("ONOFF_OUTPUT_DIR".into(), output_dir.display().to_string()),
             (
                 "ONOFF_CHECKPOINT_NOW_FILE".into(),
                 checkpoint_now_file.display().to_string(),
@@ -911,7 +967,7 @@ where
             }
             Ok(Ok(None)) => {}
             Ok(Err(why)) => {
-                report.outcome = self.settle(job, AttemptEnd::Released(why)).await;
+                report.outcome = self.settle(job, AttemptEnd::Released(why), &report).await;
                 return report;
             }
             Err(i) => return self.interrupted(job, report, i).await,
@@ -931,7 +987,9 @@ where
             {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    report.outcome = self.settle(job, AttemptEnd::Failed(format!("input {uri}: {e}"))).await;
+                    report.outcome = self
+                        .settle(job, AttemptEnd::Failed(format!("input {uri}: {e}")), &report)
+                        .await;
                     return report;
                 }
                 Err(i) => return self.interrupted(job, report, i).await,
@@ -958,13 +1016,13 @@ where
                 }
                 Err(e) => {
                     let why = format!("job credentials in {}: {e}", aws_dir.display());
-                    report.outcome = self.settle(job, AttemptEnd::Failed(why)).await;
+                    report.outcome = self.settle(job, AttemptEnd::Failed(why), &report).await;
                     return report;
                 }
             },
             Ok(None) => {}
             Err(e) => {
-                report.outcome = self.settle(job, AttemptEnd::Failed(e)).await;
+                report.outcome = self.settle(job, AttemptEnd::Failed(e), &report).await;
                 return report;
             }
         }
@@ -972,7 +1030,7 @@ where
             // The job's own user owns its work dir (resume data and input included) and HOME.
             if let Err(e) = chown_tree(&dir, uid, gid) {
                 let why = format!("work dir {} for uid {uid}: {e}", dir.display());
-                report.outcome = self.settle(job, AttemptEnd::Failed(why)).await;
+                report.outcome = self.settle(job, AttemptEnd::Failed(why), &report).await;
                 return report;
             }
             env.push(("HOME".into(), dir.display().to_string()));
@@ -985,7 +1043,7 @@ where
         let mut handle = match self.deps.launcher.start(&cmd) {
             Ok(h) => h,
             Err(e) => {
-                report.outcome = self.settle(job, AttemptEnd::Failed(e)).await;
+                report.outcome = self.settle(job, AttemptEnd::Failed(e), &report).await;
                 return report;
             }
         };
@@ -1000,7 +1058,14 @@ where
         let mut upload: Option<Pin<Box<dyn Future<Output = Option<Uploaded>> + '_>>> = None;
         let mut items_base: Option<u64> = None;
         let mut stop: Option<ExitReason> = None;
+        let mut cancelling = false;
         let mut stop_deadline: Option<Instant> = None;
+        // The job's output lines go to its own log stream (`<job_id>/<n>`), a batch at a time,
+        // one batch in flight, never holding up this loop.
+        let stream = format!("{id}/{}", attempt_number(job));
+        let mut log_lines: Vec<(f64, String)> = Vec::new();
+        let mut log_flush: Option<Pin<Box<dyn Future<Output = ()> + '_>>> = None;
+        let mut next_log_flush = Instant::now() + Duration::from_secs(2);
         let mut rebalanced = false;
         let mut watched = true;
         let far = Instant::now() + Duration::from_secs(86_400 * 365 * 10);
@@ -1023,9 +1088,32 @@ where
             }
             if let (Some(reason), None) = (&a.stop, &stop) {
                 let _ = std::fs::write(&stop_file, b"");
-                let _ = handle.control.send(Control::Stop).await;
-                stop_deadline = Some(Instant::now() + secs(self.cfg.notice_grace_s));
+                if !cancelling {
+                    let _ = handle.control.send(Control::Stop).await;
+                    stop_deadline = Some(Instant::now() + secs(self.cfg.notice_grace_s));
+                }
                 stop = Some(reason.clone());
+            }
+            if a.cancel && !cancelling {
+                // SIGTERM to the job's process group, the grace period, then SIGKILL.
+                cancelling = true;
+                let _ = std::fs::write(&stop_file, b"");
+                if stop.is_none() {
+                    let _ = handle.control.send(Control::Stop).await;
+                    stop_deadline = Some(Instant::now() + secs(self.cfg.notice_grace_s));
+                }
+            }
+            if log_flush.is_none()
+                && (log_lines.len() >= 500 || (!log_lines.is_empty() && Instant::now() >= next_log_flush))
+            {
+                let batch = std::mem::take(&mut log_lines);
+                let stream = stream.clone();
+                log_flush = Some(Box::pin(async move {
+                    if let Err(e) = self.deps.objects.log_lines(&stream, &batch).await {
+                        tracing::warn!(stream = %stream, error = %e, lines = batch.len(), "job log lines not shipped");
+                    }
+                }));
+                next_log_flush = Instant::now() + Duration::from_secs(2);
             }
             if a.rebalance.is_some() && !rebalanced && stop.is_none() {
                 rebalanced = true;
@@ -1049,6 +1137,7 @@ where
                         } else {
                             tracing::info!(job = %id, "| {l}");
                         }
+                        log_lines.push((self.clock.now(), l));
                     }
                     Some(JobEvent::Exited(code)) => break code,
                     None => break None,
@@ -1105,8 +1194,20 @@ where
                     let _ = handle.control.send(Control::Kill).await;
                     stop_deadline = None;
                 }
+                () = poll_some(&mut log_flush) => log_flush = None,
+                () = sleep_until(next_log_flush), if log_flush.is_none() && !log_lines.is_empty() => {}
             }
         };
+        // The rest of the job's output, before the attempt is recorded.
+        if let Some(f) = log_flush.take() {
+            f.await;
+        }
+        if !log_lines.is_empty() {
+            if let Err(e) = self.deps.objects.log_lines(&stream, &log_lines).await {
+                tracing::warn!(stream = %stream, error = %e, "job log lines not shipped");
+            }
+        }
+        let cancelling = cancelling || alerts.borrow().cancel;
         report.exit_code = exit_code;
         report.completed = exit_code == Some(0);
         if report.completed {
@@ -1115,8 +1216,22 @@ where
             // upload still in flight is abandoned.
             drop(upload);
             self.account(&mut report, job, started, &mut billed, None).await;
-            report.outcome = self.settle(job, AttemptEnd::Succeeded).await;
+            report.outcome = self.settle(job, AttemptEnd::Succeeded, &report).await;
             tracing::info!(job = %id, seconds = report.seconds, cost_usd = report.cost_usd, outcome = report.outcome.as_str(), "exited 0");
+            if report.outcome == Outcome::Succeeded {
+                self.upload_outputs(&id, &output_dir, &mut report).await;
+            }
+            return report;
+        }
+        if cancelling {
+            // Cancelled: it never runs again, so no last checkpoint; its outputs go up.
+            drop(upload);
+            self.account(&mut report, job, started, &mut billed, None).await;
+            report.outcome = self.settle(job, AttemptEnd::Cancelled, &report).await;
+            tracing::info!(job = %id, outcome = report.outcome.as_str(), "cancelled by the user");
+            if report.outcome != Outcome::LostLease {
+                self.upload_outputs(&id, &output_dir, &mut report).await;
+            }
             return report;
         }
         // The newest complete checkpoint goes up before the attempt ends: the resume or the retry
@@ -1150,7 +1265,7 @@ where
                 ExitReason::Notice(n) => format!("{n:?}"),
                 other => format!("{other:?}"),
             };
-            report.outcome = self.settle(job, AttemptEnd::Released(why)).await;
+            report.outcome = self.settle(job, AttemptEnd::Released(why), &report).await;
             tracing::info!(job = %id, outcome = report.outcome.as_str(), "stopped for {reason:?}");
             return report;
         }
@@ -1158,7 +1273,10 @@ where
             Some(c) => format!("exit code {c}"),
             None => "killed by a signal".to_string(),
         };
-        report.outcome = self.settle(job, AttemptEnd::Failed(why)).await;
+        report.outcome = self.settle(job, AttemptEnd::Failed(why), &report).await;
+        if report.outcome != Outcome::LostLease {
+            self.upload_outputs(&id, &output_dir, &mut report).await;
+        }
         report
     }
 
@@ -1171,12 +1289,29 @@ where
             }
             Interrupt::Stop(reason) => {
                 tracing::info!(job = %job.id, "stopped for {reason:?} before the job started");
-                report.outcome = self
-                    .settle(job, AttemptEnd::Released(format!("{reason:?} before the job started")))
-                    .await;
+                let end = AttemptEnd::Released(format!("{reason:?} before the job started"));
+                report.outcome = self.settle(job, end, &report).await;
+            }
+            Interrupt::Cancel => {
+                tracing::info!(job = %job.id, "cancelled by the user before the job started");
+                report.outcome = self.settle(job, AttemptEnd::Cancelled, &report).await;
             }
         }
         report
+    }
+
+    /// Upload the job's `ONOFF_OUTPUT_DIR` to `outputs/<job_id>/` (after the attempt is recorded:
+    /// a failed upload changes no outcome, it is logged).
+    async fn upload_outputs(&self, id: &str, dir: &Path, report: &mut JobReport) {
+        match self.deps.objects.upload_outputs(id, dir).await {
+            Ok(n) => {
+                report.outputs_uploaded = n;
+                if n > 0 {
+                    tracing::info!(job = %id, files = n, "outputs uploaded");
+                }
+            }
+            Err(e) => tracing::warn!(job = %id, error = %e, "outputs not uploaded"),
+        }
     }
 
     /// Add the cost since the last record (and the new checkpoint, if any) to the job record.
@@ -1195,6 +1330,9 @@ where
         report.seconds = (now - started).as_secs_f64() * self.cfg.time_scale;
         report.gpu_seconds = report.seconds * f64::from(job.spec.gpus);
         report.cost_usd += delta_usd;
+        if checkpoint.is_some() {
+            report.checkpoint.clone_from(&checkpoint);
+        }
         if let Err(e) = self
             .deps
             .jobs
@@ -1249,7 +1387,7 @@ where
         tracing::info!(job = %job.id, wants = job.spec.gpus, has = mine, "job needs more GPUs: handed back");
         self.report.handed_back += 1;
         let why = format!("needs {} GPUs, worker {} has {mine}", job.spec.gpus, self.id());
-        self.end_attempt(job, AttemptEnd::HandedBack(why)).await;
+        self.end_attempt(job, AttemptEnd::HandedBack(why), None).await;
     }
 
     /// Deregister, and terminate the instance when the exit calls for it.

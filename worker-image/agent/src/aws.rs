@@ -157,7 +157,7 @@ impl Registry for DynamoRegistry {
     }
 }
 
-/// Job inputs on S3.
+/// Job inputs and outputs on S3, job logs on CloudWatch Logs, job sessions from STS.
 #[derive(Debug, Clone)]
 pub struct S3Objects {
     /// S3.
@@ -169,13 +169,116 @@ pub struct S3Objects {
     pub job_role_arn: Option<String>,
     /// The deployment bucket (the jobs' checkpoints and outputs).
     pub bucket: String,
+    /// CloudWatch Logs and `ONOFF_LOG_GROUP`, the group each attempt's output goes to (a stream
+    /// `<job_id>/<attempt>` each); none: job output stays in the agent's own log only.
+    pub logs: Option<(aws_sdk_cloudwatchlogs::Client, String)>,
+    /// Streams created so far.
+    pub streams: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
+
+/// CloudWatch Logs' limits on one PutLogEvents call: events, and bytes (each event counts its
+/// size plus 26 bytes); an event is at most 256 KiB ("CloudWatch Logs quotas").
+const LOG_BATCH_EVENTS: usize = 10_000;
+const LOG_BATCH_BYTES: usize = 1_048_576;
+const LOG_EVENT_BYTES: usize = 256 * 1024 - 26;
 
 /// A job's session lasts one hour: the longest STS allows when a role session (the worker's)
 /// assumes another role ("role chaining", IAM User Guide).
 pub const JOB_SESSION_S: i32 = 3600;
 
 impl Objects for S3Objects {
+    async fn upload_outputs(&self, job_id: &str, dir: &Path) -> Result<usize, String> {
+        onoff_aws::checkpoints::S3Checkpoints::new(self.s3.clone(), self.bucket.clone())
+            .upload_dir(dir, &format!("outputs/{job_id}/"))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn log_lines(&self, stream: &str, lines: &[(f64, String)]) -> Result<(), String> {
+        use aws_sdk_cloudwatchlogs::error::ProvideErrorMetadata;
+        use aws_sdk_cloudwatchlogs::types::InputLogEvent;
+        let Some((client, group)) = &self.logs else {
+            return Ok(());
+        };
+        let created = self.streams.lock().map(|s| s.contains(stream)).unwrap_or(false);
+        if !created {
+            match client
+                .create_log_stream()
+                .log_group_name(group)
+                .log_stream_name(stream)
+                .send()
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.code() == Some("ResourceAlreadyExistsException") => {}
+                Err(e) => {
+                    return Err(format!(
+                        "create log stream {group}/{stream}: {}: {}",
+                        e.code().unwrap_or("Unknown"),
+                        e.message().unwrap_or_default()
+                    ))
+                }
+            }
+            if let Ok(mut s) = self.streams.lock() {
+                s.insert(stream.to_string());
+            }
+        }
+        // Timestamps in order (CloudWatch Logs wants a batch in chronological order), in batches
+        // within its limits; an over-long line is cut.
+        let mut events: Vec<InputLogEvent> = lines
+            .iter()
+            .filter_map(|(at, line)| {
+                let mut text = line.clone();
+                if text.len() > LOG_EVENT_BYTES {
+                    let mut cut = LOG_EVENT_BYTES;
+                    while !text.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    text.truncate(cut);
+                }
+                let text = if text.is_empty() { " ".to_string() } else { text };
+                InputLogEvent::builder()
+                    .timestamp((at * 1000.0) as i64)
+                    .message(text)
+                    .build()
+                    .ok()
+            })
+            .collect();
+        events.sort_by_key(InputLogEvent::timestamp);
+        let mut batch: Vec<InputLogEvent> = Vec::new();
+        let mut bytes = 0;
+        let mut batches = Vec::new();
+        for e in events {
+            let size = e.message().len() + 26;
+            if batch.len() == LOG_BATCH_EVENTS || bytes + size > LOG_BATCH_BYTES {
+                batches.push(std::mem::take(&mut batch));
+                bytes = 0;
+            }
+            bytes += size;
+            batch.push(e);
+        }
+        if !batch.is_empty() {
+            batches.push(batch);
+        }
+        for b in batches {
+            client
+                .put_log_events()
+                .log_group_name(group)
+                .log_stream_name(stream)
+                .set_log_events(Some(b))
+                .send()
+                .await
+                .map_err(|e| {
+                    format!(
+                        "put log events {group}/{stream}: {}: {}",
+                        e.code().unwrap_or("Unknown"),
+                        e.message().unwrap_or_default()
+                    )
+                })?;
+        }
+        Ok(())
+    }
+
     async fn download(&self, uri: &str, dest: &Path) -> Result<(), String> {
         use aws_sdk_s3::error::ProvideErrorMetadata;
         let (bucket, key) = parse_s3_uri(uri).ok_or_else(|| format!("{uri} is not s3://bucket/key"))?;

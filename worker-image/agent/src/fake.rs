@@ -468,6 +468,10 @@ pub struct FakeObjects {
     /// `None`: no job role (jobs get no session). `Some(n)`: sessions are issued, `n` so far
     /// (each an hour long, key `ASIAJOB<n>`).
     pub sessions: Mutex<Option<u32>>,
+    /// Uploaded outputs: `outputs/<job_id>/<path>` -> bytes.
+    pub outputs: Mutex<BTreeMap<String, Vec<u8>>>,
+    /// Log streams: stream -> lines.
+    pub logs: Mutex<BTreeMap<String, Vec<String>>>,
 }
 
 impl FakeObjects {
@@ -490,6 +494,38 @@ impl Objects for FakeObjects {
             .cloned()
             .ok_or_else(|| format!("{uri}: NoSuchKey"))?;
         std::fs::write(dest, b).map_err(|e| e.to_string())
+    }
+
+    async fn upload_outputs(&self, job_id: &str, dir: &Path) -> Result<usize, String> {
+        fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) -> std::io::Result<()> {
+            for e in std::fs::read_dir(dir)? {
+                let p = e?.path();
+                if p.is_dir() {
+                    walk(base, &p, out)?;
+                } else {
+                    let rel = p.strip_prefix(base).unwrap_or(&p).display().to_string();
+                    out.push((rel, std::fs::read(&p)?));
+                }
+            }
+            Ok(())
+        }
+        let mut files = Vec::new();
+        walk(dir, dir, &mut files).map_err(|e| e.to_string())?;
+        let mut m = self.outputs.lock().expect("lock");
+        for (rel, bytes) in &files {
+            m.insert(format!("outputs/{job_id}/{rel}"), bytes.clone());
+        }
+        Ok(files.len())
+    }
+
+    async fn log_lines(&self, stream: &str, lines: &[(f64, String)]) -> Result<(), String> {
+        self.logs
+            .lock()
+            .expect("lock")
+            .entry(stream.to_string())
+            .or_default()
+            .extend(lines.iter().map(|(_, l)| l.clone()));
+        Ok(())
     }
 
     async fn job_session(
@@ -594,6 +630,7 @@ impl Launcher for ScriptedLauncher {
         };
         let ckpt = env_of(cmd, "ONOFF_CHECKPOINT_DIR").map(std::path::PathBuf::from);
         let ckpt_now = env_of(cmd, "ONOFF_CHECKPOINT_NOW_FILE").map(std::path::PathBuf::from);
+        let output = env_of(cmd, "ONOFF_OUTPUT_DIR").map(std::path::PathBuf::from);
         let mut done: u64 = env_of(cmd, "ONOFF_RESUME_DIR")
             .and_then(|d| std::fs::read_to_string(Path::new(d).join("items")).ok())
             .and_then(|s| s.trim().parse().ok())
@@ -604,8 +641,16 @@ impl Launcher for ScriptedLauncher {
             let mut n = 0;
             let mut since_ckpt = 0;
             let mut worked_s: u64 = 0;
+            // Its result, in ONOFF_OUTPUT_DIR, at every end it sees.
+            let result = |done: u64| {
+                if let Some(dir) = &output {
+                    let _ = std::fs::write(dir.join("result.txt"), format!("{done}\n"));
+                }
+            };
             let code = loop {
                 if done >= script.items {
+                    result(done);
+                    let _ = etx.send(JobEvent::Line(format!("finished {done}"))).await;
                     break Some(script.exit_code);
                 }
                 if fail_after_s.is_some_and(|s| worked_s >= s) {
@@ -633,6 +678,7 @@ impl Launcher for ScriptedLauncher {
                                 n += 1;
                                 write_checkpoint(dir, n, done);
                             }
+                            result(done);
                             let _ = etx.send(JobEvent::Line(format!("stopped at {done}"))).await;
                             break Some(143);
                         }

@@ -87,6 +87,11 @@ async fn run(cfg: AgentConfig) -> Result<(), String> {
             sts: clients.sts.clone(),
             job_role_arn: std::env::var("ONOFF_JOB_ROLE_ARN").ok().filter(|s| !s.is_empty()),
             bucket: bucket.clone(),
+            logs: std::env::var("ONOFF_LOG_GROUP")
+                .ok()
+                .filter(|s| !s.is_empty())
+                .map(|g| (clients.logs.clone(), g)),
+            streams: std::sync::Arc::default(),
         },
         instance: Ec2Instance {
             client: clients.ec2.clone(),

@@ -144,7 +144,7 @@ pub trait Registry {
     ) -> Result<(), StoreError>;
 }
 
-/// Downloading a job's input object, and the job's own AWS session.
+/// A job's objects beside its checkpoints: its input, its outputs, its log, its own AWS session.
 #[allow(async_fn_in_trait)]
 pub trait Objects {
     /// Download `uri` (`s3://bucket/key`) to `dest`.
@@ -163,6 +163,26 @@ pub trait Objects {
     async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Option<JobCredentials>, String> {
         let _ = (job_id, input);
         Ok(None)
+    }
+
+    /// Upload every file under `dir` (the job's `ONOFF_OUTPUT_DIR`) to `outputs/<job_id>/<path>`,
+    /// replacing what an earlier attempt put there; returns the number of files.
+    ///
+    /// # Errors
+    /// A read or an upload failed, as text.
+    async fn upload_outputs(&self, job_id: &str, dir: &std::path::Path) -> Result<usize, String> {
+        let _ = (job_id, dir);
+        Ok(0)
+    }
+
+    /// Append `lines` (unix seconds, text) to the job's log stream `stream` (`<job_id>/<attempt>`),
+    /// created on first use.
+    ///
+    /// # Errors
+    /// The log service refused, as text.
+    async fn log_lines(&self, stream: &str, lines: &[(f64, String)]) -> Result<(), String> {
+        let _ = (stream, lines);
+        Ok(())
     }
 }
 
@@ -314,6 +334,12 @@ impl<T: Objects> Objects for &T {
     }
     async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Option<JobCredentials>, String> {
         (**self).job_session(job_id, input).await
+    }
+    async fn upload_outputs(&self, job_id: &str, dir: &std::path::Path) -> Result<usize, String> {
+        (**self).upload_outputs(job_id, dir).await
+    }
+    async fn log_lines(&self, stream: &str, lines: &[(f64, String)]) -> Result<(), String> {
+        (**self).log_lines(stream, lines).await
     }
 }
 impl<T: Instance> Instance for &T {

@@ -13,7 +13,9 @@ use onoff_agent::ports::Notice;
 use onoff_agent::{run, AgentConfig, AgentReport, Deps, ExitReason, Outcome};
 use onoff_control::fake::{FakeJobs, FakeRegistry};
 use onoff_control::job::{AttemptEnd, JobSpec, JobState, RerunLimits, Settle};
-use onoff_control::ports::{wake, CheckpointStore, Claim, JobRecord, JobStore, WorkerRecord, WorkerRegistry};
+use onoff_control::ports::{
+    wake, CancelOutcome, CheckpointStore, Claim, JobRecord, JobStore, WorkerRecord, WorkerRegistry,
+};
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 
 use common::{cfg, ArcMd};
@@ -66,6 +68,7 @@ fn submit(w: &World, id: &str, program: &str, max_attempts: u32, checkpoint_inte
         job_type: None,
         client_token: None,
         input: None,
+        name: None,
     };
     let mut rec = JobRecord::new(id.into(), spec, "test".into(), T0);
     rec.sent_at = Some(T0);
@@ -909,4 +912,138 @@ async fn a_long_job_keeps_a_session_of_its_own_renewed_before_it_expires() {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(process).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "only the job's user reads its credentials");
+}
+
+/// `onoff cancel` on a running job: the next lease renewal tells the agent, which stops the job's
+/// process group (SIGTERM, the grace period), records CANCELLED with the attempt in the log,
+/// uploads the job's outputs, and never runs it again.
+#[tokio::test(start_paused = true)]
+async fn a_running_job_cancelled_by_the_user_is_stopped_recorded_and_never_retried() {
+    let dir = tempdir("cancel-running");
+    let w = World::default();
+    register(&w, "i-a");
+    w.launcher.script(
+        "train",
+        Script {
+            items: 600,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
+    );
+    submit(&w, "job-1", "train", 3, 600.0);
+    let cancel = async {
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        let out = w.jobs.request_cancel("job-1", T0 + 100.0).await.unwrap();
+        assert_eq!(out, CancelOutcome::Requested);
+        // Asked again: the same answer, nothing else changes.
+        assert_eq!(
+            w.jobs.request_cancel("job-1", T0 + 101.0).await.unwrap(),
+            CancelOutcome::Requested
+        );
+    };
+    let c = cfg(&dir);
+    let (_, (r, _)) = tokio::join!(cancel, agent(&w, "i-a", &c));
+    assert_eq!(w.launcher.started().len(), 1, "never run again");
+    assert_eq!(r.jobs[0].outcome, Outcome::Cancelled);
+    assert_eq!(r.jobs[0].exit_code, Some(143), "stopped by SIGTERM");
+    // Seen within one renewal (every 20 s): stopped well before its 600 s of work.
+    assert!(r.jobs[0].seconds < 100.0 + 20.0 + 1.0, "{} s", r.jobs[0].seconds);
+    let rec = job(&w, "job-1");
+    assert_eq!(rec.state, JobState::Cancelled);
+    assert_eq!(rec.reason.as_deref(), Some("cancelled by the user"));
+    assert_eq!(rec.attempt_log.len(), 1);
+    assert_eq!(rec.attempt_log[0].outcome, "cancelled");
+    assert_eq!(rec.attempt_log[0].exit_code, Some(143));
+    assert_eq!(rec.attempt_log[0].instance_id, "i-a");
+    assert_eq!(
+        w.inbox.pending_for("standard", "job-1"),
+        0,
+        "no wake-up message: never retried"
+    );
+    assert!(
+        w.objects
+            .outputs
+            .lock()
+            .unwrap()
+            .contains_key("outputs/job-1/result.txt"),
+        "its outputs are uploaded"
+    );
+    // A finished job is left as it is.
+    assert_eq!(
+        w.jobs.request_cancel("job-1", T0 + 500.0).await.unwrap(),
+        CancelOutcome::AlreadyFinished(JobState::Cancelled)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_job_cancelled_never_starts() {
+    let dir = tempdir("cancel-queued");
+    let w = World::default();
+    register(&w, "i-a");
+    w.launcher.script(
+        "train",
+        Script {
+            items: 10,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
+    );
+    submit(&w, "job-1", "train", 3, 600.0);
+    assert_eq!(
+        w.jobs.request_cancel("job-1", T0).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    assert!(w.launcher.started().is_empty());
+    assert!(r.jobs.is_empty());
+    assert_eq!(job(&w, "job-1").state, JobState::Cancelled);
+    assert_eq!(
+        w.jobs.request_cancel("job-9", T0).await.unwrap(),
+        CancelOutcome::Unknown
+    );
+}
+
+/// What `onoff status`, `onoff logs` and `onoff outputs` read: each attempt in the job's log with
+/// where and how it ran, its output lines in the attempt's own stream, its output directory.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_is_logged_its_lines_shipped_and_its_outputs_uploaded() {
+    let dir = tempdir("outputs");
+    let w = World::default();
+    register(&w, "i-a");
+    w.launcher.script(
+        "train",
+        Script {
+            items: 30,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
+    );
+    submit(&w, "job-1", "train", 3, 600.0);
+    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
+    assert_eq!(r.jobs[0].outputs_uploaded, 1);
+    let rec = job(&w, "job-1");
+    let a = &rec.attempt_log[0];
+    assert_eq!((a.n, a.outcome.as_str(), a.exit_code), (1, "succeeded", Some(0)));
+    assert_eq!(a.instance_type.as_deref(), Some("g5.xlarge"));
+    assert!((a.seconds - 30.0).abs() < 2.0, "{}", a.seconds);
+    assert!(a.ended_at > a.started_at);
+    let logs = w.objects.logs.lock().unwrap().clone();
+    // Every line the job printed, in order (its item counts too).
+    let lines = &logs["job-1/1"];
+    assert_eq!(lines.len(), 31, "{lines:?}");
+    assert_eq!(
+        (lines[0].as_str(), lines[30].as_str()),
+        ("ONOFF_ITEMS 1", "finished 30")
+    );
+    let outputs = w.objects.outputs.lock().unwrap().clone();
+    assert_eq!(
+        outputs.get("outputs/job-1/result.txt").map(Vec::as_slice),
+        Some(&b"30\n"[..])
+    );
+    let env = &w.launcher.started()[0].env;
+    assert!(env.iter().any(|(k, _)| k == "ONOFF_OUTPUT_DIR"));
 }

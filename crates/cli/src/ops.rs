@@ -1,0 +1,1205 @@
+//! The operator's verbs, against a deployed stack (`--stack NAME`: names from its CloudFormation
+//! outputs, the policy from the scaler's configuration) or a running `onoff local --serve`
+//! (`--local`: `<run-dir>/stack.json`). One code path for both: the same tables, bucket and log
+//! group, read and written through the AWS SDK; region and credentials as every AWS tool resolves
+//! them (a local stack names its emulator and an operator session).
+//!
+//! - `submit`: a spec from a file (YAML or JSON) and flags, validated with the submit function's
+//!   own code (`JobSpec::parse`, `admission::feasible` under the stack's policy and catalogue)
+//!   before anything is put; put under `jobs/`; then waits (a minute at most) to see it admitted
+//!   or rejected with the reason.
+//! - `jobs`, `status`: the jobs table (`attempt_log` for the attempts).
+//! - `logs`: the job's own output, one CloudWatch Logs stream per attempt (`<job_id>/<n>`).
+//! - `cancel`: `JobStore::request_cancel`.
+//! - `outputs`: `outputs/<job_id>/` of the bucket.
+//! - `cost`: from the attempts the jobs table records and the workers table.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use aws_sdk_dynamodb::types::AttributeValue;
+use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
+use onoff_aws::jobs::{record_from_item, DynamoJobs};
+use onoff_aws::settings::Clients;
+use onoff_control::job::{job_id_for, JobSpec, JobState};
+use onoff_control::ports::{CancelOutcome, JobRecord, JobStore};
+use onoff_control::submit::{Admission, Rules};
+use onoff_policy::CapacityType;
+
+/// Which stack a verb talks to.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Target {
+    /// A deployed stack: its CloudFormation stack name (resource names come from its outputs).
+    #[arg(long, conflicts_with = "local", global = true)]
+    stack: Option<String>,
+    /// The running `onoff local --serve` (found through RUN_DIR/stack.json).
+    #[arg(long, global = true)]
+    local: bool,
+    /// The run directory of `onoff local --serve`.
+    #[arg(long, default_value = "target/onoff-local", global = true)]
+    run_dir: PathBuf,
+    /// AWS region of a deployed stack (default: as the AWS CLI resolves it).
+    #[arg(long, global = true)]
+    region: Option<String>,
+    /// Print JSON instead of a table or line.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+/// A stack's resources and settings, and clients for it.
+pub struct Ops {
+    clients: Clients,
+    jobs: DynamoJobs,
+    bucket: String,
+    jobs_table: String,
+    workers_table: String,
+    log_group: String,
+    settings: onoff_fn_common::Settings,
+    /// The worker image jobs must name (a deployed stack's `WorkerImageUri`).
+    image: Option<String>,
+    json: bool,
+}
+
+fn credentials(v: &serde_json::Value) -> Option<aws_sdk_s3::config::Credentials> {
+    Some(aws_sdk_s3::config::Credentials::new(
+        v["aws_access_key_id"].as_str()?,
+        v["aws_secret_access_key"].as_str()?,
+        v["aws_session_token"].as_str().map(str::to_string),
+        None,
+        "onoff-local-stack",
+    ))
+}
+
+impl Ops {
+    /// Resolve `t` to a stack.
+    ///
+    /// # Errors
+    /// Neither `--stack` nor `--local`; no running local stack; the stack or its outputs not
+    /// found; its settings do not load.
+    pub async fn connect(t: &Target) -> Result<Self> {
+        match (&t.stack, t.local) {
+            (Some(name), _) => Self::deployed(name, t).await,
+            (None, true) => Self::local(t).await,
+            (None, false) => bail!(
+                "say which stack: --stack NAME (a deployed CloudFormation stack) or --local (a running `onoff local --serve`)"
+            ),
+        }
+    }
+
+    async fn local(t: &Target) -> Result<Self> {
+        let path = t.run_dir.join("stack.json");
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "no local stack at {} (start one with `onoff local --serve`, or pass --run-dir)",
+                path.display()
+            )
+        })?;
+        let s: onoff_local::LocalStack =
+            serde_json::from_str(&text).with_context(|| format!("{} is not a local stack's file", path.display()))?;
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.pid as i32), None).is_ok();
+        if !alive {
+            bail!(
+                "the local stack of {} is gone (its onoff local, pid {}, is not running): start `onoff local --serve`",
+                path.display(),
+                s.pid
+            );
+        }
+        let creds = s
+            .operator
+            .as_ref()
+            .and_then(credentials)
+            .unwrap_or_else(|| aws_sdk_s3::config::Credentials::new("test", "test", None, None, "onoff-local"));
+        let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new(s.region.clone()))
+            .endpoint_url(&s.endpoint)
+            .credentials_provider(creds)
+            .load()
+            .await;
+        let clients = Clients::from_conf_recorded(&conf, None);
+        let mut env = s.functions_env.clone();
+        env.insert("AWS_REGION".into(), s.region.clone());
+        let settings = onoff_fn_common::Settings::from_lookup(|k| env.get(k).cloned())
+            .context("the local stack's function settings")?;
+        Ok(Self {
+            jobs: DynamoJobs::new(clients.dynamodb.clone(), &s.jobs_table),
+            clients,
+            bucket: s.bucket,
+            jobs_table: s.jobs_table,
+            workers_table: s.workers_table,
+            log_group: s.log_group,
+            settings,
+            image: Some(onoff_local::iam::LOCAL_IMAGE.into()),
+            json: t.json,
+        })
+    }
+
+    async fn deployed(name: &str, t: &Target) -> Result<Self> {
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+        if let Some(r) = &t.region {
+            loader = loader.region(aws_config::Region::new(r.clone()));
+        }
+        let conf = loader.load().await;
+        let region = conf
+            .region()
+            .map(ToString::to_string)
+            .context("no AWS region: pass --region or set AWS_REGION / a profile's region")?;
+        let cfn = aws_sdk_cloudformation::Client::new(&conf);
+        let out = cfn.describe_stacks().stack_name(name).send().await.map_err(|e| {
+            anyhow::anyhow!(
+                "stack {name} in {region}: {}",
+                aws_sdk_cloudformation::error::DisplayErrorContext(e)
+            )
+        })?;
+        let stack = out
+            .stacks()
+            .first()
+            .with_context(|| format!("no stack {name} in {region}"))?;
+        let output = |k: &str| {
+            stack
+                .outputs()
+                .iter()
+                .find(|o| o.output_key() == Some(k))
+                .and_then(|o| o.output_value())
+                .map(str::to_string)
+                .with_context(|| format!("stack {name} has no output {k}: is it an onoff stack?"))
+        };
+        let image = stack
+            .parameters()
+            .iter()
+            .find(|p| p.parameter_key() == Some("WorkerImageUri"))
+            .and_then(|p| p.parameter_value())
+            .map(str::to_string);
+        let clients = Clients::from_conf_recorded(&conf, None);
+        // The functions' own settings: the policy and lanes submit validates with.
+        let lambda = aws_sdk_lambda::Client::new(&conf);
+        let f = lambda
+            .get_function_configuration()
+            .function_name(format!("{name}-scaler"))
+            .send()
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "reading the settings of {name}-scaler: {}",
+                    aws_sdk_lambda::error::DisplayErrorContext(e)
+                )
+            })?;
+        let mut env: BTreeMap<String, String> = f
+            .environment()
+            .and_then(|e| e.variables())
+            .map(|v| v.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        env.insert("AWS_REGION".into(), region);
+        let settings =
+            onoff_fn_common::Settings::from_lookup(|k| env.get(k).cloned()).context("the stack's function settings")?;
+        let jobs_table = output("JobsTableName")?;
+        Ok(Self {
+            jobs: DynamoJobs::new(clients.dynamodb.clone(), &jobs_table),
+            clients,
+            bucket: output("BucketName")?,
+            jobs_table,
+            workers_table: output("WorkersTableName")?,
+            log_group: output("WorkerLogGroupName")?,
+            settings,
+            image,
+            json: t.json,
+        })
+    }
+
+    /// Every job row (error records left out), newest first.
+    async fn all_jobs(&self) -> Result<Vec<JobRecord>> {
+        let mut out = Vec::new();
+        let mut pages = self
+            .clients
+            .dynamodb
+            .scan()
+            .table_name(&self.jobs_table)
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| {
+                anyhow::anyhow!(
+                    "scan {}: {}",
+                    self.jobs_table,
+                    aws_sdk_dynamodb::error::DisplayErrorContext(e)
+                )
+            })?;
+            for item in page.items() {
+                let id = item
+                    .get("job_id")
+                    .and_then(|v| v.as_s().ok())
+                    .map_or("", String::as_str);
+                if id.starts_with("error#") {
+                    continue;
+                }
+                match record_from_item(item) {
+                    Ok(r) => out.push(r),
+                    Err(e) => eprintln!("onoff: skipping an unreadable job row: {e}"),
+                }
+            }
+        }
+        out.sort_by(|a, b| b.created_at.total_cmp(&a.created_at));
+        Ok(out)
+    }
+
+    async fn job(&self, id: &str) -> Result<JobRecord> {
+        self.jobs
+            .get(id)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .with_context(|| format!("no job {id}"))
+    }
+}
+
+fn now() -> f64 {
+    onoff_aws::state::unix_now()
+}
+
+fn when(t: f64) -> String {
+    let s = t as i64;
+    let (days, rem) = (s.div_euclid(86_400), s.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Dollars: four decimals, or three significant digits below a cent.
+fn usd(v: f64) -> String {
+    if v != 0.0 && v.abs() < 0.01 {
+        format!("{v:.2e}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+fn span(s: f64) -> String {
+    if !s.is_finite() || s < 0.0 {
+        return "-".into();
+    }
+    let s = s.round() as u64;
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// Parse a time: unix seconds, or a duration back from now (`30m`, `6h`, `2d`).
+fn parse_since(text: &str, now: f64) -> Result<f64> {
+    if let Ok(t) = text.parse::<f64>() {
+        return Ok(t);
+    }
+    parse_duration(text)
+        .map(|d| now - d)
+        .with_context(|| format!("{text:?} is neither unix seconds nor a duration such as 30m, 6h, 2d"))
+}
+
+/// `45s`, `30m`, `6h`, `2d` as seconds.
+fn parse_duration(text: &str) -> Option<f64> {
+    let t = text.trim();
+    let (num, unit) = t.split_at(t.find(|c: char| c.is_ascii_alphabetic())?);
+    let n: f64 = num.parse().ok()?;
+    let mult = match unit {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        "d" => 86_400.0,
+        _ => return None,
+    };
+    (n.is_finite() && n >= 0.0).then_some(n * mult)
+}
+
+// ---- submit -------------------------------------------------------------------------------------
+
+/// `onoff submit`.
+#[derive(clap::Args, Debug)]
+pub struct SubmitArgs {
+    /// A job spec, YAML or JSON (crates/control/src/job.rs); flags override its fields.
+    spec: Option<PathBuf>,
+    /// Container image (default: the stack's worker image).
+    #[arg(long)]
+    image: Option<String>,
+    /// GPUs.
+    #[arg(long)]
+    gpus: Option<u32>,
+    /// Project billed (default: `default`).
+    #[arg(long)]
+    project: Option<String>,
+    /// Lane.
+    #[arg(long)]
+    lane: Option<String>,
+    /// Deadline: unix seconds, or a duration from now (`2h`).
+    #[arg(long)]
+    deadline: Option<String>,
+    /// Input object, s3://bucket/key (the job gets its local path as ONOFF_JOB_INPUT).
+    #[arg(long)]
+    input: Option<String>,
+    /// A name for people (`onoff jobs` shows it).
+    #[arg(long)]
+    name: Option<String>,
+    /// Idempotency token: submitting twice with one token is one job (default: a new one).
+    #[arg(long)]
+    client_token: Option<String>,
+    /// Do not wait for the stack to admit or reject the job.
+    #[arg(long)]
+    no_wait: bool,
+    /// The command, after `--`: argv, never a shell string.
+    #[arg(last = true)]
+    command: Vec<String>,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// The spec `a` describes, as JSON text (fields of the file, then the flags).
+fn spec_text(a: &SubmitArgs, default_image: Option<&str>, now: f64) -> Result<(serde_json::Value, String)> {
+    let mut spec: serde_json::Value = match &a.spec {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            // YAML is a superset of JSON: one parser for both.
+            let v: serde_yaml::Value =
+                serde_yaml::from_str(&text).with_context(|| format!("{} is neither YAML nor JSON", path.display()))?;
+            serde_json::to_value(v).with_context(|| format!("{}: not a job spec", path.display()))?
+        }
+        None => serde_json::json!({}),
+    };
+    let obj = spec.as_object_mut().context("a job spec is a mapping of fields")?;
+    let mut set = |k: &str, v: serde_json::Value| {
+        obj.insert(k.to_string(), v);
+    };
+    if let Some(v) = &a.image {
+        set("image", v.clone().into());
+    }
+    if let Some(v) = a.gpus {
+        set("gpus", v.into());
+    }
+    if let Some(v) = &a.project {
+        set("project", v.clone().into());
+    }
+    if let Some(v) = &a.lane {
+        set("lane", v.clone().into());
+    }
+    if let Some(v) = &a.input {
+        set("input", v.clone().into());
+    }
+    if let Some(v) = &a.name {
+        set("name", v.clone().into());
+    }
+    if let Some(v) = &a.client_token {
+        set("client_token", v.clone().into());
+    }
+    if let Some(d) = &a.deadline {
+        let t = match d.parse::<f64>() {
+            Ok(t) => t,
+            Err(_) => {
+                now + parse_duration(d)
+                    .with_context(|| format!("--deadline {d:?}: unix seconds or a duration such as 2h"))?
+            }
+        };
+        set("deadline", t.into());
+    }
+    if !a.command.is_empty() {
+        set("command", a.command.clone().into());
+    }
+    if !obj.contains_key("image") {
+        if let Some(img) = default_image {
+            obj.insert("image".into(), img.into());
+        }
+    }
+    obj.entry("project").or_insert_with(|| "default".into());
+    // The id must be known before the put: a token makes it (submit derives the id from it).
+    obj.entry("client_token").or_insert_with(|| {
+        format!(
+            "cli-{}-{}-{:08x}",
+            (now * 1000.0) as u64,
+            std::process::id(),
+            rand_u32()
+        )
+        .into()
+    });
+    let text = serde_json::to_string(&spec)?;
+    Ok((spec, text))
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(now().to_bits());
+    h.finish() as u32
+}
+
+/// Run `onoff submit`.
+///
+/// # Errors
+/// A bad spec (before anything is put), the stack, or a rejection by the stack.
+pub async fn submit(a: SubmitArgs) -> Result<()> {
+    let ops = Ops::connect(&a.target).await?;
+    let now = now();
+    let (spec, text) = spec_text(&a, ops.image.as_deref(), now)?;
+    // The submit function's own checks, before anything is put.
+    let rules = Admission {
+        policy: &ops.settings.policy,
+        offerings: &ops.settings.offerings,
+    };
+    let parsed = JobSpec::parse(&text, &rules.lanes(), now)
+        .and_then(|s| rules.runnable(&s).map(|()| s))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(img) = &ops.image {
+        if &parsed.image != img {
+            eprintln!(
+                "onoff: warning: this stack's workers run {img}; a job for {} will fail",
+                parsed.image
+            );
+        }
+    }
+    let token = parsed.client_token.clone().unwrap_or_default();
+    let id = job_id_for(&format!("token:{}:{token}", parsed.project));
+    let key = format!("jobs/{id}.json");
+    let put = ops
+        .clients
+        .s3
+        .put_object()
+        .bucket(&ops.bucket)
+        .key(&key)
+        .content_type("application/json")
+        .body(text.clone().into_bytes().into())
+        .send()
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "put s3://{}/{key}: {}",
+                ops.bucket,
+                aws_sdk_s3::error::DisplayErrorContext(e)
+            )
+        })?;
+    let source = onoff_control::submit::Source::S3 {
+        bucket: ops.bucket.clone(),
+        key: key.clone(),
+        etag: put.e_tag().unwrap_or_default().to_string(),
+        version: put.version_id().map(str::to_string),
+    }
+    .describe();
+    let mut state = None;
+    if !a.no_wait {
+        // The put wakes submit; the row (or an error record) shows within seconds.
+        for _ in 0..120 {
+            if let Some(r) = ops.jobs.get(&id).await.map_err(|e| anyhow::anyhow!("{e}"))? {
+                state = Some(r.state);
+                break;
+            }
+            if let Some(reason) = ops
+                .jobs
+                .error_record(&source)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+            {
+                bail!("the stack rejected the job: {reason}");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    if ops.json {
+        println!(
+            "{}",
+            serde_json::json!({"job_id": id, "object": format!("s3://{}/{key}", ops.bucket), "state": state.map(|s| s.as_str()), "spec": spec})
+        );
+    } else {
+        match state {
+            Some(s) => println!("{id}  {}", s.as_str()),
+            None if a.no_wait => println!("{id}  submitted (s3://{}/{key})", ops.bucket),
+            None => println!(
+                "{id}  submitted (s3://{}/{key}); not admitted within a minute: see `onoff status {id}`",
+                ops.bucket
+            ),
+        }
+    }
+    Ok(())
+}
+
+// ---- jobs, status ------------------------------------------------------------------------------
+
+/// `onoff jobs`.
+#[derive(clap::Args, Debug)]
+pub struct JobsArgs {
+    /// Only this project's jobs.
+    #[arg(long)]
+    project: Option<String>,
+    /// Only jobs in this state (QUEUED, RUNNING, RETRYING, SUCCEEDED, FAILED, CANCELLED).
+    #[arg(long)]
+    state: Option<String>,
+    /// At most this many, newest first.
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Seconds from submission to the first start, if it started.
+fn wait_s(r: &JobRecord) -> Option<f64> {
+    r.attempt_log
+        .first()
+        .map(|a| a.started_at)
+        .or(r.claimed_at)
+        .map(|t| t - r.created_at)
+}
+
+/// Seconds its process ran over all attempts, and the current one so far.
+fn run_s(r: &JobRecord, now: f64) -> f64 {
+    r.attempt_log.iter().map(|a| a.seconds).sum::<f64>()
+        + r.claimed_at
+            .filter(|_| r.state == JobState::Running)
+            .map_or(0.0, |t| now - t)
+}
+
+fn row_json(r: &JobRecord, now: f64) -> serde_json::Value {
+    serde_json::json!({
+        "job_id": r.id,
+        "name": r.spec.name,
+        "project": r.spec.project,
+        "lane": r.spec.lane,
+        "state": r.state.as_str(),
+        "attempts": r.attempts,
+        "instance_type": r.attempt_log.last().and_then(|a| a.instance_type.clone()),
+        "wait_s": wait_s(r),
+        "run_s": run_s(r, now),
+        "cost_usd": r.cost_usd,
+        "reason": r.reason,
+        "created_at": r.created_at,
+        "finished_at": r.finished_at,
+        "cancel_requested": r.cancel_requested,
+    })
+}
+
+/// Run `onoff jobs`.
+///
+/// # Errors
+/// The stack; a bad `--state`.
+pub async fn jobs(a: JobsArgs) -> Result<()> {
+    let state = match &a.state {
+        Some(s) => Some(
+            JobState::parse(&s.to_ascii_uppercase())
+                .with_context(|| format!("--state {s:?}: QUEUED, RUNNING, RETRYING, SUCCEEDED, FAILED or CANCELLED"))?,
+        ),
+        None => None,
+    };
+    let ops = Ops::connect(&a.target).await?;
+    let now = now();
+    let rows: Vec<JobRecord> = ops
+        .all_jobs()
+        .await?
+        .into_iter()
+        .filter(|r| a.project.as_ref().is_none_or(|p| &r.spec.project == p))
+        .filter(|r| state.is_none_or(|s| r.state == s))
+        .take(a.limit)
+        .collect();
+    if ops.json {
+        let v: Vec<_> = rows.iter().map(|r| row_json(r, now)).collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_BORDERS_ONLY);
+    t.set_header([
+        "job", "name", "project", "lane", "state", "att", "type", "wait", "run", "cost $", "reason",
+    ]);
+    for r in &rows {
+        t.add_row([
+            r.id.clone(),
+            r.spec.name.clone().unwrap_or_default(),
+            r.spec.project.clone(),
+            r.spec.lane.clone(),
+            format!(
+                "{}{}",
+                r.state.as_str(),
+                if r.cancel_requested && !r.state.is_final() {
+                    " (cancelling)"
+                } else {
+                    ""
+                }
+            ),
+            r.attempts.to_string(),
+            r.attempt_log
+                .last()
+                .and_then(|a| a.instance_type.clone())
+                .unwrap_or_else(|| "-".into()),
+            wait_s(r).map_or_else(|| "-".into(), span),
+            span(run_s(r, now)),
+            usd(r.cost_usd),
+            r.reason.clone().unwrap_or_default().chars().take(60).collect(),
+        ]);
+    }
+    println!("{t}");
+    if rows.is_empty() {
+        println!("no jobs");
+    }
+    Ok(())
+}
+
+/// `onoff status JOB`.
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// The job id (`onoff submit` printed it).
+    job: String,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Run `onoff status`.
+///
+/// # Errors
+/// The stack; no such job.
+pub async fn status(a: StatusArgs) -> Result<()> {
+    let ops = Ops::connect(&a.target).await?;
+    let r = ops.job(&a.job).await?;
+    let now = now();
+    if ops.json {
+        let mut v = row_json(&r, now);
+        v["spec"] = serde_json::to_value(&r.spec)?;
+        v["attempt_log"] = serde_json::to_value(&r.attempt_log)?;
+        v["lease_owner"] = r.lease_owner.clone().into();
+        v["last_checkpoint"] = r.last_checkpoint.clone().into();
+        v["source"] = r.source.clone().into();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "job        {}{}",
+        r.id,
+        r.spec.name.as_ref().map_or_else(String::new, |n| format!("  ({n})"))
+    );
+    println!(
+        "state      {}{}",
+        r.state.as_str(),
+        if r.cancel_requested && !r.state.is_final() {
+            " (cancel requested)"
+        } else {
+            ""
+        }
+    );
+    if let Some(why) = &r.reason {
+        println!("reason     {why}");
+    }
+    println!(
+        "project    {}   lane {}   gpus {}",
+        r.spec.project, r.spec.lane, r.spec.gpus
+    );
+    println!("image      {}", r.spec.image);
+    println!("command    {}", r.spec.command.join(" "));
+    println!("submitted  {} from {}", when(r.created_at), r.source);
+    if let Some(f) = r.finished_at {
+        println!("finished   {}", when(f));
+    }
+    println!(
+        "attempts   {} counted, {} lease(s) lost, {} hand-back(s); wait {}, run {}, cost ${}",
+        r.attempts,
+        r.lease_expiries,
+        r.hand_backs,
+        wait_s(&r).map_or_else(|| "-".into(), span),
+        span(run_s(&r, now)),
+        usd(r.cost_usd)
+    );
+    if let Some(c) = &r.last_checkpoint {
+        println!("checkpoint {c}");
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_BORDERS_ONLY);
+    t.set_header([
+        "#",
+        "instance",
+        "type",
+        "capacity",
+        "start",
+        "end",
+        "outcome",
+        "exit",
+        "checkpoint",
+    ]);
+    for x in &r.attempt_log {
+        t.add_row([
+            x.n.to_string(),
+            x.instance_id.clone(),
+            x.instance_type.clone().unwrap_or_default(),
+            x.capacity_type.clone().unwrap_or_default(),
+            when(x.started_at),
+            when(x.ended_at),
+            x.outcome.clone(),
+            x.exit_code.map_or_else(|| "-".into(), |c| c.to_string()),
+            x.checkpoint.clone().unwrap_or_default(),
+        ]);
+    }
+    if let (JobState::Running, Some(owner)) = (r.state, &r.lease_owner) {
+        t.add_row([
+            (r.attempt_log.len() + 1).to_string(),
+            owner.clone(),
+            String::new(),
+            String::new(),
+            r.claimed_at.map_or_else(String::new, when),
+            "running".into(),
+            String::new(),
+            String::new(),
+            String::new(),
+        ]);
+    }
+    println!("{t}");
+    Ok(())
+}
+
+// ---- logs ---------------------------------------------------------------------------------------
+
+/// `onoff logs JOB`.
+#[derive(clap::Args, Debug)]
+pub struct LogsArgs {
+    /// The job id.
+    job: String,
+    /// The attempt (1 is the first; default the latest).
+    #[arg(long)]
+    attempt: Option<u32>,
+    /// Keep printing new lines until the job finishes.
+    #[arg(long, short)]
+    follow: bool,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Run `onoff logs`.
+///
+/// # Errors
+/// The stack; no such job or attempt log.
+pub async fn logs(a: LogsArgs) -> Result<()> {
+    use aws_sdk_cloudwatchlogs::error::ProvideErrorMetadata;
+    let ops = Ops::connect(&a.target).await?;
+    let job = ops.job(&a.job).await?;
+    let latest = job.attempt_log.len() as u32 + u32::from(job.state == JobState::Running);
+    let n = a.attempt.unwrap_or(latest.max(1));
+    let stream = format!("{}/{n}", a.job);
+    let mut token: Option<String> = None;
+    let mut quiet_since = std::time::Instant::now();
+    let stdout = std::io::stdout();
+    loop {
+        let mut req = ops
+            .clients
+            .logs
+            .get_log_events()
+            .log_group_name(&ops.log_group)
+            .log_stream_name(&stream)
+            .start_from_head(true);
+        if let Some(t) = &token {
+            req = req.next_token(t);
+        }
+        let page = match req.send().await {
+            Ok(p) => Some(p),
+            Err(e) if e.code() == Some("ResourceNotFoundException") => None,
+            Err(e) => bail!(
+                "log stream {}/{stream}: {}",
+                ops.log_group,
+                aws_sdk_cloudwatchlogs::error::DisplayErrorContext(e)
+            ),
+        };
+        let mut got = 0;
+        if let Some(p) = page {
+            let mut out = stdout.lock();
+            for e in p.events() {
+                got += 1;
+                if ops.json {
+                    writeln!(
+                        out,
+                        "{}",
+                        serde_json::json!({"t": e.timestamp().map(|t| t as f64 / 1000.0), "line": e.message()})
+                    )?;
+                } else {
+                    writeln!(out, "{}", e.message().unwrap_or_default())?;
+                }
+            }
+            let next = p.next_forward_token().map(str::to_string);
+            // The same token twice: the end of the stream for now.
+            if next == token && got == 0 && !a.follow {
+                break;
+            }
+            token = next;
+        } else if !a.follow {
+            bail!(
+                "no log for attempt {n} of {} (it has {} attempt(s); lines appear once its process prints)",
+                a.job,
+                latest
+            );
+        }
+        if got > 0 {
+            quiet_since = std::time::Instant::now();
+            continue;
+        }
+        if !a.follow {
+            break;
+        }
+        // Following: stop once the job is final and the stream has been quiet for a while.
+        let state = ops.job(&a.job).await?.state;
+        if state.is_final() && quiet_since.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Ok(())
+}
+
+// ---- cancel -------------------------------------------------------------------------------------
+
+/// `onoff cancel JOB`.
+#[derive(clap::Args, Debug)]
+pub struct CancelArgs {
+    /// The job id.
+    job: String,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Run `onoff cancel`.
+///
+/// # Errors
+/// The stack; no such job.
+pub async fn cancel(a: CancelArgs) -> Result<()> {
+    let ops = Ops::connect(&a.target).await?;
+    let outcome = ops
+        .jobs
+        .request_cancel(&a.job, now())
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (code, text) = match &outcome {
+        CancelOutcome::Cancelled => ("cancelled", format!("{}: cancelled (it had not started)", a.job)),
+        CancelOutcome::Requested => (
+            "requested",
+            format!(
+                "{}: cancel requested; its worker stops it within a lease renewal (SIGTERM, grace, SIGKILL) and records CANCELLED",
+                a.job
+            ),
+        ),
+        CancelOutcome::AlreadyFinished(s) => (
+            "finished",
+            format!("{}: already {}, left as it is", a.job, s.as_str()),
+        ),
+        CancelOutcome::Unknown => bail!("no job {}", a.job),
+    };
+    if ops.json {
+        println!("{}", serde_json::json!({"job_id": a.job, "outcome": code}));
+    } else {
+        println!("{text}");
+    }
+    Ok(())
+}
+
+// ---- outputs ------------------------------------------------------------------------------------
+
+/// `onoff outputs JOB [DIR]`.
+#[derive(clap::Args, Debug)]
+pub struct OutputsArgs {
+    /// The job id.
+    job: String,
+    /// Where to put them (default ./JOB_ID).
+    dir: Option<PathBuf>,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Run `onoff outputs`.
+///
+/// # Errors
+/// The stack; a download or a write failed.
+pub async fn outputs(a: OutputsArgs) -> Result<()> {
+    let ops = Ops::connect(&a.target).await?;
+    let prefix = format!("outputs/{}/", a.job);
+    let dir = a.dir.clone().unwrap_or_else(|| PathBuf::from(&a.job));
+    let mut keys = Vec::new();
+    let mut pages = ops
+        .clients
+        .s3
+        .list_objects_v2()
+        .bucket(&ops.bucket)
+        .prefix(&prefix)
+        .into_paginator()
+        .send();
+    while let Some(page) = pages.next().await {
+        let page = page.map_err(|e| anyhow::anyhow!("list {prefix}: {}", aws_sdk_s3::error::DisplayErrorContext(e)))?;
+        keys.extend(
+            page.contents()
+                .iter()
+                .filter_map(|o| Some((o.key()?.to_string(), o.size().unwrap_or(0)))),
+        );
+    }
+    if keys.is_empty() {
+        let r = ops.job(&a.job).await?;
+        bail!(
+            "{} has no outputs yet ({}): a job's ONOFF_OUTPUT_DIR is uploaded when an attempt ends",
+            a.job,
+            r.state.as_str()
+        );
+    }
+    let mut files = Vec::new();
+    for (key, size) in &keys {
+        let rel = &key[prefix.len()..];
+        if rel.split('/').any(|p| p == ".." || p.is_empty()) {
+            eprintln!("onoff: skipping {key}: not a plain relative path");
+            continue;
+        }
+        let dest = dir.join(rel);
+        download(&ops, key, &dest).await?;
+        files.push(serde_json::json!({"key": key, "path": dest.display().to_string(), "bytes": size}));
+        if !ops.json {
+            println!("{}  ({size} bytes)", dest.display());
+        }
+    }
+    if ops.json {
+        println!("{}", serde_json::to_string_pretty(&files)?);
+    }
+    Ok(())
+}
+
+async fn download(ops: &Ops, key: &str, dest: &Path) -> Result<()> {
+    if let Some(parent) = dest.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let obj = ops
+        .clients
+        .s3
+        .get_object()
+        .bucket(&ops.bucket)
+        .key(key)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("get {key}: {}", aws_sdk_s3::error::DisplayErrorContext(e)))?;
+    let bytes = obj
+        .body
+        .collect()
+        .await
+        .map_err(|e| anyhow::anyhow!("read {key}: {e}"))?
+        .into_bytes();
+    std::fs::write(dest, &bytes).with_context(|| format!("writing {}", dest.display()))
+}
+
+// ---- cost ---------------------------------------------------------------------------------------
+
+/// `onoff cost`.
+#[derive(clap::Args, Debug)]
+pub struct CostArgs {
+    /// Only this project's jobs (idle workers are not a project's).
+    #[arg(long)]
+    project: Option<String>,
+    /// Only jobs submitted since: unix seconds, or a duration back from now (`24h`, `7d`).
+    #[arg(long)]
+    since: Option<String>,
+    /// Group by `job`, `project` or `day` (the submission's UTC day).
+    #[arg(long, default_value = "project")]
+    by: String,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// One group's figures.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct CostLine {
+    /// Group key.
+    pub key: String,
+    /// Jobs.
+    pub jobs: usize,
+    /// $ the jobs' attempts cost (instance price × time on the job).
+    pub usd: f64,
+    /// GPU-hours of the jobs' processes.
+    pub gpu_hours: f64,
+    /// Share of the job time on spot capacity, 0..1.
+    pub spot_share: f64,
+    /// What the same time would have cost at the on-demand list price, $.
+    pub on_demand_usd: f64,
+    /// `on_demand_usd - usd`.
+    pub savings_usd: f64,
+}
+
+/// The `onoff cost` report.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct CostReport {
+    /// By the chosen key.
+    pub groups: Vec<CostLine>,
+    /// All jobs together.
+    pub total: CostLine,
+    /// $ of worker time no job paid for (instances' lifetimes × price, less the attempts on them),
+    /// over the workers the workers table still knows (rows live 7 days after termination).
+    pub idle_worker_usd: f64,
+    /// Always: these are catalogue prices, not the bill.
+    pub note: String,
+}
+
+fn on_demand_price(ops: &Ops, instance_type: &str) -> Option<f64> {
+    ops.settings
+        .offerings
+        .iter()
+        .filter(|o| o.key.instance_type == instance_type && o.key.capacity_type == CapacityType::OnDemand)
+        .map(|o| o.price_usd_per_h)
+        .reduce(f64::min)
+}
+
+/// The cost figures of `rows` grouped by `by`.
+fn cost_report(ops: &Ops, rows: &[JobRecord], by: &str) -> CostReport {
+    let mut groups: BTreeMap<String, (CostLine, f64, f64)> = BTreeMap::new();
+    let mut total = (CostLine::default(), 0.0, 0.0);
+    for r in rows {
+        let key = match by {
+            "job" => r.id.clone(),
+            "day" => when(r.created_at)[..10].to_string(),
+            _ => r.spec.project.clone(),
+        };
+        let g = groups.entry(key.clone()).or_insert_with(|| {
+            (
+                CostLine {
+                    key,
+                    ..CostLine::default()
+                },
+                0.0,
+                0.0,
+            )
+        });
+        for acc in [&mut *g, &mut total] {
+            acc.0.jobs += 1;
+            // The row's cost is what its lease holders recorded (attempts still running included).
+            acc.0.usd += r.cost_usd;
+            for a in &r.attempt_log {
+                acc.0.gpu_hours += a.seconds * f64::from(r.spec.gpus) / 3600.0;
+                if a.capacity_type.as_deref() == Some("spot") {
+                    acc.1 += a.seconds;
+                }
+                acc.2 += a.seconds;
+                let od = a
+                    .instance_type
+                    .as_deref()
+                    .and_then(|t| on_demand_price(ops, t))
+                    .or(a.price_usd_per_h)
+                    .unwrap_or(0.0);
+                acc.0.on_demand_usd += od * a.seconds / 3600.0;
+            }
+        }
+    }
+    let finish = |(mut l, spot_s, all_s): (CostLine, f64, f64)| {
+        l.spot_share = if all_s > 0.0 { spot_s / all_s } else { 0.0 };
+        l.savings_usd = l.on_demand_usd - l.usd;
+        l
+    };
+    CostReport {
+        groups: groups.into_values().map(finish).collect(),
+        total: finish(total),
+        idle_worker_usd: 0.0,
+        note: "catalogue prices (data/catalog, spot: the snapshot's average), not your AWS bill".into(),
+    }
+}
+
+/// $ of worker time no job paid for: every worker row's life × its price, less the attempts run on
+/// it.
+async fn idle_worker_usd(ops: &Ops, rows: &[JobRecord], now: f64) -> Result<f64> {
+    let mut lives: BTreeMap<String, f64> = BTreeMap::new();
+    let mut pages = ops
+        .clients
+        .dynamodb
+        .scan()
+        .table_name(&ops.workers_table)
+        .into_paginator()
+        .send();
+    let num = |item: &std::collections::HashMap<String, AttributeValue>, k: &str| {
+        item.get(k)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    while let Some(page) = pages.next().await {
+        let page = page.map_err(|e| {
+            anyhow::anyhow!(
+                "scan {}: {}",
+                ops.workers_table,
+                aws_sdk_dynamodb::error::DisplayErrorContext(e)
+            )
+        })?;
+        for item in page.items() {
+            let id = item
+                .get("instance_id")
+                .and_then(|v| v.as_s().ok())
+                .cloned()
+                .unwrap_or_default();
+            let (Some(launched), Some(price)) = (num(item, "launched_at"), num(item, "price_usd_per_h")) else {
+                continue;
+            };
+            let end = num(item, "ended_at").unwrap_or(now);
+            lives.insert(id, price * (end - launched).max(0.0) / 3600.0);
+        }
+    }
+    let mut worked: BTreeMap<&str, f64> = BTreeMap::new();
+    for r in rows {
+        for a in &r.attempt_log {
+            *worked.entry(a.instance_id.as_str()).or_default() += a.cost_usd;
+        }
+    }
+    Ok(lives
+        .iter()
+        .map(|(id, usd)| (usd - worked.get(id.as_str()).copied().unwrap_or(0.0)).max(0.0))
+        .sum())
+}
+
+/// Run `onoff cost`.
+///
+/// # Errors
+/// The stack; a bad `--since` or `--by`.
+pub async fn cost(a: CostArgs) -> Result<()> {
+    if !["job", "project", "day"].contains(&a.by.as_str()) {
+        bail!("--by {:?}: job, project or day", a.by);
+    }
+    let now = now();
+    let since = a.since.as_deref().map(|s| parse_since(s, now)).transpose()?;
+    let ops = Ops::connect(&a.target).await?;
+    let all = ops.all_jobs().await?;
+    let rows: Vec<JobRecord> = all
+        .iter()
+        .filter(|r| a.project.as_ref().is_none_or(|p| &r.spec.project == p))
+        .filter(|r| since.is_none_or(|t| r.created_at >= t))
+        .cloned()
+        .collect();
+    let mut report = cost_report(&ops, &rows, &a.by);
+    if a.project.is_none() {
+        report.idle_worker_usd = idle_worker_usd(&ops, &all, now).await?;
+    }
+    if ops.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_BORDERS_ONLY);
+    t.set_header([a.by.as_str(), "jobs", "$", "GPU-h", "spot", "on-demand $", "saved $"]);
+    for l in report.groups.iter().chain(std::iter::once(&report.total)) {
+        t.add_row([
+            if std::ptr::eq(l, &report.total) {
+                "total".to_string()
+            } else {
+                l.key.clone()
+            },
+            l.jobs.to_string(),
+            usd(l.usd),
+            format!("{:.3}", l.gpu_hours),
+            format!("{:.0}%", l.spot_share * 100.0),
+            usd(l.on_demand_usd),
+            usd(l.savings_usd),
+        ]);
+    }
+    println!("{t}");
+    if a.project.is_none() {
+        println!(
+            "idle workers: ${} of instance time no job paid for",
+            usd(report.idle_worker_usd)
+        );
+    }
+    println!("({})", report.note);
+    Ok(())
+}

@@ -1,0 +1,296 @@
+//! The operator verbs end to end on `onoff local --serve` (its own moto server, IAM enforced, one
+//! worker at most): a job submitted from a YAML spec runs, `onoff logs` shows its own lines and
+//! `onoff outputs` downloads the file it wrote; a long job is cancelled while it runs and one
+//! while it waits; a job put by the AWS CLI (`aws s3 cp` under `jobs/`) runs too; `onoff cost`
+//! per project adds up to what the jobs recorded; after Ctrl-C nothing is left running.
+#![cfg(feature = "local")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+struct Stack {
+    child: Child,
+    run_dir: PathBuf,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+/// `onoff <verb> --local --run-dir <dir> <rest>` (the stack's flags before a `--` in `rest`).
+fn onoff(stack: &Stack, args: &[&str]) -> Output {
+    let (verb, rest) = args.split_first().expect("a verb");
+    Command::new(env!("CARGO_BIN_EXE_onoff"))
+        .arg(verb)
+        .args(["--local", "--run-dir"])
+        .arg(&stack.run_dir)
+        .args(rest)
+        .output()
+        .expect("onoff runs")
+}
+
+#[track_caller]
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn json(stack: &Stack, args: &[&str]) -> serde_json::Value {
+    let mut a = args.to_vec();
+    a.insert(1, "--json");
+    let text = ok(&onoff(stack, &a));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {text}"))
+}
+
+fn state(stack: &Stack, id: &str) -> String {
+    json(stack, &["status", id])["state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn submit(stack: &Stack, args: &[&str]) -> String {
+    let mut a = vec!["submit"];
+    a.extend_from_slice(args);
+    let v = json(stack, &a);
+    v["job_id"].as_str().expect("a job id").to_string()
+}
+
+#[test]
+fn the_operator_verbs_on_a_served_local_stack() {
+    let moto = std::env::var("ONOFF_MOTO_SERVER")
+        .expect("ONOFF_MOTO_SERVER is not set: run the tests with scripts/test.sh, which installs moto server");
+    let venv_bin = Path::new(&moto).parent().expect("moto in a venv").to_path_buf();
+    let run_dir = std::env::temp_dir().join(format!("onoff-ops-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&run_dir);
+    let child = Command::new(env!("CARGO_BIN_EXE_onoff"))
+        .args([
+            "local",
+            "--serve",
+            "--quiet",
+            "--moto-server",
+            &moto,
+            "--max-workers",
+            "1",
+            "--run-dir",
+        ])
+        .arg(&run_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("onoff local --serve starts");
+    let stack = Stack {
+        child,
+        run_dir: run_dir.clone(),
+    };
+    let stack_file = run_dir.join("stack.json");
+    wait_for("stack.json", Duration::from_secs(120), || stack_file.exists());
+    // Serving: the verbs answer.
+    wait_for("the stack answers", Duration::from_secs(60), || {
+        onoff(&stack, &["jobs"]).status.success()
+    });
+
+    // A bad spec is refused before anything is put.
+    let bad = onoff(&stack, &["submit", "--gpus", "64", "--", "python3", "-c", "pass"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("gpus"), "{bad:?}");
+
+    // 1. From a YAML spec: prints a line, writes an output file.
+    let spec = run_dir.join("hello.yaml");
+    std::fs::write(
+        &spec,
+        "name: hello\nproject: alpha\ncommand:\n  - python3\n  - -c\n  - |\n    import os\n    print('hello from the job', flush=True)\n    open(os.path.join(os.environ['ONOFF_OUTPUT_DIR'], 'hello.txt'), 'w').write('hi there\\n')\n",
+    )
+    .unwrap();
+    let hello = submit(&stack, &[spec.to_str().unwrap()]);
+    wait_for("hello succeeds", Duration::from_secs(120), || {
+        state(&stack, &hello) == "SUCCEEDED"
+    });
+    let logs = ok(&onoff(&stack, &["logs", &hello]));
+    assert!(logs.contains("hello from the job"), "the job's own lines: {logs}");
+    let out_dir = run_dir.join("downloaded");
+    ok(&onoff(&stack, &["outputs", &hello, out_dir.to_str().unwrap()]));
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("hello.txt")).unwrap(),
+        "hi there\n"
+    );
+
+    // 2. A long job, cancelled while it runs (it holds the only worker).
+    let long = submit(
+        &stack,
+        &[
+            "--name",
+            "long",
+            "--project",
+            "beta",
+            "--",
+            "python3",
+            "-c",
+            "import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(1)",
+        ],
+    );
+    wait_for("long runs", Duration::from_secs(120), || {
+        state(&stack, &long) == "RUNNING"
+    });
+    // 3. One that waits behind it, cancelled before it starts.
+    let waiting = submit(
+        &stack,
+        &[
+            "--name",
+            "waiting",
+            "--project",
+            "beta",
+            "--",
+            "python3",
+            "-c",
+            "print(1)",
+        ],
+    );
+    assert_eq!(state(&stack, &waiting), "QUEUED");
+    let c = json(&stack, &["cancel", &waiting]);
+    assert_eq!(c["outcome"], "cancelled", "{c}");
+    assert_eq!(state(&stack, &waiting), "CANCELLED");
+    let c = json(&stack, &["cancel", &long]);
+    assert_eq!(c["outcome"], "requested", "{c}");
+    wait_for("long is cancelled", Duration::from_secs(90), || {
+        state(&stack, &long) == "CANCELLED"
+    });
+    let status = json(&stack, &["status", &long]);
+    assert_eq!(status["attempt_log"][0]["outcome"], "cancelled", "{status}");
+    let c = json(&stack, &["cancel", &long]);
+    assert_eq!(c["outcome"], "finished", "a finished job is left as it is: {c}");
+    let long_log = ok(&onoff(&stack, &["logs", &long]));
+    assert!(long_log.contains("tick 0"), "{long_log}");
+
+    // 4. Put by the AWS CLI under jobs/, as a submitter.
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stack_file).unwrap()).unwrap();
+    let cli_spec = run_dir.join("by-aws-cli.json");
+    std::fs::write(
+        &cli_spec,
+        serde_json::json!({"image": "onoff-local", "name": "by-aws-cli", "project": "alpha",
+            "command": ["python3", "-c", "print('put by the aws cli')"]})
+        .to_string(),
+    )
+    .unwrap();
+    let creds = &s["submitter"];
+    let cp = Command::new(venv_bin.join("aws"))
+        .args(["s3", "cp"])
+        .arg(&cli_spec)
+        .arg(format!("s3://{}/jobs/by-aws-cli.json", s["bucket"].as_str().unwrap()))
+        .args([
+            "--endpoint-url",
+            s["endpoint"].as_str().unwrap(),
+            "--region",
+            "us-east-1",
+        ])
+        .env("AWS_ACCESS_KEY_ID", creds["aws_access_key_id"].as_str().unwrap())
+        .env(
+            "AWS_SECRET_ACCESS_KEY",
+            creds["aws_secret_access_key"].as_str().unwrap(),
+        )
+        .env("AWS_SESSION_TOKEN", creds["aws_session_token"].as_str().unwrap())
+        .output()
+        .expect("the AWS CLI runs");
+    ok(&cp);
+    let mut by_cli = String::new();
+    wait_for("the AWS CLI's job succeeds", Duration::from_secs(120), || {
+        let jobs = json(&stack, &["jobs", "--project", "alpha"]);
+        jobs.as_array().unwrap().iter().any(|j| {
+            if j["name"] == "by-aws-cli" {
+                by_cli = j["job_id"].as_str().unwrap().to_string();
+                j["state"] == "SUCCEEDED"
+            } else {
+                false
+            }
+        })
+    });
+    assert!(ok(&onoff(&stack, &["logs", &by_cli])).contains("put by the aws cli"));
+
+    // 5. Cost per project adds up to what the jobs recorded.
+    let jobs = json(&stack, &["jobs"]);
+    let recorded: f64 = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["cost_usd"].as_f64().unwrap())
+        .sum();
+    assert!(recorded > 0.0, "the jobs recorded their cost: {jobs}");
+    let cost = json(&stack, &["cost", "--by", "project"]);
+    let total = cost["total"]["usd"].as_f64().unwrap();
+    let groups: f64 = cost["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["usd"].as_f64().unwrap())
+        .sum();
+    assert!(
+        (total - recorded).abs() < 1e-9,
+        "cost total {total} vs recorded {recorded}"
+    );
+    assert!((groups - total).abs() < 1e-9);
+    let projects: Vec<&str> = cost["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(projects, ["alpha", "beta"]);
+    assert!(cost["note"].as_str().unwrap().contains("not your AWS bill"));
+
+    // Ctrl-C: the stack stops, cleans up, exits 0, leaves nothing running.
+    let mut stack = stack;
+    nix_interrupt(stack.child.id());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = stack.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "onoff local --serve did not stop on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(status.success(), "exit status {status:?}");
+    let needle = run_dir.canonicalize().expect("run dir exists");
+    let needle = needle.to_str().expect("utf-8 path").as_bytes();
+    let mut leftover = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(env) = std::fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        if env.windows(needle.len()).any(|w| w == needle) {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            leftover.push(String::from_utf8_lossy(&cmd).replace('\0', " "));
+        }
+    }
+    assert!(leftover.is_empty(), "processes left running: {leftover:?}");
+    let after = onoff(&stack, &["jobs"]);
+    assert!(!after.status.success(), "no stack to talk to once it stopped");
+    let _ = std::fs::remove_dir_all(&run_dir);
+}
+
+fn nix_interrupt(pid: u32) {
+    let status = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+}
