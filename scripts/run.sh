@@ -7,6 +7,10 @@
 #
 #   scripts/run.sh simulate [ARGS]   runs the trace-replay simulator instead (release build,
 #                                    without the AWS SDK): onoff's policy against the baselines.
+#   scripts/run.sh --serve           serves a local stack until Ctrl-C, taking any client's jobs;
+#   scripts/run.sh submit|jobs|status|logs|cancel|outputs|cost [ARGS]
+#                                    the operator verbs (`--local` for the served stack,
+#                                    `--stack NAME` for a deployed one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs" >&2; exit 1; }
@@ -17,9 +21,14 @@ if [ "${1:-}" = "simulate" ]; then
 fi
 source scripts/moto.sh
 moto_venv
-echo "building onoff and onoff-agent (the first build compiles the AWS SDK: about 10 minutes)" >&2
+target_dir="${CARGO_TARGET_DIR:-target}"
+if [ ! -x "$target_dir/debug/onoff" ]; then
+  echo "building onoff and onoff-agent (the first build compiles the AWS SDK: about 10 minutes)" >&2
+fi
 # The same build as the test command's (`cargo test` features), so the two share every artifact:
 # a plain `cargo build` resolves dependency features differently and compiles the SDK again.
 cargo test --workspace --locked --no-run --quiet
-target_dir="${CARGO_TARGET_DIR:-target}"
-exec "$target_dir/debug/onoff" local "$@"
+case "${1:-}" in
+  submit|jobs|status|logs|cancel|outputs|cost) exec "$target_dir/debug/onoff" "$@" ;;
+  *) exec "$target_dir/debug/onoff" local "$@" ;;
+esac

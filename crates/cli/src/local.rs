@@ -201,7 +201,7 @@ fn announce(run_dir: &Path, bar: Option<&ProgressBar>) {
         return;
     };
     let text = format!(
-        "onoff local is serving (Ctrl-C stops it and cleans up)\n  endpoint     {}\n  bucket       {} (put job specs under jobs/)\n  jobs table   {}\n  log group    {}\n  stack file   {}\n  try          onoff submit --local -- python3 -c 'print(42)'",
+        "onoff local is serving (Ctrl-C stops it and cleans up)\n  endpoint     {}\n  bucket       {} (put job specs under jobs/)\n  jobs table   {}\n  log group    {}\n  stack file   {}\n  try          onoff submit --local -- python3 -c 'print(42)'  (in a checkout: scripts/run.sh submit ...)",
         s.endpoint,
         s.bucket,
         s.jobs_table,
@@ -217,6 +217,21 @@ fn announce(run_dir: &Path, bar: Option<&ProgressBar>) {
 fn progress_line(p: &Progress) -> String {
     if p.phase == "cleaning up" {
         return "cleaning up: stopping every process, terminating what is left".into();
+    }
+    if p.phase == "serving" {
+        let workers: Vec<String> = p.workers.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        return format!(
+            "serving     jobs {} queued, {} running, {} done | workers: {} | ${:.2}",
+            p.queued,
+            p.running,
+            p.done,
+            if workers.is_empty() {
+                "none".to_string()
+            } else {
+                workers.join(", ")
+            },
+            p.usd
+        );
     }
     let workers: Vec<String> = p.workers.iter().map(|(s, n)| format!("{n} {s}")).collect();
     format!(

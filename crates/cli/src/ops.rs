@@ -698,7 +698,7 @@ pub async fn status(a: StatusArgs) -> Result<()> {
         r.spec.project, r.spec.lane, r.spec.gpus
     );
     println!("image      {}", r.spec.image);
-    println!("command    {}", r.spec.command.join(" "));
+    println!("command    {}", serde_json::to_string(&r.spec.command)?);
     println!("submitted  {} from {}", when(r.created_at), r.source);
     if let Some(f) = r.finished_at {
         println!("finished   {}", when(f));

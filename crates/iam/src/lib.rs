@@ -437,6 +437,22 @@ pub fn identity_policies(template: &str, stack: &Stack, p: Principal) -> Result<
     Ok(docs)
 }
 
+/// The document of the template's managed policy `logical_id` (e.g. `OperatorAccess`), resolved
+/// for `stack`.
+///
+/// # Errors
+/// No such managed policy, or a name the stack does not give.
+pub fn managed_policy(template: &str, stack: &Stack, logical_id: &str) -> Result<J, Error> {
+    let t: Y = serde_yaml::from_str(template)?;
+    let doc = resources(&t)?
+        .get(logical_id)
+        .filter(|r| r.get("Type").and_then(Y::as_str) == Some("AWS::IAM::ManagedPolicy"))
+        .and_then(|r| r.get("Properties"))
+        .and_then(|p| p.get("PolicyDocument"))
+        .ok_or_else(|| Error::Shape(format!("no managed policy {logical_id}")))?;
+    resolver(&t, stack).resolve(doc)
+}
+
 /// The logical id a `!Ref X` (or `{Ref: X}`) names.
 fn ref_name(v: &Y) -> Option<String> {
     match v {

@@ -546,3 +546,56 @@ fn the_policy_types_combine_as_the_iam_user_guide_says() {
         .unwrap()
         .allowed());
 }
+
+// ---- the operator -----------------------------------------------------------------------------
+
+#[test]
+fn an_operator_runs_the_cli_verbs_and_launches_nothing() {
+    let stack = stack_with(&[]);
+    let a = Authorizer::for_template(TEMPLATE, &stack).unwrap();
+    let doc = onoff_iam::managed_policy(TEMPLATE, &stack, "OperatorAccess").unwrap();
+    let op = Caller {
+        role_arn: format!("arn:aws:iam::{ACCOUNT}:role/ml-operator"),
+        identity: vec![doc],
+        session_policy: None,
+        instance_arn: None,
+    };
+    let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
+    let group = format!("arn:aws:logs:us-east-1:{ACCOUNT}:log-group:Worker:*");
+    for r in [
+        Request::new(
+            "cloudformation:DescribeStacks",
+            &format!("arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/st/1234"),
+        ),
+        Request::new(
+            "lambda:GetFunctionConfiguration",
+            &format!("arn:aws:lambda:us-east-1:{ACCOUNT}:function:st-scaler"),
+        ),
+        Request::new("s3:PutObject", &obj("jobs/job-1.json")),
+        Request::new("s3:GetObject", &obj("outputs/job-1/result.csv")),
+        Request::new("s3:ListBucket", &format!("arn:aws:s3:::{BUCKET}")).with("s3:prefix", "outputs/job-1/"),
+        Request::new("dynamodb:Scan", &jobs),
+        Request::new("dynamodb:UpdateItem", &jobs).with_many("dynamodb:LeadingKeys", &["job-1"]),
+        Request::new("logs:GetLogEvents", &group.replace(":*", ":log-stream:job-1/1")),
+    ] {
+        assert_allowed(&a, &op, r);
+    }
+    for r in [
+        Request::new(
+            "ec2:CreateFleet",
+            &format!("arn:aws:ec2:us-east-1:{ACCOUNT}:launch-template/{LT}"),
+        ),
+        Request::new("ec2:TerminateInstances", &instance("i-1")).with("ec2:ResourceTag/onoff:managed", "st"),
+        Request::new("s3:GetObject", &obj("checkpoints/job-1/1/state.bin")),
+        Request::new(
+            "dynamodb:PutItem",
+            &format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-worker-rows"),
+        ),
+        Request::new(
+            "lambda:GetFunctionConfiguration",
+            &format!("arn:aws:lambda:us-east-1:{ACCOUNT}:function:st-submit"),
+        ),
+    ] {
+        assert_denied(&a, &op, r);
+    }
+}
