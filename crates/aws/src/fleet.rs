@@ -269,7 +269,8 @@ impl Ec2Fleet {
 /// that may launch returns, before anything lists the instances; the moto tests likewise. Best
 /// effort: errors are ignored.
 pub async fn tag_as_ec2_does(ec2: &aws_sdk_ec2::Client, deployment: &str, launch_template_id: &str) {
-    let Ok(out) = ec2
+    // Every page: the emulator keeps terminated instances, so new ones may be pages away.
+    let mut pages = ec2
         .describe_instances()
         .filters(
             aws_sdk_ec2::types::Filter::builder()
@@ -277,18 +278,25 @@ pub async fn tag_as_ec2_does(ec2: &aws_sdk_ec2::Client, deployment: &str, launch
                 .values(deployment)
                 .build(),
         )
-        .send()
-        .await
-    else {
-        return;
-    };
-    let untagged: Vec<String> = out
-        .reservations()
-        .iter()
-        .flat_map(|r| r.instances())
-        .filter(|i| !i.tags().iter().any(|t| t.key() == Some(TAG_LAUNCH_TEMPLATE)))
-        .filter_map(|i| i.instance_id().map(str::to_string))
-        .collect();
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("instance-state-name")
+                .values("pending")
+                .values("running")
+                .build(),
+        )
+        .into_paginator()
+        .send();
+    let mut untagged: Vec<String> = Vec::new();
+    while let Some(Ok(page)) = pages.next().await {
+        untagged.extend(
+            page.reservations()
+                .iter()
+                .flat_map(|r| r.instances())
+                .filter(|i| !i.tags().iter().any(|t| t.key() == Some(TAG_LAUNCH_TEMPLATE)))
+                .filter_map(|i| i.instance_id().map(str::to_string)),
+        );
+    }
     if untagged.is_empty() {
         return;
     }

@@ -4,16 +4,7 @@ use crate::config::{CapacityPreference, OfferConfig};
 use crate::observation::UnavailableOffering;
 use crate::offering::{CapacityType, Offering};
 
-/// True when a worker with `worker_gpus` GPUs of `worker_mem_gib` each may run a job asking for
-/// `job_gpus` GPUs per instance with at least `min_mem_gib` per GPU: enough GPUs and memory, and
-/// not more than `max_oversize` times the GPUs asked for rounded up to a power of two (with the
-/// default 1: a 1-GPU job runs on 1-GPU instances, a 3-GPU job on 4-GPU ones). Paying for GPUs a
-/// long job leaves unused costs more than waiting for a fitting worker.
-pub fn fits(worker_gpus: u32, worker_mem_gib: f64, job_gpus: u32, min_mem_gib: f64, max_oversize: u32) -> bool {
-    worker_gpus >= job_gpus
-        && worker_gpus <= job_gpus.max(1).next_power_of_two().saturating_mul(max_oversize)
-        && worker_mem_gib + 1e-9 >= min_mem_gib
-}
+pub use crate::shape::fits;
 
 /// Speed of `gpu_model` against the reference GPU (1.0 when not configured).
 pub fn speed(cfg: &OfferConfig, gpu_model: &str) -> f64 {

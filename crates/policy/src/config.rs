@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::offering::InterruptionBucket;
 
+/// How far back a lane's recent arrivals reach, seconds (6 h: the longest predictive look-back a
+/// lane may configure; `LaneObservation::recent_arrivals` keeps this much).
+pub const RECENT_ARRIVALS_KEPT_S: f64 = 6.0 * 3600.0;
+
 /// Which capacity types a lane launches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -69,7 +73,7 @@ pub struct LaneConfig {
     pub predictive_window_s: f64,
     /// Look-back of the predictive warm pool, seconds: the target is the biggest burst (arrivals
     /// in one window) seen in this long. Default 10,800 s (3 h); at most
-    /// [`crate::observation::RECENT_ARRIVALS_KEPT_S`] minus the window.
+    /// [`RECENT_ARRIVALS_KEPT_S`] minus the window.
     pub predictive_lookback_s: f64,
     /// Separate bursts (runs of arrivals less than a window apart) the look-back must hold before
     /// the predictive pool holds anything: one burst alone is left to the keep-alive, so a lone
@@ -227,7 +231,7 @@ pub struct OfferConfig {
     /// Instance types allowed (empty = all in the catalogue). Default empty.
     pub allowed_instance_types: Vec<String>,
     /// Largest ratio of instance GPUs to the GPUs a job asks for (rounded up to a power of two)
-    /// that may serve it; see [`crate::choice::fits`]. Default 1: no job runs on an instance with
+    /// that may serve it; see [`crate::shape::fits`]. Default 1: no job runs on an instance with
     /// twice the GPUs it needs (measured: allowing 2 cost more on the Philly week, see README).
     pub max_gpu_oversize: u32,
     /// Spread one launch over up to this many offerings. Default 3.
@@ -448,7 +452,7 @@ impl PolicyConfig {
                 bad(format!("lanes[{i}].predictive_window_s"), "must be > 0");
             }
             if !(l.predictive_lookback_s >= 0.0
-                && l.predictive_lookback_s + l.predictive_window_s <= crate::observation::RECENT_ARRIVALS_KEPT_S)
+                && l.predictive_lookback_s + l.predictive_window_s <= RECENT_ARRIVALS_KEPT_S)
             {
                 bad(
                     format!("lanes[{i}].predictive_lookback_s"),

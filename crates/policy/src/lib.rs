@@ -8,7 +8,8 @@
 //! - [`offering`]: offerings (instance type, zone, capacity type), Spot Advisor interruption buckets.
 //! - [`observation`]: backlog per lane, queued jobs, workers, the inter-arrival gap histogram.
 //! - [`config`]: [`PolicyConfig`], every knob with its default and source; TOML loading; `validate()`.
-//! - [`choice`]: offering filter, expected cost per job, diversified spread, GPU fit rule.
+//! - [`shape`]: the GPU fit rule (a leaf: choice and observation both use it).
+//! - [`choice`]: offering filter, expected cost per job, diversified spread.
 //! - [`keepalive`]: ski-rental break-even keep-alive, gap quantile refinement, decay steps.
 //! - [`decide`](mod@decide): the policy itself.
 //! - [`plan`]: actions with reasons.
@@ -21,6 +22,7 @@ pub mod keepalive;
 pub mod observation;
 pub mod offering;
 pub mod plan;
+pub mod shape;
 
 pub use config::{
     AntiThrashConfig, CapacityPreference, ConfigError, ConfigProblem, KeepAliveMode, LaneConfig, LimitsConfig,

@@ -200,8 +200,8 @@ pub struct LaneObservation {
 }
 
 /// How far back [`LaneObservation::recent_arrivals`] reaches, seconds (6 h: the longest
-/// predictive look-back).
-pub const RECENT_ARRIVALS_KEPT_S: f64 = 6.0 * 3600.0;
+/// predictive look-back). Defined with the configuration it bounds.
+pub use crate::config::RECENT_ARRIVALS_KEPT_S;
 
 /// Arrival gaps of one job shape in a lane.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -292,11 +292,11 @@ impl LaneObservation {
     }
 
     /// The gap histogram relevant to a worker with `worker_gpus` GPUs: the shape it fits with the
-    /// most samples (`max_oversize` as in [`crate::choice::fits`]).
+    /// most samples (`max_oversize` as in [`crate::shape::fits`]).
     pub fn gaps_for(&self, worker_gpus: u32, max_oversize: u32) -> Option<&GapHistogram> {
         self.gaps
             .iter()
-            .filter(|(g, _)| crate::choice::fits(worker_gpus, 0.0, **g, 0.0, max_oversize))
+            .filter(|(g, _)| crate::shape::fits(worker_gpus, 0.0, **g, 0.0, max_oversize))
             .map(|(_, s)| &s.hist)
             .max_by_key(|h| h.samples())
     }
