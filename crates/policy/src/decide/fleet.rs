@@ -1,0 +1,208 @@
+//! Phase 1: the fleet as it is, and the bookkeeping later phases update as they plan launches.
+
+use crate::config::PolicyConfig;
+use crate::observation::{Observation, WorkerState, WorkerView};
+
+use super::FreeClass;
+
+/// Counts per name for the few projects / job types of a fleet: a linear list beats hashing here
+/// (`decide` runs on every submission).
+#[derive(Debug, Default)]
+pub(crate) struct Tally<'a>(Vec<(&'a str, u32)>);
+
+impl<'a> Tally<'a> {
+    pub(crate) fn add(&mut self, name: &'a str, n: u32) {
+        match self.0.iter_mut().find(|(k, _)| *k == name) {
+            Some(e) => e.1 += n,
+            None => self.0.push((name, n)),
+        }
+    }
+
+    pub(crate) fn get(&self, name: &str) -> u32 {
+        self.0.iter().find(|(k, _)| *k == name).map_or(0, |e| e.1)
+    }
+}
+
+/// The fleet, and the launches booked so far.
+#[derive(Debug)]
+pub(crate) struct Fleet<'a> {
+    /// $/h of every worker not terminating, plus the launches booked.
+    pub(crate) spend: f64,
+    /// Live workers (pending, running, idle), plus the launches booked.
+    pub(crate) live_total: u32,
+    /// The same per lane.
+    pub(crate) lane_live: Vec<u32>,
+    /// GPUs per project of the pending and running workers (filled only when launches are to be
+    /// planned), plus the launches booked.
+    pub(crate) project_gpus: Tally<'a>,
+    /// Jobs per job type of the pending and running workers, likewise.
+    pub(crate) type_jobs: Tally<'a>,
+    /// Last launch per lane, unix seconds.
+    pub(crate) last_launch: Vec<f64>,
+    /// Free capacity per lane by class (GPUs, then memory, ascending); matching takes from it.
+    pub(crate) free: Vec<Vec<FreeClass>>,
+    /// Free (idle, pending) workers per lane before matching.
+    pub(crate) free_before: Vec<(u32, u32)>,
+    /// Idle workers per lane.
+    pub(crate) idle: Vec<Vec<&'a WorkerView>>,
+    /// Booting workers per lane.
+    pub(crate) pending: Vec<Vec<&'a WorkerView>>,
+    /// The budget cap, when the spend is over it (no launches, idle workers released).
+    pub(crate) breaker: Option<f64>,
+}
+
+/// One pass over the workers: spend, live workers, free capacity per lane by class, idle and
+/// booting workers per lane, the budget breaker.
+pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig) -> Fleet<'a> {
+    let nl = cfg.lanes.len();
+    let mut f = Fleet {
+        spend: 0.0,
+        live_total: 0,
+        lane_live: vec![0; nl],
+        project_gpus: Tally::default(),
+        type_jobs: Tally::default(),
+        last_launch: vec![f64::NEG_INFINITY; nl],
+        free: (0..nl).map(|_| Vec::new()).collect(),
+        free_before: Vec::new(),
+        idle: vec![Vec::new(); nl],
+        pending: vec![Vec::new(); nl],
+        breaker: None,
+    };
+    for w in obs.workers.iter().filter(|w| w.lane < nl) {
+        if w.state != WorkerState::Terminating {
+            f.spend += w.price_usd_per_h;
+        }
+        if matches!(w.state, WorkerState::Pending | WorkerState::Running | WorkerState::Idle) {
+            f.live_total += 1;
+            f.lane_live[w.lane] += 1;
+            f.last_launch[w.lane] = f.last_launch[w.lane].max(w.launched_at);
+        }
+        let (idle, pending) = match w.state {
+            WorkerState::Idle => {
+                f.idle[w.lane].push(w);
+                (1, 0)
+            }
+            WorkerState::Pending => {
+                f.pending[w.lane].push(w);
+                (0, 1)
+            }
+            _ => continue,
+        };
+        let classes = &mut f.free[w.lane];
+        match classes
+            .iter_mut()
+            .find(|c| c.gpus == w.gpus && c.mem == w.gpu_memory_gib)
+        {
+            Some(c) => {
+                c.idle += idle;
+                c.pending += pending;
+            }
+            None => classes.push(FreeClass {
+                gpus: w.gpus,
+                mem: w.gpu_memory_gib,
+                idle,
+                pending,
+                credit: 0.0,
+            }),
+        }
+    }
+    f.breaker = cfg.limits.max_usd_per_h.filter(|cap| f.spend > *cap);
+    for classes in &mut f.free {
+        classes.sort_by(|a, b| a.gpus.cmp(&b.gpus).then(a.mem.total_cmp(&b.mem)));
+    }
+    f.free_before = f
+        .free
+        .iter()
+        .map(|cs| (cs.iter().map(|c| c.idle).sum(), cs.iter().map(|c| c.pending).sum()))
+        .collect();
+    f
+}
+
+impl<'a> Fleet<'a> {
+    /// Per-project GPUs and per-type jobs of the pending and running workers: needed only when
+    /// something is to be launched.
+    pub(crate) fn count_running_by_project_and_type(&mut self, obs: &Observation<'a>, nl: usize) {
+        for w in obs.workers.iter().filter(|w| w.lane < nl) {
+            if matches!(w.state, WorkerState::Pending | WorkerState::Running) {
+                if let Some(p) = &w.project {
+                    self.project_gpus.add(p, w.gpus);
+                }
+                if let Some(t) = &w.job_type {
+                    self.type_jobs.add(t, 1);
+                }
+            }
+        }
+    }
+
+    /// Book `instances` launches in `lane` at `price_usd_per_h` in all.
+    pub(crate) fn book(&mut self, lane: usize, instances: u32, price_usd_per_h: f64) {
+        self.spend += price_usd_per_h;
+        self.live_total += instances;
+        self.lane_live[lane] += instances;
+    }
+
+    /// Room for launches in `lane`: (lane room, total room).
+    pub(crate) fn room(&self, cfg: &PolicyConfig, lane: usize) -> (u32, u32) {
+        (
+            cfg.lanes[lane].max_workers.saturating_sub(self.lane_live[lane]),
+            cfg.limits.max_workers_total.saturating_sub(self.live_total),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observation::WorkerView;
+
+    fn worker(id: &str, lane: usize, state: WorkerState, gpus: u32, price: f64) -> WorkerView {
+        WorkerView {
+            id: id.into(),
+            lane,
+            state,
+            gpus,
+            gpu_memory_gib: 24.0,
+            price_usd_per_h: price,
+            launched_at: 100.0,
+            idle_since: (state == WorkerState::Idle).then_some(200.0),
+            project: Some("p".into()),
+            job_type: None,
+            seq: 0,
+            offering: crate::offering::OfferingKey {
+                instance_type: "g5.xlarge".into(),
+                zone: "us-east-1a".into(),
+                capacity_type: crate::offering::CapacityType::Spot,
+            },
+        }
+    }
+
+    #[test]
+    fn figures_count_spend_live_workers_and_free_capacity_by_class() {
+        let mut cfg = PolicyConfig::default();
+        cfg.limits.max_usd_per_h = Some(3.0);
+        let workers = vec![
+            worker("a", 0, WorkerState::Idle, 1, 1.0),
+            worker("b", 0, WorkerState::Pending, 1, 1.0),
+            worker("c", 0, WorkerState::Running, 4, 2.0),
+            worker("d", 0, WorkerState::Terminating, 1, 9.0),
+            worker("e", 0, WorkerState::Idle, 4, 2.0),
+        ];
+        let obs = Observation {
+            lanes: &[],
+            jobs: &[],
+            workers: &workers,
+            offerings: &[],
+            unavailable: &[],
+        };
+        let f = figures(&obs, &cfg);
+        // Terminating workers are not billed on; every other one is.
+        assert_eq!(f.spend, 6.0);
+        assert_eq!((f.live_total, f.lane_live[0]), (4, 4));
+        assert_eq!(f.free[0].len(), 2, "two classes: 1 GPU and 4 GPUs");
+        assert_eq!((f.free[0][0].gpus, f.free[0][0].idle, f.free[0][0].pending), (1, 1, 1));
+        assert_eq!((f.free[0][1].gpus, f.free[0][1].idle, f.free[0][1].pending), (4, 1, 0));
+        assert_eq!(f.free_before[0], (2, 1));
+        assert_eq!(f.breaker, Some(3.0), "6 $/h is over the 3 $/h cap");
+        assert_eq!((f.idle[0].len(), f.pending[0].len()), (2, 1));
+    }
+}

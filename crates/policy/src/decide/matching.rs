@@ -1,0 +1,192 @@
+//! Phase 2: queued jobs matched to free capacity.
+
+use crate::config::PolicyConfig;
+use crate::observation::{Observation, PendingJob};
+use crate::shape::fits;
+
+use super::fleet::Fleet;
+use super::{short_runtime, FreeClass};
+
+/// Queued jobs per lane, most urgent first: earliest deadline, then longest queued, then id.
+pub(crate) fn queues<'a>(obs: &Observation<'a>, nl: usize) -> Vec<Vec<&'a PendingJob>> {
+    let mut by_lane: Vec<Vec<&'a PendingJob>> = vec![Vec::new(); nl];
+    for j in obs.jobs.iter().filter(|j| j.lane < nl) {
+        by_lane[j.lane].push(j);
+    }
+    for jobs in &mut by_lane {
+        jobs.sort_by(|a, b| {
+            let da = a.deadline.unwrap_or(f64::INFINITY);
+            let db = b.deadline.unwrap_or(f64::INFINITY);
+            da.total_cmp(&db)
+                .then(a.enqueued_at.total_cmp(&b.enqueued_at))
+                .then_with(|| a.id.cmp(&b.id))
+        });
+    }
+    by_lane
+}
+
+/// Match each lane's queued jobs, in order, to its free capacity (idle workers first, then
+/// booting ones, of classes that fit the job); a short job rides on the credit of a worker
+/// already taken by short jobs. Takes what it matches from `fleet.free`; returns the jobs left
+/// unmet per lane, in order.
+pub(crate) fn match_jobs<'a>(
+    cfg: &PolicyConfig,
+    queued: &[Vec<&'a PendingJob>],
+    fleet: &mut Fleet<'a>,
+) -> Vec<Vec<&'a PendingJob>> {
+    let oc = &cfg.offers;
+    let mut unmet: Vec<Vec<&'a PendingJob>> = vec![Vec::new(); queued.len()];
+    for (lane, jobs) in queued.iter().enumerate() {
+        for &job in jobs {
+            let min_mem = job.min_gpu_memory_gib.max(oc.min_gpu_memory_gib);
+            let fit = |c: &FreeClass| fits(c.gpus, c.mem, job.gpus_per_instance, min_mem, oc.max_gpu_oversize);
+            let free = &mut fleet.free[lane];
+            let short = short_runtime(job, oc);
+            if let Some(rt) = short {
+                if let Some(c) = free.iter_mut().find(|c| fit(c) && c.credit >= rt) {
+                    c.credit -= rt;
+                    continue;
+                }
+            }
+            let avail: u32 = free.iter().filter(|c| fit(c)).map(|c| c.idle + c.pending).sum();
+            if avail < job.instances.max(1) {
+                unmet[lane].push(job);
+                continue;
+            }
+            let mut need = job.instances.max(1);
+            for pending in [false, true] {
+                for c in free.iter_mut().filter(|c| fit(c)) {
+                    let slot = if pending { &mut c.pending } else { &mut c.idle };
+                    let take = need.min(*slot);
+                    *slot -= take;
+                    need -= take;
+                    if take > 0 {
+                        if let Some(rt) = short {
+                            c.credit += oc.short_job_horizon_s - rt;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    unmet
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::fleet::figures;
+    use crate::observation::{WorkerState, WorkerView};
+
+    fn job(id: &str, gpus: u32, enqueued_at: f64, runtime_s: f64, deadline: Option<f64>) -> PendingJob {
+        PendingJob {
+            id: id.into(),
+            lane: 0,
+            project: "p".into(),
+            job_type: None,
+            gpus_per_instance: gpus,
+            instances: 1,
+            min_gpu_memory_gib: 0.0,
+            est_runtime_s: Some(runtime_s),
+            deadline,
+            enqueued_at,
+        }
+    }
+
+    fn worker(id: &str, state: WorkerState, gpus: u32) -> WorkerView {
+        WorkerView {
+            id: id.into(),
+            seq: 0,
+            lane: 0,
+            offering: crate::offering::OfferingKey {
+                instance_type: "g5.xlarge".into(),
+                zone: "us-east-1a".into(),
+                capacity_type: crate::offering::CapacityType::Spot,
+            },
+            gpus,
+            gpu_memory_gib: 24.0,
+            price_usd_per_h: 1.0,
+            state,
+            launched_at: 0.0,
+            idle_since: None,
+            project: None,
+            job_type: None,
+        }
+    }
+
+    /// (workers, jobs) -> the ids left unmet.
+    fn unmet(workers: &[WorkerView], jobs: &[PendingJob]) -> Vec<String> {
+        let cfg = PolicyConfig::default();
+        let obs = Observation {
+            lanes: &[],
+            jobs,
+            workers,
+            offerings: &[],
+            unavailable: &[],
+        };
+        let mut f = figures(&obs, &cfg);
+        let q = queues(&obs, cfg.lanes.len());
+        match_jobs(&cfg, &q, &mut f)
+            .into_iter()
+            .flatten()
+            .map(|j| j.id.clone())
+            .collect()
+    }
+
+    #[test]
+    fn jobs_take_free_capacity_of_a_fitting_class_urgent_first() {
+        use WorkerState::*;
+        let long = 7200.0;
+        // (what, workers, jobs, the ids left unmet)
+        type Case<'a> = (&'a str, Vec<WorkerView>, Vec<PendingJob>, &'a [&'a str]);
+        let cases: &[Case] = &[
+            (
+                "an idle worker serves one job, the next is unmet",
+                vec![worker("w1", Idle, 1)],
+                vec![job("a", 1, 10.0, long, None), job("b", 1, 20.0, long, None)],
+                &["b"],
+            ),
+            (
+                "a booting worker counts as capacity",
+                vec![worker("w1", Pending, 1)],
+                vec![job("a", 1, 10.0, long, None)],
+                &[],
+            ),
+            (
+                "the earliest deadline goes first, whatever its arrival",
+                vec![worker("w1", Idle, 1)],
+                vec![job("a", 1, 10.0, long, None), job("b", 1, 20.0, long, Some(5_000.0))],
+                &["a"],
+            ),
+            (
+                "an 8-GPU job does not fit a 1-GPU worker",
+                vec![worker("w1", Idle, 1)],
+                vec![job("big", 8, 10.0, long, None)],
+                &["big"],
+            ),
+            (
+                "a 1-GPU job does not take an 8-GPU worker (max_gpu_oversize 1)",
+                vec![worker("w8", Idle, 8)],
+                vec![job("small", 1, 10.0, long, None)],
+                &["small"],
+            ),
+            (
+                "short jobs share one worker up to the horizon",
+                vec![worker("w1", Idle, 1)],
+                vec![
+                    job("s1", 1, 10.0, 30.0, None),
+                    job("s2", 1, 11.0, 30.0, None),
+                    job("s3", 1, 12.0, 30.0, None),
+                ],
+                &[],
+            ),
+        ];
+        for (what, workers, jobs, want) in cases {
+            assert_eq!(
+                unmet(workers, jobs),
+                want.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                "{what}"
+            );
+        }
+    }
+}

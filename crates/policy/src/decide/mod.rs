@@ -1,0 +1,87 @@
+//! `decide`: the whole policy as one pure function, in five phases a reader can follow, each a
+//! function of its own with its own table tests:
+//!
+//! 1. [`fleet::figures`]: what the fleet is now: spend, live workers per lane, free capacity per
+//!    lane by worker class (idle and booting), idle and booting workers, the budget breaker.
+//! 2. [`matching::match_jobs`]: queued jobs, per lane most urgent first, matched to free capacity
+//!    (idle workers first, then booting ones: a booting worker counts as capacity, so a 3-10
+//!    minute GPU cold start causes no duplicate launch); short jobs queue behind each other on one
+//!    worker up to the short-job horizon.
+//! 3. [`scale_up::scale_up`]: launches for the unmet jobs, lanes by priority (activation 0 -> 1
+//!    apart from the 1 -> N target), with weighted fair share between projects, project quotas,
+//!    job-type caps, max workers, the budget breaker and the freeze; a job whose deadline spot
+//!    capacity can no longer meet gets on-demand capacity of its own.
+//! 4. [`warm::warm_capacity`]: ready workers to hold for arrivals not yet here: the scheduled warm
+//!    pool, and the predictive one where it pays for itself.
+//! 5. [`scale_down::scale_down`]: idle workers past their keep-alive (or at the decay steps),
+//!    never busy ones, never within the delay after a scale-up or the minimum run time; booting
+//!    workers nothing needs are cancelled.
+
+mod fleet;
+mod matching;
+mod scale_down;
+mod scale_up;
+mod warm;
+
+use crate::config::PolicyConfig;
+use crate::observation::{Observation, PendingJob};
+use crate::plan::{LanePlan, Plan};
+
+/// A class of free capacity in a lane: workers with the same GPUs and memory.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct FreeClass {
+    pub(crate) gpus: u32,
+    pub(crate) mem: f64,
+    pub(crate) idle: u32,
+    pub(crate) pending: u32,
+    /// Seconds of short-job work the workers already taken from this class can still absorb.
+    pub(crate) credit: f64,
+}
+
+/// A job shorter than `offers.short_job_horizon_s` does not get a worker of its own: short jobs
+/// queue behind each other on one worker (idle, booting or launched now) until their run times add
+/// up to the horizon, instead of paying a cold start each. Returns the job's run time when it is
+/// short (single-instance, shorter than the horizon).
+pub(crate) fn short_runtime(job: &PendingJob, oc: &crate::config::OfferConfig) -> Option<f64> {
+    let runtime = job.est_runtime_s.unwrap_or(oc.default_runtime_s);
+    (job.instances.max(1) == 1 && runtime < oc.short_job_horizon_s).then_some(runtime)
+}
+
+/// Decide what to launch, terminate and cancel. Pure: same inputs, same plan.
+///
+/// `now` is unix seconds. See the module docs for the phases; every action carries a
+/// [`crate::plan::Reason`], every want not acted on lands in [`Plan::held`].
+pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
+    let nl = cfg.lanes.len();
+    let mut plan = Plan::default();
+    let mut fleet = fleet::figures(obs, cfg);
+    let queued = matching::queues(obs, nl);
+    let unmet = matching::match_jobs(cfg, &queued, &mut fleet);
+    let mut lanes: Vec<LanePlan> = unmet
+        .iter()
+        .map(|u| LanePlan {
+            unmet_jobs: u.len() as u32,
+            warm_target: 0,
+        })
+        .collect();
+    if unmet.iter().any(|u| !u.is_empty()) {
+        fleet.count_running_by_project_and_type(obs, nl);
+    }
+    scale_up::scale_up(obs, cfg, now, unmet, &mut fleet, &mut plan);
+    for (lane, lane_plan) in lanes.iter_mut().enumerate() {
+        let warm = warm::warm_capacity(obs, cfg, now, lane, &mut fleet, &mut plan);
+        lane_plan.warm_target = warm.target;
+        scale_down::scale_down(
+            obs,
+            cfg,
+            now,
+            lane,
+            &warm,
+            queued[lane].is_empty(),
+            &mut fleet,
+            &mut plan,
+        );
+    }
+    plan.lanes = lanes;
+    plan
+}

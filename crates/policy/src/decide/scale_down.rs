@@ -1,0 +1,167 @@
+//! Phase 5: release idle workers past their keep-alive, cancel booting workers nothing needs.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::config::{KeepAliveMode, PolicyConfig};
+use crate::keepalive;
+use crate::observation::{LaneId, Observation, WorkerView};
+use crate::plan::{Action, Plan, Reason};
+
+use super::fleet::Fleet;
+use super::warm::Warm;
+use super::FreeClass;
+
+/// Drop, per class, the idle workers that matching consumed (the first ones of each class in
+/// `idle`, which is sorted most recently idle first); `after` is the free capacity left.
+pub(crate) fn skip_consumed<'a>(
+    idle: &[&'a WorkerView],
+    after: &[FreeClass],
+    consumed_total: u32,
+) -> Vec<&'a WorkerView> {
+    if consumed_total == 0 {
+        return idle.to_vec();
+    }
+    let mut before: BTreeMap<(u32, u64), u32> = BTreeMap::new();
+    for w in idle {
+        *before.entry((w.gpus, w.gpu_memory_gib.to_bits())).or_default() += 1;
+    }
+    let mut to_skip: HashMap<(u32, u64), u32> = before
+        .iter()
+        .map(|(k, n)| {
+            let left = after
+                .iter()
+                .find(|c| c.gpus == k.0 && c.mem.to_bits() == k.1)
+                .map_or(0, |c| c.idle);
+            (*k, n.saturating_sub(left))
+        })
+        .collect();
+    idle.iter()
+        .filter(|w| {
+            let k = (w.gpus, w.gpu_memory_gib.to_bits());
+            match to_skip.get_mut(&k) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    false
+                }
+                _ => true,
+            }
+        })
+        .copied()
+        .collect()
+}
+
+/// Release `lane`'s idle workers nobody matched once their keep-alive ran out (the most recently
+/// idle ones of the warm shape form the warm pool and stay); over the budget cap, every idle
+/// worker past the minimum run time goes. Nothing is released within the delay after a scale-up
+/// or while the backlog is over `scale_down_max_backlog`. Booting workers are cancelled only when
+/// the lane has no queued job at all (`queue_empty`), the warm pool's share excepted.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scale_down(
+    obs: &Observation<'_>,
+    cfg: &PolicyConfig,
+    now: f64,
+    lane: LaneId,
+    warm: &Warm,
+    queue_empty: bool,
+    fleet: &mut Fleet<'_>,
+    plan: &mut Plan,
+) {
+    let oc = &cfg.offers;
+    let lane_obs = obs.lanes.get(lane);
+    let free_idle: u32 = fleet.free[lane].iter().map(|c| c.idle).sum();
+    let free_pending: u32 = fleet.free[lane].iter().map(|c| c.pending).sum();
+    // Idle workers nobody matched: the matched ones are the most recently idle of their class.
+    let (idle_before, _) = fleet.free_before[lane];
+    let consumed_idle = idle_before - free_idle;
+    let idle = &mut fleet.idle[lane];
+    idle.sort_by(|a, b| {
+        b.idle_since
+            .unwrap_or(now)
+            .total_cmp(&a.idle_since.unwrap_or(now))
+            .then(b.seq.cmp(&a.seq))
+    });
+    let idle_free = skip_consumed(idle, &fleet.free[lane], consumed_idle);
+
+    if let Some(cap) = fleet.breaker {
+        for w in idle_free
+            .iter()
+            .filter(|w| now - w.launched_at >= cfg.anti_thrash.min_runtime_s)
+        {
+            plan.actions.push(Action::Terminate {
+                worker: w.id.clone(),
+                reason: Reason::BudgetBreaker {
+                    spend_usd_per_h: fleet.spend,
+                    cap_usd_per_h: cap,
+                },
+            });
+        }
+        return;
+    }
+    let backlog = lane_obs.map(|o| o.backlog.total(cfg.limits.count_delayed)).unwrap_or(0);
+    if now - fleet.last_launch[lane] < cfg.anti_thrash.scale_down_delay_after_scale_up_s
+        || backlog > cfg.anti_thrash.scale_down_max_backlog
+    {
+        return;
+    }
+    // The most recently idle workers form the warm pool.
+    let mut warm_kept = 0;
+    for w in &idle_free {
+        if warm_kept < warm.target && warm.is_warm_shape(cfg, w.gpus, w.gpu_memory_gib) {
+            warm_kept += 1;
+            continue;
+        }
+        if now - w.launched_at < cfg.anti_thrash.min_runtime_s {
+            continue;
+        }
+        let idle_s = now - w.idle_since.unwrap_or(now);
+        let gaps = lane_obs.and_then(|o| o.gaps_for(w.gpus, oc.max_gpu_oversize));
+        let keep_alive = keepalive::keep_alive_s(gaps, oc.boot_estimate_s, w.price_usd_per_h, &cfg.scale_down);
+        let reason = match cfg.scale_down.mode {
+            KeepAliveMode::Adaptive | KeepAliveMode::Fixed => {
+                (idle_s >= keep_alive).then_some(Reason::KeepAliveExpired {
+                    idle_s,
+                    keep_alive_s: keep_alive,
+                })
+            }
+            KeepAliveMode::CooldownDecay => {
+                let sd = &cfg.scale_down;
+                if idle_s >= sd.release_rest_at_s {
+                    Some(Reason::DecayStep {
+                        idle_s,
+                        step_s: sd.release_rest_at_s,
+                    })
+                } else if idle_s >= sd.warm_for_s && keepalive::in_first_release(w.seq, sd.release_fraction) {
+                    Some(Reason::DecayStep {
+                        idle_s,
+                        step_s: sd.warm_for_s,
+                    })
+                } else {
+                    None
+                }
+            }
+        };
+        if let Some(reason) = reason {
+            plan.actions.push(Action::Terminate {
+                worker: w.id.clone(),
+                reason,
+            });
+        }
+    }
+    // Booting workers nothing needs: only when the lane has no queued job at all.
+    if queue_empty && free_pending > 0 {
+        let mut warm_left = warm.target.saturating_sub(warm.idle);
+        let pending = &mut fleet.pending[lane];
+        // Keep the ones launched first (closest to ready).
+        pending.sort_by(|a, b| a.launched_at.total_cmp(&b.launched_at).then(a.seq.cmp(&b.seq)));
+        for w in pending.iter() {
+            if warm_left > 0 && warm.is_warm_shape(cfg, w.gpus, w.gpu_memory_gib) {
+                warm_left -= 1;
+                continue;
+            }
+            plan.actions.push(Action::CancelLaunch {
+                worker: w.id.clone(),
+                reason: Reason::PendingNotNeeded,
+            });
+        }
+    }
+}

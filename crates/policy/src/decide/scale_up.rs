@@ -1,0 +1,344 @@
+//! Phase 3: launches for the jobs matching left unmet, lanes by priority.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::choice::{self, Request};
+use crate::config::{CapacityPreference, PolicyConfig};
+use crate::observation::{LaneId, Observation, PendingJob};
+use crate::offering::Offering;
+use crate::plan::{Action, Held, LaunchShape, Plan, Reason};
+
+use super::fleet::Fleet;
+use super::short_runtime;
+
+/// Seconds of slack of a job: deadline - now - expected runtime; `None` without a deadline.
+fn slack_s(job: &PendingJob, runtime_s: f64, now: f64) -> Option<f64> {
+    job.deadline.map(|d| d - now - runtime_s)
+}
+
+/// Launch for the unmet jobs of every lane, lanes by priority: held while frozen or over the
+/// budget cap; a lane with no live worker launches once its backlog reaches its activation
+/// threshold, a live lane once enough jobs are unmet; only jobs queued longer than the scale-up
+/// window count (arrivals within it may still be matched).
+pub(crate) fn scale_up<'a>(
+    obs: &Observation<'a>,
+    cfg: &PolicyConfig,
+    now: f64,
+    mut unmet: Vec<Vec<&'a PendingJob>>,
+    fleet: &mut Fleet<'a>,
+    plan: &mut Plan,
+) {
+    let nl = cfg.lanes.len();
+    let mut order: Vec<LaneId> = (0..nl).collect();
+    order.sort_by_key(|&l| (cfg.lanes[l].priority, l));
+    for &lane in &order {
+        let lc = &cfg.lanes[lane];
+        let jobs = std::mem::take(&mut unmet[lane]);
+        if jobs.is_empty() {
+            continue;
+        }
+        let n_unmet = jobs.len() as u32;
+        if cfg.limits.frozen {
+            plan.held.push(Held {
+                lane,
+                count: n_unmet,
+                reason: Reason::Frozen,
+            });
+            continue;
+        }
+        if let Some(cap) = fleet.breaker {
+            plan.held.push(Held {
+                lane,
+                count: n_unmet,
+                reason: Reason::BudgetBreaker {
+                    spend_usd_per_h: fleet.spend,
+                    cap_usd_per_h: cap,
+                },
+            });
+            continue;
+        }
+        let backlog = obs
+            .lanes
+            .get(lane)
+            .map(|o| o.backlog.total(cfg.limits.count_delayed))
+            .unwrap_or(n_unmet);
+        let activation = fleet.lane_live[lane] == 0;
+        if activation && backlog.max(n_unmet) < lc.activation_backlog {
+            continue;
+        }
+        if !activation && n_unmet < cfg.anti_thrash.scale_up_unmet_jobs {
+            continue;
+        }
+        let reason = if activation {
+            Reason::Activation {
+                backlog: backlog.max(n_unmet),
+            }
+        } else {
+            Reason::UnmetBacklog { unmet_jobs: n_unmet }
+        };
+        let ripe: Vec<&'a PendingJob> = jobs
+            .into_iter()
+            .filter(|j| now - j.enqueued_at >= cfg.anti_thrash.scale_up_window_s)
+            .collect();
+        scale_up_lane(obs, cfg, now, lane, &ripe, reason, fleet, plan);
+    }
+}
+
+/// Request a ranking is cached for: (GPUs, min memory bits, instances, on-demand for a deadline,
+/// run-time bucket). Run times within a factor of two share a ranking: the expected cost per job
+/// weighs boot against run time, so a long job may rank offerings differently from a short one.
+type RankKey = (u32, u64, u32, bool, i32);
+
+/// Run-time bucket of [`RankKey`]: ceil(log2(seconds)).
+fn runtime_bucket(runtime_s: f64) -> i32 {
+    runtime_s.max(1.0).log2().ceil() as i32
+}
+
+/// Allocate launches for the unmet jobs of one lane with weighted fair share between projects.
+#[allow(clippy::too_many_arguments)]
+fn scale_up_lane<'a>(
+    obs: &Observation<'a>,
+    cfg: &PolicyConfig,
+    now: f64,
+    lane: LaneId,
+    jobs: &[&'a PendingJob],
+    reason: Reason,
+    b: &mut Fleet<'a>,
+    plan: &mut Plan,
+) {
+    let lc = &cfg.lanes[lane];
+    let oc = &cfg.offers;
+    // Per-project FIFO queues (jobs are already most-urgent first).
+    let mut queues: BTreeMap<&'a str, std::collections::VecDeque<&'a PendingJob>> = BTreeMap::new();
+    for j in jobs {
+        queues.entry(j.project.as_str()).or_default().push_back(j);
+    }
+    // Ranked offerings per request shape, computed once.
+    let mut ranked_cache: HashMap<RankKey, Vec<(&Offering, f64)>> = HashMap::new();
+    // Jobs allocated per group (for aggregated launches), in allocation order.
+    let mut groups: Vec<(RankKey, &'a str, Request, u32)> = Vec::new();
+    let mut held: BTreeMap<String, (u32, Reason)> = BTreeMap::new();
+    let mut hold = |reason: Reason, n: u32| {
+        let e = held.entry(reason.to_string()).or_insert((0, reason));
+        e.0 += n;
+    };
+    // Once the lane or the fleet is full, the limit that bound.
+    let mut full: Option<u32> = None;
+    // Short-job work the workers launched here can still absorb, per (GPUs, min memory bits).
+    let mut credit: Vec<((u32, u64), f64)> = Vec::new();
+    while !queues.is_empty() {
+        // Project with the least GPUs per unit of weight goes next.
+        let project = *queues
+            .keys()
+            .min_by(|a, b2| {
+                let ua = b.project_gpus.get(a) as f64 / cfg.project_quota(a).weight;
+                let ub = b.project_gpus.get(b2) as f64 / cfg.project_quota(b2).weight;
+                ua.total_cmp(&ub).then(a.cmp(b2))
+            })
+            .expect("non-empty");
+        let q = queues.get_mut(project).expect("present");
+        let job = q.pop_front().expect("queues hold no empty deque");
+        if q.is_empty() {
+            queues.remove(project);
+        }
+        if let Some(limit) = full {
+            hold(Reason::MaxWorkers { limit }, 1);
+            continue;
+        }
+        let instances = job.instances.max(1);
+        let gpus = job.gpus_per_instance * instances;
+        let quota = cfg.project_quota(project);
+        if let Some(max) = quota.max_gpus {
+            if b.project_gpus.get(project) + gpus > max {
+                hold(
+                    Reason::ProjectQuota {
+                        project: project.to_string(),
+                        max_gpus: max,
+                    },
+                    1 + queues.get(project).map_or(0, |q| q.len() as u32),
+                );
+                queues.remove(project);
+                continue;
+            }
+        }
+        if let Some(t) = &job.job_type {
+            if let Some(&cap) = cfg.limits.job_type_caps.get(t) {
+                if b.type_jobs.get(t) + 1 > cap {
+                    hold(
+                        Reason::JobTypeCap {
+                            job_type: t.clone(),
+                            cap,
+                        },
+                        1,
+                    );
+                    continue;
+                }
+            }
+        }
+        let lane_room = lc.max_workers.saturating_sub(b.lane_live[lane]);
+        let total_room = cfg.limits.max_workers_total.saturating_sub(b.live_total);
+        if lane_room.min(total_room) < instances {
+            let limit = if lane_room < total_room {
+                lc.max_workers
+            } else {
+                cfg.limits.max_workers_total
+            };
+            hold(Reason::MaxWorkers { limit }, 1);
+            full = Some(limit);
+            continue;
+        }
+        let runtime = job.est_runtime_s.unwrap_or(oc.default_runtime_s);
+        let min_mem = job.min_gpu_memory_gib.max(oc.min_gpu_memory_gib);
+        let short = short_runtime(job, oc).filter(|_| job.deadline.is_none());
+        let credit_key = (job.gpus_per_instance, min_mem.to_bits());
+        if let Some(rt) = short {
+            if let Some(c) = credit.iter_mut().find(|c| c.0 == credit_key && c.1 >= rt) {
+                // Rides on a worker launched for an earlier short job.
+                c.1 -= rt;
+                continue;
+            }
+        }
+        // Deadline at risk on spot: on-demand capacity of its own.
+        let at_risk = slack_s(job, runtime, now)
+            .filter(|s| *s < oc.boot_estimate_s + oc.checkpoint_interval_s + cfg.limits.deadline_margin_s)
+            .filter(|_| lc.capacity != CapacityPreference::OnDemand);
+        let capacity = if at_risk.is_some() {
+            CapacityPreference::OnDemand
+        } else {
+            lc.capacity
+        };
+        let req = Request {
+            gpus: job.gpus_per_instance,
+            min_mem_gib: min_mem,
+            capacity,
+            instances,
+            runtime_s: runtime,
+        };
+        let key = (
+            job.gpus_per_instance,
+            min_mem.to_bits(),
+            instances,
+            at_risk.is_some(),
+            runtime_bucket(runtime),
+        );
+        let ranked = ranked_cache
+            .entry(key)
+            .or_insert_with(|| choice::top(obs.offerings, &req, oc, obs.unavailable, now, oc.diversify as usize));
+        if ranked.is_empty() {
+            hold(
+                Reason::NoOffering {
+                    gpus: job.gpus_per_instance,
+                },
+                1,
+            );
+            continue;
+        }
+        // Book the dearest offering the launch may be spread over, so the cap holds.
+        let price = choice::spread_max_price(ranked, oc) * instances as f64;
+        if let Some(cap) = cfg.limits.max_usd_per_h {
+            if b.spend + price > cap {
+                hold(
+                    Reason::BudgetBreaker {
+                        spend_usd_per_h: b.spend,
+                        cap_usd_per_h: cap,
+                    },
+                    1,
+                );
+                continue;
+            }
+        }
+        // Book the capacity.
+        if let Some(rt) = short {
+            match credit.iter_mut().find(|c| c.0 == credit_key) {
+                Some(c) => c.1 += oc.short_job_horizon_s - rt,
+                None => credit.push((credit_key, oc.short_job_horizon_s - rt)),
+            }
+        }
+        b.spend += price;
+        b.live_total += instances;
+        b.lane_live[lane] += instances;
+        b.project_gpus.add(project, gpus);
+        if let Some(t) = &job.job_type {
+            b.type_jobs.add(t, 1);
+        }
+        if let Some(slack) = at_risk {
+            let reason = Reason::DeadlineAtRisk {
+                job: job.id.clone(),
+                slack_s: slack,
+            };
+            push_launches_booked(
+                plan,
+                lane,
+                ranked,
+                &req,
+                instances,
+                Some(project),
+                Some(&job.id),
+                reason,
+                oc,
+            );
+            continue;
+        }
+        match groups.iter_mut().find(|g| g.0 == key && g.1 == project) {
+            Some(g) => g.3 += instances,
+            None => groups.push((key, project, req, instances)),
+        }
+    }
+    for (key, project, req, instances) in groups {
+        // jobs_per_worker jobs share one worker (1 by default); the spare bookings are handed back.
+        let workers = instances.div_ceil(lc.jobs_per_worker);
+        let spare = instances - workers;
+        b.live_total -= spare;
+        b.lane_live[lane] -= spare;
+        let ranked = &ranked_cache[&key];
+        push_launches_booked(
+            plan,
+            lane,
+            ranked,
+            &req,
+            workers,
+            Some(project),
+            None,
+            reason.clone(),
+            oc,
+        );
+    }
+    for (_, (count, reason)) in held {
+        plan.held.push(Held { lane, count, reason });
+    }
+}
+
+/// Push launch actions for capacity already booked in the fleet's budget.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn push_launches_booked(
+    plan: &mut Plan,
+    lane: LaneId,
+    ranked: &[(&Offering, f64)],
+    req: &Request,
+    count: u32,
+    project: Option<&str>,
+    job: Option<&str>,
+    reason: Reason,
+    oc: &crate::config::OfferConfig,
+) -> u32 {
+    let mut n = 0;
+    for (o, c) in choice::spread(ranked, count, oc) {
+        plan.actions.push(Action::Launch {
+            lane,
+            offering: o.key.clone(),
+            price_usd_per_h: o.price_usd_per_h,
+            count: c,
+            request: LaunchShape {
+                gpus: req.gpus,
+                min_gpu_memory_gib: req.min_mem_gib,
+                capacity: req.capacity,
+                runtime_s: req.runtime_s,
+            },
+            project: project.map(str::to_string),
+            job: job.map(str::to_string),
+            reason: reason.clone(),
+        });
+        n += c;
+    }
+    n
+}
