@@ -44,6 +44,7 @@ fn views(reg: &FakeRegistry, cfg: &PolicyConfig) -> Vec<WorkerView> {
             idle_since: None,
             project: r.project.clone(),
             job_type: None,
+            busy_until: None,
         })
         .collect()
 }

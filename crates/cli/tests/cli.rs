@@ -83,10 +83,10 @@ fn bad_inputs_get_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown policy \"nope\""));
     let cfg = std::env::temp_dir().join(format!("onoff-bad-{}.toml", std::process::id()));
-    std::fs::write(&cfg, "[scale_down]\ngap_quantile = 2.0\n").unwrap();
+    std::fs::write(&cfg, "[scale_down]\nrelease_fraction = 2.0\n").unwrap();
     let out = onoff(&["simulate", "--trace", SHORT, "--config", cfg.to_str().unwrap()]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("scale_down.gap_quantile"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("scale_down.release_fraction"));
     std::fs::remove_file(cfg).ok();
 }
 

@@ -301,16 +301,19 @@ where
                 _ => {}
             }
         }
-        let mut arrivals: Vec<(f64, u32)> = active
+        let mut arrivals: Vec<(f64, u32, Option<f64>)> = active
             .iter()
             .filter(|j| {
                 j.spec.lane == lane.name && now - j.created_at <= onoff_policy::observation::RECENT_ARRIVALS_KEPT_S
             })
-            .map(|j| (j.created_at, shape(j.spec.gpus, opts.max_gpus_per_instance).0))
+            .map(|j| {
+                let g = shape(j.spec.gpus, opts.max_gpus_per_instance).0;
+                (j.created_at, g, j.spec.est_runtime_s)
+            })
             .collect();
         arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
-        for (t, g) in arrivals {
-            lo.record_arrival(g, t);
+        for (t, g, runtime) in arrivals {
+            lo.record_arrival_with_runtime(g, t, runtime);
         }
         lanes.push(lo);
     }
@@ -335,6 +338,12 @@ where
         })
         .collect();
     let specs: BTreeMap<&str, &Offering> = offerings.iter().map(|o| (o.key.instance_type.as_str(), o)).collect();
+    // When each worker's running job is expected to end: its lease's start plus its declared run time.
+    let busy_until: BTreeMap<&str, f64> = active
+        .iter()
+        .filter(|j| j.state == JobState::Running)
+        .filter_map(|j| Some((j.lease_owner.as_deref()?, j.claimed_at? + j.spec.est_runtime_s?)))
+        .collect();
     let views: Vec<WorkerView> = live
         .iter()
         .filter_map(|w| {
@@ -353,6 +362,7 @@ where
                 idle_since: w.idle_since,
                 project: w.project.clone(),
                 job_type: None,
+                busy_until: busy_until.get(w.id.as_str()).copied(),
             })
         })
         .collect();

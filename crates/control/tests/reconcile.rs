@@ -75,6 +75,19 @@ impl World {
             .collect()
     }
 
+    /// Submit one job declaring `runtime_s` seconds of run time.
+    fn submit_timed(&self, token: &str, runtime_s: f64) -> String {
+        let spec = format!(
+            r#"{{"image":"i","command":["x"],"project":"p","client_token":"{token}","est_runtime_s":{runtime_s}}}"#
+        );
+        let src = Source::Sqs {
+            message_id: format!("m-{token}"),
+        };
+        match pollster::block_on(submit(&spec, &src, &["standard"], NOW, &self.jobs, &self.queue)).unwrap() {
+            Submitted::New(id) | Submitted::Existing(id) => id,
+        }
+    }
+
     fn reconcile(&self, now: f64, reap: bool) -> ReconcileReport {
         let opts = ReconcileOptions {
             reap,
@@ -366,5 +379,40 @@ fn a_job_that_keeps_losing_its_lease_is_failed_after_the_bound() {
             assert_eq!((rec.state, r.jobs_failed.clone()), (JobState::Failed, vec![id.clone()]));
             assert!(rec.reason.as_deref().unwrap().contains("lost its worker"), "{rec:?}");
         }
+    }
+}
+
+#[test]
+fn short_jobs_queue_behind_a_worker_whose_job_ends_within_the_horizon() {
+    // A worker runs a job claimed at +100 s; three 10 s jobs arrive at +110 s. When the running
+    // job declared 30 s (ends at +130 s, within the 120 s short-job horizon) they wait for that
+    // worker; when it declared an hour they get a worker (one: short jobs share it).
+    // (declared run time of the running job, launches)
+    for (running_job_s, want) in [(30.0, 0usize), (3600.0, 1)] {
+        let w = World::new();
+        let first = w.submit_timed("first", running_job_s);
+        w.reconcile(NOW + 1.0, false);
+        let worker = w.workers.records().keys().next().unwrap().clone();
+        pollster::block_on(w.jobs.claim(&first, &worker, NOW + 10_000.0, NOW + 100.0)).unwrap();
+        w.workers
+            .set_agent_view(&worker, WorkerState::Running, None, Some(NOW + 100.0));
+        for i in 0..3 {
+            w.submit_timed(&format!("short{i}"), 10.0);
+        }
+        w.queue.set_backlog(
+            "standard",
+            LaneBacklog {
+                visible: 3,
+                in_flight: 1,
+                delayed: 0,
+            },
+        );
+        let r = w.reconcile(NOW + 110.0, false);
+        assert_eq!(
+            r.acted.launched.len(),
+            want,
+            "running job of {running_job_s} s: {:?}",
+            r.plan
+        );
     }
 }

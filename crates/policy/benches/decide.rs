@@ -72,6 +72,7 @@ fn setup() -> (
                 idle_since: (state == WorkerState::Idle).then_some(now - (i % 1200) as f64),
                 project: Some(format!("p{}", i % 15)),
                 job_type: None,
+                busy_until: None,
             }
         })
         .collect();

@@ -13,6 +13,10 @@ use crate::offering::InterruptionBucket;
 /// lane may configure; `LaneObservation::recent_arrivals` keeps this much).
 pub const RECENT_ARRIVALS_KEPT_S: f64 = 6.0 * 3600.0;
 
+/// Half-life of a recorded arrival gap in the keep-alive statistics, seconds (one day: a day's
+/// pattern weighs fully, last week's a hundredth). An assumption of ours, not a measured figure.
+pub const GAP_HALF_LIFE_S: f64 = 86_400.0;
+
 /// Which capacity types a lane launches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -60,24 +64,25 @@ pub struct LaneConfig {
     pub warm_pool: Vec<WarmWindow>,
     /// GPUs per instance of warm-pool workers. Default 1.
     pub warm_pool_gpus: u32,
-    /// Predictive warm pool: hold as many ready warm-shape workers as jobs of that shape arrived in
-    /// the last `predictive_window_s` (a persistence forecast: capacity launched now is ready one
-    /// cold start later, when the next window begins), at most `predictive_max`. With a look-back
-    /// the target is the biggest such burst seen lately, so capacity is ready before the next
-    /// burst of a busy period. Zero once nothing has arrived for the look-back, so a quiet queue
-    /// costs nothing. The warm pool is the larger of this and the schedule. Default 40 (measured
-    /// on the Philly trace, see README: 40 with a 3 h look-back starts the median job on warm
-    /// capacity for 1.026 x the offline lower bound; 0 turns it off).
+    /// Predictive warm pool, per job shape (GPUs per instance): ready workers held for long jobs
+    /// (at least `offers.short_job_horizon_s`) not yet here, sized by the newsvendor's critical
+    /// fractile: the i-th worker is held while the share of recent windows that needed at least
+    /// i workers is at least `W / (break-even + W)` (W = `predictive_window_s`, break-even as in
+    /// `keepalive::break_even_s` for the shape's price), i.e. while its expected idle cost is below
+    /// the cold starts it saves, priced with `scale_down.wait_value_usd_per_h`. At most this many
+    /// per shape; 0 turns it off. Zero once nothing has arrived for the look-back, so a quiet
+    /// queue costs nothing. For `warm_pool_gpus` the pool is the larger of this and the schedule.
+    /// Default 40 (a cap, not a target; the README's sweep shows the cost and waits it gives).
     pub predictive_max: u32,
-    /// Window of the predictive warm pool, seconds. Default 390 s (`offers.boot_estimate_s`).
+    /// Window of the predictive warm pool, seconds: capacity launched now is ready about one cold
+    /// start later. Default 390 s (`offers.boot_estimate_s`).
     pub predictive_window_s: f64,
-    /// Look-back of the predictive warm pool, seconds: the target is the biggest burst (arrivals
-    /// in one window) seen in this long. Default 10,800 s (3 h); at most
-    /// [`RECENT_ARRIVALS_KEPT_S`] minus the window.
+    /// Look-back of the predictive warm pool, seconds: the windows its fractile is taken over.
+    /// Default 10,800 s (3 h); at most [`RECENT_ARRIVALS_KEPT_S`] minus the window.
     pub predictive_lookback_s: f64,
-    /// Separate bursts (runs of arrivals less than a window apart) the look-back must hold before
-    /// the predictive pool holds anything: one burst alone is left to the keep-alive, so a lone
-    /// job never keeps a worker warm for hours. Default 2.
+    /// Windows of the look-back that must have needed a worker before the predictive pool holds
+    /// it, whatever the fractile says: a lone burst is left to the keep-alive, so one job never
+    /// keeps a worker warm for hours however high the wait value. Default 2.
     pub predictive_min_bursts: u32,
 }
 
@@ -122,7 +127,8 @@ impl LaneConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum KeepAliveMode {
-    /// Ski-rental break-even idle timeout refined by the lane's gap histogram (default).
+    /// Ski-rental break-even idle timeout, or, once the lane's arrival gaps are known, the timeout
+    /// with the least expected cost under them for the worker's place in line (default).
     Adaptive,
     /// The seed design's cooldown with decay: keep every idle worker `warm_for_s`, then release
     /// half, the rest at `release_rest_at_s`.
@@ -148,16 +154,15 @@ pub struct ScaleDownConfig {
     /// Fixed mode: idle timeout, seconds. Default 600 s (the seed write-up's SCALE_DOWN_DELAY).
     pub fixed_idle_timeout_s: f64,
     /// Adaptive: what one hour of a job waiting for a cold start costs you, $/h. Added to the
-    /// cold-start cost B of the ski-rental break-even T = B / r, so T = boot x (1 + this / price).
+    /// cold-start cost B of the ski-rental break-even T = B / r, so T = boot x (1 + this / price);
+    /// the keep-alive and the predictive warm pool both weigh idle cost against waits with it.
     /// Default 1.0 $/h (an assumption, set it to your own figure; 0 = pure billed-cost ski
-    /// rental, which gives T = boot time).
+    /// rental, which gives T = boot time). `onoff simulate --sweep wait_value_usd_per_h=...`
+    /// shows the cost and waits of each value on your trace.
     pub wait_value_usd_per_h: f64,
-    /// Adaptive: quantile of the lane's inter-arrival gaps to keep alive to when that is shorter
-    /// than break-even. Default 0.99 (Serverless in the Wild, ATC'20: keep alive to the 99th
-    /// percentile of idle gaps).
-    pub gap_quantile: f64,
-    /// Adaptive: gaps needed before the histogram is trusted; below it break-even alone is used.
-    /// Default 20.
+    /// Adaptive: gaps needed before the histogram is trusted; below it break-even alone is used,
+    /// above it the timeout with the least expected cost under the gaps
+    /// (`keepalive::cost_optimal_timeout_s`). Default 20.
     pub min_gap_samples: u64,
     /// Lower bound of any keep-alive, seconds. Default 60 s: EC2 bills a 60-second minimum, so an
     /// earlier release saves nothing.
@@ -175,7 +180,6 @@ impl Default for ScaleDownConfig {
             release_rest_at_s: 1800.0,
             fixed_idle_timeout_s: 600.0,
             wait_value_usd_per_h: 1.0,
-            gap_quantile: 0.99,
             min_gap_samples: 20,
             min_keep_alive_s: 60.0,
             max_keep_alive_s: 3600.0,
@@ -509,9 +513,6 @@ impl PolicyConfig {
         }
         if !(0.0..=1.0).contains(&s.release_fraction) {
             bad("scale_down.release_fraction".into(), "must be within 0..=1");
-        }
-        if !(s.gap_quantile > 0.0 && s.gap_quantile <= 1.0) {
-            bad("scale_down.gap_quantile".into(), "must be within (0, 1]");
         }
         if s.max_keep_alive_s < s.min_keep_alive_s {
             bad(

@@ -4,10 +4,11 @@
 //! B $. Releasing after T = B / r costs at most twice the offline optimum. Here r is the worker's
 //! price and B the billed cold start (boot seconds x price) plus the value of the wait it adds
 //! (boot seconds x `wait_value_usd_per_h`), so T = boot x (1 + wait value / price): cheap GPUs
-//! are kept longer than expensive ones. When the gap histogram of the job shapes the worker
-//! serves is representative, the keep-alive is cut to its `gap_quantile` gap where that is
-//! shorter (Serverless in the Wild, ATC'20): past the p99 gap the next arrival is unlikely to
-//! come soon, so waiting longer buys little.
+//! are kept longer than expensive ones. Once the gap histogram of the job shapes the worker
+//! serves holds enough gaps, the timeout is the one with the least expected cost under it
+//! ([`cost_optimal_timeout_s`]), for the worker's place in line: the i-th idle worker is
+//! needed only when i jobs arrive, so a pool shrinks to what the arrival rate keeps busy while
+//! the worker a dense stream of items uses is kept.
 
 use crate::config::{KeepAliveMode, ScaleDownConfig};
 use crate::observation::GapHistogram;
@@ -20,20 +21,156 @@ pub fn break_even_s(boot_s: f64, price_usd_per_h: f64, cfg: &ScaleDownConfig) ->
 }
 
 /// Keep-alive in force now for a worker billed `price_usd_per_h`, seconds, for the configured mode
-/// (for cooldown-with-decay: the time of the final release step). `gaps`: the arrival-gap
-/// histogram of the job shapes the worker serves, if any.
-pub fn keep_alive_s(gaps: Option<&GapHistogram>, boot_s: f64, price_usd_per_h: f64, cfg: &ScaleDownConfig) -> f64 {
+/// (for cooldown-with-decay: the time of the final release step).
+///
+/// `gaps`: the arrival-gap histogram of the job shapes the worker serves, if any;
+/// `arrivals_until_needed` (>= 1): how many arrivals of those shapes it takes before this worker
+/// gets one (1 for the idle worker next in line; see [`arrivals_until_needed`]). Adaptive mode:
+/// with fewer than `min_gap_samples` gaps, the break-even [`break_even_s`]; with them,
+/// [`cost_optimal_timeout_s`] over the gaps scaled by `arrivals_until_needed`, so a dense stream
+/// of items keeps the worker that serves it and a pool shrinks to what the arrivals keep busy.
+/// Clamped to `[min_keep_alive_s, max_keep_alive_s]`.
+pub fn keep_alive_s(
+    gaps: Option<&GapHistogram>,
+    arrivals_until_needed: f64,
+    boot_s: f64,
+    price_usd_per_h: f64,
+    cfg: &ScaleDownConfig,
+) -> f64 {
+    let curve = gaps.filter(|g| trusted(g, cfg)).map(GapCurve::new);
+    keep_alive_with_curve_s(curve.as_ref(), arrivals_until_needed, boot_s, price_usd_per_h, cfg)
+}
+
+/// Whether `gaps` holds enough gaps (`min_gap_samples`, at least 1) for the keep-alive to follow.
+pub fn trusted(gaps: &GapHistogram, cfg: &ScaleDownConfig) -> bool {
+    gaps.samples() >= cfg.min_gap_samples.max(1)
+}
+
+/// [`keep_alive_s`] with the gaps' [`GapCurve`] built already (`None`: no trusted gaps).
+pub fn keep_alive_with_curve_s(
+    curve: Option<&GapCurve>,
+    arrivals_until_needed: f64,
+    boot_s: f64,
+    price_usd_per_h: f64,
+    cfg: &ScaleDownConfig,
+) -> f64 {
     match cfg.mode {
         KeepAliveMode::Fixed => cfg.fixed_idle_timeout_s,
         KeepAliveMode::CooldownDecay => cfg.release_rest_at_s,
         KeepAliveMode::Adaptive => {
             let be = break_even_s(boot_s, price_usd_per_h, cfg);
-            let t = match gaps.and_then(|g| g.quantile(cfg.gap_quantile).map(|q| (q, g.samples()))) {
-                Some((q, n)) if n >= cfg.min_gap_samples => q.min(be),
-                _ => be,
-            };
-            t.clamp(cfg.min_keep_alive_s, cfg.max_keep_alive_s)
+            let (lo, hi) = (cfg.min_keep_alive_s, cfg.max_keep_alive_s.max(cfg.min_keep_alive_s));
+            match curve {
+                Some(c) => c.timeout_s(arrivals_until_needed.max(1.0), be, lo, hi),
+                None => be.clamp(lo, hi),
+            }
         }
+    }
+}
+
+/// Arrivals it takes before the idle worker with `rank` workers ahead of it in line (0 = the most
+/// recently idle, which the next arrival takes) is needed, when an arrival brings `mean_units`
+/// workers' worth of demand (1 for jobs longer than the short-job horizon, less for short ones
+/// that share a worker, see [`crate::observation::worker_units`]): `1 + rank / mean_units`.
+pub fn arrivals_until_needed(rank: u32, mean_units: f64) -> f64 {
+    1.0 + f64::from(rank) / mean_units.max(1e-6)
+}
+
+/// The idle timeout T in `[min_s, max_s]` with the least expected cost when the idle gap is
+/// `scale` x a gap drawn from `gaps` (uniform within a bucket). See [`GapCurve::timeout_s`].
+pub fn cost_optimal_timeout_s(gaps: &GapHistogram, scale: f64, break_even_s: f64, min_s: f64, max_s: f64) -> f64 {
+    GapCurve::new(gaps).timeout_s(scale, break_even_s, min_s, max_s)
+}
+
+/// A gap histogram's cumulative sums, built once per decision so that each idle worker's
+/// cost-optimal timeout costs O(buckets) arithmetic.
+#[derive(Debug, Clone)]
+pub struct GapCurve {
+    /// Upper edge of each bucket, seconds.
+    edges: Vec<f64>,
+    /// Probability mass of each bucket.
+    mass: Vec<f64>,
+    /// Mass of the buckets up to and including i.
+    cum_mass: Vec<f64>,
+    /// Sum of mass x bucket midpoint up to and including i, seconds.
+    cum_idle: Vec<f64>,
+}
+
+impl GapCurve {
+    /// The cumulative sums of `gaps` (unscaled).
+    pub fn new(gaps: &GapHistogram) -> Self {
+        let mass: Vec<f64> = gaps.masses().collect();
+        let n = mass.len();
+        let edges: Vec<f64> = (0..n).map(GapHistogram::bucket_edge_s).collect();
+        let (mut cum_mass, mut cum_idle) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut m, mut s) = (0.0, 0.0);
+        for (i, p) in mass.iter().enumerate() {
+            let lo = if i == 0 { 0.0 } else { edges[i - 1] };
+            m += p;
+            s += p * (lo + edges[i]) / 2.0;
+            cum_mass.push(m);
+            cum_idle.push(s);
+        }
+        Self {
+            edges,
+            mass,
+            cum_mass,
+            cum_idle,
+        }
+    }
+
+    /// Expected cost, idle-seconds, of timeout `t` for gaps scaled by `scale`: the buckets wholly
+    /// below `t` idle their gap, the rest idle `t` and then pay `be`, the bucket `t` falls in is
+    /// split uniformly.
+    fn cost_at(&self, t: f64, scale: f64, be: f64) -> f64 {
+        let u = t / scale;
+        let i = self.edges.partition_point(|e| *e < u).min(self.edges.len() - 1);
+        let (below_mass, below_idle) = if i == 0 {
+            (0.0, 0.0)
+        } else {
+            (self.cum_mass[i - 1], self.cum_idle[i - 1])
+        };
+        let lo = if i == 0 { 0.0 } else { self.edges[i - 1] };
+        let hi = self.edges[i];
+        let frac = ((u - lo) / (hi - lo)).clamp(0.0, 1.0);
+        let p = self.mass[i];
+        let straddle_idle = p * (frac * (lo + u.min(hi)) / 2.0 + (1.0 - frac) * u) * scale;
+        let over = (1.0 - below_mass - p * frac).max(0.0);
+        let above = over - p * (1.0 - frac);
+        scale * below_idle + straddle_idle + above.max(0.0) * t + over * be
+    }
+
+    /// The idle timeout T in `[min_s, max_s]` with the least expected cost when the idle gap is
+    /// `scale` x a gap of this curve, for a cold start worth `break_even_s` idle seconds.
+    ///
+    /// Cost of an idle period in idle-seconds: `E[min(G, T)] + break_even_s x P(G > T)`: the idle
+    /// time paid for, plus a cold start (its billed boot and the wait it adds, `break_even_s` idle
+    /// seconds' worth) whenever the gap outlasts T. This is the expected-cost form of the
+    /// ski-rental problem with a known gap distribution (Karlin et al. 1994, "Competitive
+    /// randomized algorithms for non-uniform problems"); with no gap data the break-even
+    /// T = `break_even_s` is 2-competitive. Within a bucket the cost is concave in T, so only the
+    /// scaled bucket edges and the bounds are candidates. Ties go to the shorter timeout.
+    pub fn timeout_s(&self, scale: f64, break_even_s: f64, min_s: f64, max_s: f64) -> f64 {
+        let mut best = (self.cost_at(min_s, scale, break_even_s), min_s);
+        for i in 0..self.edges.len() {
+            let t = scale * self.edges[i];
+            if t <= min_s {
+                continue;
+            }
+            if t >= max_s {
+                break;
+            }
+            let over = (1.0 - self.cum_mass[i]).max(0.0);
+            let cost = scale * self.cum_idle[i] + over * (t + break_even_s);
+            if cost < best.0 - 1e-9 {
+                best = (cost, t);
+            }
+        }
+        let at_max = self.cost_at(max_s, scale, break_even_s);
+        if at_max < best.0 - 1e-9 {
+            best = (at_max, max_s);
+        }
+        best.1
     }
 }
 

@@ -97,6 +97,11 @@ pub struct WorkerView {
     pub project: Option<String>,
     /// Job type of the job it runs.
     pub job_type: Option<String>,
+    /// When the job it runs is expected to end (Running, with a declared run time), unix seconds.
+    /// A worker ending a job within the short-job horizon is capacity for short jobs (they queue
+    /// behind it), so a stream of one-second items on busy workers launches nothing.
+    #[serde(default)]
+    pub busy_until: Option<f64>,
 }
 
 impl WorkerView {
@@ -115,15 +120,22 @@ pub struct UnavailableOffering {
     pub until: f64,
 }
 
-/// Histogram of inter-arrival gaps of one lane, in log-spaced buckets.
+/// Histogram of inter-arrival gaps of one job shape, in log-spaced buckets, with exponential
+/// decay: a gap recorded [`GAP_HALF_LIFE_S`] before another weighs half as much, so the quantiles
+/// follow a workload that changes (a busy week after a quiet one).
 ///
 /// Kept by the caller (updated with [`GapHistogram::record`] on each arrival) so that the policy can
 /// read a quantile in O(buckets) without sorting samples. Bucket `i` covers gaps up to
 /// `GAP_BUCKET_BASE_S * GAP_BUCKET_GROWTH^i` seconds: 1 s to about 1.5 days in 48 buckets.
+/// Decay costs O(1) per record: a new gap is given weight `2^((at - epoch) / half-life)` instead of
+/// every old weight being shrunk, and the weights are rescaled once they grow large.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GapHistogram {
-    counts: Vec<u64>,
-    total: u64,
+    weights: Vec<f64>,
+    total_weight: f64,
+    samples: u64,
+    /// Time the weights are relative to, seconds.
+    epoch: f64,
 }
 
 /// Upper edge of the first gap bucket, seconds.
@@ -131,58 +143,84 @@ pub const GAP_BUCKET_BASE_S: f64 = 1.0;
 /// Ratio between consecutive bucket edges (about 25 % wide buckets).
 pub const GAP_BUCKET_GROWTH: f64 = 1.25;
 const GAP_BUCKETS: usize = 48;
+/// Half-life of a recorded gap's weight, seconds. Defined with the configuration.
+pub use crate::config::GAP_HALF_LIFE_S;
 
 impl Default for GapHistogram {
     fn default() -> Self {
         Self {
-            counts: vec![0; GAP_BUCKETS],
-            total: 0,
+            weights: vec![0.0; GAP_BUCKETS],
+            total_weight: 0.0,
+            samples: 0,
+            epoch: f64::NAN,
         }
     }
 }
 
 impl GapHistogram {
-    /// Record one inter-arrival gap, seconds (negative values count as 0).
-    pub fn record(&mut self, gap_s: f64) {
+    /// Upper edge of bucket `i` (< 48), seconds.
+    pub fn bucket_edge_s(i: usize) -> f64 {
+        static EDGES: std::sync::LazyLock<Vec<f64>> = std::sync::LazyLock::new(|| {
+            (0..GAP_BUCKETS)
+                .map(|i| GAP_BUCKET_BASE_S * GAP_BUCKET_GROWTH.powi(i as i32))
+                .collect()
+        });
+        EDGES[i.min(GAP_BUCKETS - 1)]
+    }
+
+    /// Record one inter-arrival gap, seconds (negative values count as 0), that ended at `at`
+    /// (seconds; record in time order).
+    pub fn record(&mut self, gap_s: f64, at: f64) {
         let g = gap_s.max(0.0);
         let idx = if g <= GAP_BUCKET_BASE_S {
             0
         } else {
             ((g / GAP_BUCKET_BASE_S).ln() / GAP_BUCKET_GROWTH.ln()).ceil() as usize
         };
-        self.counts[idx.min(GAP_BUCKETS - 1)] += 1;
-        self.total += 1;
+        if self.epoch.is_nan() {
+            self.epoch = at;
+        }
+        let mut exp = (at - self.epoch) / GAP_HALF_LIFE_S;
+        if exp > 500.0 {
+            // Rescale before the weights overflow: same ratios, new epoch.
+            let f = (-exp).exp2();
+            self.weights.iter_mut().for_each(|w| *w *= f);
+            self.total_weight *= f;
+            self.epoch = at;
+            exp = 0.0;
+        }
+        let w = exp.exp2();
+        self.weights[idx.min(GAP_BUCKETS - 1)] += w;
+        self.total_weight += w;
+        self.samples += 1;
     }
 
-    /// Number of gaps recorded.
+    /// Number of gaps recorded (not decayed).
     pub fn samples(&self) -> u64 {
-        self.total
+        self.samples
     }
 
-    /// Upper edge (seconds) of the bucket holding quantile `q` (0..=1), or `None` with no samples.
+    /// Share of the (decayed) weight in each bucket, in bucket order; all zero with no samples.
+    pub fn masses(&self) -> impl Iterator<Item = f64> + '_ {
+        let t = self.total_weight;
+        self.weights.iter().map(move |w| if t > 0.0 { w / t } else { 0.0 })
+    }
+
+    /// Upper edge (seconds) of the bucket holding quantile `q` (0..=1) of the decayed weights, or
+    /// `None` with no samples.
     pub fn quantile(&self, q: f64) -> Option<f64> {
-        if self.total == 0 {
+        if self.samples == 0 || self.total_weight <= 0.0 {
             return None;
         }
-        let want = ((q.clamp(0.0, 1.0) * self.total as f64).ceil() as u64).max(1);
-        let mut seen = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            seen += c;
-            if seen >= want {
-                return Some(GAP_BUCKET_BASE_S * GAP_BUCKET_GROWTH.powi(i as i32));
+        let want = q.clamp(0.0, 1.0) * self.total_weight * (1.0 - 1e-12);
+        let mut seen = 0.0;
+        for (i, w) in self.weights.iter().enumerate() {
+            seen += w;
+            if *w > 0.0 && seen >= want {
+                return Some(Self::bucket_edge_s(i));
             }
         }
-        Some(GAP_BUCKET_BASE_S * GAP_BUCKET_GROWTH.powi(GAP_BUCKETS as i32 - 1))
-    }
-
-    /// Multiply every count by `factor` (0..1), so old gaps weigh less (exponential decay).
-    pub fn decay(&mut self, factor: f64) {
-        let mut total = 0;
-        for c in &mut self.counts {
-            *c = (*c as f64 * factor).floor() as u64;
-            total += *c;
-        }
-        self.total = total;
+        Some(Self::bucket_edge_s(GAP_BUCKETS - 1))
     }
 }
 
@@ -194,91 +232,139 @@ pub struct LaneObservation {
     /// Inter-arrival gaps seen on the lane, one histogram per GPUs-per-instance shape of the
     /// arriving jobs (for the adaptive keep-alive: a worker cares about arrivals it can serve).
     pub gaps: BTreeMap<u32, ShapeGaps>,
-    /// Recent arrivals as (unix seconds, GPUs per instance), oldest first, for the predictive warm
-    /// pool. [`LaneObservation::record_arrival`] keeps the last [`RECENT_ARRIVALS_KEPT_S`].
-    pub recent_arrivals: std::collections::VecDeque<(f64, u32)>,
+    /// Recent arrivals, oldest first, for the predictive warm pool.
+    /// [`LaneObservation::record_arrival`] keeps the last [`RECENT_ARRIVALS_KEPT_S`].
+    pub recent_arrivals: std::collections::VecDeque<Arrival>,
+}
+
+/// One job arrival as the predictive warm pool sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Arrival {
+    /// When, unix seconds.
+    pub at: f64,
+    /// GPUs per instance.
+    pub gpus: u32,
+    /// Declared run time, seconds, if any.
+    pub runtime_s: Option<f64>,
+}
+
+/// The worker demand of one job, in workers: 1 for a job of at least `horizon_s` (or of unknown
+/// run time when `default_runtime_s` is that long), `runtime / horizon_s` for a shorter one (short
+/// jobs queue behind each other on one worker up to the horizon, see `offers.short_job_horizon_s`).
+pub fn worker_units(runtime_s: Option<f64>, horizon_s: f64, default_runtime_s: f64) -> f64 {
+    if horizon_s <= 0.0 {
+        return 1.0;
+    }
+    (runtime_s.unwrap_or(default_runtime_s).max(0.0) / horizon_s).min(1.0)
 }
 
 /// How far back [`LaneObservation::recent_arrivals`] reaches, seconds (6 h: the longest
 /// predictive look-back). Defined with the configuration it bounds.
 pub use crate::config::RECENT_ARRIVALS_KEPT_S;
 
-/// Arrival gaps of one job shape in a lane.
+/// Arrival gaps and run times of one job shape in a lane.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ShapeGaps {
     /// Histogram of gaps, seconds.
     pub hist: GapHistogram,
+    /// Histogram of the declared run times of the arrivals, seconds (same buckets and decay; the
+    /// last bucket holds everything from about 8 h up).
+    pub runtimes: GapHistogram,
     /// Time of the last arrival of this shape, unix seconds.
     pub last_arrival: Option<f64>,
 }
 
+impl ShapeGaps {
+    /// Mean [`worker_units`] of an arrival of this shape, from the run-time histogram (bucket
+    /// midpoints); `default_runtime_s`'s when no run time was declared.
+    pub fn mean_worker_units(&self, horizon_s: f64, default_runtime_s: f64) -> f64 {
+        if self.runtimes.samples() == 0 {
+            return worker_units(None, horizon_s, default_runtime_s);
+        }
+        self.runtimes
+            .masses()
+            .enumerate()
+            .map(|(i, p)| {
+                let lo = if i == 0 {
+                    0.0
+                } else {
+                    GapHistogram::bucket_edge_s(i - 1)
+                };
+                p * worker_units(
+                    Some((lo + GapHistogram::bucket_edge_s(i)) / 2.0),
+                    horizon_s,
+                    default_runtime_s,
+                )
+            })
+            .sum()
+    }
+}
+
 impl LaneObservation {
-    /// Record an arrival of a job asking `gpus` GPUs per instance at `at` (unix seconds). Record
-    /// arrivals in time order.
+    /// Record an arrival of a job asking `gpus` GPUs per instance at `at` (unix seconds), run time
+    /// unknown. Record arrivals in time order.
     pub fn record_arrival(&mut self, gpus: u32, at: f64) {
+        self.record_arrival_with_runtime(gpus, at, None);
+    }
+
+    /// Record an arrival of a job asking `gpus` GPUs per instance at `at` (unix seconds) that
+    /// declared `runtime_s` seconds of run time. Record arrivals in time order.
+    pub fn record_arrival_with_runtime(&mut self, gpus: u32, at: f64, runtime_s: Option<f64>) {
         let g = self.gaps.entry(gpus).or_default();
         if let Some(prev) = g.last_arrival {
-            g.hist.record(at - prev);
+            g.hist.record(at - prev, at);
+        }
+        if let Some(r) = runtime_s {
+            g.runtimes.record(r, at);
         }
         g.last_arrival = Some(at);
-        self.recent_arrivals.push_back((at, gpus));
+        self.recent_arrivals.push_back(Arrival { at, gpus, runtime_s });
         while self
             .recent_arrivals
             .front()
-            .is_some_and(|(t, _)| *t < at - RECENT_ARRIVALS_KEPT_S)
+            .is_some_and(|a| a.at < at - RECENT_ARRIVALS_KEPT_S)
         {
             self.recent_arrivals.pop_front();
         }
     }
 
-    /// Bursts seen lately, for arrivals whose GPUs per instance `fits` accepts, in
-    /// `(now - lookback_s - window_s, now]`: (the largest number of arrivals in any `window_s`
-    /// window, the number of separate bursts, i.e. runs of arrivals less than `window_s` apart).
-    ///
-    /// The scan stops early once the peak reaches `stop_at.0` and the bursts `stop_at.1` (the
-    /// caller needs no more), so then both are lower bounds; `(u32::MAX, u32::MAX)` scans it all.
-    pub fn recent_bursts(
+    /// Worker demand per window over the look-back, per job shape (GPUs per instance, ascending):
+    /// the arrivals of long jobs (at least `horizon_s`, or of unknown run time when
+    /// `default_runtime_s` is that long; see [`worker_units`]), each of which needs a worker of its
+    /// own. Short jobs are left out: they queue behind each other on the workers a stream of them
+    /// keeps busy, which the keep-alive holds. Window k (0-based) is
+    /// `(now - (k + 1) x window_s, now - k x window_s]`, for `floor(lookback_s / window_s) + 1`
+    /// windows, most recent first. O(arrivals in the look-back + shapes x windows).
+    pub fn window_demand(
         &self,
         now: f64,
         window_s: f64,
         lookback_s: f64,
-        stop_at: (u32, u32),
-        fits: impl Fn(u32) -> bool,
-    ) -> (u32, u32) {
-        // Arrivals are recorded in time order: find the range by binary search, then two cursors
-        // walk it once without allocating.
+        (horizon_s, default_runtime_s): (f64, f64),
+    ) -> Vec<(u32, Vec<u32>)> {
+        let n = (lookback_s / window_s).floor().max(0.0) as usize + 1;
+        let mut per: Vec<(u32, Vec<u32>)> = Vec::new();
+        // Arrivals are recorded in time order: binary search for the range.
         let q = &self.recent_arrivals;
-        let start = q.partition_point(|(t, _)| *t <= now - lookback_s - window_s);
-        let end = q.partition_point(|(t, _)| *t <= now);
-        let (mut lo, mut in_window, mut peak, mut bursts, mut prev) = (start, 0u32, 0u32, 0u32, f64::NEG_INFINITY);
-        for hi in start..end {
-            let (t, g) = q[hi];
-            if !fits(g) {
+        let start = q.partition_point(|a| a.at <= now - n as f64 * window_s);
+        let end = q.partition_point(|a| a.at <= now);
+        for a in q.range(start..end) {
+            if worker_units(a.runtime_s, horizon_s, default_runtime_s) < 1.0 {
                 continue;
             }
-            if t - prev >= window_s {
-                bursts += 1;
-            }
-            prev = t;
-            in_window += 1;
-            // Drop arrivals a window or more before this one.
-            while lo < hi {
-                let (tl, gl) = q[lo];
-                if !fits(gl) {
-                    lo += 1;
-                } else if t - tl >= window_s {
-                    in_window -= 1;
-                    lo += 1;
-                } else {
-                    break;
+            let i = match per.iter().position(|p| p.0 == a.gpus) {
+                Some(i) => i,
+                None => {
+                    per.push((a.gpus, vec![0; n]));
+                    per.len() - 1
                 }
-            }
-            peak = peak.max(in_window);
-            if peak >= stop_at.0 && bursts >= stop_at.1 {
-                break;
-            }
+            };
+            // floor((now - at) / W) = k exactly when at is in (now - (k + 1) W, now - k W].
+            let k = (((now - a.at) / window_s) as usize).min(n - 1);
+            per[i].1[k] += 1;
         }
-        (peak, bursts)
+        per.sort_by_key(|p| p.0);
+        per
     }
 
     /// Arrivals in `(now - window_s, now]` whose GPUs per instance `fits` accepts.
@@ -286,19 +372,19 @@ impl LaneObservation {
         self.recent_arrivals
             .iter()
             .rev()
-            .take_while(|(t, _)| *t > now - window_s)
-            .filter(|(_, g)| fits(*g))
+            .take_while(|a| a.at > now - window_s)
+            .filter(|a| fits(a.gpus))
             .count() as u32
     }
 
-    /// The gap histogram relevant to a worker with `worker_gpus` GPUs: the shape it fits with the
-    /// most samples (`max_oversize` as in [`crate::shape::fits`]).
-    pub fn gaps_for(&self, worker_gpus: u32, max_oversize: u32) -> Option<&GapHistogram> {
+    /// The arrival statistics relevant to a worker with `worker_gpus` GPUs: those of the job shape
+    /// it fits with the most gaps (`max_oversize` as in [`crate::shape::fits`]).
+    pub fn gaps_for(&self, worker_gpus: u32, max_oversize: u32) -> Option<&ShapeGaps> {
         self.gaps
             .iter()
             .filter(|(g, _)| crate::shape::fits(worker_gpus, 0.0, **g, 0.0, max_oversize))
-            .map(|(_, s)| &s.hist)
-            .max_by_key(|h| h.samples())
+            .map(|(_, s)| s)
+            .max_by_key(|s| s.hist.samples())
     }
 }
 

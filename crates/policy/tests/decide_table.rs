@@ -891,7 +891,7 @@ fn adaptive_keep_alive_without_gaps_is_clamped_break_even() {
     let sd = ScaleDownConfig::default();
     // (price, expected keep-alive)
     for (price, want) in [(0.10, 3600.0), (1.0, 780.0), (100.0, 393.9), (1e6, 390.0004)] {
-        let got = keepalive::keep_alive_s(None, 390.0, price, &sd);
+        let got = keepalive::keep_alive_s(None, 1.0, 390.0, price, &sd);
         assert!((got - want).abs() < 0.01, "{price}: {got}");
     }
     // In `decide`: a $0.10/h worker is kept 3600 s (break-even 4290 s clamped to max_keep_alive_s).
@@ -903,7 +903,9 @@ fn adaptive_keep_alive_without_gaps_is_clamped_break_even() {
 }
 
 #[test]
-fn adaptive_keep_alive_drops_to_the_gap_quantile() {
+fn adaptive_keep_alive_follows_the_gaps() {
+    // Gaps of 120 s (bucket (108.4, 135.5]): the worker next in line is kept to the bucket's upper
+    // edge, where every gap has ended; longer costs idle time for nothing, shorter a cold start.
     // (recorded gaps, GPU shape the gaps were recorded for, idle for, released)
     let rows: &[(usize, u32, f64, bool)] = &[
         (20, 1, 200.0, true),
@@ -920,11 +922,12 @@ fn adaptive_keep_alive_drops_to_the_gap_quantile() {
         }
         let hist = lo.gaps.get(&shape).map(|g| &g.hist).unwrap();
         assert_eq!(hist.samples(), n_gaps as u64);
-        let p99 = hist.quantile(0.99).unwrap();
-        assert!((120.0..=1.25 * 120.0).contains(&p99), "p99 bucket edge {p99}");
-        let ka = keepalive::keep_alive_s(lo.gaps_for(1, 1), 390.0, 0.10, &ScaleDownConfig::default());
+        let top = hist.quantile(1.0).unwrap();
+        assert!((120.0..=1.25 * 120.0).contains(&top), "top bucket edge {top}");
+        let gaps = lo.gaps_for(1, 1).map(|s| &s.hist);
+        let ka = keepalive::keep_alive_s(gaps, 1.0, 390.0, 0.10, &ScaleDownConfig::default());
         if shape == 1 && n_gaps >= 20 {
-            assert!((ka - p99).abs() < 1e-9 && ka <= 150.0, "keep-alive {ka}");
+            assert!((ka - top).abs() < 1e-9 && ka <= 150.0, "keep-alive {ka}");
         } else {
             assert_eq!(ka, 3600.0);
         }
@@ -943,6 +946,92 @@ fn adaptive_keep_alive_drops_to_the_gap_quantile() {
             }
         }
     }
+}
+
+#[test]
+fn cost_optimal_timeout_weighs_idle_time_against_a_cold_start() {
+    // Gaps: 90 % at about 10 s, 10 % at about 1000 s.
+    let mut h = onoff_policy::GapHistogram::default();
+    for k in 0..100 {
+        h.record(if k % 10 == 9 { 1000.0 } else { 10.0 }, NOW);
+    }
+    // (scale, break-even s, expected timeout in s)
+    let edge = |g: f64| {
+        let i = (g.ln() / 1.25f64.ln()).ceil() as i32;
+        1.25f64.powi(i)
+    };
+    let rows: &[(f64, f64, f64)] = &[
+        // A cheap cold start: wait out the short gaps, not the long ones.
+        (1.0, 100.0, edge(10.0).max(60.0)),
+        // A dear cold start: wait out the long gaps too.
+        (1.0, 100_000.0, edge(1000.0)),
+        // A cold start worth 2000 idle seconds: the first worker in line waits out the long gaps
+        // too, the third one (gaps three times as long, 30 s and 3000 s) only the short ones.
+        (1.0, 2_000.0, edge(1000.0)),
+        (3.0, 2_000.0, 60.0),
+    ];
+    for &(scale, be, want) in rows {
+        let got = keepalive::cost_optimal_timeout_s(&h, scale, be, 60.0, 3600.0);
+        assert!(
+            (got - want).abs() < 1e-6,
+            "scale {scale}, break-even {be}: {got} != {want}"
+        );
+    }
+    // Workers further back in line are needed later, so with arrivals every 120 s the second
+    // idle worker is kept to about twice the first one's keep-alive.
+    let first = keepalive::arrivals_until_needed(0, 1.0);
+    let second = keepalive::arrivals_until_needed(1, 1.0);
+    assert_eq!((first, second), (1.0, 2.0));
+    // Short jobs: a worker behind one that serves items of a hundredth of the horizon is needed
+    // after a hundred of them.
+    assert_eq!(keepalive::arrivals_until_needed(1, 0.01), 101.0);
+}
+
+#[test]
+fn idle_workers_in_line_go_from_the_back() {
+    // Arrivals every 120 s, the last one 300 s ago; three idle workers. The most recently idle is
+    // first in line (kept to 135.5 s), the second to 271 s (gaps x 2), the third to 406 s.
+    // (idle for of w0 (most recent), w1, w2; released)
+    let rows: &[([f64; 3], &[&str])] = &[
+        ([100.0, 200.0, 300.0], &[]),
+        ([140.0, 200.0, 300.0], &["w0", "w1", "w2"]), // the front went: the back goes with it
+        ([100.0, 280.0, 300.0], &["w1", "w2"]),
+        ([100.0, 200.0, 410.0], &["w2"]),
+    ];
+    for (idle_for, want) in rows {
+        let mut lo = LaneObservation::default();
+        for k in 0..=40 {
+            lo.record_arrival(1, NOW - 300.0 - 120.0 * (40 - k) as f64);
+        }
+        let ws = (0..3).map(|i| idle(&format!("w{i}"), i as u64, idle_for[i])).collect();
+        let mut w = World::new(vec![], ws);
+        w.lanes = vec![lo];
+        let mut c = cfg();
+        c.lanes[0].predictive_max = 0;
+        let plan = w.decide(&c, NOW);
+        let mut got = terminated(&plan);
+        got.sort();
+        assert_eq!(got, *want, "idle {idle_for:?}: {plan:#?}");
+    }
+}
+
+#[test]
+fn gap_statistics_decay_with_a_one_day_half_life() {
+    let mut h = onoff_policy::GapHistogram::default();
+    // 100 gaps of 10 s two days ago, then 100 gaps of 1000 s now: the old ones weigh a quarter.
+    for _ in 0..100 {
+        h.record(10.0, NOW - 2.0 * onoff_policy::observation::GAP_HALF_LIFE_S);
+    }
+    for _ in 0..100 {
+        h.record(1000.0, NOW);
+    }
+    assert_eq!(h.samples(), 200);
+    let masses: Vec<f64> = h.masses().collect();
+    let old: f64 = masses.iter().take(15).sum();
+    assert!((old - 0.2).abs() < 1e-9, "old share {old}");
+    // The median is a 1000 s gap now (without decay it would sit at the boundary).
+    assert!(h.quantile(0.5).unwrap() >= 1000.0);
+    assert!(h.quantile(0.1).unwrap() <= 12.5);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1289,8 +1378,8 @@ fn default_and_empty_configs_are_valid() {
 fn bad_config_values_name_the_field() {
     // (TOML, text the error must contain)
     let rows: &[(&str, &str)] = &[
-        ("[scale_down]\ngap_quantile = 2.0", "scale_down.gap_quantile"),
-        ("[scale_down]\ngap_quantile = 0.0", "scale_down.gap_quantile"),
+        ("[scale_down]\nmax_keep_alive_s = 1.0", "scale_down.max_keep_alive_s"),
+        ("[scale_down]\nrelease_fraction = -1.0", "scale_down.release_fraction"),
         ("[scale_down]\nrelease_fraction = 1.5", "scale_down.release_fraction"),
         ("[scale_down]\nwarm_for_s = 2000.0", "scale_down.release_rest_at_s"),
         ("[scale_down]\nmin_keep_alive_s = -1.0", "scale_down.min_keep_alive_s"),
@@ -1331,11 +1420,11 @@ fn bad_config_values_name_the_field() {
 
 #[test]
 fn validate_reports_every_problem_at_once() {
-    let text = "[scale_down]\ngap_quantile = 2.0\n[limits]\nmax_workers_total = 0";
+    let text = "[scale_down]\nrelease_fraction = 2.0\n[limits]\nmax_workers_total = 0";
     match PolicyConfig::from_toml_str(text) {
         Err(ConfigError::Invalid(p)) => {
             let fields: Vec<_> = p.iter().map(|p| p.field.as_str()).collect();
-            assert_eq!(fields, ["scale_down.gap_quantile", "limits.max_workers_total"]);
+            assert_eq!(fields, ["scale_down.release_fraction", "limits.max_workers_total"]);
         }
         other => panic!("{other:?}"),
     }
@@ -1439,37 +1528,48 @@ fn partial_limits_table_keeps_the_documented_defaults() {
 // Predictive warm pool.
 
 #[test]
-fn predictive_warm_pool_holds_the_biggest_recent_burst() {
-    // (arrivals: (seconds before now, GPUs) oldest first, predictive_max, look-back s, idle 1-GPU
-    // workers, launches)
-    type Row = (&'static [(f64, u32)], u32, f64, usize, u32);
-    // An earlier lone job, then a burst of 5: two bursts, the biggest 5.
-    let burst5: &[(f64, u32)] = &[(3000.0, 1), (100.0, 1), (90.0, 1), (80.0, 1), (70.0, 1), (60.0, 1)];
-    let lone_burst: &[(f64, u32)] = &[(100.0, 1), (90.0, 1), (80.0, 1)];
-    let old_burst: &[(f64, u32)] = &[(7000.0, 1), (6990.0, 1), (6980.0, 1), (100.0, 1)];
-    let eight_gpu: &[(f64, u32)] = &[(3000.0, 1), (100.0, 8), (90.0, 8), (80.0, 1)];
+fn predictive_warm_pool_pays_for_itself() {
+    // The look-back of 3 h holds 28 windows of 390 s. A ready 1-GPU worker costs $0.10/h; with
+    // the default wait value of $1/h a cold start is worth 4290 idle seconds, so the i-th worker
+    // is held when at least 28 x 390 / 4680 = 2.33, i.e. 3 windows needed i or more workers.
+    // (long jobs per window: (windows, arrivals each), wait value $/h, predictive_max, idle
+    // 1-GPU workers, launches)
+    type Row = (&'static [(usize, usize)], f64, u32, usize, u32);
     let rows: &[Row] = &[
-        (burst5, 40, 10_800.0, 0, 5),
-        (burst5, 3, 10_800.0, 0, 3),      // capped by predictive_max
-        (burst5, 0, 10_800.0, 0, 0),      // off
-        (burst5, 40, 10_800.0, 2, 3),     // idle warm workers count
-        (lone_burst, 40, 10_800.0, 0, 0), // one burst alone is left to the keep-alive
-        (old_burst, 40, 10_800.0, 0, 3),  // the burst 2 h ago is the biggest seen in 3 h
-        (old_burst, 40, 390.0, 0, 0),     // without look-back: only the last job, one burst
-        (eight_gpu, 40, 10_800.0, 0, 1),  // only arrivals the 1-GPU warm shape serves
-        (&[], 40, 10_800.0, 0, 0),        // quiet queue: nothing held
+        (&[(3, 5)], 1.0, 40, 0, 5),         // three windows of 5: hold 5
+        (&[(2, 5)], 1.0, 40, 0, 0),         // two: a cold start now and then is cheaper
+        (&[(2, 5), (1, 2)], 1.0, 40, 0, 2), // the third-busiest window needed 2
+        (&[(2, 5)], 10.0, 40, 0, 5),        // waits worth $10/h: k = 1, the busiest window
+        (&[(3, 5)], 0.0, 40, 0, 0),         // no wait value: k = 14 windows
+        (&[(14, 5)], 0.0, 40, 0, 5),
+        (&[(3, 5)], 1.0, 3, 0, 3),  // capped by predictive_max
+        (&[(3, 5)], 1.0, 0, 0, 0),  // off
+        (&[(3, 5)], 1.0, 40, 2, 3), // idle workers count
+        (&[], 1.0, 40, 0, 0),       // quiet queue: nothing held
     ];
-    for &(arrivals, max, lookback, n_idle, want) in rows {
+    for &(windows, wait_value, max, n_idle, want) in rows {
         let mut cfg = cfg();
         cfg.lanes[0].predictive_max = max;
-        cfg.lanes[0].predictive_lookback_s = lookback;
+        cfg.scale_down.wait_value_usd_per_h = wait_value;
         let ws: Vec<_> = (0..n_idle).map(|i| idle(&format!("w{i}"), i as u64, 10.0)).collect();
         let mut w = World::new(vec![], ws);
-        for &(ago, g) in arrivals {
-            w.lanes[0].record_arrival(g, NOW - ago);
+        // Windows k = 1, 2, ... back from now (not the current one), arrivals 10 s apart.
+        let mut arrivals = Vec::new();
+        let mut k = 1;
+        for &(n_windows, per) in windows {
+            for _ in 0..n_windows {
+                for a in 0..per {
+                    arrivals.push(NOW - 390.0 * k as f64 - 10.0 * a as f64 - 1.0);
+                }
+                k += 1;
+            }
+        }
+        arrivals.sort_by(f64::total_cmp);
+        for t in arrivals {
+            w.lanes[0].record_arrival(1, t);
         }
         let plan = w.decide(&cfg, NOW);
-        let row = format!("arrivals {arrivals:?}, max {max}, look-back {lookback}, idle {n_idle}");
+        let row = format!("windows {windows:?}, wait value {wait_value}, max {max}, idle {n_idle}");
         assert_eq!(plan.launches(), want, "{row}: {plan:#?}");
         assert!(
             launch_list(&plan)
@@ -1481,21 +1581,57 @@ fn predictive_warm_pool_holds_the_biggest_recent_burst() {
 }
 
 #[test]
-fn recent_arrivals_are_pruned_and_bursts_counted() {
-    const ALL: (u32, u32) = (u32::MAX, u32::MAX);
+fn predictive_warm_pool_is_per_job_shape_and_leaves_short_jobs_to_the_keep_alive() {
+    // Three windows with two 4-GPU jobs and three 1-GPU items of 1 s each.
+    let mut w = World::new(vec![], vec![]);
+    let mut arrivals = Vec::new();
+    for k in 1..=3 {
+        let t0 = NOW - 390.0 * k as f64 - 100.0;
+        arrivals.push((t0, 4, None));
+        arrivals.push((t0 + 1.0, 4, None));
+        for a in 0..3 {
+            arrivals.push((t0 + 2.0 + a as f64, 1, Some(1.0)));
+        }
+    }
+    arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (t, g, rt) in arrivals {
+        w.lanes[0].record_arrival_with_runtime(g, t, rt);
+    }
+    let plan = w.decide(&cfg(), NOW);
+    let launches = launch_list(&plan);
+    // A ready 4-GPU worker (g5.12xlarge, $1.60/h) is held when 28 x 390 / (390 x (1 + 1 / 1.6)
+    // + 390) = 10.7, i.e. 11 windows needed it: three did, so nothing is held; the 1-GPU items
+    // never hold a worker (they are short).
+    assert_eq!(plan.launches(), 0, "{launches:?}");
+    // At $100/h of waiting k = 1, raised to predictive_min_bursts = 2: the second-busiest window
+    // needed two 4-GPU workers, and still no 1-GPU worker is held.
+    let mut c = cfg();
+    c.scale_down.wait_value_usd_per_h = 100.0;
+    let plan = w.decide(&c, NOW);
+    let launches = launch_list(&plan);
+    assert_eq!(plan.launches(), 2, "{launches:?}");
+    assert!(launches.iter().all(|l| l.0.instance_type == G5_12X), "{launches:?}");
+}
+
+#[test]
+fn window_demand_counts_long_jobs_per_shape_and_window() {
     let mut l = LaneObservation::default();
     for i in 0..100 {
         l.record_arrival(1, NOW + i as f64 * 600.0);
     }
     let last = NOW + 99.0 * 600.0;
-    assert!(l.recent_arrivals.front().unwrap().0 >= last - onoff_policy::observation::RECENT_ARRIVALS_KEPT_S);
-    // 600 s apart: with a 390 s window each arrival is its own burst (19 in 3 h + 390 s).
-    assert_eq!(l.recent_bursts(last, 390.0, 10_800.0, ALL, |_| true), (1, 19));
-    // With a 1200 s window they form one run, at most 2 in any window.
-    assert_eq!(l.recent_bursts(last, 1_200.0, 10_800.0, ALL, |_| true), (2, 1));
-    assert_eq!(l.recent_bursts(last, 390.0, 10_800.0, ALL, |g| g > 1), (0, 0));
-    // Stopped early once enough is seen: lower bounds.
-    assert_eq!(l.recent_bursts(last, 390.0, 10_800.0, (1, 3), |_| true), (1, 3));
+    assert!(l.recent_arrivals.front().unwrap().at >= last - onoff_policy::observation::RECENT_ARRIVALS_KEPT_S);
+    // 600 s apart, windows of 390 s over 3 h: 28 windows, 19 arrivals in them, none doubled.
+    let d = l.window_demand(last, 390.0, 10_800.0, (120.0, 3600.0));
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].0, d[0].1.len(), d[0].1.iter().sum::<u32>()), (1, 28, 19));
+    assert!(d[0].1.iter().all(|c| *c <= 1));
+    // Windows of 1200 s: two arrivals each.
+    let d = l.window_demand(last, 1_200.0, 10_800.0, (120.0, 3600.0));
+    assert_eq!(d[0].1[..9], [2; 9]);
+    // A default run time under the horizon makes them short: no demand.
+    let d = l.window_demand(last, 390.0, 10_800.0, (120.0, 60.0));
+    assert!(d.is_empty());
 }
 
 #[test]

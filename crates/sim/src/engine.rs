@@ -341,6 +341,7 @@ impl World {
                 idle_since: None,
                 project: project.cloned(),
                 job_type: None,
+                busy_until: None,
             });
             self.wsim.push(WorkerSim {
                 num,
@@ -529,6 +530,9 @@ impl World {
         j.run_workers = nums;
         let epoch = j.epoch;
         let at = self.now + j.remaining / sp;
+        for &i in workers {
+            self.workers[i].busy_until = Some(at);
+        }
         self.running_jobs += 1;
         self.push(at, Ev::JobDone { job, epoch });
     }
@@ -784,8 +788,8 @@ pub fn run(
             Ev::Arrival(job) => {
                 let mut w = world.borrow_mut();
                 let lane = w.lane_index(&cfg.lane);
-                let gpus = w.jobs[job].gpus_per_instance;
-                w.lanes[lane].record_arrival(gpus, ev.at);
+                let (gpus, runtime) = (w.jobs[job].gpus_per_instance, w.jobs[job].remaining);
+                w.lanes[lane].record_arrival_with_runtime(gpus, ev.at, Some(runtime));
                 w.enqueue(job);
                 w.dispatch(&pcfg);
                 decide_now = on_submit;

@@ -371,11 +371,11 @@ mod tests {
         let err = Settings::from_lookup(env(&with)).unwrap_err().to_string();
         assert!(err.contains("gold") && err.contains("ONOFF_QUEUE_URLS"), "{err}");
         let mut bad = BASE.to_vec();
-        bad.push(("ONOFF_POLICY", "[scale_down]\ngap_quantile = 3\n"));
+        bad.push(("ONOFF_POLICY", "[scale_down]\nrelease_fraction = 3\n"));
         assert!(Settings::from_lookup(env(&bad))
             .unwrap_err()
             .to_string()
-            .contains("gap_quantile"));
+            .contains("release_fraction"));
     }
 
     #[test]

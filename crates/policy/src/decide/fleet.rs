@@ -51,9 +51,10 @@ pub(crate) struct Fleet<'a> {
     pub(crate) breaker: Option<f64>,
 }
 
-/// One pass over the workers: spend, live workers, free capacity per lane by class, idle and
-/// booting workers per lane, the budget breaker.
-pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig) -> Fleet<'a> {
+/// One pass over the workers: spend, live workers, free capacity per lane by class (running
+/// workers whose job ends within the short-job horizon give short jobs credit: the rest of the
+/// horizon), idle and booting workers per lane, the budget breaker. `now`: unix seconds.
+pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Fleet<'a> {
     let nl = cfg.lanes.len();
     let mut f = Fleet {
         spend: 0.0,
@@ -77,15 +78,17 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig) -> Fleet<'a
             f.lane_live[w.lane] += 1;
             f.last_launch[w.lane] = f.last_launch[w.lane].max(w.launched_at);
         }
-        let (idle, pending) = match w.state {
-            WorkerState::Idle => {
+        let horizon = cfg.offers.short_job_horizon_s;
+        let (idle, pending, credit) = match (w.state, w.busy_until) {
+            (WorkerState::Idle, _) => {
                 f.idle[w.lane].push(w);
-                (1, 0)
+                (1, 0, 0.0)
             }
-            WorkerState::Pending => {
+            (WorkerState::Pending, _) => {
                 f.pending[w.lane].push(w);
-                (0, 1)
+                (0, 1, 0.0)
             }
+            (WorkerState::Running, Some(t)) if t - now < horizon => (0, 0, horizon - (t - now).max(0.0)),
             _ => continue,
         };
         let classes = &mut f.free[w.lane];
@@ -96,13 +99,14 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig) -> Fleet<'a
             Some(c) => {
                 c.idle += idle;
                 c.pending += pending;
+                c.credit += credit;
             }
             None => classes.push(FreeClass {
                 gpus: w.gpus,
                 mem: w.gpu_memory_gib,
                 idle,
                 pending,
-                credit: 0.0,
+                credit,
             }),
         }
     }
@@ -167,6 +171,7 @@ mod tests {
             idle_since: (state == WorkerState::Idle).then_some(200.0),
             project: Some("p".into()),
             job_type: None,
+            busy_until: None,
             seq: 0,
             offering: crate::offering::OfferingKey {
                 instance_type: "g5.xlarge".into(),
@@ -194,7 +199,7 @@ mod tests {
             offerings: &[],
             unavailable: &[],
         };
-        let f = figures(&obs, &cfg);
+        let f = figures(&obs, &cfg, 0.0);
         // Terminating workers are not billed on; every other one is.
         assert_eq!(f.spend, 6.0);
         assert_eq!((f.live_total, f.lane_live[0]), (4, 4));

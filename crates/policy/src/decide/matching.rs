@@ -111,6 +111,15 @@ mod tests {
             idle_since: None,
             project: None,
             job_type: None,
+            busy_until: None,
+        }
+    }
+
+    /// A running 1-GPU worker whose job ends at `busy_until` (now is 0).
+    fn busy(id: &str, busy_until: Option<f64>) -> WorkerView {
+        WorkerView {
+            busy_until,
+            ..worker(id, WorkerState::Running, 1)
         }
     }
 
@@ -124,7 +133,7 @@ mod tests {
             offerings: &[],
             unavailable: &[],
         };
-        let mut f = figures(&obs, &cfg);
+        let mut f = figures(&obs, &cfg, 0.0);
         let q = queues(&obs, cfg.lanes.len());
         match_jobs(&cfg, &q, &mut f)
             .into_iter()
@@ -169,6 +178,23 @@ mod tests {
                 vec![worker("w8", Idle, 8)],
                 vec![job("small", 1, 10.0, long, None)],
                 &["small"],
+            ),
+            (
+                "a running worker ending its job within the horizon takes short jobs for the rest of it",
+                vec![busy("w1", Some(30.0))],
+                vec![
+                    job("s1", 1, 10.0, 30.0, None),
+                    job("s2", 1, 11.0, 30.0, None),
+                    job("s3", 1, 12.0, 30.0, None),
+                    job("s4", 1, 13.0, 30.0, None),
+                ],
+                &["s4"],
+            ),
+            (
+                "a running worker ending later, or at an unknown time, takes none",
+                vec![busy("w1", Some(500.0)), busy("w2", None)],
+                vec![job("s1", 1, 10.0, 30.0, None)],
+                &["s1"],
             ),
             (
                 "short jobs share one worker up to the horizon",

@@ -54,7 +54,7 @@ pub(crate) fn short_runtime(job: &PendingJob, oc: &crate::config::OfferConfig) -
 pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
     let nl = cfg.lanes.len();
     let mut plan = Plan::default();
-    let mut fleet = fleet::figures(obs, cfg);
+    let mut fleet = fleet::figures(obs, cfg, now);
     let queued = matching::queues(obs, nl);
     let unmet = matching::match_jobs(cfg, &queued, &mut fleet);
     let mut lanes: Vec<LanePlan> = unmet
@@ -70,7 +70,7 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
     scale_up::scale_up(obs, cfg, now, unmet, &mut fleet, &mut plan);
     for (lane, lane_plan) in lanes.iter_mut().enumerate() {
         let warm = warm::warm_capacity(obs, cfg, now, lane, &mut fleet, &mut plan);
-        lane_plan.warm_target = warm.target;
+        lane_plan.warm_target = warm.target();
         scale_down::scale_down(
             obs,
             cfg,

@@ -51,7 +51,8 @@ pub(crate) fn skip_consumed<'a>(
 }
 
 /// Release `lane`'s idle workers nobody matched once their keep-alive ran out (the most recently
-/// idle ones of the warm shape form the warm pool and stay); over the budget cap, every idle
+/// idle ones of the warm shape form the warm pool and stay; the keep-alive of the others depends
+/// on their place in line, see [`keepalive::keep_alive_s`]); over the budget cap, every idle
 /// worker past the minimum run time goes. Nothing is released within the delay after a scale-up
 /// or while the backlog is over `scale_down_max_backlog`. Booting workers are cancelled only when
 /// the lane has no queued job at all (`queue_empty`), the warm pool's share excepted.
@@ -103,19 +104,56 @@ pub(crate) fn scale_down(
     {
         return;
     }
-    // The most recently idle workers form the warm pool.
-    let mut warm_kept = 0;
+    // The most recently idle workers form the warm pool; the others are in line behind them,
+    // per GPU count, for the keep-alive.
+    let mut held = vec![0u32; warm.shapes.len()];
+    let mut in_line: BTreeMap<u32, u32> = BTreeMap::new();
+    // Per worker GPU count: the gap curve (if trusted) and the mean worker units of an arrival.
+    let mut curves: BTreeMap<u32, (Option<keepalive::GapCurve>, f64)> = BTreeMap::new();
+    // Per GPU count, the keep-alive a worker ahead in line was released at: the workers behind
+    // it (idle longer, needed only after it) go at that keep-alive too, so a line never keeps
+    // its back while releasing its front.
+    let mut line_cut: BTreeMap<u32, f64> = BTreeMap::new();
     for w in &idle_free {
-        if warm_kept < warm.target && warm.is_warm_shape(cfg, w.gpus, w.gpu_memory_gib) {
-            warm_kept += 1;
+        let rank = {
+            let r = in_line.entry(w.gpus).or_default();
+            *r += 1;
+            *r - 1
+        };
+        if let Some(i) = warm.slot(cfg, w.gpus, w.gpu_memory_gib, &held) {
+            held[i] += 1;
             continue;
         }
         if now - w.launched_at < cfg.anti_thrash.min_runtime_s {
             continue;
         }
         let idle_s = now - w.idle_since.unwrap_or(now);
-        let gaps = lane_obs.and_then(|o| o.gaps_for(w.gpus, oc.max_gpu_oversize));
-        let keep_alive = keepalive::keep_alive_s(gaps, oc.boot_estimate_s, w.price_usd_per_h, &cfg.scale_down);
+        if now - w.idle_since.unwrap_or(now) < cfg.scale_down.min_keep_alive_s.min(cfg.scale_down.warm_for_s)
+            && cfg.scale_down.mode != KeepAliveMode::Fixed
+        {
+            continue; // no keep-alive is shorter
+        }
+        let (curve, units) = curves.entry(w.gpus).or_insert_with(|| {
+            let shape = lane_obs.and_then(|o| o.gaps_for(w.gpus, oc.max_gpu_oversize));
+            let curve = shape
+                .filter(|s| keepalive::trusted(&s.hist, &cfg.scale_down))
+                .map(|s| keepalive::GapCurve::new(&s.hist));
+            let units = shape.map_or(1.0, |s| {
+                s.mean_worker_units(oc.short_job_horizon_s, oc.default_runtime_s)
+            });
+            (curve, units)
+        });
+        let own = keepalive::keep_alive_with_curve_s(
+            curve.as_ref(),
+            keepalive::arrivals_until_needed(rank, *units),
+            oc.boot_estimate_s,
+            w.price_usd_per_h,
+            &cfg.scale_down,
+        );
+        let keep_alive = line_cut.get(&w.gpus).map_or(own, |cut| own.min(*cut));
+        if cfg.scale_down.mode == KeepAliveMode::Adaptive && idle_s >= keep_alive {
+            line_cut.entry(w.gpus).or_insert(keep_alive);
+        }
         let reason = match cfg.scale_down.mode {
             KeepAliveMode::Adaptive | KeepAliveMode::Fixed => {
                 (idle_s >= keep_alive).then_some(Reason::KeepAliveExpired {
@@ -149,13 +187,14 @@ pub(crate) fn scale_down(
     }
     // Booting workers nothing needs: only when the lane has no queued job at all.
     if queue_empty && free_pending > 0 {
-        let mut warm_left = warm.target.saturating_sub(warm.idle);
+        // Each shape's pool takes its idle workers first, then booting ones.
+        let mut held: Vec<u32> = warm.shapes.iter().map(|s| s.idle.min(s.target)).collect();
         let pending = &mut fleet.pending[lane];
         // Keep the ones launched first (closest to ready).
         pending.sort_by(|a, b| a.launched_at.total_cmp(&b.launched_at).then(a.seq.cmp(&b.seq)));
         for w in pending.iter() {
-            if warm_left > 0 && warm.is_warm_shape(cfg, w.gpus, w.gpu_memory_gib) {
-                warm_left -= 1;
+            if let Some(i) = warm.slot(cfg, w.gpus, w.gpu_memory_gib, &held) {
+                held[i] += 1;
                 continue;
             }
             plan.actions.push(Action::CancelLaunch {

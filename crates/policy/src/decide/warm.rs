@@ -1,8 +1,9 @@
 //! Phase 4: ready workers held for arrivals not yet here: the scheduled warm pool, and the
-//! predictive one.
+//! predictive one where its idle cost is below the wait it saves.
 
 use crate::choice::{self, Request};
 use crate::config::PolicyConfig;
+use crate::keepalive;
 use crate::observation::{LaneId, Observation};
 use crate::plan::{Held, Plan, Reason};
 use crate::shape::fits;
@@ -10,59 +11,83 @@ use crate::shape::fits;
 use super::fleet::Fleet;
 use super::scale_up::push_launches_booked;
 
-/// What phase 4 decided for a lane, for phase 5.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// What phase 4 decided for a lane, for phase 5: the warm pool per job shape.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Warm {
-    /// Ready workers of the warm shape to hold.
-    pub(crate) target: u32,
-    /// GPUs of the warm shape (`lanes.warm_pool_gpus`).
+    /// One entry per shape with a target, GPUs ascending.
+    pub(crate) shapes: Vec<WarmShape>,
+}
+
+/// The warm pool of one job shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct WarmShape {
+    /// GPUs per instance of the jobs the pool is for.
     pub(crate) gpus: u32,
-    /// Idle workers of the warm shape left after matching.
+    /// Ready workers fitting such jobs to hold.
+    pub(crate) target: u32,
+    /// Idle workers fitting such jobs left after matching.
     pub(crate) idle: u32,
 }
 
 impl Warm {
-    /// Whether a worker of `gpus` GPUs of `mem` GiB each is of the warm shape.
-    pub(crate) fn is_warm_shape(&self, cfg: &PolicyConfig, gpus: u32, mem: f64) -> bool {
-        fits(
-            gpus,
-            mem,
-            self.gpus,
-            cfg.offers.min_gpu_memory_gib,
-            cfg.offers.max_gpu_oversize,
-        )
+    /// Ready workers held in all, over the shapes.
+    pub(crate) fn target(&self) -> u32 {
+        self.shapes.iter().map(|s| s.target).sum()
+    }
+
+    /// The first shape a worker of `gpus` GPUs of `mem` GiB each serves whose count in `held`
+    /// (one per shape) is still below its target.
+    pub(crate) fn slot(&self, cfg: &PolicyConfig, gpus: u32, mem: f64, held: &[u32]) -> Option<usize> {
+        self.shapes.iter().enumerate().position(|(i, s)| {
+            held[i] < s.target
+                && fits(
+                    gpus,
+                    mem,
+                    s.gpus,
+                    cfg.offers.min_gpu_memory_gib,
+                    cfg.offers.max_gpu_oversize,
+                )
+        })
     }
 }
 
-/// The predictive warm pool of `lane` now: the biggest recent burst of arrivals of the warm
-/// shape, at most `predictive_max`, once bursts recur (a single burst is served by the
-/// keep-alive alone); 0 without an observation.
-pub(crate) fn predicted(obs: &Observation<'_>, cfg: &PolicyConfig, lane: LaneId, now: f64) -> u32 {
+/// The predictive warm pool for warm-shape workers billed `price_usd_per_h`, from the lane's
+/// `demand` per window ([`crate::observation::LaneObservation::window_demand`]): the newsvendor's critical fractile over the worker demand per window of the look-back
+/// ([`crate::observation::LaneObservation::window_demand`]: long jobs, plus short jobs' run time
+/// over the short-job horizon).
+///
+/// Holding the i-th ready worker through a window of W seconds costs W idle seconds when the
+/// window needs fewer than i workers; not holding it costs a cold start (the break-even `be` idle seconds' worth:
+/// billed boot plus the wait valued at `wait_value_usd_per_h`, [`keepalive::break_even_s`]) when
+/// it needs i or more. It pays for itself when the share p_i of windows needing at least i
+/// workers satisfies `p_i x be >= (1 - p_i) x W`, i.e. `p_i >= W / (be + W)`; the target is the largest
+/// such i: the k-th largest window demand with `k = ceil(n x W / (be + W))` of n windows (and k at
+/// least `predictive_min_bursts`), at most `predictive_max`. So a higher wait value holds more, a
+/// price of its own for every shape, a lone burst in a quiet look-back holds nothing, and a
+/// steady stream holds what it keeps busy. 0 without
+/// demand.
+pub(crate) fn predicted(cfg: &PolicyConfig, lane: LaneId, demand: &[u32], price_usd_per_h: f64) -> u32 {
     let lc = &cfg.lanes[lane];
-    let oc = &cfg.offers;
-    match (lc.predictive_max, obs.lanes.get(lane)) {
-        (0, _) | (_, None) => 0,
-        (max, Some(o)) => {
-            let fits_warm = |g| fits(lc.warm_pool_gpus, f64::INFINITY, g, 0.0, oc.max_gpu_oversize);
-            let (peak, bursts) = o.recent_bursts(
-                now,
-                lc.predictive_window_s,
-                lc.predictive_lookback_s,
-                (max, lc.predictive_min_bursts),
-                fits_warm,
-            );
-            if bursts >= lc.predictive_min_bursts {
-                peak.min(max)
-            } else {
-                0
-            }
-        }
+    if demand.iter().all(|d| *d == 0) {
+        return 0;
     }
+    let w = lc.predictive_window_s;
+    let be = keepalive::break_even_s(cfg.offers.boot_estimate_s, price_usd_per_h, &cfg.scale_down);
+    let k = ((demand.len() as f64 * w / (be + w)).ceil() as usize)
+        .max(lc.predictive_min_bursts as usize)
+        .max(1);
+    if k > demand.len() {
+        return 0;
+    }
+    let mut d = demand.to_vec();
+    let (_, kth, _) = d.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+    (*kth).min(lc.predictive_max)
 }
 
-/// Top up `lane`'s ready workers of the warm shape to the target (the scheduled size for this
-/// hour, or the predictive pool, whichever is larger), within the lane's and the fleet's caps and
-/// the budget; nothing while frozen or over the budget cap.
+/// Per job shape, top up `lane`'s ready workers fitting it to the shape's target (for
+/// `warm_pool_gpus`, the scheduled size for this hour or the predictive pool, whichever is
+/// larger; for the other shapes the predictive pool), within the lane's and the fleet's caps and
+/// the budget; nothing launched while frozen or over the budget cap.
 pub(crate) fn warm_capacity(
     obs: &Observation<'_>,
     cfg: &PolicyConfig,
@@ -74,21 +99,83 @@ pub(crate) fn warm_capacity(
     let lc = &cfg.lanes[lane];
     let oc = &cfg.offers;
     let hour = (now.rem_euclid(86_400.0) / 3600.0) as u32;
-    let target = lc.warm_pool_size_at(hour).max(predicted(obs, cfg, lane, now));
-    let mut warm = Warm {
-        target,
-        gpus: lc.warm_pool_gpus,
-        idle: 0,
+    let scheduled = lc.warm_pool_size_at(hour);
+    let mut demand = match (lc.predictive_max, obs.lanes.get(lane)) {
+        (0, _) | (_, None) => Vec::new(),
+        (_, Some(o)) => o.window_demand(
+            now,
+            lc.predictive_window_s,
+            lc.predictive_lookback_s,
+            (oc.short_job_horizon_s, oc.default_runtime_s),
+        ),
     };
-    let (warm_idle, warm_pending) = fleet.free[lane]
-        .iter()
-        .filter(|c| warm.is_warm_shape(cfg, c.gpus, c.mem))
-        .fold((0, 0), |(i, p), c| (i + c.idle, p + c.pending));
-    warm.idle = warm_idle;
-    if target <= warm_idle + warm_pending || cfg.limits.frozen || fleet.breaker.is_some() {
-        return warm;
+    if scheduled > 0 && !demand.iter().any(|(g, _)| *g == lc.warm_pool_gpus) {
+        demand.push((lc.warm_pool_gpus, Vec::new()));
+        demand.sort_by_key(|d| d.0);
     }
-    let want = target - warm_idle - warm_pending;
+    let mut warm = Warm::default();
+    for (gpus, d) in &demand {
+        let scheduled = if *gpus == lc.warm_pool_gpus { scheduled } else { 0 };
+        if scheduled == 0 && d.iter().all(|x| *x == 0) {
+            continue;
+        }
+        let ws = shape_capacity(obs, cfg, now, lane, *gpus, scheduled, d, fleet, plan);
+        if ws.target > 0 {
+            warm.shapes.push(ws);
+        }
+    }
+    warm
+}
+
+/// Phase 4 for one shape: its target, and the launches that fill it.
+#[allow(clippy::too_many_arguments)]
+fn shape_capacity(
+    obs: &Observation<'_>,
+    cfg: &PolicyConfig,
+    now: f64,
+    lane: LaneId,
+    gpus: u32,
+    scheduled: u32,
+    demand: &[u32],
+    fleet: &mut Fleet<'_>,
+    plan: &mut Plan,
+) -> WarmShape {
+    let lc = &cfg.lanes[lane];
+    let oc = &cfg.offers;
+    let req = Request {
+        gpus,
+        min_mem_gib: oc.min_gpu_memory_gib,
+        capacity: lc.capacity,
+        instances: 1,
+        runtime_s: oc.default_runtime_s,
+    };
+    let serves = |g: u32, mem: f64| fits(g, mem, gpus, oc.min_gpu_memory_gib, oc.max_gpu_oversize);
+    let top = || choice::top(obs.offerings, &req, oc, obs.unavailable, now, oc.diversify as usize);
+    let mut ranked = None;
+    let mut target = scheduled;
+    if demand.iter().any(|d| *d > 0) {
+        // Priced at the fitting workers the lane has (the cheapest), else at the offering a
+        // launch would take: ranking the offerings only when it must keeps decide() cheap.
+        let have = fleet.idle[lane]
+            .iter()
+            .chain(&fleet.pending[lane])
+            .filter(|w| serves(w.gpus, w.gpu_memory_gib))
+            .map(|w| w.price_usd_per_h)
+            .reduce(f64::min);
+        let price = have.or_else(|| ranked.insert(top()).first().map(|(o, _)| o.price_usd_per_h));
+        if let Some(price) = price {
+            target = target.max(predicted(cfg, lane, demand, price));
+        }
+    }
+    let (idle, pending) = fleet.free[lane]
+        .iter()
+        .filter(|c| serves(c.gpus, c.mem))
+        .fold((0, 0), |(i, p), c| (i + c.idle, p + c.pending));
+    let ws = WarmShape { gpus, target, idle };
+    if target <= idle + pending || cfg.limits.frozen || fleet.breaker.is_some() {
+        return ws;
+    }
+    let want = target - idle - pending;
     let (lane_room, total_room) = fleet.room(cfg, lane);
     let mut n = want.min(lane_room).min(total_room);
     if n < want {
@@ -103,25 +190,15 @@ pub(crate) fn warm_capacity(
             reason: Reason::MaxWorkers { limit },
         });
     }
-    let req = Request {
-        gpus: lc.warm_pool_gpus,
-        min_mem_gib: oc.min_gpu_memory_gib,
-        capacity: lc.capacity,
-        instances: 1,
-        runtime_s: oc.default_runtime_s,
-    };
-    let ranked = if n > 0 {
-        choice::top(obs.offerings, &req, oc, obs.unavailable, now, oc.diversify as usize)
-    } else {
-        Vec::new()
+    let ranked = match (n > 0, ranked) {
+        (true, None) => top(),
+        (_, r) => r.unwrap_or_default(),
     };
     if n > 0 && ranked.is_empty() {
         plan.held.push(Held {
             lane,
             count: n,
-            reason: Reason::NoOffering {
-                gpus: lc.warm_pool_gpus,
-            },
+            reason: Reason::NoOffering { gpus },
         });
         n = 0;
     }
@@ -144,10 +221,10 @@ pub(crate) fn warm_capacity(
     if n > 0 {
         let reason = Reason::WarmPool {
             target,
-            ready: warm_idle + warm_pending,
+            ready: idle + pending,
         };
         push_launches_booked(plan, lane, &ranked, &req, n, None, None, reason, oc);
         fleet.book(lane, n, price * n as f64);
     }
-    warm
+    ws
 }

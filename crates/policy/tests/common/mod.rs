@@ -92,6 +92,7 @@ pub fn worker(
         idle_since,
         project: None,
         job_type: None,
+        busy_until: None,
     }
 }
 
