@@ -319,7 +319,9 @@ pub struct LimitsConfig {
     /// Manual freeze: no launches at all. Default false.
     pub frozen: bool,
     /// Deadline safety margin, seconds: a job whose slack (deadline - now - expected runtime) is
-    /// below boot + one checkpoint interval + this margin is launched on on-demand. Default 600 s.
+    /// below two cold starts (one after an interruption, one on on-demand) + one checkpoint
+    /// interval + this margin is launched on on-demand (the Can't Be Late rule). Default 600 s
+    /// (the spread of the seed's 3-10 minute cold starts around `offers.boot_estimate_s`).
     pub deadline_margin_s: f64,
     /// Count SQS delayed messages in the backlog. Default false (KEDA's `scaleOnDelayed` default).
     pub count_delayed: bool,

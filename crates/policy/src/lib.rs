@@ -6,11 +6,11 @@
 //!
 //! # Layout
 //! - [`offering`]: offerings (instance type, zone, capacity type), Spot Advisor interruption buckets.
-//! - [`observation`]: backlog per lane, queued jobs, workers, the inter-arrival gap histogram.
+//! - [`observation`]: backlog per lane, queued jobs, workers, arrival gaps and run times per job shape.
 //! - [`config`]: [`PolicyConfig`], every knob with its default and source; TOML loading; `validate()`.
 //! - [`shape`]: the GPU fit rule (a leaf: choice and observation both use it).
 //! - [`choice`]: offering filter, expected cost per job, diversified spread.
-//! - [`keepalive`]: ski-rental break-even keep-alive, gap quantile refinement, decay steps.
+//! - [`keepalive`]: ski-rental break-even keep-alive, the expected-cost timeout under the gaps, decay steps.
 //! - [`decide`](mod@decide): the policy itself.
 //! - [`plan`]: actions with reasons.
 #![warn(missing_docs)]

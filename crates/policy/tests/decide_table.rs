@@ -1039,7 +1039,7 @@ fn gap_statistics_decay_with_a_one_day_half_life() {
 
 #[test]
 fn deadline_at_risk_gets_on_demand() {
-    // Threshold: boot 390 + checkpoint 600 + margin 600 = 1590 s of slack.
+    // Threshold: two cold starts 2 x 390 + checkpoint 600 + margin 600 = 1980 s of slack.
     // (slack s (None = no deadline), expected capacity, at risk)
     let rows: &[(Option<f64>, CapacityType, bool)] = &[
         (None, CapacityType::Spot, false),
@@ -1047,7 +1047,8 @@ fn deadline_at_risk_gets_on_demand() {
         (Some(0.0), CapacityType::OnDemand, true),
         (Some(1000.0), CapacityType::OnDemand, true),
         (Some(1589.0), CapacityType::OnDemand, true),
-        (Some(1590.0), CapacityType::Spot, false),
+        (Some(1979.0), CapacityType::OnDemand, true),
+        (Some(1980.0), CapacityType::Spot, false),
         (Some(5000.0), CapacityType::Spot, false),
     ];
     for &(slack, cap, at_risk) in rows {
