@@ -2,7 +2,8 @@
 //! simulated fleet, side by side with the baselines users run today.
 //!
 //! # Layout
-//! - [`trace`]: Philly and Azure trace parsing.
+//! - [`trace`]: Philly and Azure trace parsing; the train/test split and back-to-back repeats.
+//! - [`synthetic`]: seeded synthetic traces (`poisson`, `diurnal`, `bursty`, `heavy-tail`).
 //! - [`engine`]: discrete-event engine, simulated fleet ports, billing, the run report.
 //! - [`strategies`]: `onoff`, `fixed-idle-10m`, `keda-like`, `min-one-warm`, `always-on`.
 //! - [`compare`]: run them all on one trace; [`lower_bound_usd`], [`peak_need`].
@@ -10,6 +11,7 @@
 
 pub mod engine;
 pub mod strategies;
+pub mod synthetic;
 pub mod trace;
 
 use std::collections::BTreeMap;
@@ -19,7 +21,7 @@ use onoff_policy::{CapacityPreference, Offering, PolicyConfig};
 use serde::Serialize;
 
 pub use engine::{job_shape, run, RunReport, SimConfig, Strategy, TimelineRow};
-pub use trace::{AzureModel, Trace, TraceError, TraceFormat, TraceJob};
+pub use trace::{AzureModel, Half, SplitInfo, Trace, TraceError, TraceFormat, TraceJob};
 
 /// Names of the strategies [`compare`] runs, in report order.
 pub const STRATEGIES: [&str; 5] = ["onoff", "always-on", "min-one-warm", "fixed-idle-10m", "keda-like"];
