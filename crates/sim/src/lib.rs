@@ -4,12 +4,14 @@
 //! # Layout
 //! - [`trace`]: Philly and Azure trace parsing; the train/test split and back-to-back repeats.
 //! - [`synthetic`]: seeded synthetic traces (`poisson`, `diurnal`, `bursty`, `heavy-tail`).
+//! - [`preemption`]: measured per-zone spot availability series (SkyPilot's spot traces).
 //! - [`engine`]: discrete-event engine, simulated fleet ports, billing, the run report.
 //! - [`strategies`]: `onoff`, `fixed-idle-10m`, `keda-like`, `min-one-warm`, `always-on`.
 //! - [`compare`]: run them all on one trace; [`lower_bound_usd`], [`peak_need`].
 #![warn(missing_docs)]
 
 pub mod engine;
+pub mod preemption;
 pub mod strategies;
 pub mod synthetic;
 pub mod trace;
@@ -21,6 +23,7 @@ use onoff_policy::{CapacityPreference, Offering, PolicyConfig};
 use serde::Serialize;
 
 pub use engine::{job_shape, run, RunReport, SimConfig, Strategy, TimelineRow};
+pub use preemption::{MeasuredPreemptions, ZoneMapping};
 pub use trace::{AzureModel, Half, SplitInfo, Trace, TraceError, TraceFormat, TraceJob};
 
 /// Names of the strategies [`compare`] runs, in report order.
