@@ -8,12 +8,14 @@
 //! - [`engine`]: discrete-event engine, simulated fleet ports, billing, deadlines, the run report.
 //! - [`strategies`]: `onoff`, `fixed-idle-10m`, `keda-like`, `min-one-warm`, `always-on`,
 //!   `skypilot-like`, `all-on-demand`.
+//! - [`sweep`]: one policy setting over several values (the cost / wait frontier).
 //! - [`compare`]: run them all on one trace; [`lower_bound_usd`], [`peak_need`].
 #![warn(missing_docs)]
 
 pub mod engine;
 pub mod preemption;
 pub mod strategies;
+pub mod sweep;
 pub mod synthetic;
 pub mod trace;
 
