@@ -11,6 +11,8 @@ library is used and the output is deterministic: the same input gives byte-ident
 
 import csv
 import datetime as dt
+import hashlib
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -142,6 +144,27 @@ def catalog(src, out):
     print(f"spot-advisor-gpu.csv: snapshot={newest} rows={len(adv)}")
 
 
+def skypilot(src, out):
+    """The four 1-node AWS V100 preemption series (us-east-1c/1f, us-west-2b/2c): metadata and data
+    as upstream, written compactly; the per-tick "prices" of three of them are left out (the
+    simulator prices spot from the catalogue)."""
+    name = "aws-04-22-2023"
+    folder = src / "skypilot_spot_traces" / "preemption" / "1-node" / name
+    dest = out / "skypilot" / name
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in sorted(folder.glob("*.json")):
+        raw = f.read_bytes()
+        d = json.loads(raw)
+        slim = {"metadata": d["metadata"], "data": d["data"]}
+        (dest / f.name).write_text(json.dumps(slim, separators=(",", ":")) + "\n")
+        data = d["data"]
+        ones = sum(1 for v in data if v == 1)
+        changes = sum(1 for a, b in zip(data, data[1:]) if a != b)
+        print(f"skypilot/{name}/{f.name}: gap_seconds={d['metadata']['gap_seconds']} ticks={len(data)} "
+              f"unavailable={ones / len(data):.3f} changes={changes} prices={'prices' in d} "
+              f"source sha256={hashlib.sha256(raw).hexdigest()}")
+
+
 def main():
     src = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO.parent / "shared" / "data"
     src = src.resolve()
@@ -150,6 +173,7 @@ def main():
     philly(src, DATA)
     azure(src, DATA)
     catalog(src, DATA)
+    skypilot(src, DATA)
 
 
 if __name__ == "__main__":

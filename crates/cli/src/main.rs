@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use onoff_control::catalog::{load_offerings_from_dir, CatalogOptions};
 use onoff_policy::PolicyConfig;
-use onoff_sim::{compare, AzureModel, Comparison, SimConfig, Trace, TraceFormat, STRATEGIES};
+use onoff_sim::sweep::{run_sweep, Sweep, SweepResult};
+use onoff_sim::synthetic::{self, SyntheticSpec};
+use onoff_sim::{
+    compare, AzureModel, Comparison, Half, MeasuredPreemptions, Preemptions, SimConfig, Trace, TraceFormat, STRATEGIES,
+};
 
 #[cfg(feature = "local")]
 mod local;
@@ -62,9 +66,20 @@ enum Cmd {
 #[derive(clap::Args)]
 struct SimulateArgs {
     /// Trace CSV (Philly `timestamp,duration,num_gpus,gpu_time,cluster` or Azure
-    /// `TIMESTAMP,ContextTokens,GeneratedTokens`). Default: the shipped busy week of Philly.
+    /// `TIMESTAMP,ContextTokens,GeneratedTokens`), or a seeded synthetic trace
+    /// `synthetic:KIND[:N]` with KIND `poisson`, `diurnal`, `bursty` or `heavy-tail` and N jobs
+    /// (default 5000; parameters in crates/sim/src/synthetic.rs). Default: the shipped busy week
+    /// of Philly.
     #[arg(long)]
-    trace: Option<PathBuf>,
+    trace: Option<String>,
+    /// Replay one half of the trace's time span: `train` (the first) or `test` (the second),
+    /// arrivals re-based to the half's first job.
+    #[arg(long)]
+    split: Option<Half>,
+    /// Replay the trace this many times back to back (a load test of the simulator; prints wall
+    /// time and peak memory).
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
     /// Policy config (TOML, see docs/policy.md). Default: the built-in defaults with max workers
     /// raised to 4096 so the fleet, not a cap, is what is measured.
     #[arg(long)]
@@ -80,14 +95,32 @@ struct SimulateArgs {
     /// how the README's figures were measured (us-east-1's only 2-GPU NVIDIA type, g5g, is arm64).
     #[arg(long, default_value = "any")]
     arch: String,
-    /// Strategies to run, comma separated.
+    /// Strategies to run, comma separated (also `all-on-demand`: onoff on on-demand capacity
+    /// only, added by itself when deadlines are on).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "onoff,always-on,min-one-warm,fixed-idle-10m,keda-like"
+        default_value = "onoff,always-on,min-one-warm,fixed-idle-10m,keda-like,skypilot-like"
     )]
     policies: Vec<String>,
-    /// RNG seed (boot times, capacity errors, interruptions).
+    /// Spot interruptions: `advisor` (random, at the Spot Instance Advisor bucket rates) or
+    /// `skypilot[:PATH]` (measured per-zone availability series replayed over the span; PATH a
+    /// folder or file of SkyPilot's 1-node traces, default the shipped data/skypilot slice).
+    #[arg(long, default_value = "advisor")]
+    preemptions: String,
+    /// Share of jobs (0..=1, chosen by the seed) given a deadline of --deadline-slack x their run
+    /// time after arrival; reports deadlines missed and each policy's cost against all-on-demand.
+    #[arg(long, default_value_t = 0.0)]
+    deadline_fraction: f64,
+    /// Deadline = arrival + this x run time (>= 1).
+    #[arg(long, default_value_t = 1.5)]
+    deadline_slack: f64,
+    /// Run the onoff policy once per value of one policy setting, KEY=V1,V2,... (KEY a dotted
+    /// path such as `scale_down.wait_value_usd_per_h`, or a field name only one section has);
+    /// prints cost and waits per value; with --out also plots the cost / p95 wait frontier.
+    #[arg(long)]
+    sweep: Option<String>,
+    /// RNG seed (synthetic traces, boot times, capacity errors, interruptions, deadlines).
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Shortest GPU cold start, seconds (boot times are uniform between min and max).
@@ -111,7 +144,8 @@ struct SimulateArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
-    /// Write comparison.json, a per-minute timeline CSV per policy and timeline.svg here.
+    /// Write comparison.json, a per-minute timeline CSV per policy and timeline.svg here (with
+    /// --sweep: sweep.json and frontier.svg).
     #[arg(long)]
     out: Option<PathBuf>,
     /// No progress bar.
@@ -169,12 +203,71 @@ fn load_config(path: Option<&Path>, format: TraceFormat) -> Result<PolicyConfig>
     Ok(cfg)
 }
 
+/// The trace of `--trace` (a file or `synthetic:KIND[:N]`) and its label for reports.
+fn load_trace(spec: Option<&str>, seed: u64) -> Result<(Trace, String)> {
+    let Some(spec) = spec else {
+        let path = Path::new(DATA_DIR).join("philly/philly-busy-week.csv");
+        return Ok((
+            Trace::load(&path, AzureModel::default())?,
+            "philly-busy-week.csv".into(),
+        ));
+    };
+    if let Some(s) = SyntheticSpec::parse(spec).map_err(anyhow::Error::msg)? {
+        return Ok((synthetic::generate(&s, seed), format!("{} (seed {seed})", s.label())));
+    }
+    let path = PathBuf::from(spec);
+    let label = path
+        .file_name()
+        .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into());
+    Ok((Trace::load(&path, AzureModel::default())?, label))
+}
+
+/// `--preemptions advisor | skypilot[:PATH]`.
+fn load_preemptions(spec: &str) -> Result<Preemptions> {
+    match spec.split_once(':').unwrap_or((spec, "")) {
+        ("advisor", "") => Ok(Preemptions::Advisor),
+        ("skypilot", path) => {
+            let path = if path.is_empty() {
+                Path::new(DATA_DIR).join("skypilot/aws-04-22-2023")
+            } else {
+                PathBuf::from(path)
+            };
+            let m = MeasuredPreemptions::load(&path).map_err(|e| anyhow::anyhow!("--preemptions: {e}"))?;
+            Ok(Preemptions::Measured(std::sync::Arc::new(m)))
+        }
+        _ => bail!("--preemptions {spec:?}: use `advisor` or `skypilot[:PATH]`"),
+    }
+}
+
+/// Peak resident memory of this process so far, MB (Linux `VmHWM`); `None` elsewhere.
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
 fn simulate(a: SimulateArgs) -> Result<()> {
-    let trace_path = a
-        .trace
-        .clone()
-        .unwrap_or_else(|| Path::new(DATA_DIR).join("philly/philly-busy-week.csv"));
-    let trace = Trace::load(&trace_path, AzureModel::default())?;
+    let (trace, mut label) = load_trace(a.trace.as_deref(), a.seed)?;
+    let mut split_info = None;
+    let trace = match a.split {
+        Some(half) => {
+            let (t, info) = trace.split(half)?;
+            label = format!("{label} ({} half)", half.name());
+            split_info = Some(info);
+            t
+        }
+        None => trace,
+    };
+    if a.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
+    let trace = if a.repeat > 1 {
+        label = format!("{label} x {}", a.repeat);
+        trace.repeat(a.repeat)
+    } else {
+        trace
+    };
     let cfg = load_config(a.config.as_deref(), trace.format)?;
     let catalog_opts = CatalogOptions {
         arch: match a.arch.as_str() {
@@ -196,6 +289,13 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&a.capacity_error_rate) {
         bail!("--capacity-error-rate must be within 0..=1");
     }
+    if !(0.0..=1.0).contains(&a.deadline_fraction) {
+        bail!("--deadline-fraction must be within 0..=1");
+    }
+    if !(a.deadline_slack.is_finite() && a.deadline_slack >= 1.0) {
+        bail!("--deadline-slack must be a number >= 1 (a deadline before the run time cannot be met)");
+    }
+    let preemptions = load_preemptions(&a.preemptions)?;
     let sim = SimConfig {
         seed: a.seed,
         boot_min_s: a.boot_min_s,
@@ -203,42 +303,47 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         capacity_error_rate: a.capacity_error_rate,
         interruptions: a.interruption_rate_factor > 0.0,
         interruption_rate_factor: a.interruption_rate_factor,
+        preemptions,
+        deadline_fraction: a.deadline_fraction,
+        deadline_slack: a.deadline_slack,
         checkpoint_interval_s: a.checkpoint_interval_s,
         checkpoint_on_notice: a.checkpoint_on_notice,
-        timeline: a.out.is_some(),
+        timeline: a.out.is_some() && a.sweep.is_none(),
         ..SimConfig::default()
     };
-    let names: Vec<&str> = a.policies.iter().map(String::as_str).collect();
-    let label = trace_path
-        .file_name()
-        .map_or_else(|| trace_path.display().to_string(), |n| n.to_string_lossy().into());
-    let bar = if a.quiet || a.json {
-        ProgressBar::hidden()
-    } else {
-        let b = ProgressBar::new((names.len() * 100) as u64);
-        b.set_style(
-            ProgressStyle::with_template("{spinner} {msg:>16} [{bar:40}] {pos}/{len} % {elapsed}")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        b
-    };
+    if let Some(spec) = &a.sweep {
+        let sweep = Sweep::parse(spec, &cfg).map_err(anyhow::Error::msg)?;
+        return simulate_sweep(&a, &label, &trace, &offerings, &cfg, &sim, &sweep);
+    }
+    let mut names: Vec<&str> = a.policies.iter().map(String::as_str).collect();
+    if sim.deadline_fraction > 0.0 && !names.contains(&onoff_sim::ALL_ON_DEMAND) {
+        names.push(onoff_sim::ALL_ON_DEMAND);
+    }
+    let bar = progress_bar(a.quiet || a.json, names.len());
     let started = std::time::Instant::now();
-    let cmp = compare(&label, &trace, &offerings, &cfg, &sim, &names, &mut |i, p| {
+    let mut cmp = compare(&label, &trace, &offerings, &cfg, &sim, &names, &mut |i, p| {
         bar.set_message(names[i].to_string());
         bar.set_position((i * 100) as u64 + (p * 100.0) as u64);
     })
     .map_err(anyhow::Error::msg)?;
+    cmp.split = split_info;
     bar.finish_and_clear();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&cmp)?);
     } else {
         print_table(&cmp);
+        let per: Vec<String> = cmp
+            .policies
+            .iter()
+            .map(|p| format!("{} {:.2} s", p.name, p.wall_s))
+            .collect();
         eprintln!(
-            "({} jobs x {} policies in {:.1} s)",
+            "({} jobs x {} policies in {:.1} s: {}; peak RSS {})",
             cmp.jobs,
             names.len(),
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            per.join(", "),
+            peak_rss_mb().map_or_else(|| "n/a".into(), |m| format!("{m:.0} MB"))
         );
     }
     if let Some(dir) = &a.out {
@@ -254,12 +359,114 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     Ok(())
 }
 
-fn print_table(c: &Comparison) {
+fn progress_bar(hidden: bool, runs: usize) -> ProgressBar {
+    if hidden {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new((runs * 100) as u64);
+    b.set_style(
+        ProgressStyle::with_template("{spinner} {msg:>16} [{bar:40}] {pos}/{len} % {elapsed}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    b
+}
+
+fn simulate_sweep(
+    a: &SimulateArgs,
+    label: &str,
+    trace: &Trace,
+    offerings: &[onoff_policy::Offering],
+    cfg: &PolicyConfig,
+    sim: &SimConfig,
+    sweep: &Sweep,
+) -> Result<()> {
+    let bar = progress_bar(a.quiet || a.json, sweep.values.len());
+    let started = std::time::Instant::now();
+    let r = run_sweep(label, trace, offerings, cfg, sim, sweep, &mut |i, p| {
+        bar.set_message(format!("{}", sweep.values[i]));
+        bar.set_position((i * 100) as u64 + (p * 100.0) as u64);
+    })
+    .map_err(anyhow::Error::msg)?;
+    bar.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print_sweep(&r);
+        eprintln!(
+            "({} jobs x {} values in {:.1} s; peak RSS {})",
+            r.jobs,
+            r.points.len(),
+            started.elapsed().as_secs_f64(),
+            peak_rss_mb().map_or_else(|| "n/a".into(), |m| format!("{m:.0} MB"))
+        );
+    }
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(dir.join("sweep.json"), serde_json::to_string_pretty(&r)?)?;
+        plot::frontier_svg(&dir.join("frontier.svg"), &r)?;
+        if !a.json {
+            println!("wrote {}/sweep.json, frontier.svg", dir.display());
+        }
+    }
+    let lost: u64 = r.points.iter().map(|p| p.report.jobs_lost).sum();
+    if lost > 0 {
+        bail!("{lost} job(s) lost: a run failed to finish every job within the horizon");
+    }
+    Ok(())
+}
+
+fn print_sweep(r: &SweepResult) {
     println!(
-        "trace {}: {} jobs, {:.0} GPU-hours; offline lower bound ${:.2}",
-        c.trace, c.jobs, c.gpu_hours, c.lower_bound_usd
+        "trace {}: {} jobs; offline lower bound ${:.2}; {} by {}",
+        r.trace, r.jobs, r.lower_bound_usd, r.strategy, r.key
     );
     println!(
+        "{:>12} {:>12} {:>8} {:>9} {:>9} {:>9} {:>9}",
+        "value", "total $", "x bound", "wait p50", "wait p95", "wait p99", "frontier"
+    );
+    for p in &r.points {
+        println!(
+            "{:>12} {:>12.2} {:>8.3} {:>8.0}s {:>8.0}s {:>8.0}s {:>9}",
+            p.value.to_string(),
+            p.total_usd,
+            p.x_lower_bound,
+            p.wait_p50_s,
+            p.wait_p95_s,
+            p.wait_p99_s,
+            if p.on_frontier { "*" } else { "" }
+        );
+    }
+}
+
+fn print_table(c: &Comparison) {
+    println!(
+        "trace {}: {} jobs, {:.0} GPU-hours; offline lower bound ${:.2}; preemptions {}",
+        c.trace,
+        c.jobs,
+        c.gpu_hours,
+        c.lower_bound_usd,
+        c.preemptions.name()
+    );
+    if let Some(s) = &c.split {
+        println!(
+            "{} half of {} jobs: from {:.0} s, cut at {:.0} s",
+            s.half.name(),
+            s.original_jobs,
+            s.offset_s,
+            s.cut_s
+        );
+    }
+    let deadlines = c.deadline_fraction > 0.0;
+    if deadlines {
+        println!(
+            "deadlines: {:.0} % of jobs, due {} x run time after arrival; all-on-demand ${:.2}",
+            c.deadline_fraction * 100.0,
+            c.deadline_slack,
+            c.all_on_demand_usd.unwrap_or(0.0)
+        );
+    }
+    print!(
         "{:<15} {:>12} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>9}",
         "policy",
         "total $",
@@ -274,8 +481,12 @@ fn print_table(c: &Comparison) {
         "lost",
         "lost GPUh"
     );
+    if deadlines {
+        print!(" {:>9} {:>7}", "dl missed", "x OD");
+    }
+    println!();
     for p in &c.policies {
-        println!(
+        print!(
             "{:<15} {:>12.2} {:>8.3} {:>9.3} {:>9.1} {:>9} {:>8.0}s {:>8.0}s {:>8.0}s {:>7} {:>6} {:>9.2}",
             p.name,
             p.total_usd,
@@ -290,6 +501,14 @@ fn print_table(c: &Comparison) {
             p.jobs_lost,
             p.lost_work_gpu_hours
         );
+        if deadlines {
+            print!(
+                " {:>9} {:>7.3}",
+                p.deadlines_missed,
+                p.cost_vs_all_on_demand.unwrap_or(f64::NAN)
+            );
+        }
+        println!();
     }
 }
 

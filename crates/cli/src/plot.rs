@@ -1,8 +1,9 @@
-//! SVG plot of the simulated timelines (plotters).
+//! SVG plots (plotters): the simulated timelines, and a sweep's cost / wait frontier.
 
 use std::path::Path;
 
 use anyhow::{anyhow, Result};
+use onoff_sim::sweep::SweepResult;
 use onoff_sim::Comparison;
 use plotters::prelude::*;
 
@@ -102,6 +103,79 @@ pub fn timeline_svg(path: &Path, c: &Comparison) -> Result<()> {
             .draw()
             .map_err(|e| anyhow!("{e}"))?;
     }
+    root.present().map_err(|e| anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// A sweep's runs as points of (p95 wait, total $), each labelled with its value, joined in the
+/// order given; the points on the (cost, p95 wait) frontier are filled and joined by a second line.
+pub fn frontier_svg(path: &Path, r: &SweepResult) -> Result<()> {
+    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+    let pts: Vec<(f64, f64)> = r.points.iter().map(|p| (p.wait_p95_s, p.total_usd)).collect();
+    let span = |v: &mut dyn Iterator<Item = f64>| {
+        let (lo, hi) = v.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(x), hi.max(x)));
+        let pad = ((hi - lo) * 0.1).max(hi.abs() * 0.01).max(1e-6);
+        (lo - pad).max(0.0)..hi + pad
+    };
+    let xs = span(&mut pts.iter().map(|p| p.0));
+    let ys = span(&mut pts.iter().map(|p| p.1));
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{} on {}: cost against p95 wait by {}", r.strategy, r.trace, r.key),
+            ("sans-serif", 18),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(80)
+        .build_cartesian_2d(xs, ys)
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("wait p95, s")
+        .y_desc("total $")
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .draw_series(LineSeries::new(pts.iter().copied(), BLUE.mix(0.3).stroke_width(1)))
+        .map_err(|e| anyhow!("{e}"))?
+        .label("runs, in the order given")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.mix(0.3)));
+    let mut front: Vec<(f64, f64)> = r
+        .points
+        .iter()
+        .filter(|p| p.on_frontier)
+        .map(|p| (p.wait_p95_s, p.total_usd))
+        .collect();
+    front.sort_by(|a, b| a.0.total_cmp(&b.0));
+    chart
+        .draw_series(LineSeries::new(front, RED.stroke_width(2)))
+        .map_err(|e| anyhow!("{e}"))?
+        .label("frontier")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    for p in &r.points {
+        let style = if p.on_frontier {
+            RED.filled()
+        } else {
+            BLUE.mix(0.6).filled()
+        };
+        chart
+            .draw_series(std::iter::once(Circle::new((p.wait_p95_s, p.total_usd), 4, style)))
+            .map_err(|e| anyhow!("{e}"))?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!("{}", p.value),
+                (p.wait_p95_s, p.total_usd),
+                ("sans-serif", 13),
+            )))
+            .map_err(|e| anyhow!("{e}"))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
     root.present().map_err(|e| anyhow!("{e}"))?;
     Ok(())
 }

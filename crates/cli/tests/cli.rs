@@ -1,4 +1,4 @@
-//! The `onoff` binary end to end on the shipped short slice.
+//! The `onoff` binary end to end on the shipped short slice (and small synthetic traces).
 
 use std::process::Command;
 
@@ -22,8 +22,17 @@ fn simulate_json_has_every_policy_and_field() {
     let names: Vec<&str> = policies.iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(
         names,
-        ["onoff", "always-on", "min-one-warm", "fixed-idle-10m", "keda-like"]
+        [
+            "onoff",
+            "always-on",
+            "min-one-warm",
+            "fixed-idle-10m",
+            "keda-like",
+            "skypilot-like"
+        ]
     );
+    assert_eq!(v["preemptions"], "advisor");
+    assert!(v["split"].is_null());
     for p in policies {
         for k in [
             "total_usd",
@@ -37,6 +46,10 @@ fn simulate_json_has_every_policy_and_field() {
             "jobs_lost",
             "interruptions",
             "lost_work_gpu_hours",
+            "deadline_jobs",
+            "deadlines_missed",
+            "spot_unavailable_errors",
+            "wall_s",
         ] {
             assert!(p[k].is_number(), "{} lacks {k}", p["name"]);
         }
@@ -103,4 +116,261 @@ fn the_example_config_parses() {
         concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/policy.toml"),
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let out = onoff(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn total(v: &serde_json::Value, policy: &str) -> f64 {
+    v["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == policy)
+        .unwrap_or_else(|| panic!("no {policy}"))["total_usd"]
+        .as_f64()
+        .unwrap()
+}
+
+#[test]
+fn synthetic_traces_are_seeded() {
+    let run = |seed: &str| {
+        json(&[
+            "simulate",
+            "--trace",
+            "synthetic:bursty:300",
+            "--seed",
+            seed,
+            "--policies",
+            "onoff",
+            "--json",
+        ])
+    };
+    let (a, b, c) = (run("3"), run("3"), run("4"));
+    assert_eq!(a["jobs"], 300);
+    assert!(a["trace"].as_str().unwrap().starts_with("synthetic:bursty:300"));
+    assert_eq!(total(&a, "onoff"), total(&b, "onoff"));
+    assert_ne!(total(&a, "onoff"), total(&c, "onoff"));
+    assert_eq!(a["policies"][0]["jobs_lost"], 0);
+}
+
+#[test]
+fn split_replays_one_half_and_says_which() {
+    let all = json(&["simulate", "--trace", SHORT, "--policies", "onoff", "--json"]);
+    let test = json(&[
+        "simulate",
+        "--trace",
+        SHORT,
+        "--split",
+        "test",
+        "--policies",
+        "onoff",
+        "--json",
+    ]);
+    let train = json(&[
+        "simulate",
+        "--trace",
+        SHORT,
+        "--split",
+        "train",
+        "--policies",
+        "onoff",
+        "--json",
+    ]);
+    assert_eq!(test["split"]["half"], "test");
+    assert_eq!(train["split"]["half"], "train");
+    assert_eq!(test["split"]["original_jobs"], 200);
+    let n = |v: &serde_json::Value| v["jobs"].as_u64().unwrap();
+    assert_eq!(n(&test) + n(&train), n(&all));
+    assert!(n(&test) > 0 && n(&train) > 0);
+    assert!(test["trace"].as_str().unwrap().contains("test half"));
+    let out = onoff(&["simulate", "--trace", SHORT, "--split", "both"]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn deadlines_add_all_on_demand_and_count_misses() {
+    let v = json(&[
+        "simulate",
+        "--trace",
+        SHORT,
+        "--policies",
+        "onoff,skypilot-like",
+        "--deadline-fraction",
+        "0.3",
+        "--deadline-slack",
+        "1.5",
+        "--json",
+    ]);
+    let names: Vec<&str> = v["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["onoff", "skypilot-like", "all-on-demand"]);
+    let od = v["all_on_demand_usd"].as_f64().unwrap();
+    assert!((od - total(&v, "all-on-demand")).abs() < 1e-9);
+    for p in v["policies"].as_array().unwrap() {
+        // 30 % of 200 jobs.
+        assert_eq!(p["deadline_jobs"], 60, "{}", p["name"]);
+        assert!(p["deadlines_missed"].as_u64().unwrap() <= 60);
+        let ratio = p["cost_vs_all_on_demand"].as_f64().unwrap();
+        assert!((ratio - p["total_usd"].as_f64().unwrap() / od).abs() < 1e-9);
+    }
+    // Spot saves against on-demand.
+    assert!(total(&v, "onoff") < od);
+    let table = String::from_utf8_lossy(
+        &onoff(&[
+            "simulate",
+            "--trace",
+            SHORT,
+            "--quiet",
+            "--policies",
+            "onoff",
+            "--deadline-fraction",
+            "0.3",
+        ])
+        .stdout,
+    )
+    .to_string();
+    assert!(
+        table.contains("dl missed") && table.contains("all-on-demand"),
+        "{table}"
+    );
+}
+
+#[test]
+fn measured_preemptions_map_every_zone_to_a_shipped_series() {
+    let v = json(&[
+        "simulate",
+        "--trace",
+        SHORT,
+        "--policies",
+        "onoff,skypilot-like",
+        "--preemptions",
+        "skypilot",
+        "--json",
+    ]);
+    assert!(v["preemptions"].as_str().unwrap().starts_with("skypilot:"));
+    let zones = v["zones"].as_array().unwrap();
+    assert_eq!(zones.len(), 6, "us-east-1a..f");
+    assert_eq!(zones[2]["zone"], "us-east-1c");
+    assert_eq!(zones[2]["series_zone"], "us-east-1c");
+    for p in v["policies"].as_array().unwrap() {
+        assert_eq!(p["jobs_lost"], 0);
+    }
+    let out = onoff(&["simulate", "--trace", SHORT, "--preemptions", "weather"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("advisor"));
+    let out = onoff(&["simulate", "--trace", SHORT, "--preemptions", "skypilot:/nonexistent"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent"));
+}
+
+#[test]
+fn a_sweep_runs_onoff_once_per_value_and_plots_the_frontier() {
+    let dir = std::env::temp_dir().join(format!("onoff-sweep-test-{}", std::process::id()));
+    let v = json(&[
+        "simulate",
+        "--trace",
+        SHORT,
+        "--sweep",
+        "wait_value_usd_per_h=0,1,8",
+        "--json",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(v["key"], "scale_down.wait_value_usd_per_h");
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 3);
+    assert_eq!(points[2]["value"], 8);
+    let lb = v["lower_bound_usd"].as_f64().unwrap();
+    for p in points {
+        let t = p["total_usd"].as_f64().unwrap();
+        assert!((p["x_lower_bound"].as_f64().unwrap() - t / lb).abs() < 1e-9);
+        assert!(p["wait_p95_s"].is_number() && p["wait_p50_s"].is_number());
+    }
+    assert!(points.iter().any(|p| p["on_frontier"] == true));
+    // The default value reproduces the plain onoff run.
+    let plain = json(&["simulate", "--trace", SHORT, "--policies", "onoff", "--json"]);
+    assert_eq!(points[1]["total_usd"].as_f64(), Some(total(&plain, "onoff")));
+    let svg = std::fs::read_to_string(dir.join("frontier.svg")).unwrap();
+    assert!(svg.contains("<svg"));
+    assert!(dir.join("sweep.json").exists());
+    std::fs::remove_dir_all(&dir).ok();
+    // The table.
+    let out = onoff(&[
+        "simulate",
+        "--trace",
+        SHORT,
+        "--quiet",
+        "--sweep",
+        "predictive_max=0,40",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("lanes.*.predictive_max") && table.contains("frontier"),
+        "{table}"
+    );
+    let out = onoff(&["simulate", "--trace", SHORT, "--sweep", "nope=1"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
+}
+
+#[test]
+fn repeat_replays_the_trace_back_to_back() {
+    let v = json(&[
+        "simulate",
+        "--trace",
+        SHORT,
+        "--repeat",
+        "3",
+        "--policies",
+        "onoff",
+        "--json",
+    ]);
+    assert_eq!(v["jobs"], 600);
+    assert_eq!(v["policies"][0]["jobs_completed"], 600);
+    let out = onoff(&[
+        "simulate",
+        "--trace",
+        SHORT,
+        "--repeat",
+        "2",
+        "--policies",
+        "onoff",
+        "--quiet",
+    ]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("peak RSS"));
+}
+
+#[test]
+fn bad_new_options_get_clear_errors() {
+    for (args, want) in [
+        (vec!["--trace", "synthetic:weekly"], "weekly"),
+        (vec!["--trace", "synthetic:poisson:0"], "jobs"),
+        (vec!["--deadline-fraction", "2"], "--deadline-fraction"),
+        (vec!["--deadline-slack", "0.5"], "--deadline-slack"),
+        (vec!["--repeat", "0"], "--repeat"),
+    ] {
+        let mut a = vec!["simulate", "--quiet"];
+        a.extend(args.iter());
+        if !args.contains(&"--trace") {
+            a.extend(["--trace", SHORT]);
+        }
+        let out = onoff(&a);
+        assert!(!out.status.success(), "{a:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{a:?}: {err}");
+    }
 }

@@ -7,10 +7,22 @@
 //!
 //! Billing follows EC2 Linux: per second from launch (boot and model load included) to
 //! termination, with a 60-second minimum.
+//!
+//! Spot interruptions come from one of two models ([`Preemptions`]): random draws at the Spot
+//! Advisor bucket rates, or measured per-zone series replayed over the span
+//! ([`crate::preemption`]), which also refuse spot launches in a zone while its series says spot
+//! is unavailable. Deadlines ([`SimConfig::deadline_fraction`]) are handed to the strategy in
+//! [`PendingJob::deadline`] and measured: a job misses its deadline when it finishes after it, or
+//! never.
+//!
+//! Every step is linear in the events it handles: arrivals are read from the sorted trace, a zone
+//! flip looks at each worker once, deadlines are drawn once per run.
 
 use std::cell::RefCell;
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
 
 use onoff_control::ports::{
     Fleet, FleetError, FleetErrorKind, LaunchRequest, LaunchResult, Launched, OfferingAvailability, StoreError,
@@ -26,7 +38,56 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::preemption::{MeasuredPreemptions, ZoneMapping};
 use crate::trace::Trace;
+
+/// Where spot interruptions come from.
+#[derive(Debug, Clone, Default)]
+pub enum Preemptions {
+    /// Random interruptions at the Spot Instance Advisor bucket's rate of each offering (bucket
+    /// midpoint per month, [`onoff_policy::InterruptionBucket::rate_per_s`]), times
+    /// [`SimConfig::interruption_rate_factor`]. The default.
+    #[default]
+    Advisor,
+    /// Measured per-zone availability series replayed over the span ([`crate::preemption`]):
+    /// interruptions when a zone turns unavailable, spot launches refused while it is.
+    Measured(Arc<MeasuredPreemptions>),
+}
+
+impl Preemptions {
+    /// `advisor` or `skypilot`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Preemptions::Advisor => "advisor",
+            Preemptions::Measured(_) => "skypilot",
+        }
+    }
+
+    /// The zone mapping the engine uses for `offerings` (empty for the advisor model).
+    pub fn zone_mapping(&self, offerings: &[Offering]) -> Vec<ZoneMapping> {
+        match self {
+            Preemptions::Advisor => Vec::new(),
+            Preemptions::Measured(m) => m.map_zones(&zone_names(offerings)),
+        }
+    }
+}
+
+impl Serialize for Preemptions {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Preemptions::Advisor => s.serialize_str("advisor"),
+            Preemptions::Measured(m) => s.serialize_str(&format!("skypilot:{}", m.source)),
+        }
+    }
+}
+
+/// Zone names of `offerings`, sorted, each once.
+fn zone_names(offerings: &[Offering]) -> Vec<String> {
+    let mut z: Vec<String> = offerings.iter().map(|o| o.key.zone.clone()).collect();
+    z.sort();
+    z.dedup();
+    z
+}
 
 /// Simulation settings (the world, not the policy).
 #[derive(Debug, Clone, Serialize)]
@@ -39,10 +100,18 @@ pub struct SimConfig {
     pub boot_max_s: f64,
     /// Probability that one launch call fails with InsufficientCapacity. Default 0.02 (assumption).
     pub capacity_error_rate: f64,
-    /// Spot interruptions at the Spot Advisor bucket rates. Default true.
+    /// Spot interruptions (either model). Default true. With `false` and measured preemptions,
+    /// spot launches are still refused while a zone's series says unavailable.
     pub interruptions: bool,
-    /// Multiplier on the bucket interruption rates (stress tests). Default 1.0.
+    /// Multiplier on the bucket interruption rates (stress tests; advisor model only). Default 1.0.
     pub interruption_rate_factor: f64,
+    /// Interruption model. Default [`Preemptions::Advisor`].
+    pub preemptions: Preemptions,
+    /// Share of jobs (0..=1) given a deadline, chosen by the seed ([`assign_deadlines`]). Default 0.
+    pub deadline_fraction: f64,
+    /// A job's deadline is its arrival + this x its run time on the reference GPU. Default 1.5
+    /// (an assumption: half the run time again as slack; boot and queueing must fit in it).
+    pub deadline_slack: f64,
     /// Spot interruption notice, seconds. Default 120 s (EC2's two-minute warning).
     pub notice_s: f64,
     /// Jobs checkpoint every this many seconds of run time. Default 600 s.
@@ -71,6 +140,9 @@ impl Default for SimConfig {
             capacity_error_rate: 0.02,
             interruptions: true,
             interruption_rate_factor: 1.0,
+            preemptions: Preemptions::Advisor,
+            deadline_fraction: 0.0,
+            deadline_slack: 1.5,
             notice_s: 120.0,
             checkpoint_interval_s: 600.0,
             checkpoint_on_notice: false,
@@ -94,6 +166,13 @@ pub trait Strategy {
     fn decides_on_submit(&self) -> bool;
     /// Decide.
     fn decide(&mut self, obs: &Observation<'_>, now: f64) -> Plan;
+    /// Whether the 2-minute spot notice reaches the control plane (onoff's interruption handler:
+    /// the worker drains, its job is released for resume, the offering is skipped for a while).
+    /// Default true; a strategy that only notices a lost instance later says false, and its job
+    /// is requeued when the instance is gone.
+    fn handles_notice(&self) -> bool {
+        true
+    }
 }
 
 /// One row of the per-minute timeline.
@@ -140,6 +219,9 @@ pub struct RunReport {
     pub launches_by_offering: std::collections::BTreeMap<String, u64>,
     /// Launch calls that failed with a capacity error.
     pub capacity_errors: u64,
+    /// Of `capacity_errors`, spot launches refused because the zone's measured series said spot
+    /// was unavailable (measured preemptions only).
+    pub spot_unavailable_errors: u64,
     /// Median wait from arrival to first start, seconds.
     pub wait_p50_s: f64,
     /// 95th percentile wait, seconds.
@@ -162,6 +244,15 @@ pub struct RunReport {
     pub decisions: u64,
     /// Virtual seconds from the first arrival to the last completion.
     pub makespan_s: f64,
+    /// Jobs that had a deadline.
+    pub deadline_jobs: u64,
+    /// Jobs with a deadline that finished after it, or never finished.
+    pub deadlines_missed: u64,
+    /// `total_usd` over the cost of `all-on-demand` on the same trace (filled by
+    /// [`crate::compare`] when deadlines are on): below 1 is what spot saved.
+    pub cost_vs_all_on_demand: Option<f64>,
+    /// Wall-clock seconds the replay took (a measurement of this machine, not of the policy).
+    pub wall_s: f64,
     /// Per-minute timeline, when recorded.
     #[serde(skip)]
     pub timeline: Vec<TimelineRow>,
@@ -171,9 +262,14 @@ pub struct RunReport {
 enum Ev {
     Arrival(usize),
     BootDone(u64),
-    JobDone { job: usize, epoch: u32 },
+    JobDone {
+        job: usize,
+        epoch: u32,
+    },
     Notice(u64),
     Interrupt(u64),
+    /// A zone's measured series changes value (index into the world's zone clocks).
+    ZoneFlip(usize),
     Tick,
 }
 
@@ -202,6 +298,10 @@ impl Ord for Event {
     }
 }
 
+/// `World::by_num` of a worker that is gone.
+const NO_WORKER: u32 = u32::MAX;
+
+/// One job's state. Kept small (about 100 bytes): ten copies of Philly hold 822,470 of them.
 #[derive(Debug, Clone)]
 struct JobSim {
     arrival: f64,
@@ -209,9 +309,15 @@ struct JobSim {
     remaining: f64,
     gpus_per_instance: u32,
     instances: u32,
-    project: String,
-    started_first: Option<f64>,
+    /// Index into the world's project names.
+    project: u32,
+    /// First start; NaN until the job starts.
+    started_first: f64,
     done: bool,
+    /// Completion time (when `done`).
+    finished_at: f64,
+    /// Absolute deadline; infinite when the job has none.
+    deadline: f64,
     epoch: u32,
     /// Current run: start time, speed, workers.
     run_start: f64,
@@ -222,10 +328,29 @@ struct JobSim {
 #[derive(Debug, Clone)]
 struct WorkerSim {
     num: u64,
-    gpu_model: String,
+    /// Index of its offering.
+    offering: usize,
     ready_at: f64,
     job: Option<usize>,
     idle_from: Option<f64>,
+    /// Index of its zone in the world's zone list.
+    zone: usize,
+    spot: bool,
+    /// A measured-series interruption is already scheduled.
+    doomed: bool,
+    /// In the world's `idle_listed`.
+    listed: bool,
+}
+
+/// One simulated zone's place in its measured series.
+#[derive(Debug, Clone)]
+struct ZoneClock {
+    series: usize,
+    /// Absolute tick of the series at the trace's first arrival.
+    offset_ticks: u64,
+    /// Absolute tick of the next change.
+    next_tick: Option<u64>,
+    unavailable: bool,
 }
 
 /// The simulated world behind the ports.
@@ -235,17 +360,32 @@ struct World {
     heap: BinaryHeap<Event>,
     seq: u64,
     jobs: Vec<JobSim>,
+    /// Project names, indexed by `JobSim::project`.
+    projects: Vec<String>,
+    /// (GPUs, number) of the workers that turned idle since they were last seen busy or gone: a
+    /// superset of the idle workers, in the order dispatch picks them ([`World::list_idle`]).
+    idle_set: BTreeSet<(u32, u64)>,
     queued: Vec<PendingJob>,
     queued_idx: Vec<usize>,
     workers: Vec<WorkerView>,
     wsim: Vec<WorkerSim>,
-    by_num: HashMap<u64, usize>,
+    /// Index in `workers` of each worker number ([`NO_WORKER`] once gone): numbers run from 1
+    /// without gaps, so a vector is the map.
+    by_num: Vec<u32>,
     by_id: HashMap<String, u64>,
     next_num: u64,
     lanes: Vec<LaneObservation>,
     unavailable: Vec<UnavailableOffering>,
     offerings: Vec<Offering>,
     offering_index: HashMap<OfferingKey, usize>,
+    /// Zone index of each offering.
+    offering_zone: Vec<usize>,
+    /// `type/capacity-type` of each offering (the keys of `launches_by_offering`).
+    offering_label: Vec<String>,
+    /// Measured series and the clock of each zone (measured preemptions only).
+    measured: Option<Arc<MeasuredPreemptions>>,
+    zones: Vec<ZoneClock>,
+    t0: f64,
     lane_names: Vec<String>,
     cfg: SimConfig,
     // Accounting.
@@ -257,6 +397,7 @@ struct World {
     launches: u64,
     launches_by_offering: std::collections::BTreeMap<String, u64>,
     capacity_errors: u64,
+    spot_unavailable_errors: u64,
     interruptions: u64,
     lost_gpu_s: f64,
     busy_terminations: u64,
@@ -276,22 +417,38 @@ impl World {
     }
 
     fn worker_idx(&self, num: u64) -> Option<usize> {
-        self.by_num.get(&num).copied()
+        self.by_num
+            .get(num as usize)
+            .copied()
+            .filter(|&i| i != NO_WORKER)
+            .map(|i| i as usize)
     }
 
-    /// A launch call over several offerings: each offering independently lacks capacity with
+    /// A launch call over several offerings: a spot offering in a zone whose measured series
+    /// says unavailable lacks capacity; any offering independently lacks capacity with
     /// probability `capacity_error_rate`; the count is spread round-robin over the others.
     fn launch(&mut self, req: &LaunchRequest) -> Result<LaunchResult, FleetError> {
         let mut res = LaunchResult::default();
-        let mut ok: Vec<Offering> = Vec::new();
+        let mut ok: Vec<usize> = Vec::new();
         for k in &req.offerings {
-            let Some(o) = self.offering_index.get(k).map(|&i| self.offerings[i].clone()) else {
+            let Some(&o) = self.offering_index.get(k) else {
                 return Err(FleetError {
                     kind: FleetErrorKind::Other,
                     message: format!("unknown offering {k}"),
                 });
             };
-            if self.rng.random::<f64>() < self.cfg.capacity_error_rate {
+            let spot = k.capacity_type == CapacityType::Spot;
+            if spot && self.zones.get(self.offering_zone[o]).is_some_and(|z| z.unavailable) {
+                self.capacity_errors += 1;
+                self.spot_unavailable_errors += 1;
+                res.short.push((
+                    k.clone(),
+                    FleetError {
+                        kind: FleetErrorKind::InsufficientCapacity,
+                        message: format!("InsufficientInstanceCapacity (measured: no spot in {})", k.zone),
+                    },
+                ));
+            } else if self.rng.random::<f64>() < self.cfg.capacity_error_rate {
                 self.capacity_errors += 1;
                 res.short.push((
                     k.clone(),
@@ -308,7 +465,7 @@ impl World {
             return Err(res.short.swap_remove(0).1);
         }
         let n = ok.len() as u32;
-        for (i, o) in ok.iter().enumerate() {
+        for (i, &o) in ok.iter().enumerate() {
             let count = req.count / n + u32::from((i as u32) < req.count % n);
             res.launched
                 .extend(self.launch_offering(o, &req.lane, req.project.as_ref(), count));
@@ -316,9 +473,10 @@ impl World {
         Ok(res)
     }
 
-    /// Create `count` instances of `o`: Pending, boot done after a random cold start.
-    fn launch_offering(&mut self, o: &Offering, lane: &str, project: Option<&String>, count: u32) -> Vec<Launched> {
+    /// Create `count` instances of offering `oi`: Pending, boot done after a random cold start.
+    fn launch_offering(&mut self, oi: usize, lane: &str, project: Option<&String>, count: u32) -> Vec<Launched> {
         let lane = self.lane_index(lane);
+        let zone = self.offering_zone[oi];
         let mut out = Vec::new();
         for _ in 0..count {
             self.next_num += 1;
@@ -327,12 +485,15 @@ impl World {
             let boot = self
                 .rng
                 .random_range(self.cfg.boot_min_s..=self.cfg.boot_max_s.max(self.cfg.boot_min_s));
+            let o = &self.offerings[oi];
             let spot = o.key.capacity_type == CapacityType::Spot;
+            let rate = o.interruption_rate_per_s();
+            let key = o.key.clone();
             self.workers.push(WorkerView {
                 id: id.clone(),
                 seq: num,
                 lane,
-                offering: o.key.clone(),
+                offering: key.clone(),
                 gpus: o.gpus,
                 gpu_memory_gib: o.gpu_memory_gib,
                 price_usd_per_h: o.price_usd_per_h,
@@ -345,16 +506,21 @@ impl World {
             });
             self.wsim.push(WorkerSim {
                 num,
-                gpu_model: o.gpu_model.clone(),
+                offering: oi,
                 ready_at: self.now + boot,
                 job: None,
                 idle_from: None,
+                zone,
+                spot,
+                doomed: false,
+                listed: false,
             });
-            self.by_num.insert(num, self.workers.len() - 1);
+            debug_assert_eq!(self.by_num.len() as u64, num);
+            self.by_num.push((self.workers.len() - 1) as u32);
             self.by_id.insert(id.clone(), num);
             self.push(self.now + boot, Ev::BootDone(num));
-            if spot && self.cfg.interruptions {
-                let rate = o.interruption_rate_per_s() * self.cfg.interruption_rate_factor;
+            if spot && self.cfg.interruptions && self.measured.is_none() {
+                let rate = rate * self.cfg.interruption_rate_factor;
                 if rate > 0.0 {
                     let u: f64 = self.rng.random::<f64>().max(1e-300);
                     let t = -u.ln() / rate;
@@ -364,16 +530,98 @@ impl World {
                 }
             }
             self.launches += 1;
-            *self
-                .launches_by_offering
-                .entry(format!("{}/{}", o.key.instance_type, o.key.capacity_type.as_str()))
-                .or_default() += 1;
+            let label = &self.offering_label[oi];
+            match self.launches_by_offering.get_mut(label.as_str()) {
+                Some(c) => *c += 1,
+                None => {
+                    self.launches_by_offering.insert(label.clone(), 1);
+                }
+            }
             out.push(Launched {
                 instance_id: id,
-                offering: o.key.clone(),
+                offering: key,
             });
         }
         out
+    }
+
+    /// Worker `i` turned idle: list it for `dispatch` (once).
+    fn list_idle(&mut self, i: usize) {
+        if !self.wsim[i].listed {
+            self.wsim[i].listed = true;
+            self.idle_set.insert((self.workers[i].gpus, self.wsim[i].num));
+        }
+        if self.idle_set.len() > 2 * self.workers.len() + 1024 {
+            // Mostly entries of workers gone or busy that no search passed over: rebuild it from
+            // the workers (rare: amortised over the insertions that grew it).
+            self.idle_set.clear();
+            for j in 0..self.workers.len() {
+                let idle = self.workers[j].state == WorkerState::Idle;
+                self.wsim[j].listed = idle;
+                if idle {
+                    self.idle_set.insert((self.workers[j].gpus, self.wsim[j].num));
+                }
+            }
+        }
+    }
+
+    /// Simulated time of absolute tick `tick` of zone `z`'s series.
+    fn tick_time(&self, z: usize, tick: u64) -> f64 {
+        let c = &self.zones[z];
+        let gap = self.measured.as_ref().map_or(1.0, |m| m.series[c.series].gap_s);
+        self.t0 + (tick - c.offset_ticks) as f64 * gap
+    }
+
+    /// Start the zone clocks at the trace's first arrival: each zone's state there and its first
+    /// change on the heap.
+    fn start_zones(&mut self, mapping: &[ZoneMapping]) {
+        let Some(m) = self.measured.clone() else { return };
+        self.zones = mapping
+            .iter()
+            .map(|z| ZoneClock {
+                series: z.series,
+                offset_ticks: z.offset_ticks,
+                next_tick: m.series[z.series].next_change_after(z.offset_ticks),
+                unavailable: m.series[z.series].unavailable_at(z.offset_ticks),
+            })
+            .collect();
+        for z in 0..self.zones.len() {
+            if let Some(t) = self.zones[z].next_tick {
+                let at = self.tick_time(z, t);
+                self.push(at, Ev::ZoneFlip(z));
+            }
+        }
+    }
+
+    /// Zone `z`'s series changes value now. Turning unavailable, every spot instance in the
+    /// zone gets the notice now and is interrupted when it runs out.
+    fn zone_flip(&mut self, z: usize) {
+        let Some(m) = self.measured.clone() else { return };
+        let Some(tick) = self.zones[z].next_tick else { return };
+        let series = &m.series[self.zones[z].series];
+        let unavailable = series.unavailable_at(tick);
+        self.zones[z].unavailable = unavailable;
+        if unavailable && self.cfg.interruptions {
+            let now = self.now;
+            let doomed: Vec<u64> = self
+                .wsim
+                .iter_mut()
+                .filter(|w| w.zone == z && w.spot && !w.doomed)
+                .map(|w| {
+                    w.doomed = true;
+                    w.num
+                })
+                .collect();
+            for num in doomed {
+                self.push(now, Ev::Notice(num));
+                self.push(now + self.cfg.notice_s, Ev::Interrupt(num));
+            }
+        }
+        self.zones[z].next_tick = series.next_change_after(tick);
+        if let Some(t) = self.zones[z].next_tick {
+            let at = self.tick_time(z, t);
+            self.push(at, Ev::ZoneFlip(z));
+        }
     }
 
     /// Remove a worker: bill it, requeue its job if it had one.
@@ -398,12 +646,12 @@ impl World {
         }
         let id = self.workers[i].id.clone();
         self.by_id.remove(&id);
-        self.by_num.remove(&num);
+        self.by_num[num as usize] = NO_WORKER;
         self.workers.swap_remove(i);
         self.wsim.swap_remove(i);
         if i < self.workers.len() {
             let moved = self.wsim[i].num;
-            self.by_num.insert(moved, i);
+            self.by_num[moved as usize] = i as u32;
         }
     }
 
@@ -437,6 +685,7 @@ impl World {
                     self.workers[i].state = WorkerState::Idle;
                     self.workers[i].idle_since = Some(self.now);
                     self.wsim[i].idle_from = Some(self.now);
+                    self.list_idle(i);
                 }
             }
         }
@@ -449,13 +698,13 @@ impl World {
         self.queued.push(PendingJob {
             id: format!("job-{job}"),
             lane,
-            project: j.project.clone(),
+            project: self.projects[j.project as usize].clone(),
             job_type: None,
             gpus_per_instance: j.gpus_per_instance,
             instances: j.instances,
             min_gpu_memory_gib: 0.0,
             est_runtime_s: Some(j.remaining),
-            deadline: None,
+            deadline: Some(j.deadline).filter(|d| d.is_finite()),
             enqueued_at: self.now,
         });
         self.queued_idx.push(job);
@@ -467,42 +716,77 @@ impl World {
         if self.queued.is_empty() {
             return;
         }
-        let mut idle: Vec<usize> = (0..self.workers.len())
-            .filter(|&i| self.workers[i].state == WorkerState::Idle)
-            .collect();
+        // Shapes (lane, GPUs, memory, instances) no idle worker could take in this pass: the idle
+        // set only shrinks, so later jobs of such a shape are skipped without a search (a long
+        // queue of jobs nothing fits would otherwise cost queue x idle per event).
+        let mut no_fit: Vec<(usize, u32, u64, usize)> = Vec::new();
         let mut qi = 0;
-        while qi < self.queued.len() && !idle.is_empty() {
+        while qi < self.queued.len() && !self.idle_set.is_empty() {
             let pj = &self.queued[qi];
+            let (lane, job_gpus) = (pj.lane, pj.gpus_per_instance);
             let min_mem = pj.min_gpu_memory_gib.max(pcfg.offers.min_gpu_memory_gib);
             let need = pj.instances.max(1) as usize;
-            // Smallest fitting idle workers of the lane.
-            let mut cands: Vec<usize> = idle
-                .iter()
-                .copied()
-                .filter(|&i| {
-                    let w = &self.workers[i];
-                    w.lane == pj.lane
-                        && fits(
-                            w.gpus,
-                            w.gpu_memory_gib,
-                            pj.gpus_per_instance,
-                            min_mem,
-                            pcfg.offers.max_gpu_oversize,
-                        )
-                })
-                .collect();
-            if cands.len() < need {
+            let shape = (lane, job_gpus, min_mem.to_bits(), need);
+            if no_fit.contains(&shape) {
                 qi += 1;
                 continue;
             }
-            cands.sort_by_key(|&i| (self.workers[i].gpus, self.workers[i].seq));
-            cands.truncate(need);
-            idle.retain(|i| !cands.contains(i));
+            let chosen = self.smallest_idle(lane, job_gpus, min_mem, need, pcfg.offers.max_gpu_oversize);
+            if chosen.len() < need {
+                no_fit.push(shape);
+                qi += 1;
+                continue;
+            }
+            for &i in &chosen {
+                self.idle_set.remove(&(self.workers[i].gpus, self.wsim[i].num));
+                self.wsim[i].listed = false;
+            }
             let pj = self.queued.remove(qi);
             let job = self.queued_idx.remove(qi);
             self.lanes[pj.lane].backlog.visible -= 1;
-            self.start_job(job, &cands, pcfg);
+            self.start_job(job, &chosen, pcfg);
         }
+    }
+
+    /// Up to `need` idle workers of `lane` that fit the shape, smallest first (fewest GPUs, then
+    /// the oldest), as worker indices. Walks the idle set in (GPUs, number) order from the job's
+    /// GPUs, skipping whole GPU counts that cannot fit; entries of workers no longer idle are
+    /// dropped on the way. O(log n) per GPU count looked at, plus the entries passed over.
+    fn smallest_idle(&mut self, lane: usize, job_gpus: u32, min_mem: f64, need: usize, oversize: u32) -> Vec<usize> {
+        let mut chosen = Vec::with_capacity(need);
+        let mut stale = Vec::new();
+        let mut from = (job_gpus, 0u64);
+        while chosen.len() < need {
+            let Some(&(g, num)) = self.idle_set.range(from..).next() else {
+                break;
+            };
+            if !fits(g, f64::INFINITY, job_gpus, 0.0, oversize) {
+                // No worker with this many GPUs fits: on to the next count.
+                match g.checked_add(1) {
+                    Some(next) => from = (next, 0),
+                    None => break,
+                }
+                continue;
+            }
+            from = (g, num + 1);
+            match self.worker_idx(num) {
+                Some(i) if self.workers[i].state == WorkerState::Idle => {
+                    let w = &self.workers[i];
+                    if w.lane == lane && fits(w.gpus, w.gpu_memory_gib, job_gpus, min_mem, oversize) {
+                        chosen.push(i);
+                    }
+                }
+                Some(i) => {
+                    self.wsim[i].listed = false;
+                    stale.push((g, num));
+                }
+                None => stale.push((g, num)),
+            }
+        }
+        for k in stale {
+            self.idle_set.remove(&k);
+        }
+        chosen
     }
 
     fn start_job(&mut self, job: usize, workers: &[usize], pcfg: &PolicyConfig) {
@@ -518,13 +802,15 @@ impl World {
             }
             w.state = WorkerState::Running;
             w.idle_since = None;
-            w.project = Some(self.jobs[job].project.clone());
+            w.project = Some(self.projects[self.jobs[job].project as usize].clone());
             ws.job = Some(job);
-            sp = sp.min(speed(&pcfg.offers, &ws.gpu_model));
+            sp = sp.min(speed(&pcfg.offers, &self.offerings[ws.offering].gpu_model));
             nums.push(ws.num);
         }
         let j = &mut self.jobs[job];
-        j.started_first.get_or_insert(self.now);
+        if j.started_first.is_nan() {
+            j.started_first = self.now;
+        }
         j.run_start = self.now;
         j.run_speed = sp;
         j.run_workers = nums;
@@ -540,6 +826,7 @@ impl World {
     fn finish_job(&mut self, job: usize) {
         let workers = std::mem::take(&mut self.jobs[job].run_workers);
         self.jobs[job].done = true;
+        self.jobs[job].finished_at = self.now;
         self.jobs[job].remaining = 0.0;
         self.completed += 1;
         self.running_jobs -= 1;
@@ -553,6 +840,7 @@ impl World {
                     w.state = WorkerState::Idle;
                     w.idle_since = Some(self.now);
                     self.wsim[i].idle_from = Some(self.now);
+                    self.list_idle(i);
                 }
             }
         }
@@ -668,6 +956,32 @@ pub fn job_shape(gpus: u32, max_gpus_per_instance: u32) -> (u32, u32) {
     }
 }
 
+/// Stream of the deadline draws: the seed XOR this (ASCII `deadline`), so which jobs get a
+/// deadline depends on the seed and the trace only, never on the strategy's draws.
+const DEADLINE_STREAM: u64 = 0x6465_6164_6c69_6e65;
+
+/// Deadlines of a seeded share of the jobs, seconds after the trace's first arrival (`None` for
+/// jobs without): exactly `round(fraction x jobs)` jobs, drawn uniformly without replacement
+/// (a partial Fisher-Yates shuffle seeded by `seed`), each due `slack x duration_s` after its
+/// arrival. The same (trace, fraction, slack, seed) gives the same deadlines for every strategy.
+pub fn assign_deadlines(trace: &Trace, fraction: f64, slack: f64, seed: u64) -> Vec<Option<f64>> {
+    let n = trace.jobs.len();
+    let mut out = vec![None; n];
+    let k = ((fraction.clamp(0.0, 1.0) * n as f64).round() as usize).min(n);
+    if k == 0 {
+        return out;
+    }
+    let mut rng = StdRng::seed_from_u64(seed ^ DEADLINE_STREAM);
+    let mut idx: Vec<u32> = (0..n as u32).collect();
+    for i in 0..k {
+        let j = rng.random_range(i..n);
+        idx.swap(i, j);
+        let job = &trace.jobs[idx[i] as usize];
+        out[idx[i] as usize] = Some(job.arrival_s + slack * job.duration_s);
+    }
+    out
+}
+
 /// Run one strategy over a trace. `progress` is called with the share of jobs finished (0..=1)
 /// now and then.
 pub fn run(
@@ -677,9 +991,38 @@ pub fn run(
     cfg: &SimConfig,
     progress: &mut dyn FnMut(f64),
 ) -> RunReport {
+    let started = Instant::now();
     let pcfg = strategy.config().clone();
     let lane_names: Vec<String> = pcfg.lanes.iter().map(|l| l.name.clone()).collect();
     let t0 = trace.start_unix_s;
+    let deadlines = if cfg.deadline_fraction > 0.0 {
+        assign_deadlines(trace, cfg.deadline_fraction, cfg.deadline_slack, cfg.seed)
+    } else {
+        Vec::new()
+    };
+    let zones = zone_names(offerings);
+    let offering_zone: Vec<usize> = offerings
+        .iter()
+        .map(|o| zones.binary_search(&o.key.zone).unwrap_or(0))
+        .collect();
+    let measured = match &cfg.preemptions {
+        Preemptions::Advisor => None,
+        Preemptions::Measured(m) => Some(m.clone()),
+    };
+    // Project names once each; jobs refer to them by index.
+    let mut projects: Vec<String> = Vec::new();
+    let mut project_index: HashMap<&str, u32> = HashMap::new();
+    let job_project: Vec<u32> = trace
+        .jobs
+        .iter()
+        .map(|j| {
+            *project_index.entry(j.project.as_str()).or_insert_with(|| {
+                projects.push(j.project.clone());
+                (projects.len() - 1) as u32
+            })
+        })
+        .collect();
+    drop(project_index);
     let mut world = World {
         now: t0,
         rng: StdRng::seed_from_u64(cfg.seed),
@@ -688,16 +1031,19 @@ pub fn run(
         jobs: trace
             .jobs
             .iter()
-            .map(|j| {
+            .enumerate()
+            .map(|(i, j)| {
                 let (gpi, n) = job_shape(j.gpus, cfg.max_gpus_per_instance);
                 JobSim {
                     arrival: t0 + j.arrival_s,
                     remaining: j.duration_s,
                     gpus_per_instance: gpi,
                     instances: n,
-                    project: j.project.clone(),
-                    started_first: None,
+                    project: job_project[i],
+                    started_first: f64::NAN,
                     done: false,
+                    finished_at: 0.0,
+                    deadline: deadlines.get(i).copied().flatten().map_or(f64::INFINITY, |d| t0 + d),
                     epoch: 0,
                     run_start: 0.0,
                     run_speed: 1.0,
@@ -705,17 +1051,27 @@ pub fn run(
                 }
             })
             .collect(),
+        projects,
+        idle_set: BTreeSet::new(),
         queued: Vec::new(),
         queued_idx: Vec::new(),
         workers: Vec::new(),
         wsim: Vec::new(),
-        by_num: HashMap::new(),
+        by_num: vec![NO_WORKER],
         by_id: HashMap::new(),
         next_num: 0,
         lanes: vec![LaneObservation::default(); lane_names.len()],
         unavailable: Vec::new(),
         offerings: offerings.to_vec(),
         offering_index: offerings.iter().enumerate().map(|(i, o)| (o.key.clone(), i)).collect(),
+        offering_zone,
+        offering_label: offerings
+            .iter()
+            .map(|o| format!("{}/{}", o.key.instance_type, o.key.capacity_type.as_str()))
+            .collect(),
+        measured,
+        zones: Vec::new(),
+        t0,
         lane_names,
         cfg: cfg.clone(),
         cost: 0.0,
@@ -726,6 +1082,7 @@ pub fn run(
         launches: 0,
         launches_by_offering: Default::default(),
         capacity_errors: 0,
+        spot_unavailable_errors: 0,
         interruptions: 0,
         lost_gpu_s: 0.0,
         busy_terminations: 0,
@@ -734,16 +1091,30 @@ pub fn run(
         running_jobs: 0,
     };
     // Arrivals are fed from the (sorted) trace as the clock reaches them, so the event heap stays
-    // small; at equal times an arrival goes first, as if it had been queued first.
-    let mut arrivals: Vec<(f64, usize)> = world.jobs.iter().enumerate().map(|(i, j)| (j.arrival, i)).collect();
-    arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // small; at equal times an arrival goes first, as if it had been queued first. A hand-made
+    // trace out of order is read through a stable order by arrival.
+    let order: Option<Vec<u32>> = (!world.jobs.windows(2).all(|p| p[0].arrival <= p[1].arrival)).then(|| {
+        let mut o: Vec<u32> = (0..world.jobs.len() as u32).collect();
+        o.sort_by(|&a, &b| {
+            world.jobs[a as usize]
+                .arrival
+                .total_cmp(&world.jobs[b as usize].arrival)
+        });
+        o
+    });
+    let job_at = |k: usize| order.as_ref().map_or(k, |o| o[k] as usize);
     let mut next_arrival = 0usize;
+    drop(deadlines);
+    drop(job_project);
+    let mapping = cfg.preemptions.zone_mapping(offerings);
+    world.start_zones(&mapping);
     world.push(t0, Ev::Tick);
     let total_jobs = world.jobs.len() as u64;
     let last_arrival = world.jobs.iter().map(|j| j.arrival).fold(t0, f64::max);
     let horizon = last_arrival + cfg.horizon_after_last_arrival_s;
     let tick_s = strategy.tick_s();
     let on_submit = strategy.decides_on_submit();
+    let handles_notice = strategy.handles_notice();
     let world = RefCell::new(world);
     let mut decisions = 0u64;
     let mut timeline = Vec::new();
@@ -756,11 +1127,13 @@ pub fn run(
             if w.completed == total_jobs {
                 break;
             }
-            let arrival_first = arrivals
-                .get(next_arrival)
-                .is_some_and(|&(a, _)| w.heap.peek().is_none_or(|top| a <= top.at));
+            let arrival_first = next_arrival < w.jobs.len() && {
+                let a = w.jobs[job_at(next_arrival)].arrival;
+                w.heap.peek().is_none_or(|top| a <= top.at)
+            };
             let ev = if arrival_first {
-                let (at, job) = arrivals[next_arrival];
+                let job = job_at(next_arrival);
+                let at = w.jobs[job].arrival;
                 next_arrival += 1;
                 Event {
                     at,
@@ -803,6 +1176,7 @@ pub fn run(
                         w.workers[i].idle_since = Some(now);
                         w.workers[i].project = None;
                         w.wsim[i].idle_from = Some(now);
+                        w.list_idle(i);
                         w.dispatch(&pcfg);
                     }
                 }
@@ -814,6 +1188,8 @@ pub fn run(
                     w.dispatch(&pcfg);
                 }
             }
+            Ev::Notice(_) if !handles_notice => {}
+            Ev::ZoneFlip(z) => world.borrow_mut().zone_flip(z),
             Ev::Notice(num) => {
                 let (id, key, job) = {
                     let w = world.borrow();
@@ -917,7 +1293,8 @@ pub fn run(
     let mut waits: Vec<f64> = w
         .jobs
         .iter()
-        .filter_map(|j| j.started_first.map(|s| s - j.arrival))
+        .filter(|j| !j.started_first.is_nan())
+        .map(|j| j.started_first - j.arrival)
         .collect();
     waits.sort_by(f64::total_cmp);
     let pct = |q: f64| -> f64 {
@@ -928,6 +1305,13 @@ pub fn run(
         waits[idx]
     };
     let completed = w.completed;
+    let (mut deadline_jobs, mut deadlines_missed) = (0u64, 0u64);
+    for j in w.jobs.iter().filter(|j| j.deadline.is_finite()) {
+        deadline_jobs += 1;
+        if !j.done || j.finished_at > j.deadline {
+            deadlines_missed += 1;
+        }
+    }
     RunReport {
         name: strategy.name().to_string(),
         total_usd: w.cost,
@@ -939,6 +1323,7 @@ pub fn run(
         launches: w.launches,
         launches_by_offering: std::mem::take(&mut w.launches_by_offering),
         capacity_errors: w.capacity_errors,
+        spot_unavailable_errors: w.spot_unavailable_errors,
         wait_p50_s: pct(0.50),
         wait_p95_s: pct(0.95),
         wait_p99_s: pct(0.99),
@@ -954,6 +1339,10 @@ pub fn run(
         busy_terminations: w.busy_terminations,
         decisions,
         makespan_s: end - t0,
+        deadline_jobs,
+        deadlines_missed,
+        cost_vs_all_on_demand: None,
+        wall_s: started.elapsed().as_secs_f64(),
         timeline,
     }
 }

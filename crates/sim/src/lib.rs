@@ -2,14 +2,21 @@
 //! simulated fleet, side by side with the baselines users run today.
 //!
 //! # Layout
-//! - [`trace`]: Philly and Azure trace parsing.
-//! - [`engine`]: discrete-event engine, simulated fleet ports, billing, the run report.
-//! - [`strategies`]: `onoff`, `fixed-idle-10m`, `keda-like`, `min-one-warm`, `always-on`.
+//! - [`trace`]: Philly and Azure trace parsing; the train/test split and back-to-back repeats.
+//! - [`synthetic`]: seeded synthetic traces (`poisson`, `diurnal`, `bursty`, `heavy-tail`).
+//! - [`preemption`]: measured per-zone spot availability series (SkyPilot's spot traces).
+//! - [`engine`]: discrete-event engine, simulated fleet ports, billing, deadlines, the run report.
+//! - [`strategies`]: `onoff`, `fixed-idle-10m`, `keda-like`, `min-one-warm`, `always-on`,
+//!   `skypilot-like`, `all-on-demand`.
+//! - [`sweep`]: one policy setting over several values (the cost / wait frontier).
 //! - [`compare`]: run them all on one trace; [`lower_bound_usd`], [`peak_need`].
 #![warn(missing_docs)]
 
 pub mod engine;
+pub mod preemption;
 pub mod strategies;
+pub mod sweep;
+pub mod synthetic;
 pub mod trace;
 
 use std::collections::BTreeMap;
@@ -18,11 +25,34 @@ use onoff_policy::choice::{self, Request};
 use onoff_policy::{CapacityPreference, Offering, PolicyConfig};
 use serde::Serialize;
 
-pub use engine::{job_shape, run, RunReport, SimConfig, Strategy, TimelineRow};
-pub use trace::{AzureModel, Trace, TraceError, TraceFormat, TraceJob};
+pub use engine::{assign_deadlines, job_shape, run, Preemptions, RunReport, SimConfig, Strategy, TimelineRow};
+pub use preemption::{MeasuredPreemptions, ZoneMapping};
+pub use trace::{AzureModel, Half, SplitInfo, Trace, TraceError, TraceFormat, TraceJob};
 
-/// Names of the strategies [`compare`] runs, in report order.
-pub const STRATEGIES: [&str; 5] = ["onoff", "always-on", "min-one-warm", "fixed-idle-10m", "keda-like"];
+/// Names of every strategy [`strategy`] builds.
+pub const STRATEGIES: [&str; 7] = [
+    "onoff",
+    "always-on",
+    "min-one-warm",
+    "fixed-idle-10m",
+    "keda-like",
+    "skypilot-like",
+    "all-on-demand",
+];
+
+/// The strategies `onoff simulate` runs unless told otherwise, in report order (`all-on-demand`
+/// joins them when deadlines are on).
+pub const DEFAULT_STRATEGIES: [&str; 6] = [
+    "onoff",
+    "always-on",
+    "min-one-warm",
+    "fixed-idle-10m",
+    "keda-like",
+    "skypilot-like",
+];
+
+/// The reference strategy of deadline runs.
+pub const ALL_ON_DEMAND: &str = "all-on-demand";
 
 /// Cheapest eligible price for one instance of `gpus` GPUs, $/h, any capacity type.
 fn cheapest_price(offerings: &[Offering], gpus: u32, cfg: &PolicyConfig) -> Option<f64> {
@@ -95,6 +125,18 @@ pub struct Comparison {
     pub gpu_hours: f64,
     /// Offline lower bound, $.
     pub lower_bound_usd: f64,
+    /// The half of the trace replayed (`--split`), if any; set by the caller.
+    pub split: Option<SplitInfo>,
+    /// Interruption model: `advisor` or `skypilot:<source>`.
+    pub preemptions: Preemptions,
+    /// Each simulated zone and the measured series it replays (measured preemptions only).
+    pub zones: Vec<ZoneMapping>,
+    /// Share of jobs with a deadline (0 = deadlines off).
+    pub deadline_fraction: f64,
+    /// Deadline = arrival + this x run time.
+    pub deadline_slack: f64,
+    /// Cost of `all-on-demand`, $, when deadlines are on.
+    pub all_on_demand_usd: Option<f64>,
     /// One report per strategy.
     pub policies: Vec<RunReport>,
 }
@@ -111,11 +153,16 @@ pub fn strategy(name: &str, cfg: &PolicyConfig, trace: &Trace, sim: &SimConfig) 
         "min-one-warm" => Box::new(MinOneWarm::new(cfg.clone())),
         "fixed-idle-10m" => Box::new(PolicyStrategy::fixed_idle_10m(cfg.clone())),
         "keda-like" => Box::new(KedaLike::new(cfg.clone())),
+        "skypilot-like" => Box::new(SkyPilotLike::new(cfg.clone())),
+        "all-on-demand" => Box::new(PolicyStrategy::all_on_demand(cfg.clone())),
         _ => return None,
     })
 }
 
 /// Run every strategy in `names` over `trace`. `progress(strategy_index, share_done)`.
+///
+/// With deadlines on (`sim.deadline_fraction > 0`), `all-on-demand` is run too (appended when
+/// `names` lacks it) and every report gets its `cost_vs_all_on_demand`.
 ///
 /// # Errors
 /// A job shape no offering serves (the lower bound cannot be computed), or an unknown strategy name.
@@ -130,16 +177,36 @@ pub fn compare(
 ) -> Result<Comparison, String> {
     let lower = lower_bound_usd(trace, offerings, cfg, sim)
         .map_err(|g| format!("no offering in the catalogue has {g} GPUs with the configured filters"))?;
+    let deadlines = sim.deadline_fraction > 0.0;
+    let mut names: Vec<&str> = names.to_vec();
+    if deadlines && !names.contains(&ALL_ON_DEMAND) {
+        names.push(ALL_ON_DEMAND);
+    }
     let mut policies = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let mut s = strategy(name, cfg, trace, sim).ok_or_else(|| format!("unknown strategy {name:?}"))?;
         policies.push(run(trace, offerings, s.as_mut(), sim, &mut |p| progress(i, p)));
+    }
+    let all_on_demand_usd = policies
+        .iter()
+        .find(|p| deadlines && p.name == ALL_ON_DEMAND)
+        .map(|p| p.total_usd);
+    if let Some(od) = all_on_demand_usd.filter(|od| *od > 0.0) {
+        for p in &mut policies {
+            p.cost_vs_all_on_demand = Some(p.total_usd / od);
+        }
     }
     Ok(Comparison {
         trace: label.to_string(),
         jobs: trace.jobs.len(),
         gpu_hours: trace.gpu_seconds() / 3600.0,
         lower_bound_usd: lower,
+        split: None,
+        preemptions: sim.preemptions.clone(),
+        zones: sim.preemptions.zone_mapping(offerings),
+        deadline_fraction: sim.deadline_fraction,
+        deadline_slack: sim.deadline_slack,
+        all_on_demand_usd,
         policies,
     })
 }

@@ -13,13 +13,18 @@
 //!   metric can see of pending work).
 //! - `always-on`: a fleet fixed at the trace's peak concurrent need (zero-wait schedule), on-demand,
 //!   launched at the start and never released.
+//! - `skypilot-like`: SkyPilot managed jobs with `use_spot`: capacity for each job on the cheapest
+//!   spot offering by $/h, the job restarted from its last checkpoint after a preemption (seen
+//!   when the instance is gone, not at the notice), idle instances stopped after 5 minutes.
+//! - `all-on-demand`: the onoff policy with every lane on on-demand capacity: what the same jobs
+//!   cost without spot (the reference for deadline runs).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use onoff_policy::choice::{self, Request};
 use onoff_policy::{
-    decide, Action, CapacityPreference, KeepAliveMode, LaunchShape, Observation, Offering, Plan, PolicyConfig, Reason,
-    WorkerState, WorkerView,
+    decide, Action, CapacityPreference, KeepAliveMode, LaunchShape, Observation, Offering, PendingJob, Plan,
+    PolicyConfig, Reason, WorkerState, WorkerView,
 };
 
 use crate::engine::Strategy;
@@ -46,6 +51,14 @@ impl PolicyStrategy {
             l.predictive_max = 0;
         }
         Self::new("fixed-idle-10m", cfg)
+    }
+
+    /// `all-on-demand`: `cfg` with every lane's capacity [`CapacityPreference::OnDemand`].
+    pub fn all_on_demand(mut cfg: PolicyConfig) -> Self {
+        for l in &mut cfg.lanes {
+            l.capacity = CapacityPreference::OnDemand;
+        }
+        Self::new("all-on-demand", cfg)
     }
 }
 
@@ -84,9 +97,17 @@ fn cheapest_per_hour<'a>(
         instances: 1,
         runtime_s: cfg.offers.default_runtime_s,
     };
+    // Unavailable offerings as a set: a scan of the list per offering costs offerings x
+    // unavailable when many are out (measured preemptions).
+    let out: HashSet<&onoff_policy::OfferingKey> = obs
+        .unavailable
+        .iter()
+        .filter(|u| u.until > now)
+        .map(|u| &u.key)
+        .collect();
     offerings
         .iter()
-        .filter(|o| choice::eligible(o, &req, &cfg.offers, obs.unavailable, now))
+        .filter(|o| !out.contains(&o.key) && choice::eligible(o, &req, &cfg.offers, &[], now))
         .min_by(|a, b| {
             a.price_usd_per_h
                 .total_cmp(&b.price_usd_per_h)
@@ -147,6 +168,15 @@ fn launch_cheapest(
 /// Shapes (GPUs per instance) of queued jobs that idle or booting workers cannot take, oldest
 /// first, one entry per instance needed.
 fn unmatched_shapes(obs: &Observation<'_>, cfg: &PolicyConfig) -> Vec<u32> {
+    unmatched_jobs(obs, cfg)
+        .into_iter()
+        .flat_map(|(j, short)| std::iter::repeat_n(j.gpus_per_instance, short as usize))
+        .collect()
+}
+
+/// Queued jobs that idle or booting workers cannot take, oldest first, with the instances each
+/// lacks.
+fn unmatched_jobs<'a>(obs: &Observation<'a>, cfg: &PolicyConfig) -> Vec<(&'a PendingJob, u32)> {
     let mut free: Vec<(u32, f64)> = obs
         .workers
         .iter()
@@ -154,21 +184,41 @@ fn unmatched_shapes(obs: &Observation<'_>, cfg: &PolicyConfig) -> Vec<u32> {
         .map(|w| (w.gpus, w.gpu_memory_gib))
         .collect();
     free.sort_by_key(|f| f.0);
-    let mut jobs: Vec<_> = obs.jobs.iter().collect();
-    jobs.sort_by(|a, b| a.enqueued_at.total_cmp(&b.enqueued_at));
+    // Oldest first (the simulator's queue already is: jobs are queued at the current time).
+    let mut jobs: Vec<&'a PendingJob> = obs.jobs.iter().collect();
+    if !jobs.is_sorted_by(|a, b| a.enqueued_at <= b.enqueued_at) {
+        jobs.sort_by(|a, b| a.enqueued_at.total_cmp(&b.enqueued_at));
+    }
     let mut out = Vec::new();
+    // Shapes no free worker fits any more (the free list only shrinks): later jobs of such a
+    // shape are short of every instance without a scan, so a long queue of jobs nothing fits
+    // costs queue + free, not queue x free.
+    let mut no_fit: Vec<(u32, u64)> = Vec::new();
     for j in jobs {
         let min_mem = j.min_gpu_memory_gib.max(cfg.offers.min_gpu_memory_gib);
+        let shape = (j.gpus_per_instance, min_mem.to_bits());
+        let mut short = 0;
         for _ in 0..j.instances.max(1) {
-            match free
-                .iter()
-                .position(|f| choice::fits(f.0, f.1, j.gpus_per_instance, min_mem, cfg.offers.max_gpu_oversize))
-            {
+            let found = if no_fit.contains(&shape) {
+                None
+            } else {
+                free.iter()
+                    .position(|f| choice::fits(f.0, f.1, j.gpus_per_instance, min_mem, cfg.offers.max_gpu_oversize))
+            };
+            match found {
                 Some(p) => {
                     free.remove(p);
                 }
-                None => out.push(j.gpus_per_instance),
+                None => {
+                    if !no_fit.contains(&shape) {
+                        no_fit.push(shape);
+                    }
+                    short += 1;
+                }
             }
+        }
+        if short > 0 {
+            out.push((j, short));
         }
     }
     out
@@ -220,8 +270,13 @@ impl Strategy for KedaLike {
             .iter()
             .filter(|w| matches!(w.state, WorkerState::Pending | WorkerState::Running | WorkerState::Idle))
             .collect();
-        let unmatched = unmatched_shapes(obs, &self.cfg);
-        if desired > live.len() && !unmatched.is_empty() {
+        // Only when below the desired count (the queue can be long: computed lazily).
+        let unmatched = if desired > live.len() {
+            unmatched_shapes(obs, &self.cfg)
+        } else {
+            Vec::new()
+        };
+        if !unmatched.is_empty() {
             // Karpenter provisions nodes for the pending pods: shapes of unmatched jobs.
             let shapes = unmatched.into_iter().take(desired - live.len());
             let reason = Reason::UnmetBacklog { unmet_jobs: backlog };
@@ -414,6 +469,134 @@ impl Strategy for AlwaysOn {
             }
         }
         self.launched = true;
+        plan
+    }
+}
+
+/// SkyPilot managed jobs on spot (`sky jobs launch` with `use_spot: true`), as a baseline.
+///
+/// - Each queued job that no idle or booting instance can take gets its own capacity (one
+///   instance per node) on the cheapest eligible **spot** offering by $/h (SkyPilot's optimizer
+///   ranks by hourly price; its runtime estimator is experimental), never on-demand: with spot
+///   short in every zone the job waits. A failed launch falls back over other spot offerings
+///   through the control plane's own fallback (SkyPilot fails over zone by zone).
+/// - The controller polls its jobs every 20 s (`JOB_STATUS_CHECK_GAP_SECONDS = 20` in SkyPilot's
+///   `sky/jobs/utils.py`; 15 s in later versions) and submission launches at once.
+/// - A launch that found no capacity is retried for that job after a backoff: 60 s, then 1.6 x
+///   longer each time up to 5 x 60 s (SkyPilot's `StrategyExecutor.RETRY_INIT_GAP_SECONDS = 60`
+///   with `common_utils.Backoff`: multiplier 1.6, at most 5 x the initial gap; its +-40 % jitter
+///   is left out). A job is taken as refused when it is still short of capacity at a later
+///   decision. Each managed job has its own controller, so each job backs off on its own.
+/// - The 2-minute notice is not acted on ([`Strategy::handles_notice`] is false): SkyPilot finds
+///   a preemption by polling the cluster, so the job is requeued when its instance is gone and
+///   restarts from its last periodic checkpoint (the engine's checkpoint interval; SkyPilot
+///   restarts from scratch unless the job checkpoints, which we assume it does).
+/// - Idle instances are stopped after [`SkyPilotLike::autostop_s`] (5 minutes; FIELD.md:
+///   SkyPilot's autostop default). An idle instance takes the next queued job that fits (every
+///   simulated worker pulls from the lane's queue), as a job launched onto a cluster that is up.
+pub struct SkyPilotLike {
+    cfg: PolicyConfig,
+    /// Idle seconds before an instance is stopped. 300.
+    pub autostop_s: f64,
+    /// First retry gap after a launch found no capacity, seconds. 60.
+    pub retry_init_gap_s: f64,
+    /// Queued jobs that asked for capacity: (when the job was queued, time of the last attempt,
+    /// gap before the next). A job queued again (after a preemption) starts afresh.
+    retries: HashMap<String, (f64, f64, f64)>,
+}
+
+/// Growth of the retry gap per refused launch (SkyPilot's `Backoff.MULTIPLIER`).
+const RETRY_MULTIPLIER: f64 = 1.6;
+/// Longest retry gap as a multiple of the first (SkyPilot's `max_backoff_factor` default).
+const RETRY_MAX_FACTOR: f64 = 5.0;
+
+impl SkyPilotLike {
+    /// With the 5-minute autostop and SkyPilot's retry backoff from 60 s.
+    pub fn new(cfg: PolicyConfig) -> Self {
+        Self {
+            cfg,
+            autostop_s: 300.0,
+            retry_init_gap_s: 60.0,
+            retries: HashMap::new(),
+        }
+    }
+}
+
+impl Strategy for SkyPilotLike {
+    fn name(&self) -> &str {
+        "skypilot-like"
+    }
+    fn config(&self) -> &PolicyConfig {
+        &self.cfg
+    }
+    fn tick_s(&self) -> f64 {
+        20.0
+    }
+    fn decides_on_submit(&self) -> bool {
+        true
+    }
+    fn handles_notice(&self) -> bool {
+        false
+    }
+    fn decide(&mut self, obs: &Observation<'_>, now: f64) -> Plan {
+        let mut plan = Plan::default();
+        let lane = self.cfg.lane_index("standard").unwrap_or(0);
+        if self.retries.len() > 2 * obs.jobs.len() + 64 {
+            // Forget jobs that left the queue.
+            let queued: HashSet<&str> = obs.jobs.iter().map(|j| j.id.as_str()).collect();
+            self.retries.retain(|id, _| queued.contains(id.as_str()));
+        }
+        let mut shapes = Vec::new();
+        let mut unmet = 0;
+        for (job, short) in unmatched_jobs(obs, &self.cfg) {
+            unmet += 1;
+            let max_gap = self.retry_init_gap_s * RETRY_MAX_FACTOR;
+            let due = match self.retries.get_mut(&job.id) {
+                // Still short after its last attempt: that launch was refused; retry when due.
+                Some((queued, last, gap)) if *queued == job.enqueued_at => {
+                    let due = now >= *last + *gap;
+                    if due {
+                        *last = now;
+                        *gap = (*gap * RETRY_MULTIPLIER).min(max_gap);
+                    }
+                    due
+                }
+                // New in the queue, or queued again after a preemption: at once.
+                _ => {
+                    self.retries
+                        .insert(job.id.clone(), (job.enqueued_at, now, self.retry_init_gap_s));
+                    true
+                }
+            };
+            if due {
+                shapes.extend(std::iter::repeat_n(job.gpus_per_instance, short as usize));
+            }
+        }
+        if !shapes.is_empty() {
+            let reason = Reason::UnmetBacklog { unmet_jobs: unmet };
+            launch_cheapest(
+                &mut plan,
+                shapes,
+                lane,
+                CapacityPreference::SpotOnly,
+                &reason,
+                &self.cfg,
+                obs,
+                now,
+            );
+        }
+        for w in obs.workers.iter().filter(|w| w.state == WorkerState::Idle) {
+            let idle_s = now - w.idle_since.unwrap_or(now);
+            if idle_s >= self.autostop_s {
+                plan.actions.push(Action::Terminate {
+                    worker: w.id.clone(),
+                    reason: Reason::KeepAliveExpired {
+                        idle_s,
+                        keep_alive_s: self.autostop_s,
+                    },
+                });
+            }
+        }
         plan
     }
 }

@@ -38,6 +38,53 @@ pub enum TraceFormat {
     Philly,
     /// `TIMESTAMP,ContextTokens,GeneratedTokens` (Azure LLM inference 2023).
     Azure,
+    /// Made by a seeded generator ([`crate::synthetic`]), not read from a file.
+    Synthetic,
+}
+
+/// One half of a trace's time span ([`Trace::split`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Half {
+    /// Jobs arriving in the first half of the span (`arrival < span / 2`).
+    Train,
+    /// Jobs arriving in the second half (`arrival >= span / 2`).
+    Test,
+}
+
+impl Half {
+    /// `train` or `test`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Half::Train => "train",
+            Half::Test => "test",
+        }
+    }
+}
+
+impl std::str::FromStr for Half {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "train" => Ok(Half::Train),
+            "test" => Ok(Half::Test),
+            other => Err(format!("{other:?} is not a half: use `train` or `test`")),
+        }
+    }
+}
+
+/// What [`Trace::split`] kept, for reports.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SplitInfo {
+    /// The half kept.
+    pub half: Half,
+    /// Where the half starts in the original trace, seconds after its first arrival (the first
+    /// kept arrival; 0 for the train half).
+    pub offset_s: f64,
+    /// The cut: the middle of the original span, seconds after its first arrival.
+    pub cut_s: f64,
+    /// Jobs in the original trace.
+    pub original_jobs: usize,
 }
 
 /// A parsed trace.
@@ -275,6 +322,78 @@ impl Trace {
     /// Sum of duration x GPUs over all jobs, GPU-seconds.
     pub fn gpu_seconds(&self) -> f64 {
         self.jobs.iter().map(|j| j.duration_s * j.gpus as f64).sum()
+    }
+
+    /// One half of the trace by time, for a train/test split: the cut is the middle of the span
+    /// (first to last arrival); `Train` keeps the jobs arriving before it, `Test` those at or after
+    /// it. Jobs are whole: a train job running past the cut stays a train job. Arrivals are
+    /// re-based so the first kept job arrives at 0 (and `start_unix_s` moves with it), ids are
+    /// renumbered from 0.
+    ///
+    /// # Errors
+    /// The half has no job (a trace whose jobs all arrive at one instant has an empty train half).
+    pub fn split(&self, half: Half) -> Result<(Trace, SplitInfo), TraceError> {
+        let cut = self.span_s() / 2.0;
+        let kept: Vec<&TraceJob> = self
+            .jobs
+            .iter()
+            .filter(|j| match half {
+                Half::Train => j.arrival_s < cut,
+                Half::Test => j.arrival_s >= cut,
+            })
+            .collect();
+        let Some(first) = kept.first().map(|j| j.arrival_s) else {
+            return Err(TraceError::Empty {
+                path: format!("the {} half", half.name()),
+            });
+        };
+        let jobs = kept
+            .into_iter()
+            .enumerate()
+            .map(|(i, j)| TraceJob {
+                id: i as u64,
+                arrival_s: j.arrival_s - first,
+                ..j.clone()
+            })
+            .collect();
+        let info = SplitInfo {
+            half,
+            offset_s: first,
+            cut_s: cut,
+            original_jobs: self.jobs.len(),
+        };
+        Ok((
+            Trace {
+                format: self.format,
+                start_unix_s: self.start_unix_s + first,
+                jobs,
+            },
+            info,
+        ))
+    }
+
+    /// The trace `times` times back to back (a load test of the engine): copy `k` arrives
+    /// `k x (span + mean gap)` after the first, the mean gap (`span / (jobs - 1)`, or 60 s for a
+    /// one-job trace) keeping the last job of a copy apart from the first of the next. Ids run on.
+    pub fn repeat(&self, times: u32) -> Trace {
+        let n = self.jobs.len();
+        let gap = if n > 1 { self.span_s() / (n - 1) as f64 } else { 60.0 };
+        let period = self.span_s() + gap;
+        let mut jobs = Vec::with_capacity(n * times as usize);
+        for k in 0..times.max(1) {
+            for j in &self.jobs {
+                jobs.push(TraceJob {
+                    id: jobs.len() as u64,
+                    arrival_s: j.arrival_s + k as f64 * period,
+                    ..j.clone()
+                });
+            }
+        }
+        Trace {
+            format: self.format,
+            start_unix_s: self.start_unix_s,
+            jobs,
+        }
     }
 }
 
@@ -620,5 +739,92 @@ mod tests {
             let predicted = 128.0 / m.item_seconds(input, 128.0);
             assert!((predicted / out_tok_s - 1.0).abs() < 1e-3, "{input}: {predicted}");
         }
+    }
+
+    fn hand_trace(arrivals: &[f64]) -> Trace {
+        Trace {
+            format: TraceFormat::Philly,
+            start_unix_s: 1_000.0,
+            jobs: arrivals
+                .iter()
+                .enumerate()
+                .map(|(i, &a)| TraceJob {
+                    id: i as u64,
+                    arrival_s: a,
+                    duration_s: 10.0 * (i + 1) as f64,
+                    gpus: 1,
+                    project: format!("p{i}"),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn split_keeps_one_half_of_the_span_rebased() {
+        // Span 0..100 s, cut at 50 s.
+        let t = hand_trace(&[0.0, 10.0, 40.0, 50.0, 60.0, 100.0]);
+        let (train, info) = t.split(Half::Train).unwrap();
+        assert_eq!(
+            train.jobs.iter().map(|j| j.arrival_s).collect::<Vec<_>>(),
+            [0.0, 10.0, 40.0]
+        );
+        assert_eq!(
+            train.jobs.iter().map(|j| j.project.as_str()).collect::<Vec<_>>(),
+            ["p0", "p1", "p2"]
+        );
+        assert_eq!(train.start_unix_s, 1_000.0);
+        assert_eq!(
+            info,
+            SplitInfo {
+                half: Half::Train,
+                offset_s: 0.0,
+                cut_s: 50.0,
+                original_jobs: 6
+            }
+        );
+        let (test, info) = t.split(Half::Test).unwrap();
+        // The job at the cut goes to the test half; arrivals re-based to its first job.
+        assert_eq!(
+            test.jobs.iter().map(|j| j.arrival_s).collect::<Vec<_>>(),
+            [0.0, 10.0, 50.0]
+        );
+        assert_eq!(test.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(test.jobs[0].duration_s, 40.0);
+        assert_eq!(test.start_unix_s, 1_050.0);
+        assert_eq!((info.half, info.offset_s), (Half::Test, 50.0));
+        // The halves partition the jobs.
+        assert_eq!(train.jobs.len() + test.jobs.len(), t.jobs.len());
+        // One instant: no train half.
+        let one = hand_trace(&[0.0, 0.0]);
+        assert!(matches!(one.split(Half::Train), Err(TraceError::Empty { .. })));
+        assert_eq!(one.split(Half::Test).unwrap().0.jobs.len(), 2);
+        assert_eq!("test".parse::<Half>(), Ok(Half::Test));
+        assert!("both".parse::<Half>().is_err());
+    }
+
+    #[test]
+    fn the_shipped_week_splits_into_two_halves_of_its_span() {
+        let t = Trace::load(Path::new(PHILLY_WEEK), AzureModel::default()).unwrap();
+        let (a, ia) = t.split(Half::Train).unwrap();
+        let (b, ib) = t.split(Half::Test).unwrap();
+        assert_eq!(a.jobs.len() + b.jobs.len(), 9931);
+        assert!(a.span_s() < t.span_s() / 2.0 && b.span_s() <= t.span_s() / 2.0);
+        assert!((ib.offset_s - ia.cut_s) >= 0.0 && ib.offset_s - ia.cut_s < 3600.0);
+        assert_eq!(b.start_unix_s, t.start_unix_s + ib.offset_s);
+    }
+
+    #[test]
+    fn repeat_puts_copies_back_to_back() {
+        // Span 100 s over 4 jobs: mean gap 33.3 s, period 133.3 s.
+        let t = hand_trace(&[0.0, 10.0, 40.0, 100.0]);
+        let r = t.repeat(3);
+        assert_eq!(r.jobs.len(), 12);
+        let period = 100.0 + 100.0 / 3.0;
+        assert!((r.jobs[4].arrival_s - period).abs() < 1e-9);
+        assert!((r.jobs[11].arrival_s - (2.0 * period + 100.0)).abs() < 1e-9);
+        assert!(r.jobs.windows(2).all(|w| w[0].arrival_s < w[1].arrival_s));
+        assert!(r.jobs.iter().enumerate().all(|(i, j)| j.id == i as u64));
+        assert!((r.gpu_seconds() - 3.0 * t.gpu_seconds()).abs() < 1e-9);
+        assert_eq!(t.repeat(1).jobs, t.jobs);
     }
 }

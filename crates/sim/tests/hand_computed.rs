@@ -1,8 +1,13 @@
 //! Simulator tests on hand-made traces whose costs and waits can be computed by hand.
 
-use onoff_policy::{CapacityType, KeepAliveMode, LaneConfig, Offering, OfferingKey, PolicyConfig};
-use onoff_sim::strategies::{AlwaysOn, PolicyStrategy};
-use onoff_sim::{compare, lower_bound_usd, peak_need, run, RunReport, SimConfig, Trace, TraceFormat, TraceJob};
+use std::sync::Arc;
+
+use onoff_policy::{CapacityPreference, CapacityType, KeepAliveMode, LaneConfig, Offering, OfferingKey, PolicyConfig};
+use onoff_sim::strategies::{AlwaysOn, PolicyStrategy, SkyPilotLike};
+use onoff_sim::{
+    assign_deadlines, compare, lower_bound_usd, peak_need, run, MeasuredPreemptions, Preemptions, RunReport, SimConfig,
+    Trace, TraceFormat, TraceJob,
+};
 
 const T0: f64 = 1_500_000_000.0;
 
@@ -242,7 +247,7 @@ fn every_policy_finishes_the_shipped_short_slice_and_onoff_never_kills_a_busy_wo
         &mut |_, _| {},
     )
     .unwrap();
-    assert_eq!(c.policies.len(), 5);
+    assert_eq!(c.policies.len(), onoff_sim::STRATEGIES.len());
     for p in &c.policies {
         assert_eq!(p.jobs_completed + p.jobs_lost, t.jobs.len() as u64, "{}", p.name);
         assert_eq!(p.jobs_lost, 0, "{} lost jobs", p.name);
@@ -259,4 +264,247 @@ fn every_policy_finishes_the_shipped_short_slice_and_onoff_never_kills_a_busy_wo
     let again = compare("short", &t, &offerings, &cfg, &s, &["onoff"], &mut |_, _| {}).unwrap();
     assert_eq!(again.policies[0].total_usd, onoff.total_usd);
     assert_eq!(again.policies[0].launches, onoff.launches);
+}
+
+fn spot(ty: &str, gpu_model: &str, price: f64) -> Offering {
+    Offering {
+        gpu_model: gpu_model.into(),
+        interruption: Some(onoff_policy::InterruptionBucket::Under5),
+        ..offering(ty, CapacityType::Spot, 1, price)
+    }
+}
+
+#[test]
+fn a_deadline_is_missed_when_the_job_ends_after_it() {
+    // Deadline = arrival + 1.2 x run time. A (0 s, 1,000 s) waits for a 300 s boot and ends at
+    // 1,300 s, after its deadline at 1,200 s. B (5,000 s, 1,000 s) starts at once on the worker
+    // kept warm (idle timeout 10,000 s) and ends at 6,000 s, before 6,200 s.
+    let t = trace(&[(0.0, 1000.0, 1), (5000.0, 1000.0, 1)]);
+    let s = SimConfig {
+        deadline_fraction: 1.0,
+        deadline_slack: 1.2,
+        ..sim(300.0)
+    };
+    let r = run_policy(&t, policy(10_000.0), &s);
+    assert_eq!(r.jobs_completed, 2);
+    assert_eq!(r.deadline_jobs, 2);
+    assert_eq!(r.deadlines_missed, 1);
+    // With half the jobs given a deadline, the seed picks which: A's is missed, B's is met.
+    let half = SimConfig {
+        deadline_fraction: 0.5,
+        ..s.clone()
+    };
+    let d = assign_deadlines(&t, 0.5, 1.2, half.seed);
+    assert_eq!(d.iter().flatten().count(), 1);
+    let r = run_policy(&t, policy(10_000.0), &half);
+    assert_eq!(r.deadline_jobs, 1);
+    assert_eq!(r.deadlines_missed, u64::from(d[0] == Some(1200.0)));
+    assert!(d[0] == Some(1200.0) || d[1] == Some(6200.0), "{d:?}");
+    // No deadlines, nothing measured.
+    let r = run_policy(&t, policy(10_000.0), &sim(300.0));
+    assert_eq!((r.deadline_jobs, r.deadlines_missed), (0, 0));
+}
+
+#[test]
+fn deadlines_are_seeded_exact_in_count_and_due_slack_times_the_run_time() {
+    let t = trace(&(0..1000).map(|i| (i as f64, 100.0 + i as f64, 1)).collect::<Vec<_>>());
+    let a = assign_deadlines(&t, 0.3, 1.5, 7);
+    assert_eq!(a, assign_deadlines(&t, 0.3, 1.5, 7));
+    assert_ne!(a, assign_deadlines(&t, 0.3, 1.5, 8));
+    assert_eq!(a.iter().flatten().count(), 300);
+    for (j, d) in t.jobs.iter().zip(&a) {
+        if let Some(d) = d {
+            assert!((d - (j.arrival_s + 1.5 * j.duration_s)).abs() < 1e-9);
+        }
+    }
+    // The chosen jobs are spread over the trace, not its head.
+    assert!(a[..500].iter().flatten().count() > 100 && a[500..].iter().flatten().count() > 100);
+    assert_eq!(assign_deadlines(&t, 0.0, 1.5, 7).iter().flatten().count(), 0);
+    assert_eq!(assign_deadlines(&t, 1.0, 1.5, 7).iter().flatten().count(), 1000);
+}
+
+#[test]
+fn the_policy_sees_deadlines_and_all_on_demand_prices_what_spot_saved() {
+    // Spot at $0.30/h and on-demand at $1/h. A job whose deadline leaves no slack for a spot
+    // interruption goes on-demand (the policy's deadline rule); with ample slack it goes on spot.
+    let offs = vec![
+        spot("one.gpu", "NVIDIA T", 0.3),
+        offering("one.gpu", CapacityType::OnDemand, 1, 1.0),
+    ];
+    let t = trace(&[(0.0, 3600.0, 1)]);
+    let with_slack = |slack: f64| SimConfig {
+        deadline_fraction: 1.0,
+        deadline_slack: slack,
+        ..sim(300.0)
+    };
+    let run_with = |s: &SimConfig| {
+        let mut st = PolicyStrategy::new("onoff", policy(600.0));
+        run(&t, &offs, &mut st, s, &mut |_| {})
+    };
+    let tight = run_with(&with_slack(1.1));
+    assert_eq!(
+        tight.launches_by_offering.keys().collect::<Vec<_>>(),
+        ["one.gpu/on-demand"]
+    );
+    let loose = run_with(&with_slack(100.0));
+    assert_eq!(loose.launches_by_offering.keys().collect::<Vec<_>>(), ["one.gpu/spot"]);
+    assert_eq!(loose.deadlines_missed, 0);
+
+    // compare() adds all-on-demand and prices every policy against it: 3,900 s at $0.30 against
+    // 3,900 s at $1.
+    let c = compare(
+        "t",
+        &t,
+        &offs,
+        &policy(600.0),
+        &with_slack(100.0),
+        &["onoff"],
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let names: Vec<&str> = c.policies.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["onoff", "all-on-demand"]);
+    assert!(close(c.all_on_demand_usd.unwrap(), 3900.0 / 3600.0));
+    assert!(close(c.policies[0].cost_vs_all_on_demand.unwrap(), 0.3));
+    assert!(close(c.policies[1].cost_vs_all_on_demand.unwrap(), 1.0));
+    // Without deadlines neither the extra run nor the ratio.
+    let c = compare("t", &t, &offs, &policy(600.0), &sim(300.0), &["onoff"], &mut |_, _| {}).unwrap();
+    assert_eq!(c.policies.len(), 1);
+    assert_eq!(c.policies[0].cost_vs_all_on_demand, None);
+}
+
+/// One zone `us-east-1a` whose spot is unavailable from 1,000 s to 1,500 s of every 11,500 s
+/// (ticks of 100 s: 10 available, 5 unavailable, 100 available).
+fn measured() -> Preemptions {
+    let mut v = vec![0; 10];
+    v.extend([1; 5]);
+    v.extend([0; 100]);
+    Preemptions::Measured(Arc::new(
+        MeasuredPreemptions::from_series("hand-made", &[("us-east-1a", 100.0, v)]).unwrap(),
+    ))
+}
+
+#[test]
+fn a_measured_outage_interrupts_spot_and_refuses_spot_launches_while_it_lasts() {
+    // Spot only, $0.30/h; one job of 3,600 s at 0. The worker boots until 300 s and runs the job;
+    // at 1,000 s the zone turns unavailable: notice (the job is released with its 600 s
+    // checkpoint, 100 s of work lost) and interruption at 1,120 s. The notice marks the offering
+    // unavailable until 1,180 s; the ticks at 1,200 and 1,380 s try spot and are refused (the zone
+    // is out until 1,500 s), each refusal skipping the offering 180 s more; the tick at 1,560 s
+    // launches; the new worker is ready at 1,860 s and runs the remaining 3,000 s to 4,860 s.
+    let offs = vec![spot("one.gpu", "NVIDIA T", 0.3)];
+    let mut cfg = policy(600.0);
+    cfg.lanes[0].capacity = CapacityPreference::SpotOnly;
+    let s = SimConfig {
+        preemptions: measured(),
+        interruptions: true,
+        ..sim(300.0)
+    };
+    let t = trace(&[(0.0, 3600.0, 1)]);
+    let mut st = PolicyStrategy::new("onoff", cfg.clone());
+    let r = run(&t, &offs, &mut st, &s, &mut |_| {});
+    assert_eq!(r.jobs_completed, 1);
+    assert_eq!(r.interruptions, 1);
+    assert_eq!(r.spot_unavailable_errors, 2);
+    assert_eq!(r.capacity_errors, 2);
+    assert_eq!(r.launches, 2);
+    assert!(
+        close(r.lost_work_gpu_hours, 100.0 / 3600.0),
+        "{}",
+        r.lost_work_gpu_hours
+    );
+    assert!(close(r.makespan_s, 4860.0), "{}", r.makespan_s);
+    // Billed 0..1,120 s and 1,560..4,860 s at $0.30/h.
+    assert!(close(r.total_usd, 0.3 * (1120.0 + 3300.0) / 3600.0), "{}", r.total_usd);
+
+    // The same world with the advisor model and no interruptions: one worker, no refusal.
+    let calm = SimConfig {
+        interruptions: false,
+        ..sim(300.0)
+    };
+    let r = run(
+        &t,
+        &offs,
+        &mut PolicyStrategy::new("onoff", cfg.clone()),
+        &calm,
+        &mut |_| {},
+    );
+    assert_eq!((r.interruptions, r.capacity_errors, r.launches), (0, 0, 1));
+
+    // A job arriving inside the outage (1,100 s) is refused on arrival and at the tick of
+    // 1,320 s (skipped 180 s after each refusal); the tick of 1,500 s, when the zone is back,
+    // launches it: ready at 1,800 s, a 700 s wait.
+    let late = trace(&[(1100.0, 600.0, 1)]);
+    let r = run(&late, &offs, &mut PolicyStrategy::new("onoff", cfg), &s, &mut |_| {});
+    assert_eq!(r.spot_unavailable_errors, 2);
+    assert!(close(r.wait_p50_s, 700.0), "waited {} s", r.wait_p50_s);
+}
+
+#[test]
+fn skypilot_like_takes_the_cheapest_spot_per_hour_and_stops_idle_instances_after_5_minutes() {
+    // Spot A: $0.30/h at reference speed; spot B: $0.50/h on a GPU twice as fast (cheaper per
+    // job: $0.25 against $0.30 for an hour of work); on-demand $1/h. SkyPilot ranks by $/h: A.
+    let offs = vec![
+        spot("slow.gpu", "NVIDIA T", 0.3),
+        spot("fast.gpu", "NVIDIA F", 0.5),
+        offering("od.gpu", CapacityType::OnDemand, 1, 1.0),
+    ];
+    let mut cfg = policy(600.0);
+    cfg.offers.gpu_speed.insert("NVIDIA F".into(), 2.0);
+    // Job 1 (0 s, 3,600 s): boot to 300 s, runs to 3,900 s, idle 300 s, stopped at the 20 s tick
+    // of 4,200 s. Job 2 (5,000 s, 1,800 s): a new instance, ready at 5,300 s, done at 7,100 s.
+    let t = trace(&[(0.0, 3600.0, 1), (5000.0, 1800.0, 1)]);
+    let r = run(&t, &offs, &mut SkyPilotLike::new(cfg.clone()), &sim(300.0), &mut |_| {});
+    assert_eq!(r.name, "skypilot-like");
+    assert_eq!(r.jobs_completed, 2);
+    assert_eq!(
+        r.launches_by_offering.into_iter().collect::<Vec<_>>(),
+        [("slow.gpu/spot".to_string(), 2)]
+    );
+    assert!(close(r.total_usd, 0.3 * (4200.0 + 2100.0) / 3600.0), "{}", r.total_usd);
+    assert!(close(r.idle_usd, 0.3 * 300.0 / 3600.0));
+    assert!(close(r.wait_p95_s, 300.0));
+    // onoff ranks by cost per job and takes B for the same trace.
+    let o = run(
+        &t,
+        &offs,
+        &mut PolicyStrategy::new("onoff", cfg),
+        &sim(300.0),
+        &mut |_| {},
+    );
+    assert!(
+        o.launches_by_offering.contains_key("fast.gpu/spot"),
+        "{:?}",
+        o.launches_by_offering
+    );
+}
+
+#[test]
+fn skypilot_like_restarts_from_the_last_checkpoint_when_the_instance_is_gone() {
+    // The outage of `measured()`: the notice at 1,000 s is not acted on; the instance is gone at
+    // 1,120 s with 820 s of work done since 300 s: the 600 s checkpoint is kept, 220 s lost. The
+    // job asks for spot at the 20 s tick of 1,120 s: refused (the offering is then skipped until
+    // 1,300 s). It retries after SkyPilot's backoff, 60 s then x 1.6: at 1,180 s and 1,280 s
+    // nothing is eligible, at 1,440 s (due 1,433.6 s) spot is refused again (out until 1,500 s),
+    // at 1,700 s (due 1,685.8 s) it launches: ready at 2,000 s, the remaining 3,000 s end at
+    // 5,000 s.
+    let offs = vec![spot("one.gpu", "NVIDIA T", 0.3)];
+    let s = SimConfig {
+        preemptions: measured(),
+        interruptions: true,
+        ..sim(300.0)
+    };
+    let t = trace(&[(0.0, 3600.0, 1)]);
+    let r = run(&t, &offs, &mut SkyPilotLike::new(policy(600.0)), &s, &mut |_| {});
+    assert_eq!(r.jobs_completed, 1);
+    assert_eq!(r.interruptions, 1);
+    assert_eq!(r.spot_unavailable_errors, 2);
+    assert!(
+        close(r.lost_work_gpu_hours, 220.0 / 3600.0),
+        "{}",
+        r.lost_work_gpu_hours
+    );
+    assert!(close(r.makespan_s, 5000.0), "{}", r.makespan_s);
+    // Billed 0..1,120 s and 1,700..5,000 s at $0.30/h.
+    assert!(close(r.total_usd, 0.3 * (1120.0 + 3300.0) / 3600.0), "{}", r.total_usd);
 }
