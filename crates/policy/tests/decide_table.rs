@@ -1530,47 +1530,42 @@ fn partial_limits_table_keeps_the_documented_defaults() {
 
 #[test]
 fn predictive_warm_pool_pays_for_itself() {
-    // The look-back of 3 h holds 28 windows of 390 s. A ready 1-GPU worker costs $0.10/h; with
-    // the default wait value of $1/h a cold start is worth 4290 idle seconds, so the i-th worker
-    // is held when at least 28 x 390 / 4680 = 2.33, i.e. 3 windows needed i or more workers.
-    // (long jobs per window: (windows, arrivals each), wait value $/h, predictive_max, idle
-    // 1-GPU workers, launches)
-    type Row = (&'static [(usize, usize)], f64, u32, usize, u32);
+    // A ready 1-GPU worker costs $0.10/h; with the default wait value of $1/h a cold start is
+    // worth 4290 idle seconds, so the i-th worker is held when at least 390 / 4680 = 8.3 % of the
+    // windows that followed one like the current one (busy or quiet) needed i workers.
+    // (long jobs per 390 s window, the current one first; wait value $/h; predictive_min_bursts;
+    // predictive_max; idle 1-GPU workers; launches)
+    type Row = (&'static [u32], f64, u32, u32, usize, u32);
     let rows: &[Row] = &[
-        (&[(3, 5)], 1.0, 40, 0, 5),         // three windows of 5: hold 5
-        (&[(2, 5)], 1.0, 40, 0, 0),         // two: a cold start now and then is cheaper
-        (&[(2, 5), (1, 2)], 1.0, 40, 0, 2), // the third-busiest window needed 2
-        (&[(2, 5)], 10.0, 40, 0, 5),        // waits worth $10/h: k = 1, the busiest window
-        (&[(3, 5)], 0.0, 40, 0, 0),         // no wait value: k = 14 windows
-        (&[(14, 5)], 0.0, 40, 0, 5),
-        (&[(3, 5)], 1.0, 3, 0, 3),  // capped by predictive_max
-        (&[(3, 5)], 1.0, 0, 0, 0),  // off
-        (&[(3, 5)], 1.0, 40, 2, 3), // idle workers count
-        (&[], 1.0, 40, 0, 0),       // quiet queue: nothing held
+        (&[5, 5, 5], 1.0, 2, 40, 0, 5), // a busy run: the windows after busy ones needed 5
+        (&[5, 5], 1.0, 2, 40, 0, 0),    // one such window: below predictive_min_bursts
+        (&[5, 5, 0, 5, 0, 5, 0], 1.0, 1, 40, 0, 5), // after busy windows: 5, 0, 0; 1 of 3 pays at $1/h
+        (&[5, 5, 0, 5, 0, 5, 0], 0.0, 1, 40, 0, 0), // ...not without a wait value (half needed)
+        (&[0, 5, 5, 5], 1.0, 2, 40, 0, 0), // quiet now: quiet windows were followed by quiet
+        (&[5, 5, 5], 1.0, 2, 3, 0, 3),  // capped by predictive_max
+        (&[5, 5, 5], 1.0, 2, 0, 0, 0),  // off
+        (&[5, 5, 5], 1.0, 2, 40, 2, 3), // idle workers count
+        (&[], 1.0, 2, 40, 0, 0),        // no arrivals: nothing held
     ];
-    for &(windows, wait_value, max, n_idle, want) in rows {
+    for &(demand, wait_value, min_bursts, max, n_idle, want) in rows {
         let mut cfg = cfg();
         cfg.lanes[0].predictive_max = max;
+        cfg.lanes[0].predictive_min_bursts = min_bursts;
         cfg.scale_down.wait_value_usd_per_h = wait_value;
         let ws: Vec<_> = (0..n_idle).map(|i| idle(&format!("w{i}"), i as u64, 10.0)).collect();
         let mut w = World::new(vec![], ws);
-        // Windows k = 1, 2, ... back from now (not the current one), arrivals 10 s apart.
-        let mut arrivals = Vec::new();
-        let mut k = 1;
-        for &(n_windows, per) in windows {
-            for _ in 0..n_windows {
-                for a in 0..per {
-                    arrivals.push(NOW - 390.0 * k as f64 - 10.0 * a as f64 - 1.0);
-                }
-                k += 1;
-            }
-        }
+        let mut arrivals: Vec<f64> = demand
+            .iter()
+            .enumerate()
+            .flat_map(|(k, &n)| (0..n).map(move |a| NOW - 390.0 * k as f64 - 10.0 - 10.0 * a as f64))
+            .collect();
         arrivals.sort_by(f64::total_cmp);
         for t in arrivals {
             w.lanes[0].record_arrival(1, t);
         }
         let plan = w.decide(&cfg, NOW);
-        let row = format!("windows {windows:?}, wait value {wait_value}, max {max}, idle {n_idle}");
+        let row =
+            format!("demand {demand:?}, wait value {wait_value}, min bursts {min_bursts}, max {max}, idle {n_idle}");
         assert_eq!(plan.launches(), want, "{row}: {plan:#?}");
         assert!(
             launch_list(&plan)
@@ -1583,35 +1578,31 @@ fn predictive_warm_pool_pays_for_itself() {
 
 #[test]
 fn predictive_warm_pool_is_per_job_shape_and_leaves_short_jobs_to_the_keep_alive() {
-    // Three windows with two 4-GPU jobs and three 1-GPU items of 1 s each.
-    let mut w = World::new(vec![], vec![]);
-    let mut arrivals = Vec::new();
-    for k in 1..=3 {
-        let t0 = NOW - 390.0 * k as f64 - 100.0;
-        arrivals.push((t0, 4, None));
-        arrivals.push((t0 + 1.0, 4, None));
-        for a in 0..3 {
-            arrivals.push((t0 + 2.0 + a as f64, 1, Some(1.0)));
+    // Windows with two 4-GPU jobs and three 1-GPU items of 1 s each: the current one and the two
+    // before it (busy now), or only the two before it (quiet now).
+    for (busy_now, want) in [(true, 2), (false, 0)] {
+        let mut w = World::new(vec![], vec![]);
+        let mut arrivals = Vec::new();
+        let first = if busy_now { 0 } else { 1 };
+        for k in first..first + 3 {
+            let t0 = NOW - 390.0 * k as f64 - 100.0;
+            arrivals.push((t0, 4, None));
+            arrivals.push((t0 + 1.0, 4, None));
+            for a in 0..3 {
+                arrivals.push((t0 + 2.0 + a as f64, 1, Some(1.0)));
+            }
         }
+        arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for (t, g, rt) in arrivals {
+            w.lanes[0].record_arrival_with_runtime(g, t, rt);
+        }
+        let plan = w.decide(&cfg(), NOW);
+        let launches = launch_list(&plan);
+        // Two ready 4-GPU workers (g5.12xlarge) while the run goes on, none once it paused; the
+        // 1-GPU items (short) never hold a worker.
+        assert_eq!(plan.launches(), want, "busy now {busy_now}: {launches:?}");
+        assert!(launches.iter().all(|l| l.0.instance_type == G5_12X), "{launches:?}");
     }
-    arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
-    for (t, g, rt) in arrivals {
-        w.lanes[0].record_arrival_with_runtime(g, t, rt);
-    }
-    let plan = w.decide(&cfg(), NOW);
-    let launches = launch_list(&plan);
-    // A ready 4-GPU worker (g5.12xlarge, $1.60/h) is held when 28 x 390 / (390 x (1 + 1 / 1.6)
-    // + 390) = 10.7, i.e. 11 windows needed it: three did, so nothing is held; the 1-GPU items
-    // never hold a worker (they are short).
-    assert_eq!(plan.launches(), 0, "{launches:?}");
-    // At $100/h of waiting k = 1, raised to predictive_min_bursts = 2: the second-busiest window
-    // needed two 4-GPU workers, and still no 1-GPU worker is held.
-    let mut c = cfg();
-    c.scale_down.wait_value_usd_per_h = 100.0;
-    let plan = w.decide(&c, NOW);
-    let launches = launch_list(&plan);
-    assert_eq!(plan.launches(), 2, "{launches:?}");
-    assert!(launches.iter().all(|l| l.0.instance_type == G5_12X), "{launches:?}");
 }
 
 #[test]

@@ -51,21 +51,23 @@ impl Warm {
     }
 }
 
-/// The predictive warm pool for warm-shape workers billed `price_usd_per_h`, from the lane's
-/// `demand` per window ([`crate::observation::LaneObservation::window_demand`]): the newsvendor's critical fractile over the worker demand per window of the look-back
-/// ([`crate::observation::LaneObservation::window_demand`]: long jobs, plus short jobs' run time
-/// over the short-job horizon).
+/// The predictive warm pool for workers of one job shape billed `price_usd_per_h`, from the
+/// lane's long-job `demand` per window of the look-back, most recent (the current, partial one)
+/// first ([`crate::observation::LaneObservation::window_demand`]): the newsvendor's critical
+/// fractile.
 ///
 /// Holding the i-th ready worker through a window of W seconds costs W idle seconds when the
-/// window needs fewer than i workers; not holding it costs a cold start (the break-even `be` idle seconds' worth:
-/// billed boot plus the wait valued at `wait_value_usd_per_h`, [`keepalive::break_even_s`]) when
-/// it needs i or more. It pays for itself when the share p_i of windows needing at least i
-/// workers satisfies `p_i x be >= (1 - p_i) x W`, i.e. `p_i >= W / (be + W)`; the target is the largest
-/// such i: the k-th largest window demand with `k = ceil(n x W / (be + W))` of n windows (and k at
-/// least `predictive_min_bursts`), at most `predictive_max`. So a higher wait value holds more, a
-/// price of its own for every shape, a lone burst in a quiet look-back holds nothing, and a
-/// steady stream holds what it keeps busy. 0 without
-/// demand.
+/// window needs fewer than i workers; not holding it costs a cold start (the break-even `be` idle
+/// seconds' worth: billed boot plus the wait valued at `wait_value_usd_per_h`,
+/// [`keepalive::break_even_s`]) when it needs i or more. It pays for itself when the share p_i of
+/// windows needing at least i workers satisfies `p_i x be >= (1 - p_i) x W`, i.e.
+/// `p_i >= W / (be + W)`. Demand comes in runs (bursts, then quiet), so p_i is taken over the
+/// windows that followed one like the current one (busy or quiet), not over all: a quiet spell
+/// holds nothing even when the look-back saw bursts. The target is the largest such i: the k-th
+/// largest of those m windows' demand with `k = ceil(m x W / (be + W))` (and k at least
+/// `predictive_min_bursts`), at most `predictive_max`. So a higher wait value holds more, every
+/// shape is priced at its own price, a lone burst holds nothing, and a steady stream of long jobs
+/// holds what it uses. 0 without demand.
 pub(crate) fn predicted(cfg: &PolicyConfig, lane: LaneId, demand: &[u32], price_usd_per_h: f64) -> u32 {
     let lc = &cfg.lanes[lane];
     if demand.iter().all(|d| *d == 0) {
@@ -73,13 +75,19 @@ pub(crate) fn predicted(cfg: &PolicyConfig, lane: LaneId, demand: &[u32], price_
     }
     let w = lc.predictive_window_s;
     let be = keepalive::break_even_s(cfg.offers.boot_estimate_s, price_usd_per_h, &cfg.scale_down);
-    let k = ((demand.len() as f64 * w / (be + w)).ceil() as usize)
+    // The windows that followed one like the current one (busy or quiet): demand comes in runs.
+    let busy_now = demand[0] > 0;
+    let mut d: Vec<u32> = demand
+        .windows(2)
+        .filter(|p| (p[1] > 0) == busy_now)
+        .map(|p| p[0])
+        .collect();
+    let k = ((d.len() as f64 * w / (be + w)).ceil() as usize)
         .max(lc.predictive_min_bursts as usize)
         .max(1);
-    if k > demand.len() {
+    if k > d.len() {
         return 0;
     }
-    let mut d = demand.to_vec();
     let (_, kth, _) = d.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
     (*kth).min(lc.predictive_max)
 }
