@@ -467,7 +467,7 @@ fn print_table(c: &Comparison) {
         );
     }
     print!(
-        "{:<15} {:>12} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>9}",
+        "{:<15} {:>12} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>9} {:>6}",
         "policy",
         "total $",
         "x bound",
@@ -479,7 +479,8 @@ fn print_table(c: &Comparison) {
         "wait p99",
         "interr",
         "lost",
-        "lost GPUh"
+        "lost GPUh",
+        "OD %"
     );
     if deadlines {
         print!(" {:>9} {:>7}", "dl missed", "x OD");
@@ -487,7 +488,7 @@ fn print_table(c: &Comparison) {
     println!();
     for p in &c.policies {
         print!(
-            "{:<15} {:>12.2} {:>8.3} {:>9.3} {:>9.1} {:>9} {:>8.0}s {:>8.0}s {:>8.0}s {:>7} {:>6} {:>9.2}",
+            "{:<15} {:>12.2} {:>8.3} {:>9.3} {:>9.1} {:>9} {:>8.0}s {:>8.0}s {:>8.0}s {:>7} {:>6} {:>9.2} {:>6.1}",
             p.name,
             p.total_usd,
             p.total_usd / c.lower_bound_usd,
@@ -499,7 +500,12 @@ fn print_table(c: &Comparison) {
             p.wait_p99_s,
             p.interruptions,
             p.jobs_lost,
-            p.lost_work_gpu_hours
+            p.lost_work_gpu_hours,
+            if p.total_usd > 0.0 {
+                100.0 * p.on_demand_usd / p.total_usd
+            } else {
+                0.0
+            }
         );
         if deadlines {
             print!(

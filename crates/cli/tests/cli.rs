@@ -48,6 +48,7 @@ fn simulate_json_has_every_policy_and_field() {
             "lost_work_gpu_hours",
             "deadline_jobs",
             "deadlines_missed",
+            "on_demand_usd",
             "spot_unavailable_errors",
             "wall_s",
         ] {

@@ -205,6 +205,8 @@ pub struct RunReport {
     pub total_usd: f64,
     /// `total_usd / jobs_completed`.
     pub usd_per_job: f64,
+    /// Part of `total_usd` billed on on-demand instances, $ (the rest is spot).
+    pub on_demand_usd: f64,
     /// GPU-hours of workers that were ready with no job.
     pub idle_gpu_hours: f64,
     /// GPU-hours billed while booting.
@@ -390,6 +392,7 @@ struct World {
     cfg: SimConfig,
     // Accounting.
     cost: f64,
+    on_demand_usd: f64,
     idle_gpu_s: f64,
     idle_usd: f64,
     boot_gpu_s: f64,
@@ -630,6 +633,9 @@ impl World {
         let ws = &self.wsim[i];
         let billed = (self.now - w.launched_at).max(60.0);
         self.cost += w.price_usd_per_h * billed / 3600.0;
+        if !ws.spot {
+            self.on_demand_usd += w.price_usd_per_h * billed / 3600.0;
+        }
         let boot = (ws.ready_at.min(self.now) - w.launched_at).max(0.0);
         self.boot_gpu_s += boot * w.gpus as f64;
         self.boot_usd += boot * w.price_usd_per_h / 3600.0;
@@ -1071,6 +1077,7 @@ pub fn run(
         lane_names,
         cfg: cfg.clone(),
         cost: 0.0,
+        on_demand_usd: 0.0,
         idle_gpu_s: 0.0,
         idle_usd: 0.0,
         boot_gpu_s: 0.0,
@@ -1312,6 +1319,7 @@ pub fn run(
         name: strategy.name().to_string(),
         total_usd: w.cost,
         usd_per_job: if completed > 0 { w.cost / completed as f64 } else { 0.0 },
+        on_demand_usd: w.on_demand_usd,
         idle_gpu_hours: w.idle_gpu_s / 3600.0,
         boot_gpu_hours: w.boot_gpu_s / 3600.0,
         idle_usd: w.idle_usd,

@@ -346,8 +346,10 @@ fn the_policy_sees_deadlines_and_all_on_demand_prices_what_spot_saved() {
         tight.launches_by_offering.keys().collect::<Vec<_>>(),
         ["one.gpu/on-demand"]
     );
+    assert!(close(tight.on_demand_usd, tight.total_usd));
     let loose = run_with(&with_slack(100.0));
     assert_eq!(loose.launches_by_offering.keys().collect::<Vec<_>>(), ["one.gpu/spot"]);
+    assert_eq!(loose.on_demand_usd, 0.0);
     assert_eq!(loose.deadlines_missed, 0);
 
     // compare() adds all-on-demand and prices every policy against it: 3,900 s at $0.30 against
