@@ -459,8 +459,13 @@ fn print_table(c: &Comparison) {
     }
     let deadlines = c.deadline_fraction > 0.0;
     if deadlines {
+        let (jobs, warm) = c
+            .policies
+            .first()
+            .map_or((0, 0), |p| (p.deadline_jobs, p.deadlines_need_warm));
         println!(
-            "deadlines: {:.0} % of jobs, due {} x run time after arrival; all-on-demand ${:.2}",
+            "deadlines: {jobs} jobs ({:.0} %), due {} x run time after arrival ({warm} of them met only on a \
+             worker already up: less slack than the shortest cold start); all-on-demand ${:.2}",
             c.deadline_fraction * 100.0,
             c.deadline_slack,
             c.all_on_demand_usd.unwrap_or(0.0)

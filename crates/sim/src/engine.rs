@@ -250,6 +250,9 @@ pub struct RunReport {
     pub deadline_jobs: u64,
     /// Jobs with a deadline that finished after it, or never finished.
     pub deadlines_missed: u64,
+    /// Jobs whose deadline leaves less slack than the shortest cold start (`deadline - arrival -
+    /// run time < boot_min_s`): met only by starting on a worker already up.
+    pub deadlines_need_warm: u64,
     /// `total_usd` over the cost of `all-on-demand` on the same trace (filled by
     /// [`crate::compare`] when deadlines are on): below 1 is what spot saved.
     pub cost_vs_all_on_demand: Option<f64>,
@@ -1308,11 +1311,14 @@ pub fn run(
         waits[idx]
     };
     let completed = w.completed;
-    let (mut deadline_jobs, mut deadlines_missed) = (0u64, 0u64);
-    for j in w.jobs.iter().filter(|j| j.deadline.is_finite()) {
+    let (mut deadline_jobs, mut deadlines_missed, mut deadlines_need_warm) = (0u64, 0u64, 0u64);
+    for (j, t) in w.jobs.iter().zip(&trace.jobs).filter(|(j, _)| j.deadline.is_finite()) {
         deadline_jobs += 1;
         if !j.done || j.finished_at > j.deadline {
             deadlines_missed += 1;
+        }
+        if j.deadline - j.arrival - t.duration_s < cfg.boot_min_s {
+            deadlines_need_warm += 1;
         }
     }
     RunReport {
@@ -1345,6 +1351,7 @@ pub fn run(
         makespan_s: end - t0,
         deadline_jobs,
         deadlines_missed,
+        deadlines_need_warm,
         cost_vs_all_on_demand: None,
         wall_s: started.elapsed().as_secs_f64(),
         timeline,

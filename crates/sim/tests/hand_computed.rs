@@ -289,6 +289,8 @@ fn a_deadline_is_missed_when_the_job_ends_after_it() {
     assert_eq!(r.jobs_completed, 2);
     assert_eq!(r.deadline_jobs, 2);
     assert_eq!(r.deadlines_missed, 1);
+    // Both leave 200 s of slack, less than the 300 s cold start: only a warm worker meets them.
+    assert_eq!(r.deadlines_need_warm, 2);
     // With half the jobs given a deadline, the seed picks which: A's is missed, B's is met.
     let half = SimConfig {
         deadline_fraction: 0.5,
