@@ -459,15 +459,20 @@ fn print_table(c: &Comparison) {
     }
     let deadlines = c.deadline_fraction > 0.0;
     if deadlines {
+        let (jobs, warm) = c
+            .policies
+            .first()
+            .map_or((0, 0), |p| (p.deadline_jobs, p.deadlines_need_warm));
         println!(
-            "deadlines: {:.0} % of jobs, due {} x run time after arrival; all-on-demand ${:.2}",
+            "deadlines: {jobs} jobs ({:.0} %), due {} x run time after arrival ({warm} of them met only on a \
+             worker already up: less slack than the shortest cold start); all-on-demand ${:.2}",
             c.deadline_fraction * 100.0,
             c.deadline_slack,
             c.all_on_demand_usd.unwrap_or(0.0)
         );
     }
     print!(
-        "{:<15} {:>12} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>9}",
+        "{:<15} {:>12} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>9} {:>6}",
         "policy",
         "total $",
         "x bound",
@@ -479,7 +484,8 @@ fn print_table(c: &Comparison) {
         "wait p99",
         "interr",
         "lost",
-        "lost GPUh"
+        "lost GPUh",
+        "OD %"
     );
     if deadlines {
         print!(" {:>9} {:>7}", "dl missed", "x OD");
@@ -487,7 +493,7 @@ fn print_table(c: &Comparison) {
     println!();
     for p in &c.policies {
         print!(
-            "{:<15} {:>12.2} {:>8.3} {:>9.3} {:>9.1} {:>9} {:>8.0}s {:>8.0}s {:>8.0}s {:>7} {:>6} {:>9.2}",
+            "{:<15} {:>12.2} {:>8.3} {:>9.3} {:>9.1} {:>9} {:>8.0}s {:>8.0}s {:>8.0}s {:>7} {:>6} {:>9.2} {:>6.1}",
             p.name,
             p.total_usd,
             p.total_usd / c.lower_bound_usd,
@@ -499,7 +505,12 @@ fn print_table(c: &Comparison) {
             p.wait_p99_s,
             p.interruptions,
             p.jobs_lost,
-            p.lost_work_gpu_hours
+            p.lost_work_gpu_hours,
+            if p.total_usd > 0.0 {
+                100.0 * p.on_demand_usd / p.total_usd
+            } else {
+                0.0
+            }
         );
         if deadlines {
             print!(

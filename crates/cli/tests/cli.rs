@@ -48,6 +48,7 @@ fn simulate_json_has_every_policy_and_field() {
             "lost_work_gpu_hours",
             "deadline_jobs",
             "deadlines_missed",
+            "on_demand_usd",
             "spot_unavailable_errors",
             "wall_s",
         ] {
@@ -221,6 +222,7 @@ fn deadlines_add_all_on_demand_and_count_misses() {
     for p in v["policies"].as_array().unwrap() {
         // 30 % of 200 jobs.
         assert_eq!(p["deadline_jobs"], 60, "{}", p["name"]);
+        assert!(p["deadlines_need_warm"].as_u64().unwrap() <= 60);
         assert!(p["deadlines_missed"].as_u64().unwrap() <= 60);
         let ratio = p["cost_vs_all_on_demand"].as_f64().unwrap();
         assert!((ratio - p["total_usd"].as_f64().unwrap() / od).abs() < 1e-9);

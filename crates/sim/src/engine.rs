@@ -205,6 +205,8 @@ pub struct RunReport {
     pub total_usd: f64,
     /// `total_usd / jobs_completed`.
     pub usd_per_job: f64,
+    /// Part of `total_usd` billed on on-demand instances, $ (the rest is spot).
+    pub on_demand_usd: f64,
     /// GPU-hours of workers that were ready with no job.
     pub idle_gpu_hours: f64,
     /// GPU-hours billed while booting.
@@ -248,6 +250,9 @@ pub struct RunReport {
     pub deadline_jobs: u64,
     /// Jobs with a deadline that finished after it, or never finished.
     pub deadlines_missed: u64,
+    /// Jobs whose deadline leaves less slack than the shortest cold start (`deadline - arrival -
+    /// run time < boot_min_s`): met only by starting on a worker already up.
+    pub deadlines_need_warm: u64,
     /// `total_usd` over the cost of `all-on-demand` on the same trace (filled by
     /// [`crate::compare`] when deadlines are on): below 1 is what spot saved.
     pub cost_vs_all_on_demand: Option<f64>,
@@ -390,6 +395,7 @@ struct World {
     cfg: SimConfig,
     // Accounting.
     cost: f64,
+    on_demand_usd: f64,
     idle_gpu_s: f64,
     idle_usd: f64,
     boot_gpu_s: f64,
@@ -631,6 +637,9 @@ impl World {
         let ws = &self.wsim[i];
         let billed = (self.now - w.launched_at).max(60.0);
         self.cost += w.price_usd_per_h * billed / 3600.0;
+        if !ws.spot {
+            self.on_demand_usd += w.price_usd_per_h * billed / 3600.0;
+        }
         let boot = (ws.ready_at.min(self.now) - w.launched_at).max(0.0);
         self.boot_gpu_s += boot * w.gpus as f64;
         self.boot_usd += boot * w.price_usd_per_h / 3600.0;
@@ -1075,6 +1084,7 @@ pub fn run(
         lane_names,
         cfg: cfg.clone(),
         cost: 0.0,
+        on_demand_usd: 0.0,
         idle_gpu_s: 0.0,
         idle_usd: 0.0,
         boot_gpu_s: 0.0,
@@ -1305,17 +1315,21 @@ pub fn run(
         waits[idx]
     };
     let completed = w.completed;
-    let (mut deadline_jobs, mut deadlines_missed) = (0u64, 0u64);
-    for j in w.jobs.iter().filter(|j| j.deadline.is_finite()) {
+    let (mut deadline_jobs, mut deadlines_missed, mut deadlines_need_warm) = (0u64, 0u64, 0u64);
+    for (j, t) in w.jobs.iter().zip(&trace.jobs).filter(|(j, _)| j.deadline.is_finite()) {
         deadline_jobs += 1;
         if !j.done || j.finished_at > j.deadline {
             deadlines_missed += 1;
+        }
+        if j.deadline - j.arrival - t.duration_s < cfg.boot_min_s {
+            deadlines_need_warm += 1;
         }
     }
     RunReport {
         name: strategy.name().to_string(),
         total_usd: w.cost,
         usd_per_job: if completed > 0 { w.cost / completed as f64 } else { 0.0 },
+        on_demand_usd: w.on_demand_usd,
         idle_gpu_hours: w.idle_gpu_s / 3600.0,
         boot_gpu_hours: w.boot_gpu_s / 3600.0,
         idle_usd: w.idle_usd,
@@ -1341,6 +1355,7 @@ pub fn run(
         makespan_s: end - t0,
         deadline_jobs,
         deadlines_missed,
+        deadlines_need_warm,
         cost_vs_all_on_demand: None,
         wall_s: started.elapsed().as_secs_f64(),
         timeline,

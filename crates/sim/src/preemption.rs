@@ -15,7 +15,8 @@
 //! unavailable-offering TTL see the shortage as on AWS), and when it turns from 0 to 1, every spot
 //! instance in the zone gets the 2-minute notice and is interrupted when it runs out. The series
 //! stands for every GPU type of the zone (the measured type was p3.2xlarge): spot pools of one
-//! zone are taken as moving together. The random Spot-Advisor interruptions are off in this mode.
+//! zone are taken as moving together. The random Spot-Advisor interruptions are off in this mode;
+//! the random `capacity_error_rate` of every launch call (spot and on-demand) still applies.
 //!
 //! Zone mapping ([`MeasuredPreemptions::map_zones`]): a simulated zone whose name has a series
 //! (`us-east-1c` ← `us-east-1c_v100_1.json`) replays that series; the other zones, in name order,

@@ -97,17 +97,29 @@ fn cheapest_per_hour<'a>(
         instances: 1,
         runtime_s: cfg.offers.default_runtime_s,
     };
-    // Unavailable offerings as a set: a scan of the list per offering costs offerings x
-    // unavailable when many are out (measured preemptions).
-    let out: HashSet<&onoff_policy::OfferingKey> = obs
+    // Unavailable offerings as a set when there are many (measured preemptions: a scan of the
+    // list per offering would cost offerings x unavailable); a short list is scanned.
+    let live: Vec<&onoff_policy::OfferingKey> = obs
         .unavailable
         .iter()
         .filter(|u| u.until > now)
         .map(|u| &u.key)
         .collect();
+    let set: HashSet<&onoff_policy::OfferingKey> = if live.len() > 8 {
+        live.iter().copied().collect()
+    } else {
+        HashSet::new()
+    };
+    let out = |k: &onoff_policy::OfferingKey| {
+        if live.len() > 8 {
+            set.contains(k)
+        } else {
+            live.contains(&k)
+        }
+    };
     offerings
         .iter()
-        .filter(|o| !out.contains(&o.key) && choice::eligible(o, &req, &cfg.offers, &[], now))
+        .filter(|o| !out(&o.key) && choice::eligible(o, &req, &cfg.offers, &[], now))
         .min_by(|a, b| {
             a.price_usd_per_h
                 .total_cmp(&b.price_usd_per_h)
@@ -177,6 +189,10 @@ fn unmatched_shapes(obs: &Observation<'_>, cfg: &PolicyConfig) -> Vec<u32> {
 /// Queued jobs that idle or booting workers cannot take, oldest first, with the instances each
 /// lacks.
 fn unmatched_jobs<'a>(obs: &Observation<'a>, cfg: &PolicyConfig) -> Vec<(&'a PendingJob, u32)> {
+    if obs.jobs.is_empty() {
+        // Most decisions: nothing queued, no need to look at the fleet.
+        return Vec::new();
+    }
     let mut free: Vec<(u32, f64)> = obs
         .workers
         .iter()

@@ -289,6 +289,8 @@ fn a_deadline_is_missed_when_the_job_ends_after_it() {
     assert_eq!(r.jobs_completed, 2);
     assert_eq!(r.deadline_jobs, 2);
     assert_eq!(r.deadlines_missed, 1);
+    // Both leave 200 s of slack, less than the 300 s cold start: only a warm worker meets them.
+    assert_eq!(r.deadlines_need_warm, 2);
     // With half the jobs given a deadline, the seed picks which: A's is missed, B's is met.
     let half = SimConfig {
         deadline_fraction: 0.5,
@@ -346,8 +348,10 @@ fn the_policy_sees_deadlines_and_all_on_demand_prices_what_spot_saved() {
         tight.launches_by_offering.keys().collect::<Vec<_>>(),
         ["one.gpu/on-demand"]
     );
+    assert!(close(tight.on_demand_usd, tight.total_usd));
     let loose = run_with(&with_slack(100.0));
     assert_eq!(loose.launches_by_offering.keys().collect::<Vec<_>>(), ["one.gpu/spot"]);
+    assert_eq!(loose.on_demand_usd, 0.0);
     assert_eq!(loose.deadlines_missed, 0);
 
     // compare() adds all-on-demand and prices every policy against it: 3,900 s at $0.30 against
