@@ -11,7 +11,7 @@
 //! the worker a dense stream of items uses is kept.
 
 use crate::config::{KeepAliveMode, ScaleDownConfig};
-use crate::observation::GapHistogram;
+use crate::observation::{GapHistogram, GAP_BUCKETS};
 
 /// Ski-rental break-even idle timeout, seconds, for a worker billed `price_usd_per_h`:
 /// `boot_s x (1 + wait_value_usd_per_h / price)` (just `boot_s` for a free worker's price of 0
@@ -83,40 +83,39 @@ pub fn cost_optimal_timeout_s(gaps: &GapHistogram, scale: f64, break_even_s: f64
 }
 
 /// A gap histogram's cumulative sums, built once per decision so that each idle worker's
-/// cost-optimal timeout costs O(buckets) arithmetic.
+/// cost-optimal timeout costs O(buckets) arithmetic (fixed-size arrays: no allocation).
 #[derive(Debug, Clone)]
 pub struct GapCurve {
     /// Upper edge of each bucket, seconds.
-    edges: Vec<f64>,
+    edges: [f64; GAP_BUCKETS],
     /// Probability mass of each bucket.
-    mass: Vec<f64>,
+    mass: [f64; GAP_BUCKETS],
     /// Mass of the buckets up to and including i.
-    cum_mass: Vec<f64>,
+    cum_mass: [f64; GAP_BUCKETS],
     /// Sum of mass x bucket midpoint up to and including i, seconds.
-    cum_idle: Vec<f64>,
+    cum_idle: [f64; GAP_BUCKETS],
 }
 
 impl GapCurve {
     /// The cumulative sums of `gaps` (unscaled).
     pub fn new(gaps: &GapHistogram) -> Self {
-        let mass: Vec<f64> = gaps.masses().collect();
-        let n = mass.len();
-        let edges: Vec<f64> = (0..n).map(GapHistogram::bucket_edge_s).collect();
-        let (mut cum_mass, mut cum_idle) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut c = Self {
+            edges: [0.0; GAP_BUCKETS],
+            mass: [0.0; GAP_BUCKETS],
+            cum_mass: [0.0; GAP_BUCKETS],
+            cum_idle: [0.0; GAP_BUCKETS],
+        };
         let (mut m, mut s) = (0.0, 0.0);
-        for (i, p) in mass.iter().enumerate() {
-            let lo = if i == 0 { 0.0 } else { edges[i - 1] };
+        for (i, p) in gaps.masses().enumerate().take(GAP_BUCKETS) {
+            c.edges[i] = GapHistogram::bucket_edge_s(i);
+            let lo = if i == 0 { 0.0 } else { c.edges[i - 1] };
             m += p;
-            s += p * (lo + edges[i]) / 2.0;
-            cum_mass.push(m);
-            cum_idle.push(s);
+            s += p * (lo + c.edges[i]) / 2.0;
+            c.mass[i] = p;
+            c.cum_mass[i] = m;
+            c.cum_idle[i] = s;
         }
-        Self {
-            edges,
-            mass,
-            cum_mass,
-            cum_idle,
-        }
+        c
     }
 
     /// Expected cost, idle-seconds, of timeout `t` for gaps scaled by `scale`: the buckets wholly

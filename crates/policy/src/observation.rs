@@ -142,7 +142,8 @@ pub struct GapHistogram {
 pub const GAP_BUCKET_BASE_S: f64 = 1.0;
 /// Ratio between consecutive bucket edges (about 25 % wide buckets).
 pub const GAP_BUCKET_GROWTH: f64 = 1.25;
-const GAP_BUCKETS: usize = 48;
+/// Buckets of a [`GapHistogram`].
+pub const GAP_BUCKETS: usize = 48;
 /// Half-life of a recorded gap's weight, seconds. Defined with the configuration.
 pub use crate::config::GAP_HALF_LIFE_S;
 

@@ -83,6 +83,14 @@ pub enum Reason {
         /// GPUs per instance asked for.
         gpus: u32,
     },
+    /// Spot capacity for the job is unavailable, and on-demand would cost more than the job's
+    /// wait is worth so far: it waits for spot (see `decide::scale_up::spot_only`).
+    WaitingForSpot {
+        /// Expected extra cost of the job on on-demand over spot, $.
+        on_demand_premium_usd: f64,
+        /// Seconds the job has waited.
+        waited_s: f64,
+    },
 }
 
 impl std::fmt::Display for Reason {
@@ -117,6 +125,13 @@ impl std::fmt::Display for Reason {
             }
             Reason::JobTypeCap { job_type, cap } => write!(f, "job type {job_type} at its cap of {cap}"),
             Reason::NoOffering { gpus } => write!(f, "no eligible offering with >= {gpus} GPUs"),
+            Reason::WaitingForSpot {
+                on_demand_premium_usd,
+                waited_s,
+            } => write!(
+                f,
+                "waiting for spot: on-demand ${on_demand_premium_usd:.2} dearer, waited {waited_s:.0} s"
+            ),
         }
     }
 }

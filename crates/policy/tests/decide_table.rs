@@ -750,8 +750,82 @@ fn frozen_launches_nothing() {
 // Fallback after a capacity error.
 
 #[test]
+fn spot_only_while_on_demand_costs_more_than_the_wait_is_worth() {
+    use CapacityType::{OnDemand, Spot};
+    // g5.xlarge: $0.10/h spot, $0.50/h on-demand. For an hour's job on-demand costs about $0.44
+    // more; the wait is worth wait_value x (waited + 180 s TTL) / 3600.
+    // (run time s, waited s, wait value $/h, spot unavailable, expected: launch capacity type and
+    // requested capacity, or None when held waiting for spot)
+    type Row = (f64, f64, f64, bool, Option<(CapacityType, CapacityPreference)>);
+    let rows: &[Row] = &[
+        (3600.0, 60.0, 1.0, true, None), // waits for spot
+        (
+            3600.0,
+            1800.0,
+            1.0,
+            true,
+            Some((OnDemand, CapacityPreference::SpotFirst)),
+        ), // waited enough
+        (
+            3600.0,
+            60.0,
+            10.0,
+            true,
+            Some((OnDemand, CapacityPreference::SpotFirst)),
+        ), // a dear wait
+        (60.0, 60.0, 1.0, true, Some((OnDemand, CapacityPreference::SpotFirst))), // a short job
+        // Spot available: a long job launches on spot and may not fall back to on-demand.
+        (3600.0, 60.0, 1.0, false, Some((Spot, CapacityPreference::SpotOnly))),
+        (60.0, 60.0, 1.0, false, Some((Spot, CapacityPreference::SpotFirst))),
+    ];
+    for &(runtime, waited, wait_value, spot_down, want) in rows {
+        let mut j = job("j", 1, NOW - waited);
+        j.est_runtime_s = Some(runtime);
+        let mut w = World::new(vec![j], vec![]);
+        if spot_down {
+            w.unavailable = [G5, G6]
+                .iter()
+                .map(|t| UnavailableOffering {
+                    key: key(t, Spot),
+                    until: NOW + 100.0,
+                })
+                .collect();
+        }
+        let mut c = cfg();
+        c.scale_down.wait_value_usd_per_h = wait_value;
+        let plan = w.decide(&c, NOW);
+        let row = format!("run time {runtime}, waited {waited}, wait value {wait_value}, spot down {spot_down}");
+        let got: Vec<_> = plan
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Launch { offering, request, .. } => Some((offering.capacity_type, request.capacity)),
+                _ => None,
+            })
+            .collect();
+        match want {
+            Some(w) => assert_eq!(got, vec![w], "{row}: {plan:#?}"),
+            None => {
+                assert!(got.is_empty(), "{row}: {plan:#?}");
+                assert_eq!(
+                    held_count(
+                        &plan,
+                        |r| matches!(r, Reason::WaitingForSpot { on_demand_premium_usd, .. }
+                        if (0.4..0.5).contains(on_demand_premium_usd))
+                    ),
+                    1,
+                    "{row}: {plan:#?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn unavailable_offerings_fall_back_to_the_next_best() {
     use CapacityType::{OnDemand, Spot};
+    // A one-minute job: on-demand's premium is below what its wait is worth, so it may fall back
+    // to on-demand (see spot_only_while_on_demand_costs_more_than_the_wait_is_worth).
     // (unavailable (type, capacity, until - now), expected offering or None)
     type Row = (
         Vec<(&'static str, CapacityType, f64)>,
@@ -780,7 +854,9 @@ fn unavailable_offerings_fall_back_to_the_next_best() {
         ),
     ];
     for (unavail, want) in rows {
-        let mut w = World::new(jobs("j", 1), vec![]);
+        let mut short = jobs("j", 1);
+        short[0].est_runtime_s = Some(60.0);
+        let mut w = World::new(short, vec![]);
         w.unavailable = unavail
             .iter()
             .map(|&(t, c, d)| UnavailableOffering {
@@ -1602,6 +1678,12 @@ fn predictive_warm_pool_is_per_job_shape_and_leaves_short_jobs_to_the_keep_alive
         // 1-GPU items (short) never hold a worker.
         assert_eq!(plan.launches(), want, "busy now {busy_now}: {launches:?}");
         assert!(launches.iter().all(|l| l.0.instance_type == G5_12X), "{launches:?}");
+        // Speculative capacity in a spot-first lane is spot only: no on-demand fallback.
+        for a in &plan.actions {
+            if let Action::Launch { request, .. } = a {
+                assert_eq!(request.capacity, CapacityPreference::SpotOnly);
+            }
+        }
     }
 }
 

@@ -49,6 +49,9 @@ pub(crate) struct Fleet<'a> {
     pub(crate) pending: Vec<Vec<&'a WorkerView>>,
     /// The budget cap, when the spend is over it (no launches, idle workers released).
     pub(crate) breaker: Option<f64>,
+    /// Cheapest price of a live worker per (GPUs, GPU memory bits), $/h: what the warm pool of a
+    /// shape is priced at without ranking the catalogue.
+    pub(crate) cheapest: Vec<((u32, u64), f64)>,
 }
 
 /// One pass over the workers: spend, live workers, free capacity per lane by class (running
@@ -68,12 +71,18 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
         idle: vec![Vec::new(); nl],
         pending: vec![Vec::new(); nl],
         breaker: None,
+        cheapest: Vec::new(),
     };
     for w in obs.workers.iter().filter(|w| w.lane < nl) {
         if w.state != WorkerState::Terminating {
             f.spend += w.price_usd_per_h;
         }
         if matches!(w.state, WorkerState::Pending | WorkerState::Running | WorkerState::Idle) {
+            let k = (w.gpus, w.gpu_memory_gib.to_bits());
+            match f.cheapest.iter_mut().find(|c| c.0 == k) {
+                Some(c) => c.1 = c.1.min(w.price_usd_per_h),
+                None => f.cheapest.push((k, w.price_usd_per_h)),
+            }
             f.live_total += 1;
             f.lane_live[w.lane] += 1;
             f.last_launch[w.lane] = f.last_launch[w.lane].max(w.launched_at);

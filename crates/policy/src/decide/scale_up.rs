@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::choice::{self, Request};
 use crate::config::{CapacityPreference, PolicyConfig};
 use crate::observation::{LaneId, Observation, PendingJob};
-use crate::offering::Offering;
+use crate::offering::{CapacityType, Offering};
 use crate::plan::{Action, Held, LaunchShape, Plan, Reason};
 
 use super::fleet::Fleet;
@@ -95,10 +95,43 @@ pub(crate) fn scale_up<'a>(
     }
 }
 
-/// Request a ranking is cached for: (GPUs, min memory bits, instances, on-demand for a deadline,
-/// run-time bucket). Run times within a factor of two share a ranking: the expected cost per job
+/// Request a ranking is cached for: (GPUs, min memory bits, instances, capacity (0 the lane's,
+/// 1 on-demand for a deadline, 2 spot only while waiting for spot), run-time bucket). Run times within a factor of two share a ranking: the expected cost per job
 /// weighs boot against run time, so a long job may rank offerings differently from a short one.
-type RankKey = (u32, u64, u32, bool, i32);
+type RankKey = (u32, u64, u32, u8, i32);
+
+/// The on-demand premium of a request, $: the best on-demand offering's expected cost per job less
+/// the best spot offering's, ignoring availability; `None` when either kind has no offering.
+///
+/// A spot-first job launches on spot only (and waits for spot while none is available) until
+/// on-demand's premium is below what its wait is worth,
+/// `wait_value_usd_per_h x (waited + unavailable_ttl_s) / 3600` ([`waits_for_spot`]). A long job
+/// waits for spot through capacity errors (an hour on a V100 costs about $2 more on-demand, so at
+/// $1/h of waiting it waits up to two hours per hour of run time); a short one, or one that has
+/// waited long, may take on-demand. Jobs whose deadline is at risk are apart: they go to
+/// on-demand whatever this says.
+pub(crate) fn on_demand_premium_usd(obs: &Observation<'_>, cfg: &PolicyConfig, req: &Request, now: f64) -> Option<f64> {
+    let oc = &cfg.offers;
+    let any = Request {
+        capacity: CapacityPreference::SpotFirst,
+        ..*req
+    };
+    let (mut spot, mut od) = (f64::INFINITY, f64::INFINITY);
+    for o in obs.offerings.iter().filter(|o| choice::eligible(o, &any, oc, &[], now)) {
+        let c = choice::expected_cost_per_job(o, req.runtime_s, req.instances, oc);
+        match o.key.capacity_type {
+            CapacityType::Spot => spot = spot.min(c),
+            CapacityType::OnDemand => od = od.min(c),
+        }
+    }
+    (spot.is_finite() && od.is_finite()).then_some(od - spot)
+}
+
+/// Whether a job that has waited `waited_s` with on-demand `premium_usd` dearer than spot stays on
+/// spot (see [`on_demand_premium_usd`]).
+pub(crate) fn waits_for_spot(cfg: &PolicyConfig, premium_usd: f64, waited_s: f64) -> bool {
+    premium_usd > cfg.scale_down.wait_value_usd_per_h * (waited_s + cfg.offers.unavailable_ttl_s) / 3600.0
+}
 
 /// Run-time bucket of [`RankKey`]: ceil(log2(seconds)).
 fn runtime_bucket(runtime_s: f64) -> i32 {
@@ -124,13 +157,19 @@ fn scale_up_lane<'a>(
     for j in jobs {
         queues.entry(j.project.as_str()).or_default().push_back(j);
     }
-    // Ranked offerings per request shape, computed once.
+    // Ranked offerings per request shape, computed once; likewise on-demand's premium over spot.
     let mut ranked_cache: HashMap<RankKey, Vec<(&Offering, f64)>> = HashMap::new();
+    let mut premium_cache: HashMap<(u32, u64, u32, i32), Option<f64>> = HashMap::new();
     // Jobs allocated per group (for aggregated launches), in allocation order.
     let mut groups: Vec<(RankKey, &'a str, Request, u32)> = Vec::new();
     let mut held: BTreeMap<String, (u32, Reason)> = BTreeMap::new();
     let mut hold = |reason: Reason, n: u32| {
-        let e = held.entry(reason.to_string()).or_insert((0, reason));
+        // Jobs waiting for spot are one entry (their premiums and waits differ).
+        let key = match reason {
+            Reason::WaitingForSpot { .. } => "waiting for spot".to_string(),
+            _ => reason.to_string(),
+        };
+        let e = held.entry(key).or_insert((0, reason));
         e.0 += n;
     };
     // Once the lane or the fleet is full, the limit that bound.
@@ -218,30 +257,54 @@ fn scale_up_lane<'a>(
         } else {
             lc.capacity
         };
-        let req = Request {
+        let mut req = Request {
             gpus: job.gpus_per_instance,
             min_mem_gib: min_mem,
             capacity,
             instances,
             runtime_s: runtime,
         };
+        let mut cap_code = u8::from(at_risk.is_some());
+        let waited = now - job.enqueued_at;
+        let spot_premium = if capacity == CapacityPreference::SpotFirst {
+            let pkey = (
+                job.gpus_per_instance,
+                min_mem.to_bits(),
+                instances,
+                runtime_bucket(runtime),
+            );
+            (*premium_cache
+                .entry(pkey)
+                .or_insert_with(|| on_demand_premium_usd(obs, cfg, &req, now)))
+            .filter(|p| waits_for_spot(cfg, *p, waited))
+        } else {
+            None
+        };
+        if spot_premium.is_some() {
+            req.capacity = CapacityPreference::SpotOnly;
+            cap_code = 2;
+        }
         let key = (
             job.gpus_per_instance,
             min_mem.to_bits(),
             instances,
-            at_risk.is_some(),
+            cap_code,
             runtime_bucket(runtime),
         );
         let ranked = ranked_cache
             .entry(key)
             .or_insert_with(|| choice::top(obs.offerings, &req, oc, obs.unavailable, now, oc.diversify as usize));
         if ranked.is_empty() {
-            hold(
-                Reason::NoOffering {
+            let reason = match spot_premium {
+                Some(premium) => Reason::WaitingForSpot {
+                    on_demand_premium_usd: premium,
+                    waited_s: waited,
+                },
+                None => Reason::NoOffering {
                     gpus: job.gpus_per_instance,
                 },
-                1,
-            );
+            };
+            hold(reason, 1);
             continue;
         }
         // Book the dearest offering the launch may be spread over, so the cap holds.

@@ -2,7 +2,7 @@
 //! predictive one where its idle cost is below the wait it saves.
 
 use crate::choice::{self, Request};
-use crate::config::PolicyConfig;
+use crate::config::{CapacityPreference, PolicyConfig};
 use crate::keepalive;
 use crate::observation::{LaneId, Observation};
 use crate::plan::{Held, Plan, Reason};
@@ -51,8 +51,7 @@ impl Warm {
     }
 }
 
-/// The predictive warm pool for workers of one job shape billed `price_usd_per_h`, from the
-/// lane's long-job `demand` per window of the look-back, most recent (the current, partial one)
+/// The predictive warm pool of one job shape, from the lane's long-job demand per window of the look-back, most recent (the current, partial one)
 /// first ([`crate::observation::LaneObservation::window_demand`]): the newsvendor's critical
 /// fractile.
 ///
@@ -68,28 +67,31 @@ impl Warm {
 /// `predictive_min_bursts`), at most `predictive_max`. So a higher wait value holds more, every
 /// shape is priced at its own price, a lone burst holds nothing, and a steady stream of long jobs
 /// holds what it uses. 0 without demand.
-pub(crate) fn predicted(cfg: &PolicyConfig, lane: LaneId, demand: &[u32], price_usd_per_h: f64) -> u32 {
-    let lc = &cfg.lanes[lane];
-    if demand.iter().all(|d| *d == 0) {
-        return 0;
+pub(crate) struct Fractile(Vec<u32>);
+
+impl Fractile {
+    /// The demand of the windows that followed one like the current one (busy or quiet).
+    pub(crate) fn new(demand: &[u32]) -> Self {
+        let busy_now = demand.first().is_some_and(|d| *d > 0);
+        let mut d: Vec<u32> = demand
+            .windows(2)
+            .filter(|p| (p[1] > 0) == busy_now)
+            .map(|p| p[0])
+            .collect();
+        d.sort_unstable_by(|a, b| b.cmp(a));
+        Self(d)
     }
-    let w = lc.predictive_window_s;
-    let be = keepalive::break_even_s(cfg.offers.boot_estimate_s, price_usd_per_h, &cfg.scale_down);
-    // The windows that followed one like the current one (busy or quiet): demand comes in runs.
-    let busy_now = demand[0] > 0;
-    let mut d: Vec<u32> = demand
-        .windows(2)
-        .filter(|p| (p[1] > 0) == busy_now)
-        .map(|p| p[0])
-        .collect();
-    let k = ((d.len() as f64 * w / (be + w)).ceil() as usize)
-        .max(lc.predictive_min_bursts as usize)
-        .max(1);
-    if k > d.len() {
-        return 0;
+
+    /// The pool for workers billed `price_usd_per_h`.
+    pub(crate) fn target(&self, cfg: &PolicyConfig, lane: LaneId, price_usd_per_h: f64) -> u32 {
+        let lc = &cfg.lanes[lane];
+        let w = lc.predictive_window_s;
+        let be = keepalive::break_even_s(cfg.offers.boot_estimate_s, price_usd_per_h, &cfg.scale_down);
+        let k = ((self.0.len() as f64 * w / (be + w)).ceil() as usize)
+            .max(lc.predictive_min_bursts as usize)
+            .max(1);
+        self.0.get(k - 1).map_or(0, |d| (*d).min(lc.predictive_max))
     }
-    let (_, kth, _) = d.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
-    (*kth).min(lc.predictive_max)
 }
 
 /// Per job shape, top up `lane`'s ready workers fitting it to the shape's target (for
@@ -150,7 +152,7 @@ fn shape_capacity(
 ) -> WarmShape {
     let lc = &cfg.lanes[lane];
     let oc = &cfg.offers;
-    let req = Request {
+    let mut req = Request {
         gpus,
         min_mem_gib: oc.min_gpu_memory_gib,
         capacity: lc.capacity,
@@ -161,18 +163,21 @@ fn shape_capacity(
     let top = || choice::top(obs.offerings, &req, oc, obs.unavailable, now, oc.diversify as usize);
     let mut ranked = None;
     let mut target = scheduled;
-    if demand.iter().any(|d| *d > 0) {
-        // Priced at the fitting workers the lane has (the cheapest), else at the offering a
-        // launch would take: ranking the offerings only when it must keeps decide() cheap.
-        let have = fleet.idle[lane]
+    // The most the pool could be (a free worker's price: the smallest fractile): when that is
+    // nothing, no price is needed.
+    let fractile = Fractile::new(demand);
+    if fractile.target(cfg, lane, 0.0) > 0 {
+        // Priced at the fitting live workers (the cheapest), else at the offering a launch would
+        // take: ranking the offerings only when it must keeps decide() cheap.
+        let have = fleet
+            .cheapest
             .iter()
-            .chain(&fleet.pending[lane])
-            .filter(|w| serves(w.gpus, w.gpu_memory_gib))
-            .map(|w| w.price_usd_per_h)
+            .filter(|((g, mem), _)| serves(*g, f64::from_bits(*mem)))
+            .map(|(_, p)| *p)
             .reduce(f64::min);
         let price = have.or_else(|| ranked.insert(top()).first().map(|(o, _)| o.price_usd_per_h));
         if let Some(price) = price {
-            target = target.max(predicted(cfg, lane, demand, price));
+            target = target.max(fractile.target(cfg, lane, price));
         }
     }
     let (idle, pending) = fleet.free[lane]
@@ -198,6 +203,13 @@ fn shape_capacity(
             reason: Reason::MaxWorkers { limit },
         });
     }
+    // Warm capacity in a spot-first lane is spot only: a speculative worker is not worth
+    // on-demand's premium (a job that has waited may take on-demand, scale_up::waits_for_spot).
+    if n > 0 && lc.capacity == CapacityPreference::SpotFirst {
+        req.capacity = CapacityPreference::SpotOnly;
+        ranked = None;
+    }
+    let top = || choice::top(obs.offerings, &req, oc, obs.unavailable, now, oc.diversify as usize);
     let ranked = match (n > 0, ranked) {
         (true, None) => top(),
         (_, r) => r.unwrap_or_default(),
