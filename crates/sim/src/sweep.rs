@@ -296,9 +296,9 @@ mod tests {
         assert!(e.contains("no_such_knob"), "{e}");
         let e = Sweep::parse("wait_value_usd_per_h=cheap", &base).unwrap_err();
         assert!(e.contains("cheap"), "{e}");
-        // validate() refuses a quantile above 1.
-        let e = Sweep::parse("gap_quantile=0.9,2", &base).unwrap_err();
-        assert!(e.contains("gap_quantile"), "{e}");
+        // validate() refuses a share above 1.
+        let e = Sweep::parse("release_fraction=0.5,2", &base).unwrap_err();
+        assert!(e.contains("release_fraction") && e.contains("0..=1"), "{e}");
         let e = Sweep::parse("lanes.9.predictive_max=1", &base).unwrap_err();
         assert!(e.contains("index 9"), "{e}");
     }
