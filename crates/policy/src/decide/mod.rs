@@ -1,19 +1,19 @@
 //! `decide`: the whole policy as one pure function, in five phases a reader can follow, each a
 //! function of its own with its own table tests:
 //!
-//! 1. [`fleet::figures`]: what the fleet is now: spend, live workers per lane, free capacity per
+//! 1. `fleet::figures`: what the fleet is now: spend, live workers per lane, free capacity per
 //!    lane by worker class (idle and booting), idle and booting workers, the budget breaker.
-//! 2. [`matching::match_jobs`]: queued jobs, per lane most urgent first, matched to free capacity
+//! 2. `matching::match_jobs`: queued jobs, per lane most urgent first, matched to free capacity
 //!    (idle workers first, then booting ones: a booting worker counts as capacity, so a 3-10
 //!    minute GPU cold start causes no duplicate launch); short jobs queue behind each other on one
 //!    worker up to the short-job horizon.
-//! 3. [`scale_up::scale_up`]: launches for the unmet jobs, lanes by priority (activation 0 -> 1
+//! 3. `scale_up::scale_up`: launches for the unmet jobs, lanes by priority (activation 0 -> 1
 //!    apart from the 1 -> N target), with weighted fair share between projects, project quotas,
 //!    job-type caps, max workers, the budget breaker and the freeze; a job whose deadline spot
 //!    capacity can no longer meet gets on-demand capacity of its own.
-//! 4. [`warm::warm_capacity`]: ready workers to hold for arrivals not yet here: the scheduled warm
+//! 4. `warm::warm_capacity`: ready workers to hold for arrivals not yet here: the scheduled warm
 //!    pool, and the predictive one where it pays for itself.
-//! 5. [`scale_down::scale_down`]: idle workers past their keep-alive (or at the decay steps),
+//! 5. `scale_down::scale_down`: idle workers past their keep-alive (or at the decay steps),
 //!    never busy ones, never within the delay after a scale-up or the minimum run time; booting
 //!    workers nothing needs are cancelled.
 
