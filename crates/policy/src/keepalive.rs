@@ -105,9 +105,11 @@ impl GapCurve {
             cum_mass: [0.0; GAP_BUCKETS],
             cum_idle: [0.0; GAP_BUCKETS],
         };
+        for (i, e) in c.edges.iter_mut().enumerate() {
+            *e = GapHistogram::bucket_edge_s(i);
+        }
         let (mut m, mut s) = (0.0, 0.0);
         for (i, p) in gaps.masses().enumerate().take(GAP_BUCKETS) {
-            c.edges[i] = GapHistogram::bucket_edge_s(i);
             let lo = if i == 0 { 0.0 } else { c.edges[i - 1] };
             m += p;
             s += p * (lo + c.edges[i]) / 2.0;
@@ -151,11 +153,10 @@ impl GapCurve {
     /// scaled bucket edges and the bounds are candidates. Ties go to the shorter timeout.
     pub fn timeout_s(&self, scale: f64, break_even_s: f64, min_s: f64, max_s: f64) -> f64 {
         let mut best = (self.cost_at(min_s, scale, break_even_s), min_s);
-        for i in 0..self.edges.len() {
+        // The first edge above min_s (edges ascend): this runs for every idle worker on every decision.
+        let first = self.edges.partition_point(|e| scale * e <= min_s);
+        for i in first..self.edges.len() {
             let t = scale * self.edges[i];
-            if t <= min_s {
-                continue;
-            }
             if t >= max_s {
                 break;
             }

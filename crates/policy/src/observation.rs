@@ -349,9 +349,15 @@ impl LaneObservation {
         let q = &self.recent_arrivals;
         let start = q.partition_point(|a| a.at <= now - n as f64 * window_s);
         let end = q.partition_point(|a| a.at <= now);
-        for a in q.range(start..end) {
-            if worker_units(a.runtime_s, horizon_s, default_runtime_s) < 1.0 {
-                continue;
+        // worker_units(..) >= 1 without its division: this loop runs on every decision.
+        let long = |a: &Arrival| horizon_s <= 0.0 || a.runtime_s.unwrap_or(default_runtime_s) >= horizon_s;
+        // Newest first, walking the window boundaries instead of dividing per arrival: window k is
+        // (now - (k + 1) W, now - k W].
+        let (mut k, mut lower) = (0usize, now - window_s);
+        for a in q.range(start..end).rev().filter(|a| long(a)) {
+            while a.at <= lower && k < n - 1 {
+                k += 1;
+                lower = now - (k + 1) as f64 * window_s;
             }
             let i = match per.iter().position(|p| p.0 == a.gpus) {
                 Some(i) => i,
@@ -360,8 +366,6 @@ impl LaneObservation {
                     per.len() - 1
                 }
             };
-            // floor((now - at) / W) = k exactly when at is in (now - (k + 1) W, now - k W].
-            let k = (((now - a.at) / window_s) as usize).min(n - 1);
             per[i].1[k] += 1;
         }
         per.sort_by_key(|p| p.0);

@@ -1,7 +1,5 @@
 //! Phase 5: release idle workers past their keep-alive, cancel booting workers nothing needs.
 
-use std::collections::{BTreeMap, HashMap};
-
 use crate::config::{KeepAliveMode, PolicyConfig};
 use crate::keepalive;
 use crate::observation::{LaneId, Observation, WorkerView};
@@ -21,25 +19,28 @@ pub(crate) fn skip_consumed<'a>(
     if consumed_total == 0 {
         return idle.to_vec();
     }
-    let mut before: BTreeMap<(u32, u64), u32> = BTreeMap::new();
+    // Per class (GPUs, memory bits), the idle workers to skip; a fleet has few classes, so a
+    // list beats hashing (this runs on every decision).
+    let mut to_skip: Vec<((u32, u64), u32)> = Vec::new();
     for w in idle {
-        *before.entry((w.gpus, w.gpu_memory_gib.to_bits())).or_default() += 1;
+        let k = (w.gpus, w.gpu_memory_gib.to_bits());
+        match to_skip.iter_mut().find(|e| e.0 == k) {
+            Some(e) => e.1 += 1,
+            None => to_skip.push((k, 1)),
+        }
     }
-    let mut to_skip: HashMap<(u32, u64), u32> = before
-        .iter()
-        .map(|(k, n)| {
-            let left = after
-                .iter()
-                .find(|c| c.gpus == k.0 && c.mem.to_bits() == k.1)
-                .map_or(0, |c| c.idle);
-            (*k, n.saturating_sub(left))
-        })
-        .collect();
+    for (k, n) in &mut to_skip {
+        let left = after
+            .iter()
+            .find(|c| c.gpus == k.0 && c.mem.to_bits() == k.1)
+            .map_or(0, |c| c.idle);
+        *n = n.saturating_sub(left);
+    }
     idle.iter()
         .filter(|w| {
             let k = (w.gpus, w.gpu_memory_gib.to_bits());
-            match to_skip.get_mut(&k) {
-                Some(n) if *n > 0 => {
+            match to_skip.iter_mut().find(|e| e.0 == k) {
+                Some((_, n)) if *n > 0 => {
                     *n -= 1;
                     false
                 }
@@ -48,6 +49,20 @@ pub(crate) fn skip_consumed<'a>(
         })
         .copied()
         .collect()
+}
+
+/// The idle workers of one GPU count, in line for the keep-alive (the most recently idle first).
+struct Line {
+    gpus: u32,
+    /// Workers seen so far: the next one's rank.
+    len: u32,
+    /// The gap curve of the shapes these workers serve (if trusted) and the mean worker units of
+    /// an arrival, built at first need.
+    curve: Option<(Option<keepalive::GapCurve>, f64)>,
+    /// The keep-alive a worker ahead in line was released at: the workers behind it (idle
+    /// longer, needed only after it) go at that keep-alive too, so a line never keeps its back
+    /// while releasing its front.
+    cut: Option<f64>,
 }
 
 /// Release `lane`'s idle workers nobody matched once their keep-alive ran out (the most recently
@@ -75,7 +90,8 @@ pub(crate) fn scale_down(
     let (idle_before, _) = fleet.free_before[lane];
     let consumed_idle = idle_before - free_idle;
     let idle = &mut fleet.idle[lane];
-    idle.sort_by(|a, b| {
+    // Unstable: (idle_since, seq) orders workers totally, and it needs no buffer.
+    idle.sort_unstable_by(|a, b| {
         b.idle_since
             .unwrap_or(now)
             .total_cmp(&a.idle_since.unwrap_or(now))
@@ -107,19 +123,23 @@ pub(crate) fn scale_down(
     // The most recently idle workers form the warm pool; the others are in line behind them,
     // per GPU count, for the keep-alive.
     let mut held = vec![0u32; warm.shapes.len()];
-    let mut in_line: BTreeMap<u32, u32> = BTreeMap::new();
-    // Per worker GPU count: the gap curve (if trusted) and the mean worker units of an arrival.
-    let mut curves: BTreeMap<u32, (Option<keepalive::GapCurve>, f64)> = BTreeMap::new();
-    // Per GPU count, the keep-alive a worker ahead in line was released at: the workers behind
-    // it (idle longer, needed only after it) go at that keep-alive too, so a line never keeps
-    // its back while releasing its front.
-    let mut line_cut: BTreeMap<u32, f64> = BTreeMap::new();
+    let mut lines: Vec<Line> = Vec::new();
     for w in &idle_free {
-        let rank = {
-            let r = in_line.entry(w.gpus).or_default();
-            *r += 1;
-            *r - 1
+        let li = match lines.iter().position(|l| l.gpus == w.gpus) {
+            Some(i) => i,
+            None => {
+                lines.push(Line {
+                    gpus: w.gpus,
+                    len: 0,
+                    curve: None,
+                    cut: None,
+                });
+                lines.len() - 1
+            }
         };
+        let line = &mut lines[li];
+        let rank = line.len;
+        line.len += 1;
         if let Some(i) = warm.slot(cfg, w.gpus, w.gpu_memory_gib, &held) {
             held[i] += 1;
             continue;
@@ -128,31 +148,38 @@ pub(crate) fn scale_down(
             continue;
         }
         let idle_s = now - w.idle_since.unwrap_or(now);
-        if now - w.idle_since.unwrap_or(now) < cfg.scale_down.min_keep_alive_s.min(cfg.scale_down.warm_for_s)
+        if idle_s < cfg.scale_down.min_keep_alive_s.min(cfg.scale_down.warm_for_s)
             && cfg.scale_down.mode != KeepAliveMode::Fixed
         {
             continue; // no keep-alive is shorter
         }
-        let (curve, units) = curves.entry(w.gpus).or_insert_with(|| {
-            let shape = lane_obs.and_then(|o| o.gaps_for(w.gpus, oc.max_gpu_oversize));
-            let curve = shape
-                .filter(|s| keepalive::trusted(&s.hist, &cfg.scale_down))
-                .map(|s| keepalive::GapCurve::new(&s.hist));
-            let units = shape.map_or(1.0, |s| {
-                s.mean_worker_units(oc.short_job_horizon_s, oc.default_runtime_s)
-            });
-            (curve, units)
-        });
-        let own = keepalive::keep_alive_with_curve_s(
-            curve.as_ref(),
-            keepalive::arrivals_until_needed(rank, *units),
-            oc.boot_estimate_s,
-            w.price_usd_per_h,
-            &cfg.scale_down,
-        );
-        let keep_alive = line_cut.get(&w.gpus).map_or(own, |cut| own.min(*cut));
+        let keep_alive = match line.cut {
+            // Behind a worker released at `cut` and idle as long: it goes too, whatever its own
+            // keep-alive (not computed: this loop runs over every idle worker on every decision).
+            Some(cut) if idle_s >= cut => cut,
+            cut => {
+                let (curve, units) = line.curve.get_or_insert_with(|| {
+                    let shape = lane_obs.and_then(|o| o.gaps_for(w.gpus, oc.max_gpu_oversize));
+                    let curve = shape
+                        .filter(|s| keepalive::trusted(&s.hist, &cfg.scale_down))
+                        .map(|s| keepalive::GapCurve::new(&s.hist));
+                    let units = shape.map_or(1.0, |s| {
+                        s.mean_worker_units(oc.short_job_horizon_s, oc.default_runtime_s)
+                    });
+                    (curve, units)
+                });
+                let own = keepalive::keep_alive_with_curve_s(
+                    curve.as_ref(),
+                    keepalive::arrivals_until_needed(rank, *units),
+                    oc.boot_estimate_s,
+                    w.price_usd_per_h,
+                    &cfg.scale_down,
+                );
+                cut.map_or(own, |cut| own.min(cut))
+            }
+        };
         if cfg.scale_down.mode == KeepAliveMode::Adaptive && idle_s >= keep_alive {
-            line_cut.entry(w.gpus).or_insert(keep_alive);
+            line.cut.get_or_insert(keep_alive);
         }
         let reason = match cfg.scale_down.mode {
             KeepAliveMode::Adaptive | KeepAliveMode::Fixed => {

@@ -73,11 +73,8 @@ impl Fractile {
     /// The demand of the windows that followed one like the current one (busy or quiet).
     pub(crate) fn new(demand: &[u32]) -> Self {
         let busy_now = demand.first().is_some_and(|d| *d > 0);
-        let mut d: Vec<u32> = demand
-            .windows(2)
-            .filter(|p| (p[1] > 0) == busy_now)
-            .map(|p| p[0])
-            .collect();
+        let mut d: Vec<u32> = Vec::with_capacity(demand.len());
+        d.extend(demand.windows(2).filter(|p| (p[1] > 0) == busy_now).map(|p| p[0]));
         d.sort_unstable_by(|a, b| b.cmp(a));
         Self(d)
     }
