@@ -105,11 +105,13 @@ impl GapCurve {
             cum_mass: [0.0; GAP_BUCKETS],
             cum_idle: [0.0; GAP_BUCKETS],
         };
-        for (i, e) in c.edges.iter_mut().enumerate() {
-            *e = GapHistogram::bucket_edge_s(i);
-        }
+        // Every bucket, even past the histogram's own (a shorter one has no mass there): the
+        // edges ascend, which timeout_s's search relies on.
+        let mut masses = gaps.masses();
         let (mut m, mut s) = (0.0, 0.0);
-        for (i, p) in gaps.masses().enumerate().take(GAP_BUCKETS) {
+        for i in 0..GAP_BUCKETS {
+            let p = masses.next().unwrap_or(0.0);
+            c.edges[i] = GapHistogram::bucket_edge_s(i);
             let lo = if i == 0 { 0.0 } else { c.edges[i - 1] };
             m += p;
             s += p * (lo + c.edges[i]) / 2.0;
