@@ -5,7 +5,7 @@
 //! hand it back, or wait forever; [`feasible`] rejects it at submission with the reason. It is a
 //! pure function of the spec, the offerings and the policy, so the CLI can run the same check.
 
-use onoff_policy::choice::{eligible, Request};
+use onoff_policy::choice::{eligible, schedule_gpus, Request};
 use onoff_policy::{Offering, PolicyConfig};
 
 use crate::job::{JobSpec, SpecError};
@@ -128,7 +128,9 @@ pub fn feasible(spec: &JobSpec, offerings: &[Offering], cfg: &PolicyConfig) -> R
         };
         eligible(o, &req, oc, &[], 0.0) && cfg.limits.max_usd_per_h.is_none_or(|cap| o.price_usd_per_h <= cap)
     };
-    if offerings.iter().any(|o| admits(o, spec.gpus, min_mem)) {
+    // Scheduled as the policy schedules it: past a size the allowed offerings lack.
+    let gpus = schedule_gpus(offerings, spec.gpus, min_mem, oc);
+    if offerings.iter().any(|o| admits(o, gpus, min_mem)) {
         return Ok(());
     }
 
@@ -181,7 +183,7 @@ pub fn feasible(spec: &JobSpec, offerings: &[Offering], cfg: &PolicyConfig) -> R
         ));
     }
     // Enough GPUs and memory exist, only on instances bigger than the fit rule lets this job use.
-    let limit = spec.gpus.max(1).next_power_of_two().saturating_mul(oc.max_gpu_oversize);
+    let limit = gpus.max(1).next_power_of_two().saturating_mul(oc.max_gpu_oversize);
     let smallest = allowed
         .iter()
         .filter(|o| o.gpus >= spec.gpus && o.gpu_memory_gib + 1e-9 >= min_mem)
@@ -270,17 +272,19 @@ mod tests {
     }
 
     #[test]
-    fn an_allowed_types_list_that_excludes_every_fitting_type_is_rejected() {
-        // Only 8-GPU instances allowed, and the fit rule keeps a 1-GPU job off them.
+    fn a_size_the_allowed_types_lack_is_looked_past_and_unknown_types_are_rejected() {
+        // Only 8-GPU instances allowed: a 1-GPU job runs on one rather than never.
         let mut cfg = PolicyConfig::default();
         cfg.offers.allowed_instance_types = vec!["p4d.24xlarge".into()];
-        let r = reason(&spec(""), &cfg);
-        assert!(
-            r.contains("field gpus: 1: a 1-GPU job may use an instance of at most 1 GPUs")
-                && r.contains("has 8 (p4d.24xlarge)"),
-            "{r}"
-        );
+        assert_eq!(feasible(&spec(""), &us_east_1(), &cfg), Ok(()));
+        // The default x86_64 catalogue has no 2-GPU type the policy allows (g3.8xlarge's M60s
+        // have less memory than offers.min_gpu_memory_gib): a 2-GPU job goes to a 4-GPU one.
+        let cfg = PolicyConfig::default();
+        let mem = cfg.offers.min_gpu_memory_gib;
+        assert_eq!(schedule_gpus(&us_east_1(), 2, mem, &cfg.offers), 4);
+        assert_eq!(feasible(&spec(r#","gpus":2"#), &us_east_1(), &cfg), Ok(()));
         // Allowed types the catalogue does not have: nothing passes at all.
+        let mut cfg = PolicyConfig::default();
         cfg.offers.allowed_instance_types = vec!["x9.huge".into()];
         let r = reason(&spec(""), &cfg);
         assert!(

@@ -23,7 +23,7 @@ use onoff_policy::{
 };
 
 use crate::act::{act, ActContext, ActOutcome};
-use crate::job::{AttemptEnd, JobState, RerunLimits, Settle};
+use crate::job::{AttemptEnd, JobSpec, JobState, RerunLimits, Settle};
 use crate::ports::{
     wake, Fleet, FleetLister, JobQueue, JobRecord, JobStore, OfferingAvailability, StoreError, WorkerRecord,
     WorkerRegistry,
@@ -177,14 +177,31 @@ pub async fn reap_jobs<J: JobStore, Q: JobQueue>(
     out
 }
 
-/// Shape of a job for the policy: (GPUs per instance, instances).
-fn shape(gpus: u32, max: u32) -> (u32, u32) {
-    let g = gpus.max(1);
-    if g <= max {
-        (g, 1)
-    } else {
-        (max, g.div_ceil(max))
+/// Shapes already worked out in one reconcile: ((GPUs asked, GiB per GPU bits), shape).
+type ShapeMemo = Vec<((u32, u64), (u32, u32))>;
+
+/// Shape of a job for the policy: (GPUs per instance, instances), split at `max` GPUs per
+/// instance ([`onoff_policy::shape::job_shape`]) and scheduled past a size the allowed offerings
+/// lack ([`onoff_policy::choice::schedule_gpus`]). Shapes repeat: `memo` keeps them per (GPUs, GiB).
+fn shape(
+    memo: &mut ShapeMemo,
+    spec: &JobSpec,
+    max: u32,
+    offerings: &[Offering],
+    cfg: &PolicyConfig,
+) -> (u32, u32) {
+    let min_mem = spec.min_gpu_memory_gib.max(cfg.offers.min_gpu_memory_gib);
+    let key = (spec.gpus, min_mem.to_bits());
+    if let Some((_, s)) = memo.iter().find(|(k, _)| *k == key) {
+        return *s;
     }
+    let (g, n) = onoff_policy::shape::job_shape(spec.gpus, max);
+    let s = (
+        onoff_policy::choice::schedule_gpus(offerings, g, min_mem, &cfg.offers),
+        n,
+    );
+    memo.push((key, s));
+    s
 }
 
 /// Observe, reap (if `opts.reap`), decide and act.
@@ -289,6 +306,7 @@ where
     }
 
     // Observe.
+    let mut shapes = ShapeMemo::new();
     let mut lanes: Vec<LaneObservation> = Vec::with_capacity(cfg.lanes.len());
     for lane in &cfg.lanes {
         // The backlog as the jobs table has it (the lane queue may hold duplicates and
@@ -307,7 +325,7 @@ where
                 j.spec.lane == lane.name && now - j.created_at <= onoff_policy::observation::RECENT_ARRIVALS_KEPT_S
             })
             .map(|j| {
-                let g = shape(j.spec.gpus, opts.max_gpus_per_instance).0;
+                let g = shape(&mut shapes, &j.spec, opts.max_gpus_per_instance, offerings, cfg).0;
                 (j.created_at, g, j.spec.est_runtime_s)
             })
             .collect();
@@ -322,7 +340,7 @@ where
         .filter(|j| j.state.is_pending())
         .filter_map(|j| {
             let lane = cfg.lane_index(&j.spec.lane)?;
-            let (g, n) = shape(j.spec.gpus, opts.max_gpus_per_instance);
+            let (g, n) = shape(&mut shapes, &j.spec, opts.max_gpus_per_instance, offerings, cfg);
             Some(PendingJob {
                 id: j.id.clone(),
                 lane,

@@ -89,13 +89,17 @@ impl World {
     }
 
     fn reconcile(&self, now: f64, reap: bool) -> ReconcileReport {
+        self.reconcile_with(&offerings(), now, reap)
+    }
+
+    fn reconcile_with(&self, offerings: &[Offering], now: f64, reap: bool) -> ReconcileReport {
         let opts = ReconcileOptions {
             reap,
             ..ReconcileOptions::default()
         };
         pollster::block_on(reconcile(
             &cfg(),
-            &offerings(),
+            offerings,
             &opts,
             now,
             &self.queue,
@@ -137,6 +141,52 @@ fn scale_from_zero_launches_once_per_job_while_workers_boot() {
         assert!(r.acted.launched.is_empty(), "{:?}", r.plan);
         assert!(r.workers_lost.is_empty() && r.orphans_terminated.is_empty(), "{r:?}");
     }
+}
+
+#[test]
+fn a_job_of_a_size_the_catalogue_lacks_is_launched_on_the_next_size_up() {
+    // 1- and 4-GPU types only, as us-east-1's x86_64 catalogue: a 2-GPU job gets a 4-GPU instance
+    // (not a wait for a size that does not exist), and counts it as its capacity while it boots.
+    let w = World::new();
+    let spec = r#"{"image":"i","command":["x"],"project":"p","client_token":"two","gpus":2}"#;
+    let src = Source::Sqs {
+        message_id: "m-two".into(),
+    };
+    pollster::block_on(submit(spec, &src, &["standard"], NOW, &w.jobs, &w.queue)).unwrap();
+    w.queue.set_backlog(
+        "standard",
+        LaneBacklog {
+            visible: 1,
+            in_flight: 0,
+            delayed: 0,
+        },
+    );
+    let mut offs = offerings();
+    offs.push(Offering {
+        key: OfferingKey {
+            instance_type: "g5.12xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity_type: CapacityType::Spot,
+        },
+        gpus: 4,
+        gpu_model: "NVIDIA A10G".into(),
+        gpu_memory_gib: 24.0,
+        vcpus: 48,
+        price_usd_per_h: 2.0,
+        interruption: None,
+    });
+    let r = w.reconcile_with(&offs, NOW + 1.0, false);
+    assert_eq!(r.acted.launched.len(), 1, "{:?}", r.plan);
+    let types: Vec<String> = w.fleet.running().values().map(|k| k.instance_type.clone()).collect();
+    assert_eq!(types, ["g5.12xlarge"]);
+    // While it boots, the job is matched to it: nothing more.
+    let r = w.reconcile_with(&offs, NOW + 90.0, false);
+    assert!(r.acted.launched.is_empty(), "{:?}", r.plan);
+    // Without the 4-GPU type nothing can run it: no launch (admission rejects such a job).
+    let w2 = World::new();
+    pollster::block_on(submit(spec, &src, &["standard"], NOW, &w2.jobs, &w2.queue)).unwrap();
+    let r = w2.reconcile(NOW + 1.0, false);
+    assert!(r.acted.launched.is_empty(), "{:?}", r.plan);
 }
 
 #[test]

@@ -61,6 +61,37 @@ pub fn eligible(o: &Offering, req: &Request, cfg: &OfferConfig, unavailable: &[U
         && !unavailable.iter().any(|u| u.until > now && u.key == o.key)
 }
 
+/// GPUs per instance the policy schedules a job asking for `gpus` per instance, with at least
+/// `min_mem_gib` GiB per GPU, as: `gpus` itself when an offering passing the configured filters
+/// (allowed types, price and interruption caps; any capacity type) fits it under the fit rule
+/// ([`fits`]); otherwise the GPU count of the smallest such offering with enough GPUs and memory,
+/// looking past a size the catalogue lacks (us-east-1 has no x86_64 NVIDIA type with 2 GPUs, so
+/// a 2-GPU job runs on a 4-GPU instance rather than never); `gpus` when none has enough, a job
+/// that admission rejects. O(offerings).
+pub fn schedule_gpus(offerings: &[Offering], gpus: u32, min_mem_gib: f64, cfg: &OfferConfig) -> u32 {
+    let any = Request {
+        gpus,
+        min_mem_gib,
+        capacity: CapacityPreference::SpotFirst,
+        instances: 1,
+        runtime_s: 0.0,
+    };
+    let mut smallest: Option<u32> = None;
+    for o in offerings {
+        if eligible(o, &any, cfg, &[], 0.0) {
+            return gpus;
+        }
+        let big_enough = o.gpus >= gpus && o.gpu_memory_gib + 1e-9 >= min_mem_gib;
+        if big_enough
+            && smallest.is_none_or(|s| o.gpus < s)
+            && eligible(o, &Request { gpus: o.gpus, ..any }, cfg, &[], 0.0)
+        {
+            smallest = Some(o.gpus);
+        }
+    }
+    smallest.unwrap_or(gpus)
+}
+
 /// Eligible offerings for `req`, best (lowest expected cost per job) first, with their cost in $;
 /// equal costs keep the order of `offerings`.
 pub fn rank<'a>(
@@ -163,6 +194,50 @@ mod tests {
             price_usd_per_h: price,
             interruption: None,
         }
+    }
+
+    #[test]
+    fn a_job_is_scheduled_past_a_size_the_catalogue_lacks() {
+        // (type, GPUs, GiB per GPU): an x86_64 catalogue with no 2-GPU type.
+        let offs: Vec<Offering> = [
+            ("g4dn.xlarge", 1, 16.0),
+            ("g4dn.12xlarge", 4, 16.0),
+            ("p4d.24xlarge", 8, 40.0),
+        ]
+        .iter()
+        .map(|(ty, g, mem)| Offering {
+            gpus: *g,
+            gpu_memory_gib: *mem,
+            ..offering(ty, "z", 1.0)
+        })
+        .collect();
+        let cfg = OfferConfig::default();
+        // (GPUs asked, GiB per GPU asked, scheduled as)
+        let cases = [
+            (1, 0.0, 1),
+            (2, 0.0, 4), // no 2-GPU type: the next size up
+            (3, 0.0, 3), // 3 rounds up to 4, which exists: the fit rule serves it as it is
+            (4, 0.0, 4),
+            (5, 0.0, 5),   // rounds up to 8, which exists
+            (1, 32.0, 8),  // only the 8-GPU type has 32 GiB per GPU
+            (16, 0.0, 16), // nothing has 16 GPUs: left as it is (admission rejects it)
+            (1, 500.0, 1), // nothing has the memory: left as it is
+        ];
+        for (gpus, mem, want) in cases {
+            assert_eq!(schedule_gpus(&offs, gpus, mem, &cfg), want, "{gpus} GPUs, {mem} GiB");
+        }
+        // Only the allowed types count: with just the 8-GPU type allowed, a 1-GPU job takes it.
+        let only_p4d = OfferConfig {
+            allowed_instance_types: vec!["p4d.24xlarge".into()],
+            ..OfferConfig::default()
+        };
+        assert_eq!(schedule_gpus(&offs, 1, 0.0, &only_p4d), 8);
+        // With max_gpu_oversize 2 the 4-GPU type fits a 2-GPU job by the rule itself.
+        let oversize = OfferConfig {
+            max_gpu_oversize: 2,
+            ..OfferConfig::default()
+        };
+        assert_eq!(schedule_gpus(&offs, 2, 0.0, &oversize), 2);
     }
 
     #[test]

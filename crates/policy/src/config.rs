@@ -236,7 +236,9 @@ pub struct OfferConfig {
     pub allowed_instance_types: Vec<String>,
     /// Largest ratio of instance GPUs to the GPUs a job asks for (rounded up to a power of two)
     /// that may serve it; see [`crate::shape::fits`]. Default 1: no job runs on an instance with
-    /// twice the GPUs it needs (measured: allowing 2 cost more on the Philly week, see README).
+    /// twice the GPUs it needs (measured: allowing 2 cost more on the Philly week, see README),
+    /// unless the allowed types have no such instance at all: then the next size up
+    /// ([`crate::choice::schedule_gpus`]).
     pub max_gpu_oversize: u32,
     /// Spread one launch over up to this many offerings. Default 3.
     pub diversify: u32,

@@ -13,9 +13,32 @@ pub fn fits(worker_gpus: u32, worker_mem_gib: f64, job_gpus: u32, min_mem_gib: f
         && worker_mem_gib + 1e-9 >= min_mem_gib
 }
 
+/// Split a job of `gpus` GPUs over instances: up to `max_gpus_per_instance` run on one instance,
+/// larger jobs on `ceil(gpus / max)` instances of `max` GPUs each (0 GPUs counts as 1). Returns
+/// (GPUs per instance, instances).
+#[must_use]
+pub fn job_shape(gpus: u32, max_gpus_per_instance: u32) -> (u32, u32) {
+    let g = gpus.max(1);
+    let max = max_gpus_per_instance.max(1);
+    if g <= max {
+        (g, 1)
+    } else {
+        (max, g.div_ceil(max))
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::fits;
+    use super::{fits, job_shape};
+
+    #[test]
+    fn jobs_split_over_instances_of_at_most_the_largest_size() {
+        assert_eq!(job_shape(0, 8), (1, 1));
+        assert_eq!(job_shape(3, 8), (3, 1));
+        assert_eq!(job_shape(8, 8), (8, 1));
+        assert_eq!(job_shape(12, 8), (8, 2));
+        assert_eq!(job_shape(128, 8), (8, 16));
+    }
 
     #[test]
     fn a_job_fits_workers_with_enough_gpus_memory_and_not_too_many_gpus() {

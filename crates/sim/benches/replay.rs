@@ -81,7 +81,7 @@ fn main() {
         ..SimConfig::default()
     };
     for name in DEFAULT_STRATEGIES {
-        let mut s = strategy(name, &cfg, &trace, &sim).expect("known strategy");
+        let mut s = strategy(name, &cfg, &trace, &offerings, &sim).expect("known strategy");
         reset_peak_rss();
         let t = Instant::now();
         let r = run(&trace, &offerings, s.as_mut(), &sim, &mut |_| {});

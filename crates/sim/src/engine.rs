@@ -954,17 +954,6 @@ impl OfferingAvailability for SimPorts<'_> {
     }
 }
 
-/// Split a trace job's GPUs over instances: `g <= max` runs on one instance, larger jobs on
-/// `ceil(g / max)` instances of `max` GPUs each. Returns (GPUs per instance, instances).
-pub fn job_shape(gpus: u32, max_gpus_per_instance: u32) -> (u32, u32) {
-    let g = gpus.max(1);
-    if g <= max_gpus_per_instance {
-        (g, 1)
-    } else {
-        (max_gpus_per_instance, g.div_ceil(max_gpus_per_instance))
-    }
-}
-
 /// Stream of the deadline draws: the seed XOR this (ASCII `deadline`), so which jobs get a
 /// deadline depends on the seed and the trace only, never on the strategy's draws.
 const DEADLINE_STREAM: u64 = 0x6465_6164_6c69_6e65;
@@ -1041,23 +1030,21 @@ pub fn run(
             .jobs
             .iter()
             .enumerate()
-            .map(|(i, j)| {
-                let (gpi, n) = job_shape(j.gpus, cfg.max_gpus_per_instance);
-                JobSim {
-                    arrival: t0 + j.arrival_s,
-                    remaining: j.duration_s,
-                    gpus_per_instance: gpi,
-                    instances: n,
-                    project: job_project[i],
-                    started_first: f64::NAN,
-                    done: false,
-                    finished_at: 0.0,
-                    deadline: deadlines.get(i).copied().flatten().map_or(f64::INFINITY, |d| t0 + d),
-                    epoch: 0,
-                    run_start: 0.0,
-                    run_speed: 1.0,
-                    run_workers: Vec::new(),
-                }
+            .zip(crate::job_shapes(trace, offerings, &pcfg, cfg))
+            .map(|((i, j), (gpi, n))| JobSim {
+                arrival: t0 + j.arrival_s,
+                remaining: j.duration_s,
+                gpus_per_instance: gpi,
+                instances: n,
+                project: job_project[i],
+                started_first: f64::NAN,
+                done: false,
+                finished_at: 0.0,
+                deadline: deadlines.get(i).copied().flatten().map_or(f64::INFINITY, |d| t0 + d),
+                epoch: 0,
+                run_start: 0.0,
+                run_speed: 1.0,
+                run_workers: Vec::new(),
             })
             .collect(),
         projects,

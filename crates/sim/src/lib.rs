@@ -9,7 +9,7 @@
 //! - [`strategies`]: `onoff`, `fixed-idle-10m`, `keda-like`, `min-one-warm`, `always-on`,
 //!   `skypilot-like`, `all-on-demand`.
 //! - [`sweep`]: one policy setting over several values (the cost / wait frontier).
-//! - [`compare`]: run them all on one trace; [`lower_bound_usd`], [`peak_need`].
+//! - [`compare`]: run them all on one trace; [`lower_bound_usd`], [`peak_need`], [`job_shapes`].
 #![warn(missing_docs)]
 
 pub mod engine;
@@ -25,7 +25,8 @@ use onoff_policy::choice::{self, Request};
 use onoff_policy::{CapacityPreference, Offering, PolicyConfig};
 use serde::Serialize;
 
-pub use engine::{assign_deadlines, job_shape, run, Preemptions, RunReport, SimConfig, Strategy, TimelineRow};
+pub use engine::{assign_deadlines, run, Preemptions, RunReport, SimConfig, Strategy, TimelineRow};
+pub use onoff_policy::shape::job_shape;
 pub use preemption::{MeasuredPreemptions, ZoneMapping};
 pub use trace::{AzureModel, Half, SplitInfo, Trace, TraceError, TraceFormat, TraceJob};
 
@@ -78,8 +79,7 @@ fn cheapest_price(offerings: &[Offering], gpus: u32, cfg: &PolicyConfig) -> Opti
 pub fn lower_bound_usd(trace: &Trace, offerings: &[Offering], cfg: &PolicyConfig, sim: &SimConfig) -> Result<f64, u32> {
     let mut cache: BTreeMap<u32, f64> = BTreeMap::new();
     let mut total = 0.0;
-    for j in &trace.jobs {
-        let (g, n) = job_shape(j.gpus, sim.max_gpus_per_instance);
+    for (j, (g, n)) in trace.jobs.iter().zip(job_shapes(trace, offerings, cfg, sim)) {
         let p = match cache.get(&g) {
             Some(p) => *p,
             None => {
@@ -93,11 +93,31 @@ pub fn lower_bound_usd(trace: &Trace, offerings: &[Offering], cfg: &PolicyConfig
     Ok(total)
 }
 
-/// Peak concurrent instances per GPUs-per-instance shape if every job started on arrival.
-pub fn peak_need(trace: &Trace, sim: &SimConfig) -> BTreeMap<u32, u32> {
+/// Each trace job's shape as the policy schedules it, in trace order: (GPUs per instance,
+/// instances), split at `sim.max_gpus_per_instance` ([`job_shape`]) and scheduled past a size the
+/// allowed offerings lack ([`choice::schedule_gpus`]: with x86_64 types only, a 2-GPU job runs on
+/// a 4-GPU instance). Trace jobs ask for no GPU memory beyond the policy's minimum.
+pub fn job_shapes(trace: &Trace, offerings: &[Offering], cfg: &PolicyConfig, sim: &SimConfig) -> Vec<(u32, u32)> {
+    let mut scheduled: BTreeMap<u32, u32> = BTreeMap::new();
+    let min_mem = cfg.offers.min_gpu_memory_gib;
+    trace
+        .jobs
+        .iter()
+        .map(|j| {
+            let (g, n) = job_shape(j.gpus, sim.max_gpus_per_instance);
+            let g = *scheduled
+                .entry(g)
+                .or_insert_with(|| choice::schedule_gpus(offerings, g, min_mem, &cfg.offers));
+            (g, n)
+        })
+        .collect()
+}
+
+/// Peak concurrent instances per GPUs-per-instance shape ([`job_shapes`]) if every job started
+/// on arrival.
+pub fn peak_need(trace: &Trace, offerings: &[Offering], cfg: &PolicyConfig, sim: &SimConfig) -> BTreeMap<u32, u32> {
     let mut events: Vec<(f64, i64, u32)> = Vec::with_capacity(trace.jobs.len() * 2);
-    for j in &trace.jobs {
-        let (g, n) = job_shape(j.gpus, sim.max_gpus_per_instance);
+    for (j, (g, n)) in trace.jobs.iter().zip(job_shapes(trace, offerings, cfg, sim)) {
         events.push((j.arrival_s, n as i64, g));
         events.push((j.arrival_s + j.duration_s, -(n as i64), g));
     }
@@ -145,11 +165,17 @@ pub struct Comparison {
 ///
 /// # Panics
 /// Never for the names in [`STRATEGIES`]; other names return `None`.
-pub fn strategy(name: &str, cfg: &PolicyConfig, trace: &Trace, sim: &SimConfig) -> Option<Box<dyn Strategy>> {
+pub fn strategy(
+    name: &str,
+    cfg: &PolicyConfig,
+    trace: &Trace,
+    offerings: &[Offering],
+    sim: &SimConfig,
+) -> Option<Box<dyn Strategy>> {
     use strategies::*;
     Some(match name {
         "onoff" => Box::new(PolicyStrategy::new("onoff", cfg.clone())),
-        "always-on" => Box::new(AlwaysOn::new(cfg.clone(), peak_need(trace, sim))),
+        "always-on" => Box::new(AlwaysOn::new(cfg.clone(), peak_need(trace, offerings, cfg, sim))),
         "min-one-warm" => Box::new(MinOneWarm::new(cfg.clone())),
         "fixed-idle-10m" => Box::new(PolicyStrategy::fixed_idle_10m(cfg.clone())),
         "keda-like" => Box::new(KedaLike::new(cfg.clone())),
@@ -184,7 +210,7 @@ pub fn compare(
     }
     let mut policies = Vec::new();
     for (i, name) in names.iter().enumerate() {
-        let mut s = strategy(name, cfg, trace, sim).ok_or_else(|| format!("unknown strategy {name:?}"))?;
+        let mut s = strategy(name, cfg, trace, offerings, sim).ok_or_else(|| format!("unknown strategy {name:?}"))?;
         policies.push(run(trace, offerings, s.as_mut(), sim, &mut |p| progress(i, p)));
     }
     let all_on_demand_usd = policies

@@ -151,6 +151,31 @@ fn a_job_runs_on_an_instance_with_enough_gpus() {
 }
 
 #[test]
+fn a_job_of_a_size_the_catalogue_lacks_runs_on_the_next_size_up() {
+    // 2 GPUs, and this world has 1- and 4-GPU types only: the fit rule alone (a 2-GPU job on at
+    // most 2-GPU instances) would leave it waiting for ever; it runs on the 4-GPU type ($4/h), 300 s
+    // boot + 3600 s run, and the lower bound and the always-on fleet count it as a 4-GPU job.
+    let t = trace(&[(0.0, 3600.0, 2), (10.0, 3600.0, 2)]);
+    let r = run_policy(&t, policy(600.0), &sim(300.0));
+    assert_eq!((r.jobs_completed, r.jobs_lost, r.launches), (2, 0, 2));
+    // The first worker 0..3910 s (idle 10 s at the end: the fleet ends at the last completion),
+    // the second 10..3910 s.
+    assert!(
+        close(r.total_usd, 4.0 * (3910.0 + 3900.0) / 3600.0),
+        "total {}",
+        r.total_usd
+    );
+    let lb = lower_bound_usd(&t, &offerings(), &policy(600.0), &sim(300.0)).unwrap();
+    assert!(close(lb, 8.0), "lower bound {lb}");
+    assert_eq!(
+        peak_need(&t, &offerings(), &policy(600.0), &sim(300.0))
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [(4, 2)]
+    );
+}
+
+#[test]
 fn multi_instance_jobs_use_several_instances_at_once() {
     // 10 GPUs with at most 4 per instance in this world: 3 instances of 4 GPUs.
     let mut s = sim(0.0);
@@ -170,8 +195,8 @@ fn always_on_holds_the_peak_for_the_whole_run() {
     // Two overlapping 1-GPU jobs (peak 2), last completion at 7200 s: 2 x $1/h x 2 h.
     let t = trace(&[(0.0, 3600.0, 1), (1800.0, 5400.0, 1)]);
     let s = sim(0.0);
-    assert_eq!(peak_need(&t, &s).get(&1), Some(&2));
-    let mut st = AlwaysOn::new(policy(600.0), peak_need(&t, &s));
+    assert_eq!(peak_need(&t, &offerings(), &policy(600.0), &s).get(&1), Some(&2));
+    let mut st = AlwaysOn::new(policy(600.0), peak_need(&t, &offerings(), &policy(600.0), &s));
     let r = run(&t, &offerings(), &mut st, &s, &mut |_| {});
     assert_eq!(r.jobs_completed, 2);
     assert!(close(r.total_usd, 4.0), "total {}", r.total_usd);
