@@ -183,13 +183,7 @@ type ShapeMemo = Vec<((u32, u64), (u32, u32))>;
 /// Shape of a job for the policy: (GPUs per instance, instances), split at `max` GPUs per
 /// instance ([`onoff_policy::shape::job_shape`]) and scheduled past a size the allowed offerings
 /// lack ([`onoff_policy::choice::schedule_gpus`]). Shapes repeat: `memo` keeps them per (GPUs, GiB).
-fn shape(
-    memo: &mut ShapeMemo,
-    spec: &JobSpec,
-    max: u32,
-    offerings: &[Offering],
-    cfg: &PolicyConfig,
-) -> (u32, u32) {
+fn shape(memo: &mut ShapeMemo, spec: &JobSpec, max: u32, offerings: &[Offering], cfg: &PolicyConfig) -> (u32, u32) {
     let min_mem = spec.min_gpu_memory_gib.max(cfg.offers.min_gpu_memory_gib);
     let key = (spec.gpus, min_mem.to_bits());
     if let Some((_, s)) = memo.iter().find(|(k, _)| *k == key) {

@@ -253,6 +253,11 @@ pub struct RunReport {
     /// Jobs whose deadline leaves less slack than the shortest cold start (`deadline - arrival -
     /// run time < boot_min_s`): met only by starting on a worker already up.
     pub deadlines_need_warm: u64,
+    /// Jobs whose deadline leaves at least the longest cold start of slack (`deadline - arrival -
+    /// run time >= boot_max_s`): met by any launch at arrival that is not interrupted.
+    pub deadlines_with_slack: u64,
+    /// Of those, the ones that missed: what the policy, not the cold start, lost.
+    pub deadlines_missed_with_slack: u64,
     /// `total_usd` over the cost of `all-on-demand` on the same trace (filled by
     /// [`crate::compare`] when deadlines are on): below 1 is what spot saved.
     pub cost_vs_all_on_demand: Option<f64>,
@@ -1303,13 +1308,16 @@ pub fn run(
     };
     let completed = w.completed;
     let (mut deadline_jobs, mut deadlines_missed, mut deadlines_need_warm) = (0u64, 0u64, 0u64);
+    let (mut deadlines_with_slack, mut deadlines_missed_with_slack) = (0u64, 0u64);
     for (j, t) in w.jobs.iter().zip(&trace.jobs).filter(|(j, _)| j.deadline.is_finite()) {
         deadline_jobs += 1;
-        if !j.done || j.finished_at > j.deadline {
-            deadlines_missed += 1;
-        }
-        if j.deadline - j.arrival - t.duration_s < cfg.boot_min_s {
-            deadlines_need_warm += 1;
+        let missed = !j.done || j.finished_at > j.deadline;
+        let slack = j.deadline - j.arrival - t.duration_s;
+        deadlines_missed += u64::from(missed);
+        deadlines_need_warm += u64::from(slack < cfg.boot_min_s);
+        if slack >= cfg.boot_max_s {
+            deadlines_with_slack += 1;
+            deadlines_missed_with_slack += u64::from(missed);
         }
     }
     RunReport {
@@ -1343,6 +1351,8 @@ pub fn run(
         deadline_jobs,
         deadlines_missed,
         deadlines_need_warm,
+        deadlines_with_slack,
+        deadlines_missed_with_slack,
         cost_vs_all_on_demand: None,
         wall_s: started.elapsed().as_secs_f64(),
         timeline,

@@ -316,6 +316,15 @@ fn a_deadline_is_missed_when_the_job_ends_after_it() {
     assert_eq!(r.deadlines_missed, 1);
     // Both leave 200 s of slack, less than the 300 s cold start: only a warm worker meets them.
     assert_eq!(r.deadlines_need_warm, 2);
+    assert_eq!((r.deadlines_with_slack, r.deadlines_missed_with_slack), (0, 0));
+    // With slack 1.5 (500 s, more than the cold start) the same jobs are both met.
+    let roomy = SimConfig {
+        deadline_slack: 1.5,
+        ..s.clone()
+    };
+    let r = run_policy(&t, policy(10_000.0), &roomy);
+    assert_eq!((r.deadlines_missed, r.deadlines_need_warm), (0, 0));
+    assert_eq!((r.deadlines_with_slack, r.deadlines_missed_with_slack), (2, 0));
     // With half the jobs given a deadline, the seed picks which: A's is missed, B's is met.
     let half = SimConfig {
         deadline_fraction: 0.5,
