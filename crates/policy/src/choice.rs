@@ -65,9 +65,10 @@ pub fn eligible(o: &Offering, req: &Request, cfg: &OfferConfig, unavailable: &[U
 /// `min_mem_gib` GiB per GPU, as: `gpus` itself when an offering passing the configured filters
 /// (allowed types, price and interruption caps; any capacity type) fits it under the fit rule
 /// ([`fits`]); otherwise the GPU count of the smallest such offering with enough GPUs and memory,
-/// looking past a size the catalogue lacks (us-east-1 has no x86_64 NVIDIA type with 2 GPUs, so
-/// a 2-GPU job runs on a 4-GPU instance rather than never); `gpus` when none has enough, a job
-/// that admission rejects. O(offerings).
+/// looking past a size the allowed types lack (in us-east-1 the default policy allows no x86_64
+/// type with 2 GPUs: g3.8xlarge's have 8 GiB, under `min_gpu_memory_gib`; so a 2-GPU job runs on
+/// a 4-GPU instance rather than never); `gpus` when none has enough, a job that admission
+/// rejects. O(offerings).
 pub fn schedule_gpus(offerings: &[Offering], gpus: u32, min_mem_gib: f64, cfg: &OfferConfig) -> u32 {
     let any = Request {
         gpus,
