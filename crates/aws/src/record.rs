@@ -57,6 +57,16 @@ pub struct CallLog {
 }
 
 impl CallLog {
+    /// Start `path` empty (a log left by an earlier run is dropped), then append to it as
+    /// [`CallLog::open`] does: what one run reads back is that run's calls only.
+    ///
+    /// # Errors
+    /// The file cannot be created.
+    pub fn create(path: &std::path::Path) -> std::io::Result<Self> {
+        std::fs::File::create(path)?;
+        Self::open(path)
+    }
+
     /// Append to `path` (created if missing).
     ///
     /// # Errors
@@ -164,4 +174,37 @@ impl Intercept for CallRecorder {
 pub fn read_log(path: &std::path::Path) -> std::io::Result<Vec<CallRecord>> {
     let text = std::fs::read_to_string(path)?;
     Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(principal: &str) -> CallRecord {
+        CallRecord {
+            principal: principal.into(),
+            service: "sqs".into(),
+            operation: "SendMessage".into(),
+            method: "POST".into(),
+            uri: "http://127.0.0.1/".into(),
+            body: String::new(),
+            status: 200,
+        }
+    }
+
+    #[test]
+    fn a_new_run_starts_its_log_empty_while_other_writers_append() {
+        let dir = std::env::temp_dir().join(format!("onoff-calllog-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("calls.jsonl");
+        // An earlier run's log.
+        CallLog::open(&path).unwrap().write(&record("old"));
+        // A new run: its own log, and an agent appending to the same file.
+        let run = CallLog::create(&path).unwrap();
+        run.write(&record("scaler"));
+        CallLog::open(&path).unwrap().write(&record("worker/i-1"));
+        let principals: Vec<String> = read_log(&path).unwrap().into_iter().map(|r| r.principal).collect();
+        assert_eq!(principals, ["scaler", "worker/i-1"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

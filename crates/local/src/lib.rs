@@ -463,7 +463,9 @@ async fn run_with(
         })?;
     // IAM: every component under its own role, the template's policies enforced by the emulator.
     let call_log_path = run_dir.join("calls.jsonl");
-    let call_log = onoff_aws::record::CallLog::open(&call_log_path)
+    // A run's own calls only: a log left in the run directory by an earlier run (a `--serve`
+    // session, say) would be evaluated against this run's resources and denied.
+    let call_log = onoff_aws::record::CallLog::create(&call_log_path)
         .with_context(|| format!("creating {}", call_log_path.display()))?;
     let mut iam_stack: Option<onoff_iam::Stack> = None;
     let sessions = if opts.iam {
