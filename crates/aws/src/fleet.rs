@@ -180,16 +180,7 @@ impl Ec2Fleet {
                     .build(),
             );
         }
-        let mut pages = call
-            .filters(
-                aws_sdk_ec2::types::Filter::builder()
-                    .name("instance-state-name")
-                    .values("pending")
-                    .values("running")
-                    .build(),
-            )
-            .into_paginator()
-            .send();
+        let mut pages = call.filters(live_states()).into_paginator().send();
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| fleet_error(&e))?;
             for r in page.reservations() {
@@ -262,6 +253,15 @@ impl Ec2Fleet {
     }
 }
 
+/// DescribeInstances filter for instances that may still bill: pending or running.
+fn live_states() -> aws_sdk_ec2::types::Filter {
+    aws_sdk_ec2::types::Filter::builder()
+        .name("instance-state-name")
+        .values("pending")
+        .values("running")
+        .build()
+}
+
 /// For emulators only: what EC2 does and moto 5.2.5 does not. EC2 tags every instance launched
 /// from a launch template `aws:ec2launchtemplate:id` ([`TAG_LAUNCH_TEMPLATE`]); moto tags those of
 /// RunInstances but not those of CreateFleet. This tags every instance of `deployment` that lacks
@@ -278,13 +278,7 @@ pub async fn tag_as_ec2_does(ec2: &aws_sdk_ec2::Client, deployment: &str, launch
                 .values(deployment)
                 .build(),
         )
-        .filters(
-            aws_sdk_ec2::types::Filter::builder()
-                .name("instance-state-name")
-                .values("pending")
-                .values("running")
-                .build(),
-        )
+        .filters(live_states())
         .into_paginator()
         .send();
     let mut untagged: Vec<String> = Vec::new();
