@@ -45,6 +45,7 @@ fn views(reg: &FakeRegistry, cfg: &PolicyConfig) -> Vec<WorkerView> {
             project: r.project.clone(),
             job_type: None,
             busy_until: None,
+            pinned_job: r.pinned_job.clone(),
         })
         .collect()
 }

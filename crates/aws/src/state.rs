@@ -4,7 +4,7 @@
 //!
 //! Workers table (key `instance_arn`, the instance's ARN, so IAM can let an instance write only
 //! its own row with `dynamodb:LeadingKeys`): `instance_id`, `lane`, `instance_type`, `zone`, `capacity_type`,
-//! `price_usd_per_h`, `state`, `launched_at`, `project`, and `ended_at` and `expires_at` (TTL)
+//! `price_usd_per_h`, `state`, `launched_at`, `project`, `pinned_job`, and `ended_at` and `expires_at` (TTL)
 //! once a worker is terminating (`onoff cost` prices a worker's life from launch to `ended_at`). Control table (key `pk`): `unavailable#<type>#<zone>#<capacity>` items with
 //! `until` and `expires_at`; `lease#<name>` items with `owner` and `until`; `event#<id>` items (with `expires_at`) for events already handled.
 
@@ -129,6 +129,7 @@ fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<WorkerReco
         project: text("project"),
         idle_since: num("idle_since"),
         heartbeat_at: num("heartbeat_at"),
+        pinned_job: text("pinned_job"),
     })
 }
 
@@ -150,6 +151,9 @@ impl WorkerRegistry for DynamoWorkers {
             .condition_expression("attribute_not_exists(instance_id)");
         if let Some(p) = &r.project {
             req = req.item("project", s(p));
+        }
+        if let Some(j) = &r.pinned_job {
+            req = req.item("pinned_job", s(j));
         }
         match req.send().await {
             Ok(_) => Ok(()),

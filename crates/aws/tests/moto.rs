@@ -345,6 +345,7 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
         project: Some("p".into()),
         idle_since: None,
         heartbeat_at: None,
+        pinned_job: None,
     };
     reg.register_launch(rec.clone()).await.unwrap();
     // A second registration (a retried invocation) changes nothing.
@@ -355,6 +356,19 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
     .await
     .unwrap();
     assert_eq!(reg.get(&rec.id).await.unwrap(), Some(rec.clone()));
+    // A launch pinned to a job (a deadline at risk on spot) keeps the job on the row, for the
+    // worker's agent (which claims it first) and the reconciler (which counts the worker for it).
+    let pinned = WorkerRecord {
+        id: "i-0ccccccccccccccc3".into(),
+        offering: key("g5.xlarge", "us-east-1a", CapacityType::OnDemand),
+        pinned_job: Some("job-due".into()),
+        ..rec.clone()
+    };
+    reg.register_launch(pinned.clone()).await.unwrap();
+    assert_eq!(reg.get(&pinned.id).await.unwrap(), Some(pinned.clone()));
+    let live = reg.list_live().await.unwrap().items;
+    let listed = live.iter().find(|w| w.id == pinned.id).expect("listed");
+    assert_eq!(listed.pinned_job.as_deref(), Some("job-due"));
     // The row's key is the instance's ARN (the worker role may write only the row whose leading
     // key is its own ec2:SourceInstanceARN).
     let raw = c
@@ -401,6 +415,7 @@ async fn scale_down_and_an_agent_claim_race_through_conditional_writes_and_one_w
         project: None,
         idle_since: None,
         heartbeat_at: None,
+        pinned_job: None,
     };
     let (a, b) = ("i-0aaaaaaaaaaaaaaa1", "i-0aaaaaaaaaaaaaaa2");
     for id in [a, b] {
@@ -836,6 +851,7 @@ async fn a_spot_warning_drains_the_worker_and_marks_its_offering_once() {
         project: None,
         idle_since: None,
         heartbeat_at: None,
+        pinned_job: None,
     })
     .await
     .unwrap();

@@ -199,6 +199,7 @@ where
                             project: g.project.clone(),
                             idle_since: None,
                             heartbeat_at: None,
+                            pinned_job: g.job.clone(),
                         };
                         if let Err(e) = registry.register_launch(rec).await {
                             out.errors.push(format!("register {}: {e}", l.instance_id));

@@ -286,6 +286,10 @@ pub enum AttemptEnd {
     /// Given back unrun because this worker is too small: QUEUED, not counted; FAILED after
     /// `max_hand_backs` hand-backs.
     HandedBack(String),
+    /// Given back unrun because this worker must not run it now: a job whose deadline is at risk
+    /// on spot, claimed by a spot worker (`onoff_policy::deadline::keeps_off_spot`). QUEUED,
+    /// not counted and not bounded: the rule lets go of the job once its deadline is lost.
+    Deferred(String),
     /// The reaper found the lease expired or its worker lost: QUEUED, the attempt not counted but
     /// the lease expiry is; FAILED after `max_lease_expiries` (a job that kills its worker must not
     /// boot a GPU forever).
@@ -296,7 +300,7 @@ pub enum AttemptEnd {
 
 impl AttemptEnd {
     /// The outcome's name in an [`AttemptRecord`]: `succeeded`, `failed`, `fatal`, `released`,
-    /// `handed_back`, `lease_lost`, `cancelled`.
+    /// `handed_back`, `deferred`, `lease_lost`, `cancelled`.
     #[must_use]
     pub fn name(&self) -> &'static str {
         match self {
@@ -305,6 +309,7 @@ impl AttemptEnd {
             AttemptEnd::Fatal(_) => "fatal",
             AttemptEnd::Released(_) => "released",
             AttemptEnd::HandedBack(_) => "handed_back",
+            AttemptEnd::Deferred(_) => "deferred",
             AttemptEnd::LeaseLost(_) => "lease_lost",
             AttemptEnd::Cancelled => "cancelled",
         }
@@ -430,6 +435,10 @@ impl Settle {
             AttemptEnd::Released(why) => {
                 s.attempts = uncount;
                 s.reason = Some(format!("released: {why}"));
+            }
+            AttemptEnd::Deferred(why) => {
+                s.attempts = uncount;
+                s.reason = Some(format!("deferred: {why}"));
             }
             AttemptEnd::HandedBack(why) => {
                 s.attempts = uncount;
@@ -601,6 +610,13 @@ mod tests {
         // Releases take the attempt back, whatever the count.
         let r = s(&running(3, 0, 0), AttemptEnd::Released("spot notice".into()));
         assert_eq!((r.to, r.attempts), (JobState::Queued, 2));
+        // So do deferrals (a deadline kept off spot), with no bound: hand-backs stay as they were.
+        let r = s(
+            &running(3, 2, 0),
+            AttemptEnd::Deferred("deadline at risk on spot".into()),
+        );
+        assert_eq!((r.to, r.attempts, r.hand_backs), (JobState::Queued, 2, 2));
+        assert!(r.reason.unwrap().starts_with("deferred: "));
         // Hand-backs: not counted as attempts, FAILED at the bound.
         let r = s(&running(1, 1, 0), AttemptEnd::HandedBack("too few GPUs".into()));
         assert_eq!((r.to, r.attempts, r.hand_backs), (JobState::Queued, 0, 2));

@@ -159,6 +159,10 @@ pub struct WorkerRecord {
     pub idle_since: Option<f64>,
     /// The agent's last heartbeat, unix seconds (`None` until the agent starts).
     pub heartbeat_at: Option<f64>,
+    /// The job the launch was pinned to (a deadline at risk on spot, [`LaunchRequest::job`]):
+    /// the worker's agent claims it first, and while the worker boots the policy counts it as
+    /// that job's capacity only.
+    pub pinned_job: Option<String>,
 }
 
 /// Errors of state stores.

@@ -375,6 +375,7 @@ where
                 project: w.project.clone(),
                 job_type: None,
                 busy_until: busy_until.get(w.id.as_str()).copied(),
+                pinned_job: w.pinned_job.clone(),
             })
         })
         .collect();

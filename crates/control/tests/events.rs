@@ -32,6 +32,7 @@ fn registry() -> FakeRegistry {
         project: None,
         idle_since: None,
         heartbeat_at: None,
+        pinned_job: None,
     }))
     .unwrap();
     reg

@@ -71,7 +71,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..AGENTS, 0..8usize).prop_map(|(a, k)| Op::Receive(a, k)),
         3 => (0..AGENTS).prop_map(Op::Renew),
-        3 => (0..AGENTS, 0..5u8).prop_map(|(a, e)| Op::End(a, e)),
+        3 => (0..AGENTS, 0..6u8).prop_map(|(a, e)| Op::End(a, e)),
         1 => (0..AGENTS).prop_map(Op::Crash),
         2 => (0..2usize).prop_map(Op::ReapRead),
         2 => (0..2usize).prop_map(Op::ReapApply),
@@ -199,6 +199,7 @@ impl World {
                     0 | 1 => AttemptEnd::Succeeded,
                     2 => AttemptEnd::Failed("exit code 1".into()),
                     3 => AttemptEnd::Released("spot notice".into()),
+                    4 => AttemptEnd::Deferred("deadline at risk on spot".into()),
                     _ => AttemptEnd::HandedBack("too few GPUs".into()),
                 };
                 self.end(a, end);

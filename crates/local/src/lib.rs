@@ -589,6 +589,8 @@ async fn run_with(
             ("ONOFF_RETRY_DELAY_S", "1".into()),
             ("ONOFF_NOTICE_GRACE_S", (opts.notice_lead_s * 0.6).min(90.0).to_string()),
             ("ONOFF_TIME_SCALE", opts.compress.to_string()),
+            // The functions' policy: the agent takes its deadline rule's figures from it.
+            ("ONOFF_POLICY", toml_of(&policy)?),
             ("RUST_LOG", "info".into()),
         ]
         .into_iter()

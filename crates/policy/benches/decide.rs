@@ -73,6 +73,7 @@ fn setup() -> (
                 project: Some(format!("p{}", i % 15)),
                 job_type: None,
                 busy_until: None,
+                pinned_job: None,
             }
         })
         .collect();

@@ -10,6 +10,7 @@
 //! - [`config`]: [`PolicyConfig`], every knob with its default and source; TOML loading; `validate()`.
 //! - [`shape`]: the GPU fit rule (a leaf: choice and observation both use it).
 //! - [`choice`]: offering filter, expected cost per job, diversified spread.
+//! - [`deadline`]: when a deadline is at risk on spot, and where such a job may run.
 //! - [`keepalive`]: ski-rental break-even keep-alive, the expected-cost timeout under the gaps, decay steps.
 //! - [`decide`](mod@decide): the policy itself.
 //! - [`plan`]: actions with reasons.
@@ -17,6 +18,7 @@
 
 pub mod choice;
 pub mod config;
+pub mod deadline;
 pub mod decide;
 pub mod keepalive;
 pub mod observation;

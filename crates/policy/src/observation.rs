@@ -102,6 +102,11 @@ pub struct WorkerView {
     /// behind it), so a stream of one-second items on busy workers launches nothing.
     #[serde(default)]
     pub busy_until: Option<f64>,
+    /// The job it was launched for, if the launch was pinned to one (a deadline at risk on spot,
+    /// [`crate::plan::Action::Launch`]'s `job`). While it boots and that job is queued, it is that
+    /// job's capacity, not its lane's; its agent claims that job first.
+    #[serde(default)]
+    pub pinned_job: Option<String>,
 }
 
 impl WorkerView {

@@ -1178,6 +1178,52 @@ fn deadline_jobs_are_pinned_apart_from_the_rest() {
 }
 
 #[test]
+fn a_booting_worker_launched_for_a_job_is_that_jobs_capacity_only() {
+    // An on-demand worker booting for d1 (its pinned job). d0's deadline is earlier, so matching
+    // by urgency alone would hand d0 that worker and launch again for d1.
+    let due = |id: &str, slack: f64| {
+        let mut j = job(id, 1, NOW - 60.0);
+        j.est_runtime_s = Some(3600.0);
+        j.deadline = Some(NOW + 3600.0 + slack);
+        j
+    };
+    let mut od = pending("od", 0, 1, 300.0);
+    od.offering = key(G5, CapacityType::OnDemand);
+    od.pinned_job = Some("d1".into());
+    // (what, queued jobs, expected launches as (capacity type, pinned job))
+    type Row<'a> = (
+        &'a str,
+        Vec<onoff_policy::PendingJob>,
+        Vec<(CapacityType, Option<&'a str>)>,
+    );
+    let rows: Vec<Row> = vec![
+        ("its job alone: nothing more", vec![due("d1", 1000.0)], vec![]),
+        (
+            "another at-risk job gets capacity of its own",
+            vec![due("d0", 800.0), due("d1", 1000.0)],
+            vec![(CapacityType::OnDemand, Some("d0"))],
+        ),
+        (
+            "a plain job does not count it",
+            vec![due("d1", 1000.0), job("plain", 1, NOW - 60.0)],
+            vec![(CapacityType::Spot, None)],
+        ),
+        (
+            "once its job is gone (taken elsewhere) it is anyone's",
+            vec![job("plain", 1, NOW - 60.0)],
+            vec![],
+        ),
+    ];
+    for (what, js, want) in rows {
+        let plan = World::new(js, vec![od.clone()]).decide(&cfg(), NOW);
+        let got: Vec<(CapacityType, Option<&str>)> =
+            launch_list(&plan).iter().map(|l| (l.0.capacity_type, l.3)).collect();
+        assert_eq!(got, want, "{what}: {plan:#?}");
+        assert!(cancelled(&plan).is_empty(), "{what}: the booting worker is kept");
+    }
+}
+
+#[test]
 fn on_demand_lane_does_not_flag_deadlines() {
     let mut cfg = cfg();
     cfg.lanes[0].capacity = CapacityPreference::OnDemand;

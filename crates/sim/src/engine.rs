@@ -30,6 +30,7 @@ use onoff_control::ports::{
 };
 use onoff_control::{act, handle_interruption_notice, ActContext};
 use onoff_policy::choice::{fits, speed};
+use onoff_policy::deadline::keeps_off_spot;
 use onoff_policy::{
     CapacityType, LaneObservation, Observation, Offering, OfferingKey, PendingJob, Plan, PolicyConfig,
     UnavailableOffering, WorkerState, WorkerView,
@@ -172,6 +173,12 @@ pub trait Strategy {
     /// is requeued when the instance is gone.
     fn handles_notice(&self) -> bool {
         true
+    }
+    /// Whether its workers run onoff's agent, which keeps a job whose deadline is at risk off
+    /// spot workers ([`onoff_policy::deadline::keeps_off_spot`]) and claims the job a worker was
+    /// launched for first. Default false: a baseline's workers take the oldest job that fits.
+    fn runs_onoff_agent(&self) -> bool {
+        false
     }
 }
 
@@ -350,6 +357,8 @@ struct WorkerSim {
     doomed: bool,
     /// In the world's `idle_listed`.
     listed: bool,
+    /// The job it was launched for (a deadline at risk on spot), claimed first at boot.
+    pinned: Option<usize>,
 }
 
 /// One simulated zone's place in its measured series.
@@ -415,6 +424,8 @@ struct World {
     completed: u64,
     last_completion: f64,
     running_jobs: u32,
+    /// The strategy's workers run onoff's agent ([`Strategy::runs_onoff_agent`]).
+    onoff_agent: bool,
 }
 
 impl World {
@@ -475,17 +486,32 @@ impl World {
         if ok.is_empty() {
             return Err(res.short.swap_remove(0).1);
         }
+        // The job the capacity is pinned to (a deadline at risk on spot): its worker claims it
+        // first when it boots, as the agent does. Single-instance jobs only; the simulator names
+        // jobs `job-<index>`.
+        let pinned = req
+            .job
+            .as_deref()
+            .and_then(|j| j.strip_prefix("job-")?.parse::<usize>().ok())
+            .filter(|&j| self.jobs.get(j).is_some_and(|j| j.instances <= 1));
         let n = ok.len() as u32;
         for (i, &o) in ok.iter().enumerate() {
             let count = req.count / n + u32::from((i as u32) < req.count % n);
             res.launched
-                .extend(self.launch_offering(o, &req.lane, req.project.as_ref(), count));
+                .extend(self.launch_offering(o, &req.lane, req.project.as_ref(), pinned, count));
         }
         Ok(res)
     }
 
     /// Create `count` instances of offering `oi`: Pending, boot done after a random cold start.
-    fn launch_offering(&mut self, oi: usize, lane: &str, project: Option<&String>, count: u32) -> Vec<Launched> {
+    fn launch_offering(
+        &mut self,
+        oi: usize,
+        lane: &str,
+        project: Option<&String>,
+        pinned: Option<usize>,
+        count: u32,
+    ) -> Vec<Launched> {
         let lane = self.lane_index(lane);
         let zone = self.offering_zone[oi];
         let mut out = Vec::new();
@@ -514,6 +540,7 @@ impl World {
                 project: project.cloned(),
                 job_type: None,
                 busy_until: None,
+                pinned_job: pinned.map(|j| format!("job-{j}")),
             });
             self.wsim.push(WorkerSim {
                 num,
@@ -525,11 +552,15 @@ impl World {
                 spot,
                 doomed: false,
                 listed: false,
+                pinned,
             });
             debug_assert_eq!(self.by_num.len() as u64, num);
             self.by_num.push((self.workers.len() - 1) as u32);
             self.by_id.insert(id.clone(), num);
             self.push(self.now + boot, Ev::BootDone(num));
+            if std::env::var("DIAG").is_ok() && !spot {
+                eprintln!("ODLAUNCH num {num} t {:.0} ready {:.0}", self.now, self.now + boot);
+            }
             if spot && self.cfg.interruptions && self.measured.is_none() {
                 let rate = rate * self.cfg.interruption_rate_factor;
                 if rate > 0.0 {
@@ -733,19 +764,23 @@ impl World {
         // Shapes (lane, GPUs, memory, instances) no idle worker could take in this pass: the idle
         // set only shrinks, so later jobs of such a shape are skipped without a search (a long
         // queue of jobs nothing fits would otherwise cost queue x idle per event).
-        let mut no_fit: Vec<(usize, u32, u64, usize)> = Vec::new();
+        let mut no_fit: Vec<(usize, u32, u64, usize, bool)> = Vec::new();
         let mut qi = 0;
         while qi < self.queued.len() && !self.idle_set.is_empty() {
             let pj = &self.queued[qi];
             let (lane, job_gpus) = (pj.lane, pj.gpus_per_instance);
             let min_mem = pj.min_gpu_memory_gib.max(pcfg.offers.min_gpu_memory_gib);
             let need = pj.instances.max(1) as usize;
-            let shape = (lane, job_gpus, min_mem.to_bits(), need);
+            // A job whose deadline is at risk on spot starts on on-demand workers only, as the
+            // agent on a spot instance hands it back ([`onoff_policy::deadline`]).
+            let runtime = pj.est_runtime_s.unwrap_or(pcfg.offers.default_runtime_s);
+            let spot_ok = !(self.onoff_agent && keeps_off_spot(pj.deadline, runtime, self.now, pj.enqueued_at, pcfg));
+            let shape = (lane, job_gpus, min_mem.to_bits(), need, spot_ok);
             if no_fit.contains(&shape) {
                 qi += 1;
                 continue;
             }
-            let chosen = self.smallest_idle(lane, job_gpus, min_mem, need, pcfg.offers.max_gpu_oversize);
+            let chosen = self.smallest_idle(lane, job_gpus, min_mem, need, pcfg.offers.max_gpu_oversize, spot_ok);
             if chosen.len() < need {
                 no_fit.push(shape);
                 qi += 1;
@@ -762,11 +797,19 @@ impl World {
         }
     }
 
-    /// Up to `need` idle workers of `lane` that fit the shape, smallest first (fewest GPUs, then
-    /// the oldest), as worker indices. Walks the idle set in (GPUs, number) order from the job's
+    /// Up to `need` idle workers of `lane` that fit the shape (on-demand ones only unless
+    /// `spot_ok`), smallest first (fewest GPUs, then the oldest), as worker indices. Walks the idle set in (GPUs, number) order from the job's
     /// GPUs, skipping whole GPU counts that cannot fit; entries of workers no longer idle are
     /// dropped on the way. O(log n) per GPU count looked at, plus the entries passed over.
-    fn smallest_idle(&mut self, lane: usize, job_gpus: u32, min_mem: f64, need: usize, oversize: u32) -> Vec<usize> {
+    fn smallest_idle(
+        &mut self,
+        lane: usize,
+        job_gpus: u32,
+        min_mem: f64,
+        need: usize,
+        oversize: u32,
+        spot_ok: bool,
+    ) -> Vec<usize> {
         let mut chosen = Vec::with_capacity(need);
         let mut stale = Vec::new();
         let mut from = (job_gpus, 0u64);
@@ -786,7 +829,10 @@ impl World {
             match self.worker_idx(num) {
                 Some(i) if self.workers[i].state == WorkerState::Idle => {
                     let w = &self.workers[i];
-                    if w.lane == lane && fits(w.gpus, w.gpu_memory_gib, job_gpus, min_mem, oversize) {
+                    if w.lane == lane
+                        && (spot_ok || !self.wsim[i].spot)
+                        && fits(w.gpus, w.gpu_memory_gib, job_gpus, min_mem, oversize)
+                    {
                         chosen.push(i);
                     }
                 }
@@ -801,6 +847,22 @@ impl World {
             self.idle_set.remove(&k);
         }
         chosen
+    }
+
+    /// Worker `i` just booted: if it was launched for a job still queued, it starts that job
+    /// (the agent claims its pinned job before it polls the queue). True when it did.
+    fn start_pinned(&mut self, i: usize, pcfg: &PolicyConfig) -> bool {
+        let Some(job) = self.wsim[i].pinned.take().filter(|_| self.onoff_agent) else {
+            return false;
+        };
+        let Some(qi) = self.queued_idx.iter().position(|&j| j == job) else {
+            return false;
+        };
+        let pj = self.queued.remove(qi);
+        self.queued_idx.remove(qi);
+        self.lanes[pj.lane].backlog.visible -= 1;
+        self.start_job(job, &[i], pcfg);
+        true
     }
 
     fn start_job(&mut self, job: usize, workers: &[usize], pcfg: &PolicyConfig) {
@@ -820,6 +882,17 @@ impl World {
             ws.job = Some(job);
             sp = sp.min(speed(&pcfg.offers, &self.offerings[ws.offering].gpu_model));
             nums.push(ws.num);
+        }
+        if std::env::var("DIAG").is_ok() && self.jobs[job].deadline.is_finite() {
+            let j = &self.jobs[job];
+            let spot = workers.iter().any(|&i| self.wsim[i].spot);
+            eprintln!(
+                "START job {job} arr {:.0} t {:.0} slack {:.0} spot {spot} epoch {}",
+                j.arrival,
+                self.now,
+                j.deadline - self.now - j.remaining,
+                j.epoch
+            );
         }
         let j = &mut self.jobs[job];
         if j.started_first.is_nan() {
@@ -1091,6 +1164,7 @@ pub fn run(
         completed: 0,
         last_completion: t0,
         running_jobs: 0,
+        onoff_agent: strategy.runs_onoff_agent(),
     };
     // Arrivals are fed from the (sorted) trace as the clock reaches them, so the event heap stays
     // small; at equal times an arrival goes first, as if it had been queued first. A hand-made
@@ -1177,8 +1251,11 @@ pub fn run(
                         w.workers[i].state = WorkerState::Idle;
                         w.workers[i].idle_since = Some(now);
                         w.workers[i].project = None;
+                        w.workers[i].pinned_job = None;
                         w.wsim[i].idle_from = Some(now);
-                        w.list_idle(i);
+                        if !w.start_pinned(i, &pcfg) {
+                            w.list_idle(i);
+                        }
                         w.dispatch(&pcfg);
                     }
                 }
@@ -1316,6 +1393,17 @@ pub fn run(
         deadlines_missed += u64::from(missed);
         deadlines_need_warm += u64::from(slack < cfg.boot_min_s);
         if slack >= cfg.boot_max_s {
+            if missed && std::env::var("DIAG").is_ok() {
+                eprintln!(
+                    "MISS arr {:.0} dur {:.0} slack {:.0} first_start_wait {:.0} epochs {} late {:.0}",
+                    j.arrival,
+                    t.duration_s,
+                    slack,
+                    j.started_first - j.arrival,
+                    j.epoch,
+                    j.finished_at - j.deadline
+                );
+            }
             deadlines_with_slack += 1;
             deadlines_missed_with_slack += u64::from(missed);
         }

@@ -78,6 +78,9 @@ impl Strategy for PolicyStrategy {
     fn decide(&mut self, obs: &Observation<'_>, now: f64) -> Plan {
         decide(obs, &self.cfg, now)
     }
+    fn runs_onoff_agent(&self) -> bool {
+        true
+    }
 }
 
 /// Cheapest offering by $/h (how Karpenter, Cluster Autoscaler's price expander and AWS Batch

@@ -411,6 +411,61 @@ fn the_policy_sees_deadlines_and_all_on_demand_prices_what_spot_saved() {
     assert_eq!(c.policies[0].cost_vs_all_on_demand, None);
 }
 
+#[test]
+fn a_job_whose_deadline_is_at_risk_waits_for_on_demand_rather_than_an_idle_spot_worker() {
+    // Deadlines at 1.5 x the run time. A (0 s, 10,000 s) has 5,000 s of slack, over the policy's
+    // 1,980 s threshold: it runs on spot (boot 300 s) until 10,300 s, and its worker stays up
+    // (idle timeout 10,000 s). B (10,400 s, 1,600 s) has 800 s of slack: at risk on spot, and a
+    // cold start (390 s estimated) still fits. It does not take the idle spot worker: on-demand
+    // capacity is launched for it and it starts at 10,700 s, meeting its deadline (12,800 s).
+    let offs = vec![
+        spot("one.gpu", "NVIDIA T", 0.3),
+        offering("one.gpu", CapacityType::OnDemand, 1, 1.0),
+    ];
+    let t = trace(&[(0.0, 10_000.0, 1), (10_400.0, 1_600.0, 1)]);
+    let s = SimConfig {
+        deadline_fraction: 1.0,
+        deadline_slack: 1.5,
+        ..sim(300.0)
+    };
+    let mut st = PolicyStrategy::new("onoff", policy(10_000.0));
+    let r = run(&t, &offs, &mut st, &s, &mut |_| {});
+    assert_eq!(r.jobs_completed, 2);
+    assert_eq!(r.deadlines_missed, 0);
+    let launched: Vec<(&str, u64)> = r.launches_by_offering.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    assert_eq!(launched, [("one.gpu/on-demand", 1), ("one.gpu/spot", 1)]);
+    // Both waited one boot; the on-demand worker is billed from 10,400 s to the end at 12,300 s.
+    assert!(
+        close(r.wait_p50_s, 300.0) && close(r.wait_p99_s, 300.0),
+        "{} {}",
+        r.wait_p50_s,
+        r.wait_p99_s
+    );
+    assert!(
+        close(r.on_demand_usd, 1_900.0 / 3600.0),
+        "on-demand ${}",
+        r.on_demand_usd
+    );
+    // A baseline's workers do not run onoff's agent: skypilot-like's idle spot worker (up 100 s
+    // of its 5-minute autostop) takes B at once.
+    let r = run(&t, &offs, &mut SkyPilotLike::new(policy(600.0)), &s, &mut |_| {});
+    assert_eq!((r.jobs_completed, r.launches, r.on_demand_usd), (2, 1, 0.0));
+    assert!(close(r.wait_p50_s, 0.0), "B waited {} s", r.wait_p50_s);
+    // With S 1.1875, B (12,400 s, 1,600 s) has 300 s of slack, less than a cold start when it
+    // queued: no launch can meet it, the spot worker A (12,000 s, slack 2,250 s) leaves idle at
+    // 12,300 s can, and B takes it at once.
+    let t = trace(&[(0.0, 12_000.0, 1), (12_400.0, 1_600.0, 1)]);
+    let s = SimConfig {
+        deadline_slack: 1.1875,
+        ..s
+    };
+    let mut st = PolicyStrategy::new("onoff", policy(10_000.0));
+    let r = run(&t, &offs, &mut st, &s, &mut |_| {});
+    assert_eq!(r.deadlines_missed, 0);
+    assert_eq!(r.on_demand_usd, 0.0, "{:?}", r.launches_by_offering);
+    assert_eq!(r.launches, 1, "{:?}", r.launches_by_offering);
+}
+
 /// One zone `us-east-1a` whose spot is unavailable from 1,000 s to 1,500 s of every 11,500 s
 /// (ticks of 100 s: 10 available, 5 unavailable, 100 available).
 fn measured() -> Preemptions {

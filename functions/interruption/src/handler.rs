@@ -116,6 +116,7 @@ mod tests {
                 project: None,
                 idle_since: None,
                 heartbeat_at: Some(now),
+                pinned_job: None,
             })
             .await
             .unwrap();
@@ -202,6 +203,7 @@ mod tests {
                 project: None,
                 idle_since: None,
                 heartbeat_at: Some(now),
+                pinned_job: None,
             })
             .await
             .unwrap();

@@ -23,6 +23,7 @@ use onoff_control::job::{parse_s3_uri, AttemptEnd, AttemptRecord, JobState, Sett
 use onoff_control::ports::{
     checkpoint_prefix, wake, CheckpointStore, Claim, JobRecord, JobStore, StoreError, WorkerRecord,
 };
+use onoff_policy::deadline::{keeps_off_spot, spot_start_slack_s};
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
@@ -159,6 +160,11 @@ pub struct AgentReport {
     /// Jobs handed back to their lane unrun because they ask for more GPUs than this worker has
     /// (`ONOFF_GPUS`).
     pub handed_back: u32,
+    /// Jobs given back unrun because this spot worker would put their deadline at risk
+    /// (`onoff_policy::deadline::keeps_off_spot`).
+    pub deferred: u32,
+    /// The job this worker was launched for (its row's `pinned_job`), when it claimed it by id.
+    pub pinned_claimed: Option<String>,
 }
 
 /// A failure that stops the agent before it can work.
@@ -334,6 +340,8 @@ struct Worker<'a, M, Q, J, R, C, O, I, L> {
     me: Identity,
     lanes: Vec<String>,
     price_usd_per_h: f64,
+    /// The job the scaler launched this worker for, claimed before the first poll.
+    pinned: Option<String>,
     report: AgentReport,
 }
 
@@ -365,8 +373,8 @@ where
     };
     let me = deps.metadata.identity().await.map_err(AgentError::Metadata)?;
     let record = deps.registry.get(&me.instance_id).await?;
-    let (lane, price) = match record {
-        Some(r) => (r.lane, r.price_usd_per_h),
+    let (lane, price, pinned) = match record {
+        Some(r) => (r.lane, r.price_usd_per_h, r.pinned_job),
         None => {
             let lane = cfg.lanes.first().cloned().unwrap_or_else(|| "standard".into());
             let capacity_type = if me.lifecycle == "spot" {
@@ -389,10 +397,11 @@ where
                     project: None,
                     idle_since: None,
                     heartbeat_at: None,
+                    pinned_job: None,
                 })
                 .await?;
             tracing::warn!(instance = %me.instance_id, "not registered by the control plane: registered with price 0");
-            (lane, 0.0)
+            (lane, 0.0, None)
         }
     };
     let lanes = if cfg.lanes.is_empty() {
@@ -408,12 +417,15 @@ where
         me,
         lanes,
         price_usd_per_h: price,
+        pinned,
         report: AgentReport {
             exit: ExitReason::Shutdown,
             jobs: Vec::new(),
             dropped: 0,
             poison: 0,
             handed_back: 0,
+            deferred: 0,
+            pinned_claimed: None,
         },
     };
     let mut shutdown: Pin<Box<dyn Future<Output = ()> + Send + '_>> = Box::pin(shutdown);
@@ -475,6 +487,18 @@ where
         let mut idle_at = Instant::now();
         if !self.heartbeat(WorkerState::Idle, Some(idle_since), None).await {
             return ExitReason::Drained;
+        }
+        if let Some(job) = self.pinned.take() {
+            if let Some(exit) = self.run_pinned(&job, shutdown.as_mut()).await {
+                return exit;
+            }
+            if !self.report.jobs.is_empty() {
+                idle_since = self.clock.now();
+                idle_at = Instant::now();
+                if !self.heartbeat(WorkerState::Idle, Some(idle_since), None).await {
+                    return ExitReason::Drained;
+                }
+            }
         }
         let mut next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
         let mut next_poll = Instant::now();
@@ -627,6 +651,10 @@ where
                 }
                 if self.cfg.gpus.is_some_and(|g| rec.spec.gpus > g) {
                     self.hand_back(&rec).await;
+                    return None;
+                }
+                if let Some(why) = self.keeps_off_this_worker(&rec) {
+                    self.defer(&rec, why).await;
                     return None;
                 }
                 let (report, exit) = self.run_job(&msg.lane, *rec, shutdown).await;
@@ -1388,6 +1416,82 @@ where
         self.report.handed_back += 1;
         let why = format!("needs {} GPUs, worker {} has {mine}", job.spec.gpus, self.id());
         self.end_attempt(job, AttemptEnd::HandedBack(why), None).await;
+    }
+
+    /// Why this worker must not run `job` now, if it must not: a spot worker and a job whose
+    /// deadline it would put at risk ([`keeps_off_spot`] with the job's declared run time, or the
+    /// policy's default, and its creation as the time it queued, as the reconciler sees it).
+    fn keeps_off_this_worker(&self, job: &JobRecord) -> Option<String> {
+        if self.me.lifecycle != "spot" {
+            return None;
+        }
+        let p = &self.cfg.policy;
+        let runtime = job.spec.est_runtime_s.unwrap_or(p.offers.default_runtime_s);
+        let now = self.clock.now();
+        keeps_off_spot(job.spec.deadline, runtime, now, job.created_at, p).then(|| {
+            let slack = job.spec.deadline.unwrap_or(now) - now - runtime;
+            format!(
+                "deadline at risk on spot: {slack:.0} s of slack, under {:.0} s; worker {} is spot",
+                spot_start_slack_s(p),
+                self.id()
+            )
+        })
+    }
+
+    /// Give a job back unrun for on-demand capacity (not counted, not bounded): a fresh wake-up
+    /// message after the retry delay. This worker stays idle.
+    async fn defer(&mut self, job: &JobRecord, why: String) {
+        tracing::info!(job = %job.id, reason = %why, "job deferred");
+        self.report.deferred += 1;
+        self.end_attempt(job, AttemptEnd::Deferred(why), None).await;
+    }
+
+    /// Claim, by id and without its message, the job the scaler launched this worker for (a
+    /// deadline at risk on spot) and run it. The job's message stays in the queue; whoever
+    /// receives it later drops it as not claimable. Nothing happens when the job is no longer
+    /// queued (another worker took it) or the claim fails: the queue serves it then. `Some` when
+    /// the agent must exit.
+    async fn run_pinned(&mut self, job_id: &str, shutdown: Shutdown<'_>) -> Option<ExitReason> {
+        if let Some(n) = self.notice().await {
+            return Some(ExitReason::Notice(n));
+        }
+        let now = self.clock.now();
+        let owner = self.id().to_string();
+        match self.deps.registry.mark_busy(&owner, now).await {
+            Ok(true) => {}
+            Ok(false) => return Some(ExitReason::Drained),
+            Err(e) => {
+                tracing::warn!(job = %job_id, error = %e, "mark busy failed: pinned job left to the queue");
+                return None;
+            }
+        }
+        match self.deps.jobs.claim(job_id, &owner, now + self.cfg.lease_s, now).await {
+            Ok(Claim::Claimed(rec)) => {
+                tracing::info!(job = %job_id, "claimed the job this worker was launched for");
+                self.report.pinned_claimed = Some(job_id.to_string());
+                if self.cfg.gpus.is_some_and(|g| rec.spec.gpus > g) {
+                    self.hand_back(&rec).await;
+                    return None;
+                }
+                if let Some(why) = self.keeps_off_this_worker(&rec) {
+                    self.defer(&rec, why).await;
+                    return None;
+                }
+                let lane = rec.spec.lane.clone();
+                let (report, exit) = self.run_job(&lane, *rec, shutdown).await;
+                self.emit(&report);
+                self.report.jobs.push(report);
+                exit
+            }
+            Ok(other) => {
+                tracing::info!(job = %job_id, claim = ?other, "pinned job not claimable: left to the queue");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(job = %job_id, error = %e, "claim of the pinned job failed: left to the queue");
+                None
+            }
+        }
     }
 
     /// Deregister, and terminate the instance when the exit calls for it.

@@ -60,6 +60,11 @@ pub struct AgentConfig {
     /// firewall rule (template.yaml's user data), reach the instance metadata service. Needs the
     /// agent to run as root. Unset: jobs run as the agent's user.
     pub job_user: Option<(u32, u32)>,
+    /// `ONOFF_POLICY` (the functions' policy TOML; default `PolicyConfig::default()`): the agent
+    /// reads only the deadline rule's figures (`offers.boot_estimate_s`,
+    /// `offers.checkpoint_interval_s`, `limits.deadline_margin_s`): a spot worker hands back a
+    /// job whose deadline they put at risk on spot (`onoff_policy::deadline::keeps_off_spot`).
+    pub policy: onoff_policy::PolicyConfig,
 }
 
 impl Default for AgentConfig {
@@ -81,6 +86,7 @@ impl Default for AgentConfig {
             deployment: "onoff".into(),
             gpus: None,
             job_user: None,
+            policy: onoff_policy::PolicyConfig::default(),
         }
     }
 }
@@ -182,6 +188,12 @@ impl AgentConfig {
             }
             c.job_user = Some((uid, gid));
         }
+        if let Some(t) = get("ONOFF_POLICY") {
+            c.policy = onoff_policy::PolicyConfig::from_toml_str(&t).map_err(|e| ConfigError {
+                name: "ONOFF_POLICY",
+                problem: e.to_string(),
+            })?;
+        }
         if c.notice_grace_s >= 120.0 {
             return Err(ConfigError {
                 name: "ONOFF_NOTICE_GRACE_S",
@@ -229,5 +241,12 @@ mod tests {
         assert_eq!(c.job_user, Some((10002, 10002)));
         let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_JOB_UID").then(|| "0".to_string())).unwrap_err();
         assert_eq!(bad.name, "ONOFF_JOB_UID");
+        let c = AgentConfig::from_lookup(|k| {
+            (k == "ONOFF_POLICY").then(|| "[offers]\nboot_estimate_s = 200.0\n".to_string())
+        })
+        .unwrap();
+        assert_eq!(c.policy.offers.boot_estimate_s, 200.0);
+        let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_POLICY").then(|| "[offers\n".to_string())).unwrap_err();
+        assert_eq!(bad.name, "ONOFF_POLICY");
     }
 }

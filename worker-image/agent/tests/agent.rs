@@ -48,6 +48,7 @@ fn register(w: &World, id: &str) {
         project: None,
         idle_since: None,
         heartbeat_at: None,
+        pinned_job: None,
     }))
     .unwrap();
 }
@@ -1046,4 +1047,153 @@ async fn an_attempt_is_logged_its_lines_shipped_and_its_outputs_uploaded() {
     );
     let env = &w.launcher.started()[0].env;
     assert!(env.iter().any(|(k, _)| k == "ONOFF_OUTPUT_DIR"));
+}
+
+/// Register `id` as an on-demand worker launched for `pinned` (if any), as the scaler does.
+fn register_on_demand(w: &World, id: &str, pinned: Option<&str>) {
+    pollster::block_on(w.registry.register_launch(WorkerRecord {
+        id: id.into(),
+        lane: "standard".into(),
+        offering: OfferingKey {
+            instance_type: "g5.xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity_type: CapacityType::OnDemand,
+        },
+        price_usd_per_h: 1.006,
+        state: WorkerState::Pending,
+        launched_at: T0,
+        project: None,
+        idle_since: None,
+        heartbeat_at: None,
+        pinned_job: pinned.map(str::to_string),
+    }))
+    .unwrap();
+}
+
+/// IMDS of an on-demand instance.
+fn on_demand_metadata(id: &str) -> Arc<FakeMetadata> {
+    let mut md = FakeMetadata::new(id);
+    md.identity.lifecycle = "on-demand".into();
+    Arc::new(md)
+}
+
+/// A job whose deadline leaves `slack_s` beyond its declared 30 s run time, created at T0.
+fn submit_with_deadline(w: &World, id: &str, program: &str, slack_s: f64) {
+    submit(w, id, program, 1, 600.0);
+    let mut rec = job(w, id);
+    rec.spec.est_runtime_s = Some(30.0);
+    rec.spec.deadline = Some(T0 + 30.0 + slack_s);
+    w.jobs.put(rec);
+}
+
+fn script(w: &World, program: &str, seconds: u64) {
+    w.launcher.script(
+        program,
+        Script {
+            items: seconds,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_spot_worker_defers_a_job_whose_deadline_is_at_risk_and_an_on_demand_one_runs_it() {
+    // 1,000 s of slack: under the 1,590 s one interruption on a spot worker needs (the default
+    // policy), over the 390 s an on-demand cold start takes. The spot worker claims it and gives
+    // it back (uncounted) each time; the on-demand worker, up 40 s later, runs it.
+    let dir = tempdir("deadline");
+    let w = World::default();
+    register(&w, "i-spot");
+    register_on_demand(&w, "i-od", None);
+    script(&w, "due", 30);
+    submit_with_deadline(&w, "job-due", "due", 1_000.0);
+    let (spot_cfg, od_cfg) = (cfg(&dir.join("spot")), cfg(&dir.join("od")));
+    let late_od = async {
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        agent_until(
+            &w,
+            "i-od",
+            &od_cfg,
+            std::future::pending(),
+            Some(on_demand_metadata("i-od")),
+        )
+        .await
+    };
+    let ((rs, _), (ro, _)) = tokio::join!(agent(&w, "i-spot", &spot_cfg), late_od);
+    assert!(rs.jobs.is_empty(), "the spot worker never ran it: {:?}", rs.jobs);
+    assert!(rs.deferred >= 2, "deferred each time it came: {}", rs.deferred);
+    assert_eq!(rs.handed_back, 0);
+    assert_eq!(ro.jobs.len(), 1);
+    assert_eq!(ro.jobs[0].outcome, Outcome::Succeeded);
+    let rec = job(&w, "job-due");
+    assert_eq!(rec.state, JobState::Succeeded);
+    // max_attempts 1 and no hand-back counted: deferrals are free.
+    assert_eq!((rec.attempts, rec.hand_backs), (1, 0));
+    assert!(w.inbox.remaining().is_empty(), "{:?}", w.inbox.remaining());
+    assert_eq!(rs.exit, ExitReason::IdleTimeout);
+
+    // With ample slack (5,000 s) the spot worker runs it; with less than a cold start when it
+    // was created (300 s) too: no launch could meet it, the worker already up can.
+    for (id, slack) in [("job-roomy", 5_000.0), ("job-tight", 300.0)] {
+        let dir = tempdir(id);
+        let w = World::default();
+        register(&w, "i-spot");
+        script(&w, "due", 30);
+        submit_with_deadline(&w, id, "due", slack);
+        let (rs, _) = agent(&w, "i-spot", &cfg(&dir)).await;
+        assert_eq!((rs.jobs.len(), rs.deferred), (1, 0), "{id}");
+        assert_eq!(job(&w, id).state, JobState::Succeeded, "{id}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_launched_for_a_job_claims_that_job_first_and_its_message_is_dropped_later() {
+    // The queue holds another job's message first; the worker the scaler launched for job-due
+    // (its row's pinned_job) claims job-due by id before it polls, then serves the queue: the
+    // other job, then job-due's own message, dropped as not claimable.
+    let dir = tempdir("pinned");
+    let w = World::default();
+    register_on_demand(&w, "i-od", Some("job-due"));
+    script(&w, "other", 10);
+    script(&w, "due", 30);
+    submit(&w, "job-other", "other", 1, 600.0);
+    submit_with_deadline(&w, "job-due", "due", 1_000.0);
+    let (r, _) = agent_until(
+        &w,
+        "i-od",
+        &cfg(&dir),
+        std::future::pending(),
+        Some(on_demand_metadata("i-od")),
+    )
+    .await;
+    assert_eq!(r.pinned_claimed.as_deref(), Some("job-due"));
+    let order: Vec<String> = w.launcher.started().iter().map(|c| c.argv[0].clone()).collect();
+    assert_eq!(order, ["due", "other"]);
+    assert_eq!(r.dropped, 1, "job-due's message, received after it ran");
+    assert_eq!(job(&w, "job-due").state, JobState::Succeeded);
+    assert_eq!(job(&w, "job-other").state, JobState::Succeeded);
+    assert!(w.inbox.remaining().is_empty(), "{:?}", w.inbox.remaining());
+
+    // A pinned job already taken by another worker (or finished) is left alone.
+    let dir = tempdir("pinned-gone");
+    let w = World::default();
+    register_on_demand(&w, "i-od", Some("job-gone"));
+    script(&w, "due", 30);
+    submit_with_deadline(&w, "job-gone", "due", 1_000.0);
+    let mut rec = job(&w, "job-gone");
+    rec.state = JobState::Succeeded;
+    w.jobs.put(rec);
+    let (r, _) = agent_until(
+        &w,
+        "i-od",
+        &cfg(&dir),
+        std::future::pending(),
+        Some(on_demand_metadata("i-od")),
+    )
+    .await;
+    assert_eq!(r.pinned_claimed, None);
+    assert!(r.jobs.is_empty());
+    assert_eq!(r.exit, ExitReason::IdleTimeout);
 }

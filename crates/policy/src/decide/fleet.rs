@@ -2,6 +2,7 @@
 
 use crate::config::PolicyConfig;
 use crate::observation::{Observation, WorkerState, WorkerView};
+use crate::offering::CapacityType;
 
 use super::FreeClass;
 
@@ -52,11 +53,16 @@ pub(crate) struct Fleet<'a> {
     /// Cheapest price of a live worker per (GPUs, GPU memory bits), $/h: what the warm pool of a
     /// shape is priced at without ranking the catalogue.
     pub(crate) cheapest: Vec<((u32, u64), f64)>,
+    /// Queued jobs a booting worker was launched for (pinned): that worker is their capacity, so
+    /// matching skips them and nobody else counts the worker.
+    pub(crate) pinned_met: Vec<&'a str>,
 }
 
 /// One pass over the workers: spend, live workers, free capacity per lane by class (running
 /// workers whose job ends within the short-job horizon give short jobs credit: the rest of the
-/// horizon), idle and booting workers per lane, the budget breaker. `now`: unix seconds.
+/// horizon), idle and booting workers per lane, the budget breaker. A booting worker pinned to a
+/// queued job is that job's: neither free nor in the booting list (never cancelled while its job
+/// waits), the job in `pinned_met`. `now`: unix seconds.
 pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Fleet<'a> {
     let nl = cfg.lanes.len();
     let mut f = Fleet {
@@ -72,7 +78,22 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
         pending: vec![Vec::new(); nl],
         breaker: None,
         cheapest: Vec::new(),
+        pinned_met: Vec::new(),
     };
+    let pinned: Vec<&str> = obs
+        .workers
+        .iter()
+        .filter(|w| w.state == WorkerState::Pending)
+        .filter_map(|w| w.pinned_job.as_deref())
+        .collect();
+    if !pinned.is_empty() {
+        f.pinned_met = obs
+            .jobs
+            .iter()
+            .filter(|j| pinned.contains(&j.id.as_str()))
+            .map(|j| j.id.as_str())
+            .collect();
+    }
     for w in obs.workers.iter().filter(|w| w.lane < nl) {
         if w.state != WorkerState::Terminating {
             f.spend += w.price_usd_per_h;
@@ -86,6 +107,10 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
             f.live_total += 1;
             f.lane_live[w.lane] += 1;
             f.last_launch[w.lane] = f.last_launch[w.lane].max(w.launched_at);
+        }
+        if w.state == WorkerState::Pending && w.pinned_job.as_deref().is_some_and(|j| f.pinned_met.contains(&j)) {
+            // Booting for a job still queued: that job's, not free.
+            continue;
         }
         let horizon = cfg.offers.short_job_horizon_s;
         let (idle, pending, credit) = match (w.state, w.busy_until) {
@@ -101,9 +126,10 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
             _ => continue,
         };
         let classes = &mut f.free[w.lane];
+        let spot = w.offering.capacity_type == CapacityType::Spot;
         match classes
             .iter_mut()
-            .find(|c| c.gpus == w.gpus && c.mem == w.gpu_memory_gib)
+            .find(|c| c.gpus == w.gpus && c.mem == w.gpu_memory_gib && c.spot == spot)
         {
             Some(c) => {
                 c.idle += idle;
@@ -113,6 +139,7 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
             None => classes.push(FreeClass {
                 gpus: w.gpus,
                 mem: w.gpu_memory_gib,
+                spot,
                 idle,
                 pending,
                 credit,
@@ -121,7 +148,14 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
     }
     f.breaker = cfg.limits.max_usd_per_h.filter(|cap| f.spend > *cap);
     for classes in &mut f.free {
-        classes.sort_by(|a, b| a.gpus.cmp(&b.gpus).then(a.mem.total_cmp(&b.mem)));
+        // Spot before on-demand within a size: a job matched to either takes spot, which leaves
+        // the on-demand workers to jobs whose deadline keeps them off spot.
+        classes.sort_by(|a, b| {
+            a.gpus
+                .cmp(&b.gpus)
+                .then(a.mem.total_cmp(&b.mem))
+                .then(b.spot.cmp(&a.spot))
+        });
     }
     f.free_before = f
         .free
@@ -181,6 +215,7 @@ mod tests {
             project: Some("p".into()),
             job_type: None,
             busy_until: None,
+            pinned_job: None,
             seq: 0,
             offering: crate::offering::OfferingKey {
                 instance_type: "g5.xlarge".into(),

@@ -1,6 +1,7 @@
 //! Phase 2: queued jobs matched to free capacity.
 
 use crate::config::PolicyConfig;
+use crate::deadline::keeps_off_spot;
 use crate::observation::{Observation, PendingJob};
 use crate::shape::fits;
 
@@ -8,9 +9,14 @@ use super::fleet::Fleet;
 use super::{short_runtime, FreeClass};
 
 /// Queued jobs per lane, most urgent first: earliest deadline, then longest queued, then id.
-pub(crate) fn queues<'a>(obs: &Observation<'a>, nl: usize) -> Vec<Vec<&'a PendingJob>> {
+/// Jobs in `pinned_met` (a booting worker was launched for each) are left out.
+pub(crate) fn queues<'a>(obs: &Observation<'a>, nl: usize, pinned_met: &[&str]) -> Vec<Vec<&'a PendingJob>> {
     let mut by_lane: Vec<Vec<&'a PendingJob>> = vec![Vec::new(); nl];
-    for j in obs.jobs.iter().filter(|j| j.lane < nl) {
+    for j in obs
+        .jobs
+        .iter()
+        .filter(|j| j.lane < nl && !pinned_met.contains(&j.id.as_str()))
+    {
         by_lane[j.lane].push(j);
     }
     for jobs in &mut by_lane {
@@ -31,6 +37,7 @@ pub(crate) fn queues<'a>(obs: &Observation<'a>, nl: usize) -> Vec<Vec<&'a Pendin
 /// unmet per lane, in order.
 pub(crate) fn match_jobs<'a>(
     cfg: &PolicyConfig,
+    now: f64,
     queued: &[Vec<&'a PendingJob>],
     fleet: &mut Fleet<'a>,
 ) -> Vec<Vec<&'a PendingJob>> {
@@ -39,7 +46,12 @@ pub(crate) fn match_jobs<'a>(
     for (lane, jobs) in queued.iter().enumerate() {
         for &job in jobs {
             let min_mem = job.min_gpu_memory_gib.max(oc.min_gpu_memory_gib);
-            let fit = |c: &FreeClass| fits(c.gpus, c.mem, job.gpus_per_instance, min_mem, oc.max_gpu_oversize);
+            // A job whose deadline is at risk on spot counts on-demand capacity only.
+            let runtime = job.est_runtime_s.unwrap_or(oc.default_runtime_s);
+            let off_spot = keeps_off_spot(job.deadline, runtime, now, job.enqueued_at, cfg);
+            let fit = |c: &FreeClass| {
+                !(off_spot && c.spot) && fits(c.gpus, c.mem, job.gpus_per_instance, min_mem, oc.max_gpu_oversize)
+            };
             let free = &mut fleet.free[lane];
             let short = short_runtime(job, oc);
             if let Some(rt) = short {
@@ -112,7 +124,15 @@ mod tests {
             project: None,
             job_type: None,
             busy_until: None,
+            pinned_job: None,
         }
+    }
+
+    /// An on-demand worker.
+    fn on_demand(id: &str, state: WorkerState, gpus: u32) -> WorkerView {
+        let mut w = worker(id, state, gpus);
+        w.offering.capacity_type = crate::offering::CapacityType::OnDemand;
+        w
     }
 
     /// A running 1-GPU worker whose job ends at `busy_until` (now is 0).
@@ -134,8 +154,8 @@ mod tests {
             unavailable: &[],
         };
         let mut f = figures(&obs, &cfg, 0.0);
-        let q = queues(&obs, cfg.lanes.len());
-        match_jobs(&cfg, &q, &mut f)
+        let q = queues(&obs, cfg.lanes.len(), &f.pinned_met);
+        match_jobs(&cfg, 0.0, &q, &mut f)
             .into_iter()
             .flatten()
             .map(|j| j.id.clone())
@@ -203,6 +223,40 @@ mod tests {
                     job("s1", 1, 10.0, 30.0, None),
                     job("s2", 1, 11.0, 30.0, None),
                     job("s3", 1, 12.0, 30.0, None),
+                ],
+                &[],
+            ),
+            // Deadlines (now 0; at risk under 1,980 s of slack; off spot from 390 s of it).
+            (
+                "a job whose deadline is at risk on spot does not count a spot worker",
+                vec![worker("w1", Idle, 1), worker("w2", Pending, 1)],
+                vec![job("d", 1, 10.0, long, Some(long + 1_000.0))],
+                &["d"],
+            ),
+            (
+                "it counts an on-demand one, idle or booting",
+                vec![on_demand("w1", Pending, 1)],
+                vec![job("d", 1, 10.0, long, Some(long + 1_000.0))],
+                &[],
+            ),
+            (
+                "with ample slack a deadline job takes spot",
+                vec![worker("w1", Idle, 1)],
+                vec![job("d", 1, 10.0, long, Some(long + 5_000.0))],
+                &[],
+            ),
+            (
+                "with less slack than a cold start any worker up is its best chance",
+                vec![worker("w1", Idle, 1)],
+                vec![job("d", 1, 10.0, long, Some(long + 100.0))],
+                &[],
+            ),
+            (
+                "a job that may take either takes spot, leaving on-demand to the one that may not",
+                vec![on_demand("od", Idle, 1), worker("sp", Idle, 1)],
+                vec![
+                    job("late", 1, 10.0, long, Some(long - 200.0)),
+                    job("d", 1, 20.0, long, Some(long + 1_000.0)),
                 ],
                 &[],
             ),

@@ -27,11 +27,13 @@ use crate::config::PolicyConfig;
 use crate::observation::{Observation, PendingJob};
 use crate::plan::{LanePlan, Plan};
 
-/// A class of free capacity in a lane: workers with the same GPUs and memory.
+/// A class of free capacity in a lane: workers with the same GPUs, memory and capacity type.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct FreeClass {
     pub(crate) gpus: u32,
     pub(crate) mem: f64,
+    /// Spot workers (a job whose deadline is at risk on spot does not count them).
+    pub(crate) spot: bool,
     pub(crate) idle: u32,
     pub(crate) pending: u32,
     /// Seconds of short-job work the workers already taken from this class can still absorb.
@@ -55,8 +57,8 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
     let nl = cfg.lanes.len();
     let mut plan = Plan::default();
     let mut fleet = fleet::figures(obs, cfg, now);
-    let queued = matching::queues(obs, nl);
-    let unmet = matching::match_jobs(cfg, &queued, &mut fleet);
+    let queued = matching::queues(obs, nl, &fleet.pinned_met);
+    let unmet = matching::match_jobs(cfg, now, &queued, &mut fleet);
     let mut lanes: Vec<LanePlan> = unmet
         .iter()
         .map(|u| LanePlan {

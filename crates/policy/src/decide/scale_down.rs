@@ -3,6 +3,7 @@
 use crate::config::{KeepAliveMode, PolicyConfig};
 use crate::keepalive;
 use crate::observation::{LaneId, Observation, WorkerView};
+use crate::offering::CapacityType;
 use crate::plan::{Action, Plan, Reason};
 
 use super::fleet::Fleet;
@@ -19,11 +20,18 @@ pub(crate) fn skip_consumed<'a>(
     if consumed_total == 0 {
         return idle.to_vec();
     }
-    // Per class (GPUs, memory bits), the idle workers to skip; a fleet has few classes, so a
-    // list beats hashing (this runs on every decision).
-    let mut to_skip: Vec<((u32, u64), u32)> = Vec::new();
+    // Per class (GPUs, memory bits, spot), the idle workers to skip; a fleet has few classes,
+    // so a list beats hashing (this runs on every decision).
+    let class = |w: &WorkerView| {
+        (
+            w.gpus,
+            w.gpu_memory_gib.to_bits(),
+            w.offering.capacity_type == CapacityType::Spot,
+        )
+    };
+    let mut to_skip: Vec<((u32, u64, bool), u32)> = Vec::new();
     for w in idle {
-        let k = (w.gpus, w.gpu_memory_gib.to_bits());
+        let k = class(w);
         match to_skip.iter_mut().find(|e| e.0 == k) {
             Some(e) => e.1 += 1,
             None => to_skip.push((k, 1)),
@@ -32,13 +40,13 @@ pub(crate) fn skip_consumed<'a>(
     for (k, n) in &mut to_skip {
         let left = after
             .iter()
-            .find(|c| c.gpus == k.0 && c.mem.to_bits() == k.1)
+            .find(|c| c.gpus == k.0 && c.mem.to_bits() == k.1 && c.spot == k.2)
             .map_or(0, |c| c.idle);
         *n = n.saturating_sub(left);
     }
     idle.iter()
         .filter(|w| {
-            let k = (w.gpus, w.gpu_memory_gib.to_bits());
+            let k = class(w);
             match to_skip.iter_mut().find(|e| e.0 == k) {
                 Some((_, n)) if *n > 0 => {
                     *n -= 1;

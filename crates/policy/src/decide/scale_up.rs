@@ -11,22 +11,6 @@ use crate::plan::{Action, Held, LaunchShape, Plan, Reason};
 use super::fleet::Fleet;
 use super::short_runtime;
 
-/// Seconds of slack of a job: deadline - now - expected runtime; `None` without a deadline.
-fn slack_s(job: &PendingJob, runtime_s: f64, now: f64) -> Option<f64> {
-    job.deadline.map(|d| d - now - runtime_s)
-}
-
-/// Slack below which a job with a deadline goes to on-demand, seconds: a spot start must leave
-/// room for one interruption (the work since the last checkpoint, at most one interval, and the
-/// replacement's cold start) and then an on-demand cold start, plus the margin:
-/// `2 x boot_estimate_s + checkpoint_interval_s + deadline_margin_s`. This is the Can't Be Late
-/// rule (Wu et al., NSDI'24): run on spot while the slack covers a restart, switch for good
-/// once it no longer does. Jobs are re-decided each time they queue, so a job interrupted on spot
-/// comes back on on-demand once its slack has shrunk below this.
-pub(crate) fn deadline_threshold_s(cfg: &PolicyConfig) -> f64 {
-    2.0 * cfg.offers.boot_estimate_s + cfg.offers.checkpoint_interval_s + cfg.limits.deadline_margin_s
-}
-
 /// Launch for the unmet jobs of every lane, lanes by priority: held while frozen or over the
 /// budget cap; a lane with no live worker launches once its backlog reaches its activation
 /// threshold, a live lane once enough jobs are unmet; only jobs queued longer than the scale-up
@@ -249,8 +233,7 @@ fn scale_up_lane<'a>(
             }
         }
         // Deadline at risk on spot: on-demand capacity of its own.
-        let at_risk = slack_s(job, runtime, now)
-            .filter(|s| *s < deadline_threshold_s(cfg))
+        let at_risk = crate::deadline::at_risk_slack_s(job.deadline, runtime, now, cfg)
             .filter(|_| lc.capacity != CapacityPreference::OnDemand);
         let capacity = if at_risk.is_some() {
             CapacityPreference::OnDemand

@@ -93,6 +93,7 @@ pub fn worker(
         project: None,
         job_type: None,
         busy_until: None,
+        pinned_job: None,
     }
 }
 

@@ -25,6 +25,7 @@ pub fn cfg(dir: &std::path::Path) -> AgentConfig {
         deployment: "test".into(),
         gpus: None,
         job_user: None,
+        policy: Default::default(),
     }
 }
 
