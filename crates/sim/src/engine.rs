@@ -426,6 +426,8 @@ struct World {
     running_jobs: u32,
     /// The strategy's workers run onoff's agent ([`Strategy::runs_onoff_agent`]).
     onoff_agent: bool,
+    /// Booted workers held for the multi-instance job they were launched for, by job index.
+    reserved: HashMap<usize, Vec<u64>>,
 }
 
 impl World {
@@ -487,13 +489,13 @@ impl World {
             return Err(res.short.swap_remove(0).1);
         }
         // The job the capacity is pinned to (a deadline at risk on spot): its worker claims it
-        // first when it boots, as the agent does. Single-instance jobs only; the simulator names
+        // first when it boots, as the agent does ([`World::start_pinned`]). The simulator names
         // jobs `job-<index>`.
         let pinned = req
             .job
             .as_deref()
             .and_then(|j| j.strip_prefix("job-")?.parse::<usize>().ok())
-            .filter(|&j| self.jobs.get(j).is_some_and(|j| j.instances <= 1));
+            .filter(|&j| j < self.jobs.len());
         let n = ok.len() as u32;
         for (i, &o) in ok.iter().enumerate() {
             let count = req.count / n + u32::from((i as u32) < req.count % n);
@@ -558,9 +560,6 @@ impl World {
             self.by_num.push((self.workers.len() - 1) as u32);
             self.by_id.insert(id.clone(), num);
             self.push(self.now + boot, Ev::BootDone(num));
-            if std::env::var("DIAG").is_ok() && !spot {
-                eprintln!("ODLAUNCH num {num} t {:.0} ready {:.0}", self.now, self.now + boot);
-            }
             if spot && self.cfg.interruptions && self.measured.is_none() {
                 let rate = rate * self.cfg.interruption_rate_factor;
                 if rate > 0.0 {
@@ -849,23 +848,62 @@ impl World {
         chosen
     }
 
-    /// Worker `i` just booted: if it was launched for a job still queued, it starts that job
-    /// (the agent claims its pinned job before it polls the queue). True when it did.
+    /// Worker `i` just booted: if it was launched for a job still queued, it is that job's (the
+    /// agent claims its pinned job before it polls the queue). A single-instance job starts at
+    /// once; a multi-instance one (the simulator's gang jobs) starts when its last pinned worker
+    /// is up, its booted workers held for it meanwhile. True when the worker was taken.
     fn start_pinned(&mut self, i: usize, pcfg: &PolicyConfig) -> bool {
-        let Some(job) = self.wsim[i].pinned.take().filter(|_| self.onoff_agent) else {
+        let pinned = self.wsim[i].pinned.take().filter(|_| self.onoff_agent);
+        let queued = pinned.and_then(|job| Some((job, self.queued_idx.iter().position(|&j| j == job)?)));
+        let Some((job, qi)) = queued else {
+            self.workers[i].pinned_job = None;
             return false;
         };
-        let Some(qi) = self.queued_idx.iter().position(|&j| j == job) else {
-            return false;
-        };
+        let need = self.jobs[job].instances.max(1) as usize;
+        let mut held = self.reserved.remove(&job).unwrap_or_default();
+        held.push(self.wsim[i].num);
+        // Workers held earlier that are still up and idle.
+        let mut up: Vec<usize> = held
+            .iter()
+            .filter_map(|&n| self.worker_idx(n))
+            .filter(|&k| self.workers[k].state == WorkerState::Idle && self.wsim[k].job.is_none())
+            .collect();
+        if up.len() < need {
+            // Held (its view keeps `pinned_job`, so the policy counts it for the job alone).
+            let nums = up.iter().map(|&k| self.wsim[k].num).collect();
+            self.reserved.insert(job, nums);
+            return true;
+        }
+        for &k in &up {
+            self.workers[k].pinned_job = None;
+        }
+        up.truncate(need);
         let pj = self.queued.remove(qi);
         self.queued_idx.remove(qi);
         self.lanes[pj.lane].backlog.visible -= 1;
-        self.start_job(job, &[i], pcfg);
+        self.start_job(job, &up, pcfg);
         true
     }
 
+    /// Job `job` started or ended otherwise: the workers held for it (see
+    /// [`World::start_pinned`]) go back to serving the queue.
+    fn release_reserved(&mut self, job: usize) {
+        if let Some(nums) = self.reserved.remove(&job) {
+            for n in nums {
+                if let Some(k) = self.worker_idx(n) {
+                    self.workers[k].pinned_job = None;
+                    if self.workers[k].state == WorkerState::Idle && self.wsim[k].job.is_none() {
+                        self.list_idle(k);
+                    }
+                }
+            }
+        }
+    }
+
     fn start_job(&mut self, job: usize, workers: &[usize], pcfg: &PolicyConfig) {
+        if !self.reserved.is_empty() {
+            self.release_reserved(job);
+        }
         let mut sp = f64::INFINITY;
         let mut nums = Vec::with_capacity(workers.len());
         for &i in workers {
@@ -882,17 +920,6 @@ impl World {
             ws.job = Some(job);
             sp = sp.min(speed(&pcfg.offers, &self.offerings[ws.offering].gpu_model));
             nums.push(ws.num);
-        }
-        if std::env::var("DIAG").is_ok() && self.jobs[job].deadline.is_finite() {
-            let j = &self.jobs[job];
-            let spot = workers.iter().any(|&i| self.wsim[i].spot);
-            eprintln!(
-                "START job {job} arr {:.0} t {:.0} slack {:.0} spot {spot} epoch {}",
-                j.arrival,
-                self.now,
-                j.deadline - self.now - j.remaining,
-                j.epoch
-            );
         }
         let j = &mut self.jobs[job];
         if j.started_first.is_nan() {
@@ -1165,6 +1192,7 @@ pub fn run(
         last_completion: t0,
         running_jobs: 0,
         onoff_agent: strategy.runs_onoff_agent(),
+        reserved: HashMap::new(),
     };
     // Arrivals are fed from the (sorted) trace as the clock reaches them, so the event heap stays
     // small; at equal times an arrival goes first, as if it had been queued first. A hand-made
@@ -1251,7 +1279,6 @@ pub fn run(
                         w.workers[i].state = WorkerState::Idle;
                         w.workers[i].idle_since = Some(now);
                         w.workers[i].project = None;
-                        w.workers[i].pinned_job = None;
                         w.wsim[i].idle_from = Some(now);
                         if !w.start_pinned(i, &pcfg) {
                             w.list_idle(i);
@@ -1393,17 +1420,6 @@ pub fn run(
         deadlines_missed += u64::from(missed);
         deadlines_need_warm += u64::from(slack < cfg.boot_min_s);
         if slack >= cfg.boot_max_s {
-            if missed && std::env::var("DIAG").is_ok() {
-                eprintln!(
-                    "MISS arr {:.0} dur {:.0} slack {:.0} first_start_wait {:.0} epochs {} late {:.0}",
-                    j.arrival,
-                    t.duration_s,
-                    slack,
-                    j.started_first - j.arrival,
-                    j.epoch,
-                    j.finished_at - j.deadline
-                );
-            }
             deadlines_with_slack += 1;
             deadlines_missed_with_slack += u64::from(missed);
         }

@@ -466,6 +466,44 @@ fn a_job_whose_deadline_is_at_risk_waits_for_on_demand_rather_than_an_idle_spot_
     assert_eq!(r.launches, 1, "{:?}", r.launches_by_offering);
 }
 
+#[test]
+fn the_workers_launched_for_a_multi_instance_job_are_held_for_it_until_all_are_up() {
+    // 1-GPU types only, so B (2 GPUs) runs on two instances. Deadlines at 1.5 x the run time.
+    // A (0 s, 10,000 s) runs on spot to 10,300 s; its worker idles (idle timeout 10,000 s) but B
+    // may not use spot: B (10,400 s, 1,600 s, 800 s of slack) gets two on-demand instances pinned
+    // to it, up at 10,700 s. C (10,450 s, 10,000 s, ample slack) finds A's idle spot worker and
+    // starts at once. D (10,460 s, 10,000 s) gets a spot launch of its own, up at 10,760 s. When
+    // B's first instance boots it is held for B (not handed to a job queued behind it), and B
+    // starts on both at 10,700 s: every wait is 0 or one boot, no deadline missed.
+    let offs = vec![
+        spot("one.gpu", "NVIDIA T", 0.3),
+        offering("one.gpu", CapacityType::OnDemand, 1, 1.0),
+    ];
+    let t = trace(&[
+        (0.0, 10_000.0, 1),
+        (10_400.0, 1_600.0, 2),
+        (10_450.0, 10_000.0, 1),
+        (10_460.0, 10_000.0, 1),
+    ]);
+    let s = SimConfig {
+        deadline_fraction: 1.0,
+        deadline_slack: 1.5,
+        max_gpus_per_instance: 1,
+        ..sim(300.0)
+    };
+    let mut st = PolicyStrategy::new("onoff", policy(10_000.0));
+    let r = run(&t, &offs, &mut st, &s, &mut |_| {});
+    assert_eq!(r.jobs_completed, 4);
+    assert_eq!(r.deadlines_missed, 0);
+    assert_eq!(
+        r.launches_by_offering.get("one.gpu/on-demand"),
+        Some(&2),
+        "{:?}",
+        r.launches_by_offering
+    );
+    assert!(close(r.wait_p99_s, 300.0), "p99 wait {} s", r.wait_p99_s);
+}
+
 /// One zone `us-east-1a` whose spot is unavailable from 1,000 s to 1,500 s of every 11,500 s
 /// (ticks of 100 s: 10 available, 5 unavailable, 100 available).
 fn measured() -> Preemptions {

@@ -53,16 +53,18 @@ pub(crate) struct Fleet<'a> {
     /// Cheapest price of a live worker per (GPUs, GPU memory bits), $/h: what the warm pool of a
     /// shape is priced at without ranking the catalogue.
     pub(crate) cheapest: Vec<((u32, u64), f64)>,
-    /// Queued jobs a booting worker was launched for (pinned): that worker is their capacity, so
-    /// matching skips them and nobody else counts the worker.
+    /// Queued jobs whose pinned workers (booting, or up and not yet running it: launched for the
+    /// job) are as many as the job's instances: those workers are its capacity, so matching skips
+    /// the job and nobody else counts the workers.
     pub(crate) pinned_met: Vec<&'a str>,
 }
 
 /// One pass over the workers: spend, live workers, free capacity per lane by class (running
 /// workers whose job ends within the short-job horizon give short jobs credit: the rest of the
-/// horizon), idle and booting workers per lane, the budget breaker. A booting worker pinned to a
-/// queued job is that job's: neither free nor in the booting list (never cancelled while its job
-/// waits), the job in `pinned_met`. `now`: unix seconds.
+/// horizon), idle and booting workers per lane, the budget breaker. Workers pinned to a queued job
+/// (booting, or up and held for it), as many as it has instances, are that job's: neither free nor
+/// in the idle or booting lists (never cancelled or released while the job waits), the job in
+/// `pinned_met`. `now`: unix seconds.
 pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Fleet<'a> {
     let nl = cfg.lanes.len();
     let mut f = Fleet {
@@ -80,17 +82,25 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
         cheapest: Vec::new(),
         pinned_met: Vec::new(),
     };
-    let pinned: Vec<&str> = obs
+    // Booting or idle workers per pinned job; a queued job with as many as it needs instances
+    // has its capacity.
+    let mut pinned: Vec<(&str, u32)> = Vec::new();
+    for j in obs
         .workers
         .iter()
-        .filter(|w| w.state == WorkerState::Pending)
+        .filter(|w| matches!(w.state, WorkerState::Pending | WorkerState::Idle))
         .filter_map(|w| w.pinned_job.as_deref())
-        .collect();
+    {
+        match pinned.iter_mut().find(|p| p.0 == j) {
+            Some(p) => p.1 += 1,
+            None => pinned.push((j, 1)),
+        }
+    }
     if !pinned.is_empty() {
         f.pinned_met = obs
             .jobs
             .iter()
-            .filter(|j| pinned.contains(&j.id.as_str()))
+            .filter(|j| pinned.iter().any(|p| p.0 == j.id && p.1 >= j.instances.max(1)))
             .map(|j| j.id.as_str())
             .collect();
     }
@@ -108,8 +118,10 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
             f.lane_live[w.lane] += 1;
             f.last_launch[w.lane] = f.last_launch[w.lane].max(w.launched_at);
         }
-        if w.state == WorkerState::Pending && w.pinned_job.as_deref().is_some_and(|j| f.pinned_met.contains(&j)) {
-            // Booting for a job still queued: that job's, not free.
+        if matches!(w.state, WorkerState::Pending | WorkerState::Idle)
+            && w.pinned_job.as_deref().is_some_and(|j| f.pinned_met.contains(&j))
+        {
+            // Booting, or up and held, for a job still queued: that job's, not free.
             continue;
         }
         let horizon = cfg.offers.short_job_horizon_s;

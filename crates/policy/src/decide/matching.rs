@@ -46,27 +46,34 @@ pub(crate) fn match_jobs<'a>(
     for (lane, jobs) in queued.iter().enumerate() {
         for &job in jobs {
             let min_mem = job.min_gpu_memory_gib.max(oc.min_gpu_memory_gib);
-            // A job whose deadline is at risk on spot counts on-demand capacity only.
+            // A job whose deadline is at risk on spot counts idle on-demand workers only: a booting
+            // one, or a busy one it would queue behind, may go to a job queued ahead of it (workers
+            // take the oldest message), so it gets capacity launched for it instead (pinned).
             let runtime = job.est_runtime_s.unwrap_or(oc.default_runtime_s);
             let off_spot = keeps_off_spot(job.deadline, runtime, now, job.enqueued_at, cfg);
             let fit = |c: &FreeClass| {
                 !(off_spot && c.spot) && fits(c.gpus, c.mem, job.gpus_per_instance, min_mem, oc.max_gpu_oversize)
             };
             let free = &mut fleet.free[lane];
-            let short = short_runtime(job, oc);
+            let short = short_runtime(job, oc).filter(|_| !off_spot);
             if let Some(rt) = short {
                 if let Some(c) = free.iter_mut().find(|c| fit(c) && c.credit >= rt) {
                     c.credit -= rt;
                     continue;
                 }
             }
-            let avail: u32 = free.iter().filter(|c| fit(c)).map(|c| c.idle + c.pending).sum();
+            let avail: u32 = free
+                .iter()
+                .filter(|c| fit(c))
+                .map(|c| c.idle + if off_spot { 0 } else { c.pending })
+                .sum();
             if avail < job.instances.max(1) {
                 unmet[lane].push(job);
                 continue;
             }
             let mut need = job.instances.max(1);
-            for pending in [false, true] {
+            let phases: &[bool] = if off_spot { &[false] } else { &[false, true] };
+            for &pending in phases {
                 for c in free.iter_mut().filter(|c| fit(c)) {
                     let slot = if pending { &mut c.pending } else { &mut c.idle };
                     let take = need.min(*slot);
@@ -234,10 +241,16 @@ mod tests {
                 &["d"],
             ),
             (
-                "it counts an on-demand one, idle or booting",
-                vec![on_demand("w1", Pending, 1)],
+                "it counts an idle on-demand one",
+                vec![on_demand("w1", Idle, 1)],
                 vec![job("d", 1, 10.0, long, Some(long + 1_000.0))],
                 &[],
+            ),
+            (
+                "not a booting one (a job queued ahead may take it): capacity is launched for it",
+                vec![on_demand("w1", Pending, 1)],
+                vec![job("d", 1, 10.0, long, Some(long + 1_000.0))],
+                &["d"],
             ),
             (
                 "with ample slack a deadline job takes spot",
