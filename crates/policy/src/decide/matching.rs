@@ -1,6 +1,6 @@
 //! Phase 2: queued jobs matched to free capacity.
 
-use crate::config::PolicyConfig;
+use crate::config::{CapacityPreference, PolicyConfig};
 use crate::deadline::keeps_off_spot;
 use crate::observation::{Observation, PendingJob};
 use crate::shape::fits;
@@ -43,6 +43,15 @@ pub(crate) fn match_jobs<'a>(
 ) -> Vec<Vec<&'a PendingJob>> {
     let oc = &cfg.offers;
     let mut unmet: Vec<Vec<&'a PendingJob>> = vec![Vec::new(); queued.len()];
+    // Lanes that may launch spot (an on-demand lane has no spot worker to keep a job off, and no
+    // capacity pinned to a job: its at-risk jobs match as any other).
+    let spot_lane: Vec<bool> = (0..queued.len())
+        .map(|l| {
+            cfg.lanes
+                .get(l)
+                .is_none_or(|lc| lc.capacity != CapacityPreference::OnDemand)
+        })
+        .collect();
     for (lane, jobs) in queued.iter().enumerate() {
         for &job in jobs {
             let min_mem = job.min_gpu_memory_gib.max(oc.min_gpu_memory_gib);
@@ -50,7 +59,7 @@ pub(crate) fn match_jobs<'a>(
             // one, or a busy one it would queue behind, may go to a job queued ahead of it (workers
             // take the oldest message), so it gets capacity launched for it instead (pinned).
             let runtime = job.est_runtime_s.unwrap_or(oc.default_runtime_s);
-            let off_spot = keeps_off_spot(job.deadline, runtime, now, job.enqueued_at, cfg);
+            let off_spot = spot_lane[lane] && keeps_off_spot(job.deadline, runtime, now, job.enqueued_at, cfg);
             let fit = |c: &FreeClass| {
                 !(off_spot && c.spot) && fits(c.gpus, c.mem, job.gpus_per_instance, min_mem, oc.max_gpu_oversize)
             };
@@ -151,8 +160,17 @@ mod tests {
     }
 
     /// (workers, jobs) -> the ids left unmet.
+    /// In one spot-first lane (the default config's first lane, `express`, is on-demand).
     fn unmet(workers: &[WorkerView], jobs: &[PendingJob]) -> Vec<String> {
-        let cfg = PolicyConfig::default();
+        let cfg = PolicyConfig {
+            lanes: vec![crate::config::LaneConfig::default()],
+            ..PolicyConfig::default()
+        };
+        assert_eq!(cfg.lanes[0].capacity, CapacityPreference::SpotFirst);
+        unmet_with(&cfg, workers, jobs)
+    }
+
+    fn unmet_with(cfg: &PolicyConfig, workers: &[WorkerView], jobs: &[PendingJob]) -> Vec<String> {
         let obs = Observation {
             lanes: &[],
             jobs,
@@ -160,9 +178,9 @@ mod tests {
             offerings: &[],
             unavailable: &[],
         };
-        let mut f = figures(&obs, &cfg, 0.0);
+        let mut f = figures(&obs, cfg, 0.0);
         let q = queues(&obs, cfg.lanes.len(), &f.pinned_met);
-        match_jobs(&cfg, 0.0, &q, &mut f)
+        match_jobs(cfg, 0.0, &q, &mut f)
             .into_iter()
             .flatten()
             .map(|j| j.id.clone())
@@ -274,6 +292,18 @@ mod tests {
                 &[],
             ),
         ];
+        // In an on-demand lane there is no spot to keep a job off: a booting worker counts.
+        let mut od_lane = PolicyConfig {
+            lanes: vec![crate::config::LaneConfig::default()],
+            ..PolicyConfig::default()
+        };
+        od_lane.lanes[0].capacity = CapacityPreference::OnDemand;
+        let (ws, js) = (
+            [on_demand("w1", Pending, 1)],
+            [job("d", 1, 10.0, long, Some(long + 1_000.0))],
+        );
+        assert_eq!(unmet_with(&od_lane, &ws, &js), Vec::<String>::new());
+        assert_eq!(unmet(&ws, &js), ["d"]);
         for (what, workers, jobs, want) in cases {
             assert_eq!(
                 unmet(workers, jobs),
