@@ -612,6 +612,23 @@ fn the_policy_the_parameters_assemble_parses_and_validates() {
         );
     }
     assert_eq!(cfg.limits.max_usd_per_h, None);
+    // The workers' agent takes the deadline rule's figures from ONOFF_POLICY, which the user data
+    // does not set (worker-image/README.md): the functions' policy must leave them at the
+    // defaults the agent then uses, or a spot worker would defer by another rule than the
+    // scaler's.
+    let d = onoff_policy::PolicyConfig::default();
+    assert_eq!(
+        (
+            cfg.offers.boot_estimate_s,
+            cfg.offers.checkpoint_interval_s,
+            cfg.limits.deadline_margin_s
+        ),
+        (
+            d.offers.boot_estimate_s,
+            d.offers.checkpoint_interval_s,
+            d.limits.deadline_margin_s
+        )
+    );
     assert!(cfg.offers.allowed_instance_types.is_empty());
     assert_eq!(cfg.offers.max_price_usd_per_h, None);
     assert_eq!(cfg.limits.max_workers_total, 64);
