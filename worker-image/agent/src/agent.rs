@@ -649,18 +649,7 @@ where
                 if let Err(e) = self.deps.inbox.delete(&msg.lane, &msg.receipt).await {
                     tracing::warn!(job = %job_id, error = %e, "delete claimed message (it reappears and is dropped)");
                 }
-                if self.cfg.gpus.is_some_and(|g| rec.spec.gpus > g) {
-                    self.hand_back(&rec).await;
-                    return None;
-                }
-                if let Some(why) = self.keeps_off_this_worker(&rec) {
-                    self.defer(&rec, why).await;
-                    return None;
-                }
-                let (report, exit) = self.run_job(&msg.lane, *rec, shutdown).await;
-                self.emit(&report);
-                self.report.jobs.push(report);
-                exit
+                self.run_claimed(&msg.lane, *rec, shutdown).await
             }
             Ok(Claim::NotClaimable(state)) => {
                 // Finished, or RUNNING under a live lease (if that lease is lost, the reaper
@@ -1418,6 +1407,24 @@ where
         self.end_attempt(job, AttemptEnd::HandedBack(why), None).await;
     }
 
+    /// A job this worker holds the claim of: handed back when it needs more GPUs than this worker
+    /// has, deferred when its deadline keeps it off this (spot) worker, run otherwise. `Some`
+    /// when the agent must exit.
+    async fn run_claimed(&mut self, lane: &str, job: JobRecord, shutdown: Shutdown<'_>) -> Option<ExitReason> {
+        if self.cfg.gpus.is_some_and(|g| job.spec.gpus > g) {
+            self.hand_back(&job).await;
+            return None;
+        }
+        if let Some(why) = self.keeps_off_this_worker(&job) {
+            self.defer(&job, why).await;
+            return None;
+        }
+        let (report, exit) = self.run_job(lane, job, shutdown).await;
+        self.emit(&report);
+        self.report.jobs.push(report);
+        exit
+    }
+
     /// Why this worker must not run `job` now, if it must not: a spot worker and a job whose
     /// deadline it would put at risk ([`keeps_off_spot`] with the job's declared run time, or the
     /// policy's default, and its creation as the time it queued, as the reconciler sees it).
@@ -1469,19 +1476,8 @@ where
             Ok(Claim::Claimed(rec)) => {
                 tracing::info!(job = %job_id, "claimed the job this worker was launched for");
                 self.report.pinned_claimed = Some(job_id.to_string());
-                if self.cfg.gpus.is_some_and(|g| rec.spec.gpus > g) {
-                    self.hand_back(&rec).await;
-                    return None;
-                }
-                if let Some(why) = self.keeps_off_this_worker(&rec) {
-                    self.defer(&rec, why).await;
-                    return None;
-                }
                 let lane = rec.spec.lane.clone();
-                let (report, exit) = self.run_job(&lane, *rec, shutdown).await;
-                self.emit(&report);
-                self.report.jobs.push(report);
-                exit
+                self.run_claimed(&lane, *rec, shutdown).await
             }
             Ok(other) => {
                 tracing::info!(job = %job_id, claim = ?other, "pinned job not claimable: left to the queue");

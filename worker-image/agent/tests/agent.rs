@@ -1077,6 +1077,13 @@ fn on_demand_metadata(id: &str) -> Arc<FakeMetadata> {
     Arc::new(md)
 }
 
+/// Run the agent of on-demand instance `id` until it exits.
+async fn on_demand_agent(w: &World, id: &str, dir: &std::path::Path) -> AgentReport {
+    agent_until(w, id, &cfg(dir), std::future::pending(), Some(on_demand_metadata(id)))
+        .await
+        .0
+}
+
 /// A job whose deadline leaves `slack_s` beyond its declared 30 s run time, created at T0.
 fn submit_with_deadline(w: &World, id: &str, program: &str, slack_s: f64) {
     submit(w, id, program, 1, 600.0);
@@ -1160,14 +1167,7 @@ async fn a_worker_launched_for_a_job_claims_that_job_first_and_its_message_is_dr
     script(&w, "due", 30);
     submit(&w, "job-other", "other", 1, 600.0);
     submit_with_deadline(&w, "job-due", "due", 1_000.0);
-    let (r, _) = agent_until(
-        &w,
-        "i-od",
-        &cfg(&dir),
-        std::future::pending(),
-        Some(on_demand_metadata("i-od")),
-    )
-    .await;
+    let r = on_demand_agent(&w, "i-od", &dir).await;
     assert_eq!(r.pinned_claimed.as_deref(), Some("job-due"));
     let order: Vec<String> = w.launcher.started().iter().map(|c| c.argv[0].clone()).collect();
     assert_eq!(order, ["due", "other"]);
@@ -1185,14 +1185,7 @@ async fn a_worker_launched_for_a_job_claims_that_job_first_and_its_message_is_dr
     let mut rec = job(&w, "job-gone");
     rec.state = JobState::Succeeded;
     w.jobs.put(rec);
-    let (r, _) = agent_until(
-        &w,
-        "i-od",
-        &cfg(&dir),
-        std::future::pending(),
-        Some(on_demand_metadata("i-od")),
-    )
-    .await;
+    let r = on_demand_agent(&w, "i-od", &dir).await;
     assert_eq!(r.pinned_claimed, None);
     assert!(r.jobs.is_empty());
     assert_eq!(r.exit, ExitReason::IdleTimeout);
