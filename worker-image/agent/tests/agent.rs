@@ -34,21 +34,26 @@ struct World {
 }
 
 fn register(w: &World, id: &str) {
+    register_as(w, id, CapacityType::Spot, None);
+}
+
+/// Register `id` as the scaler does: a g5.xlarge of `capacity`, launched for `pinned` (if any).
+fn register_as(w: &World, id: &str, capacity: CapacityType, pinned: Option<&str>) {
     pollster::block_on(w.registry.register_launch(WorkerRecord {
         id: id.into(),
         lane: "standard".into(),
         offering: OfferingKey {
             instance_type: "g5.xlarge".into(),
             zone: "us-east-1a".into(),
-            capacity_type: CapacityType::Spot,
+            capacity_type: capacity,
         },
-        price_usd_per_h: 0.36,
+        price_usd_per_h: if capacity == CapacityType::Spot { 0.36 } else { 1.006 },
         state: WorkerState::Pending,
         launched_at: T0,
         project: None,
         idle_since: None,
         heartbeat_at: None,
-        pinned_job: None,
+        pinned_job: pinned.map(str::to_string),
     }))
     .unwrap();
 }
@@ -1051,23 +1056,7 @@ async fn an_attempt_is_logged_its_lines_shipped_and_its_outputs_uploaded() {
 
 /// Register `id` as an on-demand worker launched for `pinned` (if any), as the scaler does.
 fn register_on_demand(w: &World, id: &str, pinned: Option<&str>) {
-    pollster::block_on(w.registry.register_launch(WorkerRecord {
-        id: id.into(),
-        lane: "standard".into(),
-        offering: OfferingKey {
-            instance_type: "g5.xlarge".into(),
-            zone: "us-east-1a".into(),
-            capacity_type: CapacityType::OnDemand,
-        },
-        price_usd_per_h: 1.006,
-        state: WorkerState::Pending,
-        launched_at: T0,
-        project: None,
-        idle_since: None,
-        heartbeat_at: None,
-        pinned_job: pinned.map(str::to_string),
-    }))
-    .unwrap();
+    register_as(w, id, CapacityType::OnDemand, pinned);
 }
 
 /// IMDS of an on-demand instance.
