@@ -315,6 +315,16 @@ impl Ord for Event {
     }
 }
 
+/// The id the policy sees for the trace's job `index`.
+fn job_id(index: usize) -> String {
+    format!("job-{index}")
+}
+
+/// The trace index of a job id made by [`job_id`].
+fn job_index(id: &str) -> Option<usize> {
+    id.strip_prefix("job-")?.parse().ok()
+}
+
 /// `World::by_num` of a worker that is gone.
 const NO_WORKER: u32 = u32::MAX;
 
@@ -489,13 +499,8 @@ impl World {
             return Err(res.short.swap_remove(0).1);
         }
         // The job the capacity is pinned to (a deadline at risk on spot): its worker claims it
-        // first when it boots, as the agent does ([`World::start_pinned`]). The simulator names
-        // jobs `job-<index>`.
-        let pinned = req
-            .job
-            .as_deref()
-            .and_then(|j| j.strip_prefix("job-")?.parse::<usize>().ok())
-            .filter(|&j| j < self.jobs.len());
+        // first when it boots, as the agent does ([`World::start_pinned`]).
+        let pinned = req.job.as_deref().and_then(job_index).filter(|&j| j < self.jobs.len());
         let n = ok.len() as u32;
         for (i, &o) in ok.iter().enumerate() {
             let count = req.count / n + u32::from((i as u32) < req.count % n);
@@ -542,7 +547,7 @@ impl World {
                 project: project.cloned(),
                 job_type: None,
                 busy_until: None,
-                pinned_job: pinned.map(|j| format!("job-{j}")),
+                pinned_job: pinned.map(job_id),
             });
             self.wsim.push(WorkerSim {
                 num,
@@ -740,7 +745,7 @@ impl World {
         let j = &self.jobs[job];
         let lane = self.lane_index(&self.cfg.lane);
         self.queued.push(PendingJob {
-            id: format!("job-{job}"),
+            id: job_id(job),
             lane,
             project: self.projects[j.project as usize].clone(),
             job_type: None,

@@ -299,6 +299,14 @@ fn spot(ty: &str, gpu_model: &str, price: f64) -> Offering {
     }
 }
 
+/// One 1-GPU type, spot at $0.30/h and on-demand at $1/h.
+fn spot_and_on_demand() -> Vec<Offering> {
+    vec![
+        spot("one.gpu", "NVIDIA T", 0.3),
+        offering("one.gpu", CapacityType::OnDemand, 1, 1.0),
+    ]
+}
+
 #[test]
 fn a_deadline_is_missed_when_the_job_ends_after_it() {
     // Deadline = arrival + 1.2 x run time. A (0 s, 1,000 s) waits for a 300 s boot and ends at
@@ -363,10 +371,7 @@ fn deadlines_are_seeded_exact_in_count_and_due_slack_times_the_run_time() {
 fn the_policy_sees_deadlines_and_all_on_demand_prices_what_spot_saved() {
     // Spot at $0.30/h and on-demand at $1/h. A job whose deadline leaves no slack for a spot
     // interruption goes on-demand (the policy's deadline rule); with ample slack it goes on spot.
-    let offs = vec![
-        spot("one.gpu", "NVIDIA T", 0.3),
-        offering("one.gpu", CapacityType::OnDemand, 1, 1.0),
-    ];
+    let offs = spot_and_on_demand();
     let t = trace(&[(0.0, 3600.0, 1)]);
     let with_slack = |slack: f64| SimConfig {
         deadline_fraction: 1.0,
@@ -418,10 +423,7 @@ fn a_job_whose_deadline_is_at_risk_waits_for_on_demand_rather_than_an_idle_spot_
     // (idle timeout 10,000 s). B (10,400 s, 1,600 s) has 800 s of slack: at risk on spot, and a
     // cold start (390 s estimated) still fits. It does not take the idle spot worker: on-demand
     // capacity is launched for it and it starts at 10,700 s, meeting its deadline (12,800 s).
-    let offs = vec![
-        spot("one.gpu", "NVIDIA T", 0.3),
-        offering("one.gpu", CapacityType::OnDemand, 1, 1.0),
-    ];
+    let offs = spot_and_on_demand();
     let t = trace(&[(0.0, 10_000.0, 1), (10_400.0, 1_600.0, 1)]);
     let s = SimConfig {
         deadline_fraction: 1.0,
@@ -475,10 +477,7 @@ fn the_workers_launched_for_a_multi_instance_job_are_held_for_it_until_all_are_u
     // starts at once. D (10,460 s, 10,000 s) gets a spot launch of its own, up at 10,760 s. When
     // B's first instance boots it is held for B (not handed to a job queued behind it), and B
     // starts on both at 10,700 s: every wait is 0 or one boot, no deadline missed.
-    let offs = vec![
-        spot("one.gpu", "NVIDIA T", 0.3),
-        offering("one.gpu", CapacityType::OnDemand, 1, 1.0),
-    ];
+    let offs = spot_and_on_demand();
     let t = trace(&[
         (0.0, 10_000.0, 1),
         (10_400.0, 1_600.0, 2),

@@ -9,7 +9,7 @@ use super::fleet::Fleet;
 use super::{short_runtime, FreeClass};
 
 /// Queued jobs per lane, most urgent first: earliest deadline, then longest queued, then id.
-/// Jobs in `pinned_met` (a booting worker was launched for each) are left out.
+/// Jobs in `pinned_met` (workers launched for each are booting or held for it) are left out.
 pub(crate) fn queues<'a>(obs: &Observation<'a>, nl: usize, pinned_met: &[&str]) -> Vec<Vec<&'a PendingJob>> {
     let mut by_lane: Vec<Vec<&'a PendingJob>> = vec![Vec::new(); nl];
     for j in obs
@@ -43,28 +43,27 @@ pub(crate) fn match_jobs<'a>(
 ) -> Vec<Vec<&'a PendingJob>> {
     let oc = &cfg.offers;
     let mut unmet: Vec<Vec<&'a PendingJob>> = vec![Vec::new(); queued.len()];
-    // Lanes that may launch spot (an on-demand lane has no spot worker to keep a job off, and no
-    // capacity pinned to a job: its at-risk jobs match as any other).
-    let spot_lane: Vec<bool> = (0..queued.len())
-        .map(|l| {
-            cfg.lanes
-                .get(l)
-                .is_none_or(|lc| lc.capacity != CapacityPreference::OnDemand)
-        })
-        .collect();
     for (lane, jobs) in queued.iter().enumerate() {
+        // A lane that may launch spot (an on-demand lane has no spot worker to keep a job off,
+        // and no capacity pinned to a job: its at-risk jobs match as any other).
+        let spot_lane = cfg
+            .lanes
+            .get(lane)
+            .is_none_or(|lc| lc.capacity != CapacityPreference::OnDemand);
         for &job in jobs {
             let min_mem = job.min_gpu_memory_gib.max(oc.min_gpu_memory_gib);
             // A job whose deadline is at risk on spot counts idle on-demand workers only: a booting
             // one, or a busy one it would queue behind, may go to a job queued ahead of it (workers
             // take the oldest message), so it gets capacity launched for it instead (pinned).
             let runtime = job.est_runtime_s.unwrap_or(oc.default_runtime_s);
-            let off_spot = spot_lane[lane] && keeps_off_spot(job.deadline, runtime, now, job.enqueued_at, cfg);
+            let off_spot = spot_lane && keeps_off_spot(job.deadline, runtime, now, job.enqueued_at, cfg);
             let fit = |c: &FreeClass| {
                 !(off_spot && c.spot) && fits(c.gpus, c.mem, job.gpus_per_instance, min_mem, oc.max_gpu_oversize)
             };
             let free = &mut fleet.free[lane];
             let short = short_runtime(job, oc).filter(|_| !off_spot);
+            // Booting workers count as capacity, except for such a job.
+            let phases: &[bool] = if off_spot { &[false] } else { &[false, true] };
             if let Some(rt) = short {
                 if let Some(c) = free.iter_mut().find(|c| fit(c) && c.credit >= rt) {
                     c.credit -= rt;
@@ -74,14 +73,13 @@ pub(crate) fn match_jobs<'a>(
             let avail: u32 = free
                 .iter()
                 .filter(|c| fit(c))
-                .map(|c| c.idle + if off_spot { 0 } else { c.pending })
+                .map(|c| phases.iter().map(|&p| if p { c.pending } else { c.idle }).sum::<u32>())
                 .sum();
             if avail < job.instances.max(1) {
                 unmet[lane].push(job);
                 continue;
             }
             let mut need = job.instances.max(1);
-            let phases: &[bool] = if off_spot { &[false] } else { &[false, true] };
             for &pending in phases {
                 for c in free.iter_mut().filter(|c| fit(c)) {
                     let slot = if pending { &mut c.pending } else { &mut c.idle };
