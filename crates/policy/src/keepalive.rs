@@ -7,8 +7,10 @@
 //! are kept longer than expensive ones. Once the gap histogram of the job shapes the worker
 //! serves holds enough gaps, the timeout is the one with the least expected cost under it
 //! ([`cost_optimal_timeout_s`]), for the worker's place in line: the i-th idle worker is
-//! needed only when i jobs arrive, so a pool shrinks to what the arrival rate keeps busy while
-//! the worker a dense stream of items uses is kept.
+//! needed only when i jobs arrive beyond the running workers that end their jobs meanwhile
+//! ([`arrivals_until_needed_after_ends`]), so a pool shrinks to what the arrival rate keeps busy
+//! while the worker a dense stream of items uses is kept. A worker needed only after n >= 2
+//! arrivals goes at the minimum keep-alive once n mean gaps exceed the break-even.
 
 use crate::config::{KeepAliveMode, ScaleDownConfig};
 use crate::observation::{GapHistogram, GAP_BUCKETS};
@@ -28,8 +30,10 @@ pub fn break_even_s(boot_s: f64, price_usd_per_h: f64, cfg: &ScaleDownConfig) ->
 /// gets one (1 for the idle worker next in line; see [`arrivals_until_needed`]). Adaptive mode:
 /// with fewer than `min_gap_samples` gaps, the break-even [`break_even_s`]; with them,
 /// [`cost_optimal_timeout_s`] over the gaps scaled by `arrivals_until_needed`, so a dense stream
-/// of items keeps the worker that serves it and a pool shrinks to what the arrivals keep busy.
-/// Clamped to `[min_keep_alive_s, max_keep_alive_s]`.
+/// of items keeps the worker that serves it and a pool shrinks to what the arrivals keep busy;
+/// but `min_keep_alive_s` when `arrivals_until_needed >= 2` and that many mean gaps exceed the
+/// break-even (the sum of n gaps is near n mean gaps: n x one gap overstates its spread, and
+/// the chance it is short). Clamped to `[min_keep_alive_s, max_keep_alive_s]`.
 pub fn keep_alive_s(
     gaps: Option<&GapHistogram>,
     arrivals_until_needed: f64,
@@ -61,6 +65,10 @@ pub fn keep_alive_with_curve_s(
             let be = break_even_s(boot_s, price_usd_per_h, cfg);
             let (lo, hi) = (cfg.min_keep_alive_s, cfg.max_keep_alive_s.max(cfg.min_keep_alive_s));
             match curve {
+                // Needed only after n >= 2 arrivals: their sum is about n mean gaps (it varies far
+                // less than n x one gap), so when that is past the break-even, holding the
+                // worker until it is needed costs more than the cold start it saves.
+                Some(c) if arrivals_until_needed >= 2.0 && arrivals_until_needed * c.mean_s() > be => lo,
                 Some(c) => c.timeout_s(arrivals_until_needed.max(1.0), be, lo, hi),
                 None => be.clamp(lo, hi),
             }
@@ -74,6 +82,33 @@ pub fn keep_alive_with_curve_s(
 /// that share a worker, see [`crate::observation::worker_units`]): `1 + rank / mean_units`.
 pub fn arrivals_until_needed(rank: u32, mean_units: f64) -> f64 {
     1.0 + f64::from(rank) / mean_units.max(1e-6)
+}
+
+/// [`arrivals_until_needed`] when running workers free up ahead of this one: a worker whose job
+/// ends becomes the most recently idle, first in line, so it takes an arrival this worker would
+/// otherwise have had. `ends_s`: seconds from now at which the running workers of the line's
+/// size are expected to end their jobs (their `busy_until`), ascending; `mean_gap_s`: the mean
+/// arrival gap, seconds. The fluid estimate: the smallest n with
+/// `n >= 1 + (rank + freed(n x mean_gap_s)) / mean_units`, freed(t) being the workers ending
+/// within t; at most `cap` (reached when workers free up as fast as arrivals come: the worker is
+/// then not needed within any keep-alive). Without ends (no declared run times) this is
+/// [`arrivals_until_needed`].
+pub fn arrivals_until_needed_after_ends(rank: u32, mean_units: f64, mean_gap_s: f64, ends_s: &[f64], cap: f64) -> f64 {
+    let u = mean_units.max(1e-6);
+    let mut n = arrivals_until_needed(rank, u);
+    // freed(t) only grows with t, so n only grows: each step frees at least one more worker,
+    // and there are ends_s.len() of them.
+    loop {
+        let freed = ends_s.partition_point(|e| *e <= n * mean_gap_s);
+        let next = 1.0 + (f64::from(rank) + freed as f64) / u;
+        if next <= n {
+            return n.min(cap);
+        }
+        if next >= cap {
+            return cap;
+        }
+        n = next;
+    }
 }
 
 /// The idle timeout T in `[min_s, max_s]` with the least expected cost when the idle gap is
@@ -120,6 +155,11 @@ impl GapCurve {
             c.cum_idle[i] = s;
         }
         c
+    }
+
+    /// Mean gap, seconds (bucket midpoints).
+    pub fn mean_s(&self) -> f64 {
+        self.cum_idle[GAP_BUCKETS - 1]
     }
 
     /// Expected cost, idle-seconds, of timeout `t` for gaps scaled by `scale`: the buckets wholly

@@ -22,7 +22,8 @@ pub enum Reason {
     },
     /// Filling the warm pool to its scheduled size.
     WarmPool {
-        /// Scheduled size now.
+        /// Workers worth launching for the pool now (the scheduled size or the predictive
+        /// target for a launch, whichever is larger).
         target: u32,
         /// Ready (idle or booting) workers before this launch.
         ready: u32,

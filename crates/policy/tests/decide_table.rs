@@ -1092,6 +1092,110 @@ fn idle_workers_in_line_go_from_the_back() {
 }
 
 #[test]
+fn workers_freeing_up_ahead_in_line_shorten_the_keep_alive() {
+    // Arrivals every 120 s; one idle 1-GPU worker ($0.10/h: a cold start is worth 4290 idle
+    // seconds), idle for 100 s: first in line, it is kept to 135.5 s. Running workers whose jobs
+    // end soon become idle ahead of it and take the next arrivals: behind 40 of them it is needed
+    // only after 41 arrivals, about 5,100 s, past the break-even, so it goes at the minimum
+    // keep-alive (60 s).
+    // (running workers, their GPUs, their jobs end in s, released)
+    let rows: &[(usize, u32, f64, bool)] = &[
+        (0, 1, 30.0, false),
+        (10, 1, 30.0, false), // needed after 11 arrivals (about 1,400 s): still worth holding
+        (40, 1, 30.0, true),
+        (40, 1, 20_000.0, false), // their jobs end long after it is needed
+        (40, 4, 30.0, false),     // another size: they free no worker of its line
+    ];
+    for &(n_running, gpus, ends_in, want) in rows {
+        let mut lo = LaneObservation::default();
+        for k in 0..=40 {
+            lo.record_arrival(1, NOW - 300.0 - 120.0 * (40 - k) as f64);
+        }
+        let mut ws = vec![idle("w", 0, 100.0)];
+        ws.extend((0..n_running).map(|i| {
+            let mut r = worker(
+                &format!("r{i}"),
+                1 + i as u64,
+                WorkerState::Running,
+                gpus,
+                NOW - 3600.0,
+                None,
+            );
+            r.busy_until = Some(NOW + ends_in);
+            r
+        }));
+        let mut w = World::new(vec![], ws);
+        w.lanes = vec![lo];
+        let mut c = cfg();
+        c.lanes[0].predictive_max = 0;
+        let plan = w.decide(&c, NOW);
+        let row = format!("{n_running} running {gpus}-GPU workers ending in {ends_in} s");
+        assert_eq!(terminated(&plan) == vec!["w"], want, "{row}: {plan:#?}");
+    }
+}
+
+#[test]
+fn arrivals_until_needed_counts_the_workers_freed_meanwhile() {
+    // (rank, worker units per arrival, mean gap s, ends s from now, cap, expected arrivals)
+    type Row<'a> = (u32, f64, f64, &'a [f64], f64, f64);
+    let ends_every_50: Vec<f64> = (1..=40).map(|k| 50.0 * k as f64).collect();
+    let rows: &[Row] = &[
+        (0, 1.0, 100.0, &[], 1e6, 1.0),              // nothing ends: the next arrival
+        (2, 1.0, 100.0, &[], 1e6, 3.0),              // as arrivals_until_needed
+        (0, 1.0, 100.0, &[50.0], 1e6, 2.0),          // one ends before the next arrival
+        (0, 1.0, 100.0, &[150.0], 1e6, 1.0),         // ends after the next arrival took it
+        (1, 1.0, 100.0, &[150.0], 1e6, 3.0),         // ...but before the second worker's
+        (1, 0.5, 100.0, &[50.0], 1e6, 5.0),          // short jobs: two arrivals per worker
+        (0, 1.0, 100.0, &ends_every_50, 1e6, 41.0),  // twice as fast as arrivals: all 40 go first
+        (0, 1.0, 100.0, &ends_every_50, 20.0, 20.0), // capped
+    ];
+    for (rank, units, gap, ends, cap, want) in rows {
+        let got = keepalive::arrivals_until_needed_after_ends(*rank, *units, *gap, ends, *cap);
+        assert_eq!(
+            got,
+            *want,
+            "rank {rank}, units {units}, gap {gap}, {} ends, cap {cap}",
+            ends.len()
+        );
+    }
+    assert_eq!(
+        keepalive::arrivals_until_needed_after_ends(3, 0.25, 60.0, &[], 1e6),
+        keepalive::arrivals_until_needed(3, 0.25)
+    );
+}
+
+#[test]
+fn a_worker_needed_only_after_many_arrivals_goes_once_their_sum_passes_the_break_even() {
+    // Gaps: 90 % at about 10 s, 10 % at about 1000 s (mean about 100 s). A cold start worth
+    // 2000 idle seconds.
+    let mut h = onoff_policy::GapHistogram::default();
+    for k in 0..100 {
+        h.record(if k % 10 == 9 { 1000.0 } else { 10.0 }, NOW);
+    }
+    let curve = keepalive::GapCurve::new(&h);
+    let mean = curve.mean_s();
+    assert!((90.0..110.0).contains(&mean), "mean gap {mean}");
+    let sd = ScaleDownConfig::default();
+    // price such that break_even_s = 2000: 390 x (1 + 1 / p) = 2000
+    let price = 1.0 / (2000.0 / 390.0 - 1.0);
+    let be = keepalive::break_even_s(390.0, price, &sd);
+    assert!((be - 2000.0).abs() < 1e-6);
+    // (arrivals until needed, expected keep-alive: None = the gap curve's optimum)
+    let rows: &[(f64, Option<f64>)] = &[
+        (1.0, None),                       // next in line: the gaps decide
+        (10.0, None),                      // 10 gaps (about 1,000 s) are below the break-even
+        (30.0, Some(sd.min_keep_alive_s)), // 30 gaps (about 3,000 s) are past it
+    ];
+    for &(n, want) in rows {
+        let got = keepalive::keep_alive_with_curve_s(Some(&curve), n, 390.0, price, &sd);
+        let want = want.unwrap_or_else(|| curve.timeout_s(n, be, sd.min_keep_alive_s, sd.max_keep_alive_s));
+        assert_eq!(got, want, "{n} arrivals");
+    }
+    // The curve alone would hold the 30th worker through the short gaps (30 x 10 s).
+    assert!(curve.timeout_s(30.0, be, sd.min_keep_alive_s, sd.max_keep_alive_s) > 250.0);
+}
+
+#[test]
 fn gap_statistics_decay_with_a_one_day_half_life() {
     let mut h = onoff_policy::GapHistogram::default();
     // 100 gaps of 10 s two days ago, then 100 gaps of 1000 s now: the old ones weigh a quarter.
@@ -1663,11 +1767,15 @@ fn predictive_warm_pool_pays_for_itself() {
         (&[5, 5], 1.0, 2, 40, 0, 0),    // one such window: below predictive_min_bursts
         (&[5, 5, 0, 5, 0, 5, 0], 1.0, 1, 40, 0, 5), // after busy windows: 5, 0, 0; 1 of 3 pays at $1/h
         (&[5, 5, 0, 5, 0, 5, 0], 0.0, 1, 40, 0, 0), // ...not without a wait value (half needed)
+        // After busy windows: 5, 5, 0, 0, 0. A worker already up is held when a third of them
+        // needed it (break-even 780 s at $0.10/h and $0.1/h of wait: 390 / 1170), but a launch
+        // saves only the wait (390 s: half of them): none launched.
+        (&[5, 5, 5, 0, 5, 0, 5, 0, 5, 0], 0.1, 1, 40, 0, 0),
         (&[0, 5, 5, 5], 1.0, 2, 40, 0, 0), // quiet now: quiet windows were followed by quiet
-        (&[5, 5, 5], 1.0, 2, 3, 0, 3),  // capped by predictive_max
-        (&[5, 5, 5], 1.0, 2, 0, 0, 0),  // off
-        (&[5, 5, 5], 1.0, 2, 40, 2, 3), // idle workers count
-        (&[], 1.0, 2, 40, 0, 0),        // no arrivals: nothing held
+        (&[5, 5, 5], 1.0, 2, 3, 0, 3),     // capped by predictive_max
+        (&[5, 5, 5], 1.0, 2, 0, 0, 0),     // off
+        (&[5, 5, 5], 1.0, 2, 40, 2, 3),    // idle workers count
+        (&[], 1.0, 2, 40, 0, 0),           // no arrivals: nothing held
     ];
     for &(demand, wait_value, min_bursts, max, n_idle, want) in rows {
         let mut cfg = cfg();

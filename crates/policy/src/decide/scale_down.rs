@@ -2,7 +2,7 @@
 
 use crate::config::{KeepAliveMode, PolicyConfig};
 use crate::keepalive;
-use crate::observation::{LaneId, Observation, WorkerView};
+use crate::observation::{LaneId, Observation, WorkerState, WorkerView};
 use crate::offering::CapacityType;
 use crate::plan::{Action, Plan, Reason};
 
@@ -59,14 +59,19 @@ pub(crate) fn skip_consumed<'a>(
         .collect()
 }
 
+/// Most arrivals a worker can wait for in the keep-alive's model: past this it is not needed
+/// within any keep-alive (its scaled gaps all exceed `max_keep_alive_s`).
+const ARRIVALS_CAP: f64 = 1e6;
+
 /// The idle workers of one GPU count, in line for the keep-alive (the most recently idle first).
 struct Line {
     gpus: u32,
     /// Workers seen so far: the next one's rank.
     len: u32,
-    /// The gap curve of the shapes these workers serve (if trusted) and the mean worker units of
-    /// an arrival, built at first need.
-    curve: Option<(Option<keepalive::GapCurve>, f64)>,
+    /// The gap curve of the shapes these workers serve (if trusted), the mean worker units of
+    /// an arrival, and when the lane's running workers of this size end their jobs (seconds from
+    /// now, ascending), built at first need.
+    curve: Option<(Option<keepalive::GapCurve>, f64, Vec<f64>)>,
     /// The keep-alive a worker ahead in line was released at: the workers behind it (idle
     /// longer, needed only after it) go at that keep-alive too, so a line never keeps its back
     /// while releasing its front.
@@ -166,7 +171,8 @@ pub(crate) fn scale_down(
             // keep-alive (not computed: this loop runs over every idle worker on every decision).
             Some(cut) if idle_s >= cut => cut,
             cut => {
-                let (curve, units) = line.curve.get_or_insert_with(|| {
+                let gpus = line.gpus;
+                let (curve, units, ends) = line.curve.get_or_insert_with(|| {
                     let shape = lane_obs.and_then(|o| o.gaps_for(w.gpus, oc.max_gpu_oversize));
                     let curve = shape
                         .filter(|s| keepalive::trusted(&s.hist, &cfg.scale_down))
@@ -174,11 +180,28 @@ pub(crate) fn scale_down(
                     let units = shape.map_or(1.0, |s| {
                         s.mean_worker_units(oc.short_job_horizon_s, oc.default_runtime_s)
                     });
-                    (curve, units)
+                    let mut ends: Vec<f64> = match curve {
+                        Some(_) => obs
+                            .workers
+                            .iter()
+                            .filter(|r| r.lane == lane && r.gpus == gpus && r.state == WorkerState::Running)
+                            .filter_map(|r| r.busy_until)
+                            .map(|t| (t - now).max(0.0))
+                            .collect(),
+                        None => Vec::new(),
+                    };
+                    ends.sort_unstable_by(f64::total_cmp);
+                    (curve, units, ends)
                 });
+                let until_needed = match curve {
+                    Some(c) => {
+                        keepalive::arrivals_until_needed_after_ends(rank, *units, c.mean_s(), ends, ARRIVALS_CAP)
+                    }
+                    None => keepalive::arrivals_until_needed(rank, *units),
+                };
                 let own = keepalive::keep_alive_with_curve_s(
                     curve.as_ref(),
-                    keepalive::arrivals_until_needed(rank, *units),
+                    until_needed,
                     oc.boot_estimate_s,
                     w.price_usd_per_h,
                     &cfg.scale_down,

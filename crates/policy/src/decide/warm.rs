@@ -81,9 +81,22 @@ impl Fractile {
 
     /// The pool for workers billed `price_usd_per_h`.
     pub(crate) fn target(&self, cfg: &PolicyConfig, lane: LaneId, price_usd_per_h: f64) -> u32 {
+        let be = keepalive::break_even_s(cfg.offers.boot_estimate_s, price_usd_per_h, &cfg.scale_down);
+        self.target_at(cfg, lane, be)
+    }
+
+    /// The pool worth launching for, for workers billed `price_usd_per_h`: [`Fractile::target`]
+    /// with the break-even `boot x wait value / price` in place of [`keepalive::break_even_s`].
+    /// A worker launched ahead of an arrival pays its boot as one launched on the arrival would,
+    /// so it saves only the wait; holding one already up also saves a billed boot.
+    pub(crate) fn launch_target(&self, cfg: &PolicyConfig, lane: LaneId, price_usd_per_h: f64) -> u32 {
+        let be = cfg.offers.boot_estimate_s * cfg.scale_down.wait_value_usd_per_h / price_usd_per_h.max(1e-9);
+        self.target_at(cfg, lane, be)
+    }
+
+    fn target_at(&self, cfg: &PolicyConfig, lane: LaneId, be: f64) -> u32 {
         let lc = &cfg.lanes[lane];
         let w = lc.predictive_window_s;
-        let be = keepalive::break_even_s(cfg.offers.boot_estimate_s, price_usd_per_h, &cfg.scale_down);
         let k = ((self.0.len() as f64 * w / (be + w)).ceil() as usize)
             .max(lc.predictive_min_bursts as usize)
             .max(1);
@@ -160,6 +173,7 @@ fn shape_capacity(
     let top = || choice::top(obs.offerings, &req, oc, obs.unavailable, now, oc.diversify as usize);
     let mut ranked = None;
     let mut target = scheduled;
+    let mut launch_target = scheduled;
     // The most the pool could be (a free worker's price: the smallest fractile): when that is
     // nothing, no price is needed.
     let fractile = Fractile::new(demand);
@@ -175,6 +189,7 @@ fn shape_capacity(
         let price = have.or_else(|| ranked.insert(top()).first().map(|(o, _)| o.price_usd_per_h));
         if let Some(price) = price {
             target = target.max(fractile.target(cfg, lane, price));
+            launch_target = launch_target.max(fractile.launch_target(cfg, lane, price));
         }
     }
     let (idle, pending) = fleet.free[lane]
@@ -182,10 +197,10 @@ fn shape_capacity(
         .filter(|c| serves(c.gpus, c.mem))
         .fold((0, 0), |(i, p), c| (i + c.idle, p + c.pending));
     let ws = WarmShape { gpus, target, idle };
-    if target <= idle + pending || cfg.limits.frozen || fleet.breaker.is_some() {
+    if launch_target <= idle + pending || cfg.limits.frozen || fleet.breaker.is_some() {
         return ws;
     }
-    let want = target - idle - pending;
+    let want = launch_target - idle - pending;
     let (lane_room, total_room) = fleet.room(cfg, lane);
     let mut n = want.min(lane_room).min(total_room);
     if n < want {
@@ -237,7 +252,7 @@ fn shape_capacity(
     }
     if n > 0 {
         let reason = Reason::WarmPool {
-            target,
+            target: launch_target,
             ready: idle + pending,
         };
         push_launches_booked(plan, lane, &ranked, &req, n, None, None, reason, oc);
