@@ -1104,6 +1104,7 @@ fn workers_freeing_up_ahead_in_line_shorten_the_keep_alive() {
         (10, 1, 30.0, false), // needed after 11 arrivals (about 1,400 s): still worth holding
         (40, 1, 30.0, true),
         (40, 1, 20_000.0, false), // their jobs end long after it is needed
+        (40, 1, -30.0, false),    // past their declared run time: when they end is unknown
         (40, 4, 30.0, false),     // another size: they free no worker of its line
     ];
     for &(n_running, gpus, ends_in, want) in rows {

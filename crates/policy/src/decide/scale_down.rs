@@ -186,7 +186,9 @@ pub(crate) fn scale_down(
                             .iter()
                             .filter(|r| r.lane == lane && r.gpus == gpus && r.state == WorkerState::Running)
                             .filter_map(|r| r.busy_until)
-                            .map(|t| (t - now).max(0.0))
+                            // A job past its declared run time ends at an unknown time: not counted.
+                            .filter(|t| *t >= now)
+                            .map(|t| t - now)
                             .collect(),
                         None => Vec::new(),
                     };
