@@ -180,8 +180,10 @@ pub(crate) fn scale_down(
                     let units = shape.map_or(1.0, |s| {
                         s.mean_worker_units(oc.short_job_horizon_s, oc.default_runtime_s)
                     });
+                    // Only the adaptive keep-alive reads them.
+                    let adaptive = cfg.scale_down.mode == KeepAliveMode::Adaptive;
                     let mut ends: Vec<f64> = match curve {
-                        Some(_) => obs
+                        Some(_) if adaptive => obs
                             .workers
                             .iter()
                             .filter(|r| r.lane == lane && r.gpus == gpus && r.state == WorkerState::Running)
@@ -190,7 +192,7 @@ pub(crate) fn scale_down(
                             .filter(|t| *t >= now)
                             .map(|t| t - now)
                             .collect(),
-                        None => Vec::new(),
+                        _ => Vec::new(),
                     };
                     ends.sort_unstable_by(f64::total_cmp);
                     (curve, units, ends)
