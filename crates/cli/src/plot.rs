@@ -10,6 +10,21 @@ use plotters::prelude::*;
 /// A named line of the workers panel.
 type Series = (&'static str, RGBColor, fn(&onoff_sim::TimelineRow) -> u32);
 
+/// A legend key: a short line in `color`.
+fn legend_line<C: Color + Copy + 'static>(color: C) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color)
+}
+
+/// The chart's legend box, drawn over its series.
+fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(chart: &mut ChartContext<'a, DB, CT>) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow!("{e}"))
+}
+
 /// Two panels: spend rate ($/h) of every policy over time, and onoff's backlog and workers by state.
 pub fn timeline_svg(path: &Path, c: &Comparison) -> Result<()> {
     let root = SVGBackend::new(path, (1200, 800)).into_drawing_area();
@@ -50,14 +65,9 @@ pub fn timeline_svg(path: &Path, c: &Comparison) -> Result<()> {
             ))
             .map_err(|e| anyhow!("{e}"))?
             .label(p.name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            .legend(legend_line(color));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| anyhow!("{e}"))?;
+    draw_legend(&mut chart)?;
 
     if let Some(p) = c.policies.iter().find(|p| p.name == "onoff").or(c.policies.first()) {
         let max_n = p
@@ -94,14 +104,9 @@ pub fn timeline_svg(path: &Path, c: &Comparison) -> Result<()> {
                 ))
                 .map_err(|e| anyhow!("{e}"))?
                 .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+                .legend(legend_line(color));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| anyhow!("{e}"))?;
+        draw_legend(&mut chart)?;
     }
     root.present().map_err(|e| anyhow!("{e}"))?;
     Ok(())
@@ -140,7 +145,7 @@ pub fn frontier_svg(path: &Path, r: &SweepResult) -> Result<()> {
         .draw_series(LineSeries::new(pts.iter().copied(), BLUE.mix(0.3).stroke_width(1)))
         .map_err(|e| anyhow!("{e}"))?
         .label("runs, in the order given")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.mix(0.3)));
+        .legend(legend_line(BLUE.mix(0.3)));
     let mut front: Vec<(f64, f64)> = r
         .points
         .iter()
@@ -152,7 +157,7 @@ pub fn frontier_svg(path: &Path, r: &SweepResult) -> Result<()> {
         .draw_series(LineSeries::new(front, RED.stroke_width(2)))
         .map_err(|e| anyhow!("{e}"))?
         .label("frontier")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+        .legend(legend_line(RED));
     for p in &r.points {
         let style = if p.on_frontier {
             RED.filled()
@@ -170,12 +175,7 @@ pub fn frontier_svg(path: &Path, r: &SweepResult) -> Result<()> {
             )))
             .map_err(|e| anyhow!("{e}"))?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| anyhow!("{e}"))?;
+    draw_legend(&mut chart)?;
     root.present().map_err(|e| anyhow!("{e}"))?;
     Ok(())
 }

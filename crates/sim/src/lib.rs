@@ -30,16 +30,17 @@ pub use onoff_policy::shape::job_shape;
 pub use preemption::{MeasuredPreemptions, ZoneMapping};
 pub use trace::{AzureModel, Half, SplitInfo, Trace, TraceError, TraceFormat, TraceJob};
 
-/// Names of every strategy [`strategy`] builds.
-pub const STRATEGIES: [&str; 7] = [
-    "onoff",
-    "always-on",
-    "min-one-warm",
-    "fixed-idle-10m",
-    "keda-like",
-    "skypilot-like",
-    "all-on-demand",
-];
+/// Names of every strategy [`strategy`] builds: the [`DEFAULT_STRATEGIES`], then
+/// [`ALL_ON_DEMAND`].
+pub const STRATEGIES: [&str; DEFAULT_STRATEGIES.len() + 1] = {
+    let mut all = [ALL_ON_DEMAND; DEFAULT_STRATEGIES.len() + 1];
+    let mut i = 0;
+    while i < DEFAULT_STRATEGIES.len() {
+        all[i] = DEFAULT_STRATEGIES[i];
+        i += 1;
+    }
+    all
+};
 
 /// The strategies `onoff simulate` runs unless told otherwise, in report order (`all-on-demand`
 /// joins them when deadlines are on).
