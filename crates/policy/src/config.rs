@@ -29,6 +29,14 @@ pub enum CapacityPreference {
     OnDemand,
 }
 
+impl CapacityPreference {
+    /// Whether the lane may launch spot: only such a lane has spot workers to keep a job whose
+    /// deadline is at risk off, and on-demand capacity to pin to it ([`crate::deadline`]).
+    pub fn may_use_spot(self) -> bool {
+        self != Self::OnDemand
+    }
+}
+
 /// One window of the warm-pool schedule: `size` ready workers between `start_hour` and `end_hour` (UTC).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

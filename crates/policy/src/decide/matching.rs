@@ -1,6 +1,6 @@
 //! Phase 2: queued jobs matched to free capacity.
 
-use crate::config::{CapacityPreference, PolicyConfig};
+use crate::config::PolicyConfig;
 use crate::deadline::keeps_off_spot;
 use crate::observation::{Observation, PendingJob};
 use crate::shape::fits;
@@ -46,10 +46,7 @@ pub(crate) fn match_jobs<'a>(
     for (lane, jobs) in queued.iter().enumerate() {
         // A lane that may launch spot (an on-demand lane has no spot worker to keep a job off,
         // and no capacity pinned to a job: its at-risk jobs match as any other).
-        let spot_lane = cfg
-            .lanes
-            .get(lane)
-            .is_none_or(|lc| lc.capacity != CapacityPreference::OnDemand);
+        let spot_lane = cfg.lanes.get(lane).is_none_or(|lc| lc.capacity.may_use_spot());
         for &job in jobs {
             let min_mem = job.min_gpu_memory_gib.max(oc.min_gpu_memory_gib);
             // A job whose deadline is at risk on spot counts idle on-demand workers only: a booting
@@ -101,6 +98,7 @@ pub(crate) fn match_jobs<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::CapacityPreference;
     use crate::decide::fleet::figures;
     use crate::observation::{WorkerState, WorkerView};
 

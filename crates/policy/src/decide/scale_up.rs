@@ -233,8 +233,8 @@ fn scale_up_lane<'a>(
             }
         }
         // Deadline at risk on spot: on-demand capacity of its own.
-        let at_risk = crate::deadline::at_risk_slack_s(job.deadline, runtime, now, cfg)
-            .filter(|_| lc.capacity != CapacityPreference::OnDemand);
+        let at_risk =
+            crate::deadline::at_risk_slack_s(job.deadline, runtime, now, cfg).filter(|_| lc.capacity.may_use_spot());
         let capacity = if at_risk.is_some() {
             CapacityPreference::OnDemand
         } else {
