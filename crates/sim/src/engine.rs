@@ -760,6 +760,13 @@ impl World {
         self.lanes[lane].backlog.visible += 1;
     }
 
+    /// Take the `qi`-th queued job off the queue (it starts now); returns its trace index.
+    fn dequeue(&mut self, qi: usize) -> usize {
+        let pj = self.queued.remove(qi);
+        self.lanes[pj.lane].backlog.visible -= 1;
+        self.queued_idx.remove(qi)
+    }
+
     /// Give idle workers queued jobs they fit, oldest job first (workers pulling from the queue).
     fn dispatch(&mut self, pcfg: &PolicyConfig) {
         if self.queued.is_empty() {
@@ -794,9 +801,7 @@ impl World {
                 self.idle_set.remove(&(self.workers[i].gpus, self.wsim[i].num));
                 self.wsim[i].listed = false;
             }
-            let pj = self.queued.remove(qi);
-            let job = self.queued_idx.remove(qi);
-            self.lanes[pj.lane].backlog.visible -= 1;
+            let job = self.dequeue(qi);
             self.start_job(job, &chosen, pcfg);
         }
     }
@@ -883,9 +888,7 @@ impl World {
             self.workers[k].pinned_job = None;
         }
         up.truncate(need);
-        let pj = self.queued.remove(qi);
-        self.queued_idx.remove(qi);
-        self.lanes[pj.lane].backlog.visible -= 1;
+        self.dequeue(qi);
         self.start_job(job, &up, pcfg);
         true
     }
