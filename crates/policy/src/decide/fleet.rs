@@ -165,17 +165,14 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
     if !pinned.is_empty() {
         // A queued job with as many pinned workers as it has instances has its capacity: those
         // workers are its alone. The others are free as any.
-        let mut per_job: Vec<(&str, u32)> = Vec::new();
+        let mut per_job = Tally::default();
         for j in pinned.iter().filter_map(|w| w.pinned_job.as_deref()) {
-            match per_job.iter_mut().find(|p| p.0 == j) {
-                Some(p) => p.1 += 1,
-                None => per_job.push((j, 1)),
-            }
+            per_job.add(j, 1);
         }
         f.pinned_met = obs
             .jobs
             .iter()
-            .filter(|j| per_job.iter().any(|p| p.0 == j.id && p.1 >= j.instances.max(1)))
+            .filter(|j| per_job.get(&j.id) >= j.instances.max(1))
             .map(|j| j.id.as_str())
             .collect();
         for w in pinned {
