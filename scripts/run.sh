@@ -5,7 +5,7 @@
 # slice of the real Philly trace is replayed with spot notices and worker kills injected.
 # Extra arguments go to `onoff local` (try --help).
 #
-#   scripts/run.sh simulate [ARGS]   runs the trace-replay simulator instead (release build,
+#   scripts/run.sh simulate [ARGS]   runs the trace-replay simulator instead (optimised `sim` build,
 #                                    without the AWS SDK): onoff's policy against the baselines.
 #   scripts/run.sh --serve           serves a local stack until Ctrl-C, taking any client's jobs;
 #   scripts/run.sh submit|jobs|status|logs|cancel|outputs|cost [ARGS]
@@ -17,7 +17,7 @@ command -v cargo >/dev/null || { echo "cargo not found: install Rust from https:
 command -v python3 >/dev/null || { echo "python3 not found: install Python 3 with venv" >&2; exit 1; }
 if [ "${1:-}" = "simulate" ]; then
   shift
-  exec cargo run --release --locked --quiet --no-default-features -p onoff -- simulate "$@"
+  exec cargo run --profile sim --locked --quiet --no-default-features -p onoff -- simulate "$@"
 fi
 source scripts/moto.sh
 moto_venv

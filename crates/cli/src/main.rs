@@ -153,6 +153,10 @@ struct SimulateArgs {
     quiet: bool,
 }
 
+/// mimalloc instead of the system allocator: see the dependency's note in Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {

@@ -87,7 +87,7 @@ pub fn arrivals_until_needed(rank: u32, mean_units: f64) -> f64 {
 /// [`arrivals_until_needed`] when running workers free up ahead of this one: a worker whose job
 /// ends becomes the most recently idle, first in line, so it takes an arrival this worker would
 /// otherwise have had. `ends_s`: seconds from now at which the running workers of the line's
-/// size are expected to end their jobs (their `busy_until`), ascending; `mean_gap_s`: the mean
+/// size are expected to end their jobs (their `busy_until`), in any order; `mean_gap_s`: the mean
 /// arrival gap, seconds. The fluid estimate: the smallest n with
 /// `n >= 1 + (rank + freed(n x mean_gap_s)) / mean_units`, freed(t) being the workers ending
 /// within t; at most `cap` (reached when workers free up as fast as arrivals come: the worker is
@@ -97,9 +97,11 @@ pub fn arrivals_until_needed_after_ends(rank: u32, mean_units: f64, mean_gap_s: 
     let u = mean_units.max(1e-6);
     let mut n = arrivals_until_needed(rank, u);
     // freed(t) only grows with t, so n only grows: each step frees at least one more worker,
-    // and there are ends_s.len() of them.
+    // and there are ends_s.len() of them. A count per step, not a sort: this runs on most
+    // decisions, over the running workers, and takes a step or two.
     loop {
-        let freed = ends_s.partition_point(|e| *e <= n * mean_gap_s);
+        let t = n * mean_gap_s;
+        let freed = ends_s.iter().filter(|e| **e <= t).count();
         let next = 1.0 + (f64::from(rank) + freed as f64) / u;
         if next <= n {
             return n.min(cap);

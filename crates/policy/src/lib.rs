@@ -32,8 +32,8 @@ pub use config::{
 };
 pub use decide::decide;
 pub use observation::{
-    GapHistogram, LaneBacklog, LaneId, LaneObservation, Observation, PendingJob, ShapeGaps, UnavailableOffering,
-    WorkerState, WorkerView,
+    DemandWindows, GapHistogram, LaneBacklog, LaneId, LaneObservation, Observation, PendingJob, ShapeGaps,
+    UnavailableOffering, WorkerState, WorkerView,
 };
 pub use offering::{CapacityType, InterruptionBucket, Offering, OfferingKey};
 pub use plan::{Action, Held, LanePlan, LaunchShape, Plan, Reason};

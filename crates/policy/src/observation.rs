@@ -241,6 +241,12 @@ pub struct LaneObservation {
     /// Recent arrivals, oldest first, for the predictive warm pool.
     /// [`LaneObservation::record_arrival`] keeps the last [`RECENT_ARRIVALS_KEPT_S`].
     pub recent_arrivals: std::collections::VecDeque<Arrival>,
+    /// The predictive warm pool's window demand kept up to date arrival by arrival, for a caller
+    /// that keeps one ([`DemandWindows`]: the simulator); `None` (the default, and what the
+    /// deployed reconciler sends): [`LaneObservation::window_demand`] scans the recent arrivals on
+    /// each decision. Fed by [`LaneObservation::record_arrival_with_runtime`]; not serialised.
+    #[serde(skip)]
+    pub demand_windows: Option<DemandWindows>,
 }
 
 /// One job arrival as the predictive warm pool sees it.
@@ -324,6 +330,9 @@ impl LaneObservation {
             g.runtimes.record(r, at);
         }
         g.last_arrival = Some(at);
+        if let Some(d) = &mut self.demand_windows {
+            d.record(at, gpus, runtime_s);
+        }
         self.recent_arrivals.push_back(Arrival { at, gpus, runtime_s });
         while self
             .recent_arrivals
@@ -359,22 +368,62 @@ impl LaneObservation {
         // Newest first, walking the window boundaries instead of dividing per arrival: window k is
         // (now - (k + 1) W, now - k W].
         let (mut k, mut lower) = (0usize, now - window_s);
-        for a in q.range(start..end).rev().filter(|a| long(a)) {
+        // Arrivals of one shape in one window come in runs: count a run, add it when it ends.
+        let mut run: Option<(u32, usize, u32)> = None;
+        let add = |per: &mut Vec<(u32, Vec<u32>)>, (gpus, k, count): (u32, usize, u32)| match per
+            .iter_mut()
+            .find(|p| p.0 == gpus)
+        {
+            Some(p) => p.1[k] += count,
+            None => {
+                let mut v = vec![0; n];
+                v[k] = count;
+                per.push((gpus, v));
+            }
+        };
+        let mut step = |a: &Arrival| {
+            if !long(a) {
+                return;
+            }
             while a.at <= lower && k < n - 1 {
                 k += 1;
                 lower = now - (k + 1) as f64 * window_s;
             }
-            let i = match per.iter().position(|p| p.0 == a.gpus) {
-                Some(i) => i,
-                None => {
-                    per.push((a.gpus, vec![0; n]));
-                    per.len() - 1
+            match &mut run {
+                Some((g, rk, c)) if *g == a.gpus && *rk == k => *c += 1,
+                _ => {
+                    if let Some(r) = run.replace((a.gpus, k, 1)) {
+                        add(&mut per, r);
+                    }
                 }
-            };
-            per[i].1[k] += 1;
+            }
+        };
+        // The deque's two slices, newest first: a plain loop over each, not the deque's iterator.
+        let (front, back) = q.as_slices();
+        let split = front.len();
+        for a in back[start.saturating_sub(split)..end.saturating_sub(split)]
+            .iter()
+            .rev()
+        {
+            step(a);
+        }
+        for a in front[start.min(split)..end.min(split)].iter().rev() {
+            step(a);
+        }
+        if let Some(r) = run {
+            add(&mut per, r);
         }
         per.sort_by_key(|p| p.0);
         per
+    }
+
+    /// [`LaneObservation::window_demand`], read from [`LaneObservation::demand_windows`] when it
+    /// was kept for these windows and advanced to `now`, computed otherwise.
+    pub fn demand_at(&self, now: f64, window_s: f64, lookback_s: f64, long: (f64, f64)) -> Vec<(u32, Vec<u32>)> {
+        match &self.demand_windows {
+            Some(d) if d.is_for(now, window_s, lookback_s, long) => d.demand(),
+            _ => self.window_demand(now, window_s, lookback_s, long),
+        }
     }
 
     /// Arrivals in `(now - window_s, now]` whose GPUs per instance `fits` accepts.
@@ -395,6 +444,156 @@ impl LaneObservation {
             .filter(|(g, _)| crate::shape::fits(worker_gpus, 0.0, **g, 0.0, max_oversize))
             .map(|(_, s)| s)
             .max_by_key(|s| s.hist.samples())
+    }
+}
+
+/// [`LaneObservation::window_demand`] kept up to date incrementally, for a caller that decides far
+/// more often than the look-back turns over. The simulator decides on every arrival and every
+/// minute; scanning the look-back's arrivals on each decision was a tenth of a replay's time.
+/// Here each long arrival moves once across each window boundary: O(windows) per
+/// [`DemandWindows::advance`] plus O(windows) per arrival over its life, and the counts are the
+/// ones [`LaneObservation::window_demand`] returns (same boundaries, same arithmetic).
+///
+/// Record arrivals in time order, none older than the last `advance`'s `now`, and advance with a
+/// `now` that never decreases; an arrival out of that order rebuilds the counts by a scan at the
+/// next `advance`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DemandWindows {
+    window_s: f64,
+    lookback_s: f64,
+    /// Short-job horizon and default run time, seconds: which arrivals are long.
+    long: (f64, f64),
+    /// Windows: `floor(lookback_s / window_s) + 1`.
+    n: usize,
+    /// The `now` of the last advance, seconds.
+    now: f64,
+    /// Long arrivals (time, GPUs per instance) not yet past the look-back, oldest first.
+    arrivals: std::collections::VecDeque<(f64, u32)>,
+    /// For j in 0..=n, the index in `arrivals` of the first one after `now - j x window_s`:
+    /// window k holds `bounds[k + 1]..bounds[k]`.
+    bounds: Vec<usize>,
+    /// Long arrivals per shape (GPUs ascending) per window, most recent window first.
+    per: Vec<(u32, Vec<u32>)>,
+    /// An arrival came out of order: rebuild at the next advance.
+    stale: bool,
+    /// Advanced to an earlier time once: arrivals it needs may be dropped, so it is never read.
+    lost: bool,
+}
+
+impl DemandWindows {
+    /// Windows of `window_s` seconds over `lookback_s` (as [`LaneObservation::window_demand`]),
+    /// counting arrivals that are long for `(horizon_s, default_runtime_s)`. Nothing recorded.
+    pub fn new(window_s: f64, lookback_s: f64, long: (f64, f64)) -> Self {
+        let n = (lookback_s / window_s).floor().max(0.0) as usize + 1;
+        Self {
+            window_s,
+            lookback_s,
+            long,
+            n,
+            now: f64::NEG_INFINITY,
+            arrivals: std::collections::VecDeque::new(),
+            bounds: vec![0; n + 1],
+            per: Vec::new(),
+            stale: false,
+            lost: false,
+        }
+    }
+
+    /// Whether these are the windows `decide` asks for, advanced to `now`.
+    pub fn is_for(&self, now: f64, window_s: f64, lookback_s: f64, long: (f64, f64)) -> bool {
+        self.window_s == window_s
+            && self.lookback_s == lookback_s
+            && self.long == long
+            && self.now == now
+            && !self.stale
+            && !self.lost
+    }
+
+    /// Record an arrival at `at` (unix seconds) of a job asking `gpus` GPUs per instance that
+    /// declared `runtime_s`; only long ones count (as in [`LaneObservation::window_demand`]).
+    pub fn record(&mut self, at: f64, gpus: u32, runtime_s: Option<f64>) {
+        let (horizon_s, default_runtime_s) = self.long;
+        if horizon_s > 0.0 && runtime_s.unwrap_or(default_runtime_s) < horizon_s {
+            return;
+        }
+        if at < self.now || self.arrivals.back().is_some_and(|b| at < b.0) {
+            self.stale = true;
+        }
+        self.arrivals.push_back((at, gpus));
+    }
+
+    /// Move the windows to `now` (seconds, not before the last call's: an earlier `now` leaves
+    /// them unread from then on, and [`LaneObservation::demand_at`] scans instead).
+    pub fn advance(&mut self, now: f64) {
+        if now < self.now {
+            self.lost = true;
+        }
+        if self.lost {
+            return;
+        }
+        if self.stale {
+            self.rebuild(now);
+            return;
+        }
+        self.now = now;
+        // Boundary j, newest first: an arrival passing it leaves window j - 1 for window j (or
+        // the look-back, past the last). In this order an arrival passing several boundaries at
+        // once is counted out of each window after it was counted in.
+        for j in 0..=self.n {
+            let edge = now - j as f64 * self.window_s;
+            while let Some(&(at, gpus)) = self.arrivals.get(self.bounds[j]) {
+                if at > edge {
+                    break;
+                }
+                self.bounds[j] += 1;
+                if j > 0 {
+                    self.add(gpus, j - 1, false);
+                }
+                if j < self.n {
+                    self.add(gpus, j, true);
+                }
+            }
+        }
+        // Past the look-back: no longer needed.
+        let gone = self.bounds[self.n];
+        if gone > 0 {
+            self.arrivals.drain(..gone);
+            self.bounds.iter_mut().for_each(|b| *b -= gone);
+        }
+    }
+
+    /// The demand per shape and window, as [`LaneObservation::window_demand`] at the last
+    /// advance's `now`: shapes with an arrival in the look-back, GPUs ascending.
+    pub fn demand(&self) -> Vec<(u32, Vec<u32>)> {
+        self.per
+            .iter()
+            .filter(|(_, d)| d.iter().any(|c| *c > 0))
+            .cloned()
+            .collect()
+    }
+
+    fn add(&mut self, gpus: u32, k: usize, inc: bool) {
+        let i = match self.per.binary_search_by_key(&gpus, |p| p.0) {
+            Ok(i) => i,
+            Err(i) => {
+                self.per.insert(i, (gpus, vec![0; self.n]));
+                i
+            }
+        };
+        let c = &mut self.per[i].1[k];
+        *c = if inc { *c + 1 } else { *c - 1 };
+    }
+
+    /// Counts from scratch at `now`, for arrivals recorded out of order.
+    fn rebuild(&mut self, now: f64) {
+        let mut sorted: Vec<(f64, u32)> = self.arrivals.drain(..).collect();
+        sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+        self.arrivals.extend(sorted);
+        self.bounds.iter_mut().for_each(|b| *b = 0);
+        self.per.clear();
+        self.stale = false;
+        self.now = f64::NEG_INFINITY;
+        self.advance(now);
     }
 }
 

@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use common::*;
 use onoff_policy::{
-    decide, keepalive, Action, CapacityPreference, CapacityType, KeepAliveMode, LaneConfig, LaneObservation,
-    Observation, Offering, PendingJob, Plan, PolicyConfig, ProjectQuota, Reason, UnavailableOffering, WarmWindow,
-    WorkerState, WorkerView,
+    decide, keepalive, Action, CapacityPreference, CapacityType, DemandWindows, KeepAliveMode, LaneConfig,
+    LaneObservation, Observation, Offering, PendingJob, Plan, PolicyConfig, ProjectQuota, Reason, UnavailableOffering,
+    WarmWindow, WorkerState, WorkerView,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -667,4 +667,43 @@ fn generator_reaches_every_branch() {
         !seen.contains_key("launch other") && !seen.contains_key("terminate other"),
         "{seen:?}"
     );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(256)
+    ))]
+
+    /// The window demand kept arrival by arrival is the one scanned from the recent arrivals,
+    /// at every decision: arrivals of mixed shapes and run times (some short, some with none
+    /// declared, some at the same second), decisions in between at times that never go back.
+    #[test]
+    fn demand_windows_kept_incrementally_equal_the_scan(
+        steps in prop::collection::vec(
+            (0.0f64..900.0, 1u32..4, prop::option::of(0.0f64..400.0), any::<bool>()),
+            1..400,
+        ),
+        window_s in prop::sample::select(vec![60.0, 390.0, 1_200.0]),
+        lookback_s in prop::sample::select(vec![0.0, 1_800.0, 10_800.0]),
+    ) {
+        let long = (120.0, 3_600.0);
+        let mut lane = LaneObservation {
+            demand_windows: Some(DemandWindows::new(window_s, lookback_s, long)),
+            ..Default::default()
+        };
+        let mut now = NOW;
+        for (gap, gpus, runtime, decide_now) in steps {
+            // A gap under a second is a burst: same-second arrivals.
+            now += if gap < 1.0 { 0.0 } else { gap };
+            lane.record_arrival_with_runtime(gpus, now, runtime);
+            let at = if decide_now { now + gap / 3.0 } else { now };
+            if decide_now {
+                now = at;
+            }
+            lane.demand_windows.as_mut().unwrap().advance(at);
+            let kept = lane.demand_windows.as_ref().unwrap();
+            prop_assert!(kept.is_for(at, window_s, lookback_s, long));
+            prop_assert_eq!(kept.demand(), lane.window_demand(at, window_s, lookback_s, long));
+        }
+    }
 }

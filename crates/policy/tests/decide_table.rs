@@ -1864,6 +1864,47 @@ fn window_demand_counts_long_jobs_per_shape_and_window() {
 }
 
 #[test]
+fn demand_windows_out_of_order_are_rebuilt_and_after_time_went_back_are_not_read() {
+    let long = (120.0, 3600.0);
+    let mut l = LaneObservation {
+        demand_windows: Some(onoff_policy::DemandWindows::new(390.0, 10_800.0, long)),
+        ..Default::default()
+    };
+    for i in 0..30 {
+        l.record_arrival(1 + i % 2, NOW + i as f64 * 300.0);
+    }
+    let t = NOW + 30.0 * 300.0;
+    l.demand_windows.as_mut().unwrap().advance(t);
+    assert_eq!(
+        l.demand_at(t, 390.0, 10_800.0, long),
+        l.window_demand(t, 390.0, 10_800.0, long)
+    );
+    // An arrival older than the last advance: rebuilt from the arrivals at the next advance, to
+    // the counts of the same arrivals recorded in order (the scan needs them in order).
+    l.record_arrival(4, t - 5_000.0);
+    l.demand_windows.as_mut().unwrap().advance(t + 60.0);
+    let kept = l.demand_windows.as_ref().unwrap();
+    assert!(kept.is_for(t + 60.0, 390.0, 10_800.0, long));
+    let mut ordered = LaneObservation::default();
+    let mut arrivals: Vec<_> = l.recent_arrivals.iter().map(|a| (a.at, a.gpus)).collect();
+    arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+    arrivals.iter().for_each(|(at, g)| ordered.record_arrival(*g, *at));
+    let scan = ordered.window_demand(t + 60.0, 390.0, 10_800.0, long);
+    assert_eq!(scan.iter().map(|d| d.0).collect::<Vec<_>>(), [1, 2, 4]);
+    assert_eq!(kept.demand(), scan);
+    // Kept for other windows, or not advanced to now: scanned.
+    assert!(!kept.is_for(t + 60.0, 600.0, 10_800.0, long));
+    assert!(!kept.is_for(t + 120.0, 390.0, 10_800.0, long));
+    // Time went back: never read again, the scan answers.
+    l.demand_windows.as_mut().unwrap().advance(t);
+    assert!(!l.demand_windows.as_ref().unwrap().is_for(t, 390.0, 10_800.0, long));
+    assert_eq!(
+        l.demand_at(t, 390.0, 10_800.0, long),
+        l.window_demand(t, 390.0, 10_800.0, long)
+    );
+}
+
+#[test]
 fn predictive_look_back_beyond_the_arrivals_kept_is_rejected() {
     let err = PolicyConfig::from_toml_str("[[lanes]]\nname = \"standard\"\npredictive_lookback_s = 30000.0\n")
         .unwrap_err()

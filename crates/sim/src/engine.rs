@@ -32,7 +32,7 @@ use onoff_control::{act, handle_interruption_notice, ActContext};
 use onoff_policy::choice::{fits, speed};
 use onoff_policy::deadline::keeps_off_spot;
 use onoff_policy::{
-    CapacityType, LaneObservation, Observation, Offering, OfferingKey, PendingJob, Plan, PolicyConfig,
+    CapacityType, DemandWindows, LaneObservation, Observation, Offering, OfferingKey, PendingJob, Plan, PolicyConfig,
     UnavailableOffering, WorkerState, WorkerView,
 };
 use rand::rngs::StdRng;
@@ -1227,6 +1227,15 @@ pub fn run(
     let tick_s = strategy.tick_s();
     let on_submit = strategy.decides_on_submit();
     let handles_notice = strategy.handles_notice();
+    // The warm pool's window demand kept arrival by arrival instead of scanned per decision.
+    let sim_lane = world.lane_index(&cfg.lane);
+    if let Some(lc) = pcfg.lanes.get(sim_lane).filter(|lc| lc.predictive_max > 0) {
+        world.lanes[sim_lane].demand_windows = Some(DemandWindows::new(
+            lc.predictive_window_s,
+            lc.predictive_lookback_s,
+            (pcfg.offers.short_job_horizon_s, pcfg.offers.default_runtime_s),
+        ));
+    }
     let world = RefCell::new(world);
     let mut decisions = 0u64;
     let mut timeline = Vec::new();
@@ -1356,6 +1365,9 @@ pub fn run(
                 // Every trace job runs in one lane: its in-flight count is the running jobs.
                 let (lane, running) = (w.lane_index(&cfg.lane), w.running_jobs);
                 w.lanes[lane].backlog.in_flight = running;
+                if let Some(d) = &mut w.lanes[lane].demand_windows {
+                    d.advance(now);
+                }
                 let obs = Observation {
                     lanes: &w.lanes,
                     jobs: &w.queued,

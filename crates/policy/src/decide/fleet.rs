@@ -1,10 +1,23 @@
 //! Phase 1: the fleet as it is, and the bookkeeping later phases update as they plan launches.
 
+use smallvec::{smallvec, SmallVec};
+
 use crate::config::PolicyConfig;
 use crate::observation::{Observation, WorkerState, WorkerView};
 use crate::offering::CapacityType;
 
 use super::FreeClass;
+
+/// One entry per lane. `decide` runs on every submission and every tick, and a fleet has a lane
+/// or two: inline storage instead of a heap allocation per list per decision (allocation was a
+/// tenth of a replay's time).
+pub(crate) type PerLane<T> = SmallVec<[T; 2]>;
+
+/// A lane's idle or booting workers: inline up to a typical count, on the heap past it.
+pub(crate) type Workers<'a> = SmallVec<[&'a WorkerView; 16]>;
+
+/// A lane's free capacity classes (a fleet has a few worker sizes).
+pub(crate) type Classes = SmallVec<[FreeClass; 4]>;
 
 /// Counts per name for the few projects / job types of a fleet: a linear list beats hashing here
 /// (`decide` runs on every submission). Each entry keeps a cheap key (length and first 8 bytes)
@@ -49,27 +62,27 @@ pub(crate) struct Fleet<'a> {
     /// Live workers (pending, running, idle), plus the launches booked.
     pub(crate) live_total: u32,
     /// The same per lane.
-    pub(crate) lane_live: Vec<u32>,
+    pub(crate) lane_live: PerLane<u32>,
     /// GPUs per project of the pending and running workers (filled only when launches are to be
     /// planned), plus the launches booked.
     pub(crate) project_gpus: Tally<'a>,
     /// Jobs per job type of the pending and running workers, likewise.
     pub(crate) type_jobs: Tally<'a>,
     /// Last launch per lane, unix seconds.
-    pub(crate) last_launch: Vec<f64>,
+    pub(crate) last_launch: PerLane<f64>,
     /// Free capacity per lane by class (GPUs, then memory, ascending); matching takes from it.
-    pub(crate) free: Vec<Vec<FreeClass>>,
+    pub(crate) free: PerLane<Classes>,
     /// Free (idle, pending) workers per lane before matching.
-    pub(crate) free_before: Vec<(u32, u32)>,
+    pub(crate) free_before: PerLane<(u32, u32)>,
     /// Idle workers per lane.
-    pub(crate) idle: Vec<Vec<&'a WorkerView>>,
+    pub(crate) idle: PerLane<Workers<'a>>,
     /// Booting workers per lane.
-    pub(crate) pending: Vec<Vec<&'a WorkerView>>,
+    pub(crate) pending: PerLane<Workers<'a>>,
     /// The budget cap, when the spend is over it (no launches, idle workers released).
     pub(crate) breaker: Option<f64>,
     /// Cheapest price of a live worker per (GPUs, GPU memory bits), $/h: what the warm pool of a
     /// shape is priced at without ranking the catalogue.
-    pub(crate) cheapest: Vec<((u32, u64), f64)>,
+    pub(crate) cheapest: SmallVec<[((u32, u64), f64); 8]>,
     /// Queued jobs whose pinned workers (booting, or up and not yet running it: launched for the
     /// job) are as many as the job's instances: those workers are its capacity, so matching skips
     /// the job and nobody else counts the workers.
@@ -128,40 +141,62 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
     let mut f = Fleet {
         spend: 0.0,
         live_total: 0,
-        lane_live: vec![0; nl],
+        lane_live: smallvec![0; nl],
         project_gpus: Tally::default(),
         type_jobs: Tally::default(),
-        last_launch: vec![f64::NEG_INFINITY; nl],
-        free: (0..nl).map(|_| Vec::new()).collect(),
-        free_before: Vec::new(),
-        idle: vec![Vec::new(); nl],
-        pending: vec![Vec::new(); nl],
+        last_launch: smallvec![f64::NEG_INFINITY; nl],
+        free: (0..nl).map(|_| Classes::new()).collect(),
+        free_before: PerLane::new(),
+        idle: (0..nl).map(|_| Workers::new()).collect(),
+        pending: (0..nl).map(|_| Workers::new()).collect(),
         breaker: None,
-        cheapest: Vec::new(),
+        cheapest: SmallVec::new(),
         pinned_met: Vec::new(),
     };
     // Booting or idle workers launched for a job, set aside until the pass is done.
     let mut pinned: Vec<&'a WorkerView> = Vec::new();
+    // Live workers and last launch of a run of workers of one lane, added to the lane's figures
+    // when the run ends. Updating the lane's entries per worker chains every worker to the last
+    // one's store; a fleet's workers come in long runs of one lane (most fleets have one).
+    let mut run: (usize, u32, f64) = (0, 0, f64::NEG_INFINITY);
+    let end_run = |f: &mut Fleet<'a>, (lane, live, last): (usize, u32, f64)| {
+        if live > 0 {
+            f.lane_live[lane] += live;
+            f.last_launch[lane] = f.last_launch[lane].max(last);
+        }
+    };
     for w in obs.workers.iter().filter(|w| w.lane < nl) {
         if w.state != WorkerState::Terminating {
             f.spend += w.price_usd_per_h;
         }
         if matches!(w.state, WorkerState::Pending | WorkerState::Running | WorkerState::Idle) {
-            let k = (w.gpus, w.gpu_memory_gib.to_bits());
+            let (k, price) = ((w.gpus, w.gpu_memory_gib.to_bits()), w.price_usd_per_h);
             match f.cheapest.iter_mut().find(|c| c.0 == k) {
-                Some(c) => c.1 = c.1.min(w.price_usd_per_h),
-                None => f.cheapest.push((k, w.price_usd_per_h)),
+                // A compare, not f64::min: the minimum rarely changes, so this is predicted.
+                Some(c) if price < c.1 => c.1 = price,
+                Some(_) => {}
+                None => f.cheapest.push((k, price)),
             }
             f.live_total += 1;
-            f.lane_live[w.lane] += 1;
-            f.last_launch[w.lane] = f.last_launch[w.lane].max(w.launched_at);
+            if w.lane != run.0 {
+                end_run(&mut f, std::mem::replace(&mut run, (w.lane, 0, f64::NEG_INFINITY)));
+            }
+            run.1 += 1;
+            if w.launched_at > run.2 {
+                run.2 = w.launched_at;
+            }
         }
         if w.pinned_job.is_some() && matches!(w.state, WorkerState::Pending | WorkerState::Idle) {
             pinned.push(w);
             continue;
         }
-        f.add_free(w, cfg, now);
+        // Most workers are running a long job: no free capacity, and no call.
+        let horizon = cfg.offers.short_job_horizon_s;
+        if w.state != WorkerState::Running || w.busy_until.is_some_and(|t| t - now < horizon) {
+            f.add_free(w, cfg, now);
+        }
     }
+    end_run(&mut f, run);
     if !pinned.is_empty() {
         // A queued job with as many pinned workers as it has instances has its capacity: those
         // workers are its alone. The others are free as any.

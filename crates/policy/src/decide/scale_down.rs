@@ -63,15 +63,18 @@ pub(crate) fn skip_consumed<'a>(
 /// within any keep-alive (its scaled gaps all exceed `max_keep_alive_s`).
 const ARRIVALS_CAP: f64 = 1e6;
 
+/// What a line's keep-alives read, built at first need: the gap curve of the shapes its workers
+/// serve (if trusted), the mean worker units of an arrival, and when the lane's running workers of
+/// its size end their jobs (seconds from now, any order).
+type LineFacts = (Option<keepalive::GapCurve>, f64, Vec<f64>);
+
 /// The idle workers of one GPU count, in line for the keep-alive (the most recently idle first).
 struct Line {
     gpus: u32,
     /// Workers seen so far: the next one's rank.
     len: u32,
-    /// The gap curve of the shapes these workers serve (if trusted), the mean worker units of
-    /// an arrival, and when the lane's running workers of this size end their jobs (seconds from
-    /// now, ascending), built at first need.
-    curve: Option<(Option<keepalive::GapCurve>, f64, Vec<f64>)>,
+    /// Boxed: a curve is 1.5 kB, and a line is moved about on every decision.
+    curve: Option<Box<LineFacts>>,
     /// The keep-alive a worker ahead in line was released at: the workers behind it (idle
     /// longer, needed only after it) go at that keep-alive too, so a line never keeps its back
     /// while releasing its front.
@@ -172,7 +175,7 @@ pub(crate) fn scale_down(
             Some(cut) if idle_s >= cut => cut,
             cut => {
                 let gpus = line.gpus;
-                let (curve, units, ends) = line.curve.get_or_insert_with(|| {
+                let (curve, units, ends) = &**line.curve.get_or_insert_with(|| {
                     let shape = lane_obs.and_then(|o| o.gaps_for(w.gpus, oc.max_gpu_oversize));
                     let curve = shape
                         .filter(|s| keepalive::trusted(&s.hist, &cfg.scale_down))
@@ -182,20 +185,24 @@ pub(crate) fn scale_down(
                     });
                     // Only the adaptive keep-alive reads them.
                     let adaptive = cfg.scale_down.mode == KeepAliveMode::Adaptive;
-                    let mut ends: Vec<f64> = match curve {
-                        Some(_) if adaptive => obs
-                            .workers
-                            .iter()
-                            .filter(|r| r.lane == lane && r.gpus == gpus && r.state == WorkerState::Running)
-                            .filter_map(|r| r.busy_until)
-                            // A job past its declared run time ends at an unknown time: not counted.
-                            .filter(|t| *t >= now)
-                            .map(|t| t - now)
-                            .collect(),
+                    let ends: Vec<f64> = match curve {
+                        Some(_) if adaptive => {
+                            // Sized for every worker: growing it cost more than the pass.
+                            let mut ends = Vec::with_capacity(obs.workers.len());
+                            ends.extend(
+                                obs.workers
+                                    .iter()
+                                    .filter(|r| r.lane == lane && r.gpus == gpus && r.state == WorkerState::Running)
+                                    .filter_map(|r| r.busy_until)
+                                    // A job past its declared run time ends at an unknown time: not counted.
+                                    .filter(|t| *t >= now)
+                                    .map(|t| t - now),
+                            );
+                            ends
+                        }
                         _ => Vec::new(),
                     };
-                    ends.sort_unstable_by(f64::total_cmp);
-                    (curve, units, ends)
+                    Box::new((curve, units, ends))
                 });
                 let until_needed = match curve {
                     Some(c) => {

@@ -70,12 +70,13 @@ impl Warm {
 pub(crate) struct Fractile(Vec<u32>);
 
 impl Fractile {
-    /// The demand of the windows that followed one like the current one (busy or quiet).
+    /// The demand of the windows that followed one like the current one (busy or quiet),
+    /// ascending.
     pub(crate) fn new(demand: &[u32]) -> Self {
         let busy_now = demand.first().is_some_and(|d| *d > 0);
         let mut d: Vec<u32> = Vec::with_capacity(demand.len());
         d.extend(demand.windows(2).filter(|p| (p[1] > 0) == busy_now).map(|p| p[0]));
-        d.sort_unstable_by(|a, b| b.cmp(a));
+        d.sort_unstable();
         Self(d)
     }
 
@@ -100,7 +101,11 @@ impl Fractile {
         let k = ((self.0.len() as f64 * w / (be + w)).ceil() as usize)
             .max(lc.predictive_min_bursts as usize)
             .max(1);
-        self.0.get(k - 1).map_or(0, |d| (*d).min(lc.predictive_max))
+        // The k-th largest.
+        self.0
+            .len()
+            .checked_sub(k)
+            .map_or(0, |i| self.0[i].min(lc.predictive_max))
     }
 }
 
@@ -122,7 +127,7 @@ pub(crate) fn warm_capacity(
     let scheduled = lc.warm_pool_size_at(hour);
     let mut demand = match (lc.predictive_max, obs.lanes.get(lane)) {
         (0, _) | (_, None) => Vec::new(),
-        (_, Some(o)) => o.window_demand(
+        (_, Some(o)) => o.demand_at(
             now,
             lc.predictive_window_s,
             lc.predictive_lookback_s,
