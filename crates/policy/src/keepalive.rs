@@ -97,8 +97,8 @@ pub fn arrivals_until_needed_after_ends(rank: u32, mean_units: f64, mean_gap_s: 
     let u = mean_units.max(1e-6);
     let mut n = arrivals_until_needed(rank, u);
     // freed(t) only grows with t, so n only grows: each step frees at least one more worker,
-    // and there are ends_s.len() of them. A count per step, not a sort: this runs on most
-    // decisions, over the running workers, and takes a step or two.
+    // and there are ends_s.len() of them. A count per step, not a sort of the ends: this runs
+    // on most decisions, and sorting every running worker's end cost more than the steps.
     loop {
         let t = n * mean_gap_s;
         let freed = ends_s.iter().filter(|e| **e <= t).count();
