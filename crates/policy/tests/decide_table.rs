@@ -450,6 +450,44 @@ fn max_workers_total_is_shared_by_lane_priority() {
 }
 
 #[test]
+fn a_full_fleet_holds_every_project_s_jobs_left_with_fair_share_up_to_the_limit() {
+    // Three projects of 4 jobs each and room for 5 workers: 2 + 2 + 1 launched by fair share, the
+    // other 7 held in one entry for the fleet's limit, whichever project they are of.
+    let mut cfg = cfg();
+    cfg.limits.max_workers_total = 6;
+    let js: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .flat_map(|p| {
+            jobs(p, 4).into_iter().map(move |mut j| {
+                j.project = (*p).into();
+                j
+            })
+        })
+        .collect();
+    let mut w = World::new(js, vec![running("r0")]);
+    w.lanes = vec![lane(12, 1)];
+    let plan = w.decide(&cfg, NOW);
+    assert_eq!(plan.launches(), 5, "{plan:#?}");
+    let per_project = |p: &str| {
+        plan.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Launch { project, count, .. } if project.as_deref() == Some(p) => Some(*count),
+                _ => None,
+            })
+            .sum::<u32>()
+    };
+    let mut launched = [per_project("a"), per_project("b"), per_project("c")];
+    launched.sort_unstable();
+    assert_eq!(launched, [1, 2, 2], "{plan:#?}");
+    assert_eq!(plan.held.len(), 1, "{plan:#?}");
+    assert_eq!(
+        (plan.held[0].count, &plan.held[0].reason),
+        (7, &Reason::MaxWorkers { limit: 6 })
+    );
+}
+
+#[test]
 fn max_workers_held_reason_names_the_limit_that_bound() {
     // Lane a holds 8 of the 10 workers the fleet may have; lane b (max 8) gets 5 jobs: 2 launched, 3
     // held, all by the fleet total (10), not by lane b's own maximum (8).

@@ -27,7 +27,7 @@ pub(crate) type Classes = SmallVec<[FreeClass; 4]>;
 pub(crate) struct Tally<'a>(Vec<(u64, &'a str, u32)>);
 
 /// Length and first bytes of `name`, as one word.
-fn name_key(name: &str) -> u64 {
+pub(crate) fn name_key(name: &str) -> u64 {
     let b = name.as_bytes();
     let mut head = [0u8; 8];
     let n = b.len().min(7);

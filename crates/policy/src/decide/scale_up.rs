@@ -1,6 +1,6 @@
 //! Phase 3: launches for the jobs matching left unmet, lanes by priority.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::choice::{self, Request};
 use crate::config::{CapacityPreference, PolicyConfig};
@@ -122,6 +122,56 @@ fn runtime_bucket(runtime_s: f64) -> i32 {
     runtime_s.max(1.0).log2().ceil() as i32
 }
 
+/// Per-project FIFO queues of one lane's unmet jobs, each under its project's name and a cheap
+/// key of it ([`super::fleet::name_key`]). A map keyed by name compared whole names for every job
+/// queued: with a backlog of thousands behind a full fleet that was most of a decision.
+struct ProjectQueues<'a>(Vec<(u64, &'a str, VecDeque<&'a PendingJob>)>);
+
+impl<'a> ProjectQueues<'a> {
+    /// `jobs` (most urgent first) per project, in order.
+    fn new(jobs: &[&'a PendingJob]) -> Self {
+        let mut queues: Vec<(u64, &'a str, VecDeque<&'a PendingJob>)> = Vec::new();
+        for &j in jobs {
+            let (key, name) = (super::fleet::name_key(&j.project), j.project.as_str());
+            match queues.iter_mut().find(|q| q.0 == key && q.1 == name) {
+                Some(q) => q.2.push_back(j),
+                None => queues.push((key, name, VecDeque::from([j]))),
+            }
+        }
+        Self(queues)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Jobs queued in all.
+    fn len(&self) -> usize {
+        self.0.iter().map(|q| q.2.len()).sum()
+    }
+
+    /// Take the first job of the project that `order` puts first (a total order on names).
+    fn pop_next(&mut self, order: impl Fn(&str, &str) -> std::cmp::Ordering) -> (&'a str, &'a PendingJob) {
+        let i = (0..self.0.len())
+            .min_by(|&x, &y| order(self.0[x].1, self.0[y].1))
+            .expect("pop_next on no queue");
+        let (_, name, q) = &mut self.0[i];
+        let (name, job) = (*name, q.pop_front().expect("queues hold no empty deque"));
+        if q.is_empty() {
+            self.0.swap_remove(i);
+        }
+        (name, job)
+    }
+
+    /// Drop `project`'s queue; returns how many jobs it held.
+    fn remove(&mut self, project: &str) -> usize {
+        match self.0.iter().position(|q| q.1 == project) {
+            Some(i) => self.0.swap_remove(i).2.len(),
+            None => 0,
+        }
+    }
+}
+
 /// Allocate launches for the unmet jobs of one lane with weighted fair share between projects.
 #[allow(clippy::too_many_arguments)]
 fn scale_up_lane<'a>(
@@ -137,10 +187,7 @@ fn scale_up_lane<'a>(
     let lc = &cfg.lanes[lane];
     let oc = &cfg.offers;
     // Per-project FIFO queues (jobs are already most-urgent first).
-    let mut queues: BTreeMap<&'a str, std::collections::VecDeque<&'a PendingJob>> = BTreeMap::new();
-    for j in jobs {
-        queues.entry(j.project.as_str()).or_default().push_back(j);
-    }
+    let mut queues = ProjectQueues::new(jobs);
     // Ranked offerings per request shape, computed once; likewise on-demand's premium over spot.
     let mut ranked_cache: HashMap<RankKey, Vec<(&Offering, f64)>> = HashMap::new();
     let mut premium_cache: HashMap<(u32, u64, u32, i32), Option<f64>> = HashMap::new();
@@ -162,22 +209,16 @@ fn scale_up_lane<'a>(
     let mut credit: Vec<((u32, u64), f64)> = Vec::new();
     while !queues.is_empty() {
         // Project with the least GPUs per unit of weight goes next.
-        let project = *queues
-            .keys()
-            .min_by(|a, b2| {
-                let ua = b.project_gpus.get(a) as f64 / cfg.project_quota(a).weight;
-                let ub = b.project_gpus.get(b2) as f64 / cfg.project_quota(b2).weight;
-                ua.total_cmp(&ub).then(a.cmp(b2))
-            })
-            .expect("non-empty");
-        let q = queues.get_mut(project).expect("present");
-        let job = q.pop_front().expect("queues hold no empty deque");
-        if q.is_empty() {
-            queues.remove(project);
-        }
+        let (project, job) = queues.pop_next(|a, b2| {
+            let ua = b.project_gpus.get(a) as f64 / cfg.project_quota(a).weight;
+            let ub = b.project_gpus.get(b2) as f64 / cfg.project_quota(b2).weight;
+            ua.total_cmp(&ub).then(a.cmp(b2))
+        });
         if let Some(limit) = full {
-            hold(Reason::MaxWorkers { limit }, 1);
-            continue;
+            // Every job left is held for the same limit: all at once, not one by one (a backlog
+            // of thousands behind a full fleet made each decision format a reason per job).
+            hold(Reason::MaxWorkers { limit }, 1 + queues.len() as u32);
+            break;
         }
         let instances = job.instances.max(1);
         let gpus = job.gpus_per_instance * instances;
@@ -189,9 +230,8 @@ fn scale_up_lane<'a>(
                         project: project.to_string(),
                         max_gpus: max,
                     },
-                    1 + queues.get(project).map_or(0, |q| q.len() as u32),
+                    1 + queues.remove(project) as u32,
                 );
-                queues.remove(project);
                 continue;
             }
         }
