@@ -40,21 +40,38 @@ pub struct ImdsState {
     pub refuse_uid: Option<u32>,
 }
 
-/// The user owning the loopback TCP socket whose local address is `addr` (the client's end of a
-/// connection to us), from `/proc/net/tcp`; `None` when not found (not Linux, or gone).
+/// The user owning the client's end of the loopback TCP connection from `client` to `server`,
+/// from `/proc/net/tcp`; `None` when not found (not Linux, or gone).
+///
+/// Both ends are matched, and sockets in TIME_WAIT are skipped: those belong to no process (the
+/// table shows uid 0 for them), and one left by an earlier connection from the same ephemeral
+/// port to another server (the test suite's moto traffic reuses ports) would stand in for the
+/// job's socket and let its connection through: the likely cause of a CI run in which the job's
+/// user was served.
 #[must_use]
-pub fn socket_uid(addr: SocketAddr) -> Option<u32> {
-    let SocketAddr::V4(v4) = addr else { return None };
-    // /proc/net/tcp: `sl local_address rem_address st ... uid ...`, addresses as hex IPv4 in
-    // host byte order (little-endian here) and a hex port.
-    let want = format!("{:08X}:{:04X}", u32::from_le_bytes(v4.ip().octets()), v4.port());
+pub fn socket_uid(client: SocketAddr, server: SocketAddr) -> Option<u32> {
+    // /proc/net/tcp: `sl local_address rem_address st ... uid ...`; state 06 is TIME_WAIT.
+    let (local, remote) = (proc_net_addr(client)?, proc_net_addr(server)?);
     let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
     table.lines().skip(1).find_map(|l| {
         let cols: Vec<&str> = l.split_whitespace().collect();
-        (cols.get(1) == Some(&want.as_str()))
+        (cols.get(1) == Some(&local.as_str()) && cols.get(2) == Some(&remote.as_str()) && cols.get(3) != Some(&"06"))
             .then(|| cols.get(7).and_then(|u| u.parse().ok()))
             .flatten()
     })
+}
+
+/// `addr` as `/proc/net/tcp` writes it: hex IPv4 in host byte order (little-endian here), a
+/// colon, a hex port; `None` for IPv6 (that table is `tcp6`).
+fn proc_net_addr(addr: SocketAddr) -> Option<String> {
+    match addr {
+        SocketAddr::V4(v4) => Some(format!(
+            "{:08X}:{:04X}",
+            u32::from_le_bytes(v4.ip().octets()),
+            v4.port()
+        )),
+        SocketAddr::V6(_) => None,
+    }
 }
 
 const TOKEN: &str = "onoff-local-imds-token";
@@ -131,13 +148,14 @@ impl ImdsServer {
     /// The port cannot be bound.
     pub async fn start(state: ImdsState) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
-        let endpoint = format!("http://{}", listener.local_addr()?);
+        let server = listener.local_addr()?;
+        let endpoint = format!("http://{server}");
         let state = Arc::new(Mutex::new(state));
         let shared = state.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, peer)) = listener.accept().await {
                 let refuse = shared.lock().expect("lock").refuse_uid;
-                if refuse.is_some() && refuse == socket_uid(peer) {
+                if refuse.is_some() && refuse == socket_uid(peer, server) {
                     // Closed unanswered, as the firewall rule rejects it on EC2.
                     drop(stream);
                     continue;
@@ -230,6 +248,11 @@ mod tests {
         assert!(none.starts_with("HTTP/1.1 404"), "{none}");
     }
 
+    /// Whether a `/proc/net/tcp` row (split in columns) is the connection from `from` to `to`.
+    fn socket_uid_row_matches(cols: &[&str], from: SocketAddr, to: SocketAddr) -> bool {
+        cols.get(1).copied() == proc_net_addr(from).as_deref() && cols.get(2).copied() == proc_net_addr(to).as_deref()
+    }
+
     #[tokio::test]
     async fn the_job_users_connections_are_refused() {
         // This process plays the job: its user is the refused one.
@@ -238,10 +261,29 @@ mod tests {
         let probe = std::net::TcpListener::bind(addr).unwrap();
         let client = std::net::TcpStream::connect(probe.local_addr().unwrap()).unwrap();
         assert_eq!(
-            socket_uid(client.local_addr().unwrap()),
+            socket_uid(client.local_addr().unwrap(), probe.local_addr().unwrap()),
             Some(me),
             "/proc/net/tcp names the owner"
         );
+        // Another server at the same client port is another connection: not this one.
+        let elsewhere: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        assert_eq!(socket_uid(client.local_addr().unwrap(), elsewhere), None);
+        // Closed by the client first, its end waits in TIME_WAIT, owned by no process (the table
+        // says uid 0): it names nobody, so it cannot stand in for a live socket on that port.
+        let (server_end, _) = probe.accept().unwrap();
+        let (from, to) = (client.local_addr().unwrap(), probe.local_addr().unwrap());
+        drop(client);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(server_end);
+        let waiting = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::fs::read_to_string("/proc/net/tcp").unwrap().lines().any(|l| {
+                let c: Vec<&str> = l.split_whitespace().collect();
+                c.get(3) == Some(&"06") && socket_uid_row_matches(&c, from, to)
+            })
+        });
+        assert!(waiting, "the client's end went to TIME_WAIT");
+        assert_eq!(socket_uid(from, to), None, "a TIME_WAIT socket names nobody");
         let imds = ImdsServer::start(state(Some(me))).await.unwrap();
         let answer = ask(
             &imds.endpoint,
