@@ -270,6 +270,18 @@ pub fn worker_units(runtime_s: Option<f64>, horizon_s: f64, default_runtime_s: f
     (runtime_s.unwrap_or(default_runtime_s).max(0.0) / horizon_s).min(1.0)
 }
 
+/// Whether an arrival that declared `runtime_s` is long for `(horizon_s, default_runtime_s)`:
+/// [`worker_units`] of 1, a worker of its own (any arrival when `horizon_s` is 0), without
+/// `worker_units`' division (the warm pool asks this of every arrival it counts).
+fn is_long(runtime_s: Option<f64>, (horizon_s, default_runtime_s): (f64, f64)) -> bool {
+    horizon_s <= 0.0 || runtime_s.unwrap_or(default_runtime_s) >= horizon_s
+}
+
+/// Windows of `window_s` over a look-back of `lookback_s`: `floor(lookback_s / window_s) + 1`.
+fn window_count(window_s: f64, lookback_s: f64) -> usize {
+    (lookback_s / window_s).floor().max(0.0) as usize + 1
+}
+
 /// How far back [`LaneObservation::recent_arrivals`] reaches, seconds (6 h: the longest
 /// predictive look-back). Defined with the configuration it bounds.
 pub use crate::config::RECENT_ARRIVALS_KEPT_S;
@@ -350,68 +362,29 @@ impl LaneObservation {
     /// keeps busy, which the keep-alive holds. Window k (0-based) is
     /// `(now - (k + 1) x window_s, now - k x window_s]`, for `floor(lookback_s / window_s) + 1`
     /// windows, most recent first. O(arrivals in the look-back + shapes x windows).
-    pub fn window_demand(
-        &self,
-        now: f64,
-        window_s: f64,
-        lookback_s: f64,
-        (horizon_s, default_runtime_s): (f64, f64),
-    ) -> Vec<(u32, Vec<u32>)> {
-        let n = (lookback_s / window_s).floor().max(0.0) as usize + 1;
+    pub fn window_demand(&self, now: f64, window_s: f64, lookback_s: f64, long: (f64, f64)) -> Vec<(u32, Vec<u32>)> {
+        let n = window_count(window_s, lookback_s);
         let mut per: Vec<(u32, Vec<u32>)> = Vec::new();
         // Arrivals are recorded in time order: binary search for the range.
         let q = &self.recent_arrivals;
         let start = q.partition_point(|a| a.at <= now - n as f64 * window_s);
         let end = q.partition_point(|a| a.at <= now);
-        // worker_units(..) >= 1 without its division: this loop runs on every decision.
-        let long = |a: &Arrival| horizon_s <= 0.0 || a.runtime_s.unwrap_or(default_runtime_s) >= horizon_s;
         // Newest first, walking the window boundaries instead of dividing per arrival: window k is
         // (now - (k + 1) W, now - k W].
         let (mut k, mut lower) = (0usize, now - window_s);
-        // Arrivals of one shape in one window come in runs: count a run, add it when it ends.
-        let mut run: Option<(u32, usize, u32)> = None;
-        let add = |per: &mut Vec<(u32, Vec<u32>)>, (gpus, k, count): (u32, usize, u32)| match per
-            .iter_mut()
-            .find(|p| p.0 == gpus)
-        {
-            Some(p) => p.1[k] += count,
-            None => {
-                let mut v = vec![0; n];
-                v[k] = count;
-                per.push((gpus, v));
-            }
-        };
-        let mut step = |a: &Arrival| {
-            if !long(a) {
-                return;
-            }
+        for a in q.range(start..end).rev().filter(|a| is_long(a.runtime_s, long)) {
             while a.at <= lower && k < n - 1 {
                 k += 1;
                 lower = now - (k + 1) as f64 * window_s;
             }
-            match &mut run {
-                Some((g, rk, c)) if *g == a.gpus && *rk == k => *c += 1,
-                _ => {
-                    if let Some(r) = run.replace((a.gpus, k, 1)) {
-                        add(&mut per, r);
-                    }
+            let i = match per.iter().position(|p| p.0 == a.gpus) {
+                Some(i) => i,
+                None => {
+                    per.push((a.gpus, vec![0; n]));
+                    per.len() - 1
                 }
-            }
-        };
-        // The deque's two slices, newest first: a plain loop over each, not the deque's iterator.
-        let (front, back) = q.as_slices();
-        let split = front.len();
-        for a in back[start.saturating_sub(split)..end.saturating_sub(split)]
-            .iter()
-            .rev()
-        {
-            step(a);
-        }
-        for a in front[start.min(split)..end.min(split)].iter().rev() {
-            step(a);
-        }
-        if let Some(r) = run {
-            add(&mut per, r);
+            };
+            per[i].1[k] += 1;
         }
         per.sort_by_key(|p| p.0);
         per
@@ -484,7 +457,7 @@ impl DemandWindows {
     /// Windows of `window_s` seconds over `lookback_s` (as [`LaneObservation::window_demand`]),
     /// counting arrivals that are long for `(horizon_s, default_runtime_s)`. Nothing recorded.
     pub fn new(window_s: f64, lookback_s: f64, long: (f64, f64)) -> Self {
-        let n = (lookback_s / window_s).floor().max(0.0) as usize + 1;
+        let n = window_count(window_s, lookback_s);
         Self {
             window_s,
             lookback_s,
@@ -512,8 +485,7 @@ impl DemandWindows {
     /// Record an arrival at `at` (unix seconds) of a job asking `gpus` GPUs per instance that
     /// declared `runtime_s`; only long ones count (as in [`LaneObservation::window_demand`]).
     pub fn record(&mut self, at: f64, gpus: u32, runtime_s: Option<f64>) {
-        let (horizon_s, default_runtime_s) = self.long;
-        if horizon_s > 0.0 && runtime_s.unwrap_or(default_runtime_s) < horizon_s {
+        if !is_long(runtime_s, self.long) {
             return;
         }
         if at < self.now || self.arrivals.back().is_some_and(|b| at < b.0) {
