@@ -488,6 +488,64 @@ fn a_full_fleet_holds_every_project_s_jobs_left_with_fair_share_up_to_the_limit(
 }
 
 #[test]
+fn a_fleet_full_before_any_job_holds_each_job_for_what_binds_first() {
+    // Three running workers fill the lane or the fleet; projects a and b queue 3 jobs each (a's of
+    // job type "render"). A quota or a cap binds a's jobs before the limit does; the rest are held
+    // for the limit that bound, the lane's or the fleet's.
+    type Row = (u32, u32, Option<u32>, Option<u32>, Vec<(Reason, u32)>);
+    let max = |limit| Reason::MaxWorkers { limit };
+    let quota = Reason::ProjectQuota {
+        project: "a".into(),
+        max_gpus: 0,
+    };
+    let cap = Reason::JobTypeCap {
+        job_type: "render".into(),
+        cap: 0,
+    };
+    // (lane max_workers, fleet max_workers_total, a's max_gpus, render cap, held)
+    let rows: Vec<Row> = vec![
+        (8, 3, None, None, vec![(max(3), 6)]),
+        (2, 9, None, None, vec![(max(2), 6)]),
+        (3, 3, None, None, vec![(max(3), 6)]),
+        (8, 3, Some(0), None, vec![(max(3), 3), (quota.clone(), 3)]),
+        (8, 3, Some(5), None, vec![(max(3), 6)]),
+        (8, 3, None, Some(0), vec![(cap.clone(), 3), (max(3), 3)]),
+        (2, 9, Some(0), Some(0), vec![(max(2), 3), (quota.clone(), 3)]),
+    ];
+    for (lane_max, total, a_max_gpus, render_cap, want) in rows {
+        let mut cfg = cfg();
+        cfg.lanes[0].max_workers = lane_max;
+        cfg.limits.max_workers_total = total;
+        if let Some(m) = a_max_gpus {
+            let q = ProjectQuota {
+                max_gpus: Some(m),
+                ..ProjectQuota::default()
+            };
+            cfg.limits.projects.insert("a".into(), q);
+        }
+        if let Some(c) = render_cap {
+            cfg.limits.job_type_caps.insert("render".into(), c);
+        }
+        let js: Vec<_> = ["a", "b"]
+            .iter()
+            .flat_map(|p| {
+                jobs(p, 3).into_iter().map(move |mut j| {
+                    j.project = (*p).into();
+                    j.job_type = (*p == "a").then(|| "render".into());
+                    j
+                })
+            })
+            .collect();
+        let w = World::new(js, (0..3).map(|i| running(&format!("r{i}"))).collect());
+        let plan = w.decide(&cfg, NOW);
+        let row = format!("lane max {lane_max}, total {total}, a's quota {a_max_gpus:?}, cap {render_cap:?}");
+        assert_eq!(plan.launches(), 0, "{row}: {plan:#?}");
+        let held: Vec<(Reason, u32)> = plan.held.iter().map(|h| (h.reason.clone(), h.count)).collect();
+        assert_eq!(held, want, "{row}");
+    }
+}
+
+#[test]
 fn max_workers_held_reason_names_the_limit_that_bound() {
     // Lane a holds 8 of the 10 workers the fleet may have; lane b (max 8) gets 5 jobs: 2 launched, 3
     // held, all by the fleet total (10), not by lane b's own maximum (8).

@@ -19,6 +19,10 @@ use onoff_control::catalog::{load_offerings_from_dir, CatalogOptions};
 use onoff_policy::PolicyConfig;
 use onoff_sim::{run, strategy, MeasuredPreemptions, Preemptions, SimConfig, Trace, DEFAULT_STRATEGIES};
 
+/// The allocator `onoff simulate` runs with (crates/cli/src/main.rs).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Peak resident memory since the last [`reset_peak_rss`], MB (Linux `VmHWM`).
 fn peak_rss_mb() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

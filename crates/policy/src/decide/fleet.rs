@@ -258,12 +258,16 @@ impl<'a> Fleet<'a> {
         self.lane_live[lane] += instances;
     }
 
-    /// Room for launches in `lane`: (lane room, total room).
+    /// Room for launches in `lane`, workers, and the limit that binds it: the lane's
+    /// `max_workers` when its room is the smaller, else `limits.max_workers_total`.
     pub(crate) fn room(&self, cfg: &PolicyConfig, lane: usize) -> (u32, u32) {
-        (
-            cfg.lanes[lane].max_workers.saturating_sub(self.lane_live[lane]),
-            cfg.limits.max_workers_total.saturating_sub(self.live_total),
-        )
+        let lane_room = cfg.lanes[lane].max_workers.saturating_sub(self.lane_live[lane]);
+        let total_room = cfg.limits.max_workers_total.saturating_sub(self.live_total);
+        if lane_room < total_room {
+            (lane_room, cfg.lanes[lane].max_workers)
+        } else {
+            (total_room, cfg.limits.max_workers_total)
+        }
     }
 }
 

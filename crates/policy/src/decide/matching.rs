@@ -11,7 +11,12 @@ use super::{short_runtime, FreeClass};
 /// Queued jobs per lane, most urgent first: earliest deadline, then longest queued, then id.
 /// Jobs in `pinned_met` (workers launched for each are booting or held for it) are left out.
 pub(crate) fn queues<'a>(obs: &Observation<'a>, nl: usize, pinned_met: &[&str]) -> Vec<Vec<&'a PendingJob>> {
-    let mut by_lane: Vec<Vec<&'a PendingJob>> = vec![Vec::new(); nl];
+    // Sized first: a backlog of thousands would otherwise grow each list by copying, every decision.
+    let mut sizes = vec![0usize; nl];
+    for j in obs.jobs.iter().filter(|j| j.lane < nl) {
+        sizes[j.lane] += 1;
+    }
+    let mut by_lane: Vec<Vec<&'a PendingJob>> = sizes.into_iter().map(Vec::with_capacity).collect();
     for j in obs
         .jobs
         .iter()
@@ -44,6 +49,12 @@ pub(crate) fn match_jobs<'a>(
     let oc = &cfg.offers;
     let mut unmet: Vec<Vec<&'a PendingJob>> = vec![Vec::new(); queued.len()];
     for (lane, jobs) in queued.iter().enumerate() {
+        if fleet.free[lane].is_empty() {
+            // No idle or booting worker, nor one ending soon: nothing to match (the usual case behind
+            // a full fleet, where the backlog is longest).
+            unmet[lane].clone_from(jobs);
+            continue;
+        }
         // A lane that may launch spot (an on-demand lane has no spot worker to keep a job off,
         // and no capacity pinned to a job: its at-risk jobs match as any other).
         let spot_lane = cfg.lanes.get(lane).is_none_or(|lc| lc.capacity.may_use_spot());

@@ -172,6 +172,16 @@ impl<'a> ProjectQueues<'a> {
     }
 }
 
+/// The limit that holds every job of `lane` before any is looked at: the lane or the fleet is full
+/// (no room for one instance), and no project GPU quota or job-type cap is configured (either could
+/// hold the first job for itself instead). `None` otherwise.
+fn full_before_any(cfg: &PolicyConfig, lane: LaneId, b: &Fleet<'_>) -> Option<u32> {
+    let (room, limit) = b.room(cfg, lane);
+    let no_other_hold =
+        cfg.limits.job_type_caps.is_empty() && cfg.limits.projects.values().all(|q| q.max_gpus.is_none());
+    (room == 0 && no_other_hold).then_some(limit)
+}
+
 /// Allocate launches for the unmet jobs of one lane with weighted fair share between projects.
 #[allow(clippy::too_many_arguments)]
 fn scale_up_lane<'a>(
@@ -186,6 +196,18 @@ fn scale_up_lane<'a>(
 ) {
     let lc = &cfg.lanes[lane];
     let oc = &cfg.offers;
+    if let Some(limit) = full_before_any(cfg, lane, b).filter(|_| !jobs.is_empty()) {
+        // What the loop below would hold, without queueing each job by project first: with the
+        // lane or the fleet full, and no quota or cap to hold a job for first, the first job is held
+        // for the limit and every job left with it. A backlog of tens of thousands behind a capped
+        // fleet made that queueing most of each decision.
+        plan.held.push(Held {
+            lane,
+            count: jobs.len() as u32,
+            reason: Reason::MaxWorkers { limit },
+        });
+        return;
+    }
     // Per-project FIFO queues (jobs are already most-urgent first).
     let mut queues = ProjectQueues::new(jobs);
     // Ranked offerings per request shape, computed once; likewise on-demand's premium over spot.
@@ -249,14 +271,8 @@ fn scale_up_lane<'a>(
                 }
             }
         }
-        let lane_room = lc.max_workers.saturating_sub(b.lane_live[lane]);
-        let total_room = cfg.limits.max_workers_total.saturating_sub(b.live_total);
-        if lane_room.min(total_room) < instances {
-            let limit = if lane_room < total_room {
-                lc.max_workers
-            } else {
-                cfg.limits.max_workers_total
-            };
+        let (room, limit) = b.room(cfg, lane);
+        if room < instances {
             hold(Reason::MaxWorkers { limit }, 1);
             full = Some(limit);
             continue;

@@ -206,14 +206,9 @@ fn shape_capacity(
         return ws;
     }
     let want = launch_target - idle - pending;
-    let (lane_room, total_room) = fleet.room(cfg, lane);
-    let mut n = want.min(lane_room).min(total_room);
+    let (room, limit) = fleet.room(cfg, lane);
+    let mut n = want.min(room);
     if n < want {
-        let limit = if lane_room < total_room {
-            lc.max_workers
-        } else {
-            cfg.limits.max_workers_total
-        };
         plan.held.push(Held {
             lane,
             count: want - n,
