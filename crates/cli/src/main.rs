@@ -12,7 +12,8 @@ use onoff_policy::PolicyConfig;
 use onoff_sim::sweep::{run_sweep, Sweep, SweepResult};
 use onoff_sim::synthetic::{self, SyntheticSpec};
 use onoff_sim::{
-    compare, AzureModel, Comparison, Half, MeasuredPreemptions, Preemptions, SimConfig, Trace, TraceFormat, STRATEGIES,
+    compare, AzureModel, Comparison, Half, MeasuredPreemptions, Preemptions, RunReport, SimConfig, Trace, TraceFormat,
+    STRATEGIES,
 };
 
 #[cfg(feature = "local")]
@@ -441,6 +442,11 @@ fn print_sweep(r: &SweepResult) {
             if p.on_frontier { "*" } else { "" }
         );
     }
+    for p in &r.points {
+        if let Some(note) = limit_note(&format!("{} at {} = {}", r.strategy, r.key, p.value), &p.report) {
+            println!("{note}");
+        }
+    }
 }
 
 fn print_table(c: &Comparison) {
@@ -525,6 +531,33 @@ fn print_table(c: &Comparison) {
         }
         println!();
     }
+    for note in c.policies.iter().filter_map(|p| limit_note(&p.name, p)) {
+        println!("{note}");
+    }
+}
+
+/// Share of a policy's decisions a configured limit must hold launches in before the table says
+/// so: from 1 % on, the limit shapes the waits more than rounding does.
+const LIMIT_NOTE_SHARE: f64 = 0.01;
+
+/// A line saying which configured limits held `r`'s launches in at least [`LIMIT_NOTE_SHARE`] of
+/// its decisions (`RunReport::held_by_limit`), `None` when none did: a cap far below the demand
+/// turns waits of minutes into days, and the table alone would blame the policy (`label`).
+fn limit_note(label: &str, r: &RunReport) -> Option<String> {
+    let bound: Vec<String> = r
+        .held_by_limit
+        .iter()
+        .filter(|(_, &n)| r.decisions > 0 && n as f64 >= LIMIT_NOTE_SHARE * r.decisions as f64)
+        .map(|(limit, &n)| format!("{limit} in {:.0} %", 100.0 * n as f64 / r.decisions as f64))
+        .collect();
+    (!bound.is_empty()).then(|| {
+        format!(
+            "note: {label} held launches for {} of its {} decisions: its waits are those limits' (the \
+             policy config's [limits], [[lanes]] max_workers and offer filters)",
+            bound.join(", "),
+            r.decisions
+        )
+    })
 }
 
 fn write_out(dir: &Path, c: &Comparison) -> Result<()> {

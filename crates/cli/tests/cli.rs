@@ -105,6 +105,57 @@ fn bad_inputs_get_clear_errors() {
 }
 
 #[test]
+fn a_binding_fleet_cap_is_named_under_the_table() {
+    let simulate = |config: Option<&str>| {
+        let mut args = vec![
+            "simulate",
+            "--trace",
+            SHORT,
+            "--quiet",
+            "--policies",
+            "onoff,fixed-idle-10m",
+        ];
+        args.extend(config.map(|c| ["--config", c]).into_iter().flatten());
+        let out = onoff(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // The default config (max workers raised to 4,096) holds nothing: no note.
+    let plain = simulate(None);
+    assert!(!plain.contains("note:"), "{plain}");
+    let cfg = std::env::temp_dir().join(format!("onoff-cap-{}.toml", std::process::id()));
+    std::fs::write(&cfg, "[limits]\nmax_workers_total = 2\n").unwrap();
+    let capped = simulate(cfg.to_str());
+    std::fs::remove_file(&cfg).ok();
+    for policy in ["onoff", "fixed-idle-10m"] {
+        let note = capped
+            .lines()
+            .find(|l| l.starts_with(&format!("note: {policy} held launches for max workers 2 in ")))
+            .unwrap_or_else(|| panic!("no note for {policy}:\n{capped}"));
+        assert!(note.contains(" % of its "), "{note}");
+    }
+    // The JSON carries the counts the note is made of.
+    let cfg = std::env::temp_dir().join(format!("onoff-cap-json-{}.toml", std::process::id()));
+    std::fs::write(&cfg, "[limits]\nmax_workers_total = 2\n").unwrap();
+    let v = json(&[
+        "simulate",
+        "--trace",
+        SHORT,
+        "--policies",
+        "onoff",
+        "--json",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(&cfg).ok();
+    let p = &v["policies"][0];
+    let held = p["held_by_limit"]["max workers 2"]
+        .as_u64()
+        .expect("held_by_limit counts the cap");
+    assert!(held > 0 && held <= p["decisions"].as_u64().unwrap(), "{p}");
+}
+
+#[test]
 fn the_example_config_parses() {
     let out = onoff(&[
         "simulate",

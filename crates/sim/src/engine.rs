@@ -20,7 +20,7 @@
 
 use std::cell::RefCell;
 use std::cmp::Ordering;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,7 +33,7 @@ use onoff_policy::choice::{fits, speed};
 use onoff_policy::deadline::keeps_off_spot;
 use onoff_policy::{
     CapacityType, DemandWindows, LaneObservation, Observation, Offering, OfferingKey, PendingJob, Plan, PolicyConfig,
-    UnavailableOffering, WorkerState, WorkerView,
+    Reason, UnavailableOffering, WorkerState, WorkerView,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -251,6 +251,11 @@ pub struct RunReport {
     pub busy_terminations: u64,
     /// Decisions taken.
     pub decisions: u64,
+    /// Decisions that held back a launch for a configured limit rather than by the policy's
+    /// choice, per limit (`max workers N`, `budget cap X $/h`, a project's
+    /// quota, a job type's cap, `freeze`, `no offering for N GPUs`). Empty when no limit ever bound;
+    /// when one binds in many decisions, the waits are the limit's, not the policy's.
+    pub held_by_limit: BTreeMap<String, u64>,
     /// Virtual seconds from the first arrival to the last completion.
     pub makespan_s: f64,
     /// Jobs that had a deadline.
@@ -1093,6 +1098,32 @@ pub fn assign_deadlines(trace: &Trace, fraction: f64, slack: f64, seed: u64) -> 
     out
 }
 
+/// The configured limit a held want waited for, as [`RunReport::held_by_limit`] names it; `None`
+/// for a hold that is the policy's own choice (waiting for spot while on-demand costs more than
+/// the wait is worth).
+fn held_for_limit(reason: &Reason) -> Option<String> {
+    match reason {
+        Reason::MaxWorkers { limit } => Some(format!("max workers {limit}")),
+        Reason::BudgetBreaker { cap_usd_per_h, .. } => Some(format!("budget cap {cap_usd_per_h:.2} $/h")),
+        Reason::ProjectQuota { project, max_gpus } => Some(format!("project {project}'s quota of {max_gpus} GPUs")),
+        Reason::JobTypeCap { job_type, cap } => Some(format!("job type {job_type}'s cap of {cap}")),
+        Reason::Frozen => Some("freeze".to_string()),
+        Reason::NoOffering { gpus } => Some(format!("no offering for {gpus} GPUs")),
+        _ => None,
+    }
+}
+
+/// Count `plan`'s holds into `counts`: each limit once per decision however many wants it held.
+fn count_held_for_limits(plan: &Plan, counts: &mut BTreeMap<String, u64>) {
+    let mut seen: Vec<String> = Vec::new();
+    for limit in plan.held.iter().filter_map(|h| held_for_limit(&h.reason)) {
+        if !seen.contains(&limit) {
+            *counts.entry(limit.clone()).or_insert(0) += 1;
+            seen.push(limit);
+        }
+    }
+}
+
 /// Run one strategy over a trace. `progress` is called with the share of jobs finished (0..=1)
 /// now and then.
 pub fn run(
@@ -1238,6 +1269,7 @@ pub fn run(
     }
     let world = RefCell::new(world);
     let mut decisions = 0u64;
+    let mut held_by_limit: BTreeMap<String, u64> = BTreeMap::new();
     let mut timeline = Vec::new();
     let mut next_minute = 0u64;
     let mut reported = 0u64;
@@ -1377,6 +1409,7 @@ pub fn run(
                 };
                 strategy.decide(&obs, now)
             };
+            count_held_for_limits(&plan, &mut held_by_limit);
             if !plan.actions.is_empty() {
                 let (unavailable, now) = {
                     let w = world.borrow();
@@ -1471,6 +1504,7 @@ pub fn run(
         lost_work_gpu_hours: w.lost_gpu_s / 3600.0,
         busy_terminations: w.busy_terminations,
         decisions,
+        held_by_limit,
         makespan_s: end - t0,
         deadline_jobs,
         deadlines_missed,

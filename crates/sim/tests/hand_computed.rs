@@ -135,6 +135,30 @@ fn past_the_idle_timeout_the_worker_is_released_and_a_new_one_launched() {
 }
 
 #[test]
+fn a_fleet_cap_below_the_demand_queues_jobs_and_the_report_names_the_cap() {
+    // Three 1-hour jobs at 0 s, boot 300 s. Capped at one worker, they run one after another on it
+    // (waits 300, 3,900 and 7,500 s) and the decisions that held the other two name the cap; with
+    // room for three, each waits its boot and no limit bound.
+    let jobs = trace(&[(0.0, 3600.0, 1), (0.0, 3600.0, 1), (0.0, 3600.0, 1)]);
+    // (fleet cap, launches, wait p50, p99, limits that held launches)
+    let rows: &[(u32, u64, f64, f64, &[&str])] =
+        &[(1, 1, 3900.0, 7500.0, &["max workers 1"]), (3, 3, 300.0, 300.0, &[])];
+    for &(cap, launches, p50, p99, limits) in rows {
+        let mut cfg = policy(600.0);
+        cfg.limits.max_workers_total = cap;
+        let r = run_policy(&jobs, cfg, &sim(300.0));
+        assert_eq!((r.jobs_completed, r.launches), (3, launches), "cap {cap}");
+        assert!(close(r.wait_p50_s, p50) && close(r.wait_p99_s, p99), "cap {cap}: {r:?}");
+        let held: Vec<&str> = r.held_by_limit.keys().map(String::as_str).collect();
+        assert_eq!(held, limits, "cap {cap}");
+        // Held from the first decision after the first launch until the third job started.
+        for (limit, &n) in &r.held_by_limit {
+            assert!(n >= 2 && n <= r.decisions, "{limit}: {n} of {} decisions", r.decisions);
+        }
+    }
+}
+
+#[test]
 fn ec2_bills_a_60_second_minimum() {
     // Zero boot, a 10 s job: billed 60 s.
     let r = run_policy(&trace(&[(0.0, 10.0, 1)]), policy(600.0), &sim(0.0));
