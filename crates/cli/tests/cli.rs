@@ -153,6 +153,23 @@ fn a_binding_fleet_cap_is_named_under_the_table() {
         .as_u64()
         .expect("held_by_limit counts the cap");
     assert!(held > 0 && held <= p["decisions"].as_u64().unwrap(), "{p}");
+    // A sweep over the cap says so for the value that binds, and only for it.
+    let out = onoff(&[
+        "simulate",
+        "--trace",
+        SHORT,
+        "--quiet",
+        "--sweep",
+        "max_workers_total=2,4096",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let notes: Vec<&str> = text.lines().filter(|l| l.starts_with("note:")).collect();
+    assert_eq!(notes.len(), 1, "{text}");
+    assert!(
+        notes[0].starts_with("note: onoff at limits.max_workers_total = 2 held launches for max workers 2 in "),
+        "{text}"
+    );
 }
 
 #[test]
