@@ -258,8 +258,8 @@ impl<'a> Fleet<'a> {
         self.lane_live[lane] += instances;
     }
 
-    /// Room for launches in `lane`, workers, and the limit that binds it: the lane's
-    /// `max_workers` when its room is the smaller, else `limits.max_workers_total`.
+    /// `(room, limit)`: how many more workers `lane` may launch, and the limit that sets it (the
+    /// lane's `max_workers` when the lane's room is the smaller, else `limits.max_workers_total`).
     pub(crate) fn room(&self, cfg: &PolicyConfig, lane: usize) -> (u32, u32) {
         let lane_room = cfg.lanes[lane].max_workers.saturating_sub(self.lane_live[lane]);
         let total_room = cfg.limits.max_workers_total.saturating_sub(self.live_total);
