@@ -145,8 +145,8 @@ struct SimulateArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
-    /// Write comparison.json, a per-minute timeline CSV per policy and timeline.svg here (with
-    /// --sweep: sweep.json and frontier.svg).
+    /// Write comparison.json, a per-minute timeline CSV per policy, each job's wait per policy
+    /// (waits-POLICY.csv) and timeline.svg here (with --sweep: sweep.json and frontier.svg).
     #[arg(long)]
     out: Option<PathBuf>,
     /// No progress bar.
@@ -354,7 +354,10 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     if let Some(dir) = &a.out {
         write_out(dir, &cmp)?;
         if !a.json {
-            println!("wrote {}/comparison.json, timeline-*.csv, timeline.svg", dir.display());
+            println!(
+                "wrote {}/comparison.json, timeline-*.csv, waits-*.csv, timeline.svg",
+                dir.display()
+            );
         }
     }
     let lost: u64 = cmp.policies.iter().map(|p| p.jobs_lost).sum();
@@ -572,6 +575,14 @@ fn write_out(dir: &Path, c: &Comparison) -> Result<()> {
             ));
         }
         std::fs::write(dir.join(format!("timeline-{}.csv", p.name)), s)?;
+        let mut s = String::from("job,arrival_s,gpus,instances,run_s,wait_s\n");
+        for j in &p.job_waits {
+            s.push_str(&format!(
+                "{},{:.3},{},{},{:.3},{:.3}\n",
+                j.job, j.arrival_s, j.gpus, j.instances, j.run_s, j.wait_s
+            ));
+        }
+        std::fs::write(dir.join(format!("waits-{}.csv", p.name)), s)?;
     }
     plot::timeline_svg(&dir.join("timeline.svg"), c)?;
     Ok(())

@@ -84,7 +84,38 @@ fn simulate_out_writes_json_timelines_and_a_plot() {
     assert!(csv.lines().count() > 10);
     let svg = std::fs::read_to_string(dir.join("timeline.svg")).unwrap();
     assert!(svg.contains("<svg"));
-    assert!(dir.join("comparison.json").exists());
+    let comparison: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("comparison.json")).unwrap()).unwrap();
+    // Each job's wait: every one of the 200 jobs, and the percentiles the table reports are theirs.
+    for (i, policy) in ["onoff", "keda-like"].iter().enumerate() {
+        let csv = std::fs::read_to_string(dir.join(format!("waits-{policy}.csv"))).unwrap();
+        let mut lines = csv.lines();
+        assert_eq!(lines.next(), Some("job,arrival_s,gpus,instances,run_s,wait_s"));
+        let rows: Vec<Vec<f64>> = lines
+            .map(|l| l.split(',').map(|x| x.parse().unwrap()).collect())
+            .collect();
+        assert_eq!(rows.len(), 200, "{policy}");
+        let mut ids: Vec<u64> = rows.iter().map(|r| r[0] as u64).collect();
+        ids.dedup();
+        assert_eq!(
+            ids,
+            (0..200).collect::<Vec<u64>>(),
+            "{policy}: every job once, in trace order"
+        );
+        let mut waits: Vec<f64> = rows.iter().map(|r| r[5]).collect();
+        assert!(waits.iter().all(|w| *w >= 0.0), "{policy}");
+        waits.sort_by(f64::total_cmp);
+        let p = &comparison["policies"][i];
+        assert_eq!(p["name"], *policy);
+        for (q, key) in [(0.5, "wait_p50_s"), (0.95, "wait_p95_s")] {
+            let nearest_rank = waits[(q * 200.0_f64).ceil() as usize - 1];
+            let reported = p[key].as_f64().unwrap();
+            assert!(
+                (nearest_rank - reported).abs() < 0.01,
+                "{policy} {key}: {nearest_rank} vs {reported}"
+            );
+        }
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 

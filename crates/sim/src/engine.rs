@@ -278,6 +278,26 @@ pub struct RunReport {
     /// Per-minute timeline, when recorded.
     #[serde(skip)]
     pub timeline: Vec<TimelineRow>,
+    /// Each started job's wait, in trace order, recorded with the timeline.
+    #[serde(skip)]
+    pub job_waits: Vec<JobWait>,
+}
+
+/// One job's wait from arrival to its first start (recorded with [`SimConfig::timeline`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct JobWait {
+    /// The trace job's id ([`crate::TraceJob::id`]).
+    pub job: u64,
+    /// Arrival, seconds after the trace's first.
+    pub arrival_s: f64,
+    /// GPUs asked for.
+    pub gpus: u32,
+    /// Instances it ran on at once.
+    pub instances: u32,
+    /// Run time on the reference GPU, seconds.
+    pub run_s: f64,
+    /// Seconds from arrival to first start.
+    pub wait_s: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -1463,6 +1483,23 @@ pub fn run(
         let idx = ((q * waits.len() as f64).ceil() as usize).clamp(1, waits.len()) - 1;
         waits[idx]
     };
+    let job_waits: Vec<JobWait> = if cfg.timeline {
+        w.jobs
+            .iter()
+            .zip(&trace.jobs)
+            .filter(|(j, _)| !j.started_first.is_nan())
+            .map(|(j, t)| JobWait {
+                job: t.id,
+                arrival_s: t.arrival_s,
+                gpus: t.gpus,
+                instances: j.instances,
+                run_s: t.duration_s,
+                wait_s: j.started_first - j.arrival,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let completed = w.completed;
     let (mut deadline_jobs, mut deadlines_missed, mut deadlines_need_warm) = (0u64, 0u64, 0u64);
     let (mut deadlines_with_slack, mut deadlines_missed_with_slack) = (0u64, 0u64);
@@ -1514,5 +1551,6 @@ pub fn run(
         cost_vs_all_on_demand: None,
         wall_s: started.elapsed().as_secs_f64(),
         timeline,
+        job_waits,
     }
 }

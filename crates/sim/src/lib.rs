@@ -25,7 +25,7 @@ use onoff_policy::choice::{self, Request};
 use onoff_policy::{CapacityPreference, Offering, PolicyConfig};
 use serde::Serialize;
 
-pub use engine::{assign_deadlines, run, Preemptions, RunReport, SimConfig, Strategy, TimelineRow};
+pub use engine::{assign_deadlines, run, JobWait, Preemptions, RunReport, SimConfig, Strategy, TimelineRow};
 pub use onoff_policy::shape::job_shape;
 pub use preemption::{MeasuredPreemptions, ZoneMapping};
 pub use trace::{AzureModel, Half, SplitInfo, Trace, TraceError, TraceFormat, TraceJob};
