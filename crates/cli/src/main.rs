@@ -556,7 +556,7 @@ fn limit_note(label: &str, r: &RunReport) -> Option<String> {
     (!bound.is_empty()).then(|| {
         format!(
             "note: {label} held launches for {} of its {} decisions: its waits are those limits' (the \
-             policy config's [limits], [[lanes]] max_workers and offer filters)",
+             policy config's [limits] and [[lanes]] max_workers)",
             bound.join(", "),
             r.decisions
         )

@@ -252,9 +252,9 @@ pub struct RunReport {
     /// Decisions taken.
     pub decisions: u64,
     /// Decisions that held back a launch for a configured limit rather than by the policy's
-    /// choice, per limit (`max workers N`, `budget cap X $/h`, a project's
-    /// quota, a job type's cap, `freeze`, `no offering for N GPUs`). Empty when no limit ever bound;
-    /// when one binds in many decisions, the waits are the limit's, not the policy's.
+    /// choice, per limit (`max workers N`, `budget cap X $/h`, a project's quota, a job type's cap,
+    /// `freeze`). Empty when no limit ever bound; when one binds in many decisions, the waits are
+    /// the limit's, not the policy's.
     pub held_by_limit: BTreeMap<String, u64>,
     /// Virtual seconds from the first arrival to the last completion.
     pub makespan_s: f64,
@@ -1119,8 +1119,9 @@ pub fn assign_deadlines(trace: &Trace, fraction: f64, slack: f64, seed: u64) -> 
 }
 
 /// The configured limit a held want waited for, as [`RunReport::held_by_limit`] names it; `None`
-/// for a hold that is the policy's own choice (waiting for spot while on-demand costs more than
-/// the wait is worth).
+/// for a hold that is not a configured limit's: waiting for spot while on-demand costs more than
+/// the wait is worth (the policy's choice), or no offering left (capacity errors and outages as
+/// much as the offer filters).
 fn held_for_limit(reason: &Reason) -> Option<String> {
     match reason {
         Reason::MaxWorkers { limit } => Some(format!("max workers {limit}")),
@@ -1128,7 +1129,6 @@ fn held_for_limit(reason: &Reason) -> Option<String> {
         Reason::ProjectQuota { project, max_gpus } => Some(format!("project {project}'s quota of {max_gpus} GPUs")),
         Reason::JobTypeCap { job_type, cap } => Some(format!("job type {job_type}'s cap of {cap}")),
         Reason::Frozen => Some("freeze".to_string()),
-        Reason::NoOffering { gpus } => Some(format!("no offering for {gpus} GPUs")),
         _ => None,
     }
 }
