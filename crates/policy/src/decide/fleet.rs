@@ -57,7 +57,9 @@ impl<'a> Tally<'a> {
 /// The fleet, and the launches booked so far.
 #[derive(Debug)]
 pub(crate) struct Fleet<'a> {
-    /// $/h of every worker not terminating, plus the launches booked.
+    /// $/h of every worker not terminating, plus the launches booked. Summed only under a budget
+    /// cap (`limits.max_usd_per_h`), the only thing that reads it; 0 without one. The sum over the
+    /// fleet is one long chain of dependent additions, a tenth of a replay's fleet pass.
     pub(crate) spend: f64,
     /// Live workers (pending, running, idle), plus the launches booked.
     pub(crate) live_total: u32,
@@ -165,8 +167,9 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
             f.last_launch[lane] = f.last_launch[lane].max(last);
         }
     };
+    let budget = cfg.limits.max_usd_per_h.is_some();
     for w in obs.workers.iter().filter(|w| w.lane < nl) {
-        if w.state != WorkerState::Terminating {
+        if budget && w.state != WorkerState::Terminating {
             f.spend += w.price_usd_per_h;
         }
         if matches!(w.state, WorkerState::Pending | WorkerState::Running | WorkerState::Idle) {
