@@ -543,9 +543,10 @@ fn print_table(c: &Comparison) {
 /// so: from 1 % on, the limit shapes the waits more than rounding does.
 const LIMIT_NOTE_SHARE: f64 = 0.01;
 
-/// A line saying which configured limits held `r`'s launches in at least [`LIMIT_NOTE_SHARE`] of
-/// its decisions (`RunReport::held_by_limit`), `None` when none did: a cap far below the demand
-/// turns waits of minutes into days, and the table alone would blame the policy (`label`).
+/// A line saying which configured limits held the launches of run `r` (named `label`) in at least
+/// [`LIMIT_NOTE_SHARE`] of its decisions (`RunReport::held_by_limit`), `None` when none did: a cap
+/// far below the demand turns waits of minutes into days, and the table alone would blame the
+/// policy.
 fn limit_note(label: &str, r: &RunReport) -> Option<String> {
     let bound: Vec<String> = r
         .held_by_limit
