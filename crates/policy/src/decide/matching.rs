@@ -10,7 +10,15 @@ use super::{short_runtime, FreeClass};
 
 /// Queued jobs per lane, most urgent first: earliest deadline, then longest queued, then id.
 /// Jobs in `pinned_met` (workers launched for each are booting or held for it) are left out.
-pub(crate) fn queues<'a>(obs: &Observation<'a>, nl: usize, pinned_met: &[&str]) -> Vec<Vec<&'a PendingJob>> {
+/// The lanes `unordered` says yes to (nothing reads their order, see `decide`) are left in
+/// observation order: sorting a backlog of tens of thousands behind a full fleet was most of
+/// each decision.
+pub(crate) fn queues<'a>(
+    obs: &Observation<'a>,
+    nl: usize,
+    pinned_met: &[&str],
+    unordered: impl Fn(usize) -> bool,
+) -> Vec<Vec<&'a PendingJob>> {
     // Sized first: a backlog of thousands would otherwise grow each list by copying, every decision.
     let mut sizes = vec![0usize; nl];
     for j in obs.jobs.iter().filter(|j| j.lane < nl) {
@@ -24,7 +32,10 @@ pub(crate) fn queues<'a>(obs: &Observation<'a>, nl: usize, pinned_met: &[&str]) 
     {
         by_lane[j.lane].push(j);
     }
-    for jobs in &mut by_lane {
+    for (lane, jobs) in by_lane.iter_mut().enumerate() {
+        if jobs.len() < 2 || unordered(lane) {
+            continue;
+        }
         jobs.sort_by(|a, b| {
             let da = a.deadline.unwrap_or(f64::INFINITY);
             let db = b.deadline.unwrap_or(f64::INFINITY);
@@ -186,12 +197,36 @@ mod tests {
             unavailable: &[],
         };
         let mut f = figures(&obs, cfg, 0.0);
-        let q = queues(&obs, cfg.lanes.len(), &f.pinned_met);
+        let q = queues(&obs, cfg.lanes.len(), &f.pinned_met, |_| false);
         match_jobs(cfg, 0.0, &q, &mut f)
             .into_iter()
             .flatten()
             .map(|j| j.id.clone())
             .collect()
+    }
+
+    #[test]
+    fn queues_sort_each_lane_most_urgent_first_but_leave_unordered_lanes_as_observed() {
+        let mut jobs = vec![
+            job("late", 1, 30.0, 60.0, None),
+            job("early", 1, 10.0, 60.0, None),
+            job("due", 1, 50.0, 60.0, Some(500.0)),
+        ];
+        let mut other: Vec<PendingJob> = jobs.iter().cloned().map(|j| PendingJob { lane: 1, ..j }).collect();
+        jobs.append(&mut other);
+        let obs = Observation {
+            lanes: &[],
+            jobs: &jobs,
+            workers: &[],
+            offerings: &[],
+            unavailable: &[],
+        };
+        let ids = |q: &[&PendingJob]| q.iter().map(|j| j.id.clone()).collect::<Vec<_>>();
+        let q = queues(&obs, 2, &[], |l| l == 1);
+        assert_eq!(ids(&q[0]), ["due", "early", "late"]);
+        assert_eq!(ids(&q[1]), ["late", "early", "due"]);
+        let q = queues(&obs, 2, &[], |_| false);
+        assert_eq!(ids(&q[1]), ["due", "early", "late"]);
     }
 
     #[test]

@@ -57,7 +57,11 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
     let nl = cfg.lanes.len();
     let mut plan = Plan::default();
     let mut fleet = fleet::figures(obs, cfg, now);
-    let queued = matching::queues(obs, nl, &fleet.pinned_met);
+    // A lane with no free capacity to match and no room to launch in, and no quota or cap to
+    // hold a job for first, holds every job for its limit: nothing reads its jobs' order, and the
+    // room only shrinks as lanes ahead of it launch.
+    let unordered = |l: usize| fleet.free[l].is_empty() && scale_up::full_before_any(cfg, l, &fleet).is_some();
+    let queued = matching::queues(obs, nl, &fleet.pinned_met, unordered);
     let unmet = matching::match_jobs(cfg, now, &queued, &mut fleet);
     let mut lanes: Vec<LanePlan> = unmet
         .iter()

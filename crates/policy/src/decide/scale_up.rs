@@ -175,7 +175,7 @@ impl<'a> ProjectQueues<'a> {
 /// The limit that holds every job of `lane` before any is looked at: the lane or the fleet is full
 /// (no room for one instance), and no project GPU quota or job-type cap is configured (either could
 /// hold the first job for itself instead). `None` otherwise.
-fn full_before_any(cfg: &PolicyConfig, lane: LaneId, b: &Fleet<'_>) -> Option<u32> {
+pub(crate) fn full_before_any(cfg: &PolicyConfig, lane: LaneId, b: &Fleet<'_>) -> Option<u32> {
     let (room, limit) = b.room(cfg, lane);
     let no_other_hold =
         cfg.limits.job_type_caps.is_empty() && cfg.limits.projects.values().all(|q| q.max_gpus.is_none());
