@@ -9,4 +9,6 @@ trap moto_stop EXIT
 cargo test --workspace --locked
 echo "== example workload (python unittest)" >&2
 python3 -m unittest discover -s worker-image/examples -p 'test_*.py'
+echo "== scripts (python unittest)" >&2
+python3 -m unittest discover -s scripts -p 'test_*.py'
 scripts/check-deps.sh
