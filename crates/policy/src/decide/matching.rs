@@ -54,22 +54,22 @@ pub(crate) fn queues<'a>(
 pub(crate) fn match_jobs<'a>(
     cfg: &PolicyConfig,
     now: f64,
-    queued: &[Vec<&'a PendingJob>],
+    queued: Vec<Vec<&'a PendingJob>>,
     fleet: &mut Fleet<'a>,
 ) -> Vec<Vec<&'a PendingJob>> {
     let oc = &cfg.offers;
     let mut unmet: Vec<Vec<&'a PendingJob>> = vec![Vec::new(); queued.len()];
-    for (lane, jobs) in queued.iter().enumerate() {
+    for (lane, jobs) in queued.into_iter().enumerate() {
         if fleet.free[lane].is_empty() {
             // No idle or booting worker, nor one ending soon: nothing to match (the usual case behind
             // a full fleet, where the backlog is longest).
-            unmet[lane].clone_from(jobs);
+            unmet[lane] = jobs;
             continue;
         }
         // A lane that may launch spot (an on-demand lane has no spot worker to keep a job off,
         // and no capacity pinned to a job: its at-risk jobs match as any other).
         let spot_lane = cfg.lanes.get(lane).is_none_or(|lc| lc.capacity.may_use_spot());
-        for &job in jobs {
+        for job in jobs {
             let min_mem = job.min_gpu_memory_gib.max(oc.min_gpu_memory_gib);
             // A job whose deadline is at risk on spot counts idle on-demand workers only: a booting
             // one, or a busy one it would queue behind, may go to a job queued ahead of it (workers
@@ -198,7 +198,7 @@ mod tests {
         };
         let mut f = figures(&obs, cfg, 0.0);
         let q = queues(&obs, cfg.lanes.len(), &f.pinned_met, |_| false);
-        match_jobs(cfg, 0.0, &q, &mut f)
+        match_jobs(cfg, 0.0, q, &mut f)
             .into_iter()
             .flatten()
             .map(|j| j.id.clone())

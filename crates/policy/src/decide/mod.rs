@@ -62,7 +62,8 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
     // room only shrinks as lanes ahead of it launch.
     let unordered = |l: usize| fleet.free[l].is_empty() && scale_up::full_before_any(cfg, l, &fleet).is_some();
     let queued = matching::queues(obs, nl, &fleet.pinned_met, unordered);
-    let unmet = matching::match_jobs(cfg, now, &queued, &mut fleet);
+    let queue_empty: smallvec::SmallVec<[bool; 4]> = queued.iter().map(Vec::is_empty).collect();
+    let unmet = matching::match_jobs(cfg, now, queued, &mut fleet);
     let mut lanes: Vec<LanePlan> = unmet
         .iter()
         .map(|u| LanePlan {
@@ -77,16 +78,7 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
     for (lane, lane_plan) in lanes.iter_mut().enumerate() {
         let warm = warm::warm_capacity(obs, cfg, now, lane, &mut fleet, &mut plan);
         lane_plan.warm_target = warm.target();
-        scale_down::scale_down(
-            obs,
-            cfg,
-            now,
-            lane,
-            &warm,
-            queued[lane].is_empty(),
-            &mut fleet,
-            &mut plan,
-        );
+        scale_down::scale_down(obs, cfg, now, lane, &warm, queue_empty[lane], &mut fleet, &mut plan);
     }
     plan.lanes = lanes;
     plan

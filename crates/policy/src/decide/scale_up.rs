@@ -71,10 +71,23 @@ pub(crate) fn scale_up<'a>(
         } else {
             Reason::UnmetBacklog { unmet_jobs: n_unmet }
         };
-        let ripe: Vec<&'a PendingJob> = jobs
-            .into_iter()
-            .filter(|j| now - j.enqueued_at >= cfg.anti_thrash.scale_up_window_s)
-            .collect();
+        let is_ripe = |j: &PendingJob| now - j.enqueued_at >= cfg.anti_thrash.scale_up_window_s;
+        if let Some(limit) = full_before_any(cfg, lane, fleet) {
+            // What `scale_up_lane` would hold, without queueing each job by project first: with
+            // the lane or the fleet full, and no quota or cap to hold a job for first, the first
+            // job is held for the limit and every job left with it. A backlog of tens of
+            // thousands behind a capped fleet made that queueing most of each decision.
+            let count = jobs.iter().filter(|j| is_ripe(j)).count() as u32;
+            if count > 0 {
+                plan.held.push(Held {
+                    lane,
+                    count,
+                    reason: Reason::MaxWorkers { limit },
+                });
+            }
+            continue;
+        }
+        let ripe: Vec<&'a PendingJob> = jobs.into_iter().filter(|j| is_ripe(j)).collect();
         scale_up_lane(obs, cfg, now, lane, &ripe, reason, fleet, plan);
     }
 }
@@ -196,18 +209,6 @@ fn scale_up_lane<'a>(
 ) {
     let lc = &cfg.lanes[lane];
     let oc = &cfg.offers;
-    if let Some(limit) = full_before_any(cfg, lane, b).filter(|_| !jobs.is_empty()) {
-        // What the loop below would hold, without queueing each job by project first: with the
-        // lane or the fleet full, and no quota or cap to hold a job for first, the first job is held
-        // for the limit and every job left with it. A backlog of tens of thousands behind a capped
-        // fleet made that queueing most of each decision.
-        plan.held.push(Held {
-            lane,
-            count: jobs.len() as u32,
-            reason: Reason::MaxWorkers { limit },
-        });
-        return;
-    }
     // Per-project FIFO queues (jobs are already most-urgent first).
     let mut queues = ProjectQueues::new(jobs);
     // Ranked offerings per request shape, computed once; likewise on-demand's premium over spot.
