@@ -20,7 +20,7 @@
 
 use std::cell::RefCell;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -419,8 +419,12 @@ struct World {
     /// (GPUs, number) of the workers that turned idle since they were last seen busy or gone: a
     /// superset of the idle workers, in the order dispatch picks them ([`World::list_idle`]).
     idle_set: BTreeSet<(u32, u64)>,
-    queued: Vec<PendingJob>,
-    queued_idx: Vec<usize>,
+    /// Queued jobs, oldest first, and their trace indices. Ring buffers: a job starts from near
+    /// the front, and removing it from a vector moved every job behind it (a fifth of a replay
+    /// behind a capped fleet, with tens of thousands queued). Made contiguous for the policy's
+    /// observation, which costs a move only when the ring has wrapped.
+    queued: VecDeque<PendingJob>,
+    queued_idx: VecDeque<usize>,
     workers: Vec<WorkerView>,
     wsim: Vec<WorkerSim>,
     /// Index in `workers` of each worker number ([`NO_WORKER`] once gone): numbers run from 1
@@ -769,7 +773,7 @@ impl World {
     fn enqueue(&mut self, job: usize) {
         let j = &self.jobs[job];
         let lane = self.lane_index(&self.cfg.lane);
-        self.queued.push(PendingJob {
+        self.queued.push_back(PendingJob {
             id: job_id(job),
             lane,
             project: self.projects[j.project as usize].clone(),
@@ -781,15 +785,15 @@ impl World {
             deadline: Some(j.deadline).filter(|d| d.is_finite()),
             enqueued_at: self.now,
         });
-        self.queued_idx.push(job);
+        self.queued_idx.push_back(job);
         self.lanes[lane].backlog.visible += 1;
     }
 
     /// Take the `qi`-th queued job off the queue (it starts now); returns its trace index.
     fn dequeue(&mut self, qi: usize) -> usize {
-        let pj = self.queued.remove(qi);
+        let pj = self.queued.remove(qi).expect("dequeue: a queued index");
         self.lanes[pj.lane].backlog.visible -= 1;
-        self.queued_idx.remove(qi)
+        self.queued_idx.remove(qi).expect("dequeue: a queued index")
     }
 
     /// Give idle workers queued jobs they fit, oldest job first (workers pulling from the queue).
@@ -1213,8 +1217,8 @@ pub fn run(
             .collect(),
         projects,
         idle_set: BTreeSet::new(),
-        queued: Vec::new(),
-        queued_idx: Vec::new(),
+        queued: VecDeque::new(),
+        queued_idx: VecDeque::new(),
         workers: Vec::new(),
         wsim: Vec::new(),
         by_num: vec![NO_WORKER],
@@ -1420,9 +1424,10 @@ pub fn run(
                 if let Some(d) = &mut w.lanes[lane].demand_windows {
                     d.advance(now);
                 }
+                let w = &mut *w;
                 let obs = Observation {
                     lanes: &w.lanes,
-                    jobs: &w.queued,
+                    jobs: w.queued.make_contiguous(),
                     workers: &w.workers,
                     offerings: &w.offerings,
                     unavailable: &w.unavailable,
