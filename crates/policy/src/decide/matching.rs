@@ -69,7 +69,25 @@ pub(crate) fn match_jobs<'a>(
         // A lane that may launch spot (an on-demand lane has no spot worker to keep a job off,
         // and no capacity pinned to a job: its at-risk jobs match as any other).
         let spot_lane = cfg.lanes.get(lane).is_none_or(|lc| lc.capacity.may_use_spot());
-        for job in jobs {
+        // Idle and booting workers left: once none is, only a short job riding on a worker's
+        // credit can still match (credit grows only when a job takes a worker), so any other job
+        // is unmet without a pass over the classes, and every job is once no credit is left
+        // either (behind a full fleet the backlog is long).
+        let mut slots: u32 = fleet.free[lane].iter().map(|c| c.idle + c.pending).sum();
+        let mut no_credit = false;
+        let mut jobs = jobs.into_iter();
+        while let Some(job) = jobs.next() {
+            if slots == 0 {
+                if no_credit {
+                    unmet[lane].push(job);
+                    unmet[lane].extend(jobs);
+                    break;
+                }
+                if short_runtime(job, oc).is_none() {
+                    unmet[lane].push(job);
+                    continue;
+                }
+            }
             let min_mem = job.min_gpu_memory_gib.max(oc.min_gpu_memory_gib);
             // A job whose deadline is at risk on spot counts idle on-demand workers only: a booting
             // one, or a busy one it would queue behind, may go to a job queued ahead of it (workers
@@ -86,6 +104,9 @@ pub(crate) fn match_jobs<'a>(
             if let Some(rt) = short {
                 if let Some(c) = free.iter_mut().find(|c| fit(c) && c.credit >= rt) {
                     c.credit -= rt;
+                    if slots == 0 {
+                        no_credit = free.iter().all(|c| c.credit <= 0.0);
+                    }
                     continue;
                 }
             }
@@ -105,12 +126,16 @@ pub(crate) fn match_jobs<'a>(
                     let take = need.min(*slot);
                     *slot -= take;
                     need -= take;
+                    slots -= take;
                     if take > 0 {
                         if let Some(rt) = short {
                             c.credit += oc.short_job_horizon_s - rt;
                         }
                     }
                 }
+            }
+            if slots == 0 {
+                no_credit = fleet.free[lane].iter().all(|c| c.credit <= 0.0);
             }
         }
     }
@@ -311,6 +336,27 @@ mod tests {
                 vec![on_demand("w1", Pending, 1)],
                 vec![job("d", 1, 10.0, long, Some(long + 1_000.0))],
                 &["d"],
+            ),
+            (
+                "once no worker is left, long jobs are unmet and a short one still rides on credit",
+                vec![worker("w1", Idle, 1), busy("w2", Some(30.0))],
+                vec![
+                    job("a", 1, 10.0, long, None),
+                    job("b", 1, 20.0, long, None),
+                    job("c", 1, 30.0, 60.0, None),
+                    job("d", 1, 40.0, long, None),
+                ],
+                &["b", "d"],
+            ),
+            (
+                "once no worker and no credit are left, every job is unmet, short or long",
+                vec![worker("w1", Idle, 1)],
+                vec![
+                    job("a", 1, 10.0, long, None),
+                    job("b", 1, 20.0, 60.0, None),
+                    job("c", 1, 30.0, long, None),
+                ],
+                &["b", "c"],
             ),
             (
                 "with ample slack a deadline job takes spot",
