@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use onoff_control::catalog::{load_offerings_from_dir, CatalogOptions};
 use onoff_policy::PolicyConfig;
-use onoff_sim::sweep::{run_sweep, Sweep, SweepResult};
+use onoff_sim::sweep::{run_sweep, Sweep, SweepPoint, SweepResult};
 use onoff_sim::synthetic::{self, SyntheticSpec};
 use onoff_sim::{
     compare, AzureModel, Comparison, Half, MeasuredPreemptions, Preemptions, RunReport, SimConfig, Trace, TraceFormat,
@@ -450,6 +450,32 @@ fn print_sweep(r: &SweepResult) {
             println!("{note}");
         }
     }
+    if let Some(note) = flat_sweep_note(r) {
+        println!("{note}");
+    }
+}
+
+/// A note when every value of a sweep (two or more) gave the same cost and waits: the trace's
+/// fleet does not respond to the setting, and the frontier is one point. For the wait value it
+/// names what sizes a fleet of short jobs instead (docs/policy.md, "What a wait is worth").
+fn flat_sweep_note(r: &SweepResult) -> Option<String> {
+    let first = r.points.first()?;
+    let same = |p: &SweepPoint| {
+        (p.total_usd, p.wait_p50_s, p.wait_p95_s, p.wait_p99_s)
+            == (first.total_usd, first.wait_p50_s, first.wait_p95_s, first.wait_p99_s)
+    };
+    if r.points.len() < 2 || !r.points.iter().all(same) {
+        return None;
+    }
+    let hint = if r.key.ends_with("wait_value_usd_per_h") {
+        ": a fleet serving short jobs is sized by offers.short_job_horizon_s instead (docs/policy.md)"
+    } else {
+        ""
+    };
+    Some(format!(
+        "note: every value of {} gave the same cost and waits on this trace{hint}",
+        r.key
+    ))
 }
 
 fn print_table(c: &Comparison) {

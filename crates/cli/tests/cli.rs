@@ -10,6 +10,7 @@ fn onoff(args: &[&str]) -> std::process::Output {
 }
 
 const SHORT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/philly/philly-short.csv");
+const AZURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/azure/azure-code-10min.csv");
 
 #[test]
 fn simulate_json_has_every_policy_and_field() {
@@ -424,6 +425,37 @@ fn a_sweep_runs_onoff_once_per_value_and_plots_the_frontier() {
     let out = onoff(&["simulate", "--trace", SHORT, "--sweep", "nope=1"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
+}
+
+#[test]
+fn a_sweep_whose_values_all_give_the_same_fleet_says_so() {
+    let table = |trace: &str, sweep: &str| {
+        let out = onoff(&["simulate", "--trace", trace, "--quiet", "--sweep", sweep]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let values = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+            .map(|l| l.split_whitespace().skip(1).take(5).collect::<Vec<_>>().join(" "))
+            .collect()
+    };
+    // The shipped Azure slice: both workers are kept whatever the wait value.
+    let azure = table(AZURE, "wait_value_usd_per_h=0,1");
+    let rows = values(&azure);
+    assert_eq!(rows.len(), 2, "{azure}");
+    assert_eq!(rows[0], rows[1], "{azure}");
+    assert!(
+        azure.contains("note: every value of scale_down.wait_value_usd_per_h gave the same cost and waits")
+            && azure.contains("offers.short_job_horizon_s"),
+        "{azure}"
+    );
+    // On the Philly slice the wait value changes the cost: no note.
+    let philly = table(SHORT, "wait_value_usd_per_h=0,1,8");
+    let rows = values(&philly);
+    assert_eq!(rows.len(), 3, "{philly}");
+    assert_ne!(rows[0], rows[2], "{philly}");
+    assert!(!philly.contains("gave the same"), "{philly}");
 }
 
 #[test]
