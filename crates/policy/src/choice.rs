@@ -2,7 +2,7 @@
 
 use crate::config::{CapacityPreference, OfferConfig};
 use crate::observation::UnavailableOffering;
-use crate::offering::{CapacityType, Offering};
+use crate::offering::{CapacityType, Offering, OfferingKey};
 
 pub use crate::shape::fits;
 
@@ -123,21 +123,175 @@ pub fn top<'a>(
     now: f64,
     k: usize,
 ) -> Vec<(&'a Offering, f64)> {
-    let mut best: Vec<(&Offering, f64)> = Vec::with_capacity(k + 1);
+    top_indices(offerings, req, cfg, unavailable, now, k)
+        .into_iter()
+        .map(|(i, c)| (&offerings[i], c))
+        .collect()
+}
+
+/// [`top`] as (index into `offerings`, expected cost per job in $).
+fn top_indices(
+    offerings: &[Offering],
+    req: &Request,
+    cfg: &OfferConfig,
+    unavailable: &[UnavailableOffering],
+    now: f64,
+    k: usize,
+) -> Vec<(usize, f64)> {
+    let mut best: Vec<(usize, f64)> = Vec::with_capacity(k + 1);
     if k == 0 {
         return best;
     }
-    for o in offerings.iter().filter(|o| eligible(o, req, cfg, unavailable, now)) {
+    // The fit rule's GPU count first: the cheapest test, and the one most offerings fail.
+    let gpus = crate::shape::gpu_bounds(req.gpus, cfg.max_gpu_oversize);
+    for (i, o) in offerings.iter().enumerate() {
+        if !gpus.contains(&o.gpus) || !eligible(o, req, cfg, unavailable, now) {
+            continue;
+        }
         let c = expected_cost_per_job(o, req.runtime_s, req.instances, cfg);
         if best.len() == k && c >= best[k - 1].1 {
             continue;
         }
         // After every entry with cost <= c: ties keep input order.
         let at = best.partition_point(|e| e.1 <= c);
-        best.insert(at, (o, c));
+        best.insert(at, (i, c));
         best.truncate(k);
     }
     best
+}
+
+/// [`top`]'s rankings kept across decisions over one catalogue. The warm pool prices each job
+/// shape it holds no live worker for at the offering a launch would take, on every decision: on a
+/// full Philly replay (~240,000 decisions over one catalogue) ranking the catalogue for it was a
+/// tenth of the instructions. A ranking is reused while the inputs it was computed from are the
+/// same: the catalogue's address and length, the configuration's address, the request and `k`,
+/// and the offerings unavailable at the time. Any change to those drops every entry. A caller
+/// that edits its catalogue or [`OfferConfig`] in place must start a new memo (debug builds
+/// panic when the catalogue's prices or shapes changed under one); then what [`RankMemo::top`]
+/// returns is always what [`top`] returns for the same inputs.
+#[derive(Debug, Default)]
+pub struct RankMemo {
+    basis: Option<Basis>,
+    /// Checked against the inputs since [`RankMemo::next_decision`].
+    checked: bool,
+    /// (request, k) -> ranking as (offering index, expected cost per job in $). At most
+    /// [`RankMemo::MAX_ENTRIES`]: past that, emptied (the warm pool asks for a few shapes).
+    entries: Vec<(MemoKey, Vec<(usize, f64)>)>,
+}
+
+/// What a memo's rankings were computed over.
+#[derive(Debug, PartialEq)]
+struct Basis {
+    /// Address and length.
+    catalogue: (usize, usize),
+    /// [`fingerprint`] of the catalogue (debug builds only; 0 otherwise).
+    fingerprint: u64,
+    cfg: usize,
+    unavailable: Vec<OfferingKey>,
+}
+
+/// A request and `k`, bit for bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MemoKey {
+    gpus: u32,
+    min_mem_bits: u64,
+    capacity: CapacityPreference,
+    instances: u32,
+    runtime_bits: u64,
+    k: usize,
+}
+
+impl RankMemo {
+    /// Most rankings kept.
+    pub const MAX_ENTRIES: usize = 64;
+
+    /// Start a decision: the inputs are checked again at the next [`RankMemo::top`].
+    pub fn next_decision(&mut self) {
+        self.checked = false;
+    }
+
+    /// [`top`] for the same arguments, from the memo when the inputs are unchanged.
+    pub fn top<'a>(
+        &mut self,
+        offerings: &'a [Offering],
+        req: &Request,
+        cfg: &OfferConfig,
+        unavailable: &[UnavailableOffering],
+        now: f64,
+        k: usize,
+    ) -> Vec<(&'a Offering, f64)> {
+        if !self.checked {
+            self.check(offerings, cfg, unavailable, now);
+        }
+        let key = MemoKey {
+            gpus: req.gpus,
+            min_mem_bits: req.min_mem_gib.to_bits(),
+            capacity: req.capacity,
+            instances: req.instances,
+            runtime_bits: req.runtime_s.to_bits(),
+            k,
+        };
+        if let Some((_, ranked)) = self.entries.iter().find(|(k, _)| *k == key) {
+            return ranked.iter().map(|&(i, c)| (&offerings[i], c)).collect();
+        }
+        let ranked = top_indices(offerings, req, cfg, unavailable, now, k);
+        if self.entries.len() >= Self::MAX_ENTRIES {
+            self.entries.clear();
+        }
+        let out = ranked.iter().map(|&(i, c)| (&offerings[i], c)).collect();
+        self.entries.push((key, ranked));
+        out
+    }
+
+    /// Drop every entry unless the inputs are those the entries were computed over. The
+    /// catalogue is recognised by its address and length: fingerprinting its hundreds of
+    /// offerings on every decision cost half of what the memo saves (full Philly, `callgrind`).
+    /// Debug builds (the tests) also fingerprint it and panic when it changed in place.
+    fn check(&mut self, offerings: &[Offering], cfg: &OfferConfig, unavailable: &[UnavailableOffering], now: f64) {
+        self.checked = true;
+        let catalogue = (offerings.as_ptr() as usize, offerings.len());
+        let cfg = std::ptr::from_ref(cfg) as usize;
+        let live = || unavailable.iter().filter(|u| u.until > now).map(|u| &u.key);
+        let same = self
+            .basis
+            .as_ref()
+            .is_some_and(|b| b.catalogue == catalogue && b.cfg == cfg && b.unavailable.iter().eq(live()));
+        if cfg!(debug_assertions) {
+            let fingerprint = fingerprint(offerings);
+            if let Some(b) = self.basis.as_ref().filter(|b| b.catalogue == catalogue) {
+                assert_eq!(
+                    b.fingerprint, fingerprint,
+                    "RankMemo: the catalogue changed in place; start a new memo"
+                );
+            }
+        }
+        if !same {
+            self.entries.clear();
+            self.basis = Some(Basis {
+                catalogue,
+                fingerprint: if cfg!(debug_assertions) {
+                    fingerprint(offerings)
+                } else {
+                    0
+                },
+                cfg,
+                unavailable: live().cloned().collect(),
+            });
+        }
+    }
+}
+
+/// A hash of what ranks an offering besides its names: GPUs, memory, capacity type,
+/// interruption bucket, price.
+fn fingerprint(offerings: &[Offering]) -> u64 {
+    offerings.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, o| {
+        let word = o.price_usd_per_h.to_bits()
+            ^ o.gpu_memory_gib.to_bits().rotate_left(17)
+            ^ (u64::from(o.gpus) << 40)
+            ^ ((o.key.capacity_type as u64) << 56)
+            ^ (o.interruption.map_or(7, |b| b as u64) << 60);
+        (h ^ word).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The offerings a launch is spread over: those within `diversify_tolerance` of the best
@@ -264,5 +418,88 @@ mod tests {
             let got: Vec<_> = t.iter().map(|(o, _)| o.key.zone.clone()).collect();
             assert_eq!(got, want, "k = {k}");
         }
+    }
+
+    fn zones(ranked: &[(&Offering, f64)]) -> Vec<String> {
+        ranked.iter().map(|(o, _)| o.key.zone.clone()).collect()
+    }
+
+    #[test]
+    fn the_memo_returns_what_top_returns_as_unavailable_offerings_come_and_go() {
+        let offs: Vec<Offering> = [0.5, 0.2, 0.9, 0.3]
+            .iter()
+            .enumerate()
+            .map(|(i, p)| offering("t", &format!("z{i}"), *p))
+            .collect();
+        let req = Request {
+            gpus: 1,
+            min_mem_gib: 0.0,
+            capacity: CapacityPreference::SpotFirst,
+            instances: 1,
+            runtime_s: 3600.0,
+        };
+        let cfg = OfferConfig::default();
+        let gone = |zone: &str, until: f64| UnavailableOffering {
+            key: offs.iter().find(|o| o.key.zone == zone).unwrap().key.clone(),
+            until,
+        };
+        // (now, unavailable, k, request GPUs): each step through one memo, one decision apart.
+        let steps: Vec<(f64, Vec<UnavailableOffering>, usize, u32)> = vec![
+            (0.0, vec![], 2, 1),
+            (1.0, vec![], 2, 1),                    // a hit
+            (2.0, vec![gone("z1", 100.0)], 2, 1),   // the best is out: ranked again
+            (3.0, vec![gone("z1", 100.0)], 3, 1),   // another k
+            (4.0, vec![gone("z1", 100.0)], 2, 2),   // another shape: nothing fits
+            (200.0, vec![gone("z1", 100.0)], 2, 1), // expired: back to the first ranking
+        ];
+        let mut memo = RankMemo::default();
+        let mut seen = Vec::new();
+        for (now, unavailable, k, gpus) in steps {
+            memo.next_decision();
+            let req = Request { gpus, ..req };
+            let want = top(&offs, &req, &cfg, &unavailable, now, k);
+            let got = memo.top(&offs, &req, &cfg, &unavailable, now, k);
+            assert_eq!(zones(&got), zones(&want), "at {now}");
+            assert_eq!(
+                got.iter().map(|e| e.1).collect::<Vec<_>>(),
+                want.iter().map(|e| e.1).collect::<Vec<_>>()
+            );
+            seen.push(zones(&got));
+        }
+        assert_eq!(seen[0], ["z1", "z3"]);
+        assert_eq!(seen[2], ["z3", "z0"], "the unavailable best is skipped");
+        assert!(seen[4].is_empty());
+        assert_eq!(seen[5], seen[0]);
+        // A different configuration (another address) is not served the first one's rankings.
+        let pricier_types_only = OfferConfig {
+            max_price_usd_per_h: Some(0.25),
+            ..OfferConfig::default()
+        };
+        memo.next_decision();
+        assert_eq!(
+            zones(&memo.top(&offs, &req, &pricier_types_only, &[], 300.0, 2)),
+            ["z1"]
+        );
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "catalogue changed in place")]
+    fn a_memo_over_a_catalogue_changed_in_place_panics_in_debug_builds() {
+        let mut offs = vec![offering("t", "z0", 0.5), offering("t", "z1", 0.2)];
+        let req = Request {
+            gpus: 1,
+            min_mem_gib: 0.0,
+            capacity: CapacityPreference::SpotFirst,
+            instances: 1,
+            runtime_s: 3600.0,
+        };
+        let cfg = OfferConfig::default();
+        let mut memo = RankMemo::default();
+        memo.next_decision();
+        memo.top(&offs, &req, &cfg, &[], 0.0, 1);
+        offs[1].price_usd_per_h = 0.9;
+        memo.next_decision();
+        memo.top(&offs, &req, &cfg, &[], 1.0, 1);
     }
 }

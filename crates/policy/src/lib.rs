@@ -26,11 +26,12 @@ pub mod offering;
 pub mod plan;
 pub mod shape;
 
+pub use choice::RankMemo;
 pub use config::{
     AntiThrashConfig, CapacityPreference, ConfigError, ConfigProblem, KeepAliveMode, LaneConfig, LimitsConfig,
     OfferConfig, PolicyConfig, ProjectQuota, ScaleDownConfig, WarmWindow,
 };
-pub use decide::decide;
+pub use decide::{decide, decide_with_memo};
 pub use observation::{
     DemandWindows, GapHistogram, LaneBacklog, LaneId, LaneObservation, Observation, PendingJob, ShapeGaps,
     UnavailableOffering, WorkerState, WorkerView,

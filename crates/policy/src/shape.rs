@@ -8,9 +8,14 @@
 /// long job leaves unused costs more than waiting for a fitting worker.
 #[must_use]
 pub fn fits(worker_gpus: u32, worker_mem_gib: f64, job_gpus: u32, min_mem_gib: f64, max_oversize: u32) -> bool {
-    worker_gpus >= job_gpus
-        && worker_gpus <= job_gpus.max(1).next_power_of_two().saturating_mul(max_oversize)
-        && worker_mem_gib + 1e-9 >= min_mem_gib
+    gpu_bounds(job_gpus, max_oversize).contains(&worker_gpus) && worker_mem_gib + 1e-9 >= min_mem_gib
+}
+
+/// GPUs per worker [`fits`] allows for a job asking for `job_gpus` per instance: from `job_gpus`
+/// to `max_oversize` times it rounded up to a power of two (empty when `max_oversize` is 0).
+#[must_use]
+pub fn gpu_bounds(job_gpus: u32, max_oversize: u32) -> std::ops::RangeInclusive<u32> {
+    job_gpus..=job_gpus.max(1).next_power_of_two().saturating_mul(max_oversize)
 }
 
 /// Split a job of `gpus` GPUs over instances: up to `max_gpus_per_instance` run on one instance,

@@ -23,8 +23,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use onoff_policy::choice::{self, Request};
 use onoff_policy::{
-    decide, Action, CapacityPreference, KeepAliveMode, LaunchShape, Observation, Offering, PendingJob, Plan,
-    PolicyConfig, Reason, WorkerState, WorkerView,
+    decide_with_memo, Action, CapacityPreference, KeepAliveMode, LaunchShape, Observation, Offering, PendingJob, Plan,
+    PolicyConfig, RankMemo, Reason, WorkerState, WorkerView,
 };
 
 use crate::engine::Strategy;
@@ -33,12 +33,18 @@ use crate::engine::Strategy;
 pub struct PolicyStrategy {
     name: String,
     cfg: PolicyConfig,
+    /// Offering rankings kept across this replay's decisions (one catalogue, one configuration).
+    memo: RankMemo,
 }
 
 impl PolicyStrategy {
     /// Wrap a configuration under a report name.
     pub fn new(name: &str, cfg: PolicyConfig) -> Self {
-        Self { name: name.into(), cfg }
+        Self {
+            name: name.into(),
+            cfg,
+            memo: RankMemo::default(),
+        }
     }
 
     /// `fixed-idle-10m`: `cfg` with a fixed 600 s idle timeout and no warm pool (scheduled or
@@ -76,7 +82,7 @@ impl Strategy for PolicyStrategy {
         true
     }
     fn decide(&mut self, obs: &Observation<'_>, now: f64) -> Plan {
-        decide(obs, &self.cfg, now)
+        decide_with_memo(obs, &self.cfg, now, &mut self.memo)
     }
     fn runs_onoff_agent(&self) -> bool {
         true

@@ -23,6 +23,7 @@ mod scale_down;
 mod scale_up;
 mod warm;
 
+use crate::choice::RankMemo;
 use crate::config::PolicyConfig;
 use crate::observation::{Observation, PendingJob};
 use crate::plan::{LanePlan, Plan};
@@ -54,6 +55,15 @@ pub(crate) fn short_runtime(job: &PendingJob, oc: &crate::config::OfferConfig) -
 /// `now` is unix seconds. See the module docs for the phases; every action carries a
 /// [`crate::plan::Reason`], every want not acted on lands in [`Plan::held`].
 pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
+    decide_with_memo(obs, cfg, now, &mut RankMemo::default())
+}
+
+/// [`decide`], for a caller that decides many times over one catalogue (the simulator): `memo`
+/// keeps the warm pool's offering rankings from one decision to the next while the catalogue, the
+/// configuration and the unavailable offerings stay the same ([`RankMemo`]). The plan is the one
+/// [`decide`] returns for the same inputs.
+pub fn decide_with_memo<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, memo: &mut RankMemo) -> Plan {
+    memo.next_decision();
     let nl = cfg.lanes.len();
     let mut plan = Plan::default();
     let mut fleet = fleet::figures(obs, cfg, now);
@@ -76,7 +86,7 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
     }
     scale_up::scale_up(obs, cfg, now, unmet, &mut fleet, &mut plan);
     for (lane, lane_plan) in lanes.iter_mut().enumerate() {
-        let warm = warm::warm_capacity(obs, cfg, now, lane, &mut fleet, &mut plan);
+        let warm = warm::warm_capacity(obs, cfg, now, lane, &mut fleet, &mut plan, memo);
         lane_plan.warm_target = warm.target();
         scale_down::scale_down(obs, cfg, now, lane, &warm, queue_empty[lane], &mut fleet, &mut plan);
     }

@@ -1,7 +1,7 @@
 //! Phase 4: ready workers held for arrivals not yet here: the scheduled warm pool, and the
 //! predictive one where its idle cost is below the wait it saves.
 
-use crate::choice::{self, Request};
+use crate::choice::{self, RankMemo, Request};
 use crate::config::{CapacityPreference, PolicyConfig};
 use crate::keepalive;
 use crate::observation::{LaneId, Observation};
@@ -120,6 +120,7 @@ pub(crate) fn warm_capacity(
     lane: LaneId,
     fleet: &mut Fleet<'_>,
     plan: &mut Plan,
+    memo: &mut RankMemo,
 ) -> Warm {
     let lc = &cfg.lanes[lane];
     let oc = &cfg.offers;
@@ -144,7 +145,7 @@ pub(crate) fn warm_capacity(
         if scheduled == 0 && d.iter().all(|x| *x == 0) {
             continue;
         }
-        let ws = shape_capacity(obs, cfg, now, lane, *gpus, scheduled, d, fleet, plan);
+        let ws = shape_capacity(obs, cfg, now, lane, *gpus, scheduled, d, fleet, plan, memo);
         if ws.target > 0 {
             warm.shapes.push(ws);
         }
@@ -164,6 +165,7 @@ fn shape_capacity(
     demand: &[u32],
     fleet: &mut Fleet<'_>,
     plan: &mut Plan,
+    memo: &mut RankMemo,
 ) -> WarmShape {
     let lc = &cfg.lanes[lane];
     let oc = &cfg.offers;
@@ -175,7 +177,7 @@ fn shape_capacity(
         runtime_s: oc.default_runtime_s,
     };
     let serves = |g: u32, mem: f64| fits(g, mem, gpus, oc.min_gpu_memory_gib, oc.max_gpu_oversize);
-    let top = || choice::top(obs.offerings, &req, oc, obs.unavailable, now, oc.diversify as usize);
+    let k = oc.diversify as usize;
     let mut ranked = None;
     let mut target = scheduled;
     let mut launch_target = scheduled;
@@ -191,7 +193,10 @@ fn shape_capacity(
             .filter(|((g, mem), _)| serves(*g, f64::from_bits(*mem)))
             .map(|(_, p)| *p)
             .reduce(f64::min);
-        let price = have.or_else(|| ranked.insert(top()).first().map(|(o, _)| o.price_usd_per_h));
+        let price = have.or_else(|| {
+            let top = memo.top(obs.offerings, &req, oc, obs.unavailable, now, k);
+            ranked.insert(top).first().map(|(o, _)| o.price_usd_per_h)
+        });
         if let Some(price) = price {
             target = target.max(fractile.target(cfg, lane, price));
             launch_target = launch_target.max(fractile.launch_target(cfg, lane, price));
@@ -221,9 +226,8 @@ fn shape_capacity(
         req.capacity = CapacityPreference::SpotOnly;
         ranked = None;
     }
-    let top = || choice::top(obs.offerings, &req, oc, obs.unavailable, now, oc.diversify as usize);
     let ranked = match (n > 0, ranked) {
-        (true, None) => top(),
+        (true, None) => memo.top(obs.offerings, &req, oc, obs.unavailable, now, k),
         (_, r) => r.unwrap_or_default(),
     };
     if n > 0 && ranked.is_empty() {
