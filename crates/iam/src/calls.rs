@@ -3,7 +3,8 @@
 //! resource ARN and the request context each one carries (the Service Authorization Reference's
 //! resources and condition keys for the operations onoff makes).
 //!
-//! Covered: DynamoDB item and scan operations (`dynamodb:LeadingKeys` from the key), SQS message
+//! Covered: DynamoDB item and scan operations (`dynamodb:LeadingKeys` from the key; for item
+//! operations `dynamodb:Attributes`, and for writes `dynamodb:ReturnValues`), SQS message
 //! operations (batch forms as their single action), S3 object and list operations (`s3:prefix`;
 //! a version id makes `GetObject` `s3:GetObjectVersion`), EC2 `CreateFleet` (the launch
 //! template, each subnet, the instances with `aws:RequestTag/*`, the fleet, tagging at launch
@@ -87,6 +88,83 @@ fn leading_key(map: &J) -> Option<String> {
     None
 }
 
+/// `dynamodb:Attributes` of an item operation: the top-level attributes the request names, each
+/// once, sorted. "A top-level attribute is accessed by a request if it, or any nested attribute
+/// that it contains, is specified in the request parameters" (DynamoDB developer guide, "Using
+/// IAM policy conditions for fine-grained access control"), and AWS lists no parameter apart, so
+/// every place a name can stand counts: the key and the item, the update, condition, projection,
+/// filter and key-condition expressions (with `#placeholders` resolved through
+/// `ExpressionAttributeNames`), and the legacy `AttributesToGet`, `AttributeUpdates` and
+/// `Expected`. Counting a name AWS might not makes a policy stricter here than there, never looser.
+fn attributes(body: &J) -> Vec<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let placeholders = &body["ExpressionAttributeNames"];
+    for map in ["Key", "Item", "AttributeUpdates", "Expected"] {
+        if let Some(m) = body[map].as_object() {
+            names.extend(m.keys().cloned());
+        }
+    }
+    if let Some(list) = body["AttributesToGet"].as_array() {
+        names.extend(list.iter().filter_map(J::as_str).map(str::to_string));
+    }
+    for expr in [
+        "UpdateExpression",
+        "ConditionExpression",
+        "ProjectionExpression",
+        "FilterExpression",
+        "KeyConditionExpression",
+    ] {
+        if let Some(e) = body[expr].as_str() {
+            expression_names(e, placeholders, &mut names);
+        }
+    }
+    names.into_iter().collect()
+}
+
+/// The top-level attribute names of a DynamoDB expression: a name or `#placeholder` not after a
+/// `.` (a nested attribute) and not before a `(` (a function: `list_append`, `if_not_exists`,
+/// `attribute_exists`, `size`, ...), and not one of the expression keywords. Values (`:v`) and
+/// list indexes (`[0]`) are not names.
+fn expression_names(expr: &str, placeholders: &J, names: &mut std::collections::BTreeSet<String>) {
+    const KEYWORDS: [&str; 9] = ["SET", "REMOVE", "ADD", "DELETE", "AND", "OR", "NOT", "BETWEEN", "IN"];
+    let b = expr.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c == b':' || c.is_ascii_digit() {
+            // A value or an index: skip the token.
+            i += 1;
+            while i < b.len() && word(b[i]) {
+                i += 1;
+            }
+            continue;
+        }
+        if c != b'#' && !(c.is_ascii_alphabetic() || c == b'_') {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        i += 1;
+        while i < b.len() && word(b[i]) {
+            i += 1;
+        }
+        let token = &expr[start..i];
+        let before = expr[..start].trim_end().as_bytes().last().copied();
+        let after = expr[i..].trim_start().as_bytes().first().copied();
+        if before == Some(b'.') || after == Some(b'(') {
+            continue;
+        }
+        if token.starts_with('#') {
+            if let Some(n) = placeholders[token].as_str() {
+                names.insert(n.to_string());
+            }
+        } else if !KEYWORDS.iter().any(|k| k.eq_ignore_ascii_case(token)) {
+            names.insert(token.to_string());
+        }
+    }
+}
+
 fn sqs_action(op: &str) -> String {
     let single = op.strip_suffix("Batch").unwrap_or(op);
     format!("sqs:{single}")
@@ -119,6 +197,18 @@ pub fn requests(call: &Call, stack: &Stack, world: &World) -> Result<Vec<Request
             };
             if let Some(k) = key {
                 req.context.insert("dynamodb:LeadingKeys".into(), Value::Many(vec![k]));
+            }
+            if matches!(op, "PutItem" | "GetItem" | "UpdateItem" | "DeleteItem") {
+                req.context
+                    .insert("dynamodb:Attributes".into(), Value::Many(attributes(&body)));
+            }
+            if matches!(op, "PutItem" | "UpdateItem" | "DeleteItem") {
+                // A write always has one: NONE unless the request asks for more (the DynamoDB
+                // developer guide's fine-grained access control: "the ReturnValues parameter
+                // always has a value").
+                let rv = body["ReturnValues"].as_str().unwrap_or("NONE");
+                req.context
+                    .insert("dynamodb:ReturnValues".into(), Value::One(rv.into()));
             }
             Ok(vec![req])
         }
@@ -374,6 +464,48 @@ mod tests {
             r[0].context["dynamodb:LeadingKeys"],
             Value::Many(vec!["arn:aws:ec2:us-east-1:123456789012:instance/i-1".into()])
         );
+    }
+
+    #[test]
+    fn a_dynamodb_write_names_every_top_level_attribute_it_touches_and_its_return_values() {
+        let c = call(
+            "dynamodb",
+            "UpdateItem",
+            "http://h/",
+            r##"{"TableName":"st-jobs","Key":{"job_id":{"S":"job-1"}},
+                "UpdateExpression":"SET #s = :c, attempt_log = list_append(if_not_exists(attempt_log, :none), :e), spec.tags[0].name = :n REMOVE lease_owner, #l",
+                "ConditionExpression":"(#s = :q OR #s = :r) AND attribute_exists(created_at) AND size(reason) < :max",
+                "ExpressionAttributeNames":{"#s":"state","#l":"active_lane"},
+                "ExpressionAttributeValues":{":c":{"S":"CANCELLED"}}}"##,
+        );
+        let r = requests(&c, &stack(), &World::default()).unwrap();
+        let want = [
+            "active_lane",
+            "attempt_log",
+            "created_at",
+            "job_id",
+            "lease_owner",
+            "reason",
+            "spec",
+            "state",
+        ];
+        assert_eq!(
+            r[0].context["dynamodb:Attributes"],
+            Value::Many(want.iter().map(|s| (*s).to_string()).collect())
+        );
+        assert_eq!(r[0].context["dynamodb:ReturnValues"], Value::One("NONE".into()));
+        let asks = call(
+            "dynamodb",
+            "PutItem",
+            "http://h/",
+            r#"{"TableName":"st-jobs","Item":{"job_id":{"S":"j"},"state":{"S":"QUEUED"}},"ReturnValues":"ALL_OLD"}"#,
+        );
+        let r = requests(&asks, &stack(), &World::default()).unwrap();
+        assert_eq!(
+            r[0].context["dynamodb:Attributes"],
+            Value::Many(vec!["job_id".into(), "state".into()])
+        );
+        assert_eq!(r[0].context["dynamodb:ReturnValues"], Value::One("ALL_OLD".into()));
     }
 
     #[test]

@@ -562,6 +562,12 @@ fn an_operator_runs_the_cli_verbs_and_launches_nothing() {
     };
     let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
     let group = format!("arn:aws:logs:us-east-1:{ACCOUNT}:log-group:Worker:*");
+    let cancel = |attributes: &[&str], return_values: &str| {
+        Request::new("dynamodb:UpdateItem", &jobs)
+            .with_many("dynamodb:LeadingKeys", &["job-1"])
+            .with_many("dynamodb:Attributes", attributes)
+            .with("dynamodb:ReturnValues", return_values)
+    };
     for r in [
         Request::new(
             "cloudformation:DescribeStacks",
@@ -575,10 +581,25 @@ fn an_operator_runs_the_cli_verbs_and_launches_nothing() {
         Request::new("s3:GetObject", &obj("outputs/job-1/result.csv")),
         Request::new("s3:ListBucket", &format!("arn:aws:s3:::{BUCKET}")).with("s3:prefix", "outputs/job-1/"),
         Request::new("dynamodb:Scan", &jobs),
-        Request::new("dynamodb:UpdateItem", &jobs).with_many("dynamodb:LeadingKeys", &["job-1"]),
+        cancel(
+            &["job_id", "state", "reason", "finished_at", "expires_at", "active_lane"],
+            "NONE",
+        ),
+        cancel(&["job_id", "state", "cancel_requested"], "NONE"),
         Request::new("logs:GetLogEvents", &group.replace(":*", ":log-stream:job-1/1")),
     ] {
         assert_allowed(&a, &op, r);
+    }
+    // Updates of anything else, or that read the row back, or that name no attribute.
+    for r in [
+        cancel(&["job_id", "state", "attempts"], "NONE"),
+        cancel(&["job_id", "priority"], "NONE"),
+        cancel(&["job_id", "state", "reason"], "ALL_OLD"),
+        Request::new("dynamodb:UpdateItem", &jobs)
+            .with_many("dynamodb:LeadingKeys", &["job-1"])
+            .with("dynamodb:ReturnValues", "NONE"),
+    ] {
+        assert_denied(&a, &op, r);
     }
     for r in [
         Request::new(

@@ -4,8 +4,10 @@
 //! session the job is refused writing the jobs table, deleting a queue message and terminating an
 //! instance (moto refuses: the job role has none of those actions), and reading another job's
 //! checkpoint (moto does not evaluate session policies: template.yaml's evaluation of the very
-//! request the job made refuses it). And a job process, run as its own user, gets nothing from
-//! the instance metadata service the agent reads.
+//! request the job made refuses it). An operator's cancel, as the CLI sends it, is what
+//! template.yaml's `OperatorAccess` allows of the jobs table's rows, and no other update. And a
+//! job process, run as its own user, gets nothing from the instance metadata service the agent
+//! reads.
 
 use std::path::PathBuf;
 
@@ -160,6 +162,135 @@ async fn a_job_session_is_refused_what_is_not_its_own() {
     assert!(
         !other.allowed(),
         "another job's checkpoint must be refused by the session policy: {other:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The operator's cancel, as the CLI's adapter sends it to a moto server, put to template.yaml's
+/// `OperatorAccess` (moto evaluates no conditions): both of its updates (a waiting job ended, a
+/// running one flagged) are allowed; an update of any other attribute, or one that reads the
+/// row back, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_may_cancel_a_job_and_write_nothing_else_of_its_row() {
+    use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+    use onoff_control::job::JobSpec;
+    use onoff_control::ports::{CancelOutcome, Claim, JobRecord, JobStore};
+    let dir = std::env::temp_dir().join(format!("onoff-operator-boundary-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut moto = onoff_local::moto::Moto::start(&moto_program(), &dir.join("moto.log"))
+        .await
+        .expect("moto starts");
+    let endpoint = moto.endpoint.clone();
+    let creds = || Credentials::new("test", "test", None, None, "t");
+    let setup = clients(&endpoint, creds(), None).await;
+    let prefix = format!("ob{}", std::process::id());
+    let res = onoff_aws::provision::provision(
+        &setup,
+        &onoff_aws::provision::ProvisionOptions {
+            prefix: prefix.clone(),
+            lanes: vec!["standard".into()],
+            max_receive_count: 5,
+            visibility_timeout_s: 30,
+        },
+    )
+    .await
+    .expect("provision")
+    .resources;
+    let stack = onoff_local::iam::local_stack(&prefix, "123456789012", &res);
+    let table = onoff_aws::jobs::DynamoJobs::new(setup.dynamodb.clone(), &res.jobs_table);
+    let now = 1_700_000_000.0;
+    let spec: JobSpec = serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p"}"#).unwrap();
+    for id in ["job-a", "job-b"] {
+        table
+            .create(&JobRecord::new(id.into(), spec.clone(), "test".into(), now))
+            .await
+            .unwrap();
+    }
+    assert!(matches!(
+        table.claim("job-b", "i-1", now + 60.0, now).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+
+    let log_path = dir.join("calls.jsonl");
+    let log = onoff_aws::record::CallLog::open(&log_path).unwrap();
+    let cli = clients(&endpoint, creds(), Some(log.recorder("operator/cli"))).await;
+    let jobs = onoff_aws::jobs::DynamoJobs::new(cli.dynamodb.clone(), &res.jobs_table);
+    assert_eq!(
+        jobs.request_cancel("job-a", now).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    assert_eq!(
+        jobs.request_cancel("job-b", now).await.unwrap(),
+        CancelOutcome::Requested
+    );
+    let other = clients(&endpoint, creds(), Some(log.recorder("operator/other"))).await;
+    let key = AttributeValue::S("job-b".into());
+    let requeue = other
+        .dynamodb
+        .update_item()
+        .table_name(&res.jobs_table)
+        .key("job_id", key.clone())
+        .update_expression("SET #s = :q, attempts = :zero")
+        .expression_attribute_names("#s", "state")
+        .expression_attribute_values(":q", AttributeValue::S("QUEUED".into()))
+        .expression_attribute_values(":zero", AttributeValue::N("0".into()))
+        .send()
+        .await;
+    assert!(requeue.is_ok(), "moto applies it: {requeue:?}");
+    let read_back = other
+        .dynamodb
+        .update_item()
+        .table_name(&res.jobs_table)
+        .key("job_id", key)
+        .update_expression("SET cancel_requested = :yes")
+        .expression_attribute_values(":yes", AttributeValue::Bool(true))
+        .return_values(ReturnValue::AllOld)
+        .send()
+        .await;
+    assert!(read_back.is_ok(), "moto applies it: {read_back:?}");
+    moto.stop().await;
+
+    let calls = onoff_iam::calls::parse_log(&std::fs::read_to_string(&log_path).unwrap());
+    let auth = onoff_iam::eval::Authorizer::for_template(onoff_iam::TEMPLATE, &stack).unwrap();
+    let operator = onoff_iam::eval::Caller {
+        role_arn: "arn:aws:iam::123456789012:role/ml-operator".into(),
+        identity: vec![onoff_iam::managed_policy(onoff_iam::TEMPLATE, &stack, "OperatorAccess").unwrap()],
+        session_policy: None,
+        instance_arn: None,
+    };
+    let world = onoff_iam::calls::World::default();
+    let verdicts = |principal: &str| -> Vec<(String, bool)> {
+        calls
+            .iter()
+            .filter(|c| c.principal == principal)
+            .flat_map(|c| onoff_iam::calls::requests(c, &stack, &world).unwrap())
+            .map(|r| {
+                let allowed = auth.decide(&operator, &r).unwrap().allowed();
+                (
+                    format!("{} {:?}", r.action, r.context.get("dynamodb:Attributes")),
+                    allowed,
+                )
+            })
+            .collect()
+    };
+    let cancels = verdicts("operator/cli");
+    assert!(
+        cancels
+            .iter()
+            .filter(|(a, _)| a.starts_with("dynamodb:UpdateItem"))
+            .count()
+            >= 2,
+        "{cancels:?}"
+    );
+    assert!(
+        cancels.iter().all(|(_, ok)| *ok),
+        "the CLI's cancel is allowed: {cancels:?}"
+    );
+    let others = verdicts("operator/other");
+    assert_eq!(others.len(), 2, "{others:?}");
+    assert!(
+        others.iter().all(|(_, ok)| !*ok),
+        "anything else is refused: {others:?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
