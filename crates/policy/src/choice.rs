@@ -15,6 +15,7 @@ pub fn speed(cfg: &OfferConfig, gpu_model: &str) -> f64 {
 /// `price/3600 x (boot + T x (1 + rate x (checkpoint/2 + boot)))` where `T = runtime / speed` and
 /// `rate` is the offering's expected interruptions per second (0 on-demand). Each interruption
 /// loses half a checkpoint interval of work on average plus a cold start of the replacement.
+#[inline]
 pub fn expected_cost_per_job(offering: &Offering, runtime_s: f64, instances: u32, cfg: &OfferConfig) -> f64 {
     let t = runtime_s / speed(cfg, &offering.gpu_model);
     let lost_per_interruption = cfg.checkpoint_interval_s / 2.0 + cfg.boot_estimate_s;
@@ -38,6 +39,7 @@ pub struct Request {
 }
 
 /// True when `o` passes every filter for `req` at `now`.
+#[inline]
 pub fn eligible(o: &Offering, req: &Request, cfg: &OfferConfig, unavailable: &[UnavailableOffering], now: f64) -> bool {
     let cap_ok = match req.capacity {
         CapacityPreference::SpotFirst => true,
