@@ -166,11 +166,11 @@ fn top_indices(
 /// shape it holds no live worker for at the offering a launch would take, on every decision: on a
 /// full Philly replay (~240,000 decisions over one catalogue) ranking the catalogue for it was 9 %
 /// of the instructions (`callgrind`). A ranking is reused while the inputs it was computed from
-/// are the same: the catalogue's address and length, the configuration's address, the request and `k`,
-/// and the offerings unavailable at the time. Any change to those drops every entry. A caller
-/// that edits its catalogue or [`OfferConfig`] in place must start a new memo (debug builds
-/// panic when the catalogue's prices or shapes changed under one); then what [`RankMemo::top`]
-/// returns is always what [`top`] returns for the same inputs.
+/// are the same: the catalogue's address and length, the configuration's address, the request
+/// and `k`, and the offerings unavailable at the time. Any change to those drops every entry. A
+/// caller that edits its catalogue or [`OfferConfig`] in place must start a new memo (debug
+/// builds panic when the catalogue's prices or shapes changed under one); then what
+/// [`RankMemo::top`] returns is always what [`top`] returns for the same inputs.
 #[derive(Debug, Default)]
 pub struct RankMemo {
     basis: Option<Basis>,
