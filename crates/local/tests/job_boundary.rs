@@ -41,16 +41,23 @@ fn status<T, E>(r: &Result<T, aws_sdk_s3::error::SdkError<E, HttpResponse>>) -> 
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_session_is_refused_what_is_not_its_own() {
-    let dir = std::env::temp_dir().join(format!("onoff-job-boundary-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut moto = onoff_local::moto::Moto::start(&moto_program(), &dir.join("moto.log"))
+/// A moto server of its own (logging into `dir`) with a deployment's resources provisioned
+/// under `prefix` and this process's id, by unrestricted setup clients; and the stack
+/// template.yaml's policies are resolved for.
+async fn provisioned(
+    dir: &std::path::Path,
+    prefix: &str,
+) -> (
+    onoff_local::moto::Moto,
+    Clients,
+    onoff_aws::settings::Resources,
+    onoff_iam::Stack,
+) {
+    let moto = onoff_local::moto::Moto::start(&moto_program(), &dir.join("moto.log"))
         .await
         .expect("moto starts");
-    let endpoint = moto.endpoint.clone();
-    let setup = clients(&endpoint, Credentials::new("test", "test", None, None, "t"), None).await;
-    let prefix = format!("jb{}", std::process::id());
+    let setup = clients(&moto.endpoint, Credentials::new("test", "test", None, None, "t"), None).await;
+    let prefix = format!("{prefix}{}", std::process::id());
     let res = onoff_aws::provision::provision(
         &setup,
         &onoff_aws::provision::ProvisionOptions {
@@ -64,6 +71,15 @@ async fn a_job_session_is_refused_what_is_not_its_own() {
     .expect("provision")
     .resources;
     let stack = onoff_local::iam::local_stack(&prefix, "123456789012", &res);
+    (moto, setup, res, stack)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_session_is_refused_what_is_not_its_own() {
+    let dir = std::env::temp_dir().join(format!("onoff-job-boundary-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (mut moto, _, res, stack) = provisioned(&dir, "jb").await;
+    let endpoint = moto.endpoint.clone();
     let sessions = onoff_local::iam::setup(&endpoint, &stack).await.expect("IAM setup");
     let job_role = sessions.job_role_arn.clone().expect("template.yaml has a JobRole");
 
@@ -177,26 +193,9 @@ async fn an_operator_may_cancel_a_job_and_write_nothing_else_of_its_row() {
     use onoff_control::ports::{CancelOutcome, Claim, JobRecord, JobStore};
     let dir = std::env::temp_dir().join(format!("onoff-operator-boundary-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut moto = onoff_local::moto::Moto::start(&moto_program(), &dir.join("moto.log"))
-        .await
-        .expect("moto starts");
+    let (mut moto, setup, res, stack) = provisioned(&dir, "ob").await;
     let endpoint = moto.endpoint.clone();
     let creds = || Credentials::new("test", "test", None, None, "t");
-    let setup = clients(&endpoint, creds(), None).await;
-    let prefix = format!("ob{}", std::process::id());
-    let res = onoff_aws::provision::provision(
-        &setup,
-        &onoff_aws::provision::ProvisionOptions {
-            prefix: prefix.clone(),
-            lanes: vec!["standard".into()],
-            max_receive_count: 5,
-            visibility_timeout_s: 30,
-        },
-    )
-    .await
-    .expect("provision")
-    .resources;
-    let stack = onoff_local::iam::local_stack(&prefix, "123456789012", &res);
     let table = onoff_aws::jobs::DynamoJobs::new(setup.dynamodb.clone(), &res.jobs_table);
     let now = 1_700_000_000.0;
     let spec: JobSpec = serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p"}"#).unwrap();

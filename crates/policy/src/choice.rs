@@ -405,13 +405,7 @@ mod tests {
             .enumerate()
             .map(|(i, p)| offering("t", &format!("z{i}"), *p))
             .collect();
-        let req = Request {
-            gpus: 1,
-            min_mem_gib: 0.0,
-            capacity: CapacityPreference::SpotFirst,
-            instances: 1,
-            runtime_s: 3600.0,
-        };
+        let req = one_gpu_hour();
         let cfg = OfferConfig::default();
         let all = rank(&offs, &req, &cfg, &[], 0.0);
         for k in 0..=offs.len() + 1 {
@@ -419,6 +413,17 @@ mod tests {
             let want: Vec<_> = all.iter().take(k).map(|(o, _)| o.key.zone.clone()).collect();
             let got: Vec<_> = t.iter().map(|(o, _)| o.key.zone.clone()).collect();
             assert_eq!(got, want, "k = {k}");
+        }
+    }
+
+    /// A 1-GPU, one-hour, spot-first request.
+    fn one_gpu_hour() -> Request {
+        Request {
+            gpus: 1,
+            min_mem_gib: 0.0,
+            capacity: CapacityPreference::SpotFirst,
+            instances: 1,
+            runtime_s: 3600.0,
         }
     }
 
@@ -433,13 +438,7 @@ mod tests {
             .enumerate()
             .map(|(i, p)| offering("t", &format!("z{i}"), *p))
             .collect();
-        let req = Request {
-            gpus: 1,
-            min_mem_gib: 0.0,
-            capacity: CapacityPreference::SpotFirst,
-            instances: 1,
-            runtime_s: 3600.0,
-        };
+        let req = one_gpu_hour();
         let cfg = OfferConfig::default();
         let gone = |zone: &str, until: f64| UnavailableOffering {
             key: offs.iter().find(|o| o.key.zone == zone).unwrap().key.clone(),
@@ -489,13 +488,7 @@ mod tests {
     #[should_panic(expected = "catalogue changed in place")]
     fn a_memo_over_a_catalogue_changed_in_place_panics_in_debug_builds() {
         let mut offs = vec![offering("t", "z0", 0.5), offering("t", "z1", 0.2)];
-        let req = Request {
-            gpus: 1,
-            min_mem_gib: 0.0,
-            capacity: CapacityPreference::SpotFirst,
-            instances: 1,
-            runtime_s: 3600.0,
-        };
+        let req = one_gpu_hour();
         let cfg = OfferConfig::default();
         let mut memo = RankMemo::default();
         memo.next_decision();
