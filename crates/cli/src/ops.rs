@@ -2,12 +2,14 @@
 //! outputs, the policy from the scaler's configuration) or a running `onoff local --serve`
 //! (`--local`: `<run-dir>/stack.json`). One code path for both: the same tables, bucket and log
 //! group, read and written through the AWS SDK; region and credentials as every AWS tool resolves
-//! them (a local stack names its emulator and an operator session).
+//! them (a local stack names its emulator and an operator session); no credentials is said in
+//! one line, with what to set.
 //!
 //! - `submit`: a spec from a file (YAML or JSON) and flags, validated with the submit function's
 //!   own code (`JobSpec::parse`, `admission::feasible` under the stack's policy and catalogue)
-//!   before anything is put; put under `jobs/`; then waits (a minute at most) to see it admitted
-//!   or rejected with the reason.
+//!   before anything is put, its own errors (file, syntax, fields) before the stack is even looked
+//!   up; put under `jobs/`; then waits (a minute at most) to see it admitted or rejected with the
+//!   reason.
 //! - `jobs`, `status`: the jobs table (`attempt_log` for the attempts).
 //! - `logs`: the job's own output, one CloudWatch Logs stream per attempt (`<job_id>/<n>`).
 //! - `cancel`: `JobStore::request_cancel`.
@@ -146,6 +148,16 @@ impl Ops {
             .region()
             .map(ToString::to_string)
             .context("no AWS region: pass --region or set AWS_REGION / a profile's region")?;
+        // Credentials first: the SDK's own error for none is a page of debug output.
+        if let Some(p) = conf.credentials_provider() {
+            use aws_sdk_s3::config::ProvideCredentials as _;
+            if let Err(e) = p.provide_credentials().await {
+                bail!(
+                    "no AWS credentials to reach stack {name} ({e}): set AWS_PROFILE, or \
+                     AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run `aws configure`"
+                );
+            }
+        }
         let cfn = aws_sdk_cloudformation::Client::new(&conf);
         let out = cfn.describe_stacks().stack_name(name).send().await.map_err(|e| {
             anyhow::anyhow!(
@@ -435,6 +447,10 @@ fn spec_text(a: &SubmitArgs, default_image: Option<&str>, now: f64) -> Result<(s
     Ok((spec, text))
 }
 
+/// The image a spec without one is checked with before the stack (which names the default) is
+/// found.
+const PRECHECK_IMAGE: &str = "image-from-the-stack";
+
 fn rand_u32() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -445,10 +461,17 @@ fn rand_u32() -> u32 {
 /// Run `onoff submit`.
 ///
 /// # Errors
-/// A bad spec (before anything is put), the stack, or a rejection by the stack.
+/// A bad spec (before the stack is looked up when the spec alone shows it, else before anything
+/// is put), the stack, or a rejection by the stack.
 pub async fn submit(a: SubmitArgs) -> Result<()> {
-    let ops = Ops::connect(&a.target).await?;
     let now = now();
+    // The spec's own errors first (no such file, not YAML, a field missing or of the wrong type):
+    // they need no stack and no credentials. Its lane and whether the stack can run it are
+    // checked once the stack is found.
+    let (early, early_text) = spec_text(&a, Some(PRECHECK_IMAGE), now)?;
+    let lane = early["lane"].as_str().unwrap_or("standard");
+    JobSpec::parse(&early_text, &[lane], now).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let ops = Ops::connect(&a.target).await?;
     let (spec, text) = spec_text(&a, ops.image.as_deref(), now)?;
     // The submit function's own checks, before anything is put.
     let rules = Admission {

@@ -136,6 +136,63 @@ fn bad_inputs_get_clear_errors() {
     std::fs::remove_file(cfg).ok();
 }
 
+/// The operator verbs against a deployed stack, on a machine with no AWS credentials: a bad spec
+/// is named before the stack is looked up (it needs none), and a missing credential is said in
+/// one line with what to set, not as the SDK's debug output.
+#[test]
+#[cfg(feature = "local")]
+fn operator_verbs_name_a_bad_spec_first_and_missing_credentials_plainly() {
+    let dir = std::env::temp_dir().join(format!("onoff-nocreds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_onoff"));
+        for k in [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_PROFILE",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        ] {
+            c.env_remove(k);
+        }
+        let out = c
+            .env("AWS_CONFIG_FILE", dir.join("no-config"))
+            .env("AWS_SHARED_CREDENTIALS_FILE", dir.join("no-credentials"))
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("RUST_BACKTRACE", "0")
+            .args(args)
+            .args(["--stack", "nosuch", "--region", "us-east-1"])
+            .output()
+            .expect("onoff runs");
+        assert!(!out.status.success(), "{args:?} must fail");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let shell_string = dir.join("shell-string.json");
+    std::fs::write(&shell_string, r#"{"image": "img", "command": "python train.py"}"#).unwrap();
+    let err = run(&["submit", shell_string.to_str().unwrap()]);
+    assert!(err.contains("must be an argv array"), "{err}");
+    assert!(
+        !err.contains("credentials"),
+        "the spec is checked before the stack: {err}"
+    );
+    let err = run(&["submit", dir.join("missing.yaml").to_str().unwrap()]);
+    assert!(err.contains("reading") && err.contains("missing.yaml"), "{err}");
+    for verb in [&["jobs"][..], &["status", "job-1"], &["cancel", "job-1"]] {
+        let err = run(verb);
+        assert!(
+            err.contains("no AWS credentials to reach stack nosuch") && err.contains("aws configure"),
+            "{verb:?}: {err}"
+        );
+        assert!(
+            err.lines().count() <= 2 && !err.contains("DispatchFailure"),
+            "{verb:?}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn a_binding_fleet_cap_is_named_under_the_table() {
     let simulate = |config: Option<&str>| {
