@@ -159,12 +159,12 @@ impl Ops {
             }
         }
         let cfn = aws_sdk_cloudformation::Client::new(&conf);
-        let out = cfn.describe_stacks().stack_name(name).send().await.map_err(|e| {
-            anyhow::anyhow!(
-                "stack {name} in {region}: {}",
-                aws_sdk_cloudformation::error::DisplayErrorContext(e)
-            )
-        })?;
+        let out = cfn
+            .describe_stacks()
+            .stack_name(name)
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("stack {name} in {region}: {}", aws_error(&e)))?;
         let stack = out
             .stacks()
             .first()
@@ -192,12 +192,7 @@ impl Ops {
             .function_name(format!("{name}-scaler"))
             .send()
             .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "reading the settings of {name}-scaler: {}",
-                    aws_sdk_lambda::error::DisplayErrorContext(e)
-                )
-            })?;
+            .map_err(|e| anyhow::anyhow!("reading the settings of {name}-scaler: {}", aws_error(&e)))?;
         let mut env: BTreeMap<String, String> = f
             .environment()
             .and_then(|e| e.variables())
@@ -231,13 +226,7 @@ impl Ops {
             .into_paginator()
             .send();
         while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| {
-                anyhow::anyhow!(
-                    "scan {}: {}",
-                    self.jobs_table,
-                    aws_sdk_dynamodb::error::DisplayErrorContext(e)
-                )
-            })?;
+            let page = page.map_err(|e| anyhow::anyhow!("scan {}: {}", self.jobs_table, aws_error(&e)))?;
             for item in page.items() {
                 let id = item
                     .get("job_id")
@@ -447,6 +436,28 @@ fn spec_text(a: &SubmitArgs, default_image: Option<&str>, now: f64) -> Result<(s
     Ok((spec, text))
 }
 
+/// An AWS SDK error in one line: the service's error code and message when it answered (e.g.
+/// `ValidationError: Stack with id x does not exist`), else the error and its causes, without the
+/// raw response the SDK's `DisplayErrorContext` appends.
+fn aws_error<E, R>(e: &aws_sdk_s3::error::SdkError<E, R>) -> String
+where
+    E: std::error::Error + aws_sdk_s3::error::ProvideErrorMetadata + 'static,
+    R: std::fmt::Debug,
+{
+    use aws_sdk_s3::error::ProvideErrorMetadata as _;
+    if let Some(code) = e.code() {
+        return format!("{code}: {}", e.message().unwrap_or("(no message)"));
+    }
+    let mut line = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        line.push_str(": ");
+        line.push_str(&c.to_string());
+        cause = c.source();
+    }
+    line
+}
+
 /// The image a spec without one is checked with before the stack (which names the default) is
 /// found.
 const PRECHECK_IMAGE: &str = "image-from-the-stack";
@@ -502,13 +513,7 @@ pub async fn submit(a: SubmitArgs) -> Result<()> {
         .body(text.clone().into_bytes().into())
         .send()
         .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "put s3://{}/{key}: {}",
-                ops.bucket,
-                aws_sdk_s3::error::DisplayErrorContext(e)
-            )
-        })?;
+        .map_err(|e| anyhow::anyhow!("put s3://{}/{key}: {}", ops.bucket, aws_error(&e)))?;
     let source = onoff_control::submit::Source::S3 {
         bucket: ops.bucket.clone(),
         key: key.clone(),
@@ -826,11 +831,7 @@ pub async fn logs(a: LogsArgs) -> Result<()> {
         let page = match req.send().await {
             Ok(p) => Some(p),
             Err(e) if e.code() == Some("ResourceNotFoundException") => None,
-            Err(e) => bail!(
-                "log stream {}/{stream}: {}",
-                ops.log_group,
-                aws_sdk_cloudwatchlogs::error::DisplayErrorContext(e)
-            ),
+            Err(e) => bail!("log stream {}/{stream}: {}", ops.log_group, aws_error(&e)),
         };
         let mut got = 0;
         if let Some(p) = page {
@@ -953,7 +954,7 @@ pub async fn outputs(a: OutputsArgs) -> Result<()> {
         .into_paginator()
         .send();
     while let Some(page) = pages.next().await {
-        let page = page.map_err(|e| anyhow::anyhow!("list {prefix}: {}", aws_sdk_s3::error::DisplayErrorContext(e)))?;
+        let page = page.map_err(|e| anyhow::anyhow!("list {prefix}: {}", aws_error(&e)))?;
         keys.extend(
             page.contents()
                 .iter()
@@ -1000,7 +1001,7 @@ async fn download(ops: &Ops, key: &str, dest: &Path) -> Result<()> {
         .key(key)
         .send()
         .await
-        .map_err(|e| anyhow::anyhow!("get {key}: {}", aws_sdk_s3::error::DisplayErrorContext(e)))?;
+        .map_err(|e| anyhow::anyhow!("get {key}: {}", aws_error(&e)))?;
     let bytes = obj
         .body
         .collect()
@@ -1140,13 +1141,7 @@ async fn idle_worker_usd(ops: &Ops, rows: &[JobRecord], now: f64) -> Result<f64>
             .and_then(|v| v.parse::<f64>().ok())
     };
     while let Some(page) = pages.next().await {
-        let page = page.map_err(|e| {
-            anyhow::anyhow!(
-                "scan {}: {}",
-                ops.workers_table,
-                aws_sdk_dynamodb::error::DisplayErrorContext(e)
-            )
-        })?;
+        let page = page.map_err(|e| anyhow::anyhow!("scan {}: {}", ops.workers_table, aws_error(&e)))?;
         for item in page.items() {
             let id = item
                 .get("instance_id")

@@ -138,7 +138,7 @@ fn bad_inputs_get_clear_errors() {
 
 /// The operator verbs against a deployed stack, on a machine with no AWS credentials: a bad spec
 /// is named before the stack is looked up (it needs none), and a missing credential is said in
-/// one line with what to set, not as the SDK's debug output.
+/// one line with what to set, not as the SDK's debug output; so is an error the service returns.
 #[test]
 #[cfg(feature = "local")]
 fn operator_verbs_name_a_bad_spec_first_and_missing_credentials_plainly() {
@@ -190,6 +190,32 @@ fn operator_verbs_name_a_bad_spec_first_and_missing_credentials_plainly() {
             "{verb:?}: {err}"
         );
     }
+    // With credentials, a stack CloudFormation does not know is its error code and message in one
+    // line (moto server plays CloudFormation), not the SDK's dump of the raw response.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let program = std::env::var_os("ONOFF_MOTO_SERVER")
+        .map(std::path::PathBuf::from)
+        .or_else(onoff_local::moto::find_moto_server)
+        .expect("moto server not found: run the tests with scripts/test.sh, which installs it");
+    let mut moto = rt
+        .block_on(onoff_local::moto::Moto::start(&program, &dir.join("moto.log")))
+        .expect("moto starts");
+    let out = Command::new(env!("CARGO_BIN_EXE_onoff"))
+        .env("AWS_ENDPOINT_URL", &moto.endpoint)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("RUST_BACKTRACE", "0")
+        .args(["jobs", "--stack", "nosuch", "--region", "us-east-1"])
+        .output()
+        .expect("onoff runs");
+    rt.block_on(moto.stop());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("stack nosuch in us-east-1: ValidationError: Stack with id nosuch does not exist"),
+        "{err}"
+    );
+    assert!(err.lines().count() <= 2 && !err.contains("SdkBody"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
