@@ -167,6 +167,9 @@ pub trait Strategy {
     fn decides_on_submit(&self) -> bool;
     /// Decide.
     fn decide(&mut self, obs: &Observation<'_>, now: f64) -> Plan;
+    /// A replay starts: forget whatever was kept from another one (a strategy may be run again,
+    /// over another catalogue). Default: nothing is kept.
+    fn start_run(&mut self) {}
     /// Whether the 2-minute spot notice reaches the control plane (onoff's interruption handler:
     /// the worker drains, its job is released for resume, the offering is skipped for a while).
     /// Default true; a strategy that only notices a lost instance later says false, and its job
@@ -1158,6 +1161,7 @@ pub fn run(
     progress: &mut dyn FnMut(f64),
 ) -> RunReport {
     let started = Instant::now();
+    strategy.start_run();
     let pcfg = strategy.config().clone();
     let lane_names: Vec<String> = pcfg.lanes.iter().map(|l| l.name.clone()).collect();
     let t0 = trace.start_unix_s;

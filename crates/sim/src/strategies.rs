@@ -84,6 +84,10 @@ impl Strategy for PolicyStrategy {
     fn decide(&mut self, obs: &Observation<'_>, now: f64) -> Plan {
         decide_with_memo(obs, &self.cfg, now, &mut self.memo)
     }
+    fn start_run(&mut self) {
+        // The memo knows a catalogue by its address: a new replay's may reuse an old one's.
+        self.memo = RankMemo::default();
+    }
     fn runs_onoff_agent(&self) -> bool {
         true
     }

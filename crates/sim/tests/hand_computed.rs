@@ -662,3 +662,40 @@ fn skypilot_like_restarts_from_the_last_checkpoint_when_the_instance_is_gone() {
     // Billed 0..1,120 s and 1,700..5,000 s at $0.30/h.
     assert!(close(r.total_usd, 0.3 * (1120.0 + 3300.0) / 3600.0), "{}", r.total_usd);
 }
+
+#[test]
+fn a_strategy_run_again_over_another_catalogue_prices_that_one() {
+    // The onoff policy with its warm pool, over a day of bursts; then the same strategy
+    // object over a catalogue of the same size at other prices (its memo of offering rankings
+    // knows a catalogue by address, and the new one may sit where the old one was).
+    let jobs: Vec<(f64, f64, u32)> = (0..48)
+        .flat_map(|burst| (0..3).map(move |j| (f64::from(burst) * 1800.0 + f64::from(j) * 30.0, 600.0, 1)))
+        .collect();
+    let t = trace(&jobs);
+    let mut cfg = PolicyConfig::default();
+    cfg.offers.min_gpu_memory_gib = 0.0;
+    let s = sim(300.0);
+    let cheap = offerings();
+    let dear: Vec<Offering> = offerings()
+        .into_iter()
+        .map(|o| Offering {
+            price_usd_per_h: o.price_usd_per_h * 3.0,
+            ..o
+        })
+        .collect();
+    let mut again = PolicyStrategy::new("onoff", cfg.clone());
+    let first = run(&t, &cheap, &mut again, &s, &mut |_| {});
+    let second = run(&t, &dear, &mut again, &s, &mut |_| {});
+    let fresh = run(&t, &dear, &mut PolicyStrategy::new("onoff", cfg), &s, &mut |_| {});
+    assert!(
+        close(second.total_usd, fresh.total_usd),
+        "{} vs {}",
+        second.total_usd,
+        fresh.total_usd
+    );
+    assert_eq!(
+        (second.launches, second.wait_p50_s, second.wait_p95_s),
+        (fresh.launches, fresh.wait_p50_s, fresh.wait_p95_s)
+    );
+    assert!(second.total_usd > first.total_usd, "the dear catalogue costs more");
+}
