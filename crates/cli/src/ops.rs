@@ -480,6 +480,9 @@ pub async fn submit(a: SubmitArgs) -> Result<()> {
     // they need no stack and no credentials. Its lane and whether the stack can run it are
     // checked once the stack is found.
     let (early, early_text) = spec_text(&a, Some(PRECHECK_IMAGE), now)?;
+    if early.get("command").is_none() {
+        bail!("nothing to run: give the command after `--` (`onoff submit [SPEC] -- python train.py`) or as the spec's `command`");
+    }
     let lane = early["lane"].as_str().unwrap_or("standard");
     JobSpec::parse(&early_text, &[lane], now).map_err(|e| anyhow::anyhow!("{e}"))?;
     let ops = Ops::connect(&a.target).await?;

@@ -177,6 +177,8 @@ fn operator_verbs_name_a_bad_spec_first_and_missing_credentials_plainly() {
         !err.contains("credentials"),
         "the spec is checked before the stack: {err}"
     );
+    let err = run(&["submit", "--gpus", "1"]);
+    assert!(err.contains("nothing to run: give the command after `--`"), "{err}");
     let err = run(&["submit", dir.join("missing.yaml").to_str().unwrap()]);
     assert!(err.contains("reading") && err.contains("missing.yaml"), "{err}");
     for verb in [&["jobs"][..], &["status", "job-1"], &["cancel", "job-1"]] {
