@@ -174,8 +174,6 @@ fn top_indices(
 #[derive(Debug, Default)]
 pub struct RankMemo {
     basis: Option<Basis>,
-    /// Checked against the inputs since [`RankMemo::next_decision`].
-    checked: bool,
     /// (request, k) -> ranking as (offering index, expected cost per job in $). At most
     /// [`RankMemo::MAX_ENTRIES`]: past that, emptied (the warm pool asks for a few shapes).
     entries: Vec<(MemoKey, Vec<(usize, f64)>)>,
@@ -207,12 +205,8 @@ impl RankMemo {
     /// Most rankings kept.
     pub const MAX_ENTRIES: usize = 64;
 
-    /// Start a decision: the inputs are checked again at the next [`RankMemo::top`].
-    pub fn next_decision(&mut self) {
-        self.checked = false;
-    }
-
-    /// [`top`] for the same arguments, from the memo when the inputs are unchanged.
+    /// [`top`] for the same arguments, from the memo when the inputs are unchanged (checked on
+    /// every call: O(unavailable offerings)).
     pub fn top<'a>(
         &mut self,
         offerings: &'a [Offering],
@@ -222,9 +216,7 @@ impl RankMemo {
         now: f64,
         k: usize,
     ) -> Vec<(&'a Offering, f64)> {
-        if !self.checked {
-            self.check(offerings, cfg, unavailable, now);
-        }
+        self.check(offerings, cfg, unavailable, now);
         let key = MemoKey {
             gpus: req.gpus,
             min_mem_bits: req.min_mem_gib.to_bits(),
@@ -247,10 +239,9 @@ impl RankMemo {
 
     /// Drop every entry unless the inputs are those the entries were computed over. The
     /// catalogue is recognised by its address and length: fingerprinting its hundreds of
-    /// offerings on every decision cost half of what the memo saves (full Philly, `callgrind`).
+    /// offerings on every call cost half of what the memo saves (full Philly, `callgrind`).
     /// Debug builds (the tests) also fingerprint it and panic when it changed in place.
     fn check(&mut self, offerings: &[Offering], cfg: &OfferConfig, unavailable: &[UnavailableOffering], now: f64) {
-        self.checked = true;
         let catalogue = (offerings.as_ptr() as usize, offerings.len());
         let cfg = std::ptr::from_ref(cfg) as usize;
         let live = || unavailable.iter().filter(|u| u.until > now).map(|u| &u.key);
@@ -456,7 +447,6 @@ mod tests {
         let mut memo = RankMemo::default();
         let mut seen = Vec::new();
         for (now, unavailable, k, gpus) in steps {
-            memo.next_decision();
             let req = Request { gpus, ..req };
             let want = top(&offs, &req, &cfg, &unavailable, now, k);
             let got = memo.top(&offs, &req, &cfg, &unavailable, now, k);
@@ -472,15 +462,11 @@ mod tests {
         assert!(seen[4].is_empty());
         assert_eq!(seen[5], seen[0]);
         // A different configuration (another address) is not served the first one's rankings.
-        let pricier_types_only = OfferConfig {
+        let cheap_types_only = OfferConfig {
             max_price_usd_per_h: Some(0.25),
             ..OfferConfig::default()
         };
-        memo.next_decision();
-        assert_eq!(
-            zones(&memo.top(&offs, &req, &pricier_types_only, &[], 300.0, 2)),
-            ["z1"]
-        );
+        assert_eq!(zones(&memo.top(&offs, &req, &cheap_types_only, &[], 300.0, 2)), ["z1"]);
     }
 
     #[test]
@@ -491,10 +477,8 @@ mod tests {
         let req = one_gpu_hour();
         let cfg = OfferConfig::default();
         let mut memo = RankMemo::default();
-        memo.next_decision();
         memo.top(&offs, &req, &cfg, &[], 0.0, 1);
         offs[1].price_usd_per_h = 0.9;
-        memo.next_decision();
         memo.top(&offs, &req, &cfg, &[], 1.0, 1);
     }
 }

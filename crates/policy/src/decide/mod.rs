@@ -63,7 +63,6 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
 /// configuration and the unavailable offerings stay the same ([`RankMemo`]). The plan is the one
 /// [`decide`] returns for the same inputs.
 pub fn decide_with_memo<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, memo: &mut RankMemo) -> Plan {
-    memo.next_decision();
     let nl = cfg.lanes.len();
     let mut plan = Plan::default();
     let mut fleet = fleet::figures(obs, cfg, now);
