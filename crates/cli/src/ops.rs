@@ -148,23 +148,27 @@ impl Ops {
             .region()
             .map(ToString::to_string)
             .context("no AWS region: pass --region or set AWS_REGION / a profile's region")?;
-        // Credentials first: the SDK's own error for none is a page of debug output.
-        if let Some(p) = conf.credentials_provider() {
-            use aws_sdk_s3::config::ProvideCredentials as _;
-            if let Err(e) = p.provide_credentials().await {
-                bail!(
-                    "no AWS credentials to reach stack {name} ({e}): set AWS_PROFILE, or \
-                     AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run `aws configure`"
-                );
-            }
-        }
         let cfn = aws_sdk_cloudformation::Client::new(&conf);
-        let out = cfn
-            .describe_stacks()
-            .stack_name(name)
-            .send()
-            .await
-            .map_err(|e| anyhow::anyhow!("stack {name} in {region}: {}", aws_error(&e)))?;
+        let out = match cfn.describe_stacks().stack_name(name).send().await {
+            Ok(out) => out,
+            Err(e) => {
+                // No credentials is the usual reason a first call fails without an answer: said
+                // so in one line (the SDK's own error is a chain of providers that found none).
+                if let (None, Some(p)) = (
+                    aws_sdk_s3::error::ProvideErrorMetadata::code(&e),
+                    conf.credentials_provider(),
+                ) {
+                    use aws_sdk_s3::config::ProvideCredentials as _;
+                    if let Err(why) = p.provide_credentials().await {
+                        bail!(
+                            "no AWS credentials to reach stack {name} ({why}): set AWS_PROFILE, or \
+                             AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run `aws configure`"
+                        );
+                    }
+                }
+                bail!("stack {name} in {region}: {}", aws_error(&e));
+            }
+        };
         let stack = out
             .stacks()
             .first()

@@ -98,7 +98,7 @@ where
 {
     let mut out = ActOutcome::default();
     // Offerings unavailable, plus those this call finds short: copied only when one is (the
-    // simulator acts on most of its ~240,000 decisions of a full Philly replay).
+    // simulator runs this on every decision of a replay that changes the fleet).
     let mut unavailable: Cow<'_, [UnavailableOffering]> = Cow::Borrowed(ctx.unavailable);
     let oc = &ctx.cfg.offers;
     let mut to_terminate = Vec::new();
