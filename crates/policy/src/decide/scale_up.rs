@@ -64,13 +64,6 @@ pub(crate) fn scale_up<'a>(
         if !activation && n_unmet < cfg.anti_thrash.scale_up_unmet_jobs {
             continue;
         }
-        let reason = if activation {
-            Reason::Activation {
-                backlog: backlog.max(n_unmet),
-            }
-        } else {
-            Reason::UnmetBacklog { unmet_jobs: n_unmet }
-        };
         let is_ripe = |j: &PendingJob| now - j.enqueued_at >= cfg.anti_thrash.scale_up_window_s;
         if let Some(limit) = full_before_any(cfg, lane, fleet) {
             // What `scale_up_lane` would hold, without queueing each job by project first: with
@@ -87,6 +80,13 @@ pub(crate) fn scale_up<'a>(
             }
             continue;
         }
+        let reason = if activation {
+            Reason::Activation {
+                backlog: backlog.max(n_unmet),
+            }
+        } else {
+            Reason::UnmetBacklog { unmet_jobs: n_unmet }
+        };
         let ripe: Vec<&'a PendingJob> = jobs.into_iter().filter(|j| is_ripe(j)).collect();
         scale_up_lane(obs, cfg, now, lane, &ripe, reason, fleet, plan);
     }
