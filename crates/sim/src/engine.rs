@@ -165,6 +165,10 @@ pub trait Strategy {
     fn tick_s(&self) -> f64;
     /// Whether a submission triggers a decision at once (onoff's submit invokes the scaler).
     fn decides_on_submit(&self) -> bool;
+    /// The longest a worker of this strategy stays up after its last job, seconds: how long the
+    /// replay goes on, and bills, after the last job ends (see [`run`]). 0 for a fleet that is
+    /// never released (billed up to the last job's end: its standing cost over the trace).
+    fn longest_keep_alive_s(&self) -> f64;
     /// Decide.
     fn decide(&mut self, obs: &Observation<'_>, now: f64) -> Plan;
     /// A replay starts: forget whatever was kept from another one (a strategy may be run again,
@@ -1153,6 +1157,12 @@ fn count_held_for_limits(plan: &Plan, counts: &mut BTreeMap<String, u64>) {
 
 /// Run one strategy over a trace. `progress` is called with the share of jobs finished (0..=1)
 /// now and then.
+///
+/// The replay goes on after the last job ends, deciding as before, until every worker is
+/// released or the strategy's [`Strategy::longest_keep_alive_s`] plus one decision interval has
+/// passed; what is still up then is retired and billed to that point. A worker's keep-alive
+/// after the last job is spent on AWS too: a replay that stopped billing at the last job would
+/// leave out the very idle time keep-alive policies differ in.
 pub fn run(
     trace: &Trace,
     offerings: &[Offering],
@@ -1284,6 +1294,12 @@ pub fn run(
     let last_arrival = world.jobs.iter().map(|j| j.arrival).fold(t0, f64::max);
     let horizon = last_arrival + cfg.horizon_after_last_arrival_s;
     let tick_s = strategy.tick_s();
+    // After the last job ends, workers idle out their keep-alive as they would on AWS, and are
+    // billed for it; the next decision after the longest keep-alive would have released them.
+    let tail_s = match strategy.longest_keep_alive_s() {
+        k if k > 0.0 => k + tick_s,
+        _ => 0.0,
+    };
     let on_submit = strategy.decides_on_submit();
     let handles_notice = strategy.handles_notice();
     // The warm pool's window demand kept arrival by arrival instead of scanned per decision.
@@ -1305,7 +1321,8 @@ pub fn run(
     loop {
         let ev = {
             let mut w = world.borrow_mut();
-            if w.completed == total_jobs {
+            let all_done = w.completed == total_jobs;
+            if all_done && (tail_s == 0.0 || w.wsim.is_empty()) {
                 break;
             }
             let arrival_first = next_arrival < w.jobs.len() && {
@@ -1325,7 +1342,7 @@ pub fn run(
                 let Some(ev) = w.heap.pop() else { break };
                 ev
             };
-            if ev.at > horizon {
+            if ev.at > horizon || (all_done && ev.at > w.last_completion + tail_s) {
                 break;
             }
             if cfg.timeline {
@@ -1462,14 +1479,16 @@ pub fn run(
         }
     }
 
-    // End: retire whatever is left at the last completion (or now, if jobs were lost).
+    // End: retire whatever is left at the end of the keep-alive tail (or now, if jobs were lost).
     let mut w = world.into_inner();
     let end = if w.completed == total_jobs {
         w.last_completion
     } else {
         w.now
     };
-    w.now = end;
+    if w.completed == total_jobs {
+        w.now = end + tail_s;
+    }
     let nums: Vec<u64> = w.wsim.iter().map(|s| s.num).collect();
     for num in nums {
         if let Some(i) = w.worker_idx(num) {

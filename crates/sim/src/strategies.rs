@@ -72,6 +72,14 @@ impl Strategy for PolicyStrategy {
     fn name(&self) -> &str {
         &self.name
     }
+    fn longest_keep_alive_s(&self) -> f64 {
+        let sd = &self.cfg.scale_down;
+        match sd.mode {
+            KeepAliveMode::Fixed => sd.fixed_idle_timeout_s,
+            KeepAliveMode::CooldownDecay => sd.release_rest_at_s,
+            KeepAliveMode::Adaptive => sd.max_keep_alive_s.max(sd.min_keep_alive_s),
+        }
+    }
     fn config(&self) -> &PolicyConfig {
         &self.cfg
     }
@@ -277,6 +285,9 @@ impl Strategy for KedaLike {
     fn name(&self) -> &str {
         "keda-like"
     }
+    fn longest_keep_alive_s(&self) -> f64 {
+        self.cooldown_s
+    }
     fn config(&self) -> &PolicyConfig {
         &self.cfg
     }
@@ -384,6 +395,10 @@ impl Strategy for MinOneWarm {
     fn name(&self) -> &str {
         "min-one-warm"
     }
+    /// Its scale-in delay; the one warm worker, never released, is billed to that point.
+    fn longest_keep_alive_s(&self) -> f64 {
+        self.scale_in_after_s
+    }
     fn config(&self) -> &PolicyConfig {
         &self.cfg
     }
@@ -467,6 +482,10 @@ impl AlwaysOn {
 impl Strategy for AlwaysOn {
     fn name(&self) -> &str {
         "always-on"
+    }
+    /// Never released: billed up to the last job's end.
+    fn longest_keep_alive_s(&self) -> f64 {
+        0.0
     }
     fn config(&self) -> &PolicyConfig {
         &self.cfg
@@ -554,6 +573,9 @@ impl SkyPilotLike {
 impl Strategy for SkyPilotLike {
     fn name(&self) -> &str {
         "skypilot-like"
+    }
+    fn longest_keep_alive_s(&self) -> f64 {
+        self.autostop_s
     }
     fn config(&self) -> &PolicyConfig {
         &self.cfg

@@ -356,12 +356,12 @@ mod tests {
         assert_eq!(short.report.launches, 2);
         assert_eq!(long.report.launches, 1);
         // Short: worker 1 from 0 to 960 s (boot 300, job 600, released at the first tick with
-        // 60 s idle), worker 2 from 3,000 to 3,900 s: 1,860 s at $1/h. Long: one worker from 0
-        // to the second job's end at 3,600 s.
-        assert!((short.total_usd - 1860.0 / 3600.0).abs() < 1e-9, "{}", short.total_usd);
-        assert!((long.total_usd - 1.0).abs() < 1e-9, "{}", long.total_usd);
+        // 60 s idle), worker 2 from 3,000 to 3,960 s likewise: 1,920 s at $1/h. Long: one worker
+        // from 0 to the second job's end at 3,600 s, then its 3,600 s keep-alive: 7,200 s.
+        assert!((short.total_usd - 1920.0 / 3600.0).abs() < 1e-9, "{}", short.total_usd);
+        assert!((long.total_usd - 2.0).abs() < 1e-9, "{}", long.total_usd);
         assert!((r.lower_bound_usd - 1200.0 / 3600.0).abs() < 1e-9);
-        assert!((short.x_lower_bound - 1860.0 / 1200.0).abs() < 1e-9);
+        assert!((short.x_lower_bound - 1920.0 / 1200.0).abs() < 1e-9);
         // Waits: 300 and 300 s against 300 and 0 s (p50 is the lower of two).
         assert_eq!((short.wait_p50_s, short.wait_p95_s), (300.0, 300.0));
         assert_eq!((long.wait_p50_s, long.wait_p95_s), (0.0, 300.0));

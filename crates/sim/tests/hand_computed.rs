@@ -92,12 +92,14 @@ fn close(a: f64, b: f64) -> bool {
 
 #[test]
 fn one_job_pays_boot_plus_run_and_waits_for_the_boot() {
-    // Arrives at 0, worker boots 300 s, runs 3600 s, the fleet ends at the last completion (3900 s).
+    // Arrives at 0, worker boots 300 s, runs 3600 s to 3900 s, then idles out its 600 s keep-alive
+    // (released at the tick of 4500 s): billed 4500 s.
     let r = run_policy(&trace(&[(0.0, 3600.0, 1)]), policy(600.0), &sim(300.0));
     assert_eq!(r.jobs_completed, 1);
     assert_eq!(r.jobs_lost, 0);
     assert_eq!(r.launches, 1);
-    assert!(close(r.total_usd, 3900.0 / 3600.0), "total {}", r.total_usd);
+    assert!(close(r.total_usd, 4500.0 / 3600.0), "total {}", r.total_usd);
+    assert!(close(r.idle_usd, 600.0 / 3600.0), "idle {}", r.idle_usd);
     assert!(close(r.boot_usd, 300.0 / 3600.0), "boot {}", r.boot_usd);
     assert!(close(r.wait_p50_s, 300.0));
 }
@@ -112,10 +114,10 @@ fn a_warm_worker_is_reused_within_the_idle_timeout() {
     );
     assert_eq!(r.launches, 1);
     assert_eq!(r.jobs_completed, 2);
-    // Billed from 0 to B's end at 1800 s.
-    assert!(close(r.total_usd, 1800.0 / 3600.0), "total {}", r.total_usd);
-    assert!(close(r.idle_usd, 300.0 / 3600.0), "idle {}", r.idle_usd);
-    assert!(close(r.idle_gpu_hours, 300.0 / 3600.0));
+    // Billed from 0 to B's end at 1800 s and its 600 s keep-alive after: 300 + 600 s idle.
+    assert!(close(r.total_usd, 2400.0 / 3600.0), "total {}", r.total_usd);
+    assert!(close(r.idle_usd, 900.0 / 3600.0), "idle {}", r.idle_usd);
+    assert!(close(r.idle_gpu_hours, 900.0 / 3600.0));
     // Waits: 300 s for A, 0 for B.
     assert!(close(r.wait_p50_s, 0.0) || close(r.wait_p50_s, 300.0));
     assert!(close(r.wait_mean_s, 150.0), "mean wait {}", r.wait_mean_s);
@@ -130,8 +132,9 @@ fn past_the_idle_timeout_the_worker_is_released_and_a_new_one_launched() {
     let r = run_policy(&trace(&[(0.0, 600.0, 1), (2000.0, 600.0, 1)]), cfg, &sim(300.0));
     assert_eq!(r.launches, 2);
     assert_eq!(r.busy_terminations, 0);
-    // First worker 0..1020 s, second 2000..2900 s.
-    assert!(close(r.total_usd, (1020.0 + 900.0) / 3600.0), "total {}", r.total_usd);
+    // First worker 0..1020 s, second 2000..3060 s (B ends at 2900 s; the tick of 3000 s finds it
+    // idle 100 s, the one of 3060 s 160 s).
+    assert!(close(r.total_usd, (1020.0 + 1060.0) / 3600.0), "total {}", r.total_usd);
 }
 
 #[test]
@@ -160,16 +163,20 @@ fn a_fleet_cap_below_the_demand_queues_jobs_and_the_report_names_the_cap() {
 
 #[test]
 fn ec2_bills_a_60_second_minimum() {
-    // Zero boot, a 10 s job: billed 60 s.
-    let r = run_policy(&trace(&[(0.0, 10.0, 1)]), policy(600.0), &sim(0.0));
+    // Zero boot, a 10 s job: billed 60 s. Its keep-alive released at once (the idle timeout of
+    // 0 s at the first tick, 60 s) leaves it at the minimum.
+    let r = run_policy(&trace(&[(0.0, 10.0, 1)]), policy(0.0), &sim(0.0));
     assert!(close(r.total_usd, 60.0 / 3600.0), "total {}", r.total_usd);
+    // With a 600 s keep-alive it idles from 10 s to the tick of 660 s.
+    let r = run_policy(&trace(&[(0.0, 10.0, 1)]), policy(600.0), &sim(0.0));
+    assert!(close(r.total_usd, 660.0 / 3600.0), "total {}", r.total_usd);
 }
 
 #[test]
 fn a_job_runs_on_an_instance_with_enough_gpus() {
-    // A 3-GPU job needs the 4-GPU type ($4/h): 300 s boot + 3600 s run.
+    // A 3-GPU job needs the 4-GPU type ($4/h): 300 s boot + 3600 s run + 600 s keep-alive.
     let r = run_policy(&trace(&[(0.0, 3600.0, 3)]), policy(600.0), &sim(300.0));
-    assert!(close(r.total_usd, 4.0 * 3900.0 / 3600.0), "total {}", r.total_usd);
+    assert!(close(r.total_usd, 4.0 * 4500.0 / 3600.0), "total {}", r.total_usd);
     let lb = lower_bound_usd(&trace(&[(0.0, 3600.0, 3)]), &offerings(), &policy(600.0), &sim(300.0)).unwrap();
     assert!(close(lb, 4.0));
 }
@@ -182,10 +189,11 @@ fn a_job_of_a_size_the_catalogue_lacks_runs_on_the_next_size_up() {
     let t = trace(&[(0.0, 3600.0, 2), (10.0, 3600.0, 2)]);
     let r = run_policy(&t, policy(600.0), &sim(300.0));
     assert_eq!((r.jobs_completed, r.jobs_lost, r.launches), (2, 0, 2));
-    // The first worker 0..3910 s (idle 10 s at the end: the fleet ends at the last completion),
-    // the second 10..3910 s.
+    // The first worker 0..4500 s (its job ends at 3900 s, released at the first tick 600 s
+    // later), the second 10..4560 s (its job ends at 3910 s, the tick of 4500 s finds it idle
+    // 590 s).
     assert!(
-        close(r.total_usd, 4.0 * (3910.0 + 3900.0) / 3600.0),
+        close(r.total_usd, 4.0 * (4500.0 + 4550.0) / 3600.0),
         "total {}",
         r.total_usd
     );
@@ -207,7 +215,8 @@ fn multi_instance_jobs_use_several_instances_at_once() {
     let t = trace(&[(0.0, 3600.0, 10)]);
     let r = run_policy(&t, policy(600.0), &s);
     assert_eq!(r.launches, 3);
-    assert!(close(r.total_usd, 3.0 * 4.0), "total {}", r.total_usd);
+    // Three $4/h instances for the hour's job and a 600 s keep-alive.
+    assert!(close(r.total_usd, 3.0 * 4.0 * 4200.0 / 3600.0), "total {}", r.total_usd);
     assert!(close(
         lower_bound_usd(&t, &offerings(), &policy(600.0), &s).unwrap(),
         12.0
@@ -216,7 +225,8 @@ fn multi_instance_jobs_use_several_instances_at_once() {
 
 #[test]
 fn always_on_holds_the_peak_for_the_whole_run() {
-    // Two overlapping 1-GPU jobs (peak 2), last completion at 7200 s: 2 x $1/h x 2 h.
+    // Two overlapping 1-GPU jobs (peak 2), last completion at 7200 s: 2 x $1/h x 2 h. A fleet
+    // never released is billed to the last completion, with no keep-alive after it.
     let t = trace(&[(0.0, 3600.0, 1), (1800.0, 5400.0, 1)]);
     let s = sim(0.0);
     assert_eq!(peak_need(&t, &offerings(), &policy(600.0), &s).get(&1), Some(&2));
@@ -225,6 +235,36 @@ fn always_on_holds_the_peak_for_the_whole_run() {
     assert_eq!(r.jobs_completed, 2);
     assert!(close(r.total_usd, 4.0), "total {}", r.total_usd);
     assert!(close(r.wait_p95_s, 0.0));
+}
+
+#[test]
+fn after_the_last_job_each_worker_is_billed_until_its_keep_alive_releases_it() {
+    // A stream of 10 s items every 20 s for an hour, then nothing; boots of 15 s, so one worker
+    // serves it all. The adaptive keep-alive has learnt gaps of 20 s: after the last item it
+    // releases the worker at the first tick past the minimum keep-alive (60 s), where a fixed
+    // 10-minute timeout bills 540 s more idle. During the stream both run the same worker.
+    let jobs: Vec<(f64, f64, u32)> = (0..180).map(|i| (f64::from(i) * 20.0, 10.0, 1)).collect();
+    let t = trace(&jobs);
+    let s = sim(15.0);
+    let fixed = run_policy(&t, policy(600.0), &s);
+    let mut adaptive = policy(600.0);
+    adaptive.scale_down = onoff_policy::ScaleDownConfig::default();
+    let adaptive = run_policy(&t, adaptive, &s);
+    for r in [&fixed, &adaptive] {
+        assert_eq!((r.jobs_completed, r.launches), (180, 1), "{r:?}");
+    }
+    assert_eq!(fixed.makespan_s, adaptive.makespan_s);
+    assert_eq!(fixed.wait_p95_s, adaptive.wait_p95_s);
+    // The last item ends at makespan; the fixed timeout's worker is released at the first tick
+    // (every 60 s from 0) with 600 s idle, the adaptive one's at the first with 60 s.
+    let last = fixed.makespan_s;
+    let release = |idle_s: f64| ((last + idle_s) / 60.0).ceil() * 60.0;
+    assert!(close(fixed.total_usd, release(600.0) / 3600.0), "{}", fixed.total_usd);
+    assert!(
+        close(adaptive.total_usd, release(60.0) / 3600.0),
+        "{}",
+        adaptive.total_usd
+    );
 }
 
 #[test]
@@ -417,8 +457,8 @@ fn the_policy_sees_deadlines_and_all_on_demand_prices_what_spot_saved() {
     assert_eq!(loose.on_demand_usd, 0.0);
     assert_eq!(loose.deadlines_missed, 0);
 
-    // compare() adds all-on-demand and prices every policy against it: 3,900 s at $0.30 against
-    // 3,900 s at $1.
+    // compare() adds all-on-demand and prices every policy against it: 4,500 s (with the 600 s
+    // keep-alive) at $0.30 against 4,500 s at $1.
     let c = compare(
         "t",
         &t,
@@ -431,7 +471,7 @@ fn the_policy_sees_deadlines_and_all_on_demand_prices_what_spot_saved() {
     .unwrap();
     let names: Vec<&str> = c.policies.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["onoff", "all-on-demand"]);
-    assert!(close(c.all_on_demand_usd.unwrap(), 3900.0 / 3600.0));
+    assert!(close(c.all_on_demand_usd.unwrap(), 4500.0 / 3600.0));
     assert!(close(c.policies[0].cost_vs_all_on_demand.unwrap(), 0.3));
     assert!(close(c.policies[1].cost_vs_all_on_demand.unwrap(), 1.0));
     // Without deadlines neither the extra run nor the ratio.
@@ -460,7 +500,8 @@ fn a_job_whose_deadline_is_at_risk_waits_for_on_demand_rather_than_an_idle_spot_
     assert_eq!(r.deadlines_missed, 0);
     let launched: Vec<(&str, u64)> = r.launches_by_offering.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     assert_eq!(launched, [("one.gpu/on-demand", 1), ("one.gpu/spot", 1)]);
-    // Both waited one boot; the on-demand worker is billed from 10,400 s to the end at 12,300 s.
+    // Both waited one boot; the on-demand worker is billed from 10,400 s to B's end at 12,300 s
+    // and then its 10,000 s keep-alive, to the tick of 22,320 s.
     assert!(
         close(r.wait_p50_s, 300.0) && close(r.wait_p99_s, 300.0),
         "{} {}",
@@ -468,7 +509,7 @@ fn a_job_whose_deadline_is_at_risk_waits_for_on_demand_rather_than_an_idle_spot_
         r.wait_p99_s
     );
     assert!(
-        close(r.on_demand_usd, 1_900.0 / 3600.0),
+        close(r.on_demand_usd, 11_920.0 / 3600.0),
         "on-demand ${}",
         r.on_demand_usd
     );
@@ -568,8 +609,9 @@ fn a_measured_outage_interrupts_spot_and_refuses_spot_launches_while_it_lasts() 
         r.lost_work_gpu_hours
     );
     assert!(close(r.makespan_s, 4860.0), "{}", r.makespan_s);
-    // Billed 0..1,120 s and 1,560..4,860 s at $0.30/h.
-    assert!(close(r.total_usd, 0.3 * (1120.0 + 3300.0) / 3600.0), "{}", r.total_usd);
+    // Billed 0..1,120 s and 1,560..5,460 s (the job ends at 4,860 s, then 600 s of keep-alive)
+    // at $0.30/h.
+    assert!(close(r.total_usd, 0.3 * (1120.0 + 3900.0) / 3600.0), "{}", r.total_usd);
 
     // The same world with the advisor model and no interruptions: one worker, no refusal.
     let calm = SimConfig {
@@ -606,7 +648,8 @@ fn skypilot_like_takes_the_cheapest_spot_per_hour_and_stops_idle_instances_after
     let mut cfg = policy(600.0);
     cfg.offers.gpu_speed.insert("NVIDIA F".into(), 2.0);
     // Job 1 (0 s, 3,600 s): boot to 300 s, runs to 3,900 s, idle 300 s, stopped at the 20 s tick
-    // of 4,200 s. Job 2 (5,000 s, 1,800 s): a new instance, ready at 5,300 s, done at 7,100 s.
+    // of 4,200 s. Job 2 (5,000 s, 1,800 s): a new instance, ready at 5,300 s, done at 7,100 s,
+    // stopped at 7,400 s.
     let t = trace(&[(0.0, 3600.0, 1), (5000.0, 1800.0, 1)]);
     let r = run(&t, &offs, &mut SkyPilotLike::new(cfg.clone()), &sim(300.0), &mut |_| {});
     assert_eq!(r.name, "skypilot-like");
@@ -615,8 +658,8 @@ fn skypilot_like_takes_the_cheapest_spot_per_hour_and_stops_idle_instances_after
         r.launches_by_offering.into_iter().collect::<Vec<_>>(),
         [("slow.gpu/spot".to_string(), 2)]
     );
-    assert!(close(r.total_usd, 0.3 * (4200.0 + 2100.0) / 3600.0), "{}", r.total_usd);
-    assert!(close(r.idle_usd, 0.3 * 300.0 / 3600.0));
+    assert!(close(r.total_usd, 0.3 * (4200.0 + 2400.0) / 3600.0), "{}", r.total_usd);
+    assert!(close(r.idle_usd, 0.3 * 600.0 / 3600.0));
     assert!(close(r.wait_p95_s, 300.0));
     // onoff ranks by cost per job and takes B for the same trace.
     let o = run(
@@ -659,8 +702,8 @@ fn skypilot_like_restarts_from_the_last_checkpoint_when_the_instance_is_gone() {
         r.lost_work_gpu_hours
     );
     assert!(close(r.makespan_s, 5000.0), "{}", r.makespan_s);
-    // Billed 0..1,120 s and 1,700..5,000 s at $0.30/h.
-    assert!(close(r.total_usd, 0.3 * (1120.0 + 3300.0) / 3600.0), "{}", r.total_usd);
+    // Billed 0..1,120 s and 1,700..5,300 s (stopped after 5 idle minutes) at $0.30/h.
+    assert!(close(r.total_usd, 0.3 * (1120.0 + 3600.0) / 3600.0), "{}", r.total_usd);
 }
 
 #[test]
