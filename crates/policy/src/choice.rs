@@ -162,24 +162,220 @@ fn top_indices(
     best
 }
 
-/// [`top`]'s rankings kept across decisions over one catalogue. The warm pool prices each job
-/// shape it holds no live worker for at the offering a launch would take, on every decision: on a
-/// full Philly replay (~240,000 decisions over one catalogue) ranking the catalogue for it was 9 %
-/// of the instructions (`callgrind`). A ranking is reused while the inputs it was computed from
-/// are the same: the catalogue's address and length, the configuration's address, the request
-/// and `k`, and the offerings unavailable at the time. Any change to those drops every entry. A
-/// caller that edits its catalogue or [`OfferConfig`] in place must start a new memo (debug
-/// builds panic when the catalogue's prices or shapes changed under one); then what
-/// [`RankMemo::top`] returns is always what [`top`] returns for the same inputs.
+/// One offering's parts of [`eligible`] and [`expected_cost_per_job`] that depend on neither the
+/// request nor the time.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    gpus: u32,
+    mem_gib: f64,
+    capacity_type: CapacityType,
+    /// Passes the configured price, interruption and instance-type filters.
+    allowed: bool,
+    /// Price / 3600, $/s.
+    usd_per_s: f64,
+    /// [`speed`] of its GPU.
+    speed: f64,
+    /// 1 + its interruption rate x the work one interruption loses.
+    loss: f64,
+}
+
+/// [`eligible`] and [`expected_cost_per_job`] over one catalogue and configuration, with what
+/// depends on neither the request nor the time computed once: each offering's price per second,
+/// GPU speed (a map lookup by model name), interruption loss and configured filters, and the
+/// catalogue indexed by GPUs per instance, so a request scans only the offerings the fit rule
+/// allows. Same results as [`top`] and [`eligible`], bit for bit (the same operations in the same
+/// order; a property test checks it). Scale-up ranks offerings per job shape and run time on
+/// every decision: on a full Philly replay that scan was about a tenth of the instructions.
+#[derive(Debug)]
+pub struct PriceTable {
+    rows: Vec<Row>,
+    /// (GPUs per instance, indices of the offerings with that many, ascending), GPUs ascending.
+    by_gpus: Vec<(u32, Vec<usize>)>,
+    boot_s: f64,
+    max_oversize: u32,
+}
+
+impl PriceTable {
+    /// The table of `offerings` under `cfg`. O(offerings).
+    pub fn new(offerings: &[Offering], cfg: &OfferConfig) -> Self {
+        let lost_per_interruption = cfg.checkpoint_interval_s / 2.0 + cfg.boot_estimate_s;
+        let mut by_gpus: Vec<(u32, Vec<usize>)> = Vec::new();
+        let rows = offerings
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                match by_gpus.iter_mut().find(|(g, _)| *g == o.gpus) {
+                    Some((_, v)) => v.push(i),
+                    None => by_gpus.push((o.gpus, vec![i])),
+                }
+                Row {
+                    gpus: o.gpus,
+                    mem_gib: o.gpu_memory_gib,
+                    capacity_type: o.key.capacity_type,
+                    allowed: cfg.max_price_usd_per_h.is_none_or(|m| o.price_usd_per_h <= m)
+                        && (o.key.capacity_type == CapacityType::OnDemand
+                            || cfg
+                                .max_interruption
+                                .is_none_or(|m| o.interruption.is_some_and(|b| b <= m)))
+                        && (cfg.allowed_instance_types.is_empty()
+                            || cfg.allowed_instance_types.contains(&o.key.instance_type)),
+                    usd_per_s: o.price_usd_per_h / 3600.0,
+                    speed: speed(cfg, &o.gpu_model),
+                    loss: 1.0 + o.interruption_rate_per_s() * lost_per_interruption,
+                }
+            })
+            .collect();
+        by_gpus.sort_by_key(|(g, _)| *g);
+        Self {
+            rows,
+            by_gpus,
+            boot_s: cfg.boot_estimate_s,
+            max_oversize: cfg.max_gpu_oversize,
+        }
+    }
+
+    /// Offerings in the table.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// True for an empty catalogue.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Indices of the offerings whose GPU count the fit rule allows for `gpus` per instance:
+    /// ascending within a GPU count, not across counts.
+    fn candidates(&self, gpus: u32) -> impl Iterator<Item = usize> + '_ {
+        let bounds = crate::shape::gpu_bounds(gpus, self.max_oversize);
+        self.by_gpus
+            .iter()
+            .filter(move |(g, _)| bounds.contains(g))
+            .flat_map(|(_, v)| v.iter().copied())
+    }
+
+    /// [`eligible`] for the offering at `i` of `offerings`, the catalogue the table was built from.
+    #[inline]
+    fn eligible(
+        &self,
+        offerings: &[Offering],
+        i: usize,
+        req: &Request,
+        unavailable: &[UnavailableOffering],
+        now: f64,
+    ) -> bool {
+        let r = &self.rows[i];
+        let cap_ok = match req.capacity {
+            CapacityPreference::SpotFirst => true,
+            CapacityPreference::SpotOnly => r.capacity_type == CapacityType::Spot,
+            CapacityPreference::OnDemand => r.capacity_type == CapacityType::OnDemand,
+        };
+        cap_ok
+            && r.allowed
+            && fits(r.gpus, r.mem_gib, req.gpus, req.min_mem_gib, self.max_oversize)
+            && !unavailable.iter().any(|u| u.until > now && u.key == offerings[i].key)
+    }
+
+    /// [`expected_cost_per_job`] of the offering at `i`, $.
+    #[inline]
+    fn cost(&self, i: usize, runtime_s: f64, instances: u32) -> f64 {
+        let r = &self.rows[i];
+        let work = runtime_s / r.speed * r.loss;
+        r.usd_per_s * (self.boot_s + work) * instances as f64
+    }
+
+    /// [`top`] over `offerings`, the catalogue the table was built from (checked in debug builds).
+    pub fn top<'a>(
+        &self,
+        offerings: &'a [Offering],
+        req: &Request,
+        unavailable: &[UnavailableOffering],
+        now: f64,
+        k: usize,
+    ) -> Vec<(&'a Offering, f64)> {
+        self.top_indices(offerings, req, unavailable, now, k)
+            .into_iter()
+            .map(|(i, c)| (&offerings[i], c))
+            .collect()
+    }
+
+    /// [`top`] as (index into `offerings`, expected cost per job in $).
+    fn top_indices(
+        &self,
+        offerings: &[Offering],
+        req: &Request,
+        unavailable: &[UnavailableOffering],
+        now: f64,
+        k: usize,
+    ) -> Vec<(usize, f64)> {
+        debug_assert_eq!(offerings.len(), self.rows.len(), "PriceTable: another catalogue");
+        let mut best: Vec<(usize, f64)> = Vec::with_capacity(k + 1);
+        if k == 0 {
+            return best;
+        }
+        // Candidates come in index order within a GPU count only: order by (cost, index), as a
+        // scan in index order that keeps the first of equal costs would.
+        let before = |a: (usize, f64), b: &(usize, f64)| a.1 < b.1 || (a.1 == b.1 && a.0 < b.0);
+        for i in self.candidates(req.gpus) {
+            if !self.eligible(offerings, i, req, unavailable, now) {
+                continue;
+            }
+            let c = self.cost(i, req.runtime_s, req.instances);
+            if best.len() == k && !before((i, c), &best[k - 1]) {
+                continue;
+            }
+            let at = best.partition_point(|e| !before((i, c), e));
+            best.insert(at, (i, c));
+            best.truncate(k);
+        }
+        best
+    }
+
+    /// The lowest expected cost per job of `req` on spot and on on-demand offerings, $ (infinite
+    /// for a kind with none), with the request's capacity preference and availability ignored.
+    pub fn cheapest_by_capacity(&self, offerings: &[Offering], req: &Request, now: f64) -> (f64, f64) {
+        let any = Request {
+            capacity: CapacityPreference::SpotFirst,
+            ..*req
+        };
+        let (mut spot, mut od) = (f64::INFINITY, f64::INFINITY);
+        for i in self.candidates(req.gpus) {
+            if !self.eligible(offerings, i, &any, &[], now) {
+                continue;
+            }
+            let c = self.cost(i, req.runtime_s, req.instances);
+            match self.rows[i].capacity_type {
+                CapacityType::Spot => spot = spot.min(c),
+                CapacityType::OnDemand => od = od.min(c),
+            }
+        }
+        (spot, od)
+    }
+}
+
+/// [`top`]'s rankings kept across decisions over one catalogue, and the catalogue's
+/// [`PriceTable`]. The warm pool prices each job shape it holds no live worker for at the
+/// offering a launch would take, on every decision: on a full Philly replay (~240,000 decisions
+/// over one catalogue) ranking the catalogue for it was 9 % of the instructions (`callgrind`). A
+/// ranking is reused while the inputs it was computed from are the same: the catalogue's address
+/// and length, the configuration's address, the request and `k`, and the offerings unavailable at
+/// the time; the table while the catalogue and the configuration are. Any change to those drops
+/// what depends on them. A caller that edits its catalogue or [`OfferConfig`] in place must start
+/// a new memo (debug builds panic when the catalogue's prices or shapes changed under one); then
+/// what [`RankMemo::top`] returns is always what [`top`] returns for the same inputs.
 #[derive(Debug, Default)]
 pub struct RankMemo {
     basis: Option<Basis>,
+    /// The live unavailable offerings the entries were ranked with.
+    unavailable: Vec<OfferingKey>,
     /// (request, k) -> ranking as (offering index, expected cost per job in $). At most
     /// [`RankMemo::MAX_ENTRIES`]: past that, emptied (the warm pool asks for a few shapes).
     entries: Vec<(MemoKey, Vec<(usize, f64)>)>,
+    /// Built on first use over the basis' catalogue and configuration.
+    table: Option<PriceTable>,
 }
 
-/// What a memo's rankings were computed over.
+/// The catalogue and configuration a memo's rankings and table were computed over.
 #[derive(Debug, PartialEq)]
 struct Basis {
     /// Address and length.
@@ -187,7 +383,6 @@ struct Basis {
     /// [`fingerprint`] of the catalogue (debug builds only; 0 otherwise).
     fingerprint: u64,
     cfg: usize,
-    unavailable: Vec<OfferingKey>,
 }
 
 /// A request and `k`, bit for bit.
@@ -216,7 +411,8 @@ impl RankMemo {
         now: f64,
         k: usize,
     ) -> Vec<(&'a Offering, f64)> {
-        self.check(offerings, cfg, unavailable, now);
+        self.check(offerings, cfg);
+        self.check_unavailable(unavailable, now);
         let key = MemoKey {
             gpus: req.gpus,
             min_mem_bits: req.min_mem_gib.to_bits(),
@@ -228,7 +424,10 @@ impl RankMemo {
         if let Some((_, ranked)) = self.entries.iter().find(|(k, _)| *k == key) {
             return ranked.iter().map(|&(i, c)| (&offerings[i], c)).collect();
         }
-        let ranked = top_indices(offerings, req, cfg, unavailable, now, k);
+        let ranked = self
+            .table
+            .get_or_insert_with(|| PriceTable::new(offerings, cfg))
+            .top_indices(offerings, req, unavailable, now, k);
         if self.entries.len() >= Self::MAX_ENTRIES {
             self.entries.clear();
         }
@@ -237,39 +436,53 @@ impl RankMemo {
         out
     }
 
-    /// Drop every entry unless the inputs are those the entries were computed over. The
-    /// catalogue is recognised by its address and length: fingerprinting its hundreds of
+    /// The [`PriceTable`] of `offerings` under `cfg`, built once per catalogue and configuration.
+    pub fn table(&mut self, offerings: &[Offering], cfg: &OfferConfig) -> &PriceTable {
+        self.check(offerings, cfg);
+        self.table.get_or_insert_with(|| PriceTable::new(offerings, cfg))
+    }
+
+    /// Drop everything unless the catalogue and configuration are those it was computed over.
+    /// The catalogue is recognised by its address and length: fingerprinting its hundreds of
     /// offerings on every call cost half of what the memo saves (full Philly, `callgrind`).
     /// Debug builds (the tests) also fingerprint it and panic when it changed in place.
-    fn check(&mut self, offerings: &[Offering], cfg: &OfferConfig, unavailable: &[UnavailableOffering], now: f64) {
+    fn check(&mut self, offerings: &[Offering], cfg: &OfferConfig) {
         let catalogue = (offerings.as_ptr() as usize, offerings.len());
         let cfg = std::ptr::from_ref(cfg) as usize;
-        let live = || unavailable.iter().filter(|u| u.until > now).map(|u| &u.key);
-        let same = self
+        let fingerprint = if cfg!(debug_assertions) {
+            fingerprint(offerings)
+        } else {
+            0
+        };
+        if let Some(b) = self.basis.as_ref().filter(|b| b.catalogue == catalogue) {
+            assert_eq!(
+                b.fingerprint, fingerprint,
+                "RankMemo: the catalogue changed in place; start a new memo"
+            );
+        }
+        if self
             .basis
             .as_ref()
-            .is_some_and(|b| b.catalogue == catalogue && b.cfg == cfg && b.unavailable.iter().eq(live()));
-        if cfg!(debug_assertions) {
-            let fingerprint = fingerprint(offerings);
-            if let Some(b) = self.basis.as_ref().filter(|b| b.catalogue == catalogue) {
-                assert_eq!(
-                    b.fingerprint, fingerprint,
-                    "RankMemo: the catalogue changed in place; start a new memo"
-                );
-            }
+            .is_some_and(|b| b.catalogue == catalogue && b.cfg == cfg)
+        {
+            return;
         }
-        if !same {
-            self.entries.clear();
-            self.basis = Some(Basis {
+        *self = Self {
+            basis: Some(Basis {
                 catalogue,
-                fingerprint: if cfg!(debug_assertions) {
-                    fingerprint(offerings)
-                } else {
-                    0
-                },
+                fingerprint,
                 cfg,
-                unavailable: live().cloned().collect(),
-            });
+            }),
+            ..Self::default()
+        };
+    }
+
+    /// Drop the rankings unless the offerings unavailable at `now` are those they were ranked with.
+    fn check_unavailable(&mut self, unavailable: &[UnavailableOffering], now: f64) {
+        let live = || unavailable.iter().filter(|u| u.until > now).map(|u| &u.key);
+        if !self.unavailable.iter().eq(live()) {
+            self.entries.clear();
+            self.unavailable = live().cloned().collect();
         }
     }
 }

@@ -26,7 +26,7 @@ pub mod offering;
 pub mod plan;
 pub mod shape;
 
-pub use choice::RankMemo;
+pub use choice::{PriceTable, RankMemo};
 pub use config::{
     AntiThrashConfig, CapacityPreference, ConfigError, ConfigProblem, KeepAliveMode, LaneConfig, LimitsConfig,
     OfferConfig, PolicyConfig, ProjectQuota, ScaleDownConfig, WarmWindow,

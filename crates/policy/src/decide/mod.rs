@@ -83,7 +83,7 @@ pub fn decide_with_memo<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64,
     if unmet.iter().any(|u| !u.is_empty()) {
         fleet.count_running_by_project_and_type(obs, nl);
     }
-    scale_up::scale_up(obs, cfg, now, unmet, &mut fleet, &mut plan);
+    scale_up::scale_up(obs, cfg, now, unmet, &mut fleet, &mut plan, memo);
     for (lane, lane_plan) in lanes.iter_mut().enumerate() {
         let warm = warm::warm_capacity(obs, cfg, now, lane, &mut fleet, &mut plan, memo);
         lane_plan.warm_target = warm.target();

@@ -2,10 +2,10 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use crate::choice::{self, Request};
+use crate::choice::{self, PriceTable, RankMemo, Request};
 use crate::config::{CapacityPreference, PolicyConfig};
 use crate::observation::{LaneId, Observation, PendingJob};
-use crate::offering::{CapacityType, Offering};
+use crate::offering::Offering;
 use crate::plan::{Action, Held, LaunchShape, Plan, Reason};
 
 use super::fleet::Fleet;
@@ -22,7 +22,12 @@ pub(crate) fn scale_up<'a>(
     mut unmet: Vec<Vec<&'a PendingJob>>,
     fleet: &mut Fleet<'a>,
     plan: &mut Plan,
+    memo: &mut RankMemo,
 ) {
+    if unmet.iter().all(Vec::is_empty) {
+        return;
+    }
+    let table = memo.table(obs.offerings, &cfg.offers);
     let nl = cfg.lanes.len();
     let mut order: Vec<LaneId> = (0..nl).collect();
     order.sort_by_key(|&l| (cfg.lanes[l].priority, l));
@@ -88,7 +93,7 @@ pub(crate) fn scale_up<'a>(
             Reason::UnmetBacklog { unmet_jobs: n_unmet }
         };
         let ripe: Vec<&'a PendingJob> = jobs.into_iter().filter(|j| is_ripe(j)).collect();
-        scale_up_lane(obs, cfg, now, lane, &ripe, reason, fleet, plan);
+        scale_up_lane(obs, cfg, table, now, lane, &ripe, reason, fleet, plan);
     }
 }
 
@@ -107,20 +112,9 @@ type RankKey = (u32, u64, u32, u8, i32);
 /// $1/h of waiting it waits up to two hours per hour of run time); a short one, or one that has
 /// waited long, may take on-demand. Jobs whose deadline is at risk are apart: they go to
 /// on-demand whatever this says.
-pub(crate) fn on_demand_premium_usd(obs: &Observation<'_>, cfg: &PolicyConfig, req: &Request, now: f64) -> Option<f64> {
-    let oc = &cfg.offers;
-    let any = Request {
-        capacity: CapacityPreference::SpotFirst,
-        ..*req
-    };
-    let (mut spot, mut od) = (f64::INFINITY, f64::INFINITY);
-    for o in obs.offerings.iter().filter(|o| choice::eligible(o, &any, oc, &[], now)) {
-        let c = choice::expected_cost_per_job(o, req.runtime_s, req.instances, oc);
-        match o.key.capacity_type {
-            CapacityType::Spot => spot = spot.min(c),
-            CapacityType::OnDemand => od = od.min(c),
-        }
-    }
+/// `table` is the [`PriceTable`] of `obs.offerings` under `cfg.offers`.
+pub(crate) fn on_demand_premium_usd(obs: &Observation<'_>, table: &PriceTable, req: &Request, now: f64) -> Option<f64> {
+    let (spot, od) = table.cheapest_by_capacity(obs.offerings, req, now);
     (spot.is_finite() && od.is_finite()).then_some(od - spot)
 }
 
@@ -200,6 +194,7 @@ pub(crate) fn full_before_any(cfg: &PolicyConfig, lane: LaneId, b: &Fleet<'_>) -
 fn scale_up_lane<'a>(
     obs: &Observation<'a>,
     cfg: &PolicyConfig,
+    table: &PriceTable,
     now: f64,
     lane: LaneId,
     jobs: &[&'a PendingJob],
@@ -315,7 +310,7 @@ fn scale_up_lane<'a>(
             );
             (*premium_cache
                 .entry(pkey)
-                .or_insert_with(|| on_demand_premium_usd(obs, cfg, &req, now)))
+                .or_insert_with(|| on_demand_premium_usd(obs, table, &req, now)))
             .filter(|p| waits_for_spot(cfg, *p, waited))
         } else {
             None
@@ -333,7 +328,7 @@ fn scale_up_lane<'a>(
         );
         let ranked = ranked_cache
             .entry(key)
-            .or_insert_with(|| choice::top(obs.offerings, &req, oc, obs.unavailable, now, oc.diversify as usize));
+            .or_insert_with(|| table.top(obs.offerings, &req, obs.unavailable, now, oc.diversify as usize));
         if ranked.is_empty() {
             let reason = match spot_premium {
                 Some(premium) => Reason::WaitingForSpot {
