@@ -289,18 +289,32 @@ fn a_binding_fleet_cap_is_named_under_the_table() {
 }
 
 #[test]
-fn the_example_config_parses() {
-    let out = onoff(&[
-        "simulate",
-        "--trace",
-        SHORT,
-        "--quiet",
-        "--policies",
-        "onoff",
-        "--config",
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/policy.toml"),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+fn every_example_config_parses() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+    let mut configs: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path().display().to_string())
+        .filter(|p| p.ends_with(".toml"))
+        .collect();
+    configs.sort();
+    assert!(configs.len() >= 4, "{configs:?}");
+    for config in &configs {
+        let out = onoff(&[
+            "simulate",
+            "--trace",
+            SHORT,
+            "--quiet",
+            "--policies",
+            "onoff",
+            "--config",
+            config,
+        ]);
+        assert!(
+            out.status.success(),
+            "{config}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 fn json(args: &[&str]) -> serde_json::Value {
