@@ -215,7 +215,7 @@ pub struct TimelineRow {
 pub struct RunReport {
     /// Strategy name.
     pub name: String,
-    /// Total billed, $.
+    /// Total billed, $, the keep-alive after the last job included (see [`run`]).
     pub total_usd: f64,
     /// `total_usd / jobs_completed`.
     pub usd_per_job: f64,
@@ -263,7 +263,8 @@ pub struct RunReport {
     /// `freeze`). Empty when no limit ever bound; when one binds in many decisions, the waits are
     /// the limit's, not the policy's.
     pub held_by_limit: BTreeMap<String, u64>,
-    /// Virtual seconds from the first arrival to the last completion.
+    /// Virtual seconds from the first arrival to the last completion (billing may go on after it,
+    /// while workers idle out their keep-alive).
     pub makespan_s: f64,
     /// Jobs that had a deadline.
     pub deadline_jobs: u64,
