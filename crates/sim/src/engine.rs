@@ -227,6 +227,9 @@ pub struct RunReport {
     pub boot_gpu_hours: f64,
     /// Part of `total_usd` billed while workers were idle, $.
     pub idle_usd: f64,
+    /// Part of `total_usd` billed after the last job ended, while workers idled out their
+    /// keep-alive (or booted for a warm pool), $: 0 for a fleet never released.
+    pub keep_alive_tail_usd: f64,
     /// Part of `total_usd` billed while workers were booting, $.
     pub boot_usd: f64,
     /// Instances launched.
@@ -470,6 +473,10 @@ struct World {
     busy_terminations: u64,
     completed: u64,
     last_completion: f64,
+    /// Set once every job is done: the last completion, from which billing is the keep-alive tail.
+    tail_from: Option<f64>,
+    /// Part of `cost` billed after `tail_from`, $.
+    tail_usd: f64,
     running_jobs: u32,
     /// The strategy's workers run onoff's agent ([`Strategy::runs_onoff_agent`]).
     onoff_agent: bool,
@@ -714,6 +721,15 @@ impl World {
         let ws = &self.wsim[i];
         let billed = (self.now - w.launched_at).max(60.0);
         self.cost += w.price_usd_per_h * billed / 3600.0;
+        if let Some(from) = self.tail_from {
+            // What billing to `from` alone would have been (nothing for a worker launched after).
+            let before = if from > w.launched_at {
+                (from - w.launched_at).max(60.0)
+            } else {
+                0.0
+            };
+            self.tail_usd += w.price_usd_per_h * (billed - before).max(0.0) / 3600.0;
+        }
         if !ws.spot {
             self.on_demand_usd += w.price_usd_per_h * billed / 3600.0;
         }
@@ -1268,6 +1284,8 @@ pub fn run(
         busy_terminations: 0,
         completed: 0,
         last_completion: t0,
+        tail_from: None,
+        tail_usd: 0.0,
         running_jobs: 0,
         onoff_agent: strategy.runs_onoff_agent(),
         reserved: HashMap::new(),
@@ -1325,6 +1343,9 @@ pub fn run(
             let all_done = w.completed == total_jobs;
             if all_done && (tail_s == 0.0 || w.wsim.is_empty()) {
                 break;
+            }
+            if all_done && w.tail_from.is_none() {
+                w.tail_from = Some(w.last_completion);
             }
             let arrival_first = next_arrival < w.jobs.len() && {
                 let a = w.jobs[job_at(next_arrival)].arrival;
@@ -1489,6 +1510,7 @@ pub fn run(
     };
     if w.completed == total_jobs {
         w.now = end + tail_s;
+        w.tail_from = Some(end);
     }
     let nums: Vec<u64> = w.wsim.iter().map(|s| s.num).collect();
     for num in nums {
@@ -1551,6 +1573,7 @@ pub fn run(
         idle_gpu_hours: w.idle_gpu_s / 3600.0,
         boot_gpu_hours: w.boot_gpu_s / 3600.0,
         idle_usd: w.idle_usd,
+        keep_alive_tail_usd: w.tail_usd,
         boot_usd: w.boot_usd,
         launches: w.launches,
         launches_by_offering: std::mem::take(&mut w.launches_by_offering),

@@ -100,6 +100,11 @@ fn one_job_pays_boot_plus_run_and_waits_for_the_boot() {
     assert_eq!(r.launches, 1);
     assert!(close(r.total_usd, 4500.0 / 3600.0), "total {}", r.total_usd);
     assert!(close(r.idle_usd, 600.0 / 3600.0), "idle {}", r.idle_usd);
+    assert!(
+        close(r.keep_alive_tail_usd, 600.0 / 3600.0),
+        "tail {}",
+        r.keep_alive_tail_usd
+    );
     assert!(close(r.boot_usd, 300.0 / 3600.0), "boot {}", r.boot_usd);
     assert!(close(r.wait_p50_s, 300.0));
 }
@@ -234,6 +239,7 @@ fn always_on_holds_the_peak_for_the_whole_run() {
     let r = run(&t, &offerings(), &mut st, &s, &mut |_| {});
     assert_eq!(r.jobs_completed, 2);
     assert!(close(r.total_usd, 4.0), "total {}", r.total_usd);
+    assert_eq!(r.keep_alive_tail_usd, 0.0);
     assert!(close(r.wait_p95_s, 0.0));
 }
 
@@ -265,6 +271,11 @@ fn after_the_last_job_each_worker_is_billed_until_its_keep_alive_releases_it() {
         "{}",
         adaptive.total_usd
     );
+    // The report names that part of the bill ($1/h).
+    for (r, idle_s) in [(&fixed, 600.0), (&adaptive, 60.0)] {
+        let tail = (release(idle_s) - last) / 3600.0;
+        assert!(close(r.keep_alive_tail_usd, tail), "{} {}", r.keep_alive_tail_usd, tail);
+    }
 }
 
 #[test]
