@@ -279,6 +279,27 @@ fn after_the_last_job_each_worker_is_billed_until_its_keep_alive_releases_it() {
 }
 
 #[test]
+fn a_warm_pool_held_past_the_last_job_is_billed_to_the_longest_keep_alive_and_no_further() {
+    // A scheduled warm pool of one worker all day: after the last job it is never released, so the
+    // replay stops at the last completion plus the longest keep-alive (3,600 s by default) and one
+    // decision interval (60 s), and retires it there. One job (0 s, 600 s), boots of 300 s: the
+    // worker launched for it is the one the pool holds.
+    let mut cfg = policy(600.0);
+    cfg.scale_down = onoff_policy::ScaleDownConfig::default();
+    cfg.lanes[0].warm_pool = vec![onoff_policy::WarmWindow {
+        start_hour: 0,
+        end_hour: 24,
+        size: 1,
+    }];
+    let r = run_policy(&trace(&[(0.0, 600.0, 1)]), cfg, &sim(300.0));
+    assert_eq!((r.jobs_completed, r.launches), (1, 1), "{r:?}");
+    assert!(close(r.makespan_s, 900.0), "{}", r.makespan_s);
+    let tail = 3600.0 + 60.0;
+    assert!(close(r.total_usd, (900.0 + tail) / 3600.0), "{}", r.total_usd);
+    assert!(close(r.keep_alive_tail_usd, tail / 3600.0), "{}", r.keep_alive_tail_usd);
+}
+
+#[test]
 fn spot_interruptions_lose_at_most_the_work_since_the_last_checkpoint() {
     let spot = vec![Offering {
         interruption: Some(onoff_policy::InterruptionBucket::Over20),
