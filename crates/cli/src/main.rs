@@ -563,6 +563,44 @@ fn print_table(c: &Comparison) {
     for note in c.policies.iter().filter_map(|p| limit_note(&p.name, p)) {
         println!("{note}");
     }
+    if let Some(note) = tail_note(&c.policies) {
+        println!("{note}");
+    }
+}
+
+/// Share of a policy's bill the keep-alive after the last job must reach before the table says
+/// so: on a trace of minutes or hours it is a large part of what the policies differ in.
+const TAIL_NOTE_SHARE: f64 = 0.05;
+
+/// A line giving each policy's share of its bill spent after the last job
+/// (`RunReport::keep_alive_tail_usd`), when at least one reaches [`TAIL_NOTE_SHARE`]; `None`
+/// otherwise. On a short trace a keep-alive of minutes is a large part of the bill, and the table
+/// alone would not say that it is the end of the trace, not the traffic, that the costs differ by.
+fn tail_note(policies: &[RunReport]) -> Option<String> {
+    let share = |p: &RunReport| {
+        if p.total_usd > 0.0 {
+            p.keep_alive_tail_usd / p.total_usd
+        } else {
+            0.0
+        }
+    };
+    if !policies.iter().any(|p| share(p) >= TAIL_NOTE_SHARE) {
+        return None;
+    }
+    let shares: Vec<String> = policies
+        .iter()
+        .filter(|p| p.keep_alive_tail_usd > 0.0)
+        .map(|p| match 100.0 * share(p) {
+            pct if pct < 0.5 => format!("{} <1 %", p.name),
+            pct => format!("{} {pct:.0} %", p.name),
+        })
+        .collect();
+    Some(format!(
+        "note: the keep-alive after the last job is a large part of the bill on this trace ({}; \
+         keep_alive_tail_usd in --json): a trace this short weighs the end of the work, not only \
+         the work",
+        shares.join(", ")
+    ))
 }
 
 /// Share of a policy's decisions a configured limit must hold launches in before the table says

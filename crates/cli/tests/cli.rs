@@ -289,6 +289,45 @@ fn a_binding_fleet_cap_is_named_under_the_table() {
 }
 
 #[test]
+fn a_short_trace_says_how_much_of_each_bill_is_the_keep_alive_after_the_last_job() {
+    // Ten minutes of Azure requests: every policy's workers idle out their keep-alive after the
+    // last one, a large part of bills this small. The note gives each share, as --json has it.
+    let text = {
+        let out = onoff(&[
+            "simulate",
+            "--trace",
+            AZURE,
+            "--quiet",
+            "--policies",
+            "onoff,fixed-idle-10m",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let v = json(&[
+        "simulate",
+        "--trace",
+        AZURE,
+        "--json",
+        "--policies",
+        "onoff,fixed-idle-10m",
+    ]);
+    let note = text
+        .lines()
+        .find(|l| l.starts_with("note: the keep-alive after the last job"))
+        .unwrap_or_else(|| panic!("no tail note:\n{text}"));
+    for p in v["policies"].as_array().unwrap() {
+        let share = p["keep_alive_tail_usd"].as_f64().unwrap() / p["total_usd"].as_f64().unwrap();
+        assert!(share >= 0.05, "{p}");
+        let want = format!("{} {:.0} %", p["name"].as_str().unwrap(), 100.0 * share);
+        assert!(note.contains(&want), "{want} in {note}");
+    }
+    // Over a day of Philly jobs it is a rounding error: no note.
+    let out = onoff(&["simulate", "--trace", SHORT, "--quiet"]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("keep-alive after the last job"));
+}
+
+#[test]
 fn every_example_config_parses() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
     let mut configs: Vec<String> = std::fs::read_dir(dir)
