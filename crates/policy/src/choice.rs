@@ -17,10 +17,29 @@ pub fn speed(cfg: &OfferConfig, gpu_model: &str) -> f64 {
 /// loses half a checkpoint interval of work on average plus a cold start of the replacement.
 #[inline]
 pub fn expected_cost_per_job(offering: &Offering, runtime_s: f64, instances: u32, cfg: &OfferConfig) -> f64 {
-    let t = runtime_s / speed(cfg, &offering.gpu_model);
+    cost_of(
+        offering.price_usd_per_h / 3600.0,
+        speed(cfg, &offering.gpu_model),
+        interruption_loss(offering, cfg),
+        cfg.boot_estimate_s,
+        runtime_s,
+        instances,
+    )
+}
+
+/// `1 + rate x (checkpoint/2 + boot)`: the factor interruptions multiply an offering's work by.
+#[inline]
+fn interruption_loss(o: &Offering, cfg: &OfferConfig) -> f64 {
     let lost_per_interruption = cfg.checkpoint_interval_s / 2.0 + cfg.boot_estimate_s;
-    let work = t * (1.0 + offering.interruption_rate_per_s() * lost_per_interruption);
-    offering.price_usd_per_h / 3600.0 * (cfg.boot_estimate_s + work) * instances as f64
+    1.0 + o.interruption_rate_per_s() * lost_per_interruption
+}
+
+/// [`expected_cost_per_job`] from its factors: `usd_per_s x (boot + runtime / speed x loss) x
+/// instances`, $. One formula for the scan and the [`PriceTable`], so both give the same bits.
+#[inline]
+fn cost_of(usd_per_s: f64, speed: f64, loss: f64, boot_s: f64, runtime_s: f64, instances: u32) -> f64 {
+    let work = runtime_s / speed * loss;
+    usd_per_s * (boot_s + work) * instances as f64
 }
 
 /// Filter for one request shape.
@@ -41,12 +60,7 @@ pub struct Request {
 /// True when `o` passes every filter for `req` at `now`.
 #[inline]
 pub fn eligible(o: &Offering, req: &Request, cfg: &OfferConfig, unavailable: &[UnavailableOffering], now: f64) -> bool {
-    let cap_ok = match req.capacity {
-        CapacityPreference::SpotFirst => true,
-        CapacityPreference::SpotOnly => o.key.capacity_type == CapacityType::Spot,
-        CapacityPreference::OnDemand => o.key.capacity_type == CapacityType::OnDemand,
-    };
-    cap_ok
+    capacity_ok(req.capacity, o.key.capacity_type)
         && fits(
             o.gpus,
             o.gpu_memory_gib,
@@ -54,13 +68,30 @@ pub fn eligible(o: &Offering, req: &Request, cfg: &OfferConfig, unavailable: &[U
             req.min_mem_gib,
             cfg.max_gpu_oversize,
         )
-        && cfg.max_price_usd_per_h.is_none_or(|m| o.price_usd_per_h <= m)
+        && passes_configured_filters(o, cfg)
+        && !unavailable.iter().any(|u| u.until > now && u.key == o.key)
+}
+
+/// Whether a request preferring `pref` may take capacity of type `ct`.
+#[inline]
+fn capacity_ok(pref: CapacityPreference, ct: CapacityType) -> bool {
+    match pref {
+        CapacityPreference::SpotFirst => true,
+        CapacityPreference::SpotOnly => ct == CapacityType::Spot,
+        CapacityPreference::OnDemand => ct == CapacityType::OnDemand,
+    }
+}
+
+/// The filters of [`eligible`] that depend on neither the request nor the time: the price cap,
+/// the interruption cap (spot only) and the allowed instance types.
+#[inline]
+fn passes_configured_filters(o: &Offering, cfg: &OfferConfig) -> bool {
+    cfg.max_price_usd_per_h.is_none_or(|m| o.price_usd_per_h <= m)
         && (o.key.capacity_type == CapacityType::OnDemand
             || cfg
                 .max_interruption
                 .is_none_or(|m| o.interruption.is_some_and(|b| b <= m)))
         && (cfg.allowed_instance_types.is_empty() || cfg.allowed_instance_types.contains(&o.key.instance_type))
-        && !unavailable.iter().any(|u| u.until > now && u.key == o.key)
 }
 
 /// GPUs per instance the policy schedules a job asking for `gpus` per instance, with at least
@@ -117,6 +148,8 @@ pub fn rank<'a>(
 
 /// The `k` best eligible offerings for `req` (lowest expected cost per job first; equal costs in
 /// the order of `offerings`), as [`rank`] would list them first, without sorting all of them.
+/// Builds a [`PriceTable`] for the one call: a caller ranking often over one catalogue keeps one
+/// ([`RankMemo`]).
 pub fn top<'a>(
     offerings: &'a [Offering],
     req: &Request,
@@ -125,41 +158,7 @@ pub fn top<'a>(
     now: f64,
     k: usize,
 ) -> Vec<(&'a Offering, f64)> {
-    top_indices(offerings, req, cfg, unavailable, now, k)
-        .into_iter()
-        .map(|(i, c)| (&offerings[i], c))
-        .collect()
-}
-
-/// [`top`] as (index into `offerings`, expected cost per job in $).
-fn top_indices(
-    offerings: &[Offering],
-    req: &Request,
-    cfg: &OfferConfig,
-    unavailable: &[UnavailableOffering],
-    now: f64,
-    k: usize,
-) -> Vec<(usize, f64)> {
-    let mut best: Vec<(usize, f64)> = Vec::with_capacity(k + 1);
-    if k == 0 {
-        return best;
-    }
-    // The fit rule's GPU count first: the cheapest test, and the one most offerings fail.
-    let gpus = crate::shape::gpu_bounds(req.gpus, cfg.max_gpu_oversize);
-    for (i, o) in offerings.iter().enumerate() {
-        if !gpus.contains(&o.gpus) || !eligible(o, req, cfg, unavailable, now) {
-            continue;
-        }
-        let c = expected_cost_per_job(o, req.runtime_s, req.instances, cfg);
-        if best.len() == k && c >= best[k - 1].1 {
-            continue;
-        }
-        // After every entry with cost <= c: ties keep input order.
-        let at = best.partition_point(|e| e.1 <= c);
-        best.insert(at, (i, c));
-        best.truncate(k);
-    }
-    best
+    PriceTable::new(offerings, cfg).top(offerings, req, unavailable, now, k)
 }
 
 /// One offering's parts of [`eligible`] and [`expected_cost_per_job`] that depend on neither the
@@ -199,7 +198,6 @@ pub struct PriceTable {
 impl PriceTable {
     /// The table of `offerings` under `cfg`. O(offerings).
     pub fn new(offerings: &[Offering], cfg: &OfferConfig) -> Self {
-        let lost_per_interruption = cfg.checkpoint_interval_s / 2.0 + cfg.boot_estimate_s;
         let mut by_gpus: Vec<(u32, Vec<usize>)> = Vec::new();
         let rows = offerings
             .iter()
@@ -213,16 +211,10 @@ impl PriceTable {
                     gpus: o.gpus,
                     mem_gib: o.gpu_memory_gib,
                     capacity_type: o.key.capacity_type,
-                    allowed: cfg.max_price_usd_per_h.is_none_or(|m| o.price_usd_per_h <= m)
-                        && (o.key.capacity_type == CapacityType::OnDemand
-                            || cfg
-                                .max_interruption
-                                .is_none_or(|m| o.interruption.is_some_and(|b| b <= m)))
-                        && (cfg.allowed_instance_types.is_empty()
-                            || cfg.allowed_instance_types.contains(&o.key.instance_type)),
+                    allowed: passes_configured_filters(o, cfg),
                     usd_per_s: o.price_usd_per_h / 3600.0,
                     speed: speed(cfg, &o.gpu_model),
-                    loss: 1.0 + o.interruption_rate_per_s() * lost_per_interruption,
+                    loss: interruption_loss(o, cfg),
                 }
             })
             .collect();
@@ -266,12 +258,7 @@ impl PriceTable {
         now: f64,
     ) -> bool {
         let r = &self.rows[i];
-        let cap_ok = match req.capacity {
-            CapacityPreference::SpotFirst => true,
-            CapacityPreference::SpotOnly => r.capacity_type == CapacityType::Spot,
-            CapacityPreference::OnDemand => r.capacity_type == CapacityType::OnDemand,
-        };
-        cap_ok
+        capacity_ok(req.capacity, r.capacity_type)
             && r.allowed
             && fits(r.gpus, r.mem_gib, req.gpus, req.min_mem_gib, self.max_oversize)
             && !unavailable.iter().any(|u| u.until > now && u.key == offerings[i].key)
@@ -281,8 +268,7 @@ impl PriceTable {
     #[inline]
     fn cost(&self, i: usize, runtime_s: f64, instances: u32) -> f64 {
         let r = &self.rows[i];
-        let work = runtime_s / r.speed * r.loss;
-        r.usd_per_s * (self.boot_s + work) * instances as f64
+        cost_of(r.usd_per_s, r.speed, r.loss, self.boot_s, runtime_s, instances)
     }
 
     /// [`top`] over `offerings`, the catalogue the table was built from (debug builds check its

@@ -1,5 +1,6 @@
-//! Property test: the [`PriceTable`] ranks and prices exactly as [`choice::top`],
-//! [`choice::eligible`] and [`choice::expected_cost_per_job`] do, bit for bit, over random
+//! Property test: the [`PriceTable`] (and so [`choice::top`], which uses one) ranks and prices
+//! exactly as the scan does, [`choice::rank`] with [`choice::eligible`] and
+//! [`choice::expected_cost_per_job`], bit for bit, over random
 //! catalogues (1-8 GPUs, both capacity types, every interruption bucket, GPU models of several
 //! speeds, equal prices), configurations (price, interruption and type filters, oversize) and
 //! requests, with random offerings unavailable.
@@ -113,9 +114,12 @@ proptest! {
         prop_assert_eq!(table.len(), offs.len());
 
         let key = |v: &[(&Offering, f64)]| v.iter().map(|(o, c)| (o.key.zone.clone(), c.to_bits())).collect::<Vec<_>>();
-        let want = choice::top(&offs, &req, &cfg, &unavailable, now, k);
+        // The head of the full scan, stably sorted by cost: what `top` is defined to return.
+        let mut want = choice::rank(&offs, &req, &cfg, &unavailable, now);
+        want.truncate(k);
         let got = table.top(&offs, &req, &unavailable, now, k);
         prop_assert_eq!(key(&got), key(&want));
+        prop_assert_eq!(key(&choice::top(&offs, &req, &cfg, &unavailable, now, k)), key(&want));
 
         // The cheapest of each capacity type, whatever the request's preference and availability.
         let any = Request { capacity: CapacityPreference::SpotFirst, ..req };
