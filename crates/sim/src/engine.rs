@@ -473,9 +473,7 @@ struct World {
     busy_terminations: u64,
     completed: u64,
     last_completion: f64,
-    /// Set once every job is done: the last completion, from which billing is the keep-alive tail.
-    tail_from: Option<f64>,
-    /// Part of `cost` billed after `tail_from`, $.
+    /// Part of `cost` billed after the last completion, once every job is done, $.
     tail_usd: f64,
     running_jobs: u32,
     /// The strategy's workers run onoff's agent ([`Strategy::runs_onoff_agent`]).
@@ -721,7 +719,8 @@ impl World {
         let ws = &self.wsim[i];
         let billed = (self.now - w.launched_at).max(60.0);
         self.cost += w.price_usd_per_h * billed / 3600.0;
-        if let Some(from) = self.tail_from {
+        if self.completed as usize == self.jobs.len() {
+            let from = self.last_completion;
             // What billing to `from` alone would have been (nothing for a worker launched after).
             let before = if from > w.launched_at {
                 (from - w.launched_at).max(60.0)
@@ -1284,7 +1283,6 @@ pub fn run(
         busy_terminations: 0,
         completed: 0,
         last_completion: t0,
-        tail_from: None,
         tail_usd: 0.0,
         running_jobs: 0,
         onoff_agent: strategy.runs_onoff_agent(),
@@ -1343,9 +1341,6 @@ pub fn run(
             let all_done = w.completed == total_jobs;
             if all_done && (tail_s == 0.0 || w.wsim.is_empty()) {
                 break;
-            }
-            if all_done && w.tail_from.is_none() {
-                w.tail_from = Some(w.last_completion);
             }
             let arrival_first = next_arrival < w.jobs.len() && {
                 let a = w.jobs[job_at(next_arrival)].arrival;
@@ -1510,7 +1505,6 @@ pub fn run(
     };
     if w.completed == total_jobs {
         w.now = end + tail_s;
-        w.tail_from = Some(end);
     }
     let nums: Vec<u64> = w.wsim.iter().map(|s| s.num).collect();
     for num in nums {
