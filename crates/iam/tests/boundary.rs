@@ -251,8 +251,69 @@ fn a_worker_creates_no_job_rows_but_error_records() {
         &worker,
         Request::new("dynamodb:PutItem", &jobs).with_many("dynamodb:LeadingKeys", &["error#sqs:m-1"]),
     );
-    // Its leases: conditional updates in code (the lease owner is an attribute IAM cannot see).
+}
+
+#[test]
+fn a_worker_updates_only_the_lease_attributes_of_a_job_row() {
+    let a = authorizer();
+    let worker = a.worker("i-1").unwrap();
+    let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
+    let update = |attributes: &[&str], return_values: &str| {
+        Request::new("dynamodb:UpdateItem", &jobs)
+            .with_many("dynamodb:LeadingKeys", &["job-1"])
+            .with_many("dynamodb:Attributes", attributes)
+            .with("dynamodb:ReturnValues", return_values)
+    };
+    // A claim, which reads back the row it wrote; a settle; progress. Which job it holds is a
+    // condition in code (the lease owner is an attribute IAM cannot compare with the caller).
     assert_allowed(
+        &a,
+        &worker,
+        update(
+            &[
+                "attempts",
+                "claimed_at",
+                "job_id",
+                "lease_expires_at",
+                "lease_owner",
+                "state",
+            ],
+            "ALL_NEW",
+        ),
+    );
+    assert_allowed(
+        &a,
+        &worker,
+        update(
+            &[
+                "active_lane",
+                "attempt_log",
+                "attempts",
+                "claimed_at",
+                "expires_at",
+                "finished_at",
+                "hand_backs",
+                "job_id",
+                "lease_expires_at",
+                "lease_expiries",
+                "lease_owner",
+                "reason",
+                "state",
+            ],
+            "NONE",
+        ),
+    );
+    assert_allowed(
+        &a,
+        &worker,
+        update(&["cost_usd", "job_id", "last_checkpoint", "lease_owner"], "NONE"),
+    );
+    // Never what a job is: what it runs, whom it bills, where it queues, where it came from.
+    for definition in ["spec", "project", "lane", "source", "created_at"] {
+        assert_denied(&a, &worker, update(&["job_id", "state", definition], "NONE"));
+    }
+    // Nor an update naming no attribute (IAM's ForAllValues holds of an empty set).
+    assert_denied(
         &a,
         &worker,
         Request::new("dynamodb:UpdateItem", &jobs).with_many("dynamodb:LeadingKeys", &["job-1"]),

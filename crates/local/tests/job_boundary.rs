@@ -5,7 +5,9 @@
 //! instance (moto refuses: the job role has none of those actions), and reading another job's
 //! checkpoint (moto does not evaluate session policies: template.yaml's evaluation of the very
 //! request the job made refuses it). An operator's cancel, as the CLI sends it, is what
-//! template.yaml's `OperatorAccess` allows of the jobs table's rows, and no other update. And a
+//! template.yaml's `OperatorAccess` allows of the jobs table's rows, and no other update. The
+//! agent's writes to a job's row over its whole lifecycle are what the worker role allows, and
+//! name exactly the attributes it lists; a rewrite of what a job is, refused. And a
 //! job process, run as its own user, gets nothing from the instance metadata service the agent
 //! reads.
 
@@ -291,6 +293,169 @@ async fn an_operator_may_cancel_a_job_and_write_nothing_else_of_its_row() {
         others.iter().all(|(_, ok)| !*ok),
         "anything else is refused: {others:?}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_writes_only_the_lease_attributes_of_the_jobs_it_runs() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use onoff_control::job::{AttemptEnd, AttemptRecord, JobSpec, JobState, RerunLimits, Settle};
+    use onoff_control::ports::{Claim, JobRecord, JobStore};
+    let dir = std::env::temp_dir().join(format!("onoff-worker-boundary-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (mut moto, setup, res, stack) = provisioned(&dir, "wb").await;
+    let endpoint = moto.endpoint.clone();
+    let creds = || Credentials::new("test", "test", None, None, "t");
+    let table = onoff_aws::jobs::DynamoJobs::new(setup.dynamodb.clone(), &res.jobs_table);
+    let now = 1_700_000_000.0;
+    let spec: JobSpec = serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p"}"#).unwrap();
+    let ends = [
+        ("job-ok", AttemptEnd::Succeeded),
+        ("job-retry", AttemptEnd::Failed("exit 1".into())),
+        ("job-fatal", AttemptEnd::Fatal("no such image".into())),
+        ("job-notice", AttemptEnd::Released("spot interruption notice".into())),
+        ("job-small", AttemptEnd::HandedBack("needs 8 GPUs".into())),
+        ("job-deadline", AttemptEnd::Deferred("deadline at risk on spot".into())),
+        ("job-cancel", AttemptEnd::Released("spot interruption notice".into())),
+    ];
+    for (id, _) in &ends {
+        table
+            .create(&JobRecord::new((*id).into(), spec.clone(), "test".into(), now))
+            .await
+            .unwrap();
+    }
+
+    // Every write the agent makes to a job's row, through the adapter it uses (onoff_aws::jobs).
+    let log_path = dir.join("calls.jsonl");
+    let log = onoff_aws::record::CallLog::open(&log_path).unwrap();
+    let agent = clients(&endpoint, creds(), Some(log.recorder("worker/agent"))).await;
+    let jobs = onoff_aws::jobs::DynamoJobs::new(agent.dynamodb.clone(), &res.jobs_table);
+    let limits = RerunLimits::default();
+    for (id, end) in &ends {
+        let Claim::Claimed(job) = jobs.claim(id, "i-1", now + 60.0, now).await.unwrap() else {
+            panic!("{id} is claimable");
+        };
+        jobs.renew(id, "i-1", now + 120.0).await.unwrap();
+        jobs.record_progress(id, "i-1", Some("checkpoints/x/1"), 0.25)
+            .await
+            .unwrap();
+        jobs.record_progress(id, "i-1", None, 0.25).await.unwrap();
+        if *id == "job-cancel" {
+            // The operator's cancel while it runs: the settle finds it and ends it CANCELLED.
+            table.request_cancel(id, now).await.unwrap();
+        }
+        let mut settle = Settle::of(&job, end, &limits);
+        if !matches!(end, AttemptEnd::HandedBack(_) | AttemptEnd::Deferred(_)) {
+            settle.attempt = Some(AttemptRecord {
+                n: job.attempts,
+                instance_id: "i-1".into(),
+                instance_type: Some("g5.xlarge".into()),
+                capacity_type: Some("spot".into()),
+                price_usd_per_h: Some(0.4),
+                started_at: now,
+                ended_at: now + 100.0,
+                outcome: end.name().into(),
+                exit_code: Some(0),
+                checkpoint: Some("checkpoints/x/1".into()),
+                seconds: 100.0,
+                cost_usd: 0.5,
+            });
+        }
+        jobs.finish(id, "i-1", &settle, now + 100.0).await.unwrap();
+        if !settle.to.is_final() && *id != "job-cancel" {
+            // The wake-up message it sends for a job it puts back is stamped on the row.
+            jobs.mark_sent(id, now + 100.0).await.unwrap();
+        }
+    }
+    let state = |id: &str| {
+        let table = &table;
+        let id = id.to_string();
+        async move { table.get(&id).await.unwrap().unwrap().state }
+    };
+    assert_eq!(state("job-ok").await, JobState::Succeeded);
+    assert_eq!(state("job-retry").await, JobState::Retrying);
+    assert_eq!(state("job-fatal").await, JobState::Failed);
+    assert_eq!(state("job-notice").await, JobState::Queued);
+    assert_eq!(state("job-cancel").await, JobState::Cancelled);
+    // A claim of a job that is no longer claimable reads its state.
+    assert!(matches!(
+        jobs.claim("job-ok", "i-1", now + 60.0, now).await.unwrap(),
+        Claim::NotClaimable(JobState::Succeeded)
+    ));
+
+    // What a worker must not do to a row: change what a job is.
+    let other = clients(&endpoint, creds(), Some(log.recorder("worker/other"))).await;
+    for (attribute, value) in [
+        ("spec", r#"{"image":"evil","command":["x"],"project":"p"}"#),
+        ("project", "someone-else"),
+        ("lane", "express"),
+    ] {
+        let r = other
+            .dynamodb
+            .update_item()
+            .table_name(&res.jobs_table)
+            .key("job_id", AttributeValue::S("job-notice".into()))
+            .update_expression("SET #a = :v")
+            .expression_attribute_names("#a", attribute)
+            .expression_attribute_values(":v", AttributeValue::S(value.into()))
+            .send()
+            .await;
+        assert!(r.is_ok(), "moto applies it: {r:?}");
+    }
+    moto.stop().await;
+
+    let calls = onoff_iam::calls::parse_log(&std::fs::read_to_string(&log_path).unwrap());
+    let auth = onoff_iam::eval::Authorizer::for_template(onoff_iam::TEMPLATE, &stack).unwrap();
+    let worker = auth.worker("i-1").unwrap();
+    let world = onoff_iam::calls::World::default();
+    let requests = |principal: &str| -> Vec<onoff_iam::eval::Request> {
+        calls
+            .iter()
+            .filter(|c| c.principal == principal)
+            .flat_map(|c| onoff_iam::calls::requests(c, &stack, &world).unwrap())
+            .collect()
+    };
+    let attributes = |r: &onoff_iam::eval::Request| match r.context.get("dynamodb:Attributes") {
+        Some(onoff_iam::eval::Value::Many(v)) => v.clone(),
+        other => panic!("{} names its attributes: {other:?}", r.action),
+    };
+    let agent_requests = requests("worker/agent");
+    let refused: Vec<String> = agent_requests
+        .iter()
+        .filter(|r| !auth.decide(&worker, r).unwrap().allowed())
+        .map(|r| format!("{} {:?}", r.action, r.context.get("dynamodb:Attributes")))
+        .collect();
+    assert!(refused.is_empty(), "the agent's writes are allowed: {refused:?}");
+    // Least privilege: the policy lists exactly the attributes the agent's updates name.
+    let written: std::collections::BTreeSet<String> = agent_requests
+        .iter()
+        .filter(|r| r.action == "dynamodb:UpdateItem")
+        .flat_map(attributes)
+        .collect();
+    let policies = onoff_iam::identity_policies(onoff_iam::TEMPLATE, &stack, onoff_iam::Principal::Worker).unwrap();
+    let granted: std::collections::BTreeSet<String> = policies
+        .iter()
+        .flat_map(|d| d["Statement"].as_array().cloned().unwrap_or_default())
+        .find(|s| s["Sid"] == "JobLeases")
+        .expect("the worker's JobLeases statement")["Condition"]["ForAllValues:StringEquals"]["dynamodb:Attributes"]
+        .as_array()
+        .expect("a list of attributes")
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        written, granted,
+        "granted to the worker and never written, or written and not granted"
+    );
+    let others = requests("worker/other");
+    assert_eq!(others.len(), 3, "{others:?}");
+    for r in &others {
+        assert!(
+            !auth.decide(&worker, r).unwrap().allowed(),
+            "a worker may not write {:?}",
+            attributes(r)
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
