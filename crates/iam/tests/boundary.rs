@@ -529,6 +529,41 @@ fn the_functions_keep_their_state_access() {
             Request::new("dynamodb:UpdateItem", &rows).with_many("dynamodb:LeadingKeys", &[&instance("i-1")]),
         );
         assert_allowed(&a, &c, Request::new("ec2:DescribeInstances", "*"));
+        // A job's row: its lifecycle only (a lost lease ended, a wake-up stamped), returning
+        // nothing; never what the job is, and no read-back.
+        let update = |attributes: &[&str], return_values: &str| {
+            Request::new("dynamodb:UpdateItem", &jobs)
+                .with_many("dynamodb:LeadingKeys", &["job-1"])
+                .with_many("dynamodb:Attributes", attributes)
+                .with("dynamodb:ReturnValues", return_values)
+        };
+        let requeue = [
+            "attempt_log",
+            "attempts",
+            "cancel_requested",
+            "claimed_at",
+            "hand_backs",
+            "job_id",
+            "lease_expires_at",
+            "lease_expiries",
+            "lease_owner",
+            "state",
+        ];
+        assert_allowed(&a, &c, update(&requeue, "NONE"));
+        assert_allowed(&a, &c, update(&["job_id", "sent_at"], "NONE"));
+        assert_denied(&a, &c, update(&["job_id", "sent_at"], "ALL_NEW"));
+        // What the job is, and what only its worker writes (its cost, its checkpoint).
+        for attribute in [
+            "spec",
+            "project",
+            "lane",
+            "source",
+            "created_at",
+            "cost_usd",
+            "last_checkpoint",
+        ] {
+            assert_denied(&a, &c, update(&["job_id", attribute], "NONE"));
+        }
     }
     let submit = a.caller(Principal::Submit).unwrap();
     assert_allowed(&a, &submit, Request::new("s3:GetObjectVersion", &obj("jobs/x.json")));

@@ -7,7 +7,8 @@
 //! request the job made refuses it). An operator's cancel, as the CLI sends it, is what
 //! template.yaml's `OperatorAccess` allows of the jobs table's rows, and no other update. The
 //! agent's writes to a job's row over its whole lifecycle are what the worker role allows, and
-//! name exactly the attributes it lists; a rewrite of what a job is, refused. And a
+//! name exactly the attributes it lists; a rewrite of what a job is, refused; likewise the
+//! reconciler's (the functions' `StateAccess`), which also may not read a row back. And a
 //! job process, run as its own user, gets nothing from the instance metadata service the agent
 //! reads.
 
@@ -296,6 +297,38 @@ async fn an_operator_may_cancel_a_job_and_write_nothing_else_of_its_row() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The attributes the `UpdateItem` requests among `requests` name (`dynamodb:Attributes`).
+fn updated_attributes(requests: &[onoff_iam::eval::Request]) -> std::collections::BTreeSet<String> {
+    requests
+        .iter()
+        .filter(|r| r.action == "dynamodb:UpdateItem")
+        .flat_map(|r| match r.context.get("dynamodb:Attributes") {
+            Some(onoff_iam::eval::Value::Many(v)) => v.clone(),
+            other => panic!("an update names its attributes: {other:?}"),
+        })
+        .collect()
+}
+
+/// The `dynamodb:Attributes` statement `sid` of `principal`'s policies in template.yaml allows.
+fn granted_attributes(
+    stack: &onoff_iam::Stack,
+    principal: onoff_iam::Principal,
+    sid: &str,
+) -> std::collections::BTreeSet<String> {
+    let policies = onoff_iam::identity_policies(onoff_iam::TEMPLATE, stack, principal).unwrap();
+    let statement = policies
+        .iter()
+        .flat_map(|d| d["Statement"].as_array().cloned().unwrap_or_default())
+        .find(|s| s["Sid"] == sid)
+        .unwrap_or_else(|| panic!("{principal:?} has no statement {sid}"));
+    statement["Condition"]["ForAllValues:StringEquals"]["dynamodb:Attributes"]
+        .as_array()
+        .expect("a list of attributes")
+        .iter()
+        .map(|a| a.as_str().expect("a name").to_string())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_writes_only_the_lease_attributes_of_the_jobs_it_runs() {
     use aws_sdk_dynamodb::types::AttributeValue;
@@ -415,10 +448,6 @@ async fn a_worker_writes_only_the_lease_attributes_of_the_jobs_it_runs() {
             .flat_map(|c| onoff_iam::calls::requests(c, &stack, &world).unwrap())
             .collect()
     };
-    let attributes = |r: &onoff_iam::eval::Request| match r.context.get("dynamodb:Attributes") {
-        Some(onoff_iam::eval::Value::Many(v)) => v.clone(),
-        other => panic!("{} names its attributes: {other:?}", r.action),
-    };
     let agent_requests = requests("worker/agent");
     let refused: Vec<String> = agent_requests
         .iter()
@@ -427,24 +456,9 @@ async fn a_worker_writes_only_the_lease_attributes_of_the_jobs_it_runs() {
         .collect();
     assert!(refused.is_empty(), "the agent's writes are allowed: {refused:?}");
     // Least privilege: the policy lists exactly the attributes the agent's updates name.
-    let written: std::collections::BTreeSet<String> = agent_requests
-        .iter()
-        .filter(|r| r.action == "dynamodb:UpdateItem")
-        .flat_map(attributes)
-        .collect();
-    let policies = onoff_iam::identity_policies(onoff_iam::TEMPLATE, &stack, onoff_iam::Principal::Worker).unwrap();
-    let granted: std::collections::BTreeSet<String> = policies
-        .iter()
-        .flat_map(|d| d["Statement"].as_array().cloned().unwrap_or_default())
-        .find(|s| s["Sid"] == "JobLeases")
-        .expect("the worker's JobLeases statement")["Condition"]["ForAllValues:StringEquals"]["dynamodb:Attributes"]
-        .as_array()
-        .expect("a list of attributes")
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .collect();
     assert_eq!(
-        written, granted,
+        updated_attributes(&agent_requests),
+        granted_attributes(&stack, onoff_iam::Principal::Worker, "JobLeases"),
         "granted to the worker and never written, or written and not granted"
     );
     let others = requests("worker/other");
@@ -453,9 +467,141 @@ async fn a_worker_writes_only_the_lease_attributes_of_the_jobs_it_runs() {
         assert!(
             !auth.decide(&worker, r).unwrap().allowed(),
             "a worker may not write {:?}",
-            attributes(r)
+            r.context.get("dynamodb:Attributes")
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciler_ends_lost_leases_and_stamps_wake_ups_in_the_lifecycle_attributes_only() {
+    use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+    use onoff_control::job::{AttemptEnd, AttemptRecord, JobSpec, JobState, RerunLimits, Settle};
+    use onoff_control::ports::{Claim, JobRecord, JobStore};
+    let dir = std::env::temp_dir().join(format!("onoff-function-boundary-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (mut moto, setup, res, stack) = provisioned(&dir, "fb").await;
+    let endpoint = moto.endpoint.clone();
+    let creds = || Credentials::new("test", "test", None, None, "t");
+    let table = onoff_aws::jobs::DynamoJobs::new(setup.dynamodb.clone(), &res.jobs_table);
+    let now = 1_700_000_000.0;
+    let spec: JobSpec = serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p"}"#).unwrap();
+    let mut held = Vec::new();
+    for id in ["job-lost", "job-cancelled"] {
+        table
+            .create(&JobRecord::new(id.into(), spec.clone(), "test".into(), now))
+            .await
+            .unwrap();
+        let Claim::Claimed(job) = table.claim(id, "i-9", now + 60.0, now).await.unwrap() else {
+            panic!("{id} is claimable");
+        };
+        held.push(job);
+    }
+    // Cancelled while its worker was gone: ending the lost lease ends the job.
+    table.request_cancel("job-cancelled", now).await.unwrap();
+
+    let log_path = dir.join("calls.jsonl");
+    let log = onoff_aws::record::CallLog::open(&log_path).unwrap();
+    let reconciler = clients(&endpoint, creds(), Some(log.recorder("function/reconciler"))).await;
+    let jobs = onoff_aws::jobs::DynamoJobs::new(reconciler.dynamodb.clone(), &res.jobs_table);
+    for job in &held {
+        let end = AttemptEnd::LeaseLost("lease expired".into());
+        let mut settle = Settle::of(job, &end, &RerunLimits::default());
+        settle.attempt = Some(AttemptRecord {
+            n: job.attempts,
+            instance_id: "i-9".into(),
+            instance_type: None,
+            capacity_type: None,
+            price_usd_per_h: None,
+            started_at: now,
+            ended_at: now + 90.0,
+            outcome: end.name().into(),
+            exit_code: None,
+            checkpoint: None,
+            seconds: 90.0,
+            cost_usd: 0.0,
+        });
+        jobs.requeue_lost(&job.id, "i-9", now + 60.0, &settle, now + 90.0)
+            .await
+            .unwrap();
+    }
+    jobs.mark_sent("job-lost", now + 90.0).await.unwrap();
+    assert_eq!(table.get("job-lost").await.unwrap().unwrap().state, JobState::Queued);
+    assert_eq!(
+        table.get("job-cancelled").await.unwrap().unwrap().state,
+        JobState::Cancelled
+    );
+
+    // What no function may do to a row: change what a job is, or read the row back in an update.
+    let other = clients(&endpoint, creds(), Some(log.recorder("function/other"))).await;
+    let key = AttributeValue::S("job-lost".into());
+    let respec = other
+        .dynamodb
+        .update_item()
+        .table_name(&res.jobs_table)
+        .key("job_id", key.clone())
+        .update_expression("SET spec = :v")
+        .expression_attribute_values(":v", AttributeValue::S("{}".into()))
+        .send()
+        .await;
+    assert!(respec.is_ok(), "moto applies it: {respec:?}");
+    let read_back = other
+        .dynamodb
+        .update_item()
+        .table_name(&res.jobs_table)
+        .key("job_id", key)
+        .update_expression("SET sent_at = :t")
+        .expression_attribute_values(":t", AttributeValue::N("1".into()))
+        .return_values(ReturnValue::AllNew)
+        .send()
+        .await;
+    assert!(read_back.is_ok(), "moto applies it: {read_back:?}");
+    moto.stop().await;
+
+    let calls = onoff_iam::calls::parse_log(&std::fs::read_to_string(&log_path).unwrap());
+    let auth = onoff_iam::eval::Authorizer::for_template(onoff_iam::TEMPLATE, &stack).unwrap();
+    let world = onoff_iam::calls::World::default();
+    let requests = |principal: &str| -> Vec<onoff_iam::eval::Request> {
+        calls
+            .iter()
+            .filter(|c| c.principal == principal)
+            .flat_map(|c| onoff_iam::calls::requests(c, &stack, &world).unwrap())
+            .collect()
+    };
+    let ours = requests("function/reconciler");
+    let others = requests("function/other");
+    assert_eq!(others.len(), 2, "{others:?}");
+    // Every function holds StateAccess: each may do what the reconciler did, and none the rest.
+    for p in [
+        onoff_iam::Principal::Scaler,
+        onoff_iam::Principal::Reconciler,
+        onoff_iam::Principal::Interruption,
+        onoff_iam::Principal::Submit,
+    ] {
+        let caller = auth.caller(p).unwrap();
+        let refused: Vec<String> = ours
+            .iter()
+            .filter(|r| !auth.decide(&caller, r).unwrap().allowed())
+            .map(|r| format!("{} {:?}", r.action, r.context.get("dynamodb:Attributes")))
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "{p:?}: the reconciler's writes are allowed: {refused:?}"
+        );
+        for r in &others {
+            assert!(
+                !auth.decide(&caller, r).unwrap().allowed(),
+                "{p:?} may not send {:?} returning {:?}",
+                r.context.get("dynamodb:Attributes"),
+                r.context.get("dynamodb:ReturnValues")
+            );
+        }
+    }
+    assert_eq!(
+        updated_attributes(&ours),
+        granted_attributes(&stack, onoff_iam::Principal::Reconciler, "JobLifecycle"),
+        "granted to the functions and never written, or written and not granted"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
