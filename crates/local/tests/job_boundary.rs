@@ -12,12 +12,16 @@
 //! job process, run as its own user, gets nothing from the instance metadata service the agent
 //! reads.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use aws_config::BehaviorVersion;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use aws_sdk_s3::config::{Credentials, Region, SharedCredentialsProvider};
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use onoff_aws::settings::Clients;
+use onoff_control::job::{AttemptEnd, AttemptRecord, JobState, RerunLimits, Settle};
+use onoff_control::ports::{CancelOutcome, Claim, JobStore};
 
 fn moto_program() -> PathBuf {
     std::env::var_os("ONOFF_MOTO_SERVER")
@@ -185,120 +189,153 @@ async fn a_job_session_is_refused_what_is_not_its_own() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The operator's cancel, as the CLI's adapter sends it to a moto server, put to template.yaml's
-/// `OperatorAccess` (moto evaluates no conditions): both of its updates (a waiting job ended, a
-/// running one flagged) are allowed; an update of any other attribute, or one that reads the
-/// row back, is refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operator_may_cancel_a_job_and_write_nothing_else_of_its_row() {
-    use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
-    use onoff_control::job::JobSpec;
-    use onoff_control::ports::{CancelOutcome, Claim, JobRecord, JobStore};
-    let dir = std::env::temp_dir().join(format!("onoff-operator-boundary-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (mut moto, setup, res, stack) = provisioned(&dir, "ob").await;
-    let endpoint = moto.endpoint.clone();
-    let creds = || Credentials::new("test", "test", None, None, "t");
-    let table = onoff_aws::jobs::DynamoJobs::new(setup.dynamodb.clone(), &res.jobs_table);
-    let now = 1_700_000_000.0;
-    let spec: JobSpec = serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p"}"#).unwrap();
-    for id in ["job-a", "job-b"] {
-        table
-            .create(&JobRecord::new(id.into(), spec.clone(), "test".into(), now))
-            .await
-            .unwrap();
+/// Unix seconds the fixture's jobs are created at, and the tests' clock.
+const NOW: f64 = 1_700_000_000.0;
+
+/// A moto server of its own with a deployment provisioned, jobs created in its jobs table by
+/// unrestricted setup clients, and a log of the calls made through [`JobRows::jobs_as`] and
+/// [`JobRows::clients_as`], to put to template.yaml's policies once moto is stopped
+/// ([`JobRows::stop`]).
+struct JobRows {
+    dir: PathBuf,
+    moto: onoff_local::moto::Moto,
+    res: onoff_aws::settings::Resources,
+    stack: onoff_iam::Stack,
+    /// The jobs table through the unrestricted setup clients (nothing recorded).
+    table: onoff_aws::jobs::DynamoJobs,
+    log: onoff_aws::record::CallLog,
+    log_path: PathBuf,
+}
+
+impl JobRows {
+    /// `ids` created as queued jobs at [`NOW`]; `name` names the run dir, `prefix` the deployment.
+    async fn new(name: &str, prefix: &str, ids: &[&str]) -> Self {
+        use onoff_control::ports::{JobRecord, JobStore};
+        let dir = std::env::temp_dir().join(format!("onoff-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (moto, setup, res, stack) = provisioned(&dir, prefix).await;
+        let table = onoff_aws::jobs::DynamoJobs::new(setup.dynamodb.clone(), &res.jobs_table);
+        let spec: onoff_control::job::JobSpec =
+            serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p"}"#).unwrap();
+        for id in ids {
+            table
+                .create(&JobRecord::new((*id).into(), spec.clone(), "test".into(), NOW))
+                .await
+                .unwrap();
+        }
+        let log_path = dir.join("calls.jsonl");
+        let log = onoff_aws::record::CallLog::open(&log_path).unwrap();
+        Self {
+            dir,
+            moto,
+            res,
+            stack,
+            table,
+            log,
+            log_path,
+        }
     }
-    assert!(matches!(
-        table.claim("job-b", "i-1", now + 60.0, now).await.unwrap(),
-        Claim::Claimed(_)
-    ));
 
-    let log_path = dir.join("calls.jsonl");
-    let log = onoff_aws::record::CallLog::open(&log_path).unwrap();
-    let cli = clients(&endpoint, creds(), Some(log.recorder("operator/cli"))).await;
-    let jobs = onoff_aws::jobs::DynamoJobs::new(cli.dynamodb.clone(), &res.jobs_table);
-    assert_eq!(
-        jobs.request_cancel("job-a", now).await.unwrap(),
-        CancelOutcome::Cancelled
-    );
-    assert_eq!(
-        jobs.request_cancel("job-b", now).await.unwrap(),
-        CancelOutcome::Requested
-    );
-    let other = clients(&endpoint, creds(), Some(log.recorder("operator/other"))).await;
-    let key = AttributeValue::S("job-b".into());
-    let requeue = other
-        .dynamodb
-        .update_item()
-        .table_name(&res.jobs_table)
-        .key("job_id", key.clone())
-        .update_expression("SET #s = :q, attempts = :zero")
-        .expression_attribute_names("#s", "state")
-        .expression_attribute_values(":q", AttributeValue::S("QUEUED".into()))
-        .expression_attribute_values(":zero", AttributeValue::N("0".into()))
-        .send()
-        .await;
-    assert!(requeue.is_ok(), "moto applies it: {requeue:?}");
-    let read_back = other
-        .dynamodb
-        .update_item()
-        .table_name(&res.jobs_table)
-        .key("job_id", key)
-        .update_expression("SET cancel_requested = :yes")
-        .expression_attribute_values(":yes", AttributeValue::Bool(true))
-        .return_values(ReturnValue::AllOld)
-        .send()
-        .await;
-    assert!(read_back.is_ok(), "moto applies it: {read_back:?}");
-    moto.stop().await;
+    /// Clients whose calls are recorded as `principal`'s.
+    async fn clients_as(&self, principal: &str) -> Clients {
+        let creds = Credentials::new("test", "test", None, None, "t");
+        clients(&self.moto.endpoint, creds, Some(self.log.recorder(principal))).await
+    }
 
-    let calls = onoff_iam::calls::parse_log(&std::fs::read_to_string(&log_path).unwrap());
-    let auth = onoff_iam::eval::Authorizer::for_template(onoff_iam::TEMPLATE, &stack).unwrap();
-    let operator = onoff_iam::eval::Caller {
-        role_arn: "arn:aws:iam::123456789012:role/ml-operator".into(),
-        identity: vec![onoff_iam::managed_policy(onoff_iam::TEMPLATE, &stack, "OperatorAccess").unwrap()],
-        session_policy: None,
-        instance_arn: None,
-    };
-    let world = onoff_iam::calls::World::default();
-    let verdicts = |principal: &str| -> Vec<(String, bool)> {
-        calls
+    /// The jobs table through the adapter the code uses, recorded as `principal`'s.
+    async fn jobs_as(&self, principal: &str) -> onoff_aws::jobs::DynamoJobs {
+        onoff_aws::jobs::DynamoJobs::new(self.clients_as(principal).await.dynamodb.clone(), &self.res.jobs_table)
+    }
+
+    /// An `UpdateItem` of job `id`'s row by `principal` that sets `attribute` (a string) and asks
+    /// for `return_values`; moto applies it (it evaluates no conditions).
+    async fn update_as(&self, principal: &str, id: &str, attribute: &str, return_values: ReturnValue) {
+        let r = self
+            .clients_as(principal)
+            .await
+            .dynamodb
+            .update_item()
+            .table_name(&self.res.jobs_table)
+            .key("job_id", AttributeValue::S(id.into()))
+            .update_expression("SET #a = :v")
+            .expression_attribute_names("#a", attribute)
+            .expression_attribute_values(":v", AttributeValue::S("x".into()))
+            .return_values(return_values)
+            .send()
+            .await;
+        assert!(r.is_ok(), "moto applies it: {r:?}");
+    }
+
+    /// Stop moto: the recorded calls, ready to be put to the template's policies.
+    async fn stop(mut self) -> Recorded {
+        self.moto.stop().await;
+        Recorded {
+            calls: onoff_iam::calls::parse_log(&std::fs::read_to_string(&self.log_path).unwrap()),
+            auth: onoff_iam::eval::Authorizer::for_template(onoff_iam::TEMPLATE, &self.stack).unwrap(),
+            stack: self.stack,
+            dir: self.dir,
+        }
+    }
+}
+
+/// The calls a [`JobRows`] recorded, and template.yaml's policies resolved for its stack.
+struct Recorded {
+    calls: Vec<onoff_iam::calls::Call>,
+    auth: onoff_iam::eval::Authorizer,
+    stack: onoff_iam::Stack,
+    dir: PathBuf,
+}
+
+impl Recorded {
+    /// `principal`'s calls as the IAM requests they make.
+    fn requests(&self, principal: &str) -> Vec<onoff_iam::eval::Request> {
+        let world = onoff_iam::calls::World::default();
+        self.calls
             .iter()
             .filter(|c| c.principal == principal)
-            .flat_map(|c| onoff_iam::calls::requests(c, &stack, &world).unwrap())
-            .map(|r| {
-                let allowed = auth.decide(&operator, &r).unwrap().allowed();
-                (
-                    format!("{} {:?}", r.action, r.context.get("dynamodb:Attributes")),
-                    allowed,
-                )
-            })
+            .flat_map(|c| onoff_iam::calls::requests(c, &self.stack, &world).unwrap())
             .collect()
-    };
-    let cancels = verdicts("operator/cli");
-    assert!(
-        cancels
+    }
+
+    /// Whether `caller` may make `r`.
+    fn allowed(&self, caller: &onoff_iam::eval::Caller, r: &onoff_iam::eval::Request) -> bool {
+        self.auth.decide(caller, r).unwrap().allowed()
+    }
+
+    /// The `dynamodb:Attributes` that statement `sid` of `principal`'s policies allows.
+    fn granted_attributes(&self, principal: onoff_iam::Principal, sid: &str) -> BTreeSet<String> {
+        let policies = onoff_iam::identity_policies(onoff_iam::TEMPLATE, &self.stack, principal).unwrap();
+        let statement = policies
             .iter()
-            .filter(|(a, _)| a.starts_with("dynamodb:UpdateItem"))
-            .count()
-            >= 2,
-        "{cancels:?}"
-    );
-    assert!(
-        cancels.iter().all(|(_, ok)| *ok),
-        "the CLI's cancel is allowed: {cancels:?}"
-    );
-    let others = verdicts("operator/other");
-    assert_eq!(others.len(), 2, "{others:?}");
-    assert!(
-        others.iter().all(|(_, ok)| !*ok),
-        "anything else is refused: {others:?}"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
+            .flat_map(|d| d["Statement"].as_array().cloned().unwrap_or_default())
+            .find(|s| s["Sid"] == sid)
+            .unwrap_or_else(|| panic!("{principal:?} has no statement {sid}"));
+        statement["Condition"]["ForAllValues:StringEquals"]["dynamodb:Attributes"]
+            .as_array()
+            .expect("a list of attributes")
+            .iter()
+            .map(|a| a.as_str().expect("a name").to_string())
+            .collect()
+    }
+
+    /// The run dir goes once the test has passed (a failed one leaves it to look at).
+    fn clean_up(self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A request's `dynamodb:Attributes` and `dynamodb:ReturnValues`, for messages.
+fn shown(r: &onoff_iam::eval::Request) -> String {
+    format!(
+        "{} {:?} returning {:?}",
+        r.action,
+        r.context.get("dynamodb:Attributes"),
+        r.context.get("dynamodb:ReturnValues")
+    )
 }
 
 /// The attributes the `UpdateItem` requests among `requests` name (`dynamodb:Attributes`).
-fn updated_attributes(requests: &[onoff_iam::eval::Request]) -> std::collections::BTreeSet<String> {
+fn updated_attributes(requests: &[onoff_iam::eval::Request]) -> BTreeSet<String> {
     requests
         .iter()
         .filter(|r| r.action == "dynamodb:UpdateItem")
@@ -309,39 +346,76 @@ fn updated_attributes(requests: &[onoff_iam::eval::Request]) -> std::collections
         .collect()
 }
 
-/// The `dynamodb:Attributes` statement `sid` of `principal`'s policies in template.yaml allows.
-fn granted_attributes(
-    stack: &onoff_iam::Stack,
-    principal: onoff_iam::Principal,
-    sid: &str,
-) -> std::collections::BTreeSet<String> {
-    let policies = onoff_iam::identity_policies(onoff_iam::TEMPLATE, stack, principal).unwrap();
-    let statement = policies
-        .iter()
-        .flat_map(|d| d["Statement"].as_array().cloned().unwrap_or_default())
-        .find(|s| s["Sid"] == sid)
-        .unwrap_or_else(|| panic!("{principal:?} has no statement {sid}"));
-    statement["Condition"]["ForAllValues:StringEquals"]["dynamodb:Attributes"]
-        .as_array()
-        .expect("a list of attributes")
-        .iter()
-        .map(|a| a.as_str().expect("a name").to_string())
-        .collect()
+/// An attempt of `job` on instance `i-1` that ended as `end` 100 s after [`NOW`].
+fn attempt(job: &onoff_control::ports::JobRecord, end: &AttemptEnd) -> AttemptRecord {
+    AttemptRecord {
+        n: job.attempts,
+        instance_id: "i-1".into(),
+        instance_type: Some("g5.xlarge".into()),
+        capacity_type: Some("spot".into()),
+        price_usd_per_h: Some(0.4),
+        started_at: NOW,
+        ended_at: NOW + 100.0,
+        outcome: end.name().into(),
+        exit_code: None,
+        checkpoint: Some("checkpoints/x/1".into()),
+        seconds: 100.0,
+        cost_usd: 0.5,
+    }
 }
 
+/// The operator's cancel, as the CLI's adapter sends it to a moto server, put to template.yaml's
+/// `OperatorAccess` (moto evaluates no conditions): both of its updates (a waiting job ended, a
+/// running one flagged) are allowed; an update of any other attribute, or one that reads the
+/// row back, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_may_cancel_a_job_and_write_nothing_else_of_its_row() {
+    let rows = JobRows::new("operator-boundary", "ob", &["job-a", "job-b"]).await;
+    assert!(matches!(
+        rows.table.claim("job-b", "i-1", NOW + 60.0, NOW).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    let jobs = rows.jobs_as("operator/cli").await;
+    assert_eq!(
+        jobs.request_cancel("job-a", NOW).await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    assert_eq!(
+        jobs.request_cancel("job-b", NOW).await.unwrap(),
+        CancelOutcome::Requested
+    );
+    rows.update_as("operator/other", "job-b", "attempts", ReturnValue::None)
+        .await;
+    rows.update_as("operator/other", "job-b", "cancel_requested", ReturnValue::AllOld)
+        .await;
+    let rec = rows.stop().await;
+
+    let operator = onoff_iam::eval::Caller {
+        role_arn: "arn:aws:iam::123456789012:role/ml-operator".into(),
+        identity: vec![onoff_iam::managed_policy(onoff_iam::TEMPLATE, &rec.stack, "OperatorAccess").unwrap()],
+        session_policy: None,
+        instance_arn: None,
+    };
+    let cancels = rec.requests("operator/cli");
+    let updates = cancels.iter().filter(|r| r.action == "dynamodb:UpdateItem").count();
+    assert!(updates >= 2, "{:?}", cancels.iter().map(shown).collect::<Vec<_>>());
+    for r in &cancels {
+        assert!(rec.allowed(&operator, r), "the CLI's cancel is allowed: {}", shown(r));
+    }
+    let others = rec.requests("operator/other");
+    assert_eq!(others.len(), 2, "{:?}", others.iter().map(shown).collect::<Vec<_>>());
+    for r in &others {
+        assert!(!rec.allowed(&operator, r), "anything else is refused: {}", shown(r));
+    }
+    rec.clean_up();
+}
+
+/// Every write the agent makes to a job's row, through the adapter it uses (`onoff_aws::jobs`)
+/// against a moto server, over a claim, renewals, progress, each way an attempt ends, a cancel
+/// while it runs and a wake-up stamp: all allowed to the worker role, naming exactly the
+/// attributes its `JobLeases` statement lists. A rewrite of what a job is, refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_writes_only_the_lease_attributes_of_the_jobs_it_runs() {
-    use aws_sdk_dynamodb::types::AttributeValue;
-    use onoff_control::job::{AttemptEnd, AttemptRecord, JobSpec, JobState, RerunLimits, Settle};
-    use onoff_control::ports::{Claim, JobRecord, JobStore};
-    let dir = std::env::temp_dir().join(format!("onoff-worker-boundary-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (mut moto, setup, res, stack) = provisioned(&dir, "wb").await;
-    let endpoint = moto.endpoint.clone();
-    let creds = || Credentials::new("test", "test", None, None, "t");
-    let table = onoff_aws::jobs::DynamoJobs::new(setup.dynamodb.clone(), &res.jobs_table);
-    let now = 1_700_000_000.0;
-    let spec: JobSpec = serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p"}"#).unwrap();
     let ends = [
         ("job-ok", AttemptEnd::Succeeded),
         ("job-retry", AttemptEnd::Failed("exit 1".into())),
@@ -351,258 +425,140 @@ async fn a_worker_writes_only_the_lease_attributes_of_the_jobs_it_runs() {
         ("job-deadline", AttemptEnd::Deferred("deadline at risk on spot".into())),
         ("job-cancel", AttemptEnd::Released("spot interruption notice".into())),
     ];
-    for (id, _) in &ends {
-        table
-            .create(&JobRecord::new((*id).into(), spec.clone(), "test".into(), now))
-            .await
-            .unwrap();
-    }
-
-    // Every write the agent makes to a job's row, through the adapter it uses (onoff_aws::jobs).
-    let log_path = dir.join("calls.jsonl");
-    let log = onoff_aws::record::CallLog::open(&log_path).unwrap();
-    let agent = clients(&endpoint, creds(), Some(log.recorder("worker/agent"))).await;
-    let jobs = onoff_aws::jobs::DynamoJobs::new(agent.dynamodb.clone(), &res.jobs_table);
-    let limits = RerunLimits::default();
+    let ids: Vec<&str> = ends.iter().map(|(id, _)| *id).collect();
+    let rows = JobRows::new("worker-boundary", "wb", &ids).await;
+    let jobs = rows.jobs_as("worker/agent").await;
     for (id, end) in &ends {
-        let Claim::Claimed(job) = jobs.claim(id, "i-1", now + 60.0, now).await.unwrap() else {
+        let Claim::Claimed(job) = jobs.claim(id, "i-1", NOW + 60.0, NOW).await.unwrap() else {
             panic!("{id} is claimable");
         };
-        jobs.renew(id, "i-1", now + 120.0).await.unwrap();
+        jobs.renew(id, "i-1", NOW + 120.0).await.unwrap();
         jobs.record_progress(id, "i-1", Some("checkpoints/x/1"), 0.25)
             .await
             .unwrap();
         jobs.record_progress(id, "i-1", None, 0.25).await.unwrap();
         if *id == "job-cancel" {
             // The operator's cancel while it runs: the settle finds it and ends it CANCELLED.
-            table.request_cancel(id, now).await.unwrap();
+            rows.table.request_cancel(id, NOW).await.unwrap();
         }
-        let mut settle = Settle::of(&job, end, &limits);
+        let mut settle = Settle::of(&job, end, &RerunLimits::default());
         if !matches!(end, AttemptEnd::HandedBack(_) | AttemptEnd::Deferred(_)) {
-            settle.attempt = Some(AttemptRecord {
-                n: job.attempts,
-                instance_id: "i-1".into(),
-                instance_type: Some("g5.xlarge".into()),
-                capacity_type: Some("spot".into()),
-                price_usd_per_h: Some(0.4),
-                started_at: now,
-                ended_at: now + 100.0,
-                outcome: end.name().into(),
-                exit_code: Some(0),
-                checkpoint: Some("checkpoints/x/1".into()),
-                seconds: 100.0,
-                cost_usd: 0.5,
-            });
+            settle.attempt = Some(attempt(&job, end));
         }
-        jobs.finish(id, "i-1", &settle, now + 100.0).await.unwrap();
+        jobs.finish(id, "i-1", &settle, NOW + 100.0).await.unwrap();
         if !settle.to.is_final() && *id != "job-cancel" {
             // The wake-up message it sends for a job it puts back is stamped on the row.
-            jobs.mark_sent(id, now + 100.0).await.unwrap();
+            jobs.mark_sent(id, NOW + 100.0).await.unwrap();
         }
     }
-    let state = |id: &str| {
-        let table = &table;
-        let id = id.to_string();
-        async move { table.get(&id).await.unwrap().unwrap().state }
-    };
-    assert_eq!(state("job-ok").await, JobState::Succeeded);
-    assert_eq!(state("job-retry").await, JobState::Retrying);
-    assert_eq!(state("job-fatal").await, JobState::Failed);
-    assert_eq!(state("job-notice").await, JobState::Queued);
-    assert_eq!(state("job-cancel").await, JobState::Cancelled);
+    for (id, state) in [
+        ("job-ok", JobState::Succeeded),
+        ("job-retry", JobState::Retrying),
+        ("job-fatal", JobState::Failed),
+        ("job-notice", JobState::Queued),
+        ("job-cancel", JobState::Cancelled),
+    ] {
+        assert_eq!(rows.table.get(id).await.unwrap().unwrap().state, state, "{id}");
+    }
     // A claim of a job that is no longer claimable reads its state.
     assert!(matches!(
-        jobs.claim("job-ok", "i-1", now + 60.0, now).await.unwrap(),
+        jobs.claim("job-ok", "i-1", NOW + 60.0, NOW).await.unwrap(),
         Claim::NotClaimable(JobState::Succeeded)
     ));
-
     // What a worker must not do to a row: change what a job is.
-    let other = clients(&endpoint, creds(), Some(log.recorder("worker/other"))).await;
-    for (attribute, value) in [
-        ("spec", r#"{"image":"evil","command":["x"],"project":"p"}"#),
-        ("project", "someone-else"),
-        ("lane", "express"),
-    ] {
-        let r = other
-            .dynamodb
-            .update_item()
-            .table_name(&res.jobs_table)
-            .key("job_id", AttributeValue::S("job-notice".into()))
-            .update_expression("SET #a = :v")
-            .expression_attribute_names("#a", attribute)
-            .expression_attribute_values(":v", AttributeValue::S(value.into()))
-            .send()
+    for attribute in ["spec", "project", "lane"] {
+        rows.update_as("worker/other", "job-notice", attribute, ReturnValue::None)
             .await;
-        assert!(r.is_ok(), "moto applies it: {r:?}");
     }
-    moto.stop().await;
+    let rec = rows.stop().await;
 
-    let calls = onoff_iam::calls::parse_log(&std::fs::read_to_string(&log_path).unwrap());
-    let auth = onoff_iam::eval::Authorizer::for_template(onoff_iam::TEMPLATE, &stack).unwrap();
-    let worker = auth.worker("i-1").unwrap();
-    let world = onoff_iam::calls::World::default();
-    let requests = |principal: &str| -> Vec<onoff_iam::eval::Request> {
-        calls
-            .iter()
-            .filter(|c| c.principal == principal)
-            .flat_map(|c| onoff_iam::calls::requests(c, &stack, &world).unwrap())
-            .collect()
-    };
-    let agent_requests = requests("worker/agent");
-    let refused: Vec<String> = agent_requests
-        .iter()
-        .filter(|r| !auth.decide(&worker, r).unwrap().allowed())
-        .map(|r| format!("{} {:?}", r.action, r.context.get("dynamodb:Attributes")))
-        .collect();
-    assert!(refused.is_empty(), "the agent's writes are allowed: {refused:?}");
+    let worker = rec.auth.worker("i-1").unwrap();
+    let agent = rec.requests("worker/agent");
+    for r in &agent {
+        assert!(rec.allowed(&worker, r), "the agent's writes are allowed: {}", shown(r));
+    }
     // Least privilege: the policy lists exactly the attributes the agent's updates name.
     assert_eq!(
-        updated_attributes(&agent_requests),
-        granted_attributes(&stack, onoff_iam::Principal::Worker, "JobLeases"),
+        updated_attributes(&agent),
+        rec.granted_attributes(onoff_iam::Principal::Worker, "JobLeases"),
         "granted to the worker and never written, or written and not granted"
     );
-    let others = requests("worker/other");
-    assert_eq!(others.len(), 3, "{others:?}");
+    let others = rec.requests("worker/other");
+    assert_eq!(others.len(), 3, "{:?}", others.iter().map(shown).collect::<Vec<_>>());
     for r in &others {
-        assert!(
-            !auth.decide(&worker, r).unwrap().allowed(),
-            "a worker may not write {:?}",
-            r.context.get("dynamodb:Attributes")
-        );
+        assert!(!rec.allowed(&worker, r), "a worker may not send {}", shown(r));
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    rec.clean_up();
 }
 
+/// The reconciler's writes to a job's row (a lost lease ended, re-queued or, cancelled
+/// meanwhile, CANCELLED; a wake-up stamped), recorded against a moto server: allowed to every
+/// function (all hold `StateAccess`), naming exactly the attributes its `JobLifecycle`
+/// statement lists. A rewrite of what a job is, or an update reading the row back, refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reconciler_ends_lost_leases_and_stamps_wake_ups_in_the_lifecycle_attributes_only() {
-    use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
-    use onoff_control::job::{AttemptEnd, AttemptRecord, JobSpec, JobState, RerunLimits, Settle};
-    use onoff_control::ports::{Claim, JobRecord, JobStore};
-    let dir = std::env::temp_dir().join(format!("onoff-function-boundary-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (mut moto, setup, res, stack) = provisioned(&dir, "fb").await;
-    let endpoint = moto.endpoint.clone();
-    let creds = || Credentials::new("test", "test", None, None, "t");
-    let table = onoff_aws::jobs::DynamoJobs::new(setup.dynamodb.clone(), &res.jobs_table);
-    let now = 1_700_000_000.0;
-    let spec: JobSpec = serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p"}"#).unwrap();
+    let rows = JobRows::new("function-boundary", "fb", &["job-lost", "job-cancelled"]).await;
     let mut held = Vec::new();
     for id in ["job-lost", "job-cancelled"] {
-        table
-            .create(&JobRecord::new(id.into(), spec.clone(), "test".into(), now))
-            .await
-            .unwrap();
-        let Claim::Claimed(job) = table.claim(id, "i-9", now + 60.0, now).await.unwrap() else {
+        let Claim::Claimed(job) = rows.table.claim(id, "i-1", NOW + 60.0, NOW).await.unwrap() else {
             panic!("{id} is claimable");
         };
         held.push(job);
     }
     // Cancelled while its worker was gone: ending the lost lease ends the job.
-    table.request_cancel("job-cancelled", now).await.unwrap();
-
-    let log_path = dir.join("calls.jsonl");
-    let log = onoff_aws::record::CallLog::open(&log_path).unwrap();
-    let reconciler = clients(&endpoint, creds(), Some(log.recorder("function/reconciler"))).await;
-    let jobs = onoff_aws::jobs::DynamoJobs::new(reconciler.dynamodb.clone(), &res.jobs_table);
+    rows.table.request_cancel("job-cancelled", NOW).await.unwrap();
+    let jobs = rows.jobs_as("function/reconciler").await;
     for job in &held {
         let end = AttemptEnd::LeaseLost("lease expired".into());
         let mut settle = Settle::of(job, &end, &RerunLimits::default());
-        settle.attempt = Some(AttemptRecord {
-            n: job.attempts,
-            instance_id: "i-9".into(),
-            instance_type: None,
-            capacity_type: None,
-            price_usd_per_h: None,
-            started_at: now,
-            ended_at: now + 90.0,
-            outcome: end.name().into(),
-            exit_code: None,
-            checkpoint: None,
-            seconds: 90.0,
-            cost_usd: 0.0,
-        });
-        jobs.requeue_lost(&job.id, "i-9", now + 60.0, &settle, now + 90.0)
+        settle.attempt = Some(attempt(job, &end));
+        jobs.requeue_lost(&job.id, "i-1", NOW + 60.0, &settle, NOW + 100.0)
             .await
             .unwrap();
     }
-    jobs.mark_sent("job-lost", now + 90.0).await.unwrap();
-    assert_eq!(table.get("job-lost").await.unwrap().unwrap().state, JobState::Queued);
+    jobs.mark_sent("job-lost", NOW + 100.0).await.unwrap();
     assert_eq!(
-        table.get("job-cancelled").await.unwrap().unwrap().state,
+        rows.table.get("job-lost").await.unwrap().unwrap().state,
+        JobState::Queued
+    );
+    assert_eq!(
+        rows.table.get("job-cancelled").await.unwrap().unwrap().state,
         JobState::Cancelled
     );
-
     // What no function may do to a row: change what a job is, or read the row back in an update.
-    let other = clients(&endpoint, creds(), Some(log.recorder("function/other"))).await;
-    let key = AttributeValue::S("job-lost".into());
-    let respec = other
-        .dynamodb
-        .update_item()
-        .table_name(&res.jobs_table)
-        .key("job_id", key.clone())
-        .update_expression("SET spec = :v")
-        .expression_attribute_values(":v", AttributeValue::S("{}".into()))
-        .send()
+    rows.update_as("function/other", "job-lost", "spec", ReturnValue::None)
         .await;
-    assert!(respec.is_ok(), "moto applies it: {respec:?}");
-    let read_back = other
-        .dynamodb
-        .update_item()
-        .table_name(&res.jobs_table)
-        .key("job_id", key)
-        .update_expression("SET sent_at = :t")
-        .expression_attribute_values(":t", AttributeValue::N("1".into()))
-        .return_values(ReturnValue::AllNew)
-        .send()
+    rows.update_as("function/other", "job-lost", "sent_at", ReturnValue::AllNew)
         .await;
-    assert!(read_back.is_ok(), "moto applies it: {read_back:?}");
-    moto.stop().await;
+    let rec = rows.stop().await;
 
-    let calls = onoff_iam::calls::parse_log(&std::fs::read_to_string(&log_path).unwrap());
-    let auth = onoff_iam::eval::Authorizer::for_template(onoff_iam::TEMPLATE, &stack).unwrap();
-    let world = onoff_iam::calls::World::default();
-    let requests = |principal: &str| -> Vec<onoff_iam::eval::Request> {
-        calls
-            .iter()
-            .filter(|c| c.principal == principal)
-            .flat_map(|c| onoff_iam::calls::requests(c, &stack, &world).unwrap())
-            .collect()
-    };
-    let ours = requests("function/reconciler");
-    let others = requests("function/other");
-    assert_eq!(others.len(), 2, "{others:?}");
-    // Every function holds StateAccess: each may do what the reconciler did, and none the rest.
+    let ours = rec.requests("function/reconciler");
+    let others = rec.requests("function/other");
+    assert_eq!(others.len(), 2, "{:?}", others.iter().map(shown).collect::<Vec<_>>());
     for p in [
         onoff_iam::Principal::Scaler,
         onoff_iam::Principal::Reconciler,
         onoff_iam::Principal::Interruption,
         onoff_iam::Principal::Submit,
     ] {
-        let caller = auth.caller(p).unwrap();
-        let refused: Vec<String> = ours
-            .iter()
-            .filter(|r| !auth.decide(&caller, r).unwrap().allowed())
-            .map(|r| format!("{} {:?}", r.action, r.context.get("dynamodb:Attributes")))
-            .collect();
-        assert!(
-            refused.is_empty(),
-            "{p:?}: the reconciler's writes are allowed: {refused:?}"
-        );
-        for r in &others {
+        let caller = rec.auth.caller(p).unwrap();
+        for r in &ours {
             assert!(
-                !auth.decide(&caller, r).unwrap().allowed(),
-                "{p:?} may not send {:?} returning {:?}",
-                r.context.get("dynamodb:Attributes"),
-                r.context.get("dynamodb:ReturnValues")
+                rec.allowed(&caller, r),
+                "{p:?}: the reconciler's writes are allowed: {}",
+                shown(r)
             );
+        }
+        for r in &others {
+            assert!(!rec.allowed(&caller, r), "{p:?} may not send {}", shown(r));
         }
     }
     assert_eq!(
         updated_attributes(&ours),
-        granted_attributes(&stack, onoff_iam::Principal::Reconciler, "JobLifecycle"),
+        rec.granted_attributes(onoff_iam::Principal::Reconciler, "JobLifecycle"),
         "granted to the functions and never written, or written and not granted"
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    rec.clean_up();
 }
 
 #[tokio::test]
