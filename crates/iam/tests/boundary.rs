@@ -241,16 +241,59 @@ fn a_worker_creates_no_job_rows_but_error_records() {
     let a = authorizer();
     let worker = a.worker("i-1").unwrap();
     let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
-    assert_denied(
-        &a,
-        &worker,
-        Request::new("dynamodb:PutItem", &jobs).with_many("dynamodb:LeadingKeys", &["job-1"]),
-    );
+    let put = |key: &str, attributes: &[&str]| {
+        Request::new("dynamodb:PutItem", &jobs)
+            .with_many("dynamodb:LeadingKeys", &[key])
+            .with_many("dynamodb:Attributes", attributes)
+            .with("dynamodb:ReturnValues", "NONE")
+    };
+    let error_record = ["created_at", "expires_at", "job_id", "reason"];
+    assert_denied(&a, &worker, put("job-1", &error_record));
+    assert_allowed(&a, &worker, put("error#sqs:m-1", &error_record));
+    // An error record's attributes only: not a job's row under an error key.
+    assert_denied(&a, &worker, put("error#sqs:m-1", &["job_id", "spec", "state"]));
+}
+
+#[test]
+fn submit_creates_job_rows_only_as_admission_writes_them() {
+    let a = authorizer();
+    let submit = a.caller(Principal::Submit).unwrap();
+    let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
+    let put = |attributes: &[&str], return_values: &str| {
+        Request::new("dynamodb:PutItem", &jobs)
+            .with_many("dynamodb:LeadingKeys", &["job-1"])
+            .with_many("dynamodb:Attributes", attributes)
+            .with("dynamodb:ReturnValues", return_values)
+    };
+    let created = [
+        "active_lane",
+        "attempts",
+        "cost_usd",
+        "created_at",
+        "hand_backs",
+        "job_id",
+        "lane",
+        "lease_expiries",
+        "project",
+        "source",
+        "spec",
+        "state",
+    ];
+    assert_allowed(&a, &submit, put(&created, "NONE"));
     assert_allowed(
         &a,
-        &worker,
-        Request::new("dynamodb:PutItem", &jobs).with_many("dynamodb:LeadingKeys", &["error#sqs:m-1"]),
+        &submit,
+        put(&["created_at", "expires_at", "job_id", "reason"], "NONE"),
     );
+    // Not a row already leased, checkpointed or with a history; not overwriting one to read it.
+    for attribute in ["lease_owner", "lease_expires_at", "last_checkpoint", "attempt_log"] {
+        assert_denied(&a, &submit, put(&["job_id", "spec", "state", attribute], "NONE"));
+    }
+    assert_denied(&a, &submit, put(&created, "ALL_OLD"));
+    // The other functions create no rows.
+    for p in [Principal::Scaler, Principal::Reconciler, Principal::Interruption] {
+        assert_denied(&a, &a.caller(p).unwrap(), put(&created, "NONE"));
+    }
 }
 
 #[test]

@@ -334,11 +334,11 @@ fn shown(r: &onoff_iam::eval::Request) -> String {
     )
 }
 
-/// The attributes the `UpdateItem` requests among `requests` name (`dynamodb:Attributes`).
-fn updated_attributes(requests: &[onoff_iam::eval::Request]) -> BTreeSet<String> {
+/// The attributes the `action` requests among `requests` name (`dynamodb:Attributes`).
+fn named_attributes(requests: &[onoff_iam::eval::Request], action: &str) -> BTreeSet<String> {
     requests
         .iter()
-        .filter(|r| r.action == "dynamodb:UpdateItem")
+        .filter(|r| r.action == action)
         .flat_map(|r| match r.context.get("dynamodb:Attributes") {
             Some(onoff_iam::eval::Value::Many(v)) => v.clone(),
             other => panic!("an update names its attributes: {other:?}"),
@@ -465,6 +465,10 @@ async fn a_worker_writes_only_the_lease_attributes_of_the_jobs_it_runs() {
         jobs.claim("job-ok", "i-1", NOW + 60.0, NOW).await.unwrap(),
         Claim::NotClaimable(JobState::Succeeded)
     ));
+    // A poison message's error record.
+    jobs.record_error("sqs:m-1", "not a wake-up message", NOW)
+        .await
+        .unwrap();
     // What a worker must not do to a row: change what a job is.
     for attribute in ["spec", "project", "lane"] {
         rows.update_as("worker/other", "job-notice", attribute, ReturnValue::None)
@@ -479,9 +483,14 @@ async fn a_worker_writes_only_the_lease_attributes_of_the_jobs_it_runs() {
     }
     // Least privilege: the policy lists exactly the attributes the agent's updates name.
     assert_eq!(
-        updated_attributes(&agent),
+        named_attributes(&agent, "dynamodb:UpdateItem"),
         rec.granted_attributes(onoff_iam::Principal::Worker, "JobLeases"),
         "granted to the worker and never written, or written and not granted"
+    );
+    assert_eq!(
+        named_attributes(&agent, "dynamodb:PutItem"),
+        rec.granted_attributes(onoff_iam::Principal::Worker, "ErrorRecords"),
+        "an error record's attributes"
     );
     let others = rec.requests("worker/other");
     assert_eq!(others.len(), 3, "{:?}", others.iter().map(shown).collect::<Vec<_>>());
@@ -554,9 +563,60 @@ async fn the_reconciler_ends_lost_leases_and_stamps_wake_ups_in_the_lifecycle_at
         }
     }
     assert_eq!(
-        updated_attributes(&ours),
+        named_attributes(&ours, "dynamodb:UpdateItem"),
         rec.granted_attributes(onoff_iam::Principal::Reconciler, "JobLifecycle"),
         "granted to the functions and never written, or written and not granted"
+    );
+    rec.clean_up();
+}
+
+/// Submit's writes to the jobs table, through the adapter it uses, recorded against a moto
+/// server: a new job's row (and a repeat of the same submission, which finds it), an error record
+/// and a wake-up stamp. Allowed to the submit role, naming exactly the attributes of its
+/// `CreateJobsAndErrorRecords` statement; a row put with a lease, refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_creates_job_rows_only_as_admission_writes_them() {
+    use onoff_control::ports::{Created, JobRecord};
+    let rows = JobRows::new("submit-boundary", "sb", &[]).await;
+    let jobs = rows.jobs_as("function/submit").await;
+    let spec: onoff_control::job::JobSpec =
+        serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p"}"#).unwrap();
+    let job = JobRecord::new("job-new".into(), spec, "s3://b/jobs/x.json@v1".into(), NOW);
+    assert!(matches!(jobs.create(&job).await.unwrap(), Created::New));
+    assert!(matches!(jobs.create(&job).await.unwrap(), Created::Existing(_)));
+    jobs.record_error("s3://b/jobs/bad.json@v1", "gpus must be >= 1", NOW)
+        .await
+        .unwrap();
+    jobs.mark_sent("job-new", NOW).await.unwrap();
+    let other = rows.clients_as("function/other").await;
+    let put = other
+        .dynamodb
+        .put_item()
+        .table_name(&rows.res.jobs_table)
+        .item("job_id", AttributeValue::S("job-leased".into()))
+        .item("state", AttributeValue::S("RUNNING".into()))
+        .item("lease_owner", AttributeValue::S("i-1".into()))
+        .send()
+        .await;
+    assert!(put.is_ok(), "moto applies it: {put:?}");
+    let rec = rows.stop().await;
+
+    let submit = rec.auth.caller(onoff_iam::Principal::Submit).unwrap();
+    let ours = rec.requests("function/submit");
+    for r in &ours {
+        assert!(rec.allowed(&submit, r), "submit's writes are allowed: {}", shown(r));
+    }
+    assert_eq!(
+        named_attributes(&ours, "dynamodb:PutItem"),
+        rec.granted_attributes(onoff_iam::Principal::Submit, "CreateJobsAndErrorRecords"),
+        "granted to submit and never written, or written and not granted"
+    );
+    let others = rec.requests("function/other");
+    assert_eq!(others.len(), 1, "{:?}", others.iter().map(shown).collect::<Vec<_>>());
+    assert!(
+        !rec.allowed(&submit, &others[0]),
+        "submit may not send {}",
+        shown(&others[0])
     );
     rec.clean_up();
 }
