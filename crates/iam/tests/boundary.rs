@@ -107,6 +107,15 @@ fn instance(id: &str) -> String {
     format!("arn:aws:ec2:us-east-1:{ACCOUNT}:instance/{id}")
 }
 
+/// A write to job `key`'s row in the jobs table, as `onoff_iam::calls` describes one: `action`
+/// (`dynamodb:PutItem`, `dynamodb:UpdateItem`), the attributes it names and its return values.
+fn job_row_write(action: &str, key: &str, attributes: &[&str], return_values: &str) -> Request {
+    Request::new(action, &format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs"))
+        .with_many("dynamodb:LeadingKeys", &[key])
+        .with_many("dynamodb:Attributes", attributes)
+        .with("dynamodb:ReturnValues", return_values)
+}
+
 fn job_caller(a: &Authorizer, job: &str, input: Option<&str>) -> Caller {
     // The session policy the agent passes to sts:AssumeRole for this job.
     let policy = onoff_control::boundary::job_session_policy("aws", BUCKET, job, input.map(|k| (BUCKET, k)));
@@ -240,13 +249,7 @@ fn a_worker_writes_only_its_own_worker_row() {
 fn a_worker_creates_no_job_rows_but_error_records() {
     let a = authorizer();
     let worker = a.worker("i-1").unwrap();
-    let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
-    let put = |key: &str, attributes: &[&str]| {
-        Request::new("dynamodb:PutItem", &jobs)
-            .with_many("dynamodb:LeadingKeys", &[key])
-            .with_many("dynamodb:Attributes", attributes)
-            .with("dynamodb:ReturnValues", "NONE")
-    };
+    let put = |key: &str, attributes: &[&str]| job_row_write("dynamodb:PutItem", key, attributes, "NONE");
     let error_record = ["created_at", "expires_at", "job_id", "reason"];
     assert_denied(&a, &worker, put("job-1", &error_record));
     assert_allowed(&a, &worker, put("error#sqs:m-1", &error_record));
@@ -258,12 +261,8 @@ fn a_worker_creates_no_job_rows_but_error_records() {
 fn submit_creates_job_rows_only_as_admission_writes_them() {
     let a = authorizer();
     let submit = a.caller(Principal::Submit).unwrap();
-    let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
     let put = |attributes: &[&str], return_values: &str| {
-        Request::new("dynamodb:PutItem", &jobs)
-            .with_many("dynamodb:LeadingKeys", &["job-1"])
-            .with_many("dynamodb:Attributes", attributes)
-            .with("dynamodb:ReturnValues", return_values)
+        job_row_write("dynamodb:PutItem", "job-1", attributes, return_values)
     };
     let created = [
         "active_lane",
@@ -302,10 +301,7 @@ fn a_worker_updates_only_the_lease_attributes_of_a_job_row() {
     let worker = a.worker("i-1").unwrap();
     let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
     let update = |attributes: &[&str], return_values: &str| {
-        Request::new("dynamodb:UpdateItem", &jobs)
-            .with_many("dynamodb:LeadingKeys", &["job-1"])
-            .with_many("dynamodb:Attributes", attributes)
-            .with("dynamodb:ReturnValues", return_values)
+        job_row_write("dynamodb:UpdateItem", "job-1", attributes, return_values)
     };
     // A claim, which reads back the row it wrote; a settle; progress. Which job it holds is a
     // condition in code (the lease owner is an attribute IAM cannot compare with the caller).
@@ -575,10 +571,7 @@ fn the_functions_keep_their_state_access() {
         // A job's row: its lifecycle only (a lost lease ended, a wake-up stamped), returning
         // nothing; never what the job is, and no read-back.
         let update = |attributes: &[&str], return_values: &str| {
-            Request::new("dynamodb:UpdateItem", &jobs)
-                .with_many("dynamodb:LeadingKeys", &["job-1"])
-                .with_many("dynamodb:Attributes", attributes)
-                .with("dynamodb:ReturnValues", return_values)
+            job_row_write("dynamodb:UpdateItem", "job-1", attributes, return_values)
         };
         let requeue = [
             "attempt_log",
