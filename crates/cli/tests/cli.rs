@@ -14,9 +14,7 @@ const AZURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/azure/azure
 
 #[test]
 fn simulate_json_has_every_policy_and_field() {
-    let out = onoff(&["simulate", "--trace", SHORT, "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let v = json(&["simulate", "--trace", SHORT, "--json"]);
     let lb = v["lower_bound_usd"].as_f64().expect("lower_bound_usd");
     assert!(lb > 0.0);
     let policies = v["policies"].as_array().expect("policies");
@@ -67,7 +65,7 @@ fn simulate_json_has_every_policy_and_field() {
 #[test]
 fn simulate_out_writes_json_timelines_and_a_plot() {
     let dir = std::env::temp_dir().join(format!("onoff-cli-test-{}", std::process::id()));
-    let out = onoff(&[
+    let table = text(&[
         "simulate",
         "--trace",
         SHORT,
@@ -77,8 +75,6 @@ fn simulate_out_writes_json_timelines_and_a_plot() {
         "--out",
         dir.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("onoff") && table.contains("keda-like") && table.contains("lower bound"));
     let csv = std::fs::read_to_string(dir.join("timeline-onoff.csv")).unwrap();
     assert!(csv.starts_with("minute,backlog,running_jobs,pending,busy,idle,draining,usd_per_h"));
@@ -233,9 +229,7 @@ fn a_binding_fleet_cap_is_named_under_the_table() {
             "onoff,fixed-idle-10m",
         ];
         args.extend(config.map(|c| ["--config", c]).into_iter().flatten());
-        let out = onoff(&args);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
+        text(&args)
     };
     // The default config (max workers raised to 4,096) holds nothing: no note.
     let plain = simulate(None);
@@ -270,7 +264,7 @@ fn a_binding_fleet_cap_is_named_under_the_table() {
         assert!(capped.lines().any(|l| l.starts_with(&want)), "{want}\n{capped}");
     }
     // A sweep over the cap says so for the value that binds, and only for it.
-    let out = onoff(&[
+    let swept = text(&[
         "simulate",
         "--trace",
         SHORT,
@@ -278,13 +272,11 @@ fn a_binding_fleet_cap_is_named_under_the_table() {
         "--sweep",
         "max_workers_total=2,4096",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
-    let notes: Vec<&str> = text.lines().filter(|l| l.starts_with("note:")).collect();
-    assert_eq!(notes.len(), 1, "{text}");
+    let notes: Vec<&str> = swept.lines().filter(|l| l.starts_with("note:")).collect();
+    assert_eq!(notes.len(), 1, "{swept}");
     assert!(
         notes[0].starts_with("note: onoff at limits.max_workers_total = 2 held launches for max workers 2 in "),
-        "{text}"
+        "{swept}"
     );
 }
 
@@ -292,18 +284,14 @@ fn a_binding_fleet_cap_is_named_under_the_table() {
 fn a_short_trace_says_how_much_of_each_bill_is_the_keep_alive_after_the_last_job() {
     // Ten minutes of Azure requests: every policy's workers idle out their keep-alive after the
     // last one, a large part of bills this small. The note gives each share, as --json has it.
-    let text = {
-        let out = onoff(&[
-            "simulate",
-            "--trace",
-            AZURE,
-            "--quiet",
-            "--policies",
-            "onoff,fixed-idle-10m",
-        ]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let table = text(&[
+        "simulate",
+        "--trace",
+        AZURE,
+        "--quiet",
+        "--policies",
+        "onoff,fixed-idle-10m",
+    ]);
     let v = json(&[
         "simulate",
         "--trace",
@@ -312,10 +300,10 @@ fn a_short_trace_says_how_much_of_each_bill_is_the_keep_alive_after_the_last_job
         "--policies",
         "onoff,fixed-idle-10m",
     ]);
-    let note = text
+    let note = table
         .lines()
         .find(|l| l.starts_with("note: the keep-alive after the last job"))
-        .unwrap_or_else(|| panic!("no tail note:\n{text}"));
+        .unwrap_or_else(|| panic!("no tail note:\n{table}"));
     for p in v["policies"].as_array().unwrap() {
         let share = p["keep_alive_tail_usd"].as_f64().unwrap() / p["total_usd"].as_f64().unwrap();
         assert!(share >= 0.05, "{p}");
@@ -323,8 +311,7 @@ fn a_short_trace_says_how_much_of_each_bill_is_the_keep_alive_after_the_last_job
         assert!(note.contains(&want), "{want} in {note}");
     }
     // Over a day of Philly jobs it is a rounding error: no note.
-    let out = onoff(&["simulate", "--trace", SHORT, "--quiet"]);
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("keep-alive after the last job"));
+    assert!(!text(&["simulate", "--trace", SHORT, "--quiet"]).contains("keep-alive after the last job"));
 }
 
 #[test]
@@ -338,7 +325,7 @@ fn every_example_config_parses() {
     configs.sort();
     assert!(configs.len() >= 4, "{configs:?}");
     for config in &configs {
-        let out = onoff(&[
+        text(&[
             "simulate",
             "--trace",
             SHORT,
@@ -348,22 +335,23 @@ fn every_example_config_parses() {
             "--config",
             config,
         ]);
-        assert!(
-            out.status.success(),
-            "{config}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
     }
 }
 
-fn json(args: &[&str]) -> serde_json::Value {
+/// `onoff args`, which must succeed: its standard output.
+fn text(args: &[&str]) -> String {
     let out = onoff(args);
     assert!(
         out.status.success(),
         "{args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// `onoff args`, which must succeed and print one JSON object.
+fn json(args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&text(args)).expect("one JSON object")
 }
 
 fn total(v: &serde_json::Value, policy: &str) -> f64 {
@@ -546,7 +534,7 @@ fn a_sweep_runs_onoff_once_per_value_and_plots_the_frontier() {
     assert!(dir.join("sweep.json").exists());
     std::fs::remove_dir_all(&dir).ok();
     // The table.
-    let out = onoff(&[
+    let table = text(&[
         "simulate",
         "--trace",
         SHORT,
@@ -554,8 +542,6 @@ fn a_sweep_runs_onoff_once_per_value_and_plots_the_frontier() {
         "--sweep",
         "predictive_max=0,40",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         table.contains("lanes.*.predictive_max") && table.contains("frontier"),
         "{table}"
@@ -567,11 +553,7 @@ fn a_sweep_runs_onoff_once_per_value_and_plots_the_frontier() {
 
 #[test]
 fn a_sweep_whose_values_all_give_the_same_fleet_says_so() {
-    let table = |trace: &str, sweep: &str| {
-        let out = onoff(&["simulate", "--trace", trace, "--quiet", "--sweep", sweep]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let table = |trace: &str, sweep: &str| text(&["simulate", "--trace", trace, "--quiet", "--sweep", sweep]);
     let values = |t: &str| -> Vec<String> {
         t.lines()
             .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
