@@ -297,9 +297,19 @@ impl Recorded {
             .collect()
     }
 
-    /// Whether `caller` may make `r`.
-    fn allowed(&self, caller: &onoff_iam::eval::Caller, r: &onoff_iam::eval::Request) -> bool {
-        self.auth.decide(caller, r).unwrap().allowed()
+    /// Every one of `requests` is allowed to `caller` (`allow`), or every one refused; `what`
+    /// names them in a failure.
+    fn assert_all(
+        &self,
+        caller: &onoff_iam::eval::Caller,
+        requests: &[onoff_iam::eval::Request],
+        allow: bool,
+        what: &str,
+    ) {
+        for r in requests {
+            let allowed = self.auth.decide(caller, r).unwrap().allowed();
+            assert_eq!(allowed, allow, "{what}: {}", shown(r));
+        }
     }
 
     /// The `dynamodb:Attributes` that statement `sid` of `principal`'s policies allows.
@@ -399,14 +409,10 @@ async fn an_operator_may_cancel_a_job_and_write_nothing_else_of_its_row() {
     let cancels = rec.requests("operator/cli");
     let updates = cancels.iter().filter(|r| r.action == "dynamodb:UpdateItem").count();
     assert!(updates >= 2, "{:?}", cancels.iter().map(shown).collect::<Vec<_>>());
-    for r in &cancels {
-        assert!(rec.allowed(&operator, r), "the CLI's cancel is allowed: {}", shown(r));
-    }
+    rec.assert_all(&operator, &cancels, true, "the CLI's cancel is allowed");
     let others = rec.requests("operator/other");
     assert_eq!(others.len(), 2, "{:?}", others.iter().map(shown).collect::<Vec<_>>());
-    for r in &others {
-        assert!(!rec.allowed(&operator, r), "anything else is refused: {}", shown(r));
-    }
+    rec.assert_all(&operator, &others, false, "anything else is refused");
     rec.clean_up();
 }
 
@@ -478,9 +484,7 @@ async fn a_worker_writes_only_the_lease_attributes_of_the_jobs_it_runs() {
 
     let worker = rec.auth.worker("i-1").unwrap();
     let agent = rec.requests("worker/agent");
-    for r in &agent {
-        assert!(rec.allowed(&worker, r), "the agent's writes are allowed: {}", shown(r));
-    }
+    rec.assert_all(&worker, &agent, true, "the agent's writes are allowed");
     // Least privilege: the policy lists exactly the attributes the agent's updates name.
     assert_eq!(
         named_attributes(&agent, "dynamodb:UpdateItem"),
@@ -494,9 +498,7 @@ async fn a_worker_writes_only_the_lease_attributes_of_the_jobs_it_runs() {
     );
     let others = rec.requests("worker/other");
     assert_eq!(others.len(), 3, "{:?}", others.iter().map(shown).collect::<Vec<_>>());
-    for r in &others {
-        assert!(!rec.allowed(&worker, r), "a worker may not send {}", shown(r));
-    }
+    rec.assert_all(&worker, &others, false, "a worker may not send it");
     rec.clean_up();
 }
 
@@ -551,16 +553,13 @@ async fn the_reconciler_ends_lost_leases_and_stamps_wake_ups_in_the_lifecycle_at
         onoff_iam::Principal::Submit,
     ] {
         let caller = rec.auth.caller(p).unwrap();
-        for r in &ours {
-            assert!(
-                rec.allowed(&caller, r),
-                "{p:?}: the reconciler's writes are allowed: {}",
-                shown(r)
-            );
-        }
-        for r in &others {
-            assert!(!rec.allowed(&caller, r), "{p:?} may not send {}", shown(r));
-        }
+        rec.assert_all(
+            &caller,
+            &ours,
+            true,
+            &format!("{p:?}: the reconciler's writes are allowed"),
+        );
+        rec.assert_all(&caller, &others, false, &format!("{p:?} may not send it"));
     }
     assert_eq!(
         named_attributes(&ours, "dynamodb:UpdateItem"),
@@ -603,9 +602,7 @@ async fn submit_creates_job_rows_only_as_admission_writes_them() {
 
     let submit = rec.auth.caller(onoff_iam::Principal::Submit).unwrap();
     let ours = rec.requests("function/submit");
-    for r in &ours {
-        assert!(rec.allowed(&submit, r), "submit's writes are allowed: {}", shown(r));
-    }
+    rec.assert_all(&submit, &ours, true, "submit's writes are allowed");
     assert_eq!(
         named_attributes(&ours, "dynamodb:PutItem"),
         rec.granted_attributes(onoff_iam::Principal::Submit, "CreateJobsAndErrorRecords"),
@@ -613,11 +610,7 @@ async fn submit_creates_job_rows_only_as_admission_writes_them() {
     );
     let others = rec.requests("function/other");
     assert_eq!(others.len(), 1, "{:?}", others.iter().map(shown).collect::<Vec<_>>());
-    assert!(
-        !rec.allowed(&submit, &others[0]),
-        "submit may not send {}",
-        shown(&others[0])
-    );
+    rec.assert_all(&submit, &others, false, "submit may not send it");
     rec.clean_up();
 }
 
