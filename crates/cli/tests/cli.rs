@@ -454,20 +454,16 @@ fn deadlines_add_all_on_demand_and_count_misses() {
     }
     // Spot saves against on-demand.
     assert!(total(&v, "onoff") < od);
-    let table = String::from_utf8_lossy(
-        &onoff(&[
-            "simulate",
-            "--trace",
-            SHORT,
-            "--quiet",
-            "--policies",
-            "onoff",
-            "--deadline-fraction",
-            "0.3",
-        ])
-        .stdout,
-    )
-    .to_string();
+    let table = text(&[
+        "simulate",
+        "--trace",
+        SHORT,
+        "--quiet",
+        "--policies",
+        "onoff",
+        "--deadline-fraction",
+        "0.3",
+    ]);
     assert!(
         table.contains("dl missed") && table.contains("all-on-demand"),
         "{table}"
