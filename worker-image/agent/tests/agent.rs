@@ -131,7 +131,7 @@ async fn two_agents_one_job_it_runs_once_and_the_duplicate_message_is_dropped() 
     submit(&w, "job-1", "work", 3, 600.0);
     // At-least-once delivery: the same job's message twice.
     w.inbox.send("standard", r#"{"job_id":"job-1"}"#);
-    let (ca, cb) = (cfg(&dir.join("a")), cfg(&dir.join("b")));
+    let (ca, cb) = (cfg(&dir.path().join("a")), cfg(&dir.path().join("b")));
     let ((ra, _), (rb, _)) = tokio::join!(agent(&w, "i-a", &ca), agent(&w, "i-b", &cb));
     assert_eq!(w.launcher.started().len(), 1, "the job ran once");
     let ran: Vec<_> = ra.jobs.iter().chain(&rb.jobs).collect();
@@ -171,12 +171,12 @@ async fn a_job_for_more_gpus_is_handed_back_uncounted_and_runs_on_a_worker_that_
     w.jobs.put(rec);
     let small = AgentConfig {
         gpus: Some(1),
-        ..cfg(&dir.join("small"))
+        ..cfg(&dir.path().join("small"))
     };
     // The big worker boots later, as the one the scaler launched for the job would.
     let big = AgentConfig {
         gpus: Some(4),
-        ..cfg(&dir.join("big"))
+        ..cfg(&dir.path().join("big"))
     };
     let late_big = async {
         tokio::time::sleep(Duration::from_secs(40)).await;
@@ -214,7 +214,7 @@ async fn a_long_job_keeps_its_lease_with_its_message_gone_and_uploads_checkpoint
         },
     );
     submit(&w, "job-1", "train", 3, 100.0);
-    let c = cfg(&dir);
+    let c = cfg(dir.path());
     let (r, terminated) = agent(&w, "i-a", &c).await;
     let j = &r.jobs[0];
     assert_eq!(j.outcome, Outcome::Succeeded);
@@ -269,7 +269,7 @@ async fn a_spot_notice_checkpoints_releases_without_counting_and_another_worker_
             time: "2026-11-22T10:00:00Z".into(),
         });
     });
-    let (r, terminated) = agent_until(&w, "i-a", &cfg(&dir.join("a")), std::future::pending(), Some(md)).await;
+    let (r, terminated) = agent_until(&w, "i-a", &cfg(&dir.path().join("a")), std::future::pending(), Some(md)).await;
     assert!(
         matches!(r.exit, ExitReason::Notice(Notice::SpotInterruption { .. })),
         "{:?}",
@@ -289,7 +289,7 @@ async fn a_spot_notice_checkpoints_releases_without_counting_and_another_worker_
     assert_eq!(w.inbox.remaining()[0].1, 0, "a fresh message");
     assert_eq!(w.inbox.pending_for("standard", "job-1"), 1);
     // Another worker resumes from the checkpoint and finishes the rest.
-    let (r2, _) = agent(&w, "i-b", &cfg(&dir.join("b"))).await;
+    let (r2, _) = agent(&w, "i-b", &cfg(&dir.path().join("b"))).await;
     let j = &r2.jobs[0];
     assert_eq!((j.outcome, j.resumed_from), (Outcome::Succeeded, Some(1)));
     let started = w.launcher.started();
@@ -307,7 +307,7 @@ async fn an_idle_worker_deregisters_and_terminates_itself_after_the_idle_timeout
     let w = World::default();
     register(&w, "i-a");
     let start = tokio::time::Instant::now();
-    let (r, terminated) = agent(&w, "i-a", &cfg(&dir)).await;
+    let (r, terminated) = agent(&w, "i-a", &cfg(dir.path())).await;
     let waited = start.elapsed().as_secs_f64();
     assert_eq!(r.exit, ExitReason::IdleTimeout);
     assert!((120.0..131.0).contains(&waited), "{waited}");
@@ -318,7 +318,14 @@ async fn an_idle_worker_deregisters_and_terminates_itself_after_the_idle_timeout
     // Asked to stop instead: deregisters but does not terminate the instance.
     let w = World::default();
     register(&w, "i-c");
-    let (r, terminated) = agent_until(&w, "i-c", &cfg(&dir), tokio::time::sleep(Duration::from_secs(30)), None).await;
+    let (r, terminated) = agent_until(
+        &w,
+        "i-c",
+        &cfg(dir.path()),
+        tokio::time::sleep(Duration::from_secs(30)),
+        None,
+    )
+    .await;
     assert_eq!((r.exit, terminated.len()), (ExitReason::Shutdown, 0));
 }
 
@@ -337,7 +344,7 @@ async fn a_crashing_job_is_retried_then_failed_with_its_reason() {
         },
     );
     submit(&w, "job-1", "crash", 2, 600.0);
-    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    let (r, _) = agent(&w, "i-a", &cfg(dir.path())).await;
     let outcomes: Vec<_> = r.jobs.iter().map(|j| (j.outcome, j.attempt, j.exit_code)).collect();
     assert_eq!(
         outcomes,
@@ -355,7 +362,7 @@ async fn a_crashing_job_is_retried_then_failed_with_its_reason() {
     // a new worker: i-a terminated itself when it went idle).
     submit(&w, "job-2", "no-such-program", 1, 600.0);
     register(&w, "i-b");
-    let (r, _) = agent(&w, "i-b", &cfg(&dir)).await;
+    let (r, _) = agent(&w, "i-b", &cfg(dir.path())).await;
     assert_eq!(r.jobs[0].outcome, Outcome::Failed);
     assert!(w.jobs.errors()["job:job-2"].contains("no-such-program"));
 }
@@ -377,7 +384,7 @@ async fn poison_messages_and_jobs_for_another_image_never_run() {
     let bad = w.inbox.send("standard", "not json at all");
     let unknown = w.inbox.send("standard", r#"{"job_id":"job-nope"}"#);
     submit(&w, "job-img", "work", 3, 600.0);
-    let mut c = cfg(&dir);
+    let mut c = cfg(dir.path());
     c.worker_image = Some("other-image".into());
     let (r, _) = agent(&w, "i-a", &c).await;
     assert!(w.launcher.started().is_empty(), "nothing ran");
@@ -431,7 +438,7 @@ async fn a_lost_lease_kills_the_job_and_records_nothing() {
         .unwrap();
         wake(jobs, &w.inbox, "job-1", "standard", 0, T0 + 30.0).await.unwrap();
     };
-    let c = cfg(&dir);
+    let c = cfg(dir.path());
     let (_, (r, _)) = tokio::join!(requeue, agent(&w, "i-a", &c));
     assert_eq!(r.jobs[0].outcome, Outcome::LostLease);
     assert!(!r.jobs[0].completed);
@@ -445,11 +452,12 @@ async fn a_lost_lease_kills_the_job_and_records_nothing() {
     );
 }
 
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("onoff-agent-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test's work, removed when the value is dropped.
+fn tempdir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("onoff-agent-test-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 #[tokio::test(start_paused = true)]
@@ -475,7 +483,7 @@ async fn the_job_gets_its_input_and_contract_variables() {
         .lock()
         .unwrap()
         .insert("s3://b/inputs/items.txt".into(), b"1\n2\n".to_vec());
-    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    let (r, _) = agent(&w, "i-a", &cfg(dir.path())).await;
     assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
     let env = &w.launcher.started()[0].env;
     let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
@@ -492,7 +500,7 @@ async fn the_job_gets_its_input_and_contract_variables() {
     rec.spec.input = Some("s3://b/missing".into());
     w.jobs.put(rec);
     register(&w, "i-b");
-    let (r, _) = agent(&w, "i-b", &cfg(&dir)).await;
+    let (r, _) = agent(&w, "i-b", &cfg(dir.path())).await;
     assert_eq!(r.jobs[0].outcome, Outcome::Failed);
     assert!(w.jobs.errors()["job:job-2"].contains("NoSuchKey"));
 }
@@ -542,16 +550,16 @@ async fn agent_watched(
 /// Put a complete checkpoint holding `items` in the store as `seq` of `job_id`.
 async fn seed_checkpoint(w: &World, job_id: &str, seq: u64, items: u64) {
     let d = tempdir(&format!("seed-{job_id}-{seq}"));
-    std::fs::write(d.join("items"), items.to_string()).unwrap();
-    w.checkpoints.upload(job_id, seq, &d).await.unwrap();
+    std::fs::write(d.path().join("items"), items.to_string()).unwrap();
+    w.checkpoints.upload(job_id, seq, d.path()).await.unwrap();
 }
 
 /// Items in the newest stored checkpoint of `job_id`.
 async fn stored_items(w: &World, job_id: &str) -> u64 {
     let latest = w.checkpoints.latest(job_id).await.unwrap().unwrap();
     let d = tempdir(&format!("stored-{job_id}-{}", latest.seq));
-    w.checkpoints.download(&latest, &d).await.unwrap();
-    std::fs::read_to_string(d.join("items"))
+    w.checkpoints.download(&latest, d.path()).await.unwrap();
+    std::fs::read_to_string(d.path().join("items"))
         .unwrap()
         .trim()
         .parse()
@@ -580,7 +588,7 @@ async fn a_checkpoint_that_takes_40_minutes_each_way_never_costs_the_lease_or_th
     submit(&w, "job-1", "train", 3, 900.0);
     seed_checkpoint(&w, "job-1", 1, 100).await;
     let seeded = w.checkpoints.transfers().len();
-    let c = cfg(&dir);
+    let c = cfg(dir.path());
     let (r, _, samples) = agent_watched(&w, "i-a", &c, None, "job-1").await;
     // 40 min of download, then 3500 s of work: the lease and the heartbeat were checked
     // throughout (every 5 s) and always held.
@@ -636,7 +644,7 @@ async fn a_spot_notice_during_a_slow_upload_stops_the_job_at_once_and_the_lease_
             time: "2026-11-22T10:00:00Z".into(),
         });
     });
-    let (r, terminated, samples) = agent_watched(&w, "i-a", &cfg(&dir), Some(md), "job-1").await;
+    let (r, terminated, samples) = agent_watched(&w, "i-a", &cfg(dir.path()), Some(md), "job-1").await;
     assert!(
         matches!(r.exit, ExitReason::Notice(Notice::SpotInterruption { .. })),
         "{:?}",
@@ -687,7 +695,7 @@ async fn a_job_cancelled_during_its_resume_download_is_never_started() {
             .await
             .unwrap();
     };
-    let c = cfg(&dir);
+    let c = cfg(dir.path());
     let (_, (r, _)) = tokio::join!(cancel, agent(&w, "i-a", &c));
     assert!(w.launcher.started().is_empty(), "the lease is checked before the start");
     assert_eq!(r.jobs.len(), 1);
@@ -726,7 +734,7 @@ async fn a_rebalance_recommendation_uploads_a_checkpoint_at_once_lets_the_job_fi
         registry.records()["i-a"].state
     };
     let start = tokio::time::Instant::now();
-    let c = cfg(&dir);
+    let c = cfg(dir.path());
     let (state_at_100, (r, terminated)) =
         tokio::join!(draining, agent_until(&w, "i-a", &c, std::future::pending(), Some(md)));
     assert!(
@@ -783,7 +791,7 @@ async fn an_idle_agent_that_sees_a_rebalance_claims_nothing_and_leaves() {
         });
         submit(world, "job-1", "train", 1, 600.0);
     };
-    let c = cfg(&dir);
+    let c = cfg(dir.path());
     let (_, (r, terminated)) = tokio::join!(arrive, agent_until(&w, "i-a", &c, std::future::pending(), Some(md)));
     assert!(
         matches!(r.exit, ExitReason::Notice(Notice::Rebalance { .. })),
@@ -832,7 +840,7 @@ async fn a_worker_the_control_plane_is_retiring_takes_no_job_and_terminates() {
         jobs.put(JobRecord::new("job-1".into(), spec, "test".into(), T0));
         inbox.send("standard", r#"{"job_id":"job-1"}"#);
     };
-    let c = cfg(&dir);
+    let c = cfg(dir.path());
     let (_, (r, terminated)) = tokio::join!(later, agent(&w, "i-a", &c));
     assert_eq!(r.exit, ExitReason::Drained);
     assert!(r.jobs.is_empty() && w.launcher.started().is_empty(), "{r:?}");
@@ -867,7 +875,7 @@ async fn a_throttled_claim_is_retried_with_a_fresh_message_not_dead_lettered() {
     w.jobs.fail_next(onoff_control::ports::StoreError::Other(
         "claim job: ThrottlingException: Rate of requests exceeds the allowed throughput".into(),
     ));
-    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    let (r, _) = agent(&w, "i-a", &cfg(dir.path())).await;
     assert_eq!(r.poison, 0);
     assert!(w.jobs.errors().is_empty(), "{:?}", w.jobs.errors());
     assert!(w.inbox.dead_letters().is_empty());
@@ -898,7 +906,7 @@ async fn a_long_job_keeps_a_session_of_its_own_renewed_before_it_expires() {
         },
     );
     submit(&w, "job-1", "train", 3, 3600.0);
-    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    let (r, _) = agent(&w, "i-a", &cfg(dir.path())).await;
     assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
     let issued = w.objects.sessions.lock().unwrap().unwrap();
     // At the start, then at 30, 60, 90 and 120 minutes.
@@ -948,7 +956,7 @@ async fn a_running_job_cancelled_by_the_user_is_stopped_recorded_and_never_retri
             CancelOutcome::Requested
         );
     };
-    let c = cfg(&dir);
+    let c = cfg(dir.path());
     let (_, (r, _)) = tokio::join!(cancel, agent(&w, "i-a", &c));
     assert_eq!(w.launcher.started().len(), 1, "never run again");
     assert_eq!(r.jobs[0].outcome, Outcome::Cancelled);
@@ -1001,7 +1009,7 @@ async fn a_waiting_job_cancelled_never_starts() {
         w.jobs.request_cancel("job-1", T0).await.unwrap(),
         CancelOutcome::Cancelled
     );
-    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    let (r, _) = agent(&w, "i-a", &cfg(dir.path())).await;
     assert!(w.launcher.started().is_empty());
     assert!(r.jobs.is_empty());
     assert_eq!(job(&w, "job-1").state, JobState::Cancelled);
@@ -1028,7 +1036,7 @@ async fn an_attempt_is_logged_its_lines_shipped_and_its_outputs_uploaded() {
         },
     );
     submit(&w, "job-1", "train", 3, 600.0);
-    let (r, _) = agent(&w, "i-a", &cfg(&dir)).await;
+    let (r, _) = agent(&w, "i-a", &cfg(dir.path())).await;
     assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
     assert_eq!(r.jobs[0].outputs_uploaded, 1);
     let rec = job(&w, "job-1");
@@ -1105,7 +1113,7 @@ async fn a_spot_worker_defers_a_job_whose_deadline_is_at_risk_and_an_on_demand_o
     register_on_demand(&w, "i-od", None);
     script(&w, "due", 30);
     submit_with_deadline(&w, "job-due", "due", 1_000.0);
-    let (spot_cfg, od_cfg) = (cfg(&dir.join("spot")), cfg(&dir.join("od")));
+    let (spot_cfg, od_cfg) = (cfg(&dir.path().join("spot")), cfg(&dir.path().join("od")));
     let late_od = async {
         tokio::time::sleep(Duration::from_secs(40)).await;
         agent_until(
@@ -1138,7 +1146,7 @@ async fn a_spot_worker_defers_a_job_whose_deadline_is_at_risk_and_an_on_demand_o
         register(&w, "i-spot");
         script(&w, "due", 30);
         submit_with_deadline(&w, id, "due", slack);
-        let (rs, _) = agent(&w, "i-spot", &cfg(&dir)).await;
+        let (rs, _) = agent(&w, "i-spot", &cfg(dir.path())).await;
         assert_eq!((rs.jobs.len(), rs.deferred), (1, 0), "{id}");
         assert_eq!(job(&w, id).state, JobState::Succeeded, "{id}");
     }
@@ -1156,7 +1164,7 @@ async fn a_worker_launched_for_a_job_claims_that_job_first_and_its_message_is_dr
     script(&w, "due", 30);
     submit(&w, "job-other", "other", 1, 600.0);
     submit_with_deadline(&w, "job-due", "due", 1_000.0);
-    let r = on_demand_agent(&w, "i-od", &dir).await;
+    let r = on_demand_agent(&w, "i-od", dir.path()).await;
     assert_eq!(r.pinned_claimed.as_deref(), Some("job-due"));
     let order: Vec<String> = w.launcher.started().iter().map(|c| c.argv[0].clone()).collect();
     assert_eq!(order, ["due", "other"]);
@@ -1174,7 +1182,7 @@ async fn a_worker_launched_for_a_job_claims_that_job_first_and_its_message_is_dr
     let mut rec = job(&w, "job-gone");
     rec.state = JobState::Succeeded;
     w.jobs.put(rec);
-    let r = on_demand_agent(&w, "i-od", &dir).await;
+    let r = on_demand_agent(&w, "i-od", dir.path()).await;
     assert_eq!(r.pinned_claimed, None);
     assert!(r.jobs.is_empty());
     assert_eq!(r.exit, ExitReason::IdleTimeout);
