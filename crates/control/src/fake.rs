@@ -477,6 +477,9 @@ pub fn job_item_bytes(r: &crate::ports::JobRecord) -> usize {
         ("lane", r.spec.lane.len()),
         ("project", r.spec.project.len()),
         ("active_lane", r.spec.lane.len()),
+        ("reason", r.reason.as_ref().map_or(0, String::len)),
+        ("lease_owner", r.lease_owner.as_ref().map_or(0, String::len)),
+        ("last_checkpoint", r.last_checkpoint.as_ref().map_or(0, String::len)),
     ];
     let numbers = ["attempts", "hand_backs", "lease_expiries", "cost_usd", "created_at"];
     let log: usize = r
@@ -532,6 +535,27 @@ impl FakeJobs {
         }
     }
 
+    /// DynamoDB's answer to a write that would leave `r` over the item limit.
+    fn fits(r: &crate::ports::JobRecord) -> Result<(), StoreError> {
+        let size = job_item_bytes(r);
+        if size > DYNAMODB_MAX_ITEM_BYTES {
+            return Err(StoreError::Invalid(format!(
+                "ValidationException: Item size has exceeded the maximum allowed size ({size} bytes > {DYNAMODB_MAX_ITEM_BYTES})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Apply `settle` to `r` as one write: nothing changes when the row would outgrow the
+    /// item limit.
+    fn apply_checked(r: &mut crate::ports::JobRecord, settle: &crate::job::Settle, now: f64) -> Result<(), StoreError> {
+        let mut after = r.clone();
+        Self::apply(&mut after, settle, now);
+        Self::fits(&after)?;
+        *r = after;
+        Ok(())
+    }
+
     fn malformed(&self, id: &str) -> Result<(), StoreError> {
         match self.unreadable.lock().expect("lock").get(id) {
             Some(p) => Err(StoreError::Malformed(format!("job item {id}: {p}"))),
@@ -569,12 +593,7 @@ impl FakeJobs {
 impl crate::ports::JobStore for FakeJobs {
     async fn create(&self, record: &crate::ports::JobRecord) -> Result<crate::ports::Created, StoreError> {
         self.injected()?;
-        let size = job_item_bytes(record);
-        if size > DYNAMODB_MAX_ITEM_BYTES {
-            return Err(StoreError::Invalid(format!(
-                "ValidationException: Item size has exceeded the maximum allowed size ({size} bytes > {DYNAMODB_MAX_ITEM_BYTES})"
-            )));
-        }
+        Self::fits(record)?;
         let mut m = self.jobs.lock().expect("lock");
         match m.get(&record.id) {
             Some(r) => Ok(crate::ports::Created::Existing(Box::new(r.clone()))),
@@ -745,8 +764,7 @@ impl crate::ports::JobStore for FakeJobs {
                 r.state.as_str()
             )));
         }
-        Self::apply(r, settle, now);
-        Ok(())
+        Self::apply_checked(r, settle, now)
     }
 
     async fn requeue_lost(
@@ -772,8 +790,7 @@ impl crate::ports::JobStore for FakeJobs {
                 "the lease of {id} changed since it was seen"
             )));
         }
-        Self::apply(r, settle, now);
-        Ok(())
+        Self::apply_checked(r, settle, now)
     }
 }
 

@@ -181,8 +181,20 @@ impl JobSpec {
             }
         }
         if let Some(uri) = &self.input {
-            if parse_s3_uri(uri).is_none() {
+            let Some((bucket, key)) = parse_s3_uri(uri) else {
                 return bad("input", "must be an S3 URI s3://bucket/key");
+            };
+            // S3's longest key (Amazon S3 User Guide, "Naming objects"): 1,024 bytes of UTF-8.
+            if key.len() > 1024 {
+                return bad("input", "key must be at most 1,024 bytes (S3's limit)");
+            }
+            // The job's session names the input object; STS takes a session policy of at most
+            // 2,048 characters (each character beyond ASCII costs six, as a JSON escape).
+            if let Err(e) = crate::boundary::session_policy_fits(bucket, key) {
+                return Err(SpecError::Invalid {
+                    field: "input",
+                    problem: format!("key too long for the job's AWS session: {e}"),
+                });
             }
         }
         Ok(())
@@ -468,8 +480,28 @@ impl Settle {
                 }
             }
         }
+        s.reason = s.reason.map(bounded_reason);
         s
     }
+}
+
+/// Bytes of a reason a job's row keeps ([`Settle::reason`]). A reason quotes what failed (an
+/// image, an input URI, an error from AWS), and the spec beside it may take 256 KiB: cut to this,
+/// the row stays within DynamoDB's 400 KB item limit whatever the reason quotes.
+pub const MAX_REASON_BYTES: usize = 2048;
+
+/// `reason` cut to at most [`MAX_REASON_BYTES`] bytes at a character boundary, ending in `…`
+/// when cut.
+#[must_use]
+pub fn bounded_reason(reason: String) -> String {
+    if reason.len() <= MAX_REASON_BYTES {
+        return reason;
+    }
+    let mut end = MAX_REASON_BYTES - '…'.len_utf8();
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &reason[..end])
 }
 
 /// Attempts a job's row keeps in its log: 100 entries of a few hundred bytes stay far below
@@ -551,6 +583,32 @@ mod tests {
         for (text, field) in cases {
             let err = JobSpec::parse(text, LANES, 100.0).unwrap_err().to_string();
             assert!(err.contains(field), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_input_must_be_an_object_s3_and_sts_take() {
+        let spec = |uri: &str| {
+            let text = serde_json::json!({"image": "i", "command": ["x"], "project": "p", "input": uri});
+            JobSpec::parse(&text.to_string(), LANES, 0.0)
+        };
+        for ok in [
+            "s3://b/inputs/a.bin",
+            "s3://b/inputs/run’s 入力.csv",
+            "s3://b/inputs/a*?.bin",
+        ] {
+            assert!(spec(ok).is_ok(), "{ok}");
+        }
+        let longest_ascii = format!("s3://b/{}", "k".repeat(1024));
+        assert!(spec(&longest_ascii).is_ok());
+        for (uri, says) in [
+            ("b/inputs/a.bin".to_string(), "S3 URI"),
+            (format!("s3://b/{}", "k".repeat(1025)), "1,024 bytes"),
+            // 1,020 bytes: S3 takes it, but escaped it does not fit a session policy.
+            (format!("s3://b/{}", "入".repeat(340)), "session"),
+        ] {
+            let err = spec(&uri).unwrap_err().to_string();
+            assert!(err.contains("input") && err.contains(says), "{err}");
         }
     }
 

@@ -123,6 +123,21 @@ pub struct Authorizer {
     resource_policies: Vec<J>,
 }
 
+/// Stand-ins for the characters IAM's special variables `${*}`, `${?}` and `${$}` write (IAM User
+/// Guide, "Policy variables", "Special characters"): iam-rs knows no literal `*` or `?` in a
+/// pattern, so both the policy's special variables and the request's own characters become these
+/// private-use characters before matching; a wildcard still matches them, and only they match
+/// each other.
+const LITERALS: [(char, char); 3] = [('*', '\u{e000}'), ('?', '\u{e001}'), ('$', '\u{e002}')];
+
+/// `text` from a request (a resource or a context value) with `*`, `?` and `$` as their
+/// [`LITERALS`] stand-ins.
+fn literal(text: &str) -> String {
+    text.chars()
+        .map(|c| LITERALS.iter().find(|(from, _)| *from == c).map_or(c, |(_, to)| *to))
+        .collect()
+}
+
 fn substitute(text: &str, ctx: &BTreeMap<String, Value>) -> String {
     let mut out = String::new();
     let mut rest = text;
@@ -134,8 +149,12 @@ fn substitute(text: &str, ctx: &BTreeMap<String, Value>) -> String {
             return out;
         };
         let key = &after[..end];
-        match ctx.get(key) {
-            Some(Value::One(v)) => out.push_str(v),
+        let special = LITERALS
+            .iter()
+            .find(|(from, _)| key.len() == 1 && key.starts_with(*from));
+        match (special, ctx.get(key)) {
+            (Some((_, to)), _) => out.push(*to),
+            (None, Some(Value::One(v))) => out.push_str(&literal(v)),
             _ => {
                 out.push_str("${");
                 out.push_str(key);
@@ -192,14 +211,14 @@ fn verdict(
         // Any ARN: a statement with `Resource: "*"` matches it, one naming an ARN does not.
         "arn:aws:iam::000000000000:no-resource-level-permissions".to_string()
     } else {
-        req.resource.clone()
+        literal(&req.resource)
     };
     let arn = Arn::parse(&resource).map_err(|e| Error::Shape(format!("resource {resource}: {e}")))?;
     let mut context = iam_rs::Context::new();
     for (k, v) in ctx {
         let v = match v {
-            Value::One(s) => ContextValue::String(s.clone()),
-            Value::Many(xs) => ContextValue::StringList(xs.clone()),
+            Value::One(s) => ContextValue::String(literal(s)),
+            Value::Many(xs) => ContextValue::StringList(xs.iter().map(|x| literal(x)).collect()),
             Value::Bool(b) => ContextValue::Boolean(*b),
         };
         context.insert(k.clone(), v);

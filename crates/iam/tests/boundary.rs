@@ -117,12 +117,41 @@ fn job_row_write(action: &str, key: &str, attributes: &[&str], return_values: &s
 }
 
 fn job_caller(a: &Authorizer, job: &str, input: Option<&str>) -> Caller {
-    // The session policy the agent passes to sts:AssumeRole for this job.
+    // The session policy the agent passes to sts:AssumeRole for this job, as the text it sends.
     let policy = onoff_control::boundary::job_session_policy("aws", BUCKET, job, input.map(|k| (BUCKET, k)));
-    a.job(policy).expect("the template has a job role")
+    let text = onoff_control::boundary::session_policy_text(&policy).expect("STS takes it");
+    a.job(serde_json::from_str(&text).unwrap())
+        .expect("the template has a job role")
 }
 
 // ---- a job ------------------------------------------------------------------------------------
+
+#[test]
+fn a_jobs_input_is_the_one_object_its_key_names() {
+    let a = authorizer();
+    // IAM reads `*` and `?` in a Resource as wildcards: the key's own are written as literals.
+    let job = job_caller(&a, "job-1", Some("inputs/a*?.bin"));
+    assert_allowed(&a, &job, Request::new("s3:GetObject", &obj("inputs/a*?.bin")));
+    for other in [
+        "inputs/a.bin",
+        "inputs/ab.bin",
+        "inputs/anything-else-x.bin",
+        "inputs/a*x.bin",
+    ] {
+        assert_denied(&a, &job, Request::new("s3:GetObject", &obj(other)));
+    }
+    let job = job_caller(&a, "job-2", Some("inputs/${aws:username}/data.bin"));
+    assert_allowed(
+        &a,
+        &job,
+        Request::new("s3:GetObject", &obj("inputs/${aws:username}/data.bin")),
+    );
+    assert_denied(&a, &job, Request::new("s3:GetObject", &obj("inputs//data.bin")));
+    // Any script: the policy text is ASCII, the object is the key's own.
+    let job = job_caller(&a, "job-3", Some("inputs/run’s 入力.csv"));
+    assert_allowed(&a, &job, Request::new("s3:GetObject", &obj("inputs/run’s 入力.csv")));
+    assert_denied(&a, &job, Request::new("s3:GetObject", &obj("inputs/run's.csv")));
+}
 
 #[test]
 fn a_job_touches_its_own_input_checkpoints_and_outputs() {

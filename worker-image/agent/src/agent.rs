@@ -992,7 +992,8 @@ where
         if let Some(uri) = &job.spec.input {
             let name = parse_s3_uri(uri)
                 .and_then(|(_, k)| k.rsplit('/').next())
-                .filter(|n| !n.is_empty() && *n != "." && *n != "..")
+                // A key's last part may be up to 1,024 bytes; a file name at most 255 (NAME_MAX).
+                .filter(|n| !n.is_empty() && *n != "." && *n != ".." && n.len() <= 255)
                 .unwrap_or("input");
             let dest = input_dir.join(name);
             match unless(

@@ -305,12 +305,13 @@ impl Objects for S3Objects {
         let partition = role.split(':').nth(1).unwrap_or("aws");
         let input = input.and_then(parse_s3_uri);
         let policy = onoff_control::boundary::job_session_policy(partition, &self.bucket, job_id, input);
+        let policy = onoff_control::boundary::session_policy_text(&policy).map_err(|e| format!("job session: {e}"))?;
         let out = self
             .sts
             .assume_role()
             .role_arn(role)
             .role_session_name(onoff_control::boundary::job_session_name(job_id))
-            .policy(policy.to_string())
+            .policy(policy)
             .duration_seconds(JOB_SESSION_S)
             .send()
             .await

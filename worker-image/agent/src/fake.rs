@@ -531,10 +531,14 @@ impl Objects for FakeObjects {
     async fn job_session(
         &self,
         job_id: &str,
-        _input: Option<&str>,
+        input: Option<&str>,
     ) -> Result<Option<crate::ports::JobCredentials>, String> {
         let mut s = self.sessions.lock().expect("lock");
         let Some(n) = s.as_mut() else { return Ok(None) };
+        // The session policy the AWS adapter sends, held to STS's rules as STS would.
+        let input = input.and_then(onoff_control::job::parse_s3_uri);
+        let policy = onoff_control::boundary::job_session_policy("aws", "onoff-fake", job_id, input);
+        onoff_control::boundary::session_policy_text(&policy).map_err(|e| format!("job session: {e}"))?;
         *n += 1;
         Ok(Some(crate::ports::JobCredentials {
             access_key_id: format!("ASIAJOB{n}"),

@@ -367,6 +367,29 @@ async fn a_crashing_job_is_retried_then_failed_with_its_reason() {
     assert!(w.jobs.errors()["job:job-2"].contains("no-such-program"));
 }
 
+/// A reason quotes what failed; on a row whose spec is near its 256 KiB it must still fit
+/// DynamoDB's 400 KB item (the fake jobs table refuses a write past it, as DynamoDB does).
+#[tokio::test(start_paused = true)]
+async fn a_reason_that_quotes_a_huge_spec_still_ends_the_job() {
+    let dir = tempdir("huge-reason");
+    let w = World::default();
+    register(&w, "i-a");
+    script(&w, "work", 5);
+    submit(&w, "job-img", "work", 3, 600.0);
+    let mut rec = job(&w, "job-img");
+    rec.spec.image = "x".repeat(210_000);
+    w.jobs.put(rec);
+    let mut c = cfg(dir.path());
+    c.worker_image = Some("other-image".into());
+    let (r, _) = agent(&w, "i-a", &c).await;
+    assert_eq!(r.jobs[0].outcome, Outcome::Failed, "{r:?}");
+    let rec = job(&w, "job-img");
+    assert_eq!(rec.state, JobState::Failed, "ended at once, not left to the reaper");
+    let reason = rec.reason.unwrap();
+    assert!(reason.len() <= onoff_control::job::MAX_REASON_BYTES && reason.ends_with('…'));
+    assert!(reason.starts_with("job wants image \"xxx"), "{reason}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn poison_messages_and_jobs_for_another_image_never_run() {
     let dir = tempdir("poison");
@@ -503,6 +526,37 @@ async fn the_job_gets_its_input_and_contract_variables() {
     let (r, _) = agent(&w, "i-b", &cfg(dir.path())).await;
     assert_eq!(r.jobs[0].outcome, Outcome::Failed);
     assert!(w.jobs.errors()["job:job-2"].contains("NoSuchKey"));
+}
+
+/// A job's session names its input, in any script, as STS takes it (the fake holds the session
+/// policy to STS's rules); an input whose policy STS would refuse fails the attempt with the
+/// reason, never reaching the job.
+#[tokio::test(start_paused = true)]
+async fn a_job_gets_a_session_for_an_input_in_any_script() {
+    let dir = tempdir("session-input");
+    let w = World {
+        objects: FakeObjects::with_sessions(),
+        ..World::default()
+    };
+    script(&w, "work", 2);
+    for (id, uri) in [
+        ("job-1", "s3://b/inputs/run’s 入力.csv".to_string()),
+        // Past admission's check (a spec stored before it): 2,041 characters escaped.
+        ("job-2", format!("s3://b/{}", "入".repeat(339))),
+    ] {
+        submit(&w, id, "work", 1, 600.0);
+        let mut rec = job(&w, id);
+        rec.spec.input = Some(uri.clone());
+        w.jobs.put(rec);
+        w.objects.objects.lock().unwrap().insert(uri, b"1\n".to_vec());
+    }
+    register(&w, "i-a");
+    let (r, _) = agent(&w, "i-a", &cfg(dir.path())).await;
+    let outcome = |id: &str| r.jobs.iter().find(|j| j.job_id == id).map(|j| j.outcome);
+    assert_eq!(outcome("job-1"), Some(Outcome::Succeeded), "{r:?}");
+    assert_eq!(outcome("job-2"), Some(Outcome::Failed), "{r:?}");
+    assert!(w.jobs.errors()["job:job-2"].contains("2,048"), "{:?}", w.jobs.errors());
+    assert_eq!(w.launcher.started().len(), 1, "only job-1 ran");
 }
 
 /// A checkpoint of about 20 GB at ~70 Mbit/s: 40 minutes each way.
