@@ -50,7 +50,7 @@ where
     StoreError::Other(format!(
         "{what}: {}: {}",
         e.code().unwrap_or("Unknown"),
-        e.message().map_or_else(|| e.to_string(), str::to_string)
+        crate::errors::error_text(e)
     ))
 }
 

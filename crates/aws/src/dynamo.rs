@@ -27,7 +27,7 @@ where
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
     let code = e.code().unwrap_or("Unknown");
-    let msg = e.message().map_or_else(|| e.to_string(), str::to_string);
+    let msg = crate::errors::error_text(e);
     if code == "ResourceNotFoundException" {
         StoreError::Other(format!("{what}: table not found ({msg})"))
     } else if code == "ValidationException" {

@@ -37,18 +37,28 @@ pub fn classify_ec2_code(code: &str) -> FleetErrorKind {
     }
 }
 
+/// The message of an SDK error: the service's, or, when none came (the request was never sent,
+/// e.g. refused by [`crate::limits::AwsLimits`], or the connection failed), the whole chain of
+/// causes, which the error's own `Display` leaves out.
+pub fn error_text<E>(err: &E) -> String
+where
+    E: aws_smithy_types::error::metadata::ProvideErrorMetadata + std::error::Error,
+{
+    err.message().map_or_else(
+        || aws_smithy_types::error::display::DisplayErrorContext(err).to_string(),
+        str::to_string,
+    )
+}
+
 /// A [`FleetError`] from any SDK error that carries error metadata (code and message).
 pub fn fleet_error<E>(err: &E) -> FleetError
 where
-    E: aws_sdk_ec2::error::ProvideErrorMetadata + std::fmt::Display,
+    E: aws_sdk_ec2::error::ProvideErrorMetadata + std::error::Error,
 {
     let code = err.code().unwrap_or("Unknown");
     FleetError {
         kind: classify_ec2_code(code),
-        message: format!(
-            "{code}: {}",
-            err.message().map_or_else(|| err.to_string(), str::to_string)
-        ),
+        message: format!("{code}: {}", error_text(err)),
     }
 }
 

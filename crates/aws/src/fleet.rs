@@ -220,10 +220,16 @@ impl Ec2Fleet {
         Ok(out)
     }
 
+    /// Terminate `ids`, [`crate::limits::MAX_TERMINATE_IDS`] per call (EC2 refuses a longer
+    /// list whole).
     async fn terminate_ids(&self, ids: &[String]) -> Result<(), FleetError> {
-        if ids.is_empty() {
-            return Ok(());
+        for batch in ids.chunks(crate::limits::MAX_TERMINATE_IDS) {
+            self.terminate_batch(batch).await?;
         }
+        Ok(())
+    }
+
+    async fn terminate_batch(&self, ids: &[String]) -> Result<(), FleetError> {
         match self
             .client
             .terminate_instances()

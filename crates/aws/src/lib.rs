@@ -21,6 +21,7 @@ mod dynamo;
 pub mod errors;
 pub mod fleet;
 pub mod jobs;
+pub mod limits;
 pub mod objects;
 pub mod provision;
 pub mod queue;

@@ -56,10 +56,7 @@ where
 {
     let status = e.raw_response().map(|r| r.status().as_u16());
     let code = e.code().unwrap_or("Unknown");
-    let text = format!(
-        "{what} {obj}: {code}: {}",
-        e.message().map_or_else(|| e.to_string(), str::to_string)
-    );
+    let text = format!("{what} {obj}: {code}: {}", crate::errors::error_text(e));
     match (code, status) {
         ("NoSuchKey" | "NoSuchVersion" | "NotFound", _) | (_, Some(404)) => ObjectError::NotFound(text),
         ("PreconditionFailed", _) | (_, Some(412)) => ObjectError::Changed(text),

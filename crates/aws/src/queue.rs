@@ -42,11 +42,7 @@ where
     use aws_sdk_sqs::error::ProvideErrorMetadata;
     QueueError {
         lane: lane.to_string(),
-        message: format!(
-            "{}: {}",
-            e.code().unwrap_or("Unknown"),
-            e.message().map_or_else(|| e.to_string(), str::to_string)
-        ),
+        message: format!("{}: {}", e.code().unwrap_or("Unknown"), crate::errors::error_text(e)),
     }
 }
 

@@ -188,6 +188,8 @@ impl Clients {
     }
 
     /// Build the clients from a loaded configuration, every call recorded by `recorder` if given.
+    /// With an endpoint override (an emulator), requests are held to AWS's own limits
+    /// ([`crate::limits`]).
     pub fn from_conf_recorded(conf: &SdkConfig, recorder: Option<crate::record::CallRecorder>) -> Self {
         let mut s3 = aws_sdk_s3::config::Builder::from(conf).force_path_style(conf.endpoint_url().is_some());
         let mut sqs = aws_sdk_sqs::config::Builder::from(conf);
@@ -196,6 +198,16 @@ impl Clients {
         let mut sts = aws_sdk_sts::config::Builder::from(conf);
         let mut lambda = aws_sdk_lambda::config::Builder::from(conf);
         let mut logs = aws_sdk_cloudwatchlogs::config::Builder::from(conf);
+        if conf.endpoint_url().is_some() {
+            // An emulator: hold the requests to AWS's own limits, which it does not.
+            let l = crate::limits::AwsLimits;
+            (s3, sqs, ec2, sts) = (
+                s3.interceptor(l),
+                sqs.interceptor(l),
+                ec2.interceptor(l),
+                sts.interceptor(l),
+            );
+        }
         if let Some(r) = recorder {
             logs = logs.interceptor(r.clone());
             lambda = lambda.interceptor(r.clone());

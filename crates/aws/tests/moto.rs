@@ -208,6 +208,7 @@ async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
     let ec2 = aws_sdk_ec2::Client::from_conf(
         aws_sdk_ec2::config::Builder::from(&conf().await)
             .interceptor(sent.clone())
+            .interceptor(onoff_aws::limits::AwsLimits)
             .build(),
     );
     // Subnet ids alone, as template.yaml gives them: the fleet looks their zones up.
@@ -327,6 +328,65 @@ async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
         .count();
     assert_eq!(left, 0);
     assert_eq!(offering_of(&mine[0]).instance_type, "g5.xlarge");
+}
+
+/// EC2 takes at most 1,000 ids per TerminateInstances call; a reconciler that finds more
+/// stale instances than that (or a plan that ends that many) terminates them all, in batches.
+#[tokio::test]
+async fn terminating_more_instances_than_one_call_takes_ends_every_one() {
+    let c = clients().await;
+    let lt = launch_template(&c).await;
+    let fleet = Ec2Fleet::new(c.ec2.clone(), &lt);
+    let out = c
+        .ec2
+        .run_instances()
+        .image_id("ami-12c6146b")
+        .min_count(1001)
+        .max_count(1001)
+        .send()
+        .await
+        .unwrap();
+    let ids: Vec<String> = out
+        .instances()
+        .iter()
+        .map(|i| i.instance_id().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 1001);
+    // The local stack refuses what EC2 would: one call naming them all.
+    let whole = c
+        .ec2
+        .terminate_instances()
+        .set_instance_ids(Some(ids.clone()))
+        .send()
+        .await
+        .unwrap_err();
+    let why = format!("{}", aws_smithy_types::error::display::DisplayErrorContext(&whole));
+    assert!(
+        why.contains("AWS would refuse") && why.contains("1001 instance ids"),
+        "{why}"
+    );
+    fleet.terminate(&ids).await.unwrap();
+    let mut live = 0;
+    for batch in ids.chunks(200) {
+        let d = c
+            .ec2
+            .describe_instances()
+            .set_instance_ids(Some(batch.to_vec()))
+            .send()
+            .await
+            .unwrap();
+        live += d
+            .reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .filter(|i| {
+                i.state()
+                    .and_then(|s| s.name())
+                    .is_some_and(|n| !matches!(n.as_str(), "shutting-down" | "terminated"))
+            })
+            .count();
+    }
+    assert_eq!(live, 0, "every instance terminated");
 }
 
 #[tokio::test]

@@ -452,8 +452,15 @@ impl PolicyConfig {
             bad("lanes".into(), "at least one lane is needed");
         }
         for (i, l) in self.lanes.iter().enumerate() {
-            if l.name.trim().is_empty() {
-                bad(format!("lanes[{i}].name"), "must not be empty");
+            // The name is a tag value on the lane's instances (`onoff:lane`, at most 256
+            // characters) and the active index's partition key: a short name of plain
+            // characters, as a job's project is.
+            let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+            if l.name.is_empty() || l.name.len() > 64 || !l.name.chars().all(plain) {
+                bad(
+                    format!("lanes[{i}].name"),
+                    "must be 1-64 characters of A-Z a-z 0-9 - _ .",
+                );
             }
             if self.lanes[..i].iter().any(|o| o.name == l.name) {
                 bad(format!("lanes[{i}].name"), "duplicate lane name");

@@ -1709,6 +1709,11 @@ fn bad_config_values_name_the_field() {
         ("[scale_down]\nmin_keep_alive_s = -1.0", "scale_down.min_keep_alive_s"),
         ("[[lanes]]\nname = \"a\"\n[[lanes]]\nname = \"a\"", "lanes[1].name"),
         ("[[lanes]]\nname = \"\"", "lanes[0].name"),
+        ("[[lanes]]\nname = \"gold lane\"", "lanes[0].name"),
+        (
+            "[[lanes]]\nname = \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"",
+            "1-64 characters",
+        ),
         ("lanes = []", "lanes"),
         (
             "[[lanes]]\nname = \"a\"\njobs_per_worker = 0",

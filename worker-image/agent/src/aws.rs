@@ -215,7 +215,7 @@ impl Objects for S3Objects {
                     return Err(format!(
                         "create log stream {group}/{stream}: {}: {}",
                         e.code().unwrap_or("Unknown"),
-                        e.message().unwrap_or_default()
+                        onoff_aws::errors::error_text(&e)
                     ))
                 }
             }
@@ -272,7 +272,7 @@ impl Objects for S3Objects {
                     format!(
                         "put log events {group}/{stream}: {}: {}",
                         e.code().unwrap_or("Unknown"),
-                        e.message().unwrap_or_default()
+                        onoff_aws::errors::error_text(&e)
                     )
                 })?;
         }
@@ -282,14 +282,13 @@ impl Objects for S3Objects {
     async fn download(&self, uri: &str, dest: &Path) -> Result<(), String> {
         use aws_sdk_s3::error::ProvideErrorMetadata;
         let (bucket, key) = parse_s3_uri(uri).ok_or_else(|| format!("{uri} is not s3://bucket/key"))?;
-        let mut obj = self
-            .s3
-            .get_object()
-            .bucket(bucket)
-            .key(key)
-            .send()
-            .await
-            .map_err(|e| format!("{}: {}", e.code().unwrap_or("Unknown"), e.message().unwrap_or_default()))?;
+        let mut obj = self.s3.get_object().bucket(bucket).key(key).send().await.map_err(|e| {
+            format!(
+                "{}: {}",
+                e.code().unwrap_or("Unknown"),
+                onoff_aws::errors::error_text(&e)
+            )
+        })?;
         let mut file = tokio::fs::File::create(dest).await.map_err(|e| e.to_string())?;
         while let Some(chunk) = obj.body.try_next().await.map_err(|e| e.to_string())? {
             file.write_all(&chunk).await.map_err(|e| e.to_string())?;
@@ -319,7 +318,7 @@ impl Objects for S3Objects {
                 format!(
                     "job session ({role}): {}: {}",
                     e.code().unwrap_or("Unknown"),
-                    e.message().unwrap_or_default()
+                    onoff_aws::errors::error_text(&e)
                 )
             })?;
         let c = out.credentials().ok_or("job session: STS returned no credentials")?;

@@ -1,0 +1,223 @@
+//! AWS's own request limits, held by the local stack: an SDK interceptor that refuses, before
+//! sending, a request AWS would refuse but the emulator (moto 5.2.5) takes. With it, a test
+//! against moto fails where AWS would, and the code's error path runs as it would on AWS.
+//!
+//! [`Clients`](crate::settings::Clients) add it whenever an endpoint override is set (an
+//! emulator); against AWS itself the service holds its limits. Each check is a documented limit,
+//! named with its source:
+//!
+//! | call | limit | source |
+//! |---|---|---|
+//! | EC2 `TerminateInstances` | at most 1,000 instance ids | EC2 API Reference, TerminateInstances, `InstanceIds` |
+//! | EC2 `CreateFleet`, `CreateTags` | at most 50 tags per resource; keys 1–128 characters, values at most 256 | EC2 User Guide, "Tag restrictions" |
+//! | STS `AssumeRole` | `Policy` at most 2,048 characters of U+0020–U+00FF, tab, LF, CR; `RoleSessionName` 2–64 of `[\w+=,.@-]`; `DurationSeconds` 900–43,200 | AWS STS API Reference, AssumeRole |
+//! | S3 object calls | key at most 1,024 bytes of UTF-8 | Amazon S3 User Guide, "Naming Amazon S3 objects" |
+//!
+//! Limits moto already enforces (SQS receive, visibility and delay bounds, message size, and
+//! DynamoDB's item size) are left to it.
+
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::context::{BeforeSerializationInterceptorContextRef, Input};
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_types::config_bag::ConfigBag;
+
+/// Most instance ids one `TerminateInstances` call takes (EC2 API Reference).
+pub const MAX_TERMINATE_IDS: usize = 1000;
+
+/// Most tags on one EC2 resource (EC2 User Guide, "Tag restrictions").
+pub const MAX_TAGS: usize = 50;
+
+/// Longest S3 object key, bytes of UTF-8 (Amazon S3 User Guide, "Naming Amazon S3 objects").
+pub const MAX_S3_KEY_BYTES: usize = 1024;
+
+/// A request AWS would refuse, and why (the interceptor's error: the call fails with it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{operation}: AWS would refuse this request: {problem}")]
+pub struct LimitExceeded {
+    /// The operation, e.g. `TerminateInstances`.
+    pub operation: &'static str,
+    /// The limit broken.
+    pub problem: String,
+}
+
+/// The interceptor. Add it to each client's config builder (`.interceptor(AwsLimits)`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AwsLimits;
+
+fn refuse(operation: &'static str, problem: String) -> Result<(), BoxError> {
+    Err(Box::new(LimitExceeded { operation, problem }))
+}
+
+fn tags_ok(operation: &'static str, tags: &[aws_sdk_ec2::types::Tag]) -> Result<(), BoxError> {
+    if tags.len() > MAX_TAGS {
+        return refuse(
+            operation,
+            format!("{} tags on one resource; at most {MAX_TAGS}", tags.len()),
+        );
+    }
+    for t in tags {
+        let (k, v) = (t.key().unwrap_or_default(), t.value().unwrap_or_default());
+        if k.is_empty() || k.chars().count() > 128 {
+            return refuse(operation, format!("tag key {k:?} is not 1-128 characters"));
+        }
+        if v.chars().count() > 256 {
+            return refuse(
+                operation,
+                format!("tag {k:?} has a value of {} characters; at most 256", v.chars().count()),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn key_ok(operation: &'static str, key: Option<&str>) -> Result<(), BoxError> {
+    match key {
+        Some(k) if k.len() > MAX_S3_KEY_BYTES => refuse(
+            operation,
+            format!("object key of {} bytes; S3 takes at most {MAX_S3_KEY_BYTES}", k.len()),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Whether `input` (an operation's input, type-erased) is within the limits above.
+fn check(input: &Input) -> Result<(), BoxError> {
+    use aws_sdk_ec2::operation as ec2;
+    use aws_sdk_s3::operation as s3;
+    if let Some(i) = input.downcast_ref::<ec2::terminate_instances::TerminateInstancesInput>() {
+        let n = i.instance_ids().len();
+        if n > MAX_TERMINATE_IDS {
+            return refuse(
+                "TerminateInstances",
+                format!("{n} instance ids; at most {MAX_TERMINATE_IDS} per call"),
+            );
+        }
+    } else if let Some(i) = input.downcast_ref::<ec2::create_fleet::CreateFleetInput>() {
+        for spec in i.tag_specifications() {
+            tags_ok("CreateFleet", spec.tags())?;
+        }
+    } else if let Some(i) = input.downcast_ref::<ec2::create_tags::CreateTagsInput>() {
+        tags_ok("CreateTags", i.tags())?;
+    } else if let Some(i) = input.downcast_ref::<aws_sdk_sts::operation::assume_role::AssumeRoleInput>() {
+        if let Some(p) = i.policy() {
+            if let Err(e) = onoff_control::boundary::sts_session_policy_check(p) {
+                return refuse("AssumeRole", e.to_string());
+            }
+        }
+        let name = i.role_session_name().unwrap_or_default();
+        let name_ok =
+            (2..=64).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || "_+=,.@-".contains(c));
+        if !name_ok {
+            return refuse(
+                "AssumeRole",
+                format!("role session name {name:?} is not 2-64 of [\\w+=,.@-]"),
+            );
+        }
+        if let Some(d) = i.duration_seconds() {
+            if !(900..=43_200).contains(&d) {
+                return refuse("AssumeRole", format!("DurationSeconds {d} is not within 900-43,200"));
+            }
+        }
+    } else if let Some(i) = input.downcast_ref::<s3::put_object::PutObjectInput>() {
+        key_ok("PutObject", i.key())?;
+    } else if let Some(i) = input.downcast_ref::<s3::create_multipart_upload::CreateMultipartUploadInput>() {
+        key_ok("CreateMultipartUpload", i.key())?;
+    } else if let Some(i) = input.downcast_ref::<s3::upload_part::UploadPartInput>() {
+        key_ok("UploadPart", i.key())?;
+    } else if let Some(i) = input.downcast_ref::<s3::get_object::GetObjectInput>() {
+        key_ok("GetObject", i.key())?;
+    } else if let Some(i) = input.downcast_ref::<s3::head_object::HeadObjectInput>() {
+        key_ok("HeadObject", i.key())?;
+    }
+    Ok(())
+}
+
+impl Intercept for AwsLimits {
+    fn name(&self) -> &'static str {
+        "onoff-aws-limits"
+    }
+
+    fn read_before_execution(
+        &self,
+        context: &BeforeSerializationInterceptorContextRef<'_>,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        check(context.input())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(input: Input) -> Option<String> {
+        check(&input).err().map(|e| e.to_string())
+    }
+
+    #[test]
+    fn terminate_takes_at_most_1000_ids() {
+        let ids = |n: usize| {
+            aws_sdk_ec2::operation::terminate_instances::TerminateInstancesInput::builder()
+                .set_instance_ids(Some((0..n).map(|i| format!("i-{i:017x}")).collect()))
+                .build()
+                .unwrap()
+        };
+        assert_eq!(refused(Input::erase(ids(1000))), None);
+        let why = refused(Input::erase(ids(1001))).unwrap();
+        assert!(
+            why.contains("TerminateInstances") && why.contains("1001 instance ids"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn tags_keys_and_session_policies_are_held_to_aws_limits() {
+        use aws_sdk_ec2::types::{Tag, TagSpecification};
+        let fleet = |value: &str| {
+            aws_sdk_ec2::operation::create_fleet::CreateFleetInput::builder()
+                .tag_specifications(
+                    TagSpecification::builder()
+                        .tags(Tag::builder().key("onoff:lane").value(value).build())
+                        .build(),
+                )
+                .build()
+                .unwrap()
+        };
+        assert_eq!(refused(Input::erase(fleet(&"l".repeat(256)))), None);
+        assert!(refused(Input::erase(fleet(&"l".repeat(257))))
+            .unwrap()
+            .contains("at most 256"));
+
+        let put = |key: String| {
+            aws_sdk_s3::operation::put_object::PutObjectInput::builder()
+                .bucket("b")
+                .key(key)
+                .build()
+                .unwrap()
+        };
+        assert_eq!(refused(Input::erase(put("k".repeat(1024)))), None);
+        assert!(refused(Input::erase(put("é".repeat(513))))
+            .unwrap()
+            .contains("1026 bytes"));
+
+        let assume = |policy: &str, name: &str| {
+            aws_sdk_sts::operation::assume_role::AssumeRoleInput::builder()
+                .role_arn("arn:aws:iam::123456789012:role/r")
+                .role_session_name(name)
+                .policy(policy)
+                .duration_seconds(3600)
+                .build()
+                .unwrap()
+        };
+        assert_eq!(refused(Input::erase(assume("{\"a\":\"\\u2019\"}", "job-1"))), None);
+        assert!(refused(Input::erase(assume("{\"a\":\"’\"}", "job-1")))
+            .unwrap()
+            .contains("U+0020"));
+        assert!(refused(Input::erase(assume(&"x".repeat(2049), "job-1")))
+            .unwrap()
+            .contains("2,048"));
+        assert!(refused(Input::erase(assume("{}", "job/1")))
+            .unwrap()
+            .contains("session name"));
+    }
+}
