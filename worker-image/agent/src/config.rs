@@ -131,6 +131,14 @@ impl AgentConfig {
         c.idle_timeout_s = secs("ONOFF_IDLE_TIMEOUT_S", c.idle_timeout_s, 1.0)?;
         c.heartbeat_s = secs("ONOFF_HEARTBEAT_S", c.heartbeat_s, 0.1)?;
         c.lease_s = secs("ONOFF_LEASE_S", c.lease_s, 3.0)?;
+        if c.lease_s > 43_200.0 {
+            // A received message stays hidden for one lease: SQS's longest visibility timeout
+            // is 12 hours (SQS Developer Guide, "Visibility timeout").
+            return Err(ConfigError {
+                name: "ONOFF_LEASE_S",
+                problem: format!("{} s is over SQS's longest visibility timeout, 43,200 s", c.lease_s),
+            });
+        }
         c.notice_grace_s = secs("ONOFF_NOTICE_GRACE_S", c.notice_grace_s, 0.0)?;
         c.imds_poll_s = secs("ONOFF_IMDS_POLL_S", c.imds_poll_s, 0.1)?;
         c.poll_wait_s = secs("ONOFF_POLL_WAIT_S", c.poll_wait_s, 0.0)?.min(20.0);
@@ -235,6 +243,9 @@ mod tests {
         assert_eq!(bad.name, "ONOFF_GPUS");
         let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_LEASE_S").then(|| "soon".to_string())).unwrap_err();
         assert_eq!(bad.name, "ONOFF_LEASE_S");
+        let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_LEASE_S").then(|| "43201".to_string())).unwrap_err();
+        assert!(bad.to_string().contains("43,200"), "{bad}");
+        assert!(AgentConfig::from_lookup(|k| (k == "ONOFF_LEASE_S").then(|| "43200".to_string())).is_ok());
         let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_NOTICE_GRACE_S").then(|| "150".to_string())).unwrap_err();
         assert!(bad.to_string().contains("120 s"), "{bad}");
         let c = AgentConfig::from_lookup(|k| (k == "ONOFF_JOB_UID").then(|| "10002".to_string())).unwrap();
