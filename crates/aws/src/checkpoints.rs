@@ -191,6 +191,19 @@ impl S3Checkpoints {
     /// Upload `files` under `prefix`: small files whole, large ones in parts, all
     /// [`Self::with_concurrency`] at a time; then complete the multipart uploads.
     async fn put_files(&self, prefix: &str, files: &[(String, PathBuf, u64)]) -> Result<(), StoreError> {
+        // A key S3 would refuse fails the whole upload before any byte goes up (a checkpoint
+        // with a file left out could not be resumed from).
+        if let Some((rel, _, _)) = files
+            .iter()
+            .find(|(rel, _, _)| prefix.len() + rel.len() > crate::limits::MAX_S3_KEY_BYTES)
+        {
+            return Err(StoreError::Invalid(format!(
+                "file {rel}: its key {prefix}{rel} would be {} bytes; S3 takes keys of at most {} \
+                 (Amazon S3 User Guide, \"Naming Amazon S3 objects\"): use a shorter path",
+                prefix.len() + rel.len(),
+                crate::limits::MAX_S3_KEY_BYTES
+            )));
+        }
         let mut multiparts: Vec<Multipart> = Vec::new();
         let result = async {
             let mut puts = Vec::new();

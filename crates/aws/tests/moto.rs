@@ -1002,6 +1002,39 @@ async fn checkpoints_stream_up_manifest_last_and_only_complete_ones_count() {
     std::fs::remove_dir_all(&dest).ok();
 }
 
+/// A file whose key S3 would refuse (over 1,024 bytes, prefix included) fails the checkpoint,
+/// naming the file, before any byte goes up: no part of it is left in the bucket.
+#[tokio::test]
+async fn a_checkpoint_with_a_path_too_long_for_s3_is_refused_whole_and_named() {
+    use onoff_aws::checkpoints::S3Checkpoints;
+    use onoff_control::ports::CheckpointStore;
+    let c = clients().await;
+    let bucket = unique("onoff-ckpt");
+    c.s3.create_bucket().bucket(&bucket).send().await.unwrap();
+    let store = S3Checkpoints::new(c.s3.clone(), &bucket);
+    let dir = std::env::temp_dir().join(unique("ckpt-deep"));
+    let deep = (0..4)
+        .map(|i| format!("{i}{}", "d".repeat(249)))
+        .collect::<Vec<_>>()
+        .join("/");
+    std::fs::create_dir_all(dir.join(&deep)).unwrap();
+    std::fs::write(dir.join(&deep).join("state.bin"), b"deep").unwrap();
+    std::fs::write(dir.join("model.bin"), b"model").unwrap();
+    let err = store.upload("job-deep", 1, &dir).await.unwrap_err().to_string();
+    assert!(err.contains("state.bin") && err.contains("at most 1024"), "{err}");
+    let listed = c.s3.list_objects_v2().bucket(&bucket).send().await.unwrap();
+    assert!(listed.contents().is_empty(), "{:?}", listed.contents());
+    assert_eq!(store.latest("job-deep").await.unwrap(), None);
+    // A job's outputs likewise.
+    let err = store
+        .upload_dir(&dir, "outputs/job-deep/")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("state.bin"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[tokio::test]
 async fn checkpoints_of_many_files_and_parts_go_up_and_down_concurrently_byte_for_byte() {
     use onoff_aws::checkpoints::S3Checkpoints;
