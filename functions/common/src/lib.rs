@@ -236,7 +236,7 @@ where
             &s.offerings,
             &opts,
             now,
-            &invocation.request_id,
+            &lease_owner(&invocation.request_id),
             ttl_s,
             &self.queues,
             &self.workers,
@@ -327,6 +327,20 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
     })
 }
 
+/// The reconcile lease's owner for one execution: the invocation's request id, which names it in
+/// the logs, made unique to this execution. Lambda reuses a request id when it delivers or
+/// retries one asynchronous event again ("Why is my Lambda function invoked more than once?",
+/// AWS re:Post knowledge center), and the lease lets its owner in again, so two executions of
+/// one event would otherwise both hold it and both launch.
+fn lease_owner(request_id: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{request_id}/{}-{nanos:x}-{n}", std::process::id())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,7 +406,12 @@ mod tests {
         let mut local = lambda_runtime::Context::default();
         local.request_id = "req-2".into();
         pollster::block_on(ctx.reconcile(now, false, &local)).unwrap();
-        let got = ctx.lease.acquisitions();
+        let got: Vec<(String, String, f64)> = ctx
+            .lease
+            .acquisitions()
+            .into_iter()
+            .map(|(name, owner, until)| (name, owner.split('/').next().unwrap_or_default().to_string(), until))
+            .collect();
         assert_eq!(
             got,
             vec![
@@ -408,6 +427,18 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn two_executions_of_one_event_own_the_lease_apart() {
+        // Lambda delivers or retries an asynchronous event with its request id unchanged.
+        let (a, b) = (lease_owner("req-1"), lease_owner("req-1"));
+        assert!(a.starts_with("req-1/") && b.starts_with("req-1/"), "{a} {b}");
+        assert_ne!(a, b, "the lease lets its owner in again: one owner each");
+        let lease = onoff_control::fake::FakeLease::default();
+        use onoff_control::ports::Lease;
+        assert!(pollster::block_on(lease.acquire("reconcile", &a, 60.0, 0.0)).unwrap());
+        assert!(!pollster::block_on(lease.acquire("reconcile", &b, 60.0, 1.0)).unwrap());
     }
 
     #[test]
