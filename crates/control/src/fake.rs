@@ -504,9 +504,31 @@ pub struct FakeJobs {
     errors: Mutex<BTreeMap<String, String>>,
     unreadable: Mutex<BTreeMap<String, String>>,
     fail_next: Mutex<Option<StoreError>>,
+    /// With a lagging index: the rows [`crate::ports::JobStore::active`] listed last time, which
+    /// it lists next time.
+    index: Mutex<Option<Vec<crate::ports::JobRecord>>>,
 }
 
 impl FakeJobs {
+    /// Make [`crate::ports::JobStore::active`] lag as the `active` index may (a global secondary
+    /// index is eventually consistent, DynamoDB Developer Guide, "Read consistency"): from now on
+    /// each listing shows the rows as they were at the listing before, the first one as they are
+    /// now, so the writes made in between are not seen until the next listing.
+    pub fn lag_index(&self) {
+        *self.index.lock().expect("lock") = Some(self.listed());
+    }
+
+    fn listed(&self) -> Vec<crate::ports::JobRecord> {
+        let unreadable = self.unreadable.lock().expect("lock");
+        self.jobs
+            .lock()
+            .expect("lock")
+            .values()
+            .filter(|r| !r.state.is_final() && !unreadable.contains_key(&r.id))
+            .cloned()
+            .collect()
+    }
+
     /// Records.
     pub fn records(&self) -> BTreeMap<String, crate::ports::JobRecord> {
         self.jobs.lock().expect("lock").clone()
@@ -681,16 +703,14 @@ impl crate::ports::JobStore for FakeJobs {
 
     async fn active(&self) -> Result<crate::ports::Listing<crate::ports::JobRecord>, StoreError> {
         self.injected()?;
+        let now = self.listed();
+        let items = match self.index.lock().expect("lock").as_mut() {
+            Some(before) => std::mem::replace(before, now),
+            None => now,
+        };
         let unreadable = self.unreadable.lock().expect("lock").clone();
         Ok(crate::ports::Listing {
-            items: self
-                .jobs
-                .lock()
-                .expect("lock")
-                .values()
-                .filter(|r| !r.state.is_final() && !unreadable.contains_key(&r.id))
-                .cloned()
-                .collect(),
+            items,
             unreadable: unreadable.into_iter().collect(),
         })
     }

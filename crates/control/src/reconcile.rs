@@ -131,6 +131,8 @@ pub struct JobsReaped {
     pub failed: Vec<String>,
     /// Pending jobs sent a fresh wake-up message.
     pub woken: Vec<String>,
+    /// Every lease ended, with the state the job went to (QUEUED, or FAILED or CANCELLED).
+    pub ended: Vec<(String, JobState)>,
     /// Failures of single writes or sends (the next run tries again).
     pub errors: Vec<String>,
 }
@@ -162,8 +164,14 @@ pub async fn reap_jobs<J: JobStore, Q: JobQueue>(
             "lease expired".to_string()
         };
         match requeue_lost(job, &why, opts, now, jobs, queue, &mut out.errors).await {
-            Ok(Some(JobState::Failed)) => out.failed.push(job.id.clone()),
-            Ok(Some(_)) => out.requeued.push(job.id.clone()),
+            Ok(Some(to)) => {
+                if to == JobState::Failed {
+                    out.failed.push(job.id.clone());
+                } else {
+                    out.requeued.push(job.id.clone());
+                }
+                out.ended.push((job.id.clone(), to));
+            }
             Ok(None) => {}
             Err(e) => out.errors.push(format!("requeue {}: {e}", job.id)),
         }
@@ -288,15 +296,22 @@ where
         }
         live.retain(|w| !lost.contains(&w.id));
         let reaped = reap_jobs(&active, &lost, opts, now, jobs, queues).await;
-        let changed = !(reaped.requeued.is_empty() && reaped.failed.is_empty());
+        // The decision below sees the leases just ended as they now are. Not by listing the
+        // active jobs again: the index is eventually consistent and may still show them RUNNING
+        // on a lost worker, and their replacement would wait for the next run.
+        for (id, to) in &reaped.ended {
+            if to.is_final() {
+                active.retain(|j| j.id != *id);
+            } else if let Some(j) = active.iter_mut().find(|j| j.id == *id) {
+                j.state = *to;
+                j.lease_owner = None;
+                j.lease_expires_at = None;
+            }
+        }
         report.jobs_requeued = reaped.requeued;
         report.jobs_failed = reaped.failed;
         report.jobs_woken = reaped.woken;
         report.errors.extend(reaped.errors);
-        if changed {
-            let listed = jobs.active().await?;
-            active = listed.items;
-        }
     }
 
     // Observe.

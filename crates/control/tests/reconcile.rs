@@ -267,6 +267,32 @@ fn a_worker_whose_instance_is_gone_and_an_expired_lease_are_handled() {
     );
 }
 
+/// The active index is eventually consistent: listed again right after the reaper re-queued a
+/// job, it may still show the job RUNNING on its lost worker. The decision sees it queued, and its
+/// replacement launches in the same run, not a run later.
+#[test]
+fn a_job_requeued_by_the_reaper_gets_capacity_in_the_same_run_whatever_the_index_shows() {
+    let w = World::new();
+    let ids = w.submit(1);
+    w.reconcile(NOW + 1.0, false);
+    let workers: Vec<String> = w.workers.records().keys().cloned().collect();
+    assert_eq!(workers.len(), 1);
+    pollster::block_on(w.jobs.claim(&ids[0], &workers[0], NOW + 10_000.0, NOW + 400.0)).unwrap();
+    w.workers
+        .set_agent_view(&workers[0], WorkerState::Running, None, Some(NOW + 990.0));
+    pollster::block_on(onoff_control::ports::Fleet::terminate(
+        &w.fleet,
+        std::slice::from_ref(&workers[0]),
+    ))
+    .unwrap();
+    w.jobs.lag_index();
+    let r = w.reconcile(NOW + 1_000.0, true);
+    assert_eq!(r.jobs_requeued, ids);
+    assert_eq!(w.fleet.running().len(), 1, "a replacement launched: {r:?}");
+    let job = pollster::block_on(w.jobs.get(&ids[0])).unwrap().unwrap();
+    assert_eq!((job.state, job.lease_owner), (JobState::Queued, None));
+}
+
 #[test]
 fn idle_workers_past_the_keep_alive_are_released() {
     let w = World::new();
