@@ -185,6 +185,21 @@ pub async fn reap_jobs<J: JobStore, Q: JobQueue>(
     out
 }
 
+/// A worker's price, $/h: as registered; for a worker its agent registered itself, with price
+/// 0 (the control plane's own registration failed after the launch, and the agent carries no
+/// catalogue), the catalogue's price of its offering, so that spend, the budget breaker and
+/// `SpendUsdPerHour` count it.
+#[must_use]
+pub fn worker_price_usd_per_h(w: &WorkerRecord, offerings: &[Offering]) -> f64 {
+    if w.price_usd_per_h > 0.0 {
+        return w.price_usd_per_h;
+    }
+    offerings
+        .iter()
+        .find(|o| o.key == w.offering)
+        .map_or(w.price_usd_per_h, |o| o.price_usd_per_h)
+}
+
 /// Shapes already worked out in one reconcile: ((GPUs asked, GiB per GPU bits), shape).
 type ShapeMemo = Vec<((u32, u64), (u32, u32))>;
 
@@ -383,7 +398,7 @@ where
                 offering: w.offering.clone(),
                 gpus: spec.map_or(1, |o| o.gpus),
                 gpu_memory_gib: spec.map_or(0.0, |o| o.gpu_memory_gib),
-                price_usd_per_h: w.price_usd_per_h,
+                price_usd_per_h: worker_price_usd_per_h(w, offerings),
                 state: w.state,
                 launched_at: w.launched_at,
                 idle_since: w.idle_since,

@@ -293,6 +293,58 @@ fn a_job_requeued_by_the_reaper_gets_capacity_in_the_same_run_whatever_the_index
     assert_eq!((job.state, job.lease_owner), (JobState::Queued, None));
 }
 
+/// A worker its agent registered itself (price 0: the control plane's registration failed after
+/// the launch) still counts against the budget, at its offering's catalogue price.
+#[test]
+fn a_worker_that_registered_itself_counts_against_the_budget_at_its_catalogue_price() {
+    let w = World::new();
+    let adopted = offerings()[0].clone();
+    pollster::block_on(w.workers.register_launch(onoff_control::ports::WorkerRecord {
+        id: "i-adopted".into(),
+        lane: "standard".into(),
+        offering: adopted.key.clone(),
+        price_usd_per_h: 0.0,
+        state: WorkerState::Running,
+        launched_at: NOW,
+        project: None,
+        idle_since: None,
+        heartbeat_at: Some(NOW + 5.0),
+        pinned_job: None,
+    }))
+    .unwrap();
+    w.fleet.add_instance("i-adopted", adopted.key.clone());
+    w.submit(1);
+    // Room for one worker at $0.39/h, not two.
+    let mut budget = cfg();
+    budget.limits.max_usd_per_h = Some(0.5);
+    let r = pollster::block_on(reconcile(
+        &budget,
+        &offerings(),
+        &ReconcileOptions::default(),
+        NOW + 10.0,
+        &w.queue,
+        &w.workers,
+        &w.jobs,
+        &w.fleet,
+        &w.avail,
+    ))
+    .unwrap();
+    assert!(r.acted.launched.is_empty(), "{r:?}");
+    assert!(
+        r.plan.held.iter().any(|h| matches!(
+            h.reason,
+            onoff_policy::Reason::BudgetBreaker { spend_usd_per_h, .. } if spend_usd_per_h == adopted.price_usd_per_h
+        )),
+        "{:?}",
+        r.plan.held
+    );
+    let registered = onoff_control::reconcile::worker_price_usd_per_h(
+        &pollster::block_on(w.workers.get("i-adopted")).unwrap().unwrap(),
+        &offerings(),
+    );
+    assert_eq!(registered, adopted.price_usd_per_h);
+}
+
 #[test]
 fn idle_workers_past_the_keep_alive_are_released() {
     let w = World::new();

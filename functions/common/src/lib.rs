@@ -272,7 +272,10 @@ where
             return;
         };
         let count = |st: WorkerState| workers.iter().filter(|w| w.state == st).count() as f64;
-        let spend: f64 = workers.iter().map(|w| w.price_usd_per_h).sum();
+        let spend: f64 = workers
+            .iter()
+            .map(|w| onoff_control::reconcile::worker_price_usd_per_h(w, &self.settings.offerings))
+            .sum();
         // Longest current idle time, for the "worker idle longer than expected" alarm.
         let idle_max = workers
             .iter()
