@@ -1237,7 +1237,7 @@ where
             report.outcome = self.settle(job, AttemptEnd::Succeeded, &report).await;
             tracing::info!(job = %id, seconds = report.seconds, cost_usd = report.cost_usd, outcome = report.outcome.as_str(), "exited 0");
             if report.outcome == Outcome::Succeeded {
-                self.upload_outputs(&id, &output_dir, &mut report).await;
+                self.upload_outputs(&id, &output_dir, &stream, &mut report).await;
             }
             return report;
         }
@@ -1248,7 +1248,7 @@ where
             report.outcome = self.settle(job, AttemptEnd::Cancelled, &report).await;
             tracing::info!(job = %id, outcome = report.outcome.as_str(), "cancelled by the user");
             if report.outcome != Outcome::LostLease {
-                self.upload_outputs(&id, &output_dir, &mut report).await;
+                self.upload_outputs(&id, &output_dir, &stream, &mut report).await;
             }
             return report;
         }
@@ -1293,7 +1293,7 @@ where
         };
         report.outcome = self.settle(job, AttemptEnd::Failed(why), &report).await;
         if report.outcome != Outcome::LostLease {
-            self.upload_outputs(&id, &output_dir, &mut report).await;
+            self.upload_outputs(&id, &output_dir, &stream, &mut report).await;
         }
         report
     }
@@ -1319,8 +1319,9 @@ where
     }
 
     /// Upload the job's `ONOFF_OUTPUT_DIR` to `outputs/<job_id>/` (after the attempt is recorded:
-    /// a failed upload changes no outcome, it is logged).
-    async fn upload_outputs(&self, id: &str, dir: &Path, report: &mut JobReport) {
+    /// a failed upload changes no outcome). A failure is logged, and told in the attempt's own
+    /// log `stream` too, where the job's user reads its output (`onoff logs`).
+    async fn upload_outputs(&self, id: &str, dir: &Path, stream: &str, report: &mut JobReport) {
         match self.deps.objects.upload_outputs(id, dir).await {
             Ok(n) => {
                 report.outputs_uploaded = n;
@@ -1328,7 +1329,13 @@ where
                     tracing::info!(job = %id, files = n, "outputs uploaded");
                 }
             }
-            Err(e) => tracing::warn!(job = %id, error = %e, "outputs not uploaded"),
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "outputs not uploaded");
+                let line = format!("onoff agent: the job's outputs were not uploaded: {e}");
+                if let Err(e) = self.deps.objects.log_lines(stream, &[(self.clock.now(), line)]).await {
+                    tracing::warn!(stream = %stream, error = %e, "job log line not shipped");
+                }
+            }
         }
     }
 

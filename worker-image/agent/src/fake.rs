@@ -470,6 +470,8 @@ pub struct FakeObjects {
     pub sessions: Mutex<Option<u32>>,
     /// Uploaded outputs: `outputs/<job_id>/<path>` -> bytes.
     pub outputs: Mutex<BTreeMap<String, Vec<u8>>>,
+    /// When set, output uploads fail with this error (as S3 refusing them would).
+    pub outputs_error: Mutex<Option<String>>,
     /// Log streams: stream -> lines.
     pub logs: Mutex<BTreeMap<String, Vec<String>>>,
 }
@@ -508,6 +510,9 @@ impl Objects for FakeObjects {
                 }
             }
             Ok(())
+        }
+        if let Some(e) = self.outputs_error.lock().expect("lock").clone() {
+            return Err(e);
         }
         let mut files = Vec::new();
         walk(dir, dir, &mut files).map_err(|e| e.to_string())?;

@@ -1116,6 +1116,28 @@ async fn an_attempt_is_logged_its_lines_shipped_and_its_outputs_uploaded() {
     assert!(env.iter().any(|(k, _)| k == "ONOFF_OUTPUT_DIR"));
 }
 
+/// Outputs S3 refuses do not change the outcome (success is recorded first), but the job's own
+/// log says so, where its user looks.
+#[tokio::test(start_paused = true)]
+async fn outputs_that_fail_to_upload_are_told_in_the_jobs_own_log() {
+    let dir = tempdir("outputs-refused");
+    let w = World::default();
+    register(&w, "i-a");
+    script(&w, "train", 5);
+    submit(&w, "job-1", "train", 3, 600.0);
+    *w.objects.outputs_error.lock().unwrap() = Some("AccessDenied: not allowed".into());
+    let (r, _) = agent(&w, "i-a", &cfg(dir.path())).await;
+    assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
+    assert_eq!(r.jobs[0].outputs_uploaded, 0);
+    assert_eq!(job(&w, "job-1").state, JobState::Succeeded);
+    let logs = w.objects.logs.lock().unwrap().clone();
+    let last = logs["job-1/1"].last().unwrap();
+    assert!(
+        last.contains("outputs were not uploaded") && last.contains("AccessDenied"),
+        "{last}"
+    );
+}
+
 /// Register `id` as an on-demand worker launched for `pinned` (if any), as the scaler does.
 fn register_on_demand(w: &World, id: &str, pinned: Option<&str>) {
     register_as(w, id, CapacityType::OnDemand, pinned);
