@@ -46,12 +46,7 @@ fn s3_error<E>(what: &str, e: &aws_sdk_s3::error::SdkError<E>) -> StoreError
 where
     E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + 'static,
 {
-    use aws_sdk_s3::error::ProvideErrorMetadata;
-    StoreError::Other(format!(
-        "{what}: {}: {}",
-        e.code().unwrap_or("Unknown"),
-        crate::errors::error_text(e)
-    ))
+    StoreError::Other(format!("{what}: {}", crate::errors::describe(e)))
 }
 
 fn io_error(what: &str, path: &Path, e: &dyn std::fmt::Display) -> StoreError {

@@ -50,15 +50,23 @@ where
     )
 }
 
+/// `<code>: <message>` of an SDK error ([`error_text`]; the code `Unknown` when none came): how
+/// every adapter words an AWS failure.
+pub fn describe<E>(err: &E) -> String
+where
+    E: aws_smithy_types::error::metadata::ProvideErrorMetadata + std::error::Error,
+{
+    format!("{}: {}", err.code().unwrap_or("Unknown"), error_text(err))
+}
+
 /// A [`FleetError`] from any SDK error that carries error metadata (code and message).
 pub fn fleet_error<E>(err: &E) -> FleetError
 where
     E: aws_sdk_ec2::error::ProvideErrorMetadata + std::error::Error,
 {
-    let code = err.code().unwrap_or("Unknown");
     FleetError {
-        kind: classify_ec2_code(code),
-        message: format!("{code}: {}", error_text(err)),
+        kind: classify_ec2_code(err.code().unwrap_or("Unknown")),
+        message: describe(err),
     }
 }
 

@@ -27,8 +27,7 @@ pub const MAX_TERMINATE_IDS: usize = 1000;
 /// Most tags on one EC2 resource (EC2 User Guide, "Tag restrictions").
 pub const MAX_TAGS: usize = 50;
 
-/// Longest S3 object key, bytes of UTF-8 (Amazon S3 User Guide, "Naming Amazon S3 objects").
-pub const MAX_S3_KEY_BYTES: usize = 1024;
+pub use onoff_control::job::MAX_S3_KEY_BYTES;
 
 /// A request AWS would refuse, and why (the interceptor's error: the call fails with it).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -39,10 +39,9 @@ fn err<E>(lane: &str, e: &aws_sdk_sqs::error::SdkError<E>) -> QueueError
 where
     E: aws_sdk_sqs::error::ProvideErrorMetadata + std::error::Error + 'static,
 {
-    use aws_sdk_sqs::error::ProvideErrorMetadata;
     QueueError {
         lane: lane.to_string(),
-        message: format!("{}: {}", e.code().unwrap_or("Unknown"), crate::errors::error_text(e)),
+        message: crate::errors::describe(e),
     }
 }
 

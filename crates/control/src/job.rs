@@ -184,8 +184,7 @@ impl JobSpec {
             let Some((bucket, key)) = parse_s3_uri(uri) else {
                 return bad("input", "must be an S3 URI s3://bucket/key");
             };
-            // S3's longest key (Amazon S3 User Guide, "Naming objects"): 1,024 bytes of UTF-8.
-            if key.len() > 1024 {
+            if key.len() > MAX_S3_KEY_BYTES {
                 return bad("input", "key must be at most 1,024 bytes (S3's limit)");
             }
             // The job's session names the input object; STS takes a session policy of at most
@@ -200,6 +199,9 @@ impl JobSpec {
         Ok(())
     }
 }
+
+/// Longest S3 object key, bytes of UTF-8 (Amazon S3 User Guide, "Naming Amazon S3 objects").
+pub const MAX_S3_KEY_BYTES: usize = 1024;
 
 /// Bucket and key of `s3://bucket/key`; `None` when `uri` is not of that form.
 pub fn parse_s3_uri(uri: &str) -> Option<(&str, &str)> {

@@ -213,9 +213,8 @@ impl Objects for S3Objects {
                 Err(e) if e.code() == Some("ResourceAlreadyExistsException") => {}
                 Err(e) => {
                     return Err(format!(
-                        "create log stream {group}/{stream}: {}: {}",
-                        e.code().unwrap_or("Unknown"),
-                        onoff_aws::errors::error_text(&e)
+                        "create log stream {group}/{stream}: {}",
+                        onoff_aws::errors::describe(&e)
                     ))
                 }
             }
@@ -268,27 +267,21 @@ impl Objects for S3Objects {
                 .set_log_events(Some(b))
                 .send()
                 .await
-                .map_err(|e| {
-                    format!(
-                        "put log events {group}/{stream}: {}: {}",
-                        e.code().unwrap_or("Unknown"),
-                        onoff_aws::errors::error_text(&e)
-                    )
-                })?;
+                .map_err(|e| format!("put log events {group}/{stream}: {}", onoff_aws::errors::describe(&e)))?;
         }
         Ok(())
     }
 
     async fn download(&self, uri: &str, dest: &Path) -> Result<(), String> {
-        use aws_sdk_s3::error::ProvideErrorMetadata;
         let (bucket, key) = parse_s3_uri(uri).ok_or_else(|| format!("{uri} is not s3://bucket/key"))?;
-        let mut obj = self.s3.get_object().bucket(bucket).key(key).send().await.map_err(|e| {
-            format!(
-                "{}: {}",
-                e.code().unwrap_or("Unknown"),
-                onoff_aws::errors::error_text(&e)
-            )
-        })?;
+        let mut obj = self
+            .s3
+            .get_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| onoff_aws::errors::describe(&e))?;
         let mut file = tokio::fs::File::create(dest).await.map_err(|e| e.to_string())?;
         while let Some(chunk) = obj.body.try_next().await.map_err(|e| e.to_string())? {
             file.write_all(&chunk).await.map_err(|e| e.to_string())?;
@@ -297,7 +290,6 @@ impl Objects for S3Objects {
     }
 
     async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Option<JobCredentials>, String> {
-        use aws_sdk_sts::error::ProvideErrorMetadata;
         let Some(role) = &self.job_role_arn else {
             return Ok(None);
         };
@@ -314,13 +306,7 @@ impl Objects for S3Objects {
             .duration_seconds(JOB_SESSION_S)
             .send()
             .await
-            .map_err(|e| {
-                format!(
-                    "job session ({role}): {}: {}",
-                    e.code().unwrap_or("Unknown"),
-                    onoff_aws::errors::error_text(&e)
-                )
-            })?;
+            .map_err(|e| format!("job session ({role}): {}", onoff_aws::errors::describe(&e)))?;
         let c = out.credentials().ok_or("job session: STS returned no credentials")?;
         let expiration = c
             .expiration()
