@@ -35,6 +35,8 @@ pub struct ManagedInstance {
     pub state: String,
     /// Value of the lane tag, if any.
     pub lane: Option<String>,
+    /// Value of the project tag, if any.
+    pub project: Option<String>,
     /// Launch time, unix seconds.
     pub launched_at: Option<f64>,
 }
@@ -81,13 +83,26 @@ impl Ec2Fleet {
     }
 
     /// Launch into these subnets, given as (availability zone, subnet id); an empty zone is looked
-    /// up (`ec2:DescribeSubnets`) at the first launch. An offering's zone picks its subnet (the
-    /// override names the subnet, which implies the zone). Zones without a subnet are placed by
-    /// zone alone.
+    /// up (`ec2:DescribeSubnets`) once ([`Ec2Fleet::subnet_zones`]). An offering's zone picks its
+    /// subnet (the override names the subnet, which implies the zone). An offering in a zone
+    /// without one is not launched: EC2 would place it by zone alone, in that zone's default
+    /// subnet, outside the VPC the workers' security group belongs to (and outside what the
+    /// template's scaler role may launch into); it is reported short instead
+    /// ([`LaunchResult::short`]). With no subnets at all, every launch is placed by zone alone
+    /// (the default VPC).
     pub fn with_subnets(mut self, subnets: Vec<(String, String)>) -> Self {
         self.subnets = subnets;
         self.placed = std::sync::Arc::default();
         self
+    }
+
+    /// The subnets given ([`Ec2Fleet::with_subnets`]) as (availability zone, subnet id), each
+    /// zone looked up once (`ec2:DescribeSubnets`); empty when none were given (any zone).
+    ///
+    /// # Errors
+    /// EC2 failures, classified; [`FleetErrorKind::Other`] naming a subnet EC2 does not describe.
+    pub async fn subnet_zones(&self) -> Result<Vec<(String, String)>, FleetError> {
+        Ok(self.placed_subnets().await?.to_vec())
     }
 
     /// The subnets with their zones, looked up once.
@@ -212,6 +227,7 @@ impl Ec2Fleet {
                             .map(|n| n.as_str().to_string())
                             .unwrap_or_default(),
                         lane: tag(TAG_LANE),
+                        project: tag(TAG_PROJECT),
                         launched_at: i.launch_time().map(|t| t.as_secs_f64()),
                     });
                 }
@@ -335,13 +351,24 @@ impl Fleet for Ec2Fleet {
         };
         let mut config = FleetLaunchTemplateConfigRequest::builder().launch_template_specification(spec.build());
         let subnets = self.placed_subnets().await?;
+        let mut out = LaunchResult::default();
+        let mut placed = 0;
         for key in &req.offerings {
             let o = FleetLaunchTemplateOverridesRequest::builder()
                 .instance_type(InstanceType::from(key.instance_type.as_str()));
-            config = config.overrides(match subnets.iter().find(|(z, _)| *z == key.zone) {
+            let o = match subnets.iter().find(|(z, _)| *z == key.zone) {
                 Some((_, subnet)) => o.subnet_id(subnet).build(),
-                None => o.availability_zone(&key.zone).build(),
-            });
+                None if subnets.is_empty() => o.availability_zone(&key.zone).build(),
+                None => {
+                    out.short.push((key.clone(), no_subnet(&key.zone, subnets)));
+                    continue;
+                }
+            };
+            config = config.overrides(o);
+            placed += 1;
+        }
+        if placed == 0 {
+            return Err(no_subnet(&first.zone, subnets));
         }
         let mut tags = TagSpecification::builder()
             .resource_type(ResourceType::Instance)
@@ -386,7 +413,6 @@ impl Fleet for Ec2Fleet {
                 .unwrap_or(first)
                 .clone()
         };
-        let mut out = LaunchResult::default();
         for i in resp.instances() {
             let offering = offering_of_override(i.launch_template_and_overrides().and_then(|l| l.overrides()));
             for id in i.instance_ids() {
@@ -452,8 +478,23 @@ impl onoff_control::ports::FleetLister for Ec2Fleet {
                 offering: offering_of(&i),
                 launched_at: i.launched_at.unwrap_or(0.0),
                 instance_id: i.instance_id,
+                lane: i.lane,
+                project: i.project,
             })
             .collect())
+    }
+}
+
+/// An offering in `zone`, which none of the fleet's `subnets` is in.
+fn no_subnet(zone: &str, subnets: &[(String, String)]) -> FleetError {
+    let zones: Vec<&str> = subnets.iter().map(|(z, _)| z.as_str()).collect();
+    FleetError {
+        kind: FleetErrorKind::Other,
+        message: format!(
+            "no subnet in {zone} (ONOFF_SUBNETS has {}): not launched there, as EC2 would place it in the \
+             zone's default subnet, outside the workers' VPC",
+            zones.join(", ")
+        ),
     }
 }
 

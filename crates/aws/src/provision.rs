@@ -20,6 +20,10 @@ pub struct ProvisionOptions {
     pub max_receive_count: u32,
     /// Default visibility timeout of the lane queues, seconds (template: 900).
     pub visibility_timeout_s: u32,
+    /// The workers' subnets (template: `WorkerSubnets`): the default subnet of each of these
+    /// zones, as a user gives a subnet in some zones of a region and not all; empty: every
+    /// zone's.
+    pub zones: Vec<String>,
 }
 
 /// A failure to create a resource, naming it.
@@ -289,12 +293,19 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
         .map(str::to_string)
         .ok_or_else(|| perr(format!("launch template {launch_template_name}"), "no id returned"))?;
     // Subnet ids only, as template.yaml gives them: the fleet looks their zones up.
-    let subnets = crate::fleet::Ec2Fleet::default_subnets(&c.ec2)
+    let subnets: Vec<(String, String)> = crate::fleet::Ec2Fleet::default_subnets(&c.ec2)
         .await
         .map_err(|e| perr("subnets", e))?
         .into_iter()
+        .filter(|(zone, _)| opts.zones.is_empty() || opts.zones.contains(zone))
         .map(|(_, id)| (String::new(), id))
         .collect();
+    if subnets.is_empty() {
+        return Err(perr(
+            "subnets",
+            format!("no default subnet in {}", opts.zones.join(", ")),
+        ));
+    }
     Ok(Provisioned {
         resources: Resources {
             queue_urls,

@@ -220,6 +220,25 @@ impl WorkerRegistry for DynamoWorkers {
         }
     }
 
+    async fn set_price_if_unpriced(&self, id: &str, price_usd_per_h: f64) -> Result<bool, StoreError> {
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(WORKER_KEY, self.key_of(id))
+            .update_expression("SET price_usd_per_h = :p")
+            .condition_expression("attribute_exists(instance_id) AND price_usd_per_h = :zero")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .expression_attribute_values(":p", n(price_usd_per_h))
+            .expression_attribute_values(":zero", n(0.0))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) => refused_or_missing(id, "price worker", &e),
+        }
+    }
+
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
         self.get_record(id).await
     }

@@ -198,6 +198,71 @@ async fn sqs_backlog_counts_visible_in_flight_and_delayed() {
     );
 }
 
+/// A user gives subnets in some zones and not all. An offering in a zone without one is not
+/// launched (EC2 would place it by zone alone, in that zone's default subnet: outside the workers'
+/// VPC, and outside what the scaler role may launch into; moto takes it); it is reported short,
+/// so the launch falls back, and a launch with no placeable offering at all is refused whole.
+#[tokio::test]
+async fn an_offering_in_a_zone_without_a_subnet_is_not_launched_there() {
+    let c = clients().await;
+    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
+    let two: Vec<(String, String)> = subnets
+        .iter()
+        .filter(|(z, _)| z == "us-east-1a" || z == "us-east-1b")
+        .map(|(_, id)| (String::new(), id.clone()))
+        .collect();
+    assert_eq!(two.len(), 2, "{subnets:?}");
+    let lt = launch_template(&c).await;
+    let fleet = Ec2Fleet::new(c.ec2.clone(), &lt)
+        .with_subnets(two)
+        .with_deployment(unique("deploy"));
+    let mut zones: Vec<String> = fleet
+        .subnet_zones()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(z, _)| z)
+        .collect();
+    zones.sort();
+    assert_eq!(zones, ["us-east-1a", "us-east-1b"]);
+    let req = |offerings: Vec<OfferingKey>| {
+        LaunchRequest {
+            lane: "standard".into(),
+            offerings,
+            count: 1,
+            project: None,
+            job: None,
+            client_token: String::new(),
+        }
+        .with_token_for(&unique("decision"))
+    };
+    let d = key("g5.xlarge", "us-east-1d", CapacityType::Spot);
+    let b = key("g5.xlarge", "us-east-1b", CapacityType::Spot);
+    let res = fleet.launch(&req(vec![d.clone(), b.clone()])).await.unwrap();
+    assert_eq!(res.launched.len(), 1);
+    assert_eq!(res.launched[0].offering, b);
+    assert_eq!(res.short.len(), 1, "{:?}", res.short);
+    assert_eq!(res.short[0].0, d);
+    assert!(
+        res.short[0].1.message.contains("no subnet in us-east-1d"),
+        "{}",
+        res.short[0].1
+    );
+    let placed = c
+        .ec2
+        .describe_instances()
+        .instance_ids(&res.launched[0].instance_id)
+        .send()
+        .await
+        .unwrap();
+    let inst = &placed.reservations()[0].instances()[0];
+    assert_eq!(inst.placement().and_then(|p| p.availability_zone()), Some("us-east-1b"));
+    // Only zones without a subnet: nothing goes out, and the error names the zone.
+    let err = fleet.launch(&req(vec![d.clone()])).await.unwrap_err();
+    assert!(err.message.contains("no subnet in us-east-1d"), "{err}");
+    fleet.terminate(&[res.launched[0].instance_id.clone()]).await.unwrap();
+}
+
 #[tokio::test]
 async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
     let c = clients().await;
@@ -255,6 +320,14 @@ async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
         assert_eq!(i.zone, "us-east-1b");
         assert!(launched.iter().any(|l| l.instance_id == i.instance_id));
     }
+    // The reaper's listing carries the lane and project tags (it adopts a launch whose
+    // registration failed into its lane).
+    let listed = onoff_control::ports::FleetLister::list_managed(&fleet).await.unwrap();
+    let tagged: Vec<_> = listed.iter().filter(|i| i.lane.as_deref() == Some(&lane)).collect();
+    assert_eq!(tagged.len(), 2, "{listed:?}");
+    assert!(tagged
+        .iter()
+        .all(|i| i.project.as_deref() == Some("vision") && i.launched_at > 0.0));
     // The override named the zone's subnet, found by its id alone.
     let zone_b = subnets.iter().find(|(z, _)| z == "us-east-1b").unwrap().1.clone();
     assert!(create[0].contains(&format!("SubnetId={zone_b}")), "{}", create[0]);
@@ -450,6 +523,23 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
         Err(StoreError::NotFound("i-0bbbbbbbbbbbbbbb2".into()))
     );
     assert_eq!(reg.get("i-0bbbbbbbbbbbbbbb2").await.unwrap(), None);
+    // A row its agent registered (price 0) takes the catalogue's price once; a priced row keeps
+    // its own; an unknown worker is NotFound.
+    let unpriced = WorkerRecord {
+        id: "i-0ddddddddddddddd4".into(),
+        price_usd_per_h: 0.0,
+        ..rec.clone()
+    };
+    reg.register_launch(unpriced.clone()).await.unwrap();
+    assert!(reg.set_price_if_unpriced(&unpriced.id, 0.39).await.unwrap());
+    assert!(!reg.set_price_if_unpriced(&unpriced.id, 9.0).await.unwrap());
+    assert_eq!(reg.get(&unpriced.id).await.unwrap().unwrap().price_usd_per_h, 0.39);
+    assert!(!reg.set_price_if_unpriced(&rec.id, 9.0).await.unwrap());
+    assert_eq!(reg.get(&rec.id).await.unwrap().unwrap().price_usd_per_h, 0.39);
+    assert_eq!(
+        reg.set_price_if_unpriced("i-0bbbbbbbbbbbbbbb2", 0.39).await,
+        Err(StoreError::NotFound("i-0bbbbbbbbbbbbbbb2".into()))
+    );
     // A missing table is a clear error, not a panic.
     let missing = DynamoWorkers::new(c.dynamodb.clone(), unique("no-such-table"), ARN_PREFIX);
     let err = missing.register_launch(rec).await.unwrap_err().to_string();

@@ -489,7 +489,14 @@ pub async fn submit(a: SubmitArgs) -> Result<()> {
     }
     let lane = early["lane"].as_str().unwrap_or("standard");
     JobSpec::parse(&early_text, &[lane], now).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let ops = Ops::connect(&a.target).await?;
+    let mut ops = Ops::connect(&a.target).await?;
+    // Admission counts only the offerings in the zones of the workers' subnets, as the submit
+    // function does; without ec2:DescribeSubnets the check counts every zone (the function
+    // checks again).
+    let fleet = onoff_fn_common::fleet_of(&ops.settings, &ops.clients);
+    if let Err(e) = onoff_fn_common::offer_subnet_zones(&mut ops.settings, &fleet).await {
+        eprintln!("onoff: warning: {e}; the spec is checked against every zone (the stack checks it again)");
+    }
     let (spec, text) = spec_text(&a, ops.image.as_deref(), now)?;
     // The submit function's own checks, before anything is put.
     let rules = Admission {

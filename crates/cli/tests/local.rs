@@ -139,6 +139,16 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
         "a job resumed from a checkpoint: {v}"
     );
     assert!(n("instances_launched") >= 1.0);
+    // Only in zones the stack has a subnet in (three of six): the functions offer no other.
+    let zones = v["zones_launched_in"].as_array().expect("zones in the report");
+    assert!(
+        !zones.is_empty()
+            && zones
+                .iter()
+                .all(|z| onoff_local::LOCAL_ZONES.contains(&z.as_str().unwrap_or_default())),
+        "launched outside the stack's subnets' zones {:?}: {v}",
+        onoff_local::LOCAL_ZONES
+    );
     assert_eq!(n("instances_left_running"), 0.0, "every worker terminated itself");
     assert!(n("total_usd") > 0.0 && n("usd_per_job") > 0.0);
     assert!(n("wait_p95_s") >= n("wait_p50_s"));

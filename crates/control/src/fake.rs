@@ -45,6 +45,10 @@ struct FleetInner {
     one_shot: VecDeque<FleetError>,
     /// Result of each client token's first call (EC2 answers a repeated token with it).
     by_token: BTreeMap<String, LaunchResult>,
+    /// Each instance's lane and project tags and launch time, as listed.
+    tags: BTreeMap<String, (Option<String>, Option<String>, f64)>,
+    /// Launch time given to instances launched from now on, unix seconds.
+    clock: f64,
 }
 
 impl FakeFleet {
@@ -137,6 +141,8 @@ impl Fleet for FakeFleet {
                 s.next_id += 1;
                 let id = format!("i-fake{:012}", s.next_id);
                 s.running.insert(id.clone(), k.clone());
+                let tags = (Some(req.lane.clone()), req.project.clone(), s.clock);
+                s.tags.insert(id.clone(), tags);
                 out.launched.push(Launched {
                     instance_id: id,
                     offering: k.clone(),
@@ -191,10 +197,22 @@ impl crate::ports::FleetLister for FakeFleet {
         Ok(self
             .running()
             .into_iter()
-            .map(|(id, offering)| crate::ports::FleetInstance {
-                instance_id: id,
-                offering,
-                launched_at: 0.0,
+            .map(|(id, offering)| {
+                let (lane, project, launched_at) = self
+                    .inner
+                    .lock()
+                    .expect("lock")
+                    .tags
+                    .get(&id)
+                    .cloned()
+                    .unwrap_or((None, None, 0.0));
+                crate::ports::FleetInstance {
+                    instance_id: id,
+                    offering,
+                    launched_at,
+                    lane,
+                    project,
+                }
             })
             .collect())
     }
@@ -209,6 +227,29 @@ impl FakeFleet {
             .expect("lock")
             .running
             .insert(id.to_string(), offering);
+    }
+
+    /// An instance launched for `lane` (and `project`) at `launched_at` (unix seconds) that no
+    /// worker row knows: a launch whose registration failed.
+    pub fn add_launched_instance(
+        &self,
+        id: &str,
+        offering: OfferingKey,
+        lane: &str,
+        project: Option<&str>,
+        launched_at: f64,
+    ) {
+        let mut s = self.inner.lock().expect("lock");
+        s.running.insert(id.to_string(), offering);
+        s.tags.insert(
+            id.to_string(),
+            (Some(lane.to_string()), project.map(str::to_string), launched_at),
+        );
+    }
+
+    /// Launch time of the instances launched from now on, unix seconds (default 0).
+    pub fn set_clock(&self, now: f64) {
+        self.inner.lock().expect("lock").clock = now;
     }
 }
 
@@ -287,6 +328,17 @@ impl WorkerRegistry for FakeRegistry {
             return Ok(false);
         }
         w.state = to;
+        Ok(true)
+    }
+
+    async fn set_price_if_unpriced(&self, id: &str, price_usd_per_h: f64) -> Result<bool, StoreError> {
+        self.injected()?;
+        let mut m = self.workers.lock().expect("lock");
+        let w = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        if w.price_usd_per_h != 0.0 {
+            return Ok(false);
+        }
+        w.price_usd_per_h = price_usd_per_h;
         Ok(true)
     }
 

@@ -228,6 +228,15 @@ pub trait WorkerRegistry {
     /// [`StoreError::NotFound`] when the worker is unknown; store failures.
     async fn set_state_if(&self, id: &str, to: WorkerState, from: &[WorkerState]) -> Result<bool, StoreError>;
 
+    /// Give a worker registered without a price (its agent registered it: price 0) the price
+    /// `price_usd_per_h` ($/h, its offering's in the catalogue), which its agent then charges its
+    /// jobs with. One conditional write: `Ok(true)` when written, `Ok(false)` when the row already
+    /// has a price.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the worker is unknown; store failures.
+    async fn set_price_if_unpriced(&self, id: &str, price_usd_per_h: f64) -> Result<bool, StoreError>;
+
     /// One worker's record; `None` when unknown (not an onoff worker, or its row expired).
     ///
     /// # Errors
@@ -532,6 +541,10 @@ pub struct FleetInstance {
     pub offering: OfferingKey,
     /// Launch time, unix seconds.
     pub launched_at: f64,
+    /// The lane it was launched for (EC2: its `onoff:lane` tag), if it says.
+    pub lane: Option<String>,
+    /// The project it was launched for (EC2: its `onoff:project` tag), if any.
+    pub project: Option<String>,
 }
 
 /// Listing the fleet's instances.

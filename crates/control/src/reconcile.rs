@@ -2,7 +2,10 @@
 //! alarms and submissions; the `reconciler` runs it with reaping on its schedule.
 //!
 //! Reaping, the second layer behind each agent's own idle exit:
-//! - instances tagged `onoff:managed` that the workers table does not know (orphans) are terminated;
+//! - instances tagged `onoff:managed` that the workers table does not know are adopted when they
+//!   are a launch whose registration failed (a lane's tag, younger than `boot_timeout_s`, no row:
+//!   registered as booting, at the catalogue price), else (orphans) terminated once
+//!   `launch_grace_s` passed;
 //! - workers whose instance is gone are marked Terminating and their jobs re-queued;
 //! - workers whose heartbeat is older than `heartbeat_timeout_s`, or that never reported within
 //!   `boot_timeout_s` of launch, are terminated and their jobs re-queued;
@@ -25,8 +28,8 @@ use onoff_policy::{
 use crate::act::{act, ActContext, ActOutcome};
 use crate::job::{AttemptEnd, JobSpec, JobState, RerunLimits, Settle};
 use crate::ports::{
-    wake, Fleet, FleetLister, JobQueue, JobRecord, JobStore, OfferingAvailability, StoreError, WorkerRecord,
-    WorkerRegistry,
+    wake, Fleet, FleetInstance, FleetLister, JobQueue, JobRecord, JobStore, OfferingAvailability, StoreError,
+    WorkerRecord, WorkerRegistry,
 };
 
 /// Reconcile settings.
@@ -76,6 +79,9 @@ pub struct ReconcileReport {
     pub acted: ActOutcome,
     /// Orphan instances terminated.
     pub orphans_terminated: Vec<String>,
+    /// Instances launched for a lane whose registration failed, registered by the reaper as
+    /// booting workers instead of terminated ([`ReconcileOptions::boot_timeout_s`] still applies).
+    pub orphans_adopted: Vec<String>,
     /// Workers whose instance was gone.
     pub workers_gone: Vec<String>,
     /// Workers terminated for a stale heartbeat or a boot that never finished.
@@ -185,6 +191,57 @@ pub async fn reap_jobs<J: JobStore, Q: JobQueue>(
     out
 }
 
+/// Register instance `i`, which no live worker row knows, as a booting worker of its lane, when
+/// it is a launch whose registration failed: tagged with a lane of the policy, younger than
+/// `boot_timeout_s`, and with no row at all (a Terminating row means the control plane retired
+/// it). Its price is its offering's in the catalogue. `Ok(None)`: not such a launch (an orphan
+/// once `launch_grace_s` passed).
+///
+/// Without this, a launch whose `register_launch` failed after CreateFleet (throttling past the
+/// SDK's retries, the function's timeout) was terminated as an orphan once `launch_grace_s`
+/// passed, after billing its boot, and the decisions until then did not count it. No grace is
+/// needed here: runs hold the reconcile lease one at a time, and the row is conditional
+/// (`register_launch` creates, never overwrites), so a row registered meanwhile (a row the scan
+/// did not show yet, its agent's own) is kept. If its agent never reports, the boot timeout ends
+/// it as any worker's.
+///
+/// # Errors
+/// Store failures.
+async fn adopt<W: WorkerRegistry>(
+    i: &FleetInstance,
+    cfg: &PolicyConfig,
+    offerings: &[Offering],
+    opts: &ReconcileOptions,
+    now: f64,
+    workers: &W,
+) -> Result<Option<WorkerRecord>, StoreError> {
+    let Some(lane) = i.lane.as_deref().filter(|l| cfg.lane_index(l).is_some()) else {
+        return Ok(None);
+    };
+    if now - i.launched_at >= opts.boot_timeout_s || workers.get(&i.instance_id).await?.is_some() {
+        return Ok(None);
+    }
+    let record = WorkerRecord {
+        id: i.instance_id.clone(),
+        lane: lane.to_string(),
+        offering: i.offering.clone(),
+        price_usd_per_h: offerings
+            .iter()
+            .find(|o| o.key == i.offering)
+            .map_or(0.0, |o| o.price_usd_per_h),
+        state: WorkerState::Pending,
+        launched_at: i.launched_at,
+        project: i.project.clone(),
+        idle_since: None,
+        heartbeat_at: None,
+        pinned_job: None,
+    };
+    // Conditional: a row registered meanwhile (its agent's, a late scaler's) is kept, and this
+    // decision counts the instance as booting either way.
+    workers.register_launch(record.clone()).await?;
+    Ok(Some(record))
+}
+
 /// A worker's price, $/h: as registered; for a worker its agent registered itself, with price
 /// 0 (the control plane's own registration failed after the launch, and the agent carries no
 /// catalogue), the catalogue's price of its offering, so that spend, the budget breaker and
@@ -262,14 +319,40 @@ where
                 None
             }
         };
+        // Workers their agent registered itself (price 0: the control plane's registration
+        // failed, and the agent has no catalogue) get their offering's price, which their agent
+        // reads back and charges its jobs with (their cost records would read $0 otherwise).
+        for w in live.iter_mut().filter(|w| w.price_usd_per_h == 0.0) {
+            let price = worker_price_usd_per_h(w, offerings);
+            if price > 0.0 {
+                match workers.set_price_if_unpriced(&w.id, price).await {
+                    Ok(_) => w.price_usd_per_h = price,
+                    Err(StoreError::NotFound(_)) => {}
+                    Err(e) => report.errors.push(format!("price {}: {e}", w.id)),
+                }
+            }
+        }
         let mut lost: BTreeSet<String> = BTreeSet::new();
         if let Some(instances) = &instances {
             let known: BTreeSet<&str> = live.iter().map(|w| w.id.as_str()).collect();
-            let orphans: Vec<String> = instances
+            let unknown: Vec<&FleetInstance> = instances
                 .iter()
-                .filter(|i| !known.contains(i.instance_id.as_str()) && now - i.launched_at >= opts.launch_grace_s)
-                .map(|i| i.instance_id.clone())
+                .filter(|i| !known.contains(i.instance_id.as_str()))
                 .collect();
+            let mut orphans: Vec<String> = Vec::new();
+            for i in unknown {
+                match adopt(i, cfg, offerings, opts, now, workers).await {
+                    Ok(Some(w)) => {
+                        report.orphans_adopted.push(w.id.clone());
+                        live.push(w);
+                    }
+                    // Left alone within the grace: its row may not be visible yet.
+                    Ok(None) if now - i.launched_at >= opts.launch_grace_s => orphans.push(i.instance_id.clone()),
+                    Ok(None) => {}
+                    // Neither adopted nor reaped: the next run looks again.
+                    Err(e) => report.errors.push(format!("adopt {}: {e}", i.instance_id)),
+                }
+            }
             if !orphans.is_empty() {
                 match fleet.terminate(&orphans).await {
                     Ok(()) => report.orphans_terminated = orphans,

@@ -233,6 +233,69 @@ fn the_reaper_terminates_orphans_and_requeues_jobs_of_lost_workers() {
     assert!(r2.jobs_requeued.is_empty() && r2.workers_lost.is_empty(), "{r2:?}");
 }
 
+/// CreateFleet succeeded, `register_launch` did not (throttled past the SDK's retries, or the
+/// function timed out): the instance boots with no row. The reaper registers it as a booting
+/// worker of its lane at its catalogue price, and the decision counts it, instead of terminating
+/// it after its billed boot and launching again for the same job. What is not such a launch is
+/// still terminated: no lane tag, a lane the policy does not have, past the boot timeout, or a row
+/// the control plane already retired.
+#[test]
+fn a_launch_whose_registration_failed_is_adopted_not_reaped_and_launched_again() {
+    let w = World::new();
+    let ids = w.submit(1);
+    let key = offerings()[0].key.clone();
+    let launched_at = NOW + 1.0;
+    w.fleet
+        .add_launched_instance("i-unregistered", key.clone(), "standard", Some("p"), launched_at);
+    // Not launches of this policy's lanes, or long past their boot: orphans.
+    w.fleet.add_instance("i-untagged", key.clone());
+    w.fleet
+        .add_launched_instance("i-other-lane", key.clone(), "gold", None, launched_at);
+    w.fleet
+        .add_launched_instance("i-old", key.clone(), "standard", None, launched_at - 3_600.0);
+    // Retired by the control plane (its row Terminating), and its termination did not take.
+    w.fleet
+        .add_launched_instance("i-retired", key.clone(), "standard", None, launched_at);
+    pollster::block_on(w.workers.register_launch(onoff_control::ports::WorkerRecord {
+        id: "i-retired".into(),
+        lane: "standard".into(),
+        offering: key.clone(),
+        price_usd_per_h: 0.39,
+        state: WorkerState::Terminating,
+        launched_at,
+        project: None,
+        idle_since: None,
+        heartbeat_at: None,
+        pinned_job: None,
+    }))
+    .unwrap();
+    // Adopted at the first run that lists it; the orphans are left alone within the launch grace
+    // (a row may not be visible yet), then terminated.
+    let r = w.reconcile(launched_at + 60.0, true);
+    assert_eq!(r.orphans_adopted, ["i-unregistered"]);
+    let mut reaped = r.orphans_terminated.clone();
+    reaped.sort();
+    assert_eq!(reaped, ["i-old", "i-untagged"], "past the grace");
+    let row = w.workers.records()["i-unregistered"].clone();
+    assert_eq!(row.state, WorkerState::Pending);
+    assert_eq!((row.lane.as_str(), row.project.as_deref()), ("standard", Some("p")));
+    assert_eq!((row.price_usd_per_h, row.launched_at), (0.39, launched_at));
+    assert!(w.fleet.running().contains_key("i-unregistered"));
+    // The job waits for the adopted worker: nothing launched for it again.
+    assert!(r.acted.launched.is_empty(), "{:?}", r.plan);
+    let job = pollster::block_on(w.jobs.get(&ids[0])).unwrap().unwrap();
+    assert_eq!(job.state, JobState::Queued);
+    let r = w.reconcile(launched_at + 200.0, true);
+    assert!(r.orphans_adopted.is_empty() && r.acted.launched.is_empty(), "{r:?}");
+    let mut reaped = r.orphans_terminated.clone();
+    reaped.sort();
+    assert_eq!(reaped, ["i-other-lane", "i-retired"]);
+    assert_eq!(w.fleet.running().len(), 1, "{:?}", w.fleet.running());
+    // An agent that never reports is lost at the boot timeout, as any worker.
+    let r = w.reconcile(launched_at + 1_900.0, true);
+    assert_eq!(r.workers_lost, ["i-unregistered"]);
+}
+
 #[test]
 fn a_worker_whose_instance_is_gone_and_an_expired_lease_are_handled() {
     let w = World::new();
@@ -317,10 +380,14 @@ fn a_worker_that_registered_itself_counts_against_the_budget_at_its_catalogue_pr
     // Room for one worker at $0.39/h, not two.
     let mut budget = cfg();
     budget.limits.max_usd_per_h = Some(0.5);
+    // The scaler's run (no reaper): the row still reads price 0.
     let r = pollster::block_on(reconcile(
         &budget,
         &offerings(),
-        &ReconcileOptions::default(),
+        &ReconcileOptions {
+            reap: false,
+            ..ReconcileOptions::default()
+        },
         NOW + 10.0,
         &w.queue,
         &w.workers,
@@ -343,6 +410,19 @@ fn a_worker_that_registered_itself_counts_against_the_budget_at_its_catalogue_pr
         &offerings(),
     );
     assert_eq!(registered, adopted.price_usd_per_h);
+    // The reaper writes that price into the row, where the worker's agent reads it to charge its
+    // jobs; a row with a price keeps its own.
+    assert_eq!(w.workers.records()["i-adopted"].price_usd_per_h, 0.0);
+    w.reconcile(NOW + 20.0, true);
+    assert_eq!(
+        w.workers.records()["i-adopted"].price_usd_per_h,
+        adopted.price_usd_per_h
+    );
+    assert!(!pollster::block_on(w.workers.set_price_if_unpriced("i-adopted", 9.0)).unwrap());
+    assert_eq!(
+        w.workers.records()["i-adopted"].price_usd_per_h,
+        adopted.price_usd_per_h
+    );
 }
 
 #[test]

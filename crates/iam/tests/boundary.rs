@@ -748,6 +748,8 @@ fn an_operator_runs_the_cli_verbs_and_launches_nothing() {
         ),
         cancel(&["job_id", "state", "cancel_requested"], "NONE"),
         Request::new("logs:GetLogEvents", &group.replace(":*", ":log-stream:job-1/1")),
+        // `onoff submit` checks a spec against the offerings of the subnets' zones.
+        Request::new("ec2:DescribeSubnets", "*"),
     ] {
         assert_allowed(&a, &op, r);
     }

@@ -49,6 +49,12 @@ use crate::replay::ReplayJob;
 /// machine that a 500-job run failed a healthy job for lost leases.
 const AGENT_LEASE_S: f64 = 15.0;
 
+/// The zones the local stack's workers get a subnet in (the default subnet of each): three of
+/// us-east-1's six, as a user's VPC gives subnets in some zones and not all. The functions offer
+/// only these zones (`onoff_fn_common::offer_subnet_zones`); a launch elsewhere would land outside
+/// the workers' VPC on AWS.
+pub const LOCAL_ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
+
 /// The default policy of local runs (`examples/local-policy.toml`).
 pub const LOCAL_POLICY: &str = include_str!("../../../examples/local-policy.toml");
 
@@ -164,6 +170,9 @@ pub struct LocalReport {
     pub resumed_from_checkpoint: usize,
     /// Instances the control plane launched.
     pub instances_launched: usize,
+    /// The zones they were launched in, each once: only zones with a subnet of the stack's
+    /// ([`LOCAL_ZONES`]); an instance elsewhere would, on AWS, be outside the workers' VPC.
+    pub zones_launched_in: Vec<String>,
     /// Instances still running when the run ended (before the final cleanup terminated them).
     pub instances_left_running: usize,
     /// Spot interruption notices injected.
@@ -422,6 +431,7 @@ async fn run_with(
             lanes: lanes.clone(),
             max_receive_count: 5,
             visibility_timeout_s: 30,
+            zones: LOCAL_ZONES.iter().map(|z| (*z).to_string()).collect(),
         },
     )
     .await?;
@@ -514,17 +524,29 @@ async fn run_with(
         sessions.as_ref().map(|s| &s.submitter),
         Some(call_log.recorder("submitter")),
     );
+    // Each function's context as its cold start builds it (`aws_ctx`): its own session, and (but
+    // the interruption handler's, which neither decides nor admits) its offerings restricted to
+    // the subnets' zones by its own DescribeSubnets.
     let function = |name: &str| {
         let c = with_session(
             sessions.as_ref().and_then(|s| s.functions.get(name)),
             Some(call_log.recorder(name)),
         );
-        (onoff_fn_common::ctx_from_clients(settings.clone(), &c), c)
+        let mut ctx = onoff_fn_common::ctx_from_clients(settings.clone(), &c);
+        let name = name.to_string();
+        async move {
+            if name != "interruption" {
+                onoff_fn_common::offer_subnet_zones(&mut ctx.settings, &ctx.fleet)
+                    .await
+                    .with_context(|| format!("the {name} function's cold start"))?;
+            }
+            anyhow::Ok((ctx, c))
+        }
     };
-    let (scaler_ctx, scaler_clients) = function("scaler");
-    let (reconciler_ctx, reconciler_clients) = function("reconciler");
-    let (interruption_ctx, interruption_clients) = function("interruption");
-    let (submit_ctx, submit_clients) = function("submit");
+    let (scaler_ctx, scaler_clients) = function("scaler").await?;
+    let (reconciler_ctx, reconciler_clients) = function("reconciler").await?;
+    let (interruption_ctx, interruption_clients) = function("interruption").await?;
+    let (submit_ctx, submit_clients) = function("submit").await?;
     // Scale requests (submit's and interruption's asynchronous invokes of the scaler), each with
     // when its asker's invocation started.
     let asks: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
@@ -1008,6 +1030,12 @@ async fn run_with(
         .jobs_submitted
         .saturating_sub(report.jobs_succeeded + report.jobs_failed + report.jobs_rejected);
     report.instances_launched = instances.len();
+    report.zones_launched_in = instances
+        .values()
+        .map(|i| i.zone.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
     let lines = attempts.lock().expect("lock").clone();
     let mut completions: BTreeMap<&str, usize> = BTreeMap::new();
     let mut resumed: BTreeSet<&str> = BTreeSet::new();

@@ -1087,6 +1087,10 @@ impl WorkerRegistry for SimPorts<'_> {
         w.workers[i].state = to;
         Ok(true)
     }
+    async fn set_price_if_unpriced(&self, _id: &str, _price_usd_per_h: f64) -> Result<bool, StoreError> {
+        // Every simulated worker is priced at its launch.
+        Ok(false)
+    }
     async fn get(&self, _id: &str) -> Result<Option<WorkerRecord>, StoreError> {
         // The simulated fleet answers from its own table; nothing in the simulation asks.
         Ok(None)

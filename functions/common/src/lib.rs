@@ -56,6 +56,9 @@ pub enum ConfigError {
     /// The catalogue has nothing for the region.
     #[error("catalogue: {0}")]
     Catalog(String),
+    /// `ONOFF_SUBNETS` names a subnet EC2 does not describe, or no offering is in their zones.
+    #[error("ONOFF_SUBNETS: {0}")]
+    Subnets(String),
 }
 
 impl Settings {
@@ -116,6 +119,49 @@ impl Settings {
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
+
+    /// Offer only the offerings in `zones` (the zones of the workers' subnets): a worker is
+    /// launched into its zone's subnet, and a zone without one cannot take it
+    /// ([`onoff_aws::fleet::Ec2Fleet::with_subnets`]), so the policy must not choose it, nor
+    /// admission count it. An empty `zones` (no subnets given: the default VPC, every zone) keeps
+    /// every offering.
+    ///
+    /// # Errors
+    /// [`ConfigError::Subnets`] when no offering of the catalogue is in any of `zones`.
+    pub fn restrict_to_zones(&mut self, zones: &[String]) -> Result<(), ConfigError> {
+        if zones.is_empty() {
+            return Ok(());
+        }
+        let before = self.offerings.len();
+        self.offerings.retain(|o| zones.contains(&o.key.zone));
+        if self.offerings.is_empty() {
+            return Err(ConfigError::Subnets(format!(
+                "none of the catalogue's {before} GPU offerings is in the subnets' zones ({}); give a subnet in a \
+                 zone that has GPU instances",
+                zones.join(", ")
+            )));
+        }
+        tracing::info!(zones = %zones.join(","), offerings = self.offerings.len(), of = before, "offerings restricted to the subnets' zones");
+        Ok(())
+    }
+}
+
+/// Restrict `settings`' offerings to the zones of the subnets `fleet` launches into
+/// ([`Settings::restrict_to_zones`]), looking the subnets' zones up once
+/// (`ec2:DescribeSubnets`; the fleet keeps them for its launches).
+///
+/// # Errors
+/// [`ConfigError::Subnets`]: EC2 failed or does not describe a subnet, or no offering is left.
+pub async fn offer_subnet_zones(
+    settings: &mut Settings,
+    fleet: &onoff_aws::fleet::Ec2Fleet,
+) -> Result<(), ConfigError> {
+    let subnets = fleet
+        .subnet_zones()
+        .await
+        .map_err(|e| ConfigError::Subnets(e.to_string()))?;
+    let zones: Vec<String> = subnets.into_iter().map(|(z, _)| z).collect();
+    settings.restrict_to_zones(&zones)
 }
 
 /// Errors a handler returns, as Lambda diagnostics: `Retryable` (Lambda or the event source
@@ -176,10 +222,20 @@ pub type AwsCtx = Ctx<
 >;
 
 /// Build the AWS clients and adapters once (default credentials chain, region, and
-/// `AWS_ENDPOINT_URL` when set).
+/// `AWS_ENDPOINT_URL` when set). A function that decides or admits then restricts the offerings
+/// to the workers' subnets' zones ([`offer_subnet_zones`] with the context's own fleet, which
+/// keeps the zones for its launches).
 pub async fn aws_ctx(settings: Settings) -> (AwsCtx, onoff_aws::settings::Clients) {
     let c = onoff_aws::settings::Clients::from_env().await;
     (ctx_from_clients(settings, &c), c)
+}
+
+/// The fleet adapter of `settings` over `c`'s EC2 client: the launch template, the subnets and
+/// the deployment tag of the settings.
+pub fn fleet_of(settings: &Settings, c: &onoff_aws::settings::Clients) -> onoff_aws::fleet::Ec2Fleet {
+    onoff_aws::fleet::Ec2Fleet::new(c.ec2.clone(), &settings.resources.launch_template)
+        .with_subnets(settings.resources.subnets.clone())
+        .with_deployment(&settings.deployment)
 }
 
 /// The context over already built clients (`onoff local` builds them for its emulator).
@@ -190,9 +246,7 @@ pub fn ctx_from_clients(settings: Settings, c: &onoff_aws::settings::Clients) ->
         queues: onoff_aws::queue::SqsQueues::new(c.sqs.clone(), r.queue_urls.clone()),
         workers: onoff_aws::state::DynamoWorkers::new(c.dynamodb.clone(), &r.workers_table, &r.instance_arn_prefix),
         jobs: onoff_aws::jobs::DynamoJobs::new(c.dynamodb.clone(), &r.jobs_table),
-        fleet: onoff_aws::fleet::Ec2Fleet::new(c.ec2.clone(), &r.launch_template)
-            .with_subnets(r.subnets.clone())
-            .with_deployment(&settings.deployment),
+        fleet: fleet_of(&settings, c),
         avail: control.clone(),
         events: control.clone(),
         lease: control,
@@ -319,6 +373,7 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
         "cancelled": r.acted.cancelled,
         "scale_down_skipped": r.acted.skipped,
         "orphans_terminated": r.orphans_terminated,
+        "orphans_adopted": r.orphans_adopted,
         "workers_lost": r.workers_lost,
         "workers_gone": r.workers_gone,
         "jobs_requeued": r.jobs_requeued,
@@ -364,6 +419,41 @@ mod tests {
             "arn:aws:ec2:us-east-1:123456789012:instance/",
         ),
     ];
+
+    #[test]
+    fn only_the_zones_the_workers_have_a_subnet_in_are_offered() {
+        let all = Settings::from_lookup(env(BASE)).unwrap();
+        let zones_of = |s: &Settings| {
+            s.offerings
+                .iter()
+                .map(|o| o.key.zone.clone())
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        assert_eq!(zones_of(&all).len(), 6, "the catalogue offers us-east-1a..f");
+        let mut s = all.clone();
+        s.restrict_to_zones(&["us-east-1b".into(), "us-east-1d".into()])
+            .unwrap();
+        assert_eq!(
+            zones_of(&s).into_iter().collect::<Vec<_>>(),
+            ["us-east-1b", "us-east-1d"]
+        );
+        // Every offering of those zones is kept, spot and on-demand.
+        assert_eq!(
+            s.offerings.len(),
+            all.offerings
+                .iter()
+                .filter(|o| o.key.zone == "us-east-1b" || o.key.zone == "us-east-1d")
+                .count()
+        );
+        // No subnets given: the default VPC, every zone.
+        let mut s = all.clone();
+        s.restrict_to_zones(&[]).unwrap();
+        assert_eq!(s.offerings.len(), all.offerings.len());
+        // Subnets only where the catalogue has nothing: a configuration error naming the zones.
+        let mut s = all;
+        let err = s.restrict_to_zones(&["us-east-1z".into()]).unwrap_err().to_string();
+        assert!(err.contains("ONOFF_SUBNETS") && err.contains("us-east-1z"), "{err}");
+    }
 
     #[test]
     fn settings_load_with_the_compiled_in_catalogue() {

@@ -339,7 +339,9 @@ struct Worker<'a, M, Q, J, R, C, O, I, L> {
     clock: Clock,
     me: Identity,
     lanes: Vec<String>,
-    price_usd_per_h: f64,
+    /// $/h, as the worker's row has it: 0 for a worker the agent registered itself until the
+    /// reaper writes its offering's price into the row ([`Worker::account`] reads it back).
+    price_usd_per_h: std::cell::Cell<f64>,
     /// The job the scaler launched this worker for, claimed before the first poll.
     pinned: Option<String>,
     report: AgentReport,
@@ -416,7 +418,7 @@ where
         clock,
         me,
         lanes,
-        price_usd_per_h: price,
+        price_usd_per_h: std::cell::Cell::new(price),
         pinned,
         report: AgentReport {
             exit: ExitReason::Shutdown,
@@ -743,7 +745,7 @@ where
                     }
                     .to_string(),
                 ),
-                price_usd_per_h: Some(self.price_usd_per_h),
+                price_usd_per_h: Some(self.price_usd_per_h.get()),
                 started_at: r.started_at,
                 ended_at: now,
                 outcome: end.name().to_string(),
@@ -1339,7 +1341,25 @@ where
         }
     }
 
-    /// Add the cost since the last record (and the new checkpoint, if any) to the job record.
+    /// This worker's price, $/h. A worker the agent registered itself (price 0) reads its row
+    /// again until the reaper has written its offering's price there
+    /// (`onoff_control::reconcile`, within a run of the reconciler); 0 until then.
+    async fn price(&self) -> f64 {
+        if self.price_usd_per_h.get() == 0.0 {
+            match self.deps.registry.get(self.id()).await {
+                Ok(Some(r)) if r.price_usd_per_h > 0.0 => {
+                    tracing::info!(price_usd_per_h = r.price_usd_per_h, "priced by the control plane");
+                    self.price_usd_per_h.set(r.price_usd_per_h);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "reading this worker's price"),
+            }
+        }
+        self.price_usd_per_h.get()
+    }
+
+    /// Add the cost since the last record (and the new checkpoint, if any) to the job record. A
+    /// stretch run before the worker had a price is charged at the first record after it has one.
     async fn account(
         &self,
         report: &mut JobReport,
@@ -1349,9 +1369,13 @@ where
         checkpoint: Option<String>,
     ) {
         let now = Instant::now();
+        let price = self.price().await;
         let delta_s = (now - *billed).as_secs_f64() * self.cfg.time_scale;
-        let delta_usd = self.price_usd_per_h * delta_s / 3600.0;
-        *billed = now;
+        let delta_usd = price * delta_s / 3600.0;
+        // Time not yet priced is held back, and charged once the price is known.
+        if price > 0.0 {
+            *billed = now;
+        }
         report.seconds = (now - started).as_secs_f64() * self.cfg.time_scale;
         report.gpu_seconds = report.seconds * f64::from(job.spec.gpus);
         report.cost_usd += delta_usd;

@@ -244,6 +244,43 @@ async fn a_long_job_keeps_its_lease_with_its_message_gone_and_uploads_checkpoint
     assert_eq!(w.registry.records()["i-a"].state, WorkerState::Terminating);
 }
 
+/// An agent the control plane never registered registers itself at price 0 (it has no
+/// catalogue). Once the reaper writes its offering's price into the row, the agent charges its
+/// job with it, for the whole run: the stretch before the price was known is charged too.
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_registered_itself_charges_its_jobs_once_the_reaper_prices_it() {
+    let dir = tempdir("self-registered");
+    let w = World::default();
+    w.launcher.script(
+        "train",
+        Script {
+            items: 300,
+            items_per_s: 1,
+            checkpoint_every_s: Some(20),
+            exit_code: 0,
+        },
+    );
+    submit(&w, "job-1", "train", 3, 100.0);
+    let c = cfg(dir.path());
+    let reaper = async {
+        tokio::time::sleep(Duration::from_secs(150)).await;
+        assert_eq!(w.registry.records()["i-self"].price_usd_per_h, 0.0, "registered itself");
+        assert!(w.registry.set_price_if_unpriced("i-self", 0.36).await.unwrap());
+    };
+    let ((r, _), ()) = tokio::join!(agent(&w, "i-self", &c), reaper);
+    let j = &r.jobs[0];
+    assert_eq!(j.outcome, Outcome::Succeeded);
+    assert!((j.seconds - 300.0).abs() < 3.0, "{}", j.seconds);
+    let rec = job(&w, "job-1");
+    assert!(
+        (rec.cost_usd - 0.36 * j.seconds / 3600.0).abs() < 1e-9,
+        "{} for {} s",
+        rec.cost_usd,
+        j.seconds
+    );
+    assert!((j.cost_usd - rec.cost_usd).abs() < 1e-12);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_spot_notice_checkpoints_releases_without_counting_and_another_worker_resumes() {
     let dir = tempdir("notice");
