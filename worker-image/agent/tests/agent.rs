@@ -109,6 +109,19 @@ async fn agent_until(
     (report, terminated)
 }
 
+/// Program `train`: 300 items at one a second, a local checkpoint every 20 s, exit 0.
+fn script_train_300(w: &World) {
+    w.launcher.script(
+        "train",
+        Script {
+            items: 300,
+            items_per_s: 1,
+            checkpoint_every_s: Some(20),
+            exit_code: 0,
+        },
+    );
+}
+
 fn job(w: &World, id: &str) -> JobRecord {
     w.jobs.records()[id].clone()
 }
@@ -204,15 +217,7 @@ async fn a_long_job_keeps_its_lease_with_its_message_gone_and_uploads_checkpoint
     let w = World::default();
     register(&w, "i-a");
     // 300 s of work, a local checkpoint every 20 s, uploads every 100 s.
-    w.launcher.script(
-        "train",
-        Script {
-            items: 300,
-            items_per_s: 1,
-            checkpoint_every_s: Some(20),
-            exit_code: 0,
-        },
-    );
+    script_train_300(&w);
     submit(&w, "job-1", "train", 3, 100.0);
     let c = cfg(dir.path());
     let (r, terminated) = agent(&w, "i-a", &c).await;
@@ -251,15 +256,7 @@ async fn a_long_job_keeps_its_lease_with_its_message_gone_and_uploads_checkpoint
 async fn a_worker_that_registered_itself_charges_its_jobs_once_the_reaper_prices_it() {
     let dir = tempdir("self-registered");
     let w = World::default();
-    w.launcher.script(
-        "train",
-        Script {
-            items: 300,
-            items_per_s: 1,
-            checkpoint_every_s: Some(20),
-            exit_code: 0,
-        },
-    );
+    script_train_300(&w);
     submit(&w, "job-1", "train", 3, 100.0);
     let c = cfg(dir.path());
     let reaper = async {
