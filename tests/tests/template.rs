@@ -1408,3 +1408,81 @@ fn s3_may_invoke_a_function_only_for_the_stacks_bucket() {
         "every notified function has a permission naming the bucket"
     );
 }
+
+/// Lambda refuses a function whose environment variables exceed 4 KB in all ("Lambda quotas":
+/// 4 KB for all environment variables of a function, in aggregate); CloudFormation then fails the
+/// deploy. Neither moto nor the local stack creates the functions, so this is checked here: each
+/// function's environment, as JSON, with the parameters that reach it at their longest
+/// (`AllowedInstanceTypes` at its `MaxLength`, `WorkerSubnets` at the 16 subnets its description
+/// allows), the stack's name at 40 characters, and every name a resource gets (`<Name>` here) at
+/// 128 characters.
+#[test]
+fn every_functions_environment_fits_lambdas_4_kb_with_the_longest_parameters() {
+    let t = template();
+    let max_types = t["Parameters"]["AllowedInstanceTypes"]["MaxLength"]
+        .as_u64()
+        .expect("AllowedInstanceTypes has a MaxLength") as usize;
+    // Valid for its pattern, as long as allowed: "g5.xlarge,g5.xlarge,...".
+    let mut types = String::from("p5.48xlarge");
+    while types.len() + ",p5.48xlarge".len() <= max_types {
+        types.push_str(",p5.48xlarge");
+    }
+    let subnets = vec!["subnet-0123456789abcdef0"; 16].join(",");
+    let longest = Stack::new(
+        &t,
+        &[
+            ("AllowedInstanceTypes", &types),
+            ("WorkerSubnets", &subnets),
+            ("MaxUsdPerHour", "123456.789"),
+            ("MaxPriceUsdPerHour", "123.456789"),
+        ],
+    );
+    for f in functions(&t) {
+        let env = longest.eval(&f.props["Environment"]["Variables"]);
+        let text = env.to_string();
+        // Each resource name stands as `<Name>`: count it at 128 characters.
+        let placeholders = text.matches('<').count();
+        let placeholder_chars: usize = text.split('<').skip(1).map(|s| s.find('>').map_or(0, |e| e + 2)).sum();
+        // The stack name ("onoff" here) at its longest: the bucket's name (stack, account and
+        // region, joined by dashes) must fit S3's 63 characters, which leaves 40 in us-east-1.
+        let stack_names = text.matches("onoff").count();
+        let size = text.len() - placeholder_chars + 128 * placeholders + (40 - "onoff".len()) * stack_names;
+        println!("{}: {} bytes ({} placeholders)", f.logical_id, size, placeholders);
+        assert!(
+            size <= 4096,
+            "{}: its environment may reach {size} bytes, over Lambda's 4 KB",
+            f.logical_id
+        );
+    }
+}
+
+/// EC2 refuses a launch whose user data exceeds 16 KB before base64 ("Instance user data":
+/// "User data is limited to 16 KB, in raw form, before it is base64-encoded"): every CreateFleet of
+/// the worker launch template would fail, and moto does not check it. Measured with the image URI
+/// at 512 characters (an ECR URI is a registry host, a repository name of at most 256 and a tag
+/// of at most 128) and every resource name (`<Name>` here) at 128.
+#[test]
+fn the_workers_user_data_fits_ec2s_16_kb() {
+    let t = template();
+    let image = format!(
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/{}:{}",
+        "r".repeat(256),
+        "t".repeat(128)
+    );
+    assert!(image.len() <= 512);
+    let stack = Stack::new(&t, &[("WorkerImageUri", &image)]);
+    let data = &t["Resources"]["WorkerLaunchTemplate"]["Properties"]["LaunchTemplateData"]["UserData"];
+    let raw = data.get("Fn::Base64").expect("UserData is Fn::Base64 of the script");
+    let text = scalar_text(&stack.eval(raw));
+    assert!(
+        text.starts_with("#!") || text.contains("#cloud-config") || text.contains("MIME"),
+        "{text:.200}"
+    );
+    let placeholders = text.matches('<').count();
+    let size = text.len() + 128 * placeholders;
+    println!("user data: {} bytes, {placeholders} placeholders", text.len());
+    assert!(
+        size <= 16 * 1024,
+        "the workers' user data may reach {size} bytes, over EC2's 16 KB"
+    );
+}
