@@ -783,3 +783,125 @@ fn an_operator_runs_the_cli_verbs_and_launches_nothing() {
         assert_denied(&a, &op, r);
     }
 }
+
+// ---- IAM's size quotas ------------------------------------------------------------------------
+
+/// The stack at its longest names: a 40-character stack name (its bucket's name, stack, account
+/// and region joined by dashes, must fit S3's 63), 16 worker subnets, a 512-character image URI.
+fn longest_stack() -> Stack {
+    let name = "x".repeat(40);
+    let mut s = Stack {
+        partition: "aws-us-gov".into(),
+        region: "us-gov-west-1".into(),
+        account: ACCOUNT.into(),
+        stack_name: name.clone(),
+        ..Stack::default()
+    };
+    let q = |n: &str| format!("https://sqs.us-gov-west-1.amazonaws.com/{ACCOUNT}/{name}-{n}");
+    let qarn = |n: &str| format!("arn:aws-us-gov:sqs:us-gov-west-1:{ACCOUNT}:{name}-{n}");
+    for (logical, n) in [
+        ("ExpressQueue", "express"),
+        ("StandardQueue", "standard"),
+        ("SubmissionQueue", "submissions"),
+        ("FailedEventsQueue", "failed-events"),
+    ] {
+        s.refs.insert(logical.into(), q(n));
+        s.atts.insert(format!("{logical}.Arn"), qarn(n));
+    }
+    for (logical, n) in [
+        ("JobsTable", "jobs"),
+        ("WorkersTable", "workers"),
+        ("ControlTable", "control"),
+    ] {
+        s.refs.insert(logical.into(), format!("{name}-{n}"));
+        s.atts.insert(
+            format!("{logical}.Arn"),
+            format!("arn:aws-us-gov:dynamodb:us-gov-west-1:{ACCOUNT}:table/{name}-{n}"),
+        );
+    }
+    let bucket = format!("{name}-{ACCOUNT}-us-gov-west-1");
+    s.atts
+        .insert("Bucket.Arn".into(), format!("arn:aws-us-gov:s3:::{bucket}"));
+    s.refs.insert("Bucket".into(), bucket);
+    s.refs.insert("WorkerLaunchTemplate".into(), LT.into());
+    s.atts
+        .insert("WorkerSecurityGroup.GroupId".into(), "sg-0123456789abcdef0".into());
+    for p in Principal::ALL {
+        let role = format!("{name}-{}-{}", p.role_logical_id(), "A".repeat(12));
+        s.atts.insert(
+            format!("{}.Arn", p.role_logical_id()),
+            format!("arn:aws-us-gov:iam::{ACCOUNT}:role/{role}"),
+        );
+        s.refs.insert(p.role_logical_id().into(), role);
+    }
+    for l in ["scaler", "reconciler", "interruption", "submit"] {
+        s.atts.insert(
+            format!("{}LogGroup.Arn", l[..1].to_uppercase() + &l[1..]),
+            format!("arn:aws-us-gov:logs:us-gov-west-1:{ACCOUNT}:log-group:/aws/lambda/{name}-{l}:*"),
+        );
+    }
+    s.atts.insert(
+        "WorkerLogGroup.Arn".into(),
+        format!("arn:aws-us-gov:logs:us-gov-west-1:{ACCOUNT}:log-group:/onoff/{name}/workers:*"),
+    );
+    s.params
+        .insert("WorkerSubnets".into(), vec!["subnet-0123456789abcdef0"; 16].join(","));
+    s.params.insert(
+        "WorkerImageUri".into(),
+        format!(
+            "{ACCOUNT}.dkr.ecr.us-gov-west-1.amazonaws.com/{}:{}",
+            "r".repeat(256),
+            "t".repeat(128)
+        ),
+    );
+    s.params.insert("WorkerVpcId".into(), "vpc-0123456789abcdef0".into());
+    s
+}
+
+/// IAM refuses policies past its quotas, and CloudFormation then fails the deploy; moto checks
+/// none of them ("IAM and AWS STS quotas"; whitespace does not count): a managed policy at most
+/// 6,144 characters, a role's inline policies at most 10,240 in all, a trust policy at most
+/// 2,048 (the default quota). Measured at the longest names the stack can have.
+#[test]
+fn every_policy_fits_iams_size_quotas_at_the_longest_names() {
+    let stack = longest_stack();
+    let size = |doc: &serde_json::Value| serde_json::to_string(doc).unwrap().len();
+    let t: serde_yaml::Value = serde_yaml::from_str(TEMPLATE).unwrap();
+    let mut managed: Vec<(String, usize)> = Vec::new();
+    for (id, r) in t["Resources"].as_mapping().unwrap() {
+        if r["Type"].as_str() == Some("AWS::IAM::ManagedPolicy") {
+            let id = id.as_str().unwrap().to_string();
+            let doc = onoff_iam::managed_policy(TEMPLATE, &stack, &id).unwrap();
+            managed.push((id, size(&doc)));
+        }
+    }
+    assert!(managed.len() >= 3, "{managed:?}");
+    for (id, n) in &managed {
+        println!("managed {id}: {n} characters");
+        assert!(*n <= 6_144, "managed policy {id}: {n} characters, over IAM's 6,144");
+    }
+    for p in Principal::ALL {
+        if !onoff_iam::has_role(TEMPLATE, p).unwrap() {
+            continue;
+        }
+        let all = onoff_iam::identity_policies(TEMPLATE, &stack, p).unwrap();
+        // Less the managed policies it attaches (counted above).
+        let managed_docs: Vec<serde_json::Value> = managed
+            .iter()
+            .map(|(id, _)| onoff_iam::managed_policy(TEMPLATE, &stack, id).unwrap())
+            .collect();
+        let inline: usize = all.iter().filter(|d| !managed_docs.contains(d)).map(size).sum();
+        let trust = size(&onoff_iam::trust_policy(TEMPLATE, &stack, p).unwrap());
+        println!("{}: inline {inline}, trust {trust}", p.as_str());
+        assert!(
+            inline <= 10_240,
+            "{}: inline policies {inline} characters, over 10,240",
+            p.as_str()
+        );
+        assert!(
+            trust <= 2_048,
+            "{}: trust policy {trust} characters, over 2,048",
+            p.as_str()
+        );
+    }
+}
