@@ -336,6 +336,9 @@ impl Fleet for Ec2Fleet {
                 message: "launch request with no offering".into(),
             });
         };
+        if let Some(e) = onoff_control::ports::invalid_fleet_request(req) {
+            return Err(e);
+        }
         let capacity = match first.capacity_type {
             CapacityType::Spot => DefaultTargetCapacityType::Spot,
             CapacityType::OnDemand => DefaultTargetCapacityType::OnDemand,

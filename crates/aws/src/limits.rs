@@ -10,6 +10,7 @@
 //! |---|---|---|
 //! | EC2 `TerminateInstances` | at most 1,000 instance ids | EC2 API Reference, TerminateInstances, `InstanceIds` |
 //! | EC2 `CreateFleet`, `CreateTags` | at most 50 tags per resource; keys 1–128 characters, values at most 256 | EC2 User Guide, "Tag restrictions" |
+//! | EC2 `CreateFleet` | no instance type twice in one subnet (zone) among the overrides | EC2 error `InvalidFleetConfig`, "The fleet configuration contains duplicate instance pools" |
 //! | STS `AssumeRole` | `Policy` at most 2,048 characters of U+0020–U+00FF, tab, LF, CR; `RoleSessionName` 2–64 of `[\w+=,.@-]`; `DurationSeconds` 900–43,200 | AWS STS API Reference, AssumeRole |
 //! | S3 object calls | key at most 1,024 bytes of UTF-8 | Amazon S3 User Guide, "Naming Amazon S3 objects" |
 //!
@@ -94,6 +95,27 @@ fn check(input: &Input) -> Result<(), BoxError> {
     } else if let Some(i) = input.downcast_ref::<ec2::create_fleet::CreateFleetInput>() {
         for spec in i.tag_specifications() {
             tags_ok("CreateFleet", spec.tags())?;
+        }
+        // One pool is an instance type in a subnet (or, named by zone, a zone): EC2 refuses a
+        // fleet naming one twice.
+        let mut pools: Vec<(Option<&str>, Option<&str>, Option<&str>)> = Vec::new();
+        for o in i.launch_template_configs().iter().flat_map(|c| c.overrides()) {
+            let pool = (
+                o.instance_type().map(|t| t.as_str()),
+                o.subnet_id(),
+                o.availability_zone(),
+            );
+            if pools.contains(&pool) {
+                return refuse(
+                    "CreateFleet",
+                    format!(
+                        "InvalidFleetConfig: The fleet configuration contains duplicate instance pools ({} in {})",
+                        pool.0.unwrap_or("?"),
+                        pool.1.or(pool.2).unwrap_or("?")
+                    ),
+                );
+            }
+            pools.push(pool);
         }
     } else if let Some(i) = input.downcast_ref::<ec2::create_tags::CreateTagsInput>() {
         tags_ok("CreateTags", i.tags())?;
@@ -183,6 +205,29 @@ mod tests {
                 .unwrap()
         };
         assert_eq!(refused(Input::erase(fleet(&"l".repeat(256)))), None);
+        // The same instance type twice in one subnet: one pool named twice.
+        let pools = |subnets: &[&str]| {
+            use aws_sdk_ec2::types::{
+                FleetLaunchTemplateConfigRequest, FleetLaunchTemplateOverridesRequest, InstanceType,
+            };
+            let mut c = FleetLaunchTemplateConfigRequest::builder();
+            for s in subnets {
+                c = c.overrides(
+                    FleetLaunchTemplateOverridesRequest::builder()
+                        .instance_type(InstanceType::G5Xlarge)
+                        .subnet_id(*s)
+                        .build(),
+                );
+            }
+            aws_sdk_ec2::operation::create_fleet::CreateFleetInput::builder()
+                .launch_template_configs(c.build())
+                .build()
+                .unwrap()
+        };
+        assert_eq!(refused(Input::erase(pools(&["subnet-a", "subnet-b"]))), None);
+        assert!(refused(Input::erase(pools(&["subnet-a", "subnet-a"])))
+            .unwrap()
+            .contains("duplicate instance pools (g5.xlarge in subnet-a)"));
         assert!(refused(Input::erase(fleet(&"l".repeat(257))))
             .unwrap()
             .contains("at most 256"));

@@ -282,10 +282,16 @@ where
             if attempt == MAX_FALLBACKS {
                 break;
             }
-            // The next best, spread as the policy spreads: within the cost tolerance of the best.
+            // The next best, spread as the policy spreads: within the cost tolerance of the best,
+            // and of the best's capacity type only. One fleet call launches one capacity type (its
+            // target's; an override names none), and EC2 refuses a call with two overrides of one
+            // instance type in one subnet ("duplicate instance pools"), which a spot-first
+            // request's ranking of both capacity types could otherwise send.
             let ranked = choice::top(ctx.offerings, &req, oc, &unavailable, ctx.now, oc.diversify as usize);
+            let capacity = ranked.first().map(|(o, _)| o.key.capacity_type);
             offerings = choice::spread_pool(&ranked, oc)
                 .into_iter()
+                .filter(|o| Some(o.key.capacity_type) == capacity)
                 .map(|o| (o.key.clone(), o.price_usd_per_h))
                 .collect();
             if offerings.is_empty() {

@@ -109,6 +109,11 @@ impl Fleet for FakeFleet {
         {
             return Ok(r.clone());
         }
+        // What EC2 refuses whole: an instant fleet launches one capacity type, and takes no two
+        // overrides of one instance type in one zone's subnet.
+        if let Some(e) = crate::ports::invalid_fleet_request(req) {
+            return Err(e);
+        }
         let no_capacity = |k: &OfferingKey| FleetError {
             kind: FleetErrorKind::InsufficientCapacity,
             message: format!("InsufficientInstanceCapacity: no capacity for {k}"),

@@ -110,6 +110,37 @@ pub struct LaunchResult {
     pub short: Vec<(OfferingKey, FleetError)>,
 }
 
+/// Why EC2 would refuse `req` whole, or launch other than it names: its offerings must share one
+/// capacity type (an EC2 Fleet call launches its target's capacity type; an override names none)
+/// and name each (instance type, zone) once (EC2: `InvalidFleetConfig`, "The fleet configuration
+/// contains duplicate instance pools"). `None` when it is valid. The EC2 adapter checks it before
+/// calling, and the fake fleet refuses such a request as EC2 would.
+#[must_use]
+pub fn invalid_fleet_request(req: &LaunchRequest) -> Option<FleetError> {
+    let first = req.offerings.first()?;
+    if let Some(other) = req.offerings.iter().find(|k| k.capacity_type != first.capacity_type) {
+        return Some(FleetError {
+            kind: FleetErrorKind::Other,
+            message: format!("one launch of two capacity types ({first} and {other}): a fleet call launches one"),
+        });
+    }
+    for (i, k) in req.offerings.iter().enumerate() {
+        if req.offerings[..i]
+            .iter()
+            .any(|o| o.instance_type == k.instance_type && o.zone == k.zone)
+        {
+            return Some(FleetError {
+                kind: FleetErrorKind::Other,
+                message: format!(
+                    "InvalidFleetConfig: The fleet configuration contains duplicate instance pools ({} in {} twice)",
+                    k.instance_type, k.zone
+                ),
+            });
+        }
+    }
+    None
+}
+
 /// Launch and retire instances.
 #[allow(async_fn_in_trait)]
 pub trait Fleet {

@@ -192,6 +192,56 @@ fn any_non_throttling_launch_error_skips_the_offering_for_a_while_and_falls_back
     assert!(avail.marked().contains_key(&key("a.1", "z1")));
 }
 
+/// A spot-first launch falls back over a ranking of both capacity types. When the next best are
+/// the spot and the on-demand offering of one instance type in one zone, at close prices, one
+/// fleet call must not carry both: it launches one capacity type, and EC2 refuses an instance type
+/// twice in one subnet (`InvalidFleetConfig`, "duplicate instance pools"; the fake refuses it
+/// too), which would mark both good offerings unavailable and launch nothing.
+#[test]
+fn a_fallback_never_mixes_capacity_types_or_names_one_pool_twice() {
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    let mut offs = offerings();
+    offs.push(Offering {
+        key: OfferingKey {
+            capacity_type: CapacityType::OnDemand,
+            ..key("b.1", "z1")
+        },
+        price_usd_per_h: 0.205,
+        ..offs[2].clone()
+    });
+    // The a.1 offerings have no capacity: the fallback reaches b.1 in z1, spot and on-demand.
+    fleet.set_no_capacity(key("a.1", "z1"));
+    fleet.set_no_capacity(key("a.1", "z2"));
+    let cfg = PolicyConfig::default();
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 100.0,
+    };
+    let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
+    assert_eq!(out.launched.len(), 2, "{out:?}");
+    assert!(
+        out.launched.iter().all(|l| l.launched.offering == key("b.1", "z1")),
+        "{out:?}"
+    );
+    for call in fleet.calls() {
+        if let FleetCall::Launch(r) = call {
+            assert!(
+                onoff_control::ports::invalid_fleet_request(&r).is_none(),
+                "{:?}",
+                r.offerings
+            );
+        }
+    }
+    assert!(
+        !avail.marked().keys().any(|k| k.instance_type == "b.1"),
+        "{:?}",
+        avail.marked()
+    );
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+}
+
 #[test]
 fn a_throttled_launch_stops_without_marking_anything() {
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
