@@ -1049,6 +1049,10 @@ struct SimPorts<'a>(&'a RefCell<World>);
 
 impl Fleet for SimPorts<'_> {
     async fn launch(&self, req: &LaunchRequest) -> Result<LaunchResult, FleetError> {
+        // What EC2 refuses whole, the simulated fleet refuses too.
+        if let Some(e) = onoff_control::ports::invalid_fleet_request(req) {
+            return Err(e);
+        }
         self.0.borrow_mut().launch(req)
     }
     async fn terminate(&self, ids: &[String]) -> Result<(), FleetError> {
