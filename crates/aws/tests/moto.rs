@@ -260,6 +260,12 @@ async fn an_offering_in_a_zone_without_a_subnet_is_not_launched_there() {
     // Only zones without a subnet: nothing goes out, and the error names the zone.
     let err = fleet.launch(&req(vec![d.clone()])).await.unwrap_err();
     assert!(err.message.contains("no subnet in us-east-1d"), "{err}");
+    // What EC2 refuses whole (moto takes it): two capacity types in one call, one pool twice.
+    let od = key("g5.xlarge", "us-east-1b", CapacityType::OnDemand);
+    let err = fleet.launch(&req(vec![b.clone(), od])).await.unwrap_err();
+    assert!(err.message.contains("two capacity types"), "{err}");
+    let err = fleet.launch(&req(vec![b.clone(), b.clone()])).await.unwrap_err();
+    assert!(err.message.contains("duplicate instance pools"), "{err}");
     fleet.terminate(&[res.launched[0].instance_id.clone()]).await.unwrap();
 }
 
