@@ -19,6 +19,9 @@ pub const TAG_MANAGED: &str = "onoff:managed";
 pub const TAG_LANE: &str = "onoff:lane";
 /// Tag with the project the worker was launched for.
 pub const TAG_PROJECT: &str = "onoff:project";
+/// Tag with the job a launch was pinned to (a deadline at risk on spot,
+/// `LaunchRequest::job`), so the reaper can adopt it pinned if its registration failed.
+pub const TAG_JOB: &str = "onoff:job";
 
 /// An onoff instance as EC2 describes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +40,8 @@ pub struct ManagedInstance {
     pub lane: Option<String>,
     /// Value of the project tag, if any.
     pub project: Option<String>,
+    /// Value of the job tag (the job the launch was pinned to), if any.
+    pub job: Option<String>,
     /// Launch time, unix seconds.
     pub launched_at: Option<f64>,
 }
@@ -228,6 +233,7 @@ impl Ec2Fleet {
                             .unwrap_or_default(),
                         lane: tag(TAG_LANE),
                         project: tag(TAG_PROJECT),
+                        job: tag(TAG_JOB),
                         launched_at: i.launch_time().map(|t| t.as_secs_f64()),
                     });
                 }
@@ -380,6 +386,9 @@ impl Fleet for Ec2Fleet {
         if let Some(p) = &req.project {
             tags = tags.tags(tag(TAG_PROJECT, p));
         }
+        if let Some(j) = &req.job {
+            tags = tags.tags(tag(TAG_JOB, j));
+        }
         // Spread over the overrides (the policy chose them, all within its cost tolerance).
         let strategy = if req.offerings.len() > 1 {
             SpotAllocationStrategy::Diversified
@@ -483,6 +492,7 @@ impl onoff_control::ports::FleetLister for Ec2Fleet {
                 instance_id: i.instance_id,
                 lane: i.lane,
                 project: i.project,
+                job: i.job,
             })
             .collect())
     }

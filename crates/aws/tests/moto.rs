@@ -327,13 +327,35 @@ async fn fleet_launches_tagged_instances_describes_and_terminates_them() {
         assert!(launched.iter().any(|l| l.instance_id == i.instance_id));
     }
     // The reaper's listing carries the lane and project tags (it adopts a launch whose
-    // registration failed into its lane).
+    // registration failed into its lane), and the job a launch was pinned to (none here).
     let listed = onoff_control::ports::FleetLister::list_managed(&fleet).await.unwrap();
     let tagged: Vec<_> = listed.iter().filter(|i| i.lane.as_deref() == Some(&lane)).collect();
     assert_eq!(tagged.len(), 2, "{listed:?}");
     assert!(tagged
         .iter()
-        .all(|i| i.project.as_deref() == Some("vision") && i.launched_at > 0.0));
+        .all(|i| i.project.as_deref() == Some("vision") && i.job.is_none() && i.launched_at > 0.0));
+    // A launch pinned to a job carries it as `onoff:job`.
+    let pinned = fleet
+        .launch(
+            &LaunchRequest {
+                job: Some("job-0123456789abcdef".into()),
+                count: 1,
+                client_token: String::new(),
+                ..req.clone()
+            }
+            .with_token_for(&unique("decision")),
+        )
+        .await
+        .unwrap()
+        .launched;
+    onoff_aws::fleet::tag_as_ec2_does(&c.ec2, &deployment, &lt).await;
+    let listed = onoff_control::ports::FleetLister::list_managed(&fleet).await.unwrap();
+    let i = listed
+        .iter()
+        .find(|i| i.instance_id == pinned[0].instance_id)
+        .expect("listed");
+    assert_eq!(i.job.as_deref(), Some("job-0123456789abcdef"));
+    fleet.terminate(&[pinned[0].instance_id.clone()]).await.unwrap();
     // The override named the zone's subnet, found by its id alone.
     let zone_b = subnets.iter().find(|(z, _)| z == "us-east-1b").unwrap().1.clone();
     assert!(create[0].contains(&format!("SubnetId={zone_b}")), "{}", create[0]);

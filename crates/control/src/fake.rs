@@ -32,6 +32,9 @@ pub struct FakeFleet {
     inner: Mutex<FleetInner>,
 }
 
+/// An instance's lane, project and job tags, and its launch time (unix seconds).
+type InstanceTags = (Option<String>, Option<String>, Option<String>, f64);
+
 #[derive(Debug, Default)]
 struct FleetInner {
     calls: Vec<FleetCall>,
@@ -45,8 +48,8 @@ struct FleetInner {
     one_shot: VecDeque<FleetError>,
     /// Result of each client token's first call (EC2 answers a repeated token with it).
     by_token: BTreeMap<String, LaunchResult>,
-    /// Each instance's lane and project tags and launch time, as listed.
-    tags: BTreeMap<String, (Option<String>, Option<String>, f64)>,
+    /// Each instance's lane, project and job tags and launch time, as listed.
+    tags: BTreeMap<String, InstanceTags>,
     /// Launch time given to instances launched from now on, unix seconds.
     clock: f64,
 }
@@ -146,7 +149,7 @@ impl Fleet for FakeFleet {
                 s.next_id += 1;
                 let id = format!("i-fake{:012}", s.next_id);
                 s.running.insert(id.clone(), k.clone());
-                let tags = (Some(req.lane.clone()), req.project.clone(), s.clock);
+                let tags = (Some(req.lane.clone()), req.project.clone(), req.job.clone(), s.clock);
                 s.tags.insert(id.clone(), tags);
                 out.launched.push(Launched {
                     instance_id: id,
@@ -203,20 +206,21 @@ impl crate::ports::FleetLister for FakeFleet {
             .running()
             .into_iter()
             .map(|(id, offering)| {
-                let (lane, project, launched_at) = self
+                let (lane, project, job, launched_at) = self
                     .inner
                     .lock()
                     .expect("lock")
                     .tags
                     .get(&id)
                     .cloned()
-                    .unwrap_or((None, None, 0.0));
+                    .unwrap_or((None, None, None, 0.0));
                 crate::ports::FleetInstance {
                     instance_id: id,
                     offering,
                     launched_at,
                     lane,
                     project,
+                    job,
                 }
             })
             .collect())
@@ -234,22 +238,18 @@ impl FakeFleet {
             .insert(id.to_string(), offering);
     }
 
-    /// An instance launched for `lane` (and `project`) at `launched_at` (unix seconds) that no
-    /// worker row knows: a launch whose registration failed.
-    pub fn add_launched_instance(
-        &self,
-        id: &str,
-        offering: OfferingKey,
-        lane: &str,
-        project: Option<&str>,
-        launched_at: f64,
-    ) {
+    /// An instance launched as `req` asked (its lane, project and pinned job) at `launched_at`
+    /// (unix seconds) in `offering`, that no worker row knows: a launch whose registration failed.
+    pub fn add_launched_instance(&self, id: &str, offering: OfferingKey, req: &LaunchRequest, launched_at: f64) {
         let mut s = self.inner.lock().expect("lock");
         s.running.insert(id.to_string(), offering);
-        s.tags.insert(
-            id.to_string(),
-            (Some(lane.to_string()), project.map(str::to_string), launched_at),
+        let tags = (
+            Some(req.lane.clone()),
+            req.project.clone(),
+            req.job.clone(),
+            launched_at,
         );
+        s.tags.insert(id.to_string(), tags);
     }
 
     /// Launch time of the instances launched from now on, unix seconds (default 0).

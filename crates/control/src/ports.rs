@@ -576,6 +576,8 @@ pub struct FleetInstance {
     pub lane: Option<String>,
     /// The project it was launched for (EC2: its `onoff:project` tag), if any.
     pub project: Option<String>,
+    /// The job the launch was pinned to (EC2: its `onoff:job` tag), if any.
+    pub job: Option<String>,
 }
 
 /// Listing the fleet's instances.

@@ -194,8 +194,8 @@ pub async fn reap_jobs<J: JobStore, Q: JobQueue>(
 /// Register instance `i`, which no live worker row knows, as a booting worker of its lane, when
 /// it is a launch whose registration failed: tagged with a lane of the policy, younger than
 /// `boot_timeout_s`, and with no row at all (a Terminating row means the control plane retired
-/// it). Its price is its offering's in the catalogue. `Ok(None)`: not such a launch (an orphan
-/// once `launch_grace_s` passed).
+/// it). Its price is its offering's in the catalogue, its project and pinned job the ones its
+/// tags name. `Ok(None)`: not such a launch (an orphan once `launch_grace_s` passed).
 ///
 /// Without this, a launch whose `register_launch` failed after CreateFleet (throttling past the
 /// SDK's retries, the function's timeout) was terminated as an orphan once `launch_grace_s`
@@ -234,7 +234,9 @@ async fn adopt<W: WorkerRegistry>(
         project: i.project.clone(),
         idle_since: None,
         heartbeat_at: None,
-        pinned_job: None,
+        // Launched for a job (a deadline at risk on spot): its agent claims that job first, and
+        // the policy counts the worker as that job's capacity, as if registered at launch.
+        pinned_job: i.job.clone(),
     };
     // Conditional: a row registered meanwhile (its agent's, a late scaler's) is kept, and this
     // decision counts the instance as booting either way.

@@ -3,7 +3,7 @@
 
 use onoff_control::fake::{FakeAvailability, FakeFleet, FakeJobs, FakeQueue, FakeRegistry};
 use onoff_control::job::JobState;
-use onoff_control::ports::{Claim, JobStore, WorkerRegistry};
+use onoff_control::ports::{Claim, JobStore, LaunchRequest, WorkerRegistry};
 use onoff_control::reconcile::{reconcile, ReconcileOptions, ReconcileReport};
 use onoff_control::submit::{submit, Source, Submitted};
 use onoff_policy::{CapacityType, LaneBacklog, LaneConfig, Offering, OfferingKey, PolicyConfig, WorkerState};
@@ -245,17 +245,26 @@ fn a_launch_whose_registration_failed_is_adopted_not_reaped_and_launched_again()
     let ids = w.submit(1);
     let key = offerings()[0].key.clone();
     let launched_at = NOW + 1.0;
+    let req = |lane: &str, project: Option<&str>| LaunchRequest {
+        lane: lane.into(),
+        offerings: vec![key.clone()],
+        count: 1,
+        project: project.map(str::to_string),
+        job: None,
+        client_token: String::new(),
+    };
+    let standard = req("standard", None);
     w.fleet
-        .add_launched_instance("i-unregistered", key.clone(), "standard", Some("p"), launched_at);
+        .add_launched_instance("i-unregistered", key.clone(), &req("standard", Some("p")), launched_at);
     // Not launches of this policy's lanes, or long past their boot: orphans.
     w.fleet.add_instance("i-untagged", key.clone());
     w.fleet
-        .add_launched_instance("i-other-lane", key.clone(), "gold", None, launched_at);
+        .add_launched_instance("i-other-lane", key.clone(), &req("gold", None), launched_at);
     w.fleet
-        .add_launched_instance("i-old", key.clone(), "standard", None, launched_at - 3_600.0);
+        .add_launched_instance("i-old", key.clone(), &standard, launched_at - 3_600.0);
     // Retired by the control plane (its row Terminating), and its termination did not take.
     w.fleet
-        .add_launched_instance("i-retired", key.clone(), "standard", None, launched_at);
+        .add_launched_instance("i-retired", key.clone(), &standard, launched_at);
     pollster::block_on(w.workers.register_launch(onoff_control::ports::WorkerRecord {
         id: "i-retired".into(),
         lane: "standard".into(),
@@ -294,6 +303,32 @@ fn a_launch_whose_registration_failed_is_adopted_not_reaped_and_launched_again()
     // An agent that never reports is lost at the boot timeout, as any worker.
     let r = w.reconcile(launched_at + 1_900.0, true);
     assert_eq!(r.workers_lost, ["i-unregistered"]);
+}
+
+/// A launch pinned to a job (a deadline at risk on spot gets on-demand capacity of its own) whose
+/// registration failed is adopted pinned to that job, from its `onoff:job` tag: the worker is that
+/// job's capacity alone, as it would have been registered.
+#[test]
+fn an_adopted_launch_stays_pinned_to_the_job_it_was_launched_for() {
+    let w = World::new();
+    let ids = w.submit(1);
+    let key = offerings()[0].key.clone();
+    let req = LaunchRequest {
+        lane: "standard".into(),
+        offerings: vec![key.clone()],
+        count: 1,
+        project: Some("p".into()),
+        job: Some(ids[0].clone()),
+        client_token: String::new(),
+    };
+    w.fleet.add_launched_instance("i-pinned", key, &req, NOW + 1.0);
+    let r = w.reconcile(NOW + 61.0, true);
+    assert_eq!(r.orphans_adopted, ["i-pinned"]);
+    assert_eq!(
+        w.workers.records()["i-pinned"].pinned_job.as_deref(),
+        Some(ids[0].as_str())
+    );
+    assert!(r.acted.launched.is_empty(), "{:?}", r.plan);
 }
 
 #[test]
