@@ -48,10 +48,9 @@ struct FleetInner {
     one_shot: VecDeque<FleetError>,
     /// Result of each client token's first call (EC2 answers a repeated token with it).
     by_token: BTreeMap<String, LaunchResult>,
-    /// Each instance's lane, project and job tags and launch time, as listed.
+    /// Each instance's lane, project and job tags and launch time, as listed (launches of this
+    /// fake at time 0).
     tags: BTreeMap<String, InstanceTags>,
-    /// Launch time given to instances launched from now on, unix seconds.
-    clock: f64,
 }
 
 impl FakeFleet {
@@ -149,7 +148,7 @@ impl Fleet for FakeFleet {
                 s.next_id += 1;
                 let id = format!("i-fake{:012}", s.next_id);
                 s.running.insert(id.clone(), k.clone());
-                let tags = (Some(req.lane.clone()), req.project.clone(), req.job.clone(), s.clock);
+                let tags = (Some(req.lane.clone()), req.project.clone(), req.job.clone(), 0.0);
                 s.tags.insert(id.clone(), tags);
                 out.launched.push(Launched {
                     instance_id: id,
@@ -202,21 +201,14 @@ impl<F: crate::ports::FleetLister> crate::ports::FleetLister for FaultyFleet<F> 
 
 impl crate::ports::FleetLister for FakeFleet {
     async fn list_managed(&self) -> Result<Vec<crate::ports::FleetInstance>, FleetError> {
-        Ok(self
-            .running()
-            .into_iter()
+        let s = self.inner.lock().expect("lock");
+        Ok(s.running
+            .iter()
             .map(|(id, offering)| {
-                let (lane, project, job, launched_at) = self
-                    .inner
-                    .lock()
-                    .expect("lock")
-                    .tags
-                    .get(&id)
-                    .cloned()
-                    .unwrap_or((None, None, None, 0.0));
+                let (lane, project, job, launched_at) = s.tags.get(id).cloned().unwrap_or((None, None, None, 0.0));
                 crate::ports::FleetInstance {
-                    instance_id: id,
-                    offering,
+                    instance_id: id.clone(),
+                    offering: offering.clone(),
                     launched_at,
                     lane,
                     project,
@@ -250,11 +242,6 @@ impl FakeFleet {
             launched_at,
         );
         s.tags.insert(id.to_string(), tags);
-    }
-
-    /// Launch time of the instances launched from now on, unix seconds (default 0).
-    pub fn set_clock(&self, now: f64) {
-        self.inner.lock().expect("lock").clock = now;
     }
 }
 

@@ -221,14 +221,11 @@ async fn adopt<W: WorkerRegistry>(
     if now - i.launched_at >= opts.boot_timeout_s || workers.get(&i.instance_id).await?.is_some() {
         return Ok(None);
     }
-    let record = WorkerRecord {
+    let mut record = WorkerRecord {
         id: i.instance_id.clone(),
         lane: lane.to_string(),
         offering: i.offering.clone(),
-        price_usd_per_h: offerings
-            .iter()
-            .find(|o| o.key == i.offering)
-            .map_or(0.0, |o| o.price_usd_per_h),
+        price_usd_per_h: 0.0,
         state: WorkerState::Pending,
         launched_at: i.launched_at,
         project: i.project.clone(),
@@ -238,6 +235,7 @@ async fn adopt<W: WorkerRegistry>(
         // the policy counts the worker as that job's capacity, as if registered at launch.
         pinned_job: i.job.clone(),
     };
+    record.price_usd_per_h = worker_price_usd_per_h(&record, offerings);
     // Conditional: a row registered meanwhile (its agent's, a late scaler's) is kept, and this
     // decision counts the instance as booting either way.
     workers.register_launch(record.clone()).await?;
