@@ -130,6 +130,7 @@ fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<WorkerReco
         idle_since: num("idle_since"),
         heartbeat_at: num("heartbeat_at"),
         pinned_job: text("pinned_job"),
+        hold_until: num("hold_until"),
     })
 }
 
@@ -236,6 +237,28 @@ impl WorkerRegistry for DynamoWorkers {
         match res {
             Ok(_) => Ok(true),
             Err(e) => refused_or_missing(id, "price worker", &e),
+        }
+    }
+
+    async fn hold_idle(&self, id: &str, until: f64) -> Result<bool, StoreError> {
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(WORKER_KEY, self.key_of(id))
+            .update_expression("SET hold_until = :u")
+            .condition_expression(
+                "attribute_exists(instance_id) AND #s = :idle AND (attribute_not_exists(hold_until) OR hold_until < :u)",
+            )
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":idle", s(state_name(WorkerState::Idle)))
+            .expression_attribute_values(":u", n(until))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) => refused_or_missing(id, "hold worker", &e),
         }
     }
 

@@ -507,6 +507,7 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
         idle_since: None,
         heartbeat_at: None,
         pinned_job: None,
+        hold_until: None,
     };
     reg.register_launch(rec.clone()).await.unwrap();
     // A second registration (a retried invocation) changes nothing.
@@ -568,6 +569,26 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
         reg.set_price_if_unpriced("i-0bbbbbbbbbbbbbbb2", 0.39).await,
         Err(StoreError::NotFound("i-0bbbbbbbbbbbbbbb2".into()))
     );
+    // A hold is written on an Idle row only, and only to extend it; an unknown worker is NotFound.
+    assert!(
+        !reg.hold_idle(&rec.id, 1_700_000_900.0).await.unwrap(),
+        "Draining: not held"
+    );
+    reg.set_state(&rec.id, WorkerState::Idle).await.unwrap();
+    assert!(reg.hold_idle(&rec.id, 1_700_000_900.0).await.unwrap());
+    assert!(
+        !reg.hold_idle(&rec.id, 1_700_000_800.0).await.unwrap(),
+        "never shortened"
+    );
+    assert!(reg.hold_idle(&rec.id, 1_700_001_200.0).await.unwrap());
+    assert_eq!(
+        reg.get(&rec.id).await.unwrap().unwrap().hold_until,
+        Some(1_700_001_200.0)
+    );
+    assert_eq!(
+        reg.hold_idle("i-0bbbbbbbbbbbbbbb2", 1_700_000_900.0).await,
+        Err(StoreError::NotFound("i-0bbbbbbbbbbbbbbb2".into()))
+    );
     // A missing table is a clear error, not a panic.
     let missing = DynamoWorkers::new(c.dynamodb.clone(), unique("no-such-table"), ARN_PREFIX);
     let err = missing.register_launch(rec).await.unwrap_err().to_string();
@@ -594,6 +615,7 @@ async fn scale_down_and_an_agent_claim_race_through_conditional_writes_and_one_w
         idle_since: None,
         heartbeat_at: None,
         pinned_job: None,
+        hold_until: None,
     };
     let (a, b) = ("i-0aaaaaaaaaaaaaaa1", "i-0aaaaaaaaaaaaaaa2");
     for id in [a, b] {
@@ -1030,6 +1052,7 @@ async fn a_spot_warning_drains_the_worker_and_marks_its_offering_once() {
         idle_since: None,
         heartbeat_at: None,
         pinned_job: None,
+        hold_until: None,
     })
     .await
     .unwrap();

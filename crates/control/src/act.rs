@@ -208,6 +208,7 @@ where
                             idle_since: None,
                             heartbeat_at: None,
                             pinned_job: g.job.clone(),
+                            hold_until: None,
                         };
                         if let Err(e) = registry.register_launch(rec).await {
                             out.errors.push(format!("register {}: {e}", l.instance_id));

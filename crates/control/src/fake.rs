@@ -334,6 +334,17 @@ impl WorkerRegistry for FakeRegistry {
         Ok(true)
     }
 
+    async fn hold_idle(&self, id: &str, until: f64) -> Result<bool, StoreError> {
+        self.injected()?;
+        let mut m = self.workers.lock().expect("lock");
+        let w = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        if w.state != WorkerState::Idle || w.hold_until.is_some_and(|h| h >= until) {
+            return Ok(false);
+        }
+        w.hold_until = Some(until);
+        Ok(true)
+    }
+
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
         Ok(self.workers.lock().expect("lock").get(id).cloned())
     }

@@ -194,6 +194,10 @@ pub struct WorkerRecord {
     /// the worker's agent claims it first, and while the worker boots the policy counts it as
     /// that job's capacity only.
     pub pinned_job: Option<String>,
+    /// Until when the control plane holds this idle worker, unix seconds
+    /// ([`crate::reconcile::renew_holds`]): its agent does not end itself for its idle timeout
+    /// before then. `None` when never held.
+    pub hold_until: Option<f64>,
 }
 
 /// Errors of state stores.
@@ -267,6 +271,15 @@ pub trait WorkerRegistry {
     /// # Errors
     /// [`StoreError::NotFound`] when the worker is unknown; store failures.
     async fn set_price_if_unpriced(&self, id: &str, price_usd_per_h: f64) -> Result<bool, StoreError>;
+
+    /// Hold an idle worker until `until` (unix seconds): its agent, past its idle timeout, reads
+    /// the hold and stays for it (the policy keeps the worker as warm capacity longer than the
+    /// agent's safety-net timeout). One conditional write: `Ok(true)` when written, `Ok(false)`
+    /// when the worker is not Idle or is already held until `until` or later.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the worker is unknown; store failures.
+    async fn hold_idle(&self, id: &str, until: f64) -> Result<bool, StoreError>;
 
     /// One worker's record; `None` when unknown (not an onoff worker, or its row expired).
     ///

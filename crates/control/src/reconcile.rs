@@ -54,6 +54,13 @@ pub struct ReconcileOptions {
     pub resend_after_s: f64,
     /// Bounds on re-runs (lost leases).
     pub limits: RerunLimits,
+    /// How long a decision holds each idle worker it keeps, seconds ([`renew_holds`]): the
+    /// worker's agent does not end itself for its idle timeout before then. Renewed once less
+    /// than two thirds of it is left, so a reconciler schedule of up to a third of it (the
+    /// template's default is one minute) keeps a kept worker held without a gap. Default 900 s:
+    /// a worker outlives a control plane that stopped deciding by at most 15 minutes past its
+    /// own idle timeout's end.
+    pub hold_s: f64,
 }
 
 impl Default for ReconcileOptions {
@@ -66,6 +73,7 @@ impl Default for ReconcileOptions {
             max_gpus_per_instance: 8,
             resend_after_s: 600.0,
             limits: RerunLimits::default(),
+            hold_s: 900.0,
         }
     }
 }
@@ -92,6 +100,8 @@ pub struct ReconcileReport {
     pub jobs_failed: Vec<String>,
     /// Pending jobs sent a fresh wake-up message (none sent for two lease periods).
     pub jobs_woken: Vec<String>,
+    /// Idle workers the decision kept whose hold was written or renewed ([`renew_holds`]).
+    pub workers_held: Vec<String>,
     /// Rows that do not parse, skipped: (key, problem).
     pub unreadable: Vec<(String, String)>,
     /// Non-fatal errors.
@@ -234,6 +244,7 @@ async fn adopt<W: WorkerRegistry>(
         // Launched for a job (a deadline at risk on spot): its agent claims that job first, and
         // the policy counts the worker as that job's capacity, as if registered at launch.
         pinned_job: i.job.clone(),
+        hold_until: None,
     };
     record.price_usd_per_h = worker_price_usd_per_h(&record, offerings);
     // Conditional: a row registered meanwhile (its agent's, a late scaler's) is kept, and this
@@ -507,7 +518,50 @@ where
         now,
     };
     report.acted = act(&report.plan, ctx, fleet, workers, avail).await;
+    let ended: Vec<&str> = report
+        .acted
+        .terminated
+        .iter()
+        .chain(&report.acted.cancelled)
+        .map(String::as_str)
+        .collect();
+    let (held, errors) = renew_holds(&live, &ended, workers, now, opts.hold_s).await;
+    report.workers_held = held;
+    report.errors.extend(errors);
     Ok(report)
+}
+
+/// Hold every idle worker the decision keeps (in `live`, not in `ended`) for `hold_s` seconds
+/// past `now`, where less than two thirds of that is left ([`WorkerRegistry::hold_idle`]).
+///
+/// The agent ends its instance after its idle timeout (`ONOFF_IDLE_TIMEOUT_S`, the template's
+/// `WorkerIdleTimeoutSeconds`), a safety net for a control plane that is gone. The policy may
+/// keep an idle worker longer, for a warm pool: without a hold the agent would end it and the
+/// next decision launch another, paying a cold start for capacity that was ready. A hold is
+/// renewed by each decision that still keeps the worker, so it lapses `hold_s` after the last
+/// one. Returns the workers held and the errors (never fatal: the next decision retries).
+pub async fn renew_holds<W: WorkerRegistry>(
+    live: &[WorkerRecord],
+    ended: &[&str],
+    workers: &W,
+    now: f64,
+    hold_s: f64,
+) -> (Vec<String>, Vec<String>) {
+    let (mut held, mut errors) = (Vec::new(), Vec::new());
+    let due = |w: &&WorkerRecord| {
+        w.state == WorkerState::Idle
+            && w.hold_until.is_none_or(|h| h - now < hold_s * 2.0 / 3.0)
+            && !ended.contains(&w.id.as_str())
+    };
+    for w in live.iter().filter(due) {
+        match workers.hold_idle(&w.id, now + hold_s).await {
+            Ok(true) => held.push(w.id.clone()),
+            // Busy, retiring or gone since it was listed: nothing to hold.
+            Ok(false) | Err(StoreError::NotFound(_)) => {}
+            Err(e) => errors.push(format!("hold {}: {e}", w.id)),
+        }
+    }
+    (held, errors)
 }
 
 /// Name of the lease the scaler and the reconciler share.

@@ -33,6 +33,7 @@ fn registry() -> FakeRegistry {
         idle_since: None,
         heartbeat_at: None,
         pinned_job: None,
+        hold_until: None,
     }))
     .unwrap();
     reg

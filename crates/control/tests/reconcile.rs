@@ -97,10 +97,14 @@ impl World {
             reap,
             ..ReconcileOptions::default()
         };
+        self.reconcile_opts(offerings, &opts, now)
+    }
+
+    fn reconcile_opts(&self, offerings: &[Offering], opts: &ReconcileOptions, now: f64) -> ReconcileReport {
         pollster::block_on(reconcile(
             &cfg(),
             offerings,
-            &opts,
+            opts,
             now,
             &self.queue,
             &self.workers,
@@ -276,6 +280,7 @@ fn a_launch_whose_registration_failed_is_adopted_not_reaped_and_launched_again()
         idle_since: None,
         heartbeat_at: None,
         pinned_job: None,
+        hold_until: None,
     }))
     .unwrap();
     // Adopted at the first run that lists it; the orphans are left alone within the launch grace
@@ -408,6 +413,7 @@ fn a_worker_that_registered_itself_counts_against_the_budget_at_its_catalogue_pr
         idle_since: None,
         heartbeat_at: Some(NOW + 5.0),
         pinned_job: None,
+        hold_until: None,
     }))
     .unwrap();
     w.fleet.add_instance("i-adopted", adopted.key.clone());
@@ -479,6 +485,55 @@ fn idle_workers_past_the_keep_alive_are_released() {
     let r = w.reconcile(NOW + 1_160.0, true);
     assert_eq!(r.acted.terminated, vec![id.clone()]);
     assert!(w.fleet.running().is_empty());
+}
+
+#[test]
+fn an_idle_worker_the_policy_keeps_is_held_and_the_hold_renewed_but_not_once_it_is_released() {
+    let w = World::new();
+    w.submit(1);
+    w.reconcile(NOW + 1.0, false);
+    let id = w.workers.records().keys().next().unwrap().clone();
+    let job = w.jobs.records().keys().next().unwrap().clone();
+    pollster::block_on(w.jobs.claim(&job, &id, NOW + 10_000.0, NOW + 400.0)).unwrap();
+    pollster::block_on(w.jobs.transition(&job, JobState::Running, JobState::Succeeded)).unwrap();
+    let opts = ReconcileOptions {
+        hold_s: 300.0,
+        ..ReconcileOptions::default()
+    };
+    let hold = |w: &World| w.workers.records()[&id].hold_until;
+    // Idle since +900 s; the keep-alive is 600 s. At +1,000 s it is kept: held to +1,300 s.
+    let at = |w: &World, t: f64| {
+        w.workers
+            .set_agent_view(&id, WorkerState::Idle, Some(NOW + 900.0), Some(NOW + t));
+        w.reconcile_opts(&offerings(), &opts, NOW + t)
+    };
+    let r = at(&w, 1_000.0);
+    assert!(r.acted.terminated.is_empty(), "{:?}", r.plan);
+    assert_eq!(r.workers_held, vec![id.clone()]);
+    assert_eq!(hold(&w), Some(NOW + 1_300.0));
+    // 240 s of the hold left (more than two thirds of 300 s): not written again.
+    let r = at(&w, 1_060.0);
+    assert!(r.workers_held.is_empty());
+    assert_eq!(hold(&w), Some(NOW + 1_300.0));
+    // 190 s left: renewed.
+    let r = at(&w, 1_110.0);
+    assert_eq!(r.workers_held, vec![id.clone()]);
+    assert_eq!(hold(&w), Some(NOW + 1_410.0));
+    // Past the keep-alive (idle 610 s), with the hold due again: released, not held.
+    let r = at(&w, 1_510.0);
+    assert_eq!(r.acted.terminated, vec![id.clone()]);
+    assert!(r.workers_held.is_empty());
+    assert_eq!(hold(&w), Some(NOW + 1_410.0));
+    // A busy worker is never held.
+    let w = World::new();
+    w.submit(1);
+    w.reconcile(NOW + 1.0, false);
+    let id = w.workers.records().keys().next().unwrap().clone();
+    w.workers
+        .set_agent_view(&id, WorkerState::Running, None, Some(NOW + 500.0));
+    let r = w.reconcile_opts(&offerings(), &opts, NOW + 500.0);
+    assert!(r.workers_held.is_empty());
+    assert_eq!(w.workers.records()[&id].hold_until, None);
 }
 
 #[test]

@@ -449,6 +449,8 @@ async fn run_with(
     // A pending job whose message is gone gets another within a minute (deployed: 10 minutes):
     // soon enough for a run, late enough not to flood the emulator with duplicates in a burst.
     settings.reconcile.resend_after_s = 60.0;
+    // Holds of kept idle workers last three reconciler periods (deployed: 900 s).
+    settings.reconcile.hold_s = 3.0 * opts.tick_s;
     settings.lease_ttl_s = 10.0;
     // GPUs per instance type, for each agent's ONOFF_GPUS (on EC2 the user data counts them).
     let gpus_of: BTreeMap<String, u32> = settings

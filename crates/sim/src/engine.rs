@@ -1095,6 +1095,11 @@ impl WorkerRegistry for SimPorts<'_> {
         // Every simulated worker is priced at its launch.
         Ok(false)
     }
+    async fn hold_idle(&self, _id: &str, _until: f64) -> Result<bool, StoreError> {
+        // Simulated workers end only as the policy says (the functions renew every idle worker's
+        // hold on each decision, so an agent's idle timeout never ends a worker the policy keeps).
+        Ok(false)
+    }
     async fn get(&self, _id: &str) -> Result<Option<WorkerRecord>, StoreError> {
         // The simulated fleet answers from its own table; nothing in the simulation asks.
         Ok(None)

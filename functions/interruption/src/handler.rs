@@ -117,6 +117,7 @@ mod tests {
                 idle_since: None,
                 heartbeat_at: Some(now),
                 pinned_job: None,
+                hold_until: None,
             })
             .await
             .unwrap();
@@ -204,6 +205,7 @@ mod tests {
                 idle_since: None,
                 heartbeat_at: Some(now),
                 pinned_job: None,
+                hold_until: None,
             })
             .await
             .unwrap();

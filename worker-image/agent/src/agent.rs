@@ -400,6 +400,7 @@ where
                     idle_since: None,
                     heartbeat_at: None,
                     pinned_job: None,
+                    hold_until: None,
                 })
                 .await?;
             tracing::warn!(instance = %me.instance_id, "not registered by the control plane: registered with price 0");
@@ -504,6 +505,9 @@ where
         }
         let mut next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
         let mut next_poll = Instant::now();
+        // Until when the control plane holds this worker past its idle timeout (read from its
+        // row when the timeout is reached; see `held_until`).
+        let mut held = Instant::now();
         loop {
             if Instant::now() >= next_poll {
                 next_poll = Instant::now() + secs(self.cfg.imds_poll_s);
@@ -513,9 +517,21 @@ where
                 }
             }
             let idle_for = idle_at.elapsed().as_secs_f64();
-            if idle_for >= self.cfg.idle_timeout_s {
-                tracing::info!(idle_s = idle_for, "idle timeout");
-                return ExitReason::IdleTimeout;
+            if idle_for >= self.cfg.idle_timeout_s && Instant::now() >= held {
+                match self.held_until().await {
+                    Some(until) => {
+                        tracing::info!(
+                            idle_s = idle_for,
+                            hold_until = until,
+                            "idle timeout, held by the control plane"
+                        );
+                        held = Instant::now() + secs(until - self.clock.now());
+                    }
+                    None => {
+                        tracing::info!(idle_s = idle_for, "idle timeout");
+                        return ExitReason::IdleTimeout;
+                    }
+                }
             }
             if Instant::now() >= next_heartbeat {
                 next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
@@ -525,7 +541,7 @@ where
             }
             // Long-poll no longer than the next thing to do.
             let until_next = [
-                self.cfg.idle_timeout_s - idle_for,
+                (self.cfg.idle_timeout_s - idle_for).max(held.saturating_duration_since(Instant::now()).as_secs_f64()),
                 next_poll.saturating_duration_since(Instant::now()).as_secs_f64(),
                 next_heartbeat.saturating_duration_since(Instant::now()).as_secs_f64(),
             ]
@@ -550,6 +566,22 @@ where
                 return ExitReason::Drained;
             }
             next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
+        }
+    }
+
+    /// Until when (unix seconds) the control plane holds this idle worker past its idle timeout:
+    /// the `hold_until` of its row (`onoff_control::reconcile::renew_holds`), while that is still
+    /// ahead and the row is Idle. `None` (end the instance) when there is no hold, it has passed,
+    /// or the row cannot be read: the idle timeout is the safety net for a control plane that is
+    /// gone, so a failed read never keeps a worker.
+    async fn held_until(&self) -> Option<f64> {
+        match self.deps.registry.get(self.id()).await {
+            Ok(Some(r)) if r.state == WorkerState::Idle => r.hold_until.filter(|h| *h > self.clock.now()),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading this worker's hold");
+                None
+            }
         }
     }
 

@@ -54,6 +54,7 @@ fn register_as(w: &World, id: &str, capacity: CapacityType, pinned: Option<&str>
         idle_since: None,
         heartbeat_at: None,
         pinned_job: pinned.map(str::to_string),
+        hold_until: None,
     }))
     .unwrap();
 }
@@ -361,6 +362,43 @@ async fn an_idle_worker_deregisters_and_terminates_itself_after_the_idle_timeout
     )
     .await;
     assert_eq!((r.exit, terminated.len()), (ExitReason::Shutdown, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_worker_the_control_plane_holds_outlives_its_idle_timeout_until_the_hold_lapses() {
+    let dir = tempdir("held");
+    let c = cfg(dir.path());
+    let w = World::default();
+    register(&w, "i-h");
+    let start = tokio::time::Instant::now();
+    // The control plane keeps the worker for a warm pool: a decision at +60 s holds it to +400 s,
+    // one at +350 s renews the hold to +700 s; then decisions stop (the control plane is gone).
+    let holds = async {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(w.registry.hold_idle("i-h", T0 + 400.0).await.unwrap());
+        tokio::time::sleep(Duration::from_secs(290)).await;
+        assert!(w.registry.hold_idle("i-h", T0 + 700.0).await.unwrap());
+    };
+    let ((r, terminated), ()) = tokio::join!(agent(&w, "i-h", &c), holds);
+    let waited = start.elapsed().as_secs_f64();
+    assert_eq!(r.exit, ExitReason::IdleTimeout);
+    // Not at its 120 s idle timeout: at the end of the last hold, and no later.
+    assert!((700.0..711.0).contains(&waited), "{waited}");
+    assert_eq!(terminated, vec!["i-h".to_string()]);
+    assert_eq!(w.registry.records()["i-h"].state, WorkerState::Terminating);
+
+    // A hold that lapsed before the idle timeout changes nothing.
+    let w = World::default();
+    register(&w, "i-l");
+    let start = tokio::time::Instant::now();
+    let holds = async {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(w.registry.hold_idle("i-l", T0 + 60.0).await.unwrap());
+    };
+    let ((r, _), ()) = tokio::join!(agent(&w, "i-l", &c), holds);
+    let waited = start.elapsed().as_secs_f64();
+    assert_eq!(r.exit, ExitReason::IdleTimeout);
+    assert!((120.0..131.0).contains(&waited), "{waited}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -85,6 +85,7 @@ async fn a_30_hour_job_with_three_notices_and_two_crashes_succeeds_once_and_noth
                 idle_since: None,
                 heartbeat_at: None,
                 pinned_job: None,
+                hold_until: None,
             })
             .await
             .unwrap();
