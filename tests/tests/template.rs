@@ -14,7 +14,9 @@
 //!   the same values the functions get;
 //! - every metric in namespace `onoff` the dashboard and alarms use is printed by the code;
 //! - every function's `Timeout` is covered by the reconcile lease the code takes for it
-//!   (`onoff_control::lease`), so the lease never expires while an invocation may still act.
+//!   (`onoff_control::lease`), so the lease never expires while an invocation may still act;
+//! - the reconciler's schedule admits no period long enough for a hold on a kept idle worker
+//!   (`onoff_control::reconcile::renew_holds`) to lapse between runs.
 //!
 //! The template's intrinsic functions are evaluated for a stack called `onoff` in us-east-1 of
 //! account 123456789012 (the samples' values) with the parameters' defaults.
@@ -393,6 +395,47 @@ fn every_function_timeout_is_covered_by_the_reconcile_lease() {
              Timeout or raise MAX_LEASE_TTL_S in crates/control/src/lease.rs",
             f.logical_id
         );
+    }
+}
+
+#[test]
+fn the_reconciler_schedule_admits_only_periods_that_keep_idle_holds_renewed() {
+    // A decision renews the hold on each idle worker it keeps once less than two thirds of
+    // `hold_s` is left (`onoff_control::reconcile::renew_holds`), so a hold lapses between two
+    // runs further apart than that: the schedule's pattern must admit no such period.
+    let hold_s = onoff_control::reconcile::ReconcileOptions::default().hold_s;
+    let param = &template()["Parameters"]["ReconcileSchedule"];
+    let pattern = param["AllowedPattern"]
+        .as_str()
+        .expect("ReconcileSchedule has an AllowedPattern");
+    let re = regex::Regex::new(pattern).unwrap();
+    assert!(re.is_match(param["Default"].as_str().unwrap()));
+    let mut longest = 0;
+    for n in 1..=180u32 {
+        let rate = if n == 1 {
+            "rate(1 minute)".to_string()
+        } else {
+            format!("rate({n} minutes)")
+        };
+        if re.is_match(&rate) {
+            assert!(
+                f64::from(n * 60) <= hold_s * 2.0 / 3.0,
+                "{rate} is admitted, but a hold of {hold_s} s lapses between runs that far apart"
+            );
+            longest = n;
+        }
+    }
+    assert!(
+        longest >= 5,
+        "the pattern admits schedules up to rate(5 minutes) at least"
+    );
+    for other in [
+        "rate(1 hour)",
+        "rate(2 hours)",
+        "cron(0/5 * * * ? *)",
+        "rate(1 minutes)",
+    ] {
+        assert!(!re.is_match(other), "{other}");
     }
 }
 

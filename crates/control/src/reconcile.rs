@@ -55,11 +55,12 @@ pub struct ReconcileOptions {
     /// Bounds on re-runs (lost leases).
     pub limits: RerunLimits,
     /// How long a decision holds each idle worker it keeps, seconds ([`renew_holds`]): the
-    /// worker's agent does not end itself for its idle timeout before then. Renewed once less
-    /// than two thirds of it is left, so a reconciler schedule of up to a third of it (the
-    /// template's default is one minute) keeps a kept worker held without a gap. Default 900 s:
-    /// a worker outlives a control plane that stopped deciding by at most 15 minutes past its
-    /// own idle timeout's end.
+    /// worker's agent does not end itself for its idle timeout before then. Renewed by the first
+    /// decision after less than two thirds of it is left (a third of it after the write), so
+    /// decisions at most two thirds of it apart (600 s; the template's reconciler runs every
+    /// minute) keep a kept worker held without a gap. Default 900 s: when decisions stop, a held
+    /// worker ends itself at most 900 s after the last one, or at its own idle timeout if that
+    /// comes later.
     pub hold_s: f64,
 }
 
