@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use onoff_policy::{
-    decide, LaneObservation, Observation, Offering, PendingJob, Plan, PolicyConfig, WorkerState, WorkerView,
+    decide, Action, LaneObservation, Observation, Offering, PendingJob, Plan, PolicyConfig, WorkerState, WorkerView,
 };
 
 use crate::act::{act, ActContext, ActOutcome};
@@ -519,12 +519,16 @@ where
         now,
     };
     report.acted = act(&report.plan, ctx, fleet, workers, avail).await;
+    // Every worker the plan releases, whether or not its termination went through: a worker
+    // whose termination keeps failing is left to its agent's idle exit, never held.
     let ended: Vec<&str> = report
-        .acted
-        .terminated
+        .plan
+        .actions
         .iter()
-        .chain(&report.acted.cancelled)
-        .map(String::as_str)
+        .filter_map(|a| match a {
+            Action::Terminate { worker, .. } | Action::CancelLaunch { worker, .. } => Some(worker.as_str()),
+            Action::Launch { .. } => None,
+        })
         .collect();
     let (held, errors) = renew_holds(&live, &ended, workers, now, opts.hold_s).await;
     report.workers_held = held;
@@ -532,7 +536,8 @@ where
     Ok(report)
 }
 
-/// Hold every idle worker the decision keeps (in `live`, not in `ended`) for `hold_s` seconds
+/// Hold every idle worker the decision keeps (in `live`, not in `ended`, the workers its plan
+/// releases) for `hold_s` seconds
 /// past `now`, where less than two thirds of that is left ([`WorkerRegistry::hold_idle`]).
 ///
 /// The agent ends its instance after its idle timeout (`ONOFF_IDLE_TIMEOUT_S`, the template's

@@ -3,10 +3,10 @@
 
 use onoff_control::fake::{FakeAvailability, FakeFleet, FakeJobs, FakeQueue, FakeRegistry};
 use onoff_control::job::JobState;
-use onoff_control::ports::{Claim, JobStore, LaunchRequest, WorkerRegistry};
+use onoff_control::ports::{Claim, FleetError, FleetErrorKind, JobStore, LaunchRequest, WorkerRegistry};
 use onoff_control::reconcile::{reconcile, ReconcileOptions, ReconcileReport};
 use onoff_control::submit::{submit, Source, Submitted};
-use onoff_policy::{CapacityType, LaneBacklog, LaneConfig, Offering, OfferingKey, PolicyConfig, WorkerState};
+use onoff_policy::{Action, CapacityType, LaneBacklog, LaneConfig, Offering, OfferingKey, PolicyConfig, WorkerState};
 
 const NOW: f64 = 1_700_000_000.0;
 
@@ -524,6 +524,30 @@ fn an_idle_worker_the_policy_keeps_is_held_and_the_hold_renewed_but_not_once_it_
     assert_eq!(r.acted.terminated, vec![id.clone()]);
     assert!(r.workers_held.is_empty());
     assert_eq!(hold(&w), Some(NOW + 1_410.0));
+    // A worker the plan releases is not held, even when its termination fails (left to its
+    // agent's idle exit).
+    let w2 = World::new();
+    w2.submit(1);
+    w2.reconcile(NOW + 1.0, false);
+    let id2 = w2.workers.records().keys().next().unwrap().clone();
+    let job2 = w2.jobs.records().keys().next().unwrap().clone();
+    pollster::block_on(w2.jobs.claim(&job2, &id2, NOW + 10_000.0, NOW + 50.0)).unwrap();
+    pollster::block_on(w2.jobs.transition(&job2, JobState::Running, JobState::Succeeded)).unwrap();
+    w2.workers
+        .set_agent_view(&id2, WorkerState::Idle, Some(NOW + 100.0), Some(NOW + 800.0));
+    w2.fleet.fail_next(FleetError {
+        kind: FleetErrorKind::Other,
+        message: "UnauthorizedOperation".into(),
+    });
+    let r = w2.reconcile_opts(&offerings(), &opts, NOW + 800.0);
+    assert!(r
+        .plan
+        .actions
+        .iter()
+        .any(|a| matches!(a, Action::Terminate { worker, .. } if *worker == id2)));
+    assert!(r.acted.terminated.is_empty(), "{:?}", r.acted);
+    assert!(r.workers_held.is_empty());
+    assert_eq!(w2.workers.records()[&id2].hold_until, None);
     // A busy worker is never held.
     let w = World::new();
     w.submit(1);

@@ -330,12 +330,7 @@ where
             .iter()
             .map(|w| onoff_control::reconcile::worker_price_usd_per_h(w, &self.settings.offerings))
             .sum();
-        // Longest current idle time, for the "worker idle longer than expected" alarm.
-        let idle_max = workers
-            .iter()
-            .filter(|w| w.state == WorkerState::Idle)
-            .filter_map(|w| w.idle_since.map(|t| (now - t).max(0.0)))
-            .fold(0.0, f64::max);
+        let idle_max = idle_seconds_max(&workers, now);
         emf::emit(&emf::line(
             "onoff",
             now,
@@ -363,6 +358,19 @@ fn action_name(a: &Action) -> &'static str {
         Action::Terminate { .. } => "terminate",
         Action::CancelLaunch { .. } => "cancel_launch",
     }
+}
+
+/// Longest current idle time among idle workers the control plane does not hold, seconds (0 when
+/// none): `IdleSecondsMax`, for the alarm on a worker idle longer than expected. A worker the
+/// policy keeps as warm capacity is held (`hold_until` ahead, `reconcile::renew_holds`) and idles
+/// on purpose; one idle past the alarm's threshold and not held was released by neither the
+/// policy nor its agent.
+pub fn idle_seconds_max(workers: &[onoff_control::ports::WorkerRecord], now: f64) -> f64 {
+    workers
+        .iter()
+        .filter(|w| w.state == WorkerState::Idle && w.hold_until.is_none_or(|h| h <= now))
+        .filter_map(|w| w.idle_since.map(|t| (now - t).max(0.0)))
+        .fold(0.0, f64::max)
 }
 
 /// Summary of a reconcile as the function's response.
@@ -420,6 +428,39 @@ mod tests {
             "arn:aws:ec2:us-east-1:123456789012:instance/",
         ),
     ];
+
+    #[test]
+    fn the_idle_alarms_metric_leaves_out_workers_the_control_plane_holds() {
+        let now = 1_800_000_000.0;
+        let worker =
+            |id: &str, state: WorkerState, idle_for: f64, hold: Option<f64>| onoff_control::ports::WorkerRecord {
+                id: id.into(),
+                lane: "standard".into(),
+                offering: onoff_policy::OfferingKey {
+                    instance_type: "g5.xlarge".into(),
+                    zone: "us-east-1a".into(),
+                    capacity_type: onoff_policy::CapacityType::Spot,
+                },
+                price_usd_per_h: 0.39,
+                state,
+                launched_at: now - 20_000.0,
+                project: None,
+                idle_since: Some(now - idle_for),
+                heartbeat_at: Some(now),
+                pinned_job: None,
+                hold_until: hold,
+            };
+        // A warm-pool worker idle for 3 h and held; one idle 2 h whose hold lapsed; one idle 1 h
+        // never held; a Running row (its idle_since is stale) is not idle.
+        let workers = [
+            worker("i-warm", WorkerState::Idle, 10_800.0, Some(now + 600.0)),
+            worker("i-lapsed", WorkerState::Idle, 7_200.0, Some(now - 1.0)),
+            worker("i-idle", WorkerState::Idle, 3_600.0, None),
+            worker("i-busy", WorkerState::Running, 50_000.0, None),
+        ];
+        assert_eq!(idle_seconds_max(&workers, now), 7_200.0);
+        assert_eq!(idle_seconds_max(&workers[..1], now), 0.0);
+    }
 
     #[test]
     fn only_the_zones_the_workers_have_a_subnet_in_are_offered() {
