@@ -537,8 +537,8 @@ where
 }
 
 /// Hold every idle worker the decision keeps (in `live`, not in `ended`, the workers its plan
-/// releases) for `hold_s` seconds
-/// past `now`, where less than two thirds of that is left ([`WorkerRegistry::hold_idle`]).
+/// releases) for `hold_s` seconds past `now`, where less than two thirds of that is left
+/// ([`WorkerRegistry::hold_idle`]).
 ///
 /// The agent ends its instance after its idle timeout (`ONOFF_IDLE_TIMEOUT_S`, the template's
 /// `WorkerIdleTimeoutSeconds`), a safety net for a control plane that is gone. The policy may
