@@ -88,6 +88,18 @@ impl World {
         }
     }
 
+    /// One job submitted, a worker launched for it, and the job run there (claimed at
+    /// `claimed_at`) to success; returns the worker's id.
+    fn one_job_done(&self, claimed_at: f64) -> String {
+        self.submit(1);
+        self.reconcile(NOW + 1.0, false);
+        let id = self.workers.records().keys().next().unwrap().clone();
+        let job = self.jobs.records().keys().next().unwrap().clone();
+        pollster::block_on(self.jobs.claim(&job, &id, NOW + 10_000.0, claimed_at)).unwrap();
+        pollster::block_on(self.jobs.transition(&job, JobState::Running, JobState::Succeeded)).unwrap();
+        id
+    }
+
     fn reconcile(&self, now: f64, reap: bool) -> ReconcileReport {
         self.reconcile_with(&offerings(), now, reap)
     }
@@ -469,13 +481,8 @@ fn a_worker_that_registered_itself_counts_against_the_budget_at_its_catalogue_pr
 #[test]
 fn idle_workers_past_the_keep_alive_are_released() {
     let w = World::new();
-    w.submit(1);
-    w.reconcile(NOW + 1.0, false);
-    let id = w.workers.records().keys().next().unwrap().clone();
     // The job ran and finished; the worker has been idle since +500 s.
-    let job = w.jobs.records().keys().next().unwrap().clone();
-    pollster::block_on(w.jobs.claim(&job, &id, NOW + 10_000.0, NOW + 400.0)).unwrap();
-    pollster::block_on(w.jobs.transition(&job, JobState::Running, JobState::Succeeded)).unwrap();
+    let id = w.one_job_done(NOW + 400.0);
     w.workers
         .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_000.0));
     let r = w.reconcile(NOW + 1_000.0, true);
@@ -490,12 +497,7 @@ fn idle_workers_past_the_keep_alive_are_released() {
 #[test]
 fn an_idle_worker_the_policy_keeps_is_held_and_the_hold_renewed_but_not_once_it_is_released() {
     let w = World::new();
-    w.submit(1);
-    w.reconcile(NOW + 1.0, false);
-    let id = w.workers.records().keys().next().unwrap().clone();
-    let job = w.jobs.records().keys().next().unwrap().clone();
-    pollster::block_on(w.jobs.claim(&job, &id, NOW + 10_000.0, NOW + 400.0)).unwrap();
-    pollster::block_on(w.jobs.transition(&job, JobState::Running, JobState::Succeeded)).unwrap();
+    let id = w.one_job_done(NOW + 400.0);
     let opts = ReconcileOptions {
         hold_s: 300.0,
         ..ReconcileOptions::default()
@@ -527,12 +529,7 @@ fn an_idle_worker_the_policy_keeps_is_held_and_the_hold_renewed_but_not_once_it_
     // A worker the plan releases is not held, even when its termination fails (left to its
     // agent's idle exit).
     let w2 = World::new();
-    w2.submit(1);
-    w2.reconcile(NOW + 1.0, false);
-    let id2 = w2.workers.records().keys().next().unwrap().clone();
-    let job2 = w2.jobs.records().keys().next().unwrap().clone();
-    pollster::block_on(w2.jobs.claim(&job2, &id2, NOW + 10_000.0, NOW + 50.0)).unwrap();
-    pollster::block_on(w2.jobs.transition(&job2, JobState::Running, JobState::Succeeded)).unwrap();
+    let id2 = w2.one_job_done(NOW + 50.0);
     w2.workers
         .set_agent_view(&id2, WorkerState::Idle, Some(NOW + 100.0), Some(NOW + 800.0));
     w2.fleet.fail_next(FleetError {

@@ -364,39 +364,38 @@ async fn an_idle_worker_deregisters_and_terminates_itself_after_the_idle_timeout
     assert_eq!((r.exit, terminated.len()), (ExitReason::Shutdown, 0));
 }
 
+/// An idle agent `id` while the control plane holds it: each of `holds` is (seconds since the
+/// previous one, hold until `T0` + seconds). Returns the world, the report, the instances
+/// terminated and the seconds the agent ran.
+async fn idle_under_holds(c: &AgentConfig, id: &str, holds: &[(u64, f64)]) -> (World, AgentReport, Vec<String>, f64) {
+    let w = World::default();
+    register(&w, id);
+    let start = tokio::time::Instant::now();
+    let decisions = async {
+        for (after_s, until) in holds {
+            tokio::time::sleep(Duration::from_secs(*after_s)).await;
+            assert!(w.registry.hold_idle(id, T0 + until).await.unwrap());
+        }
+    };
+    let ((r, terminated), ()) = tokio::join!(agent(&w, id, c), decisions);
+    let waited = start.elapsed().as_secs_f64();
+    (w, r, terminated, waited)
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_idle_worker_the_control_plane_holds_outlives_its_idle_timeout_until_the_hold_lapses() {
     let dir = tempdir("held");
     let c = cfg(dir.path());
-    let w = World::default();
-    register(&w, "i-h");
-    let start = tokio::time::Instant::now();
     // The control plane keeps the worker for a warm pool: a decision at +60 s holds it to +400 s,
     // one at +350 s renews the hold to +700 s; then decisions stop (the control plane is gone).
-    let holds = async {
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        assert!(w.registry.hold_idle("i-h", T0 + 400.0).await.unwrap());
-        tokio::time::sleep(Duration::from_secs(290)).await;
-        assert!(w.registry.hold_idle("i-h", T0 + 700.0).await.unwrap());
-    };
-    let ((r, terminated), ()) = tokio::join!(agent(&w, "i-h", &c), holds);
-    let waited = start.elapsed().as_secs_f64();
+    let (w, r, terminated, waited) = idle_under_holds(&c, "i-h", &[(60, 400.0), (290, 700.0)]).await;
     assert_eq!(r.exit, ExitReason::IdleTimeout);
     // Not at its 120 s idle timeout: at the end of the last hold, and no later.
     assert!((700.0..711.0).contains(&waited), "{waited}");
     assert_eq!(terminated, vec!["i-h".to_string()]);
     assert_eq!(w.registry.records()["i-h"].state, WorkerState::Terminating);
-
     // A hold that lapsed before the idle timeout changes nothing.
-    let w = World::default();
-    register(&w, "i-l");
-    let start = tokio::time::Instant::now();
-    let holds = async {
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        assert!(w.registry.hold_idle("i-l", T0 + 60.0).await.unwrap());
-    };
-    let ((r, _), ()) = tokio::join!(agent(&w, "i-l", &c), holds);
-    let waited = start.elapsed().as_secs_f64();
+    let (_, r, _, waited) = idle_under_holds(&c, "i-l", &[(10, 60.0)]).await;
     assert_eq!(r.exit, ExitReason::IdleTimeout);
     assert!((120.0..131.0).contains(&waited), "{waited}");
 }
