@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
@@ -197,12 +198,8 @@ impl WorkerRegistry for DynamoWorkers {
         }
         let placeholders: Vec<String> = (0..from.len()).map(|i| format!(":f{i}")).collect();
         let mut req = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key(WORKER_KEY, self.key_of(id))
+            .update_if(id)
             .condition_expression(format!("#s IN ({})", placeholders.join(", ")))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":s", s(state_name(to)));
         for (p, st) in placeholders.iter().zip(from) {
@@ -215,51 +212,30 @@ impl WorkerRegistry for DynamoWorkers {
         } else {
             req.update_expression("SET #s = :s")
         };
-        match req.send().await {
-            Ok(_) => Ok(true),
-            Err(e) => refused_or_missing(id, "set worker state", &e),
-        }
+        written(req, id, "set worker state").await
     }
 
     async fn set_price_if_unpriced(&self, id: &str, price_usd_per_h: f64) -> Result<bool, StoreError> {
-        let res = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key(WORKER_KEY, self.key_of(id))
+        let req = self
+            .update_if(id)
             .update_expression("SET price_usd_per_h = :p")
             .condition_expression("attribute_exists(instance_id) AND price_usd_per_h = :zero")
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .expression_attribute_values(":p", n(price_usd_per_h))
-            .expression_attribute_values(":zero", n(0.0))
-            .send()
-            .await;
-        match res {
-            Ok(_) => Ok(true),
-            Err(e) => refused_or_missing(id, "price worker", &e),
-        }
+            .expression_attribute_values(":zero", n(0.0));
+        written(req, id, "price worker").await
     }
 
     async fn hold_idle(&self, id: &str, until: f64) -> Result<bool, StoreError> {
-        let res = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key(WORKER_KEY, self.key_of(id))
+        let req = self
+            .update_if(id)
             .update_expression("SET hold_until = :u")
             .condition_expression(
                 "attribute_exists(instance_id) AND #s = :idle AND (attribute_not_exists(hold_until) OR hold_until < :u)",
             )
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":idle", s(state_name(WorkerState::Idle)))
-            .expression_attribute_values(":u", n(until))
-            .send()
-            .await;
-        match res {
-            Ok(_) => Ok(true),
-            Err(e) => refused_or_missing(id, "hold worker", &e),
-        }
+            .expression_attribute_values(":u", n(until));
+        written(req, id, "hold worker").await
     }
 
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
@@ -309,7 +285,27 @@ fn refused_or_missing(id: &str, what: &str, e: &SdkError<UpdateItemError>) -> Re
     Err(store_error(what, e))
 }
 
+/// Send a conditional update of one worker row made with [`DynamoWorkers::update_if`]:
+/// `Ok(true)` written, `Ok(false)` refused by its condition, [`StoreError::NotFound`] when the row
+/// does not exist ([`refused_or_missing`]).
+async fn written(req: UpdateItemFluentBuilder, id: &str, what: &str) -> Result<bool, StoreError> {
+    match req.send().await {
+        Ok(_) => Ok(true),
+        Err(e) => refused_or_missing(id, what, &e),
+    }
+}
+
 impl DynamoWorkers {
+    /// An UpdateItem of worker `id`'s row that returns the row when its condition refuses it, so
+    /// that a refusal tells an existing row from a missing one ([`refused_or_missing`]).
+    fn update_if(&self, id: &str) -> UpdateItemFluentBuilder {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .key(WORKER_KEY, self.key_of(id))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+    }
+
     /// What the agent writes when it takes a job: `SET state = Running, heartbeat_at = now REMOVE
     /// idle_since`, only if the state is not Draining or Terminating. `Ok(false)` when refused: the
     /// control plane is retiring the worker (a scale-down, or an interruption notice), so the agent
@@ -319,25 +315,16 @@ impl DynamoWorkers {
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown worker; store failures.
     pub async fn mark_busy(&self, id: &str, now: f64) -> Result<bool, StoreError> {
-        let res = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key(WORKER_KEY, self.key_of(id))
+        let req = self
+            .update_if(id)
             .update_expression("SET #s = :run, heartbeat_at = :h REMOVE idle_since")
             .condition_expression("attribute_exists(instance_id) AND NOT (#s IN (:d, :t))")
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":run", s(state_name(WorkerState::Running)))
             .expression_attribute_values(":d", s(state_name(WorkerState::Draining)))
             .expression_attribute_values(":t", s(state_name(WorkerState::Terminating)))
-            .expression_attribute_values(":h", n(now))
-            .send()
-            .await;
-        match res {
-            Ok(_) => Ok(true),
-            Err(e) => refused_or_missing(id, "mark worker busy", &e),
-        }
+            .expression_attribute_values(":h", n(now));
+        written(req, id, "mark worker busy").await
     }
 
     /// What the agent's heartbeat writes: state, idle-since and heartbeat time (the worker must
@@ -358,11 +345,7 @@ impl DynamoWorkers {
         now: f64,
     ) -> Result<(), StoreError> {
         let mut req = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key(WORKER_KEY, self.key_of(id))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .update_if(id)
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":s", s(state_name(state)))
             .expression_attribute_values(":h", n(now))

@@ -271,6 +271,24 @@ impl FakeRegistry {
         }
     }
 
+    /// One conditional write, as DynamoDB's: `write` applied to row `id` when `condition` holds
+    /// (`Ok(true)`), `Ok(false)` when it does not, [`StoreError::NotFound`] for a missing row.
+    fn write_if(
+        &self,
+        id: &str,
+        condition: impl FnOnce(&WorkerRecord) -> bool,
+        write: impl FnOnce(&mut WorkerRecord),
+    ) -> Result<bool, StoreError> {
+        self.injected()?;
+        let mut m = self.workers.lock().expect("lock");
+        let w = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        if !condition(w) {
+            return Ok(false);
+        }
+        write(w);
+        Ok(true)
+    }
+
     /// What an agent writes when it takes a job: state Running, heartbeat `now`, no idle-since;
     /// refused (`Ok(false)`) while the worker is Draining or Terminating, so a worker the control
     /// plane is retiring takes no new work. As `DynamoWorkers::mark_busy`.
@@ -278,16 +296,15 @@ impl FakeRegistry {
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown worker; an injected failure.
     pub fn mark_busy(&self, id: &str, now: f64) -> Result<bool, StoreError> {
-        self.injected()?;
-        let mut m = self.workers.lock().expect("lock");
-        let w = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        if matches!(w.state, WorkerState::Draining | WorkerState::Terminating) {
-            return Ok(false);
-        }
-        w.state = WorkerState::Running;
-        w.heartbeat_at = Some(now);
-        w.idle_since = None;
-        Ok(true)
+        self.write_if(
+            id,
+            |w| !matches!(w.state, WorkerState::Draining | WorkerState::Terminating),
+            |w| {
+                w.state = WorkerState::Running;
+                w.heartbeat_at = Some(now);
+                w.idle_since = None;
+            },
+        )
     }
 }
 
@@ -313,36 +330,23 @@ impl WorkerRegistry for FakeRegistry {
     }
 
     async fn set_state_if(&self, id: &str, to: WorkerState, from: &[WorkerState]) -> Result<bool, StoreError> {
-        self.injected()?;
-        let mut m = self.workers.lock().expect("lock");
-        let w = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        if !from.contains(&w.state) {
-            return Ok(false);
-        }
-        w.state = to;
-        Ok(true)
+        self.write_if(id, |w| from.contains(&w.state), |w| w.state = to)
     }
 
     async fn set_price_if_unpriced(&self, id: &str, price_usd_per_h: f64) -> Result<bool, StoreError> {
-        self.injected()?;
-        let mut m = self.workers.lock().expect("lock");
-        let w = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        if w.price_usd_per_h != 0.0 {
-            return Ok(false);
-        }
-        w.price_usd_per_h = price_usd_per_h;
-        Ok(true)
+        self.write_if(
+            id,
+            |w| w.price_usd_per_h == 0.0,
+            |w| w.price_usd_per_h = price_usd_per_h,
+        )
     }
 
     async fn hold_idle(&self, id: &str, until: f64) -> Result<bool, StoreError> {
-        self.injected()?;
-        let mut m = self.workers.lock().expect("lock");
-        let w = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        if w.state != WorkerState::Idle || w.hold_until.is_some_and(|h| h >= until) {
-            return Ok(false);
-        }
-        w.hold_until = Some(until);
-        Ok(true)
+        self.write_if(
+            id,
+            |w| w.state == WorkerState::Idle && w.hold_until.is_none_or(|h| h < until),
+            |w| w.hold_until = Some(until),
+        )
     }
 
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
