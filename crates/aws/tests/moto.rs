@@ -497,17 +497,14 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
     table(&c, &name, onoff_aws::state::WORKER_KEY).await;
     let reg = DynamoWorkers::new(c.dynamodb.clone(), &name, ARN_PREFIX);
     let rec = WorkerRecord {
-        id: "i-0aaaaaaaaaaaaaaa1".into(),
-        lane: "standard".into(),
-        offering: key("g5.xlarge", "us-east-1a", CapacityType::Spot),
-        price_usd_per_h: 0.39,
-        state: WorkerState::Pending,
-        launched_at: 1_700_000_000.0,
         project: Some("p".into()),
-        idle_since: None,
-        heartbeat_at: None,
-        pinned_job: None,
-        hold_until: None,
+        ..WorkerRecord::launched(
+            "i-0aaaaaaaaaaaaaaa1",
+            "standard",
+            key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+            0.39,
+            1_700_000_000.0,
+        )
     };
     reg.register_launch(rec.clone()).await.unwrap();
     // A second registration (a retried invocation) changes nothing.
@@ -604,18 +601,14 @@ async fn scale_down_and_an_agent_claim_race_through_conditional_writes_and_one_w
     let name = unique("workers");
     table(&c, &name, onoff_aws::state::WORKER_KEY).await;
     let reg = DynamoWorkers::new(c.dynamodb.clone(), &name, ARN_PREFIX);
-    let worker = |id: &str| WorkerRecord {
-        id: id.into(),
-        lane: "standard".into(),
-        offering: key("g5.xlarge", "us-east-1a", CapacityType::Spot),
-        price_usd_per_h: 0.39,
-        state: WorkerState::Pending,
-        launched_at: 1_700_000_000.0,
-        project: None,
-        idle_since: None,
-        heartbeat_at: None,
-        pinned_job: None,
-        hold_until: None,
+    let worker = |id: &str| {
+        WorkerRecord::launched(
+            id,
+            "standard",
+            key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+            0.39,
+            1_700_000_000.0,
+        )
     };
     let (a, b) = ("i-0aaaaaaaaaaaaaaa1", "i-0aaaaaaaaaaaaaaa2");
     for id in [a, b] {
@@ -1042,17 +1035,8 @@ async fn a_spot_warning_drains_the_worker_and_marks_its_offering_once() {
     let id = "i-0b662ef9931388ba0";
     let offering = key("g5.xlarge", "us-east-1a", CapacityType::Spot);
     reg.register_launch(WorkerRecord {
-        id: id.into(),
-        lane: "standard".into(),
-        offering: offering.clone(),
-        price_usd_per_h: 0.39,
         state: WorkerState::Running,
-        launched_at: 1_700_000_000.0,
-        project: None,
-        idle_since: None,
-        heartbeat_at: None,
-        pinned_job: None,
-        hold_until: None,
+        ..WorkerRecord::launched(id, "standard", offering.clone(), 0.39, 1_700_000_000.0)
     })
     .await
     .unwrap();

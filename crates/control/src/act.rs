@@ -198,17 +198,15 @@ where
                             })
                             .unwrap_or(0.0);
                         let rec = WorkerRecord {
-                            id: l.instance_id.clone(),
-                            lane: lane_name.clone(),
-                            offering: l.offering.clone(),
-                            price_usd_per_h: price,
-                            state: WorkerState::Pending,
-                            launched_at: ctx.now,
                             project: g.project.clone(),
-                            idle_since: None,
-                            heartbeat_at: None,
                             pinned_job: g.job.clone(),
-                            hold_until: None,
+                            ..WorkerRecord::launched(
+                                &l.instance_id,
+                                lane_name.clone(),
+                                l.offering.clone(),
+                                price,
+                                ctx.now,
+                            )
                         };
                         if let Err(e) = registry.register_launch(rec).await {
                             out.errors.push(format!("register {}: {e}", l.instance_id));

@@ -200,6 +200,34 @@ pub struct WorkerRecord {
     pub hold_until: Option<f64>,
 }
 
+impl WorkerRecord {
+    /// A worker as registered at its launch: state Pending, launched at `launched_at` (unix
+    /// seconds), billed `price_usd_per_h` ($/h; 0 when its agent registers it, see
+    /// [`WorkerRegistry::set_price_if_unpriced`]), with no project, idle time, heartbeat, pinned
+    /// job or hold. Set those with struct update syntax.
+    pub fn launched(
+        id: impl Into<String>,
+        lane: impl Into<String>,
+        offering: OfferingKey,
+        price_usd_per_h: f64,
+        launched_at: f64,
+    ) -> Self {
+        Self {
+            id: id.into(),
+            lane: lane.into(),
+            offering,
+            price_usd_per_h,
+            state: WorkerState::Pending,
+            launched_at,
+            project: None,
+            idle_since: None,
+            heartbeat_at: None,
+            pinned_job: None,
+            hold_until: None,
+        }
+    }
+}
+
 /// Errors of state stores.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {

@@ -233,19 +233,11 @@ async fn adopt<W: WorkerRegistry>(
         return Ok(None);
     }
     let mut record = WorkerRecord {
-        id: i.instance_id.clone(),
-        lane: lane.to_string(),
-        offering: i.offering.clone(),
-        price_usd_per_h: 0.0,
-        state: WorkerState::Pending,
-        launched_at: i.launched_at,
         project: i.project.clone(),
-        idle_since: None,
-        heartbeat_at: None,
         // Launched for a job (a deadline at risk on spot): its agent claims that job first, and
         // the policy counts the worker as that job's capacity, as if registered at launch.
         pinned_job: i.job.clone(),
-        hold_until: None,
+        ..WorkerRecord::launched(&i.instance_id, lane, i.offering.clone(), 0.0, i.launched_at)
     };
     record.price_usd_per_h = worker_price_usd_per_h(&record, offerings);
     // Conditional: a row registered meanwhile (its agent's, a late scaler's) is kept, and this

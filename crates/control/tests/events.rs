@@ -18,22 +18,14 @@ fn sample(name: &str) -> serde_json::Value {
 
 fn registry() -> FakeRegistry {
     let reg = FakeRegistry::default();
+    let offering = OfferingKey {
+        instance_type: "g5.xlarge".into(),
+        zone: "us-east-1a".into(),
+        capacity_type: CapacityType::Spot,
+    };
     pollster::block_on(reg.register_launch(WorkerRecord {
-        id: WORKER.into(),
-        lane: "standard".into(),
-        offering: OfferingKey {
-            instance_type: "g5.xlarge".into(),
-            zone: "us-east-1a".into(),
-            capacity_type: CapacityType::Spot,
-        },
-        price_usd_per_h: 0.39,
         state: WorkerState::Running,
-        launched_at: NOW - 3600.0,
-        project: None,
-        idle_since: None,
-        heartbeat_at: None,
-        pinned_job: None,
-        hold_until: None,
+        ..WorkerRecord::launched(WORKER, "standard", offering, 0.39, NOW - 3600.0)
     }))
     .unwrap();
     reg

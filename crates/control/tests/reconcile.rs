@@ -3,7 +3,7 @@
 
 use onoff_control::fake::{FakeAvailability, FakeFleet, FakeJobs, FakeQueue, FakeRegistry};
 use onoff_control::job::JobState;
-use onoff_control::ports::{Claim, FleetError, FleetErrorKind, JobStore, LaunchRequest, WorkerRegistry};
+use onoff_control::ports::{Claim, FleetError, FleetErrorKind, JobStore, LaunchRequest, WorkerRecord, WorkerRegistry};
 use onoff_control::reconcile::{reconcile, ReconcileOptions, ReconcileReport};
 use onoff_control::submit::{submit, Source, Submitted};
 use onoff_policy::{Action, CapacityType, LaneBacklog, LaneConfig, Offering, OfferingKey, PolicyConfig, WorkerState};
@@ -281,18 +281,9 @@ fn a_launch_whose_registration_failed_is_adopted_not_reaped_and_launched_again()
     // Retired by the control plane (its row Terminating), and its termination did not take.
     w.fleet
         .add_launched_instance("i-retired", key.clone(), &standard, launched_at);
-    pollster::block_on(w.workers.register_launch(onoff_control::ports::WorkerRecord {
-        id: "i-retired".into(),
-        lane: "standard".into(),
-        offering: key.clone(),
-        price_usd_per_h: 0.39,
+    pollster::block_on(w.workers.register_launch(WorkerRecord {
         state: WorkerState::Terminating,
-        launched_at,
-        project: None,
-        idle_since: None,
-        heartbeat_at: None,
-        pinned_job: None,
-        hold_until: None,
+        ..WorkerRecord::launched("i-retired", "standard", key.clone(), 0.39, launched_at)
     }))
     .unwrap();
     // Adopted at the first run that lists it; the orphans are left alone within the launch grace
@@ -414,18 +405,10 @@ fn a_job_requeued_by_the_reaper_gets_capacity_in_the_same_run_whatever_the_index
 fn a_worker_that_registered_itself_counts_against_the_budget_at_its_catalogue_price() {
     let w = World::new();
     let adopted = offerings()[0].clone();
-    pollster::block_on(w.workers.register_launch(onoff_control::ports::WorkerRecord {
-        id: "i-adopted".into(),
-        lane: "standard".into(),
-        offering: adopted.key.clone(),
-        price_usd_per_h: 0.0,
+    pollster::block_on(w.workers.register_launch(WorkerRecord {
         state: WorkerState::Running,
-        launched_at: NOW,
-        project: None,
-        idle_since: None,
         heartbeat_at: Some(NOW + 5.0),
-        pinned_job: None,
-        hold_until: None,
+        ..WorkerRecord::launched("i-adopted", "standard", adopted.key.clone(), 0.0, NOW)
     }))
     .unwrap();
     w.fleet.add_instance("i-adopted", adopted.key.clone());

@@ -432,24 +432,20 @@ mod tests {
     #[test]
     fn the_idle_alarms_metric_leaves_out_workers_the_control_plane_holds() {
         let now = 1_800_000_000.0;
-        let worker =
-            |id: &str, state: WorkerState, idle_for: f64, hold: Option<f64>| onoff_control::ports::WorkerRecord {
-                id: id.into(),
-                lane: "standard".into(),
-                offering: onoff_policy::OfferingKey {
-                    instance_type: "g5.xlarge".into(),
-                    zone: "us-east-1a".into(),
-                    capacity_type: onoff_policy::CapacityType::Spot,
-                },
-                price_usd_per_h: 0.39,
+        let worker = |id: &str, state: WorkerState, idle_for: f64, hold: Option<f64>| {
+            let offering = onoff_policy::OfferingKey {
+                instance_type: "g5.xlarge".into(),
+                zone: "us-east-1a".into(),
+                capacity_type: onoff_policy::CapacityType::Spot,
+            };
+            onoff_control::ports::WorkerRecord {
                 state,
-                launched_at: now - 20_000.0,
-                project: None,
                 idle_since: Some(now - idle_for),
                 heartbeat_at: Some(now),
-                pinned_job: None,
                 hold_until: hold,
-            };
+                ..onoff_control::ports::WorkerRecord::launched(id, "standard", offering, 0.39, now - 20_000.0)
+            }
+        };
         // A warm-pool worker idle for 3 h and held; one idle 2 h whose hold lapsed; one idle 1 h
         // never held; a Running row (its idle_since is stale) is not idle.
         let workers = [

@@ -107,17 +107,9 @@ mod tests {
         };
         ctx.workers
             .register_launch(WorkerRecord {
-                id: "i-0b662ef9931388ba0".into(),
-                lane: "standard".into(),
-                offering: spot.clone(),
-                price_usd_per_h: 0.18,
                 state: WorkerState::Running,
-                launched_at: now - 600.0,
-                project: None,
-                idle_since: None,
                 heartbeat_at: Some(now),
-                pinned_job: None,
-                hold_until: None,
+                ..WorkerRecord::launched("i-0b662ef9931388ba0", "standard", spot.clone(), 0.18, now - 600.0)
             })
             .await
             .unwrap();
@@ -195,17 +187,9 @@ mod tests {
         };
         ctx.workers
             .register_launch(WorkerRecord {
-                id: id.into(),
-                lane: "standard".into(),
-                offering: spot.clone(),
-                price_usd_per_h: 0.18,
                 state: WorkerState::Running,
-                launched_at: now - 600.0,
-                project: None,
-                idle_since: None,
                 heartbeat_at: Some(now),
-                pinned_job: None,
-                hold_until: None,
+                ..WorkerRecord::launched(id, "standard", spot.clone(), 0.18, now - 600.0)
             })
             .await
             .unwrap();

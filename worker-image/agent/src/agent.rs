@@ -385,23 +385,17 @@ where
                 CapacityType::OnDemand
             };
             deps.registry
-                .register(WorkerRecord {
-                    id: me.instance_id.clone(),
-                    lane: lane.clone(),
-                    offering: OfferingKey {
+                .register(WorkerRecord::launched(
+                    &me.instance_id,
+                    lane.clone(),
+                    OfferingKey {
                         instance_type: me.instance_type.clone(),
                         zone: me.zone.clone(),
                         capacity_type,
                     },
-                    price_usd_per_h: 0.0,
-                    state: WorkerState::Pending,
-                    launched_at: clock.now(),
-                    project: None,
-                    idle_since: None,
-                    heartbeat_at: None,
-                    pinned_job: None,
-                    hold_until: None,
-                })
+                    0.0,
+                    clock.now(),
+                ))
                 .await?;
             tracing::warn!(instance = %me.instance_id, "not registered by the control plane: registered with price 0");
             (lane, 0.0, None)

@@ -39,22 +39,15 @@ fn register(w: &World, id: &str) {
 
 /// Register `id` as the scaler does: a g5.xlarge of `capacity`, launched for `pinned` (if any).
 fn register_as(w: &World, id: &str, capacity: CapacityType, pinned: Option<&str>) {
+    let offering = OfferingKey {
+        instance_type: "g5.xlarge".into(),
+        zone: "us-east-1a".into(),
+        capacity_type: capacity,
+    };
+    let price = if capacity == CapacityType::Spot { 0.36 } else { 1.006 };
     pollster::block_on(w.registry.register_launch(WorkerRecord {
-        id: id.into(),
-        lane: "standard".into(),
-        offering: OfferingKey {
-            instance_type: "g5.xlarge".into(),
-            zone: "us-east-1a".into(),
-            capacity_type: capacity,
-        },
-        price_usd_per_h: if capacity == CapacityType::Spot { 0.36 } else { 1.006 },
-        state: WorkerState::Pending,
-        launched_at: T0,
-        project: None,
-        idle_since: None,
-        heartbeat_at: None,
         pinned_job: pinned.map(str::to_string),
-        hold_until: None,
+        ..WorkerRecord::launched(id, "standard", offering, price, T0)
     }))
     .unwrap();
 }

@@ -70,23 +70,17 @@ async fn a_30_hour_job_with_three_notices_and_two_crashes_succeeds_once_and_noth
         }
         let id = format!("i-{n}");
         registry
-            .register_launch(WorkerRecord {
-                id: id.clone(),
-                lane: "standard".into(),
-                offering: OfferingKey {
+            .register_launch(WorkerRecord::launched(
+                &id,
+                "standard",
+                OfferingKey {
                     instance_type: "g5.xlarge".into(),
                     zone: "us-east-1a".into(),
                     capacity_type: CapacityType::Spot,
                 },
-                price_usd_per_h: 0.36,
-                state: WorkerState::Pending,
-                launched_at: clock,
-                project: None,
-                idle_since: None,
-                heartbeat_at: None,
-                pinned_job: None,
-                hold_until: None,
-            })
+                0.36,
+                clock,
+            ))
             .await
             .unwrap();
         let md = Arc::new(FakeMetadata::new(&id));
