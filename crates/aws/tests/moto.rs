@@ -867,6 +867,63 @@ async fn submit_writes_one_job_and_one_message_and_rejects_bad_specs_with_a_reco
     assert!(queue.receive("standard", 10, 0, 60).await.unwrap().is_empty());
 }
 
+/// The reaper reads the lane queue's counts (`GetQueueAttributes`) before it re-sends: jobs whose
+/// messages wait in the queue get no duplicate, one whose message is gone gets one, and one held
+/// in flight by a worker counts as there.
+#[tokio::test]
+async fn the_reaper_resends_only_the_wake_up_messages_the_queue_lacks() {
+    use onoff_aws::jobs::DynamoJobs;
+    use onoff_control::ports::JobStore;
+    use onoff_control::reconcile::{reap_jobs, ReconcileOptions};
+    use onoff_control::submit::{submit, Source};
+    use std::collections::BTreeSet;
+    let c = clients().await;
+    let table_name = unique("jobs");
+    onoff_aws::provision::jobs_table(&c, &table_name).await.unwrap();
+    let url = c
+        .sqs
+        .create_queue()
+        .queue_name(unique("standard"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let jobs = DynamoJobs::new(c.dynamodb.clone(), &table_name);
+    let queue = SqsQueues::new(c.sqs.clone(), vec![("standard".into(), url)]);
+    let now = 1_700_000_000.0;
+    for i in 0..3 {
+        let spec = format!(r#"{{"image":"img","command":["x"],"project":"p","client_token":"t{i}"}}"#);
+        let src = Source::Sqs {
+            message_id: format!("m{i}"),
+        };
+        submit(&spec, &src, &["standard"], now, &jobs, &queue).await.unwrap();
+    }
+    let opts = ReconcileOptions::default();
+    let reap = |at: f64| {
+        let (jobs, queue, opts) = (&jobs, &queue, &opts);
+        async move {
+            let active = jobs.active().await.unwrap().items;
+            reap_jobs(&active, &BTreeSet::new(), opts, at, jobs, queue).await
+        }
+    };
+    // Due (no message sent for two lease periods), but every message is in the queue.
+    let r = reap(now + opts.resend_after_s).await;
+    assert!(r.woken.is_empty() && r.errors.is_empty(), "{r:?}");
+    assert_eq!(r.spared, 3);
+    // One message is received and deleted without a claim (as if moved to the dead-letter
+    // queue), another is held in flight by a worker: one job lacks a message.
+    let got = queue.receive("standard", 1, 0, 300).await.unwrap();
+    queue.delete("standard", &got[0].receipt).await.unwrap();
+    let held = queue.receive("standard", 1, 0, 300).await.unwrap();
+    assert_eq!(held.len(), 1);
+    let r = reap(now + 2.0 * opts.resend_after_s).await;
+    assert_eq!((r.woken.len(), r.spared), (1, 2), "{r:?}");
+    let b = queue.backlog("standard").await.unwrap();
+    assert_eq!((b.visible, b.in_flight), (2, 1));
+}
+
 #[tokio::test]
 async fn two_workers_claiming_one_job_get_one_claim() {
     use onoff_aws::jobs::DynamoJobs;

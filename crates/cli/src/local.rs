@@ -372,6 +372,10 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         r.wait_p50_s, r.wait_p95_s
     );
     println!(
+        "  wake-ups   {} re-sent by the reaper, {} spared (the lane's queue held one per pending job)",
+        r.wake_ups_resent, r.wake_ups_spared
+    );
+    println!(
         "  IAM        {}; {} AWS calls, {} refused{}",
         if r.iam_enforced {
             "enforced (each component under its template role)"

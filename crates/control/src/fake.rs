@@ -873,31 +873,33 @@ impl crate::ports::JobStore for FakeJobs {
     }
 }
 
-/// Lane queues in memory: messages sent per lane (with their delay), and a settable backlog.
+/// Lane queues in memory: every message sent (a log), and the messages each lane's queue holds
+/// now, which its backlog counts as SQS's `GetQueueAttributes` does (sent with a delay: delayed;
+/// else visible). Workers' receives and losses are the test's: [`FakeQueue::receive`],
+/// [`FakeQueue::lose`].
 #[derive(Debug, Default)]
 pub struct FakeQueue {
     sent: Mutex<Vec<(String, String)>>,
     delays: Mutex<Vec<u32>>,
+    held: Mutex<Vec<(String, String, u32)>>,
     fail_next: Mutex<Option<String>>,
-    backlog: Mutex<BTreeMap<String, onoff_policy::LaneBacklog>>,
-}
-
-impl FakeQueue {
-    /// Set the backlog `lane` reports.
-    pub fn set_backlog(&self, lane: &str, b: onoff_policy::LaneBacklog) {
-        self.backlog.lock().expect("lock").insert(lane.into(), b);
-    }
+    fail_backlog: Mutex<Option<String>>,
 }
 
 impl crate::ports::Backlog for FakeQueue {
     async fn backlog(&self, lane: &str) -> Result<onoff_policy::LaneBacklog, String> {
-        Ok(self
-            .backlog
-            .lock()
-            .expect("lock")
-            .get(lane)
-            .copied()
-            .unwrap_or_default())
+        if let Some(e) = self.fail_backlog.lock().expect("lock").take() {
+            return Err(e);
+        }
+        let mut b = onoff_policy::LaneBacklog::default();
+        for (_, _, delay) in self.held.lock().expect("lock").iter().filter(|(l, _, _)| l == lane) {
+            if *delay > 0 {
+                b.delayed += 1;
+            } else {
+                b.visible += 1;
+            }
+        }
+        Ok(b)
     }
 }
 
@@ -916,6 +918,28 @@ impl FakeQueue {
     pub fn fail_next(&self, reason: &str) {
         *self.fail_next.lock().expect("lock") = Some(reason.into());
     }
+
+    /// The next backlog read fails with `reason`.
+    pub fn fail_next_backlog(&self, reason: &str) {
+        *self.fail_backlog.lock().expect("lock") = Some(reason.into());
+    }
+
+    /// A worker receives (and deletes) the oldest message `lane`'s queue holds: its body.
+    pub fn receive(&self, lane: &str) -> Option<String> {
+        let mut held = self.held.lock().expect("lock");
+        let i = held.iter().position(|(l, _, _)| l == lane)?;
+        Some(held.remove(i).1)
+    }
+
+    /// The messages `lane`'s queue holds are lost (retention, the dead-letter queue, a
+    /// hand-deleted message): all of them, or those of `job_id`. How many.
+    pub fn lose(&self, lane: &str, job_id: Option<&str>) -> usize {
+        let mut held = self.held.lock().expect("lock");
+        let before = held.len();
+        let body = job_id.map(crate::ports::wake_up_body);
+        held.retain(|(l, b, _)| l != lane || body.as_ref().is_some_and(|m| m != b));
+        before - held.len()
+    }
 }
 
 impl crate::ports::JobQueue for FakeQueue {
@@ -925,6 +949,10 @@ impl crate::ports::JobQueue for FakeQueue {
         }
         self.sent.lock().expect("lock").push((lane.into(), body.into()));
         self.delays.lock().expect("lock").push(delay_s);
+        self.held
+            .lock()
+            .expect("lock")
+            .push((lane.into(), body.into(), delay_s));
         Ok(())
     }
 }

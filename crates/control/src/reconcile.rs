@@ -12,8 +12,9 @@
 //! - RUNNING jobs whose lease expired are re-queued (or FAILED after `max_lease_expiries`), each
 //!   write conditioned on the exact lease the reaper saw;
 //! - pending jobs (QUEUED, RETRYING) with no wake-up message sent for `resend_after_s` get a fresh
-//!   one (a message lost, expired or never sent: the jobs table is the truth, messages only wake
-//!   workers up, and a duplicate is harmless because claims are conditional).
+//!   one where their lane's queue holds fewer messages than the lane has pending jobs (a message
+//!   lost, expired or never sent: the jobs table is the truth, messages only wake workers up, and
+//!   a duplicate is harmless because claims are conditional; [`reap_jobs`]).
 //!
 //! Launches younger than `launch_grace_s` are left alone (the workers table and EC2 may not agree
 //! yet). Every step is idempotent: a re-queue is a conditional write, so two reconcilers at once
@@ -28,7 +29,7 @@ use onoff_policy::{
 use crate::act::{act, ActContext, ActOutcome};
 use crate::job::{AttemptEnd, JobSpec, JobState, RerunLimits, Settle};
 use crate::ports::{
-    wake, Fleet, FleetInstance, FleetLister, JobQueue, JobRecord, JobStore, OfferingAvailability, StoreError,
+    wake, Backlog, Fleet, FleetInstance, FleetLister, JobQueue, JobRecord, JobStore, OfferingAvailability, StoreError,
     WorkerRecord, WorkerRegistry,
 };
 
@@ -99,8 +100,12 @@ pub struct ReconcileReport {
     pub jobs_requeued: Vec<String>,
     /// Jobs FAILED because they lost their lease `max_lease_expiries` times.
     pub jobs_failed: Vec<String>,
-    /// Pending jobs sent a fresh wake-up message (none sent for two lease periods).
+    /// Pending jobs sent a fresh wake-up message (none sent for two lease periods, and their
+    /// lane's queue short of one message per pending job: [`reap_jobs`]).
     pub jobs_woken: Vec<String>,
+    /// Pending jobs with no message sent for two lease periods that were not sent another: their
+    /// lane's queue held one message per pending job ([`reap_jobs`]).
+    pub wake_ups_spared: usize,
     /// Idle workers the decision kept whose hold was written or renewed ([`renew_holds`]).
     pub workers_held: Vec<String>,
     /// Rows that do not parse, skipped: (key, problem).
@@ -148,6 +153,9 @@ pub struct JobsReaped {
     pub failed: Vec<String>,
     /// Pending jobs sent a fresh wake-up message.
     pub woken: Vec<String>,
+    /// Pending jobs due a fresh message that were not sent one: their lane's queue held one
+    /// message per pending job.
+    pub spared: usize,
     /// Every lease ended, with the state the job went to (QUEUED, or FAILED or CANCELLED).
     pub ended: Vec<(String, JobState)>,
     /// Failures of single writes or sends (the next run tries again).
@@ -157,10 +165,29 @@ pub struct JobsReaped {
 /// The reaper's work on jobs, on `snapshot`, the active jobs as read at `now`: end the lease of
 /// every RUNNING job whose lease expired before `now` or whose owner is in `lost` (each write
 /// conditioned on the lease as the snapshot has it, so a lease renewed or re-claimed since is left
-/// alone), and send a fresh wake-up message for every pending job with none sent for two lease
-/// periods. Two reconcilers may run it at once on snapshots of different ages: the conditional
-/// writes keep a lease from being ended twice, and a duplicate message is harmless.
-pub async fn reap_jobs<J: JobStore, Q: JobQueue>(
+/// alone), and make good the wake-up messages that are gone.
+///
+/// A pending job with no message sent for `resend_after_s` (two lease periods) is *due*: its
+/// message may be gone (never sent, lost, expired after SQS's retention, moved to the dead-letter
+/// queue by its receive count). Whether it is, only the lane's queue can tell, and only by its
+/// count: per lane, the due jobs sent a fresh message are as many as the queue's messages
+/// (visible, in flight and delayed: `GetQueueAttributes`, [`Backlog`]) fall short of the lane's
+/// pending jobs, never-sent and longest-waiting first. A backlog behind `max_workers`, a budget
+/// breaker or a frozen deployment, whose messages all wait in the queue, gets none: before, every
+/// due job got one per `resend_after_s`, and 1,000 jobs waiting five hours left some 30,000
+/// duplicates for the workers to receive and drop one by one.
+///
+/// The count can hide a gone message behind a duplicate of another job (or a message of a job no
+/// longer pending). Workers receive and delete those as they poll, the count then falls below
+/// the pending jobs, and a later run sends the missing one. SQS's counts are approximate ("in most
+/// cases close to the actual number", SQS Developer Guide, "Resources required to process Amazon
+/// SQS messages"); a count that lags costs a duplicate or a run's wait, never a job. When the
+/// count cannot be read, every due job of the lane gets a fresh message, as a duplicate is
+/// harmless.
+///
+/// Two reconcilers may run it at once on snapshots of different ages: the conditional writes keep
+/// a lease from being ended twice, and a duplicate message is harmless.
+pub async fn reap_jobs<J: JobStore, Q: JobQueue + Backlog>(
     snapshot: &[JobRecord],
     lost: &BTreeSet<String>,
     opts: &ReconcileOptions,
@@ -193,10 +220,42 @@ pub async fn reap_jobs<J: JobStore, Q: JobQueue>(
             Err(e) => out.errors.push(format!("requeue {}: {e}", job.id)),
         }
     }
+    // Jobs re-queued just now count as pending: their fresh message is in the queue's count.
+    let requeued: Vec<&str> = snapshot
+        .iter()
+        .filter(|j| out.requeued.contains(&j.id))
+        .map(|j| j.spec.lane.as_str())
+        .collect();
+    let mut due: BTreeMap<&str, Vec<&JobRecord>> = BTreeMap::new();
     for job in snapshot.iter().filter(|j| j.needs_wake_up(now, opts.resend_after_s)) {
-        match wake(jobs, queue, &job.id, &job.spec.lane, 0, now).await {
-            Ok(()) => out.woken.push(job.id.clone()),
-            Err(e) => out.errors.push(format!("wake {}: {e}", job.id)),
+        due.entry(job.spec.lane.as_str()).or_default().push(job);
+    }
+    for (lane, mut due) in due {
+        let pending = snapshot
+            .iter()
+            .filter(|j| j.state.is_pending() && j.spec.lane == lane)
+            .count()
+            + requeued.iter().filter(|l| **l == lane).count();
+        let missing = match queue.backlog(lane).await {
+            Ok(b) => pending.saturating_sub(b.total(true) as usize),
+            Err(e) => {
+                out.errors.push(format!(
+                    "backlog of lane {lane}: {e} (every due job sent a fresh message)"
+                ));
+                due.len()
+            }
+        };
+        // Never sent first, then the longest since its last message.
+        due.sort_by(|a, b| {
+            let at = |j: &JobRecord| j.sent_at.unwrap_or(f64::NEG_INFINITY);
+            at(a).total_cmp(&at(b)).then_with(|| a.id.cmp(&b.id))
+        });
+        out.spared += due.len().saturating_sub(missing);
+        for job in due.into_iter().take(missing) {
+            match wake(jobs, queue, &job.id, &job.spec.lane, 0, now).await {
+                Ok(()) => out.woken.push(job.id.clone()),
+                Err(e) => out.errors.push(format!("wake {}: {e}", job.id)),
+            }
         }
     }
     out
@@ -300,7 +359,7 @@ pub async fn reconcile<Q, W, J, F, A>(
     avail: &A,
 ) -> Result<ReconcileReport, StoreError>
 where
-    Q: JobQueue,
+    Q: JobQueue + Backlog,
     W: WorkerRegistry,
     J: JobStore,
     F: Fleet + FleetLister,
@@ -413,6 +472,7 @@ where
         report.jobs_requeued = reaped.requeued;
         report.jobs_failed = reaped.failed;
         report.jobs_woken = reaped.woken;
+        report.wake_ups_spared = reaped.spared;
         report.errors.extend(reaped.errors);
     }
 
@@ -586,7 +646,7 @@ pub async fn reconcile_exclusive<Q, W, J, F, A, L>(
     lease: &L,
 ) -> Result<Option<ReconcileReport>, StoreError>
 where
-    Q: JobQueue,
+    Q: JobQueue + Backlog,
     W: WorkerRegistry,
     J: JobStore,
     F: Fleet + FleetLister,

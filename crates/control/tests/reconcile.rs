@@ -3,10 +3,12 @@
 
 use onoff_control::fake::{FakeAvailability, FakeFleet, FakeJobs, FakeQueue, FakeRegistry};
 use onoff_control::job::JobState;
-use onoff_control::ports::{Claim, FleetError, FleetErrorKind, JobStore, LaunchRequest, WorkerRecord, WorkerRegistry};
+use onoff_control::ports::{
+    wake_up_body, Claim, FleetError, FleetErrorKind, JobStore, LaunchRequest, WorkerRecord, WorkerRegistry,
+};
 use onoff_control::reconcile::{reconcile, ReconcileOptions, ReconcileReport};
 use onoff_control::submit::{submit, Source, Submitted};
-use onoff_policy::{Action, CapacityType, LaneBacklog, LaneConfig, Offering, OfferingKey, PolicyConfig, WorkerState};
+use onoff_policy::{Action, CapacityType, LaneConfig, Offering, OfferingKey, PolicyConfig, WorkerState};
 
 const NOW: f64 = 1_700_000_000.0;
 
@@ -132,14 +134,6 @@ impl World {
 fn scale_from_zero_launches_once_per_job_while_workers_boot() {
     let w = World::new();
     w.submit(3);
-    w.queue.set_backlog(
-        "standard",
-        LaneBacklog {
-            visible: 3,
-            in_flight: 0,
-            delayed: 0,
-        },
-    );
     let r = w.reconcile(NOW + 1.0, false);
     assert_eq!(r.acted.launched.len(), 3, "{:?}", r.plan);
     assert_eq!(w.fleet.running().len(), 3);
@@ -169,14 +163,6 @@ fn a_job_of_a_size_the_catalogue_lacks_is_launched_on_the_next_size_up() {
         message_id: "m-two".into(),
     };
     pollster::block_on(submit(spec, &src, &["standard"], NOW, &w.jobs, &w.queue)).unwrap();
-    w.queue.set_backlog(
-        "standard",
-        LaneBacklog {
-            visible: 1,
-            in_flight: 0,
-            delayed: 0,
-        },
-    );
     let mut offs = offerings();
     offs.push(Offering {
         key: OfferingKey {
@@ -622,13 +608,16 @@ fn a_ghost_row_gets_a_fresh_message_within_two_lease_periods() {
     let w = World::new();
     let ids = w.submit(2);
     assert_eq!(w.queue.sent().len(), 2);
-    // Both messages are lost (retention, a bug, a hand-deleted message): the rows stay QUEUED.
+    // Both messages are lost (retention, the dead-letter queue, a hand-deleted message): the rows
+    // stay QUEUED.
+    assert_eq!(w.queue.lose("standard", None), 2);
     let lease = ReconcileOptions::default().resend_after_s / 2.0;
     let r = w.reconcile(NOW + lease, true);
     assert!(r.jobs_woken.is_empty(), "too early: {r:?}");
     assert_eq!(w.queue.sent().len(), 2);
     let r = w.reconcile(NOW + 2.0 * lease, true);
     assert_eq!(r.jobs_woken.len(), 2, "{r:?}");
+    assert_eq!(r.wake_ups_spared, 0);
     let sent = w.queue.sent();
     assert_eq!(sent.len(), 4);
     for id in &ids {
@@ -637,12 +626,77 @@ fn a_ghost_row_gets_a_fresh_message_within_two_lease_periods() {
     }
     // Not again until two more lease periods have passed.
     assert!(w.reconcile(NOW + 3.0 * lease, true).jobs_woken.is_empty());
-    // A job claimed meanwhile is not pending: no message for it.
+    // A worker receives the first job's message and claims it; the second's is lost again. A job
+    // claimed is not pending: no message for it.
+    let body = w.queue.receive("standard").unwrap();
+    assert!(body.contains(ids[0].as_str()), "{body}");
     let Claim::Claimed(_) = pollster::block_on(w.jobs.claim(&ids[0], "i-a", NOW + 9e9, NOW)).unwrap() else {
         panic!()
     };
+    assert_eq!(w.queue.lose("standard", None), 1);
     let r = w.reconcile(NOW + 4.0 * lease, true);
     assert_eq!(r.jobs_woken, vec![ids[1].clone()]);
+}
+
+/// A job whose message waits in its lane's queue (a backlog behind `max_workers`, a budget
+/// breaker, a frozen deployment) is not sent another every two lease periods: the queue's count
+/// shows the message is there. Only as many jobs as the queue is short of get one, the longest
+/// without a message first; when the count cannot be read, every due job does.
+#[test]
+fn a_job_whose_message_waits_in_its_queue_is_not_sent_another() {
+    let w = World::new();
+    let ids = w.submit(3);
+    let resend = ReconcileOptions::default().resend_after_s;
+    // Ten resend periods of waiting with every message in the queue: no duplicate.
+    for k in 1..=10 {
+        let r = w.reconcile(NOW + f64::from(k) * resend, true);
+        assert!(r.jobs_woken.is_empty(), "period {k}: {r:?}");
+        assert_eq!(r.wake_ups_spared, 3, "period {k}");
+    }
+    assert_eq!(w.queue.sent().len(), 3);
+    // One message is received and its job run; the message of another is lost. The queue holds
+    // one message for two pending jobs: one fresh message, to the job that waited longest without
+    // one (all were sent at submission: the first by id). That is the job whose message was not
+    // lost: it now has two and the other none, which the count cannot tell.
+    let body = w.queue.receive("standard").unwrap();
+    let ran = ids.iter().find(|id| body.contains(id.as_str())).unwrap().clone();
+    pollster::block_on(w.jobs.claim(&ran, "i-a", NOW + 9e9, NOW)).unwrap();
+    pollster::block_on(w.jobs.transition(&ran, JobState::Running, JobState::Succeeded)).unwrap();
+    let mut pending: Vec<String> = ids.iter().filter(|id| **id != ran).cloned().collect();
+    pending.sort();
+    let (first, other) = (&pending[0], &pending[1]);
+    assert_eq!(w.queue.lose("standard", Some(other)), 1);
+    let t = NOW + 11.0 * resend;
+    let r = w.reconcile(t, true);
+    assert_eq!(r.jobs_woken, vec![first.clone()], "{r:?}");
+    assert_eq!(r.wake_ups_spared, 1);
+    assert_eq!(w.jobs.records()[first].sent_at, Some(t));
+    // Workers drain the queue: a claim, then the duplicate dropped. The count falls below the
+    // pending jobs, and the next run sends the missing message.
+    for _ in 0..2 {
+        let body = w.queue.receive("standard").unwrap();
+        assert!(body.contains(first.as_str()), "{body}");
+        pollster::block_on(w.jobs.claim(first, "i-b", NOW + 9e9, t)).unwrap();
+    }
+    let r = w.reconcile(t + 60.0, true);
+    assert_eq!(r.jobs_woken, vec![other.clone()], "{r:?}");
+    assert_eq!(
+        w.queue.receive("standard").as_deref(),
+        Some(wake_up_body(other).as_str())
+    );
+    // The count cannot be read: every due job of the lane gets a fresh message, and the error
+    // says why.
+    let w = World::new();
+    w.submit(2);
+    w.queue.fail_next_backlog("throttled");
+    let r = w.reconcile(NOW + resend, true);
+    assert_eq!(r.jobs_woken.len(), 2, "{r:?}");
+    assert!(
+        r.errors
+            .iter()
+            .any(|e| e.contains("backlog of lane standard: throttled")),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -701,14 +755,6 @@ fn short_jobs_queue_behind_a_worker_whose_job_ends_within_the_horizon() {
         for i in 0..3 {
             w.submit_timed(&format!("short{i}"), 10.0);
         }
-        w.queue.set_backlog(
-            "standard",
-            LaneBacklog {
-                visible: 3,
-                in_flight: 1,
-                delayed: 0,
-            },
-        );
         let r = w.reconcile(NOW + 110.0, false);
         assert_eq!(
             r.acted.launched.len(),

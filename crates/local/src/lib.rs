@@ -215,6 +215,12 @@ pub struct LocalReport {
     pub scale_request_latency_p50_s: f64,
     /// The same, the longest.
     pub scale_request_latency_max_s: f64,
+    /// Fresh wake-up messages the reconciler's reaper sent for pending jobs whose message may be
+    /// gone (none sent for `resend_after_s`, and the lane's queue short of one per pending job).
+    pub wake_ups_resent: usize,
+    /// Such jobs the reaper sent none, as the lane's queue held one message per pending job
+    /// (`reconcile::reap_jobs`).
+    pub wake_ups_spared: usize,
     /// Wall seconds the run took.
     pub wall_s: f64,
     /// Trace seconds per wall second.
@@ -446,9 +452,10 @@ async fn run_with(
     settings.reconcile.heartbeat_timeout_s = 10.0;
     settings.reconcile.boot_timeout_s = 30.0 + opts.boot_s;
     settings.reconcile.launch_grace_s = (opts.boot_s + 2.0).max(3.0);
-    // A pending job whose message is gone gets another within a minute (deployed: 10 minutes):
-    // soon enough for a run, late enough not to flood the emulator with duplicates in a burst.
-    settings.reconcile.resend_after_s = 60.0;
+    // A pending job whose message may be gone is due another after 20 s (deployed: 10 minutes),
+    // so that jobs waiting in a burst take the reaper through its queue count (a fresh message
+    // only for as many as the lane's queue lacks) under the reconciler's role.
+    settings.reconcile.resend_after_s = 20.0;
     // Holds of kept idle workers last three reconciler periods (deployed: 900 s).
     settings.reconcile.hold_s = 3.0 * opts.tick_s;
     settings.lease_ttl_s = 10.0;
@@ -804,6 +811,10 @@ async fn run_with(
             event_n += 1;
             ev["time"] = iso(unix_now()).into();
             let r = reconciler::handler::handle(&reconciler_ctx, &reconciler_clients, lambda_event(ev)).await;
+            if let Ok(summary) = &r {
+                report.wake_ups_resent += summary["jobs_woken"].as_array().map_or(0, Vec::len);
+                report.wake_ups_spared += summary["wake_ups_spared"].as_u64().unwrap_or(0) as usize;
+            }
             invoke_err("reconciler", r, &mut report.handler_errors);
             onoff_aws::fleet::tag_as_ec2_does(&clients.ec2, &prefix, &res.launch_template).await;
         }

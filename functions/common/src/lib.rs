@@ -388,6 +388,7 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
         "jobs_requeued": r.jobs_requeued,
         "jobs_failed": r.jobs_failed,
         "jobs_woken": r.jobs_woken,
+        "wake_ups_spared": r.wake_ups_spared,
         "unreadable": r.unreadable.iter().map(|(k, p)| format!("{k}: {p}")).collect::<Vec<_>>(),
         "held": r.plan.held.iter().map(|h| format!("{} x {}", h.count, h.reason)).collect::<Vec<_>>(),
         "errors": r.errors.iter().chain(&r.acted.errors).collect::<Vec<_>>(),
