@@ -1328,6 +1328,12 @@ async fn submit_then_scaler_launches_tagged_instances_and_the_reaper_terminates_
         .unwrap();
     assert!(r.errors.is_empty() && r.acted.errors.is_empty(), "{r:?}");
     assert_eq!(r.acted.launched.len(), 2);
+    // The report's fleet (the functions' metrics) is the table's, without listing it again.
+    let mut listed = reg.list_live().await.unwrap().items;
+    let mut reported = r.workers.clone();
+    listed.sort_by(|a, b| a.id.cmp(&b.id));
+    reported.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(reported, listed);
     let mine: Vec<_> = fleet
         .describe_managed()
         .await

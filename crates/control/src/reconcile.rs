@@ -108,6 +108,11 @@ pub struct ReconcileReport {
     pub wake_ups_spared: usize,
     /// Idle workers the decision kept whose hold was written or renewed ([`renew_holds`]).
     pub workers_held: Vec<String>,
+    /// The live workers as this run leaves them, for the functions' fleet metrics without a
+    /// second listing of the table: as listed (the reaper's losses removed, prices filled in),
+    /// less those the plan released (but the ones an agent took a job for first, left as
+    /// listed), plus those launched (Pending, as registered), with the holds written.
+    pub workers: Vec<WorkerRecord>,
     /// Rows that do not parse, skipped: (key, problem).
     pub unreadable: Vec<(String, String)>,
     /// Non-fatal errors.
@@ -583,9 +588,41 @@ where
         })
         .collect();
     let (held, errors) = renew_holds(&live, &ended, workers, now, opts.hold_s).await;
+    report.workers = workers_after(live, &report, &ended, &held, cfg, now, opts.hold_s);
     report.workers_held = held;
     report.errors.extend(errors);
     Ok(report)
+}
+
+/// [`ReconcileReport::workers`]: `live` less the workers of `ended` the plan released (not those
+/// [`act`] skipped), with `held` held for `hold_s` past `now`, plus the launches of
+/// `report.acted`, registered at `now`.
+fn workers_after(
+    live: Vec<WorkerRecord>,
+    report: &ReconcileReport,
+    ended: &[&str],
+    held: &[String],
+    cfg: &PolicyConfig,
+    now: f64,
+    hold_s: f64,
+) -> Vec<WorkerRecord> {
+    let released = |id: &str| ended.contains(&id) && !report.acted.skipped.iter().any(|s| s == id);
+    let mut after: Vec<WorkerRecord> = live.into_iter().filter(|w| !released(&w.id)).collect();
+    for w in after.iter_mut().filter(|w| held.contains(&w.id)) {
+        w.hold_until = Some(now + hold_s);
+    }
+    after.extend(report.acted.launched.iter().map(|l| WorkerRecord {
+        project: l.project.clone(),
+        pinned_job: l.job.clone(),
+        ..WorkerRecord::launched(
+            &l.launched.instance_id,
+            cfg.lanes.get(l.lane).map_or_else(String::new, |c| c.name.clone()),
+            l.launched.offering.clone(),
+            l.price_usd_per_h,
+            now,
+        )
+    }));
+    after
 }
 
 /// Hold every idle worker the decision keeps (in `live`, not in `ended`, the workers its plan

@@ -114,8 +114,11 @@ impl World {
         self.reconcile_opts(offerings, &opts, now)
     }
 
+    /// One reconcile; its report's fleet (`workers`, what the functions' metrics count) must be
+    /// the one a fresh listing shows, but for the workers an agent took a job for under the
+    /// decision (`acted.skipped`, left as listed).
     fn reconcile_opts(&self, offerings: &[Offering], opts: &ReconcileOptions, now: f64) -> ReconcileReport {
-        pollster::block_on(reconcile(
+        let r = pollster::block_on(reconcile(
             &cfg(),
             offerings,
             opts,
@@ -126,7 +129,23 @@ impl World {
             &self.fleet,
             &self.avail,
         ))
-        .unwrap()
+        .unwrap();
+        let fleet = |ws: &[WorkerRecord]| {
+            let mut v: Vec<WorkerRecord> = ws
+                .iter()
+                .filter(|w| !r.acted.skipped.contains(&w.id))
+                .cloned()
+                .collect();
+            v.sort_by(|a, b| a.id.cmp(&b.id));
+            v
+        };
+        let listed = pollster::block_on(self.workers.list_live()).unwrap().items;
+        assert_eq!(
+            fleet(&r.workers),
+            fleet(&listed),
+            "the report's fleet is not the table's: {r:?}"
+        );
+        r
     }
 }
 

@@ -317,20 +317,19 @@ where
         for w in &report.acted.skipped {
             tracing::info!(worker = %w, "not released: it took a job since the decision");
         }
-        self.print_metrics(&report, now).await;
+        self.print_metrics(&report, now);
         Ok(summary(&report))
     }
 
-    async fn print_metrics(&self, report: &ReconcileReport, now: f64) {
-        let Ok(workers) = self.workers.list_live().await.map(|l| l.items) else {
-            return;
-        };
+    fn print_metrics(&self, report: &ReconcileReport, now: f64) {
+        // The fleet as the run left it: no second listing of the workers table per invocation.
+        let workers = &report.workers;
         let count = |st: WorkerState| workers.iter().filter(|w| w.state == st).count() as f64;
         let spend: f64 = workers
             .iter()
             .map(|w| onoff_control::reconcile::worker_price_usd_per_h(w, &self.settings.offerings))
             .sum();
-        let idle_max = idle_seconds_max(&workers, now);
+        let idle_max = idle_seconds_max(workers, now);
         emf::emit(&emf::line(
             "onoff",
             now,
