@@ -303,6 +303,25 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// A tally counts per name exactly as a map does, whatever the names: short ones told
+        /// apart by their keys alone, long ones sharing a head or a length, empty ones, NULs.
+        #[test]
+        fn a_tally_counts_each_name_as_a_map_does(
+            names in proptest::collection::vec("[ab\\x00]{0,3}|abcdefg[ab]{0,3}|[a-z0-9-]{0,12}", 0..40)
+        ) {
+            let mut tally = Tally::default();
+            let mut map: std::collections::BTreeMap<&str, u32> = std::collections::BTreeMap::new();
+            for (i, n) in names.iter().enumerate() {
+                tally.add(n, i as u32 + 1);
+                *map.entry(n.as_str()).or_default() += i as u32 + 1;
+            }
+            for n in names.iter().map(String::as_str).chain(["", "zzzzzzzzzz", "abcdefgh"]) {
+                proptest::prop_assert_eq!(tally.get(n), map.get(n).copied().unwrap_or(0), "{:?}", n);
+            }
+        }
+    }
+
     #[test]
     fn figures_count_spend_live_workers_and_free_capacity_by_class() {
         let mut cfg = PolicyConfig::default();
