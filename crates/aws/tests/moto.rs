@@ -868,8 +868,9 @@ async fn submit_writes_one_job_and_one_message_and_rejects_bad_specs_with_a_reco
 }
 
 /// The reaper reads the lane queue's counts (`GetQueueAttributes`) before it re-sends: jobs whose
-/// messages wait in the queue get no duplicate, one whose message is gone gets one, and one held
-/// in flight by a worker counts as there.
+/// messages wait in the queue get no duplicate; jobs whose messages SQS moved to the dead-letter
+/// queue by their receive count (received and handed back `maxReceiveCount` times) get fresh
+/// ones; a message held in flight by a worker counts as there.
 #[tokio::test]
 async fn the_reaper_resends_only_the_wake_up_messages_the_queue_lacks() {
     use onoff_aws::jobs::DynamoJobs;
@@ -880,10 +881,35 @@ async fn the_reaper_resends_only_the_wake_up_messages_the_queue_lacks() {
     let c = clients().await;
     let table_name = unique("jobs");
     onoff_aws::provision::jobs_table(&c, &table_name).await.unwrap();
+    let dlq = c
+        .sqs
+        .create_queue()
+        .queue_name(unique("standard-dlq"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let dlq_arn = c
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&dlq)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes()
+        .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
+        .clone();
     let url = c
         .sqs
         .create_queue()
         .queue_name(unique("standard"))
+        .attributes(
+            aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy,
+            format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":"2"}}"#),
+        )
         .send()
         .await
         .unwrap()
@@ -891,7 +917,7 @@ async fn the_reaper_resends_only_the_wake_up_messages_the_queue_lacks() {
         .unwrap()
         .to_string();
     let jobs = DynamoJobs::new(c.dynamodb.clone(), &table_name);
-    let queue = SqsQueues::new(c.sqs.clone(), vec![("standard".into(), url)]);
+    let queue = SqsQueues::new(c.sqs.clone(), vec![("standard".into(), url), ("dlq".into(), dlq)]);
     let now = 1_700_000_000.0;
     for i in 0..3 {
         let spec = format!(r#"{{"image":"img","command":["x"],"project":"p","client_token":"t{i}"}}"#);
@@ -912,14 +938,20 @@ async fn the_reaper_resends_only_the_wake_up_messages_the_queue_lacks() {
     let r = reap(now + opts.resend_after_s).await;
     assert!(r.woken.is_empty() && r.errors.is_empty(), "{r:?}");
     assert_eq!(r.spared, 3);
-    // One message is received and deleted without a claim (as if moved to the dead-letter
-    // queue), another is held in flight by a worker: one job lacks a message.
-    let got = queue.receive("standard", 1, 0, 300).await.unwrap();
-    queue.delete("standard", &got[0].receipt).await.unwrap();
-    let held = queue.receive("standard", 1, 0, 300).await.unwrap();
-    assert_eq!(held.len(), 1);
+    // Every message is received and handed back at once, twice (workers being retired): on the
+    // next receive SQS moves each to the dead-letter queue.
+    for _ in 0..3 {
+        for m in queue.receive("standard", 10, 0, 0).await.unwrap() {
+            assert!(m.receive_count <= 2, "{m:?}");
+        }
+    }
+    assert_eq!(queue.receive("dlq", 10, 0, 30).await.unwrap().len(), 3);
     let r = reap(now + 2.0 * opts.resend_after_s).await;
-    assert_eq!((r.woken.len(), r.spared), (1, 2), "{r:?}");
+    assert_eq!((r.woken.len(), r.spared), (3, 0), "{r:?}");
+    // A worker holds one of the fresh messages in flight: it counts, no duplicate.
+    assert_eq!(queue.receive("standard", 1, 0, 300).await.unwrap().len(), 1);
+    let r = reap(now + 3.0 * opts.resend_after_s).await;
+    assert_eq!((r.woken.len(), r.spared), (0, 3), "{r:?}");
     let b = queue.backlog("standard").await.unwrap();
     assert_eq!((b.visible, b.in_flight), (2, 1));
 }
