@@ -936,8 +936,8 @@ impl FakeQueue {
     pub fn lose(&self, lane: &str, job_id: Option<&str>) -> usize {
         let mut held = self.held.lock().expect("lock");
         let before = held.len();
-        let body = job_id.map(crate::ports::wake_up_body);
-        held.retain(|(l, b, _)| l != lane || body.as_ref().is_some_and(|m| m != b));
+        let of = |b: &str| crate::ports::WakeUp::parse(b).map(|w| w.job_id);
+        held.retain(|(l, b, _)| l != lane || job_id.is_some_and(|j| of(b).as_deref() != Some(j)));
         before - held.len()
     }
 }

@@ -631,7 +631,7 @@ pub trait FleetLister {
     async fn list_managed(&self) -> Result<Vec<FleetInstance>, FleetError>;
 }
 
-/// Sending wake-up messages (`{"job_id": ...}`) to lane queues.
+/// Sending wake-up messages (`{"job_id": ..., "gpus": ...}`, [`wake_up_body`]) to lane queues.
 #[allow(async_fn_in_trait)]
 pub trait JobQueue {
     /// Send `body` to `lane`'s queue, visible after `delay_s` (SQS: at most 900 s). Not
@@ -642,9 +642,9 @@ pub trait JobQueue {
     async fn send(&self, lane: &str, body: &str, delay_s: u32) -> Result<(), String>;
 }
 
-/// Send a fresh wake-up message for `job_id` to `lane` (visible after `delay_s`) and record it on
-/// the row ([`JobRecord::sent_at`]). If either step fails the row stays without a recent send and
-/// the reaper sends again within `resend_after_s`.
+/// Send a fresh wake-up message for job `job_id` of `spec` to its lane's queue (visible after
+/// `delay_s`) and record it on the row ([`JobRecord::sent_at`]). If either step fails the row
+/// stays without a recent send and the reaper sends again within `resend_after_s`.
 ///
 /// # Errors
 /// [`WakeError`]: which of the two steps failed.
@@ -652,12 +652,12 @@ pub async fn wake<J: JobStore, Q: JobQueue>(
     jobs: &J,
     queue: &Q,
     job_id: &str,
-    lane: &str,
+    spec: &crate::job::JobSpec,
     delay_s: u32,
     now: f64,
 ) -> Result<(), WakeError> {
     queue
-        .send(lane, &wake_up_body(job_id), delay_s)
+        .send(&spec.lane, &wake_up_body(job_id, spec.gpus), delay_s)
         .await
         .map_err(WakeError::Queue)?;
     jobs.mark_sent(job_id, now).await.map_err(WakeError::Store)
@@ -674,9 +674,40 @@ pub enum WakeError {
     Store(StoreError),
 }
 
-/// Body of a wake-up message.
-pub fn wake_up_body(job_id: &str) -> String {
-    serde_json::json!({ "job_id": job_id }).to_string()
+/// Body of a wake-up message: `{"job_id": ..., "gpus": ...}`. The job's GPUs let a worker too
+/// small for it pass the message on without claiming the job ([`WakeUp::too_big_for`]); the row
+/// stays the truth, and a body without them (an older sender's) is claimed as any.
+pub fn wake_up_body(job_id: &str, gpus: u32) -> String {
+    serde_json::json!({ "job_id": job_id, "gpus": gpus }).to_string()
+}
+
+/// A wake-up message as a worker reads it ([`wake_up_body`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WakeUp {
+    /// The job.
+    pub job_id: String,
+    /// The GPUs its spec asks for, when the message says.
+    pub gpus: Option<u32>,
+}
+
+impl WakeUp {
+    /// Parse a message body; `None` when it is not `{"job_id": "..."}` (poison).
+    pub fn parse(body: &str) -> Option<Self> {
+        let v = serde_json::from_str::<serde_json::Value>(body).ok()?;
+        Some(Self {
+            job_id: v.get("job_id")?.as_str()?.to_string(),
+            gpus: v
+                .get("gpus")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|g| u32::try_from(g).ok()),
+        })
+    }
+
+    /// Whether the job asks for more GPUs than a worker with `gpus` has (`None`: unknown, as an
+    /// agent without `ONOFF_GPUS`): such a worker passes the message on unclaimed.
+    pub fn too_big_for(&self, gpus: Option<u32>) -> bool {
+        matches!((self.gpus, gpus), (Some(want), Some(have)) if want > have)
+    }
 }
 
 /// A complete checkpoint of a job.
@@ -811,5 +842,35 @@ impl<T: CheckpointStore> CheckpointStore for &T {
     }
     async fn download(&self, r: &CheckpointRef, dest: &std::path::Path) -> Result<(), StoreError> {
         (**self).download(r, dest).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{wake_up_body, WakeUp};
+
+    #[test]
+    fn a_wake_up_says_its_jobs_gpus_and_a_body_without_them_is_claimed_as_any() {
+        let w = WakeUp::parse(&wake_up_body("job-8", 8)).unwrap();
+        assert_eq!(
+            w,
+            WakeUp {
+                job_id: "job-8".into(),
+                gpus: Some(8)
+            }
+        );
+        assert!(w.too_big_for(Some(4)));
+        assert!(!w.too_big_for(Some(8)));
+        assert!(!w.too_big_for(None), "a worker that does not know its GPUs claims");
+        // An older sender's body: no GPUs, never passed on.
+        let old = WakeUp::parse(r#"{"job_id":"job-8"}"#).unwrap();
+        assert_eq!(old.gpus, None);
+        assert!(!old.too_big_for(Some(1)));
+        // Poison: not an object with a string job_id.
+        for bad in ["", "job-8", r#"{"job_id":8}"#, r#"{"id":"job-8"}"#] {
+            assert_eq!(WakeUp::parse(bad), None, "{bad:?}");
+        }
+        // GPUs that are not a count are ignored, not poison.
+        assert_eq!(WakeUp::parse(r#"{"job_id":"j","gpus":"8"}"#).unwrap().gpus, None);
     }
 }

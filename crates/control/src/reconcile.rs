@@ -141,7 +141,7 @@ async fn requeue_lost<J: JobStore, Q: JobQueue>(
         Err(e) => return Err(e.to_string()),
     }
     if settle.to == JobState::Queued {
-        if let Err(e) = wake(jobs, queue, &job.id, &job.spec.lane, 0, now).await {
+        if let Err(e) = wake(jobs, queue, &job.id, &job.spec, 0, now).await {
             // The row is QUEUED without a recent message: the next sweep sends one.
             errors.push(format!("wake {} after re-queue: {e}", job.id));
         }
@@ -257,7 +257,7 @@ pub async fn reap_jobs<J: JobStore, Q: JobQueue + Backlog>(
         });
         out.spared += due.len().saturating_sub(missing);
         for job in due.into_iter().take(missing) {
-            match wake(jobs, queue, &job.id, &job.spec.lane, 0, now).await {
+            match wake(jobs, queue, &job.id, &job.spec, 0, now).await {
                 Ok(()) => out.woken.push(job.id.clone()),
                 Err(e) => out.errors.push(format!("wake {}: {e}", job.id)),
             }

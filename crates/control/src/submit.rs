@@ -151,12 +151,12 @@ pub async fn submit<J: JobStore, Q: JobQueue, R: Rules + ?Sized>(
         }
         Err(e) => return Err(retryable(&e)),
     };
-    let (existing, lane) = match created {
-        Created::New => (false, spec.lane.clone()),
+    let (existing, stored) = match created {
+        Created::New => (false, spec),
         Created::Existing(r) if r.sent_at.is_some() => return Ok(Submitted::Existing(id)),
-        Created::Existing(r) => (true, r.spec.lane.clone()),
+        Created::Existing(r) => (true, r.spec),
     };
-    match wake(jobs, queue, &id, &lane, 0, now).await {
+    match wake(jobs, queue, &id, &stored, 0, now).await {
         Ok(()) | Err(WakeError::Store(StoreError::NotFound(_))) => {}
         Err(e) => return Err(retryable(&e)),
     }

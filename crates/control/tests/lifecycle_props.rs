@@ -135,7 +135,7 @@ impl World {
         for i in 0..JOBS {
             let id = format!("job-{i}");
             w.jobs.put(JobRecord::new(id.clone(), spec(3), "test".into(), w.now));
-            pollster::block_on(wake(&w.jobs, &w.queue, &id, "standard", 0, w.now)).unwrap();
+            pollster::block_on(wake(&w.jobs, &w.queue, &id, &spec(3), 0, w.now)).unwrap();
         }
         w
     }
@@ -162,7 +162,8 @@ impl World {
                     *self.succeeded.entry(held.job.id.clone()).or_default() += 1;
                 }
                 if settle.to.is_pending() {
-                    let _ = pollster::block_on(wake(&self.jobs, &self.queue, &held.job.id, "standard", 0, self.now));
+                    let _ =
+                        pollster::block_on(wake(&self.jobs, &self.queue, &held.job.id, &held.job.spec, 0, self.now));
                 }
             }
             Err(StoreError::Conflict(_)) => {} // the lease was lost: nothing recorded

@@ -32,7 +32,7 @@ fn a_valid_spec_becomes_one_queued_job_and_one_message() {
     );
     assert_eq!(
         queue.sent(),
-        vec![("standard".to_string(), format!(r#"{{"job_id":"{id}"}}"#))]
+        vec![("standard".to_string(), format!(r#"{{"gpus":2,"job_id":"{id}"}}"#))]
     );
 }
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use onoff_control::job::{parse_s3_uri, AttemptEnd, AttemptRecord, JobState, Settle};
 use onoff_control::ports::{
-    checkpoint_prefix, wake, CheckpointStore, Claim, JobRecord, JobStore, StoreError, WorkerRecord,
+    checkpoint_prefix, wake, CheckpointStore, Claim, JobRecord, JobStore, StoreError, WakeUp, WorkerRecord,
 };
 use onoff_policy::deadline::{keeps_off_spot, spot_start_slack_s};
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
@@ -158,8 +158,11 @@ pub struct AgentReport {
     /// Messages left for the dead-letter queue (malformed, unknown job), each with an error record.
     pub poison: u32,
     /// Jobs handed back to their lane unrun because they ask for more GPUs than this worker has
-    /// (`ONOFF_GPUS`).
+    /// (`ONOFF_GPUS`), claimed first: their message did not say how many GPUs they ask for.
     pub handed_back: u32,
+    /// Messages passed on unclaimed because their job asks for more GPUs than this worker has
+    /// (the message says: [`onoff_control::ports::WakeUp`]).
+    pub passed_on: u32,
     /// Jobs given back unrun because this spot worker would put their deadline at risk
     /// (`onoff_policy::deadline::keeps_off_spot`).
     pub deferred: u32,
@@ -421,6 +424,7 @@ where
             dropped: 0,
             poison: 0,
             handed_back: 0,
+            passed_on: 0,
             deferred: 0,
             pinned_claimed: None,
         },
@@ -623,15 +627,32 @@ where
 
     /// Claim and run the message's job. `Some` when the agent must exit.
     async fn handle(&mut self, msg: Message, shutdown: Shutdown<'_>) -> Option<ExitReason> {
-        let job_id = serde_json::from_str::<serde_json::Value>(&msg.body)
-            .ok()
-            .and_then(|v| v.get("job_id")?.as_str().map(str::to_string));
-        let Some(job_id) = job_id else {
+        let Some(wake_up) = WakeUp::parse(&msg.body) else {
             let excerpt: String = msg.body.chars().take(200).collect();
             let reason = format!("job message is not {{\"job_id\": \"...\"}}: {excerpt:?}");
             self.poison(&msg, &format!("sqs:{}", msg.message_id), &reason).await;
             return None;
         };
+        // A job for more GPUs than this worker has: the message goes on, as a fresh one after the
+        // retry delay (so its receive count never nears the dead-letter queue's), for a worker
+        // that fits; the job is not claimed, and no hand-back is counted against it. A job the
+        // policy keeps waiting for a spot offering of its size is bounced for as long as it
+        // waits, which a claim and a counted hand-back each time turned into FAILED after
+        // `max_hand_backs` (50 minutes with one small idle worker in the lane).
+        if wake_up.too_big_for(self.cfg.gpus) {
+            tracing::info!(job = %wake_up.job_id, wants = ?wake_up.gpus, has = ?self.cfg.gpus, "job needs more GPUs: message passed on unclaimed");
+            self.report.passed_on += 1;
+            if let Err(e) = self
+                .deps
+                .inbox
+                .requeue(&msg.lane, &msg.receipt, &msg.body, self.cfg.retry_delay_s as u32)
+                .await
+            {
+                tracing::warn!(job = %wake_up.job_id, error = %e, "pass the message on (it reappears after its visibility)");
+            }
+            return None;
+        }
+        let job_id = wake_up.job_id;
         // A notice may have come while this message was on its way (the idle loop polls IMDS
         // every few seconds): a worker at risk takes no new job. The message goes back as a new
         // one, visible at once, for a worker that stays.
@@ -800,7 +821,7 @@ where
                 AttemptEnd::Released(_) => 0,
                 _ => self.cfg.retry_delay_s as u32,
             };
-            if let Err(e) = wake(&self.deps.jobs, &self.deps.inbox, &job.id, &job.spec.lane, delay, now).await {
+            if let Err(e) = wake(&self.deps.jobs, &self.deps.inbox, &job.id, &job.spec, delay, now).await {
                 // The row is pending with no recent message: the reaper sends one.
                 tracing::warn!(job = %job.id, error = %e, "wake-up message after the attempt");
             }

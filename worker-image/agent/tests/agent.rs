@@ -14,7 +14,7 @@ use onoff_agent::{run, AgentConfig, AgentReport, Deps, ExitReason, Outcome};
 use onoff_control::fake::{FakeJobs, FakeRegistry};
 use onoff_control::job::{AttemptEnd, JobSpec, JobState, RerunLimits, Settle};
 use onoff_control::ports::{
-    wake, CancelOutcome, CheckpointStore, Claim, JobRecord, JobStore, WorkerRecord, WorkerRegistry,
+    wake, wake_up_body, CancelOutcome, CheckpointStore, Claim, JobRecord, JobStore, WorkerRecord, WorkerRegistry,
 };
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 
@@ -53,7 +53,14 @@ fn register_as(w: &World, id: &str, capacity: CapacityType, pinned: Option<&str>
 }
 
 /// Put a job in the table and its message in the queue.
+/// Submit a 1-GPU job and its wake-up message, as submit does.
 fn submit(w: &World, id: &str, program: &str, max_attempts: u32, checkpoint_interval_s: f64) {
+    put_job(w, id, program, max_attempts, checkpoint_interval_s);
+    w.inbox.send("standard", &wake_up_body(id, 1));
+}
+
+/// A 1-GPU job's row, without a message.
+fn put_job(w: &World, id: &str, program: &str, max_attempts: u32, checkpoint_interval_s: f64) {
     let spec = JobSpec {
         image: "img".into(),
         command: vec![program.into(), "--flag".into()],
@@ -73,7 +80,6 @@ fn submit(w: &World, id: &str, program: &str, max_attempts: u32, checkpoint_inte
     let mut rec = JobRecord::new(id.into(), spec, "test".into(), T0);
     rec.sent_at = Some(T0);
     w.jobs.put(rec);
-    w.inbox.send("standard", &format!(r#"{{"job_id":"{id}"}}"#));
 }
 
 async fn agent(w: &World, id: &str, c: &AgentConfig) -> (AgentReport, Vec<String>) {
@@ -157,6 +163,9 @@ async fn two_agents_one_job_it_runs_once_and_the_duplicate_message_is_dropped() 
     );
 }
 
+/// A message that does not say how many GPUs its job asks for (an older sender's) is claimed, and
+/// a worker too small for the job hands it back once; the fresh message says, and from then on
+/// the small worker passes it on unclaimed.
 #[tokio::test(start_paused = true)]
 async fn a_job_for_more_gpus_is_handed_back_uncounted_and_runs_on_a_worker_that_fits() {
     let dir = tempdir("fit");
@@ -172,10 +181,11 @@ async fn a_job_for_more_gpus_is_handed_back_uncounted_and_runs_on_a_worker_that_
             exit_code: 0,
         },
     );
-    submit(&w, "job-4gpu", "train", 1, 600.0);
+    put_job(&w, "job-4gpu", "train", 1, 600.0);
     let mut rec = job(&w, "job-4gpu");
     rec.spec.gpus = 4;
     w.jobs.put(rec);
+    w.inbox.send("standard", r#"{"job_id":"job-4gpu"}"#);
     let small = AgentConfig {
         gpus: Some(1),
         ..cfg(&dir.path().join("small"))
@@ -191,7 +201,11 @@ async fn a_job_for_more_gpus_is_handed_back_uncounted_and_runs_on_a_worker_that_
     };
     let ((rs, _), (rb, _)) = tokio::join!(agent(&w, "i-small", &small), late_big);
     assert!(rs.jobs.is_empty(), "the 1-GPU worker never ran it: {:?}", rs.jobs);
-    assert!(rs.handed_back >= 2, "handed back each time it came: {}", rs.handed_back);
+    assert_eq!(
+        rs.handed_back, 1,
+        "claimed and handed back once, from the message without GPUs"
+    );
+    assert!(rs.passed_on >= 1, "then passed on unclaimed: {}", rs.passed_on);
     assert_eq!(rb.jobs.len(), 1);
     assert_eq!(rb.jobs[0].outcome, Outcome::Succeeded);
     assert_eq!(w.launcher.started().len(), 1, "it ran once");
@@ -203,6 +217,59 @@ async fn a_job_for_more_gpus_is_handed_back_uncounted_and_runs_on_a_worker_that_
     assert!(w.inbox.remaining().is_empty(), "{:?}", w.inbox.remaining());
     // Hand-backs are not work: the small worker still left after its idle timeout.
     assert_eq!(rs.exit, ExitReason::IdleTimeout);
+}
+
+/// A 4-GPU job waits an hour for its worker (the policy waits for a spot offering of its size)
+/// while a 1-GPU worker idles in its lane and receives its message every retry delay. The small
+/// worker passes the message on unclaimed each time, so no hand-back is counted: the job is not
+/// FAILED at `max_hand_backs` (3 here; a claim and a counted hand-back each time failed it after
+/// 45 s) and runs when its worker comes.
+#[tokio::test(start_paused = true)]
+async fn a_job_waiting_long_for_a_worker_of_its_size_is_passed_on_not_failed_by_smaller_ones() {
+    let dir = tempdir("wait-big");
+    let w = World::default();
+    register(&w, "i-small");
+    register(&w, "i-big");
+    script(&w, "train", 10);
+    put_job(&w, "job-4gpu", "train", 1, 600.0);
+    let mut rec = job(&w, "job-4gpu");
+    rec.spec.gpus = 4;
+    w.jobs.put(rec);
+    // The message as every sender writes it: with the job's GPUs.
+    w.inbox.send("standard", &wake_up_body("job-4gpu", 4));
+    let small = AgentConfig {
+        gpus: Some(1),
+        // Past the big worker's arrival: the fake inbox hands a message to the receiver that has
+        // waited longest, so the small worker would win it every time while it polls (SQS spreads
+        // deliveries over its receivers).
+        idle_timeout_s: 3_700.0,
+        rerun_limits: RerunLimits {
+            max_hand_backs: 3,
+            ..RerunLimits::default()
+        },
+        ..cfg(&dir.path().join("small"))
+    };
+    let big = AgentConfig {
+        gpus: Some(4),
+        ..cfg(&dir.path().join("big"))
+    };
+    let late_big = async {
+        tokio::time::sleep(Duration::from_secs(3_600)).await;
+        agent(&w, "i-big", &big).await
+    };
+    let ((rs, _), (rb, _)) = tokio::join!(agent(&w, "i-small", &small), late_big);
+    assert!(rs.jobs.is_empty(), "{:?}", rs.jobs);
+    assert_eq!(rs.handed_back, 0);
+    assert!(
+        rs.passed_on >= 100,
+        "passed on every retry delay for an hour: {}",
+        rs.passed_on
+    );
+    assert_eq!(rb.jobs.len(), 1, "{:?}", rb.jobs);
+    assert_eq!(rb.jobs[0].outcome, Outcome::Succeeded);
+    let rec = job(&w, "job-4gpu");
+    assert_eq!((rec.state, rec.hand_backs, rec.attempts), (JobState::Succeeded, 0, 1));
+    assert!(w.inbox.remaining().is_empty(), "{:?}", w.inbox.remaining());
 }
 
 #[tokio::test(start_paused = true)]
@@ -523,7 +590,7 @@ async fn a_lost_lease_kills_the_job_and_records_nothing() {
         )
         .await
         .unwrap();
-        wake(jobs, &w.inbox, "job-1", "standard", 0, T0 + 30.0).await.unwrap();
+        wake(jobs, &w.inbox, "job-1", &seen.spec, 0, T0 + 30.0).await.unwrap();
     };
     let c = cfg(dir.path());
     let (_, (r, _)) = tokio::join!(requeue, agent(&w, "i-a", &c));
