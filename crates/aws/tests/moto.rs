@@ -149,6 +149,43 @@ async fn launch_template_name(c: &Clients) -> String {
         .to_string()
 }
 
+/// A queue named after `name` whose messages SQS moves to a dead-letter queue of its own after
+/// `max_receives` receives: (queue URL, dead-letter queue URL).
+async fn queue_with_dlq(c: &Clients, name: &str, max_receives: u32) -> (String, String) {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    let url = |out: aws_sdk_sqs::operation::create_queue::CreateQueueOutput| out.queue_url().unwrap().to_string();
+    let dlq = url(c
+        .sqs
+        .create_queue()
+        .queue_name(unique(&format!("{name}-dlq")))
+        .send()
+        .await
+        .unwrap());
+    let dlq_arn = c
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&dlq)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes()
+        .unwrap()[&QueueAttributeName::QueueArn]
+        .clone();
+    let q = c
+        .sqs
+        .create_queue()
+        .queue_name(unique(name))
+        .attributes(
+            QueueAttributeName::RedrivePolicy,
+            format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":"{max_receives}"}}"#),
+        )
+        .send()
+        .await
+        .unwrap();
+    (url(q), dlq)
+}
+
 fn key(ty: &str, zone: &str, cap: CapacityType) -> OfferingKey {
     OfferingKey {
         instance_type: ty.into(),
@@ -881,41 +918,7 @@ async fn the_reaper_resends_only_the_wake_up_messages_the_queue_lacks() {
     let c = clients().await;
     let table_name = unique("jobs");
     onoff_aws::provision::jobs_table(&c, &table_name).await.unwrap();
-    let dlq = c
-        .sqs
-        .create_queue()
-        .queue_name(unique("standard-dlq"))
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string();
-    let dlq_arn = c
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&dlq)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes()
-        .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
-        .clone();
-    let url = c
-        .sqs
-        .create_queue()
-        .queue_name(unique("standard"))
-        .attributes(
-            aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy,
-            format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":"2"}}"#),
-        )
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string();
+    let (url, dlq) = queue_with_dlq(&c, "standard", 2).await;
     let jobs = DynamoJobs::new(c.dynamodb.clone(), &table_name);
     let queue = SqsQueues::new(c.sqs.clone(), vec![("standard".into(), url), ("dlq".into(), dlq)]);
     let now = 1_700_000_000.0;
@@ -1628,41 +1631,7 @@ async fn a_stale_heartbeat_requeues_the_job_and_terminates_the_instance() {
 #[tokio::test]
 async fn a_malformed_submission_message_ends_in_the_dead_letter_queue() {
     let c = clients().await;
-    let dlq = c
-        .sqs
-        .create_queue()
-        .queue_name(unique("submit-dlq"))
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string();
-    let dlq_arn = c
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&dlq)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes()
-        .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
-        .clone();
-    let q = c
-        .sqs
-        .create_queue()
-        .queue_name(unique("submit"))
-        .attributes(
-            aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy,
-            format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":"2"}}"#),
-        )
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string();
+    let (q, dlq) = queue_with_dlq(&c, "submit", 2).await;
     let queues = SqsQueues::new(c.sqs.clone(), vec![("submit".into(), q), ("dlq".into(), dlq)]);
     queues
         .send("submit", r#"{"image":"i","command":"rm -rf /","project":"p"}"#, 0)
