@@ -154,6 +154,55 @@ async fn queue(c: &Clients, name: &str, attrs: Vec<(QueueAttributeName, String)>
         .ok_or_else(|| perr(format!("queue {name}"), "no queue URL returned"))
 }
 
+/// Create queue `name` and its dead-letter queue `<name>-dlq`, as template.yaml's lane queues:
+/// SQS moves a message to the dead-letter queue on its receive after `max_receive_count`
+/// receives; both keep messages 14 days ([`MAX_RETENTION_S`]); a received message is hidden for
+/// `visibility_timeout_s`. Returns (queue URL, dead-letter queue URL).
+///
+/// # Errors
+/// The first queue call that failed.
+pub async fn queue_with_dlq(
+    c: &Clients,
+    name: &str,
+    max_receive_count: u32,
+    visibility_timeout_s: u32,
+) -> Result<(String, String), ProvisionError> {
+    let retention = (QueueAttributeName::MessageRetentionPeriod, MAX_RETENTION_S.to_string());
+    let dlq = queue(c, &format!("{name}-dlq"), vec![retention.clone()]).await?;
+    let arn = c
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&dlq)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| {
+            perr(
+                format!("{name} dead-letter queue"),
+                aws_sdk_sqs::error::DisplayErrorContext(e),
+            )
+        })?
+        .attributes()
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .ok_or_else(|| perr(format!("{name} dead-letter queue"), "no ARN"))?;
+    let redrive = serde_json::json!({
+        "deadLetterTargetArn": arn,
+        "maxReceiveCount": max_receive_count.to_string(),
+    })
+    .to_string();
+    let url = queue(
+        c,
+        name,
+        vec![
+            (QueueAttributeName::VisibilityTimeout, visibility_timeout_s.to_string()),
+            (QueueAttributeName::RedrivePolicy, redrive),
+            retention,
+        ],
+    )
+    .await?;
+    Ok((url, dlq))
+}
+
 /// Create everything; returns the names. Not idempotent: run it once per prefix.
 ///
 /// # Errors
@@ -163,44 +212,11 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
     let mut queue_urls = Vec::new();
     let mut dead_letter_queues = Vec::new();
     for lane in &opts.lanes {
-        let dlq = queue(
-            c,
-            &format!("{p}-{lane}-dlq"),
-            vec![(QueueAttributeName::MessageRetentionPeriod, MAX_RETENTION_S.to_string())],
-        )
-        .await?;
-        let arn = c
-            .sqs
-            .get_queue_attributes()
-            .queue_url(&dlq)
-            .attribute_names(QueueAttributeName::QueueArn)
-            .send()
-            .await
-            .map_err(|e| {
-                perr(
-                    format!("{lane} dead-letter queue"),
-                    aws_sdk_sqs::error::DisplayErrorContext(e),
-                )
-            })?
-            .attributes()
-            .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
-            .ok_or_else(|| perr(format!("{lane} dead-letter queue"), "no ARN"))?;
-        let redrive = serde_json::json!({
-            "deadLetterTargetArn": arn,
-            "maxReceiveCount": opts.max_receive_count.to_string(),
-        })
-        .to_string();
-        let url = queue(
+        let (url, dlq) = queue_with_dlq(
             c,
             &format!("{p}-{lane}"),
-            vec![
-                (
-                    QueueAttributeName::VisibilityTimeout,
-                    opts.visibility_timeout_s.to_string(),
-                ),
-                (QueueAttributeName::RedrivePolicy, redrive),
-                (QueueAttributeName::MessageRetentionPeriod, MAX_RETENTION_S.to_string()),
-            ],
+            opts.max_receive_count,
+            opts.visibility_timeout_s,
         )
         .await?;
         queue_urls.push((lane.clone(), url));

@@ -150,40 +150,11 @@ async fn launch_template_name(c: &Clients) -> String {
 }
 
 /// A queue named after `name` whose messages SQS moves to a dead-letter queue of its own after
-/// `max_receives` receives: (queue URL, dead-letter queue URL).
+/// `max_receives` receives, as provisioned for a lane: (queue URL, dead-letter queue URL).
 async fn queue_with_dlq(c: &Clients, name: &str, max_receives: u32) -> (String, String) {
-    use aws_sdk_sqs::types::QueueAttributeName;
-    let url = |out: aws_sdk_sqs::operation::create_queue::CreateQueueOutput| out.queue_url().unwrap().to_string();
-    let dlq = url(c
-        .sqs
-        .create_queue()
-        .queue_name(unique(&format!("{name}-dlq")))
-        .send()
-        .await
-        .unwrap());
-    let dlq_arn = c
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&dlq)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
+    onoff_aws::provision::queue_with_dlq(c, &unique(name), max_receives, 30)
         .await
         .unwrap()
-        .attributes()
-        .unwrap()[&QueueAttributeName::QueueArn]
-        .clone();
-    let q = c
-        .sqs
-        .create_queue()
-        .queue_name(unique(name))
-        .attributes(
-            QueueAttributeName::RedrivePolicy,
-            format!(r#"{{"deadLetterTargetArn":"{dlq_arn}","maxReceiveCount":"{max_receives}"}}"#),
-        )
-        .send()
-        .await
-        .unwrap();
-    (url(q), dlq)
 }
 
 fn key(ty: &str, zone: &str, cap: CapacityType) -> OfferingKey {
