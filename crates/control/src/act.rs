@@ -54,6 +54,24 @@ pub struct LaunchedWorker {
     pub reason: Reason,
 }
 
+impl LaunchedWorker {
+    /// Its row in the workers table as [`act`] registers it: Pending in lane `lane_name`,
+    /// launched at `at` (unix seconds).
+    pub fn record(&self, lane_name: &str, at: f64) -> WorkerRecord {
+        WorkerRecord {
+            project: self.project.clone(),
+            pinned_job: self.job.clone(),
+            ..WorkerRecord::launched(
+                &self.launched.instance_id,
+                lane_name,
+                self.launched.offering.clone(),
+                self.price_usd_per_h,
+                at,
+            )
+        }
+    }
+}
+
 /// What [`act`] did.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct ActOutcome {
@@ -197,28 +215,19 @@ where
                                     .map(|o| o.price_usd_per_h)
                             })
                             .unwrap_or(0.0);
-                        let rec = WorkerRecord {
-                            project: g.project.clone(),
-                            pinned_job: g.job.clone(),
-                            ..WorkerRecord::launched(
-                                &l.instance_id,
-                                lane_name.clone(),
-                                l.offering.clone(),
-                                price,
-                                ctx.now,
-                            )
-                        };
-                        if let Err(e) = registry.register_launch(rec).await {
-                            out.errors.push(format!("register {}: {e}", l.instance_id));
-                        }
-                        out.launched.push(LaunchedWorker {
+                        let worker = LaunchedWorker {
                             launched: l,
                             lane: g.lane,
                             project: g.project.clone(),
                             job: g.job.clone(),
                             price_usd_per_h: price,
                             reason: g.reason.clone(),
-                        });
+                        };
+                        if let Err(e) = registry.register_launch(worker.record(&lane_name, ctx.now)).await {
+                            out.errors
+                                .push(format!("register {}: {e}", worker.launched.instance_id));
+                        }
+                        out.launched.push(worker);
                     }
                     for (k, e) in res.short {
                         match e.kind {

@@ -611,17 +611,13 @@ fn workers_after(
     for w in after.iter_mut().filter(|w| held.contains(&w.id)) {
         w.hold_until = Some(now + hold_s);
     }
-    after.extend(report.acted.launched.iter().map(|l| WorkerRecord {
-        project: l.project.clone(),
-        pinned_job: l.job.clone(),
-        ..WorkerRecord::launched(
-            &l.launched.instance_id,
-            cfg.lanes.get(l.lane).map_or_else(String::new, |c| c.name.clone()),
-            l.launched.offering.clone(),
-            l.price_usd_per_h,
-            now,
-        )
-    }));
+    after.extend(
+        report
+            .acted
+            .launched
+            .iter()
+            .map(|l| l.record(cfg.lanes.get(l.lane).map_or("", |c| c.name.as_str()), now)),
+    );
     after
 }
 
