@@ -193,8 +193,10 @@ impl S3Checkpoints {
             .find(|(rel, _, _)| prefix.len() + rel.len() > crate::limits::MAX_S3_KEY_BYTES)
         {
             return Err(StoreError::Invalid(format!(
-                "file {rel}: its key {prefix}{rel} would be {} bytes; S3 takes keys of at most {} \
-                 (Amazon S3 User Guide, \"Naming Amazon S3 objects\"): use a shorter path",
+                // The reason first: a row keeps only the first 2 KiB of it, and the path may be
+                // most of that.
+                "a key of {} bytes, where S3 takes at most {} (Amazon S3 User Guide, \"Naming \
+                 Amazon S3 objects\"): use a shorter path for file {rel} (under {prefix})",
                 prefix.len() + rel.len(),
                 crate::limits::MAX_S3_KEY_BYTES
             )));

@@ -5,7 +5,8 @@
 //! `lease_expiries`, `lease_owner`, `lease_expires_at`, `last_checkpoint`, `sent_at`, `cost_usd`,
 //! `source`, `created_at`, `reason`, `finished_at`, `lane`, `project`, `cancel_requested`,
 //! `claimed_at`, `attempt_log` (a list of JSON texts, one [`onoff_control::job::AttemptRecord`]
-//! each, appended as attempts end); `active_lane` (the lane)
+//! each, appended as attempts end), `outputs` (a map: `attempt`, `files`, `at`, maybe `error`:
+//! [`onoff_control::job::OutputsRecord`]); `active_lane` (the lane)
 //! only while the job is not finished, which makes the [`ACTIVE_INDEX`] sparse: listing the
 //! active jobs reads only them, however long the history. A finished job gets `expires_at`
 //! ([`FINISHED_JOB_TTL_S`] later) for the table's TTL. Error records use the key
@@ -14,7 +15,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
-use onoff_control::job::{JobSpec, JobState, Settle, CANCELLED_REASON};
+use onoff_control::job::{bounded_reason, JobSpec, JobState, OutputsRecord, Settle, CANCELLED_REASON};
 use onoff_control::ports::{
     CancelOutcome, Claim, Created, JobQueue, JobRecord, JobStore, Listing, Renewal, StoreError,
 };
@@ -95,6 +96,22 @@ pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<JobRec
             })
             .transpose()?
             .unwrap_or_default(),
+        outputs: match item.get("outputs") {
+            None => None,
+            Some(v) => Some(outputs_from(v).ok_or_else(|| bad("outputs"))?),
+        },
+    })
+}
+
+/// The `outputs` map of a job item: `attempt`, `files`, `at` (numbers) and maybe `error`.
+fn outputs_from(v: &AttributeValue) -> Option<OutputsRecord> {
+    let m = v.as_m().ok()?;
+    let num = |k: &str| m.get(k)?.as_n().ok()?.parse::<f64>().ok();
+    Some(OutputsRecord {
+        attempt: num("attempt")? as u32,
+        files: num("files")? as u32,
+        error: m.get("error").and_then(|e| e.as_s().ok()).cloned(),
+        at: num("at")?,
     })
 }
 
@@ -394,6 +411,43 @@ impl JobStore for DynamoJobs {
                 }
             }
             Err(e) => Err(store_error("finish job attempt", &e)),
+        }
+    }
+
+    async fn record_outputs(&self, id: &str, outputs: &OutputsRecord) -> Result<(), StoreError> {
+        let mut map = HashMap::from([
+            ("attempt".to_string(), n(f64::from(outputs.attempt))),
+            ("files".to_string(), n(f64::from(outputs.files))),
+            ("at".to_string(), n(outputs.at)),
+        ]);
+        if let Some(e) = &outputs.error {
+            map.insert("error".into(), s(bounded_reason(e.clone())));
+        }
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("job_id", s(id))
+            .update_expression("SET #out = :o")
+            // The row exists (an update would create it), and holds no later attempt's record.
+            .condition_expression("attribute_exists(job_id) AND (attribute_not_exists(#out) OR #out.#att <= :n)")
+            .expression_attribute_names("#out", "outputs")
+            .expression_attribute_names("#att", "attempt")
+            .expression_attribute_values(":o", AttributeValue::M(map))
+            .expression_attribute_values(":n", n(f64::from(outputs.attempt)))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if condition_failed(&e) => match self.get(id).await? {
+                None => Err(StoreError::NotFound(id.into())),
+                Some(r) => Err(StoreError::Conflict(format!(
+                    "{id} holds the outputs of attempt {}, later than {}",
+                    r.outputs.map_or(0, |o| o.attempt),
+                    outputs.attempt
+                ))),
+            },
+            Err(e) => Err(store_error("record job outputs", &e)),
         }
     }
 

@@ -1909,3 +1909,66 @@ async fn cancel_and_the_attempt_log_are_conditional_writes_on_the_row() {
     assert_eq!((b.lease_owner, b.claimed_at), (None, None));
     assert_eq!(jobs.request_cancel("job-z", now).await.unwrap(), CancelOutcome::Unknown);
 }
+
+/// What became of an attempt's outputs goes on the job's row after the attempt is settled: a
+/// later attempt's record is never replaced by an earlier one's, a long error is cut to the
+/// row's bound, and a row that is gone is not created again (an update would).
+#[tokio::test]
+async fn the_outputs_record_is_written_once_the_attempt_ended_latest_attempt_wins() {
+    use onoff_aws::jobs::DynamoJobs;
+    use onoff_control::job::{JobSpec, OutputsRecord, MAX_REASON_BYTES};
+    use onoff_control::ports::{JobRecord, JobStore, StoreError};
+    let c = clients().await;
+    let table_name = unique("jobs");
+    onoff_aws::provision::jobs_table(&c, &table_name).await.unwrap();
+    let jobs = DynamoJobs::new(c.dynamodb.clone(), &table_name);
+    let now = 1_700_000_000.0;
+    let spec: JobSpec = serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p"}"#).unwrap();
+    jobs.create(&JobRecord::new("job-o".into(), spec, "test".into(), now))
+        .await
+        .unwrap();
+    assert_eq!(jobs.get("job-o").await.unwrap().unwrap().outputs, None);
+    let second = OutputsRecord {
+        attempt: 2,
+        files: 0,
+        error: Some(format!("AccessDenied: {}", "x".repeat(5000))),
+        at: now + 100.0,
+    };
+    jobs.record_outputs("job-o", &second).await.unwrap();
+    let o = jobs.get("job-o").await.unwrap().unwrap().outputs.unwrap();
+    assert_eq!((o.attempt, o.files, o.at), (2, 0, now + 100.0));
+    let e = o.error.unwrap();
+    assert!(
+        e.starts_with("AccessDenied") && e.len() <= MAX_REASON_BYTES,
+        "{} bytes",
+        e.len()
+    );
+    // The first attempt's upload, ending late: refused, the second's record stays.
+    let first = OutputsRecord {
+        attempt: 1,
+        files: 3,
+        error: None,
+        at: now + 120.0,
+    };
+    assert!(matches!(
+        jobs.record_outputs("job-o", &first).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(jobs.get("job-o").await.unwrap().unwrap().outputs.unwrap().attempt, 2);
+    // The same attempt again (a retried write) and a later one replace it.
+    let third = OutputsRecord {
+        attempt: 3,
+        files: 4,
+        error: None,
+        at: now + 200.0,
+    };
+    jobs.record_outputs("job-o", &third).await.unwrap();
+    jobs.record_outputs("job-o", &third).await.unwrap();
+    assert_eq!(jobs.get("job-o").await.unwrap().unwrap().outputs, Some(third.clone()));
+    // No row: nothing is created.
+    assert!(matches!(
+        jobs.record_outputs("job-gone", &third).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert_eq!(jobs.get("job-gone").await.unwrap(), None);
+}

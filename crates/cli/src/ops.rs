@@ -26,7 +26,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use onoff_aws::jobs::{record_from_item, DynamoJobs};
 use onoff_aws::settings::Clients;
-use onoff_control::job::{job_id_for, JobSpec, JobState};
+use onoff_control::job::{job_id_for, JobSpec, JobState, OutputsRecord};
 use onoff_control::ports::{CancelOutcome, JobRecord, JobStore};
 use onoff_control::submit::{Admission, Rules};
 use onoff_policy::CapacityType;
@@ -715,6 +715,7 @@ pub async fn status(a: StatusArgs) -> Result<()> {
         v["lease_owner"] = r.lease_owner.clone().into();
         v["last_checkpoint"] = r.last_checkpoint.clone().into();
         v["source"] = r.source.clone().into();
+        v["outputs"] = serde_json::to_value(&r.outputs)?;
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
@@ -756,6 +757,9 @@ pub async fn status(a: StatusArgs) -> Result<()> {
     );
     if let Some(c) = &r.last_checkpoint {
         println!("checkpoint {c}");
+    }
+    if let Some(o) = &r.outputs {
+        println!("outputs    {}", outputs_line(o, &ops.bucket, &r.id));
     }
     let mut t = Table::new();
     t.load_preset(UTF8_BORDERS_ONLY);
@@ -975,12 +979,24 @@ pub async fn outputs(a: OutputsArgs) -> Result<()> {
                 .filter_map(|o| Some((o.key()?.to_string(), o.size().unwrap_or(0)))),
         );
     }
+    // What the row says became of the latest upload: a failed one is told, before and whatever
+    // is there (files of an earlier attempt, or those before the failure).
+    let r = ops.job(&a.job).await?;
+    let failed = r.outputs.as_ref().filter(|o| o.error.is_some());
     if keys.is_empty() {
-        let r = ops.job(&a.job).await?;
-        bail!(
-            "{} has no outputs yet ({}): a job's ONOFF_OUTPUT_DIR is uploaded when an attempt ends",
-            a.job,
-            r.state.as_str()
+        match failed {
+            Some(o) => bail!("{}: {}", a.job, outputs_line(o, &ops.bucket, &a.job)),
+            None => bail!(
+                "{} has no outputs yet ({}): a job's ONOFF_OUTPUT_DIR is uploaded when an attempt ends",
+                a.job,
+                r.state.as_str()
+            ),
+        }
+    }
+    if let Some(o) = failed {
+        eprintln!(
+            "onoff: warning: {}; the files below may be only part of them, or an earlier attempt's",
+            outputs_line(o, &ops.bucket, &a.job)
         );
     }
     let mut files = Vec::new();
@@ -1001,6 +1017,21 @@ pub async fn outputs(a: OutputsArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&files)?);
     }
     Ok(())
+}
+
+/// One line on what became of an attempt's outputs ([`OutputsRecord`]).
+fn outputs_line(o: &OutputsRecord, bucket: &str, job: &str) -> String {
+    match &o.error {
+        None => format!(
+            "{} file(s) of attempt {} in s3://{bucket}/outputs/{job}/ (onoff outputs {job})",
+            o.files, o.attempt
+        ),
+        Some(e) => format!(
+            "attempt {}'s outputs were not uploaded ({}): {e}",
+            o.attempt,
+            when(o.at)
+        ),
+    }
 }
 
 async fn download(ops: &Ops, key: &str, dest: &Path) -> Result<()> {

@@ -125,6 +125,19 @@ fn the_operator_verbs_on_a_served_local_stack() {
     });
     let logs = ok(&onoff(&stack, &["logs", &hello]));
     assert!(logs.contains("hello from the job"), "the job's own lines: {logs}");
+    // The row says what became of the outputs once the upload after the settle is over.
+    let mut outputs = serde_json::Value::Null;
+    wait_for("the outputs' record", Duration::from_secs(60), || {
+        outputs = json(&stack, &["status", &hello])["outputs"].clone();
+        !outputs.is_null()
+    });
+    assert_eq!(
+        (outputs["attempt"].as_u64(), outputs["files"].as_u64()),
+        (Some(1), Some(1)),
+        "{outputs}"
+    );
+    assert!(outputs.get("error").is_none(), "{outputs}");
+    assert!(ok(&onoff(&stack, &["status", &hello])).contains("1 file(s) of attempt 1"));
     let out_dir = run_dir.join("downloaded");
     ok(&onoff(&stack, &["outputs", &hello, out_dir.to_str().unwrap()]));
     assert_eq!(
@@ -222,6 +235,40 @@ fn the_operator_verbs_on_a_served_local_stack() {
         })
     });
     assert!(ok(&onoff(&stack, &["logs", &by_cli])).contains("put by the aws cli"));
+
+    // 4b. Outputs S3 would refuse (a key over 1,024 bytes): the job still SUCCEEDED, its row says
+    // why nothing went up, and `onoff outputs` fails with that reason.
+    let deep = submit(
+        &stack,
+        &[
+            "--name",
+            "deep-outputs",
+            "--project",
+            "alpha",
+            "--",
+            "python3",
+            "-c",
+            "import os\nd = os.path.join(os.environ['ONOFF_OUTPUT_DIR'], *['d' * 200] * 5)\nos.makedirs(d)\nopen(os.path.join(d, 'f.txt'), 'w').write('x')",
+        ],
+    );
+    let mut outputs = serde_json::Value::Null;
+    wait_for("the refused outputs' record", Duration::from_secs(120), || {
+        let status = json(&stack, &["status", &deep]);
+        outputs = status["outputs"].clone();
+        status["state"] == "SUCCEEDED" && !outputs.is_null()
+    });
+    assert_eq!(outputs["files"].as_u64(), Some(0), "{outputs}");
+    assert!(
+        outputs["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("a key of") && e.contains("at most 1024")),
+        "{outputs}"
+    );
+    assert!(ok(&onoff(&stack, &["status", &deep])).contains("outputs were not uploaded"));
+    let refused = onoff(&stack, &["outputs", &deep, run_dir.join("deep").to_str().unwrap()]);
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("not uploaded") && said.contains("at most 1024"), "{said}");
 
     // 5. Cost per project adds up to what the jobs recorded.
     let jobs = json(&stack, &["jobs"]);

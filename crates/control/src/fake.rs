@@ -553,6 +553,10 @@ pub fn job_item_bytes(r: &crate::ports::JobRecord) -> usize {
         } else {
             "attempt_log".len() + log
         }
+        // A map of three numbers (`attempt`, `files`, `at`) and maybe an `error` text.
+        + r.outputs.as_ref().map_or(0, |o| {
+            "outputs".len() + 3 + 3 * 21 + "attemptfilesat".len() + o.error.as_ref().map_or(0, |e| "error".len() + e.len())
+        })
 }
 
 /// A jobs table in memory, with the same conditional semantics as the DynamoDB adapter and
@@ -846,6 +850,25 @@ impl crate::ports::JobStore for FakeJobs {
         Self::apply_checked(r, settle, now)
     }
 
+    async fn record_outputs(&self, id: &str, outputs: &crate::job::OutputsRecord) -> Result<(), StoreError> {
+        self.injected()?;
+        let mut m = self.jobs.lock().expect("lock");
+        let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
+        if let Some(had) = r.outputs.as_ref().filter(|o| o.attempt > outputs.attempt) {
+            return Err(StoreError::Conflict(format!(
+                "{id} holds the outputs of attempt {}, later than {}",
+                had.attempt, outputs.attempt
+            )));
+        }
+        let mut after = r.clone();
+        let mut o = outputs.clone();
+        o.error = o.error.map(crate::job::bounded_reason);
+        after.outputs = Some(o);
+        Self::fits(&after)?;
+        *r = after;
+        Ok(())
+    }
+
     async fn requeue_lost(
         &self,
         id: &str,
@@ -998,5 +1021,48 @@ impl crate::ports::Lease for FakeLease {
             m.remove(name);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{JobSpec, OutputsRecord, MAX_REASON_BYTES};
+    use crate::ports::{JobRecord, JobStore};
+
+    /// The same rules as the DynamoDB adapter (moto test
+    /// `the_outputs_record_is_written_once_the_attempt_ended_latest_attempt_wins`).
+    #[test]
+    fn the_outputs_record_of_a_later_attempt_is_never_replaced_by_an_earlier_one() {
+        pollster::block_on(async {
+            let jobs = FakeJobs::default();
+            let spec: JobSpec = serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p"}"#).unwrap();
+            jobs.create(&JobRecord::new("job-o".into(), spec, "test".into(), 0.0))
+                .await
+                .unwrap();
+            let rec = |attempt, error: Option<String>| OutputsRecord {
+                attempt,
+                files: 1,
+                error,
+                at: f64::from(attempt),
+            };
+            jobs.record_outputs("job-o", &rec(2, Some("e".repeat(5000))))
+                .await
+                .unwrap();
+            let o = jobs.get("job-o").await.unwrap().unwrap().outputs.unwrap();
+            assert!(o.error.unwrap().len() <= MAX_REASON_BYTES);
+            assert!(matches!(
+                jobs.record_outputs("job-o", &rec(1, None)).await,
+                Err(StoreError::Conflict(_))
+            ));
+            assert_eq!(jobs.get("job-o").await.unwrap().unwrap().outputs.unwrap().attempt, 2);
+            jobs.record_outputs("job-o", &rec(3, None)).await.unwrap();
+            assert_eq!(jobs.get("job-o").await.unwrap().unwrap().outputs, Some(rec(3, None)));
+            assert!(matches!(
+                jobs.record_outputs("job-gone", &rec(1, None)).await,
+                Err(StoreError::NotFound(_))
+            ));
+            assert_eq!(jobs.get("job-gone").await.unwrap(), None);
+        });
     }
 }

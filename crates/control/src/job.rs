@@ -371,6 +371,25 @@ pub struct AttemptRecord {
     pub cost_usd: f64,
 }
 
+/// What became of an attempt's outputs (`ONOFF_OUTPUT_DIR`, uploaded to `outputs/<job_id>/` after
+/// the attempt is recorded), as the job's row keeps it (`outputs`; `onoff status`, `onoff
+/// outputs`). Written by the worker that ran the attempt once the upload is over
+/// ([`crate::ports::JobStore::record_outputs`]); a later attempt's record replaces an earlier one,
+/// never the other way round. Kept apart from [`AttemptRecord`]: the attempt is settled first, so
+/// a job that exited 0 never runs again whatever its upload does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputsRecord {
+    /// The attempt ([`AttemptRecord::n`]) whose outputs these are.
+    pub attempt: u32,
+    /// Files uploaded (0 when the upload failed: those before the failure may be there).
+    pub files: u32,
+    /// Why the upload failed (cut to [`MAX_REASON_BYTES`]); `None`: every file went up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// When the upload ended, unix seconds.
+    pub at: f64,
+}
+
 /// Bounds that turn repeated re-runs into FAILED.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RerunLimits {

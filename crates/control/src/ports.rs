@@ -397,6 +397,9 @@ pub struct JobRecord {
     pub claimed_at: Option<f64>,
     /// Every attempt that ran, oldest first ([`crate::job::AttemptRecord`]).
     pub attempt_log: Vec<crate::job::AttemptRecord>,
+    /// What became of the latest attempt's outputs that reported any: files uploaded, or why the
+    /// upload failed (`None`: no attempt uploaded any yet).
+    pub outputs: Option<crate::job::OutputsRecord>,
 }
 
 impl JobRecord {
@@ -421,6 +424,7 @@ impl JobRecord {
             cancel_requested: false,
             claimed_at: None,
             attempt_log: Vec::new(),
+            outputs: None,
         }
     }
 
@@ -576,6 +580,16 @@ pub trait JobStore {
     /// [`StoreError::Conflict`] when `owner` does not hold the lease (so a job is never finished
     /// twice) or RUNNING cannot go to `settle.to`; store failures.
     async fn finish(&self, id: &str, owner: &str, settle: &crate::job::Settle, now: f64) -> Result<(), StoreError>;
+
+    /// Record what became of attempt `outputs.attempt`'s outputs on job `id`'s row, unless the row
+    /// already holds a later attempt's record. Written after the attempt is settled, by the worker
+    /// that ran it, so the row is no longer leased to it; the job's state is left alone. A row
+    /// that is gone (expired) is not created again.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for no such row; [`StoreError::Conflict`] when a later attempt's
+    /// record is there; store failures.
+    async fn record_outputs(&self, id: &str, outputs: &crate::job::OutputsRecord) -> Result<(), StoreError>;
 
     /// The reaper's end of a lease it found expired or whose worker is lost: applied only while
     /// the job is still RUNNING under exactly the lease it saw (`owner`, `lease_expires_at`), so a
@@ -814,6 +828,9 @@ impl<T: JobStore> JobStore for &T {
     }
     async fn finish(&self, id: &str, owner: &str, settle: &crate::job::Settle, now: f64) -> Result<(), StoreError> {
         (**self).finish(id, owner, settle, now).await
+    }
+    async fn record_outputs(&self, id: &str, outputs: &crate::job::OutputsRecord) -> Result<(), StoreError> {
+        (**self).record_outputs(id, outputs).await
     }
     async fn requeue_lost(
         &self,

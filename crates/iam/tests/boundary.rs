@@ -376,6 +376,8 @@ fn a_worker_updates_only_the_lease_attributes_of_a_job_row() {
         &worker,
         update(&["cost_usd", "job_id", "last_checkpoint", "lease_owner"], "NONE"),
     );
+    // What became of an attempt's outputs, after the settle (DynamoJobs::record_outputs).
+    assert_allowed(&a, &worker, update(&["job_id", "outputs"], "NONE"));
     // Never what a job is: what it runs, whom it bills, where it queues, where it came from.
     for definition in ["spec", "project", "lane", "source", "created_at"] {
         assert_denied(&a, &worker, update(&["job_id", "state", definition], "NONE"));

@@ -20,7 +20,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use aws_sdk_s3::config::{Credentials, Region, SharedCredentialsProvider};
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use onoff_aws::settings::Clients;
-use onoff_control::job::{AttemptEnd, AttemptRecord, JobState, RerunLimits, Settle};
+use onoff_control::job::{AttemptEnd, AttemptRecord, JobState, OutputsRecord, RerunLimits, Settle};
 use onoff_control::ports::{CancelOutcome, Claim, JobStore};
 
 fn moto_program() -> PathBuf {
@@ -458,6 +458,14 @@ async fn a_worker_writes_only_the_lease_attributes_of_the_jobs_it_runs() {
             jobs.mark_sent(id, NOW + 100.0).await.unwrap();
         }
     }
+    // What became of an attempt's outputs, after its settle.
+    let outputs = OutputsRecord {
+        attempt: 1,
+        files: 2,
+        error: None,
+        at: NOW + 110.0,
+    };
+    jobs.record_outputs("job-ok", &outputs).await.unwrap();
     for (id, state) in [
         ("job-ok", JobState::Succeeded),
         ("job-retry", JobState::Retrying),

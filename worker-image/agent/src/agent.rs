@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::Duration;
 
-use onoff_control::job::{parse_s3_uri, AttemptEnd, AttemptRecord, JobState, Settle};
+use onoff_control::job::{parse_s3_uri, AttemptEnd, AttemptRecord, JobState, OutputsRecord, Settle};
 use onoff_control::ports::{
     checkpoint_prefix, wake, CheckpointStore, Claim, JobRecord, JobStore, StoreError, WakeUp, WorkerRecord,
 };
@@ -1286,7 +1286,7 @@ where
             report.outcome = self.settle(job, AttemptEnd::Succeeded, &report).await;
             tracing::info!(job = %id, seconds = report.seconds, cost_usd = report.cost_usd, outcome = report.outcome.as_str(), "exited 0");
             if report.outcome == Outcome::Succeeded {
-                self.upload_outputs(&id, &output_dir, &stream, &mut report).await;
+                self.upload_outputs(job, &output_dir, &stream, &mut report).await;
             }
             return report;
         }
@@ -1297,7 +1297,7 @@ where
             report.outcome = self.settle(job, AttemptEnd::Cancelled, &report).await;
             tracing::info!(job = %id, outcome = report.outcome.as_str(), "cancelled by the user");
             if report.outcome != Outcome::LostLease {
-                self.upload_outputs(&id, &output_dir, &stream, &mut report).await;
+                self.upload_outputs(job, &output_dir, &stream, &mut report).await;
             }
             return report;
         }
@@ -1342,7 +1342,7 @@ where
         };
         report.outcome = self.settle(job, AttemptEnd::Failed(why), &report).await;
         if report.outcome != Outcome::LostLease {
-            self.upload_outputs(&id, &output_dir, &stream, &mut report).await;
+            self.upload_outputs(job, &output_dir, &stream, &mut report).await;
         }
         report
     }
@@ -1368,15 +1368,18 @@ where
     }
 
     /// Upload the job's `ONOFF_OUTPUT_DIR` to `outputs/<job_id>/` (after the attempt is recorded:
-    /// a failed upload changes no outcome). A failure is logged, and told in the attempt's own
-    /// log `stream` too, where the job's user reads its output (`onoff logs`).
-    async fn upload_outputs(&self, id: &str, dir: &Path, stream: &str, report: &mut JobReport) {
-        match self.deps.objects.upload_outputs(id, dir).await {
+    /// a failed upload changes no outcome), then record on the job's row what became of them
+    /// ([`OutputsRecord`]: `onoff status` and `onoff outputs` show it) unless there were none. A
+    /// failure is logged, and told in the attempt's own log `stream` too, where the job's user
+    /// reads its output (`onoff logs`).
+    async fn upload_outputs(&self, job: &JobRecord, dir: &Path, stream: &str, report: &mut JobReport) {
+        let id = &job.id;
+        let record = match self.deps.objects.upload_outputs(id, dir).await {
+            Ok(0) => None,
             Ok(n) => {
                 report.outputs_uploaded = n;
-                if n > 0 {
-                    tracing::info!(job = %id, files = n, "outputs uploaded");
-                }
+                tracing::info!(job = %id, files = n, "outputs uploaded");
+                Some((n, None))
             }
             Err(e) => {
                 tracing::warn!(job = %id, error = %e, "outputs not uploaded");
@@ -1384,6 +1387,18 @@ where
                 if let Err(e) = self.deps.objects.log_lines(stream, &[(self.clock.now(), line)]).await {
                     tracing::warn!(stream = %stream, error = %e, "job log line not shipped");
                 }
+                Some((0, Some(e)))
+            }
+        };
+        if let Some((files, error)) = record {
+            let outputs = OutputsRecord {
+                attempt: attempt_number(job),
+                files: u32::try_from(files).unwrap_or(u32::MAX),
+                error,
+                at: self.clock.now(),
+            };
+            if let Err(e) = self.deps.jobs.record_outputs(id, &outputs).await {
+                tracing::warn!(job = %id, error = %e, "what became of the outputs not recorded on the job");
             }
         }
     }

@@ -1230,6 +1230,10 @@ async fn an_attempt_is_logged_its_lines_shipped_and_its_outputs_uploaded() {
     assert_eq!(a.instance_type.as_deref(), Some("g5.xlarge"));
     assert!((a.seconds - 30.0).abs() < 2.0, "{}", a.seconds);
     assert!(a.ended_at > a.started_at);
+    // The row says what became of the outputs, after the attempt it belongs to.
+    let o = rec.outputs.expect("the outputs' record");
+    assert_eq!((o.attempt, o.files, o.error.as_deref()), (1, 1, None));
+    assert!(o.at >= a.ended_at);
     let logs = w.objects.logs.lock().unwrap().clone();
     // Every line the job printed, in order (its item counts too).
     let lines = &logs["job-1/1"];
@@ -1248,7 +1252,7 @@ async fn an_attempt_is_logged_its_lines_shipped_and_its_outputs_uploaded() {
 }
 
 /// Outputs S3 refuses do not change the outcome (success is recorded first), but the job's own
-/// log says so, where its user looks.
+/// log and its row say so, where its user looks.
 #[tokio::test(start_paused = true)]
 async fn outputs_that_fail_to_upload_are_told_in_the_jobs_own_log() {
     let dir = tempdir("outputs-refused");
@@ -1260,7 +1264,12 @@ async fn outputs_that_fail_to_upload_are_told_in_the_jobs_own_log() {
     let (r, _) = agent(&w, "i-a", &cfg(dir.path())).await;
     assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
     assert_eq!(r.jobs[0].outputs_uploaded, 0);
-    assert_eq!(job(&w, "job-1").state, JobState::Succeeded);
+    let rec = job(&w, "job-1");
+    assert_eq!(rec.state, JobState::Succeeded);
+    // ... and so does the job's row, which `onoff status` and `onoff outputs` read.
+    let o = rec.outputs.expect("the outputs' record");
+    assert_eq!((o.attempt, o.files), (1, 0));
+    assert!(o.error.as_deref().is_some_and(|e| e.contains("AccessDenied")), "{o:?}");
     let logs = w.objects.logs.lock().unwrap().clone();
     let last = logs["job-1/1"].last().unwrap();
     assert!(
