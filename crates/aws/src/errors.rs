@@ -13,12 +13,19 @@ pub const INSUFFICIENT_CAPACITY_CODES: &[&str] = &[
     "InsufficientHostCapacity",
     "InsufficientReservedInstanceCapacity",
     "InsufficientCapacity",
-    "MaxSpotInstanceCountExceeded",
     "SpotMaxPriceTooLow",
-    "VcpuLimitExceeded",
-    "InstanceLimitExceeded",
     "UnfulfillableCapacity",
     "Unsupported",
+];
+
+/// EC2 error codes that mean "the account's quota of running vCPUs (or, for older accounts,
+/// instances) for this bucket of families and capacity type is full": EC2 User Guide, "Amazon EC2
+/// instance type quotas" (`VcpuLimitExceeded`, `InstanceLimitExceeded`) and "Spot Instance quotas"
+/// (`MaxSpotInstanceCountExceeded`).
+pub const QUOTA_CODES: &[&str] = &[
+    "VcpuLimitExceeded",
+    "MaxSpotInstanceCountExceeded",
+    "InstanceLimitExceeded",
 ];
 
 /// EC2 error codes that mean "rate limited".
@@ -28,6 +35,8 @@ pub const THROTTLING_CODES: &[&str] = &["RequestLimitExceeded", "Throttling", "T
 pub fn classify_ec2_code(code: &str) -> FleetErrorKind {
     if INSUFFICIENT_CAPACITY_CODES.contains(&code) {
         FleetErrorKind::InsufficientCapacity
+    } else if QUOTA_CODES.contains(&code) {
+        FleetErrorKind::QuotaExceeded
     } else if THROTTLING_CODES.contains(&code) {
         FleetErrorKind::Throttled
     } else if code.ends_with(".NotFound") || code == "InvalidInstanceID.Malformed" {
@@ -78,9 +87,10 @@ mod tests {
     fn codes_map_to_kinds() {
         for (code, kind) in [
             ("InsufficientInstanceCapacity", FleetErrorKind::InsufficientCapacity),
-            ("MaxSpotInstanceCountExceeded", FleetErrorKind::InsufficientCapacity),
+            ("MaxSpotInstanceCountExceeded", FleetErrorKind::QuotaExceeded),
             ("SpotMaxPriceTooLow", FleetErrorKind::InsufficientCapacity),
-            ("VcpuLimitExceeded", FleetErrorKind::InsufficientCapacity),
+            ("VcpuLimitExceeded", FleetErrorKind::QuotaExceeded),
+            ("InstanceLimitExceeded", FleetErrorKind::QuotaExceeded),
             ("RequestLimitExceeded", FleetErrorKind::Throttled),
             ("InvalidInstanceID.NotFound", FleetErrorKind::NotFound),
             ("InvalidLaunchTemplateId.NotFound", FleetErrorKind::NotFound),

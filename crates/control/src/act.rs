@@ -7,7 +7,9 @@
 //! invalid parameter for that type, anything else), or leave the launch short, are marked
 //! unavailable for `offers.unavailable_ttl_s`, and the rest of the launch moves to the next best
 //! eligible offerings (fallback types), up to [`MAX_FALLBACKS`] times: one bad offering never
-//! blocks a lane. A throttled call stops the launch; the next reconcile retries it.
+//! blocks a lane. An offering refused for a full vCPU quota takes with it every offering of the
+//! same quota bucket and capacity type at least as large ([`crate::quota`]), and the error names
+//! the quota to raise. A throttled call stops the launch; the next reconcile retries it.
 //!
 //! Scale-down is conditional: a worker is terminated only after its row moved from Idle (or, for a
 //! cancelled launch, Pending) to Terminating in one conditional write. A worker whose agent took a
@@ -22,6 +24,7 @@ use onoff_policy::{Action, Offering, OfferingKey, Plan, PolicyConfig, Reason, Un
 use crate::ports::{
     Fleet, FleetError, FleetErrorKind, LaunchRequest, Launched, OfferingAvailability, WorkerRecord, WorkerRegistry,
 };
+use crate::quota::QuotaBucket;
 
 /// Consecutive launch actions that differ only in their offering.
 struct LaunchGroup<'a> {
@@ -198,6 +201,8 @@ where
             }
             .with_token_for(&format!("{decision}/{group_index}/{attempt}"));
             let mut short: Vec<OfferingKey> = Vec::new();
+            // Offerings refused for a full vCPU quota: their bucket's siblings are skipped too.
+            let mut over_quota: Vec<(OfferingKey, FleetError)> = Vec::new();
             let mut throttled = false;
             let names = |keys: &[OfferingKey]| keys.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
             match fleet.launch(&lr).await {
@@ -236,6 +241,7 @@ where
                                 throttled = true;
                             }
                             FleetErrorKind::InsufficientCapacity => short.push(k),
+                            FleetErrorKind::QuotaExceeded => over_quota.push((k, e)),
                             _ => {
                                 out.errors
                                     .push(format!("launch {k}: {e} (offering skipped for a while)"));
@@ -243,7 +249,7 @@ where
                             }
                         }
                     }
-                    if remaining > 0 && short.is_empty() && !throttled {
+                    if remaining > 0 && short.is_empty() && over_quota.is_empty() && !throttled {
                         // Fewer than asked with no reason given: every offering of the call is short.
                         short = lr.offerings.clone();
                     }
@@ -257,6 +263,9 @@ where
                     // Rate limited after the adapter's retries: stop, the next reconcile retries.
                     out.errors.push(format!("launch {}: {e}", names(&lr.offerings)));
                     break;
+                }
+                Err(e) if e.kind == FleetErrorKind::QuotaExceeded => {
+                    over_quota = lr.offerings.iter().map(|k| (k.clone(), e.clone())).collect();
                 }
                 Err(e) => {
                     // No capacity, or any other error (Unsupported, InvalidParameterValue for the
@@ -273,7 +282,37 @@ where
             }
             // Offerings that failed are skipped for a while, even when others filled in.
             let until = ctx.now + oc.unavailable_ttl_s;
-            for key in short {
+            let siblings = quota_siblings(&over_quota, ctx.offerings, &unavailable, ctx.now);
+            // One note per quota: the offerings it refused, and the smallest of them.
+            let mut quotas: Vec<(
+                QuotaBucket,
+                onoff_policy::CapacityType,
+                u32,
+                Vec<&OfferingKey>,
+                &FleetError,
+            )> = Vec::new();
+            for (k, e) in &over_quota {
+                let (bucket, vcpus) = quota_of(k, ctx.offerings);
+                match quotas.iter_mut().find(|q| q.0 == bucket && q.1 == k.capacity_type) {
+                    Some(q) => {
+                        q.2 = q.2.min(vcpus);
+                        q.3.push(k);
+                    }
+                    None => quotas.push((bucket, k.capacity_type, vcpus, vec![k], e)),
+                }
+            }
+            for (bucket, capacity, vcpus, keys, e) in quotas {
+                out.errors.push(format!(
+                    "launch {}: {e}: {}; every {} offering of those families with at least {vcpus} vCPUs is \
+                     skipped for {} s and the launch falls back",
+                    names(&keys.into_iter().cloned().collect::<Vec<_>>()),
+                    bucket.advice(capacity, vcpus),
+                    capacity.as_str(),
+                    oc.unavailable_ttl_s
+                ));
+            }
+            short.extend(over_quota.into_iter().map(|(k, _)| k));
+            for key in short.into_iter().chain(siblings.iter().cloned()) {
                 if let Err(e) = avail.mark_unavailable(&key, until).await {
                     out.errors.push(format!("mark unavailable {key}: {e}"));
                 }
@@ -281,7 +320,9 @@ where
                     key: key.clone(),
                     until,
                 });
-                out.capacity_errors.push(key);
+                if !siblings.contains(&key) {
+                    out.capacity_errors.push(key);
+                }
             }
             if remaining == 0 || throttled {
                 break;
@@ -386,4 +427,41 @@ where
     avail
         .mark_unavailable(offering, now + cfg.offers.unavailable_ttl_s)
         .await
+}
+
+/// The quota bucket of offering `k` and its vCPUs (0 when `k` is not among `offerings`: then the
+/// whole bucket counts as full).
+fn quota_of(k: &OfferingKey, offerings: &[Offering]) -> (QuotaBucket, u32) {
+    let vcpus = offerings.iter().find(|o| o.key == *k).map_or(0, |o| o.vcpus);
+    (QuotaBucket::of(&k.instance_type), vcpus)
+}
+
+/// The offerings a full vCPU quota also rules out: for each offering refused for its quota, every
+/// other offering of the same bucket of families and capacity type, in any zone, with at least as
+/// many vCPUs (a smaller one may still fit in what is left of the quota), not yet unavailable.
+/// Without this the fallback would try the bucket's next types one call at a time, each refused
+/// for the same quota, and never reach another bucket or capacity type before the marks expired.
+fn quota_siblings(
+    over_quota: &[(OfferingKey, FleetError)],
+    offerings: &[Offering],
+    unavailable: &[UnavailableOffering],
+    now: f64,
+) -> Vec<OfferingKey> {
+    let mut out: Vec<OfferingKey> = Vec::new();
+    for (k, _) in over_quota {
+        let (bucket, vcpus) = quota_of(k, offerings);
+        for o in offerings {
+            let sibling = o.key != *k
+                && o.key.capacity_type == k.capacity_type
+                && o.vcpus >= vcpus
+                && QuotaBucket::of(&o.key.instance_type) == bucket
+                && !over_quota.iter().any(|(q, _)| *q == o.key)
+                && !unavailable.iter().any(|u| u.key == o.key && u.until > now)
+                && !out.contains(&o.key);
+            if sibling {
+                out.push(o.key.clone());
+            }
+        }
+    }
+    out
 }

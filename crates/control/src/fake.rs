@@ -8,12 +8,13 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
-use onoff_policy::{OfferingKey, WorkerState};
+use onoff_policy::{CapacityType, Offering, OfferingKey, WorkerState};
 
 use crate::ports::{
     Fleet, FleetError, FleetErrorKind, LaunchRequest, LaunchResult, Launched, OfferingAvailability, StoreError,
     WorkerRecord, WorkerRegistry,
 };
+use crate::quota::QuotaBucket;
 
 /// A call made to [`FakeFleet`].
 #[derive(Debug, Clone, PartialEq)]
@@ -51,6 +52,36 @@ struct FleetInner {
     /// Each instance's lane, project and job tags and launch time, as listed (launches of this
     /// fake at time 0).
     tags: BTreeMap<String, InstanceTags>,
+    /// vCPU quotas of running instances per bucket of families and capacity type, as EC2 holds
+    /// them ([`FakeFleet::set_vcpu_quota`]).
+    quotas: BTreeMap<(QuotaBucket, CapacityType), u32>,
+    /// vCPUs per instance type, for the quotas.
+    vcpus: BTreeMap<String, u32>,
+}
+
+impl FleetInner {
+    /// The quota error a launch of one more `k` meets, if its bucket's quota has no room for it.
+    fn over_quota(&self, k: &OfferingKey) -> Option<FleetError> {
+        let bucket = QuotaBucket::of(&k.instance_type);
+        let limit = *self.quotas.get(&(bucket, k.capacity_type))?;
+        let vcpus = |t: &str| self.vcpus.get(t).copied().unwrap_or(0);
+        let used: u32 = self
+            .running
+            .values()
+            .filter(|r| r.capacity_type == k.capacity_type && QuotaBucket::of(&r.instance_type) == bucket)
+            .map(|r| vcpus(&r.instance_type))
+            .sum();
+        (used + vcpus(&k.instance_type) > limit).then(|| FleetError {
+            kind: FleetErrorKind::QuotaExceeded,
+            message: match k.capacity_type {
+                CapacityType::OnDemand => format!(
+                    "VcpuLimitExceeded: You have requested more vCPU capacity than your current vCPU limit of {limit} \
+                     allows for the instance bucket that the specified instance type belongs to"
+                ),
+                CapacityType::Spot => "MaxSpotInstanceCountExceeded: Max spot instance count exceeded".into(),
+            },
+        })
+    }
 }
 
 impl FakeFleet {
@@ -68,6 +99,17 @@ impl FakeFleet {
     /// override: Unsupported, InvalidParameterValue for the type in that zone, ...).
     pub fn set_launch_error(&self, key: OfferingKey, err: FleetError) {
         self.inner.lock().expect("lock").failing.insert(key, err);
+    }
+
+    /// Hold EC2's vCPU quota of `bucket` and `capacity` at `vcpus` running vCPUs (0: none may run),
+    /// with each instance type's vCPUs from `offerings`: a launch that would pass it fails for that
+    /// offering with VcpuLimitExceeded (on-demand) or MaxSpotInstanceCountExceeded (spot).
+    pub fn set_vcpu_quota(&self, bucket: QuotaBucket, capacity: CapacityType, vcpus: u32, offerings: &[Offering]) {
+        let mut s = self.inner.lock().expect("lock");
+        s.quotas.insert((bucket, capacity), vcpus);
+        for o in offerings {
+            s.vcpus.insert(o.key.instance_type.clone(), o.vcpus);
+        }
     }
 
     /// Launches of `key` create at most `n` instances per call.
@@ -138,10 +180,16 @@ impl Fleet for FakeFleet {
         }
         // Round-robin over the offerings with room.
         let mut left = req.count;
+        let mut over_quota: Vec<(OfferingKey, FleetError)> = Vec::new();
         while left > 0 && room.iter().any(|(_, r)| *r > 0) {
             for (k, r) in room.iter_mut().filter(|(_, r)| *r > 0) {
                 if left == 0 {
                     break;
+                }
+                if let Some(e) = s.over_quota(k) {
+                    *r = 0;
+                    over_quota.push((k.clone(), e));
+                    continue;
                 }
                 *r -= 1;
                 left -= 1;
@@ -158,10 +206,14 @@ impl Fleet for FakeFleet {
         }
         if left > 0 {
             for (k, _) in room.into_iter().filter(|(_, r)| *r == 0) {
-                let e = no_capacity(&k);
-                out.short.push((k, e));
+                if !over_quota.iter().any(|(q, _)| *q == k) {
+                    let e = no_capacity(&k);
+                    out.short.push((k, e));
+                }
             }
         }
+        // Each override's own error, as the EC2 adapter reports an instant fleet's `errors`.
+        out.short.extend(over_quota);
         if !req.client_token.is_empty() {
             s.by_token.insert(req.client_token.clone(), out.clone());
         }

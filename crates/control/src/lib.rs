@@ -32,6 +32,7 @@ pub mod interruption;
 pub mod job;
 pub mod lease;
 pub mod ports;
+pub mod quota;
 pub mod reconcile;
 pub mod submit;
 

@@ -8,9 +8,14 @@ use onoff_policy::{OfferingKey, WorkerState};
 /// Kinds of fleet errors the core acts on; adapters classify provider errors into these once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FleetErrorKind {
-    /// No capacity for the offering (EC2: InsufficientInstanceCapacity, MaxSpotInstanceCountExceeded,
-    /// SpotMaxPriceTooLow, VcpuLimitExceeded, ...): try the next offering, skip this one for a while.
+    /// No capacity for the offering (EC2: InsufficientInstanceCapacity, SpotMaxPriceTooLow,
+    /// Unsupported, ...): try the next offering, skip this one for a while.
     InsufficientCapacity,
+    /// The account's vCPU quota for the offering's bucket of families and capacity type is full
+    /// (EC2: VcpuLimitExceeded on-demand, MaxSpotInstanceCountExceeded on spot): every offering of
+    /// that bucket and capacity type at least as large is skipped for a while
+    /// ([`crate::quota::QuotaBucket`]), and the operator is told which quota to raise.
+    QuotaExceeded,
     /// The instance or resource does not exist.
     NotFound,
     /// Rate limited (EC2 RequestLimitExceeded): retried with backoff by the adapter; surfaced when

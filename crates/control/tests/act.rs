@@ -607,3 +607,132 @@ fn the_spread_of_one_decision_is_one_call_with_an_override_per_offering() {
     assert_eq!(out.capacity_errors, vec![key("a.1", "z2")]);
     assert!(avail.marked().contains_key(&key("a.1", "z2")));
 }
+
+/// 1-GPU G offerings (4 and 32 vCPUs) in three zones, spot and on-demand, and a P spot one.
+fn gpu_offerings() -> Vec<Offering> {
+    let mut out = Vec::new();
+    for zone in ["z1", "z2", "z3"] {
+        for (ty, vcpus, spot, on_demand) in [
+            ("g5.8xlarge", 32, 0.25, 2.45),
+            ("g5.xlarge", 4, 0.30, 1.01),
+            ("g6.xlarge", 4, 0.32, 0.80),
+            ("g4dn.xlarge", 4, 0.35, 0.53),
+            ("p3.2xlarge", 8, 0.95, 3.06),
+        ] {
+            for (capacity_type, price) in [(CapacityType::Spot, spot), (CapacityType::OnDemand, on_demand)] {
+                out.push(Offering {
+                    key: OfferingKey {
+                        instance_type: ty.into(),
+                        zone: zone.into(),
+                        capacity_type,
+                    },
+                    gpus: 1,
+                    gpu_model: "NVIDIA X".into(),
+                    gpu_memory_gib: 24.0,
+                    vcpus,
+                    price_usd_per_h: price,
+                    interruption: None,
+                });
+            }
+        }
+    }
+    out
+}
+
+fn gpu_launch(offering: OfferingKey, count: u32) -> Plan {
+    let mut plan = launch_plan(offering.clone(), count);
+    if let Action::Launch { price_usd_per_h, .. } = &mut plan.actions[0] {
+        *price_usd_per_h = gpu_offerings()
+            .iter()
+            .find(|o| o.key == offering)
+            .map_or(0.0, |o| o.price_usd_per_h);
+    }
+    plan
+}
+
+fn spot(ty: &str, zone: &str) -> OfferingKey {
+    key(ty, zone)
+}
+
+/// A full vCPU quota refuses every type of its bucket of families, in every zone: the fallback
+/// leaves the bucket at once (users of other tools report spot fallbacks that retried the same
+/// quota type after type), and the operator is told which quota to raise.
+#[test]
+fn a_full_vcpu_quota_skips_its_whole_bucket_and_names_the_quota() {
+    use onoff_control::quota::QuotaBucket;
+    let offs = gpu_offerings();
+    let cfg = PolicyConfig::default();
+    let ctx = ActContext {
+        cfg: &cfg,
+        offerings: &offs,
+        unavailable: &[],
+        now: 100.0,
+    };
+    // A new account: no G and VT spot quota at all.
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    fleet.set_vcpu_quota(QuotaBucket::GAndVt, CapacityType::Spot, 0, &offs);
+    let out = pollster::block_on(act(&gpu_launch(spot("g5.xlarge", "z1"), 2), ctx, &fleet, &reg, &avail));
+    assert_eq!(out.launched.len(), 2, "{out:?}");
+    assert!(
+        out.launched.iter().all(|l| {
+            let k = &l.launched.offering;
+            !(k.capacity_type == CapacityType::Spot && QuotaBucket::of(&k.instance_type) == QuotaBucket::GAndVt)
+        }),
+        "{:?}",
+        out.launched
+    );
+    let g_spot_calls = launch_requests(&fleet)
+        .iter()
+        .filter(|r| {
+            r.offerings
+                .iter()
+                .any(|k| k.capacity_type == CapacityType::Spot && k.instance_type.starts_with('g'))
+        })
+        .count();
+    assert_eq!(g_spot_calls, 1, "one refused call, then out of the bucket");
+    for o in offs
+        .iter()
+        .filter(|o| o.key.capacity_type == CapacityType::Spot && o.key.instance_type.starts_with('g'))
+    {
+        assert_eq!(
+            avail.marked().get(&o.key),
+            Some(&(100.0 + cfg.offers.unavailable_ttl_s)),
+            "{}",
+            o.key
+        );
+    }
+    assert!(
+        out.capacity_errors.len() <= 3,
+        "the refused offerings only: {:?}",
+        out.capacity_errors
+    );
+    let quota_notes: Vec<&String> = out.errors.iter().filter(|e| e.contains("L-3819A6DF")).collect();
+    assert_eq!(quota_notes.len(), 1, "one note per quota: {:?}", out.errors);
+    assert!(
+        quota_notes[0].contains("All G and VT Spot Instance Requests"),
+        "{}",
+        quota_notes[0]
+    );
+
+    // Room for 8 vCPUs: a 32-vCPU type is refused, and the 4-vCPU types of the bucket still fit.
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    fleet.set_vcpu_quota(QuotaBucket::GAndVt, CapacityType::Spot, 8, &offs);
+    let out = pollster::block_on(act(&gpu_launch(spot("g5.8xlarge", "z1"), 2), ctx, &fleet, &reg, &avail));
+    assert_eq!(out.launched.len(), 2, "{out:?}");
+    assert!(
+        out.launched
+            .iter()
+            .all(|l| l.launched.offering.capacity_type == CapacityType::Spot
+                && l.launched.offering.instance_type != "g5.8xlarge"),
+        "{:?}",
+        out.launched
+    );
+    let marked = avail.marked();
+    assert!(
+        ["z1", "z2", "z3"]
+            .iter()
+            .all(|z| marked.contains_key(&spot("g5.8xlarge", z))),
+        "{marked:?}"
+    );
+    assert!(!marked.keys().any(|k| k.instance_type != "g5.8xlarge"), "{marked:?}");
+}

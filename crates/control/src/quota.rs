@@ -1,0 +1,170 @@
+//! EC2's vCPU quotas: which instance families share one limit of running vCPUs per region, and
+//! what the limit is called, so a launch refused for the quota (EC2 `VcpuLimitExceeded` on
+//! on-demand, `MaxSpotInstanceCountExceeded` on spot) falls back out of the whole bucket at once and
+//! the operator is told which quota to raise.
+//!
+//! Source: EC2 User Guide, "Amazon EC2 instance type quotas" (on-demand: one quota of running
+//! vCPUs per bucket of families, per region) and "Spot Instance quotas" (spot: one per bucket, apart
+//! from on-demand's). The Service Quotas codes are the ones `aws service-quotas list-service-quotas
+//! --service-code ec2` lists.
+
+use onoff_policy::CapacityType;
+
+/// A bucket of instance families that share one vCPU quota (one for on-demand, one for spot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum QuotaBucket {
+    /// A, C, D, H, I, M, R, T, Z (and any family not listed below).
+    Standard,
+    /// DL (Gaudi, Qualcomm AI 100).
+    Dl,
+    /// F (FPGA).
+    F,
+    /// G and VT (including GR).
+    GAndVt,
+    /// HPC (on-demand only).
+    Hpc,
+    /// High Memory (`u-`; on-demand only).
+    HighMemory,
+    /// Inf (Inferentia).
+    Inf,
+    /// P.
+    P,
+    /// Trn (Trainium).
+    Trn,
+    /// X.
+    X,
+}
+
+impl QuotaBucket {
+    /// The bucket of `instance_type` (`g5.xlarge`, `p4d.24xlarge`, `inf2.xlarge`, `u-6tb1.metal`),
+    /// by its family letters: the letters before the first digit or `-`.
+    pub fn of(instance_type: &str) -> Self {
+        let end = instance_type
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(instance_type.len());
+        match instance_type[..end].to_ascii_lowercase().as_str() {
+            "dl" => Self::Dl,
+            "f" => Self::F,
+            "g" | "gr" | "vt" => Self::GAndVt,
+            "hpc" => Self::Hpc,
+            "u" => Self::HighMemory,
+            "inf" => Self::Inf,
+            "p" => Self::P,
+            "trn" => Self::Trn,
+            "x" => Self::X,
+            _ => Self::Standard,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Standard => "Standard (A, C, D, H, I, M, R, T, Z)",
+            Self::Dl => "DL",
+            Self::F => "F",
+            Self::GAndVt => "G and VT",
+            Self::Hpc => "HPC",
+            Self::HighMemory => "High Memory",
+            Self::Inf => "Inf",
+            Self::P => "P",
+            Self::Trn => "Trn",
+            Self::X => "X",
+        }
+    }
+
+    /// The quota's name in Service Quotas, e.g. `Running On-Demand G and VT instances` or `All G
+    /// and VT Spot Instance Requests`.
+    pub fn name(self, capacity: CapacityType) -> String {
+        match capacity {
+            CapacityType::OnDemand => format!("Running On-Demand {} instances", self.label()),
+            CapacityType::Spot => format!("All {} Spot Instance Requests", self.label()),
+        }
+    }
+
+    /// The quota's Service Quotas code (service `ec2`); `None` for spot HPC and High Memory, which
+    /// have no spot quota.
+    pub fn code(self, capacity: CapacityType) -> Option<&'static str> {
+        Some(match (self, capacity) {
+            (Self::Standard, CapacityType::OnDemand) => "L-1216C47A",
+            (Self::Dl, CapacityType::OnDemand) => "L-6E869C2A",
+            (Self::F, CapacityType::OnDemand) => "L-74FC7D96",
+            (Self::GAndVt, CapacityType::OnDemand) => "L-DB2E81BA",
+            (Self::Hpc, CapacityType::OnDemand) => "L-F7808C92",
+            (Self::HighMemory, CapacityType::OnDemand) => "L-43DA4232",
+            (Self::Inf, CapacityType::OnDemand) => "L-1945791B",
+            (Self::P, CapacityType::OnDemand) => "L-417A185B",
+            (Self::Trn, CapacityType::OnDemand) => "L-2C3B7624",
+            (Self::X, CapacityType::OnDemand) => "L-7295265B",
+            (Self::Standard, CapacityType::Spot) => "L-34B43A08",
+            (Self::Dl, CapacityType::Spot) => "L-85EED4F7",
+            (Self::F, CapacityType::Spot) => "L-88CF9481",
+            (Self::GAndVt, CapacityType::Spot) => "L-3819A6DF",
+            (Self::Inf, CapacityType::Spot) => "L-B5D1601B",
+            (Self::P, CapacityType::Spot) => "L-7212CCBC",
+            (Self::Trn, CapacityType::Spot) => "L-6B0D517C",
+            (Self::X, CapacityType::Spot) => "L-E3A00192",
+            (Self::Hpc | Self::HighMemory, CapacityType::Spot) => return None,
+        })
+    }
+
+    /// What an operator reads when a launch of `vcpus` vCPUs found this quota full: which quota,
+    /// and the command that asks for more.
+    pub fn advice(self, capacity: CapacityType, vcpus: u32) -> String {
+        let name = self.name(capacity);
+        match self.code(capacity) {
+            Some(code) => format!(
+                "the account's vCPU quota \"{name}\" ({code}) in this region has no room for {vcpus} more vCPUs; \
+                 raise it: aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} \
+                 --desired-value <vCPUs>"
+            ),
+            None => format!("the account's vCPU quota \"{name}\" in this region has no room for {vcpus} more vCPUs"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_fall_in_their_buckets() {
+        for (ty, bucket) in [
+            ("g5.xlarge", QuotaBucket::GAndVt),
+            ("g6e.12xlarge", QuotaBucket::GAndVt),
+            ("gr6.4xlarge", QuotaBucket::GAndVt),
+            ("vt1.3xlarge", QuotaBucket::GAndVt),
+            ("p4d.24xlarge", QuotaBucket::P),
+            ("p6e-gb200.36xlarge", QuotaBucket::P),
+            ("inf2.xlarge", QuotaBucket::Inf),
+            ("trn1n.32xlarge", QuotaBucket::Trn),
+            ("dl2q.24xlarge", QuotaBucket::Dl),
+            ("f1.2xlarge", QuotaBucket::F),
+            ("x2idn.16xlarge", QuotaBucket::X),
+            ("hpc7g.16xlarge", QuotaBucket::Hpc),
+            ("u-6tb1.metal", QuotaBucket::HighMemory),
+            // Standard, including families that begin with a bucket's letter.
+            ("t3.micro", QuotaBucket::Standard),
+            ("im4gn.large", QuotaBucket::Standard),
+            ("i4i.large", QuotaBucket::Standard),
+            ("d3en.xlarge", QuotaBucket::Standard),
+            ("c7gn.large", QuotaBucket::Standard),
+        ] {
+            assert_eq!(QuotaBucket::of(ty), bucket, "{ty}");
+        }
+    }
+
+    #[test]
+    fn the_gpu_quotas_are_named_as_service_quotas_names_them() {
+        let g = QuotaBucket::GAndVt;
+        assert_eq!(g.name(CapacityType::OnDemand), "Running On-Demand G and VT instances");
+        assert_eq!(g.code(CapacityType::OnDemand), Some("L-DB2E81BA"));
+        assert_eq!(g.name(CapacityType::Spot), "All G and VT Spot Instance Requests");
+        assert_eq!(g.code(CapacityType::Spot), Some("L-3819A6DF"));
+        assert_eq!(QuotaBucket::P.code(CapacityType::OnDemand), Some("L-417A185B"));
+        assert_eq!(QuotaBucket::P.code(CapacityType::Spot), Some("L-7212CCBC"));
+        assert_eq!(QuotaBucket::Hpc.code(CapacityType::Spot), None);
+        let a = g.advice(CapacityType::Spot, 48);
+        assert!(
+            a.contains("L-3819A6DF") && a.contains("48 more vCPUs") && a.contains("request-service-quota-increase")
+        );
+    }
+}
