@@ -284,30 +284,35 @@ where
             let until = ctx.now + oc.unavailable_ttl_s;
             let siblings = quota_siblings(&over_quota, ctx.offerings, &unavailable, ctx.now);
             // One note per quota: the offerings it refused, and the smallest of them.
-            let mut quotas: Vec<(
-                QuotaBucket,
-                onoff_policy::CapacityType,
-                u32,
-                Vec<&OfferingKey>,
-                &FleetError,
-            )> = Vec::new();
+            let mut notes: Vec<QuotaNote> = Vec::new();
             for (k, e) in &over_quota {
                 let (bucket, vcpus) = quota_of(k, ctx.offerings);
-                match quotas.iter_mut().find(|q| q.0 == bucket && q.1 == k.capacity_type) {
-                    Some(q) => {
-                        q.2 = q.2.min(vcpus);
-                        q.3.push(k);
+                match notes
+                    .iter_mut()
+                    .find(|n| n.bucket == bucket && n.keys[0].capacity_type == k.capacity_type)
+                {
+                    Some(n) => {
+                        n.vcpus = n.vcpus.min(vcpus);
+                        n.keys.push(k.clone());
                     }
-                    None => quotas.push((bucket, k.capacity_type, vcpus, vec![k], e)),
+                    None => notes.push(QuotaNote {
+                        bucket,
+                        vcpus,
+                        keys: vec![k.clone()],
+                        error: e,
+                    }),
                 }
             }
-            for (bucket, capacity, vcpus, keys, e) in quotas {
+            for n in notes {
+                let capacity = n.keys[0].capacity_type;
                 out.errors.push(format!(
-                    "launch {}: {e}: {}; every {} offering of those families with at least {vcpus} vCPUs is \
+                    "launch {}: {}: {}; every {} offering of those families with at least {} vCPUs is \
                      skipped for {} s and the launch falls back",
-                    names(&keys.into_iter().cloned().collect::<Vec<_>>()),
-                    bucket.advice(capacity, vcpus),
+                    names(&n.keys),
+                    n.error,
+                    n.bucket.advice(capacity, n.vcpus),
                     capacity.as_str(),
+                    n.vcpus,
                     oc.unavailable_ttl_s
                 ));
             }
@@ -427,6 +432,15 @@ where
     avail
         .mark_unavailable(offering, now + cfg.offers.unavailable_ttl_s)
         .await
+}
+
+/// The offerings of one launch call that one full quota refused.
+struct QuotaNote<'a> {
+    bucket: QuotaBucket,
+    /// The fewest vCPUs among them.
+    vcpus: u32,
+    keys: Vec<OfferingKey>,
+    error: &'a FleetError,
 }
 
 /// The quota bucket of offering `k` and its vCPUs (0 when `k` is not among `offerings`: then the

@@ -1,7 +1,8 @@
 //! In-memory fakes of the ports, for unit tests and the simulator.
 //!
 //! [`FakeFleet`] records every call, can inject one-shot errors, declare offerings without
-//! capacity or failing with any error, and is idempotent by client token as EC2 is;
+//! capacity or failing with any error, holds vCPU quotas per bucket of families and capacity type,
+//! and is idempotent by client token as EC2 is;
 //! [`FakeRegistry`] (with the agent's conditional writes and one-shot errors) and
 //! [`FakeAvailability`] keep state in memory.
 
