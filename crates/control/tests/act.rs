@@ -650,10 +650,6 @@ fn gpu_launch(offering: OfferingKey, count: u32) -> Plan {
     plan
 }
 
-fn spot(ty: &str, zone: &str) -> OfferingKey {
-    key(ty, zone)
-}
-
 /// A full vCPU quota refuses every type of its bucket of families, in every zone: the fallback
 /// leaves the bucket at once (users of other tools report spot fallbacks that retried the same
 /// quota type after type), and the operator is told which quota to raise.
@@ -671,7 +667,7 @@ fn a_full_vcpu_quota_skips_its_whole_bucket_and_names_the_quota() {
     // A new account: no G and VT spot quota at all.
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
     fleet.set_vcpu_quota(QuotaBucket::GAndVt, CapacityType::Spot, 0, &offs);
-    let out = pollster::block_on(act(&gpu_launch(spot("g5.xlarge", "z1"), 2), ctx, &fleet, &reg, &avail));
+    let out = pollster::block_on(act(&gpu_launch(key("g5.xlarge", "z1"), 2), ctx, &fleet, &reg, &avail));
     assert_eq!(out.launched.len(), 2, "{out:?}");
     assert!(
         out.launched.iter().all(|l| {
@@ -717,7 +713,7 @@ fn a_full_vcpu_quota_skips_its_whole_bucket_and_names_the_quota() {
     // Room for 8 vCPUs: a 32-vCPU type is refused, and the 4-vCPU types of the bucket still fit.
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
     fleet.set_vcpu_quota(QuotaBucket::GAndVt, CapacityType::Spot, 8, &offs);
-    let out = pollster::block_on(act(&gpu_launch(spot("g5.8xlarge", "z1"), 2), ctx, &fleet, &reg, &avail));
+    let out = pollster::block_on(act(&gpu_launch(key("g5.8xlarge", "z1"), 2), ctx, &fleet, &reg, &avail));
     assert_eq!(out.launched.len(), 2, "{out:?}");
     assert!(
         out.launched
@@ -731,7 +727,7 @@ fn a_full_vcpu_quota_skips_its_whole_bucket_and_names_the_quota() {
     assert!(
         ["z1", "z2", "z3"]
             .iter()
-            .all(|z| marked.contains_key(&spot("g5.8xlarge", z))),
+            .all(|z| marked.contains_key(&key("g5.8xlarge", z))),
         "{marked:?}"
     );
     assert!(!marked.keys().any(|k| k.instance_type != "g5.8xlarge"), "{marked:?}");
