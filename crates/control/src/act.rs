@@ -92,6 +92,9 @@ pub struct ActOutcome {
     /// Workers the plan would terminate or cancel that were left alone: they were no longer in
     /// the state the plan saw (an agent took a job first).
     pub skipped: Vec<String>,
+    /// The vCPU quotas that refused a launch (`<Service Quotas name> (<code>)`, once per quota and
+    /// launch call): metric `LaunchesRefusedByQuota` and the stack's quota alarm.
+    pub quotas_full: Vec<String>,
     /// Other errors, as text for the decision log (never fatal: the next reconcile retries).
     pub errors: Vec<String>,
 }
@@ -305,6 +308,10 @@ where
             }
             for n in notes {
                 let capacity = n.keys[0].capacity_type;
+                out.quotas_full.push(match n.bucket.code(capacity) {
+                    Some(code) => format!("{} ({code})", n.bucket.name(capacity)),
+                    None => n.bucket.name(capacity),
+                });
                 out.errors.push(format!(
                     "launch {}: {}: {}; every {} offering of those families with at least {} vCPUs is \
                      skipped for {} s and the launch falls back",

@@ -704,6 +704,7 @@ fn a_full_vcpu_quota_skips_its_whole_bucket_and_names_the_quota() {
     );
     let quota_notes: Vec<&String> = out.errors.iter().filter(|e| e.contains("L-3819A6DF")).collect();
     assert_eq!(quota_notes.len(), 1, "one note per quota: {:?}", out.errors);
+    assert_eq!(out.quotas_full, ["All G and VT Spot Instance Requests (L-3819A6DF)"]);
     assert!(
         quota_notes[0].contains("All G and VT Spot Instance Requests"),
         "{}",
