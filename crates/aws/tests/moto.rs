@@ -720,6 +720,17 @@ async fn unavailable_offerings_keep_the_latest_expiry() {
     ctl.mark_unavailable(&k, 2_000.0).await.unwrap(); // later wins
     assert_eq!(ctl.unavailable(500.0).await.unwrap()[0].until, 2_000.0);
     assert!(ctl.unavailable(2_500.0).await.unwrap().is_empty());
+    // A full vCPU quota is kept the same way, and read back as itself.
+    use onoff_control::quota::{QuotaBucket, QuotaMark};
+    let m = QuotaMark {
+        bucket: QuotaBucket::GAndVt,
+        capacity: CapacityType::Spot,
+        vcpus: 4,
+        until: 3_000.0,
+    };
+    ctl.mark_unavailable(&m.key(), m.until).await.unwrap();
+    let (marks, rest) = QuotaMark::split(ctl.unavailable(2_500.0).await.unwrap());
+    assert_eq!((marks, rest.len()), (vec![m], 0));
 }
 
 #[tokio::test]

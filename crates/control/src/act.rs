@@ -24,7 +24,7 @@ use onoff_policy::{Action, Offering, OfferingKey, Plan, PolicyConfig, Reason, Un
 use crate::ports::{
     Fleet, FleetError, FleetErrorKind, LaunchRequest, Launched, OfferingAvailability, WorkerRecord, WorkerRegistry,
 };
-use crate::quota::QuotaBucket;
+use crate::quota::{QuotaBucket, QuotaMark};
 
 /// Consecutive launch actions that differ only in their offering.
 struct LaunchGroup<'a> {
@@ -308,6 +308,16 @@ where
             }
             for n in notes {
                 let capacity = n.keys[0].capacity_type;
+                // The quota itself, read back by the next runs ([`crate::quota::QuotaMark`]).
+                let mark = QuotaMark {
+                    bucket: n.bucket,
+                    capacity,
+                    vcpus: n.vcpus,
+                    until,
+                };
+                if let Err(e) = avail.mark_unavailable(&mark.key(), until).await {
+                    out.errors.push(format!("mark quota {}: {e}", n.bucket.name(capacity)));
+                }
                 out.quotas_full.push(match n.bucket.code(capacity) {
                     Some(code) => format!("{} ({code})", n.bucket.name(capacity)),
                     None => n.bucket.name(capacity),

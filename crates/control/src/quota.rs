@@ -8,7 +8,7 @@
 //! from on-demand's). The Service Quotas codes are the ones `aws service-quotas list-service-quotas
 //! --service-code ec2` lists.
 
-use onoff_policy::CapacityType;
+use onoff_policy::{CapacityType, Offering, OfferingKey, UnavailableOffering};
 
 /// A bucket of instance families that share one vCPU quota (one for on-demand, one for spot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -53,6 +53,36 @@ impl QuotaBucket {
             "trn" => Self::Trn,
             "x" => Self::X,
             _ => Self::Standard,
+        }
+    }
+
+    /// Every bucket.
+    pub const ALL: [QuotaBucket; 10] = [
+        Self::Standard,
+        Self::Dl,
+        Self::F,
+        Self::GAndVt,
+        Self::Hpc,
+        Self::HighMemory,
+        Self::Inf,
+        Self::P,
+        Self::Trn,
+        Self::X,
+    ];
+
+    /// A short stable name, for stored marks ([`QuotaMark`]).
+    pub fn id(self) -> &'static str {
+        match self {
+            Self::Standard => "standard",
+            Self::Dl => "dl",
+            Self::F => "f",
+            Self::GAndVt => "g-vt",
+            Self::Hpc => "hpc",
+            Self::HighMemory => "high-memory",
+            Self::Inf => "inf",
+            Self::P => "p",
+            Self::Trn => "trn",
+            Self::X => "x",
         }
     }
 
@@ -121,6 +151,97 @@ impl QuotaBucket {
     }
 }
 
+/// A vCPU quota found full: launches of `capacity` offerings of `bucket` with at least `vcpus`
+/// vCPUs were refused, and are not tried again before `until` (unix seconds).
+///
+/// Kept among the unavailable offerings, under a key no offering has ([`QuotaMark::key`]:
+/// instance type `quota:<bucket>:<vcpus>`, zone `*`), so it costs no store of its own: the
+/// reconciler reads it back with the rest ([`QuotaMark::split`]). While no live worker of this
+/// deployment holds any of that quota (nothing of ours will free it), the offerings it covers are
+/// left out of the catalogue the policy decides on ([`without_full_quotas`]): a job does not wait
+/// for spot capacity a zero spot quota will never give it, and runs on on-demand, or on another
+/// family, from the next run on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuotaMark {
+    /// The bucket.
+    pub bucket: QuotaBucket,
+    /// Its capacity type.
+    pub capacity: CapacityType,
+    /// The fewest vCPUs refused.
+    pub vcpus: u32,
+    /// Until when, unix seconds.
+    pub until: f64,
+}
+
+impl QuotaMark {
+    /// The key it is stored under among the unavailable offerings.
+    pub fn key(&self) -> OfferingKey {
+        OfferingKey {
+            instance_type: format!("quota:{}:{}", self.bucket.id(), self.vcpus),
+            zone: "*".into(),
+            capacity_type: self.capacity,
+        }
+    }
+
+    /// The mark stored as `u`, if `u` is one.
+    pub fn from_unavailable(u: &UnavailableOffering) -> Option<Self> {
+        let rest = u.key.instance_type.strip_prefix("quota:")?;
+        let (id, vcpus) = rest.rsplit_once(':')?;
+        Some(Self {
+            bucket: QuotaBucket::ALL.into_iter().find(|b| b.id() == id)?,
+            capacity: u.key.capacity_type,
+            vcpus: vcpus.parse().ok()?,
+            until: u.until,
+        })
+    }
+
+    /// `unavailable` split into the quota marks and the unavailable offerings proper.
+    pub fn split(unavailable: Vec<UnavailableOffering>) -> (Vec<QuotaMark>, Vec<UnavailableOffering>) {
+        let mut marks = Vec::new();
+        let mut rest = Vec::with_capacity(unavailable.len());
+        for u in unavailable {
+            match Self::from_unavailable(&u) {
+                Some(m) => marks.push(m),
+                None => rest.push(u),
+            }
+        }
+        (marks, rest)
+    }
+
+    /// Whether launching `o` would meet this full quota.
+    pub fn covers(&self, o: &OfferingKey, vcpus: u32) -> bool {
+        o.capacity_type == self.capacity && vcpus >= self.vcpus && QuotaBucket::of(&o.instance_type) == self.bucket
+    }
+}
+
+/// `offerings` without those a mark in `marks` covers whose quota no live worker holds (`held`:
+/// the offerings of this deployment's live workers): nothing of ours will free such a quota, so
+/// neither waiting for those offerings nor launching them helps until the operator raises it.
+/// `None` when nothing is left out.
+pub fn without_full_quotas(
+    offerings: &[Offering],
+    marks: &[QuotaMark],
+    held: &[&OfferingKey],
+) -> Option<Vec<Offering>> {
+    let futile: Vec<&QuotaMark> = marks
+        .iter()
+        .filter(|m| {
+            !held
+                .iter()
+                .any(|k| k.capacity_type == m.capacity && QuotaBucket::of(&k.instance_type) == m.bucket)
+        })
+        .collect();
+    if futile.is_empty() {
+        return None;
+    }
+    let kept: Vec<Offering> = offerings
+        .iter()
+        .filter(|o| !futile.iter().any(|m| m.covers(&o.key, o.vcpus)))
+        .cloned()
+        .collect();
+    (kept.len() < offerings.len()).then_some(kept)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +271,87 @@ mod tests {
         ] {
             assert_eq!(QuotaBucket::of(ty), bucket, "{ty}");
         }
+    }
+
+    #[test]
+    fn a_quota_mark_is_stored_as_an_unavailable_offering_and_read_back() {
+        let m = QuotaMark {
+            bucket: QuotaBucket::GAndVt,
+            capacity: CapacityType::Spot,
+            vcpus: 4,
+            until: 100.0,
+        };
+        let stored = UnavailableOffering {
+            key: m.key(),
+            until: 100.0,
+        };
+        let plain = UnavailableOffering {
+            key: OfferingKey {
+                instance_type: "g5.xlarge".into(),
+                zone: "z1".into(),
+                capacity_type: CapacityType::Spot,
+            },
+            until: 50.0,
+        };
+        let (marks, rest) = QuotaMark::split(vec![plain.clone(), stored]);
+        assert_eq!((marks, rest), (vec![m], vec![plain.clone()]));
+        for b in QuotaBucket::ALL {
+            let m = QuotaMark { bucket: b, ..m };
+            assert_eq!(
+                QuotaMark::from_unavailable(&UnavailableOffering {
+                    key: m.key(),
+                    until: 100.0
+                }),
+                Some(m)
+            );
+        }
+        // Covers its bucket and capacity type from its size up.
+        let key = |t: &str, c| OfferingKey {
+            instance_type: t.into(),
+            zone: "z9".into(),
+            capacity_type: c,
+        };
+        assert!(m.covers(&key("g6.2xlarge", CapacityType::Spot), 8));
+        assert!(!m.covers(&key("g6.2xlarge", CapacityType::OnDemand), 8));
+        assert!(!m.covers(&key("p3.2xlarge", CapacityType::Spot), 8));
+        let big = QuotaMark { vcpus: 32, ..m };
+        assert!(!big.covers(&key("g5.xlarge", CapacityType::Spot), 4));
+    }
+
+    #[test]
+    fn a_full_quota_leaves_the_choice_only_while_nothing_of_ours_holds_it() {
+        let offering = |t: &str, vcpus, c| Offering {
+            key: OfferingKey {
+                instance_type: t.into(),
+                zone: "z1".into(),
+                capacity_type: c,
+            },
+            gpus: 1,
+            gpu_model: "X".into(),
+            gpu_memory_gib: 24.0,
+            vcpus,
+            price_usd_per_h: 1.0,
+            interruption: None,
+        };
+        let offs = [
+            offering("g5.xlarge", 4, CapacityType::Spot),
+            offering("g5.8xlarge", 32, CapacityType::Spot),
+            offering("g5.xlarge", 4, CapacityType::OnDemand),
+            offering("p3.2xlarge", 8, CapacityType::Spot),
+        ];
+        let mark = QuotaMark {
+            bucket: QuotaBucket::GAndVt,
+            capacity: CapacityType::Spot,
+            vcpus: 32,
+            until: 100.0,
+        };
+        let kept = without_full_quotas(&offs, &[mark], &[]).expect("the 32-vCPU spot type is left out");
+        assert_eq!(kept.len(), 3);
+        assert!(!kept.iter().any(|o| o.key == offs[1].key));
+        // A worker of ours on G spot holds the quota: it frees as that worker ends.
+        assert_eq!(without_full_quotas(&offs, &[mark], &[&offs[0].key]), None);
+        // One on G on-demand or P spot holds another quota.
+        assert!(without_full_quotas(&offs, &[mark], &[&offs[2].key, &offs[3].key]).is_some());
     }
 
     #[test]

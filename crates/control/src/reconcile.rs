@@ -23,7 +23,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use onoff_policy::{
-    decide, Action, LaneObservation, Observation, Offering, PendingJob, Plan, PolicyConfig, WorkerState, WorkerView,
+    decide, Action, LaneObservation, Observation, Offering, OfferingKey, PendingJob, Plan, PolicyConfig, WorkerState,
+    WorkerView,
 };
 
 use crate::act::{act, ActContext, ActOutcome};
@@ -32,6 +33,7 @@ use crate::ports::{
     wake, Backlog, Fleet, FleetInstance, FleetLister, JobQueue, JobRecord, JobStore, OfferingAvailability, StoreError,
     WorkerRecord, WorkerRegistry,
 };
+use crate::quota::{without_full_quotas, QuotaMark};
 
 /// Reconcile settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -377,7 +379,8 @@ where
     let listed = jobs.active().await?;
     let mut active = listed.items;
     report.unreadable.extend(listed.unreadable);
-    let unavailable = avail.list_unavailable(now).await?;
+    // Full vCPU quotas are kept among the unavailable offerings; the policy sees the rest.
+    let (quotas_full, unavailable) = QuotaMark::split(avail.list_unavailable(now).await?);
 
     if opts.reap {
         let instances = match fleet.list_managed().await {
@@ -561,17 +564,22 @@ where
             })
         })
         .collect();
+    // A full quota no live worker of ours holds stays full until the operator raises it: its
+    // offerings are no choice for this decision (nor for waiting on).
+    let held: Vec<&OfferingKey> = live.iter().map(|w| &w.offering).collect();
+    let choice = without_full_quotas(offerings, &quotas_full, &held);
+    let offerings_now = choice.as_deref().unwrap_or(offerings);
     let obs = Observation {
         lanes: &lanes,
         jobs: &pending,
         workers: &views,
-        offerings,
+        offerings: offerings_now,
         unavailable: &unavailable,
     };
     report.plan = decide(&obs, cfg, now);
     let ctx = ActContext {
         cfg,
-        offerings,
+        offerings: offerings_now,
         unavailable: &unavailable,
         now,
     };

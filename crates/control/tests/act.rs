@@ -702,6 +702,13 @@ fn a_full_vcpu_quota_skips_its_whole_bucket_and_names_the_quota() {
         "the refused offerings only: {:?}",
         out.capacity_errors
     );
+    let g_vt_spot = onoff_control::quota::QuotaMark {
+        bucket: QuotaBucket::GAndVt,
+        capacity: CapacityType::Spot,
+        vcpus: 4,
+        until: 100.0 + cfg.offers.unavailable_ttl_s,
+    };
+    assert_eq!(avail.marked().get(&g_vt_spot.key()), Some(&g_vt_spot.until));
     let quota_notes: Vec<&String> = out.errors.iter().filter(|e| e.contains("L-3819A6DF")).collect();
     assert_eq!(quota_notes.len(), 1, "one note per quota: {:?}", out.errors);
     assert_eq!(out.quotas_full, ["All G and VT Spot Instance Requests (L-3819A6DF)"]);
@@ -731,5 +738,11 @@ fn a_full_vcpu_quota_skips_its_whole_bucket_and_names_the_quota() {
             .all(|z| marked.contains_key(&key("g5.8xlarge", z))),
         "{marked:?}"
     );
-    assert!(!marked.keys().any(|k| k.instance_type != "g5.8xlarge"), "{marked:?}");
+    // ... and the quota itself, from 32 vCPUs up, for the next runs.
+    let others: Vec<&str> = marked
+        .keys()
+        .filter(|k| k.instance_type != "g5.8xlarge")
+        .map(|k| k.instance_type.as_str())
+        .collect();
+    assert_eq!(others, ["quota:g-vt:32"], "{marked:?}");
 }

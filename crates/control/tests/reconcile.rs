@@ -783,3 +783,62 @@ fn short_jobs_queue_behind_a_worker_whose_job_ends_within_the_horizon() {
         );
     }
 }
+
+/// A new account with no G and VT spot quota. The first run's decision waits for spot (a long
+/// job's on-demand premium is worth more than the wait, as after a capacity error), and its
+/// refused launch marks every G spot offering and names the quota; from the next run on the jobs
+/// run on on-demand (no spot offering is left to wait for), and EC2 gets no G spot launch while
+/// the marks last.
+#[test]
+fn with_no_spot_quota_jobs_run_on_demand_from_the_next_run_and_the_quota_is_named() {
+    use onoff_control::fake::FleetCall;
+    use onoff_control::quota::QuotaBucket;
+    let mut offs = offerings();
+    for o in offerings() {
+        offs.push(Offering {
+            key: OfferingKey {
+                instance_type: "g6.xlarge".into(),
+                ..o.key.clone()
+            },
+            price_usd_per_h: 0.45,
+            ..o.clone()
+        });
+        offs.push(Offering {
+            key: OfferingKey {
+                capacity_type: CapacityType::OnDemand,
+                ..o.key.clone()
+            },
+            price_usd_per_h: 1.006,
+            ..o
+        });
+    }
+    let w = World::new();
+    w.fleet
+        .set_vcpu_quota(QuotaBucket::GAndVt, CapacityType::Spot, 0, &offs);
+    let spot_calls = || {
+        w.fleet
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, FleetCall::Launch(r) if r.offerings[0].capacity_type == CapacityType::Spot))
+            .count()
+    };
+    w.submit(2);
+    let r = w.reconcile_with(&offs, NOW + 1.0, false);
+    assert!(r.acted.launched.is_empty(), "{r:?}");
+    assert_eq!(
+        r.acted.quotas_full,
+        ["All G and VT Spot Instance Requests (L-3819A6DF)"]
+    );
+    assert_eq!(spot_calls(), 1, "{:?}", w.fleet.calls());
+    for t in [NOW + 60.0, NOW + 120.0] {
+        let r = w.reconcile_with(&offs, t, false);
+        assert!(r.acted.quotas_full.is_empty(), "{r:?}");
+        assert!(r
+            .acted
+            .launched
+            .iter()
+            .all(|l| l.launched.offering.capacity_type == CapacityType::OnDemand));
+    }
+    assert_eq!(w.fleet.running().len(), 2, "{:?}", w.fleet.calls());
+    assert_eq!(spot_calls(), 1, "{:?}", w.fleet.calls());
+}
