@@ -1529,3 +1529,33 @@ fn the_workers_user_data_fits_ec2s_16_kb() {
         "the workers' user data may reach {size} bytes, over EC2's 16 KB"
     );
 }
+
+/// Job specs under `jobs/` do not pile up: a lifecycle rule deletes them after
+/// `JobSpecRetentionDays`, by default as long as the error record that names a refused spec lives
+/// (`ERROR_RECORD_TTL_S` in crates/aws/src/jobs.rs), so that record's link stays good.
+#[test]
+fn job_specs_expire_with_the_error_records_that_name_them() {
+    let t = template();
+    let rules = t["Resources"]["Bucket"]["Properties"]["LifecycleConfiguration"]["Rules"]
+        .as_array()
+        .expect("the bucket's lifecycle rules");
+    let rule = rules
+        .iter()
+        .find(|r| r["Prefix"] == "jobs/")
+        .expect("a lifecycle rule for jobs/");
+    assert_eq!(rule["Status"], "Enabled");
+    assert_eq!(rule["ExpirationInDays"]["Ref"], "JobSpecRetentionDays");
+    let days = t["Parameters"]["JobSpecRetentionDays"]["Default"].as_f64().unwrap();
+    let code = read("crates/aws/src/jobs.rs");
+    let ttl = code
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("pub const ERROR_RECORD_TTL_S: f64 = "))
+        .and_then(|rest| rest.strip_suffix(';'))
+        .expect("ERROR_RECORD_TTL_S in crates/aws/src/jobs.rs");
+    let ttl_days: f64 = ttl
+        .split('*')
+        .map(|f| f.trim().replace('_', "").parse::<f64>().expect("a product of numbers"))
+        .product::<f64>()
+        / 86_400.0;
+    assert_eq!(days, ttl_days);
+}
