@@ -1,0 +1,231 @@
+//! The EC2 fleet adapter against EC2's own wire format for what moto never answers: an instant
+//! fleet whose overrides EC2 refused (a full vCPU quota, no capacity), each error naming its
+//! override in `errorSet`, and a call refused whole (`VcpuLimitExceeded`, HTTP 400). A one-shot
+//! HTTP server in the test answers the SDK with those bodies (element names from the EC2 API
+//! Reference, CreateFleet; the same the SDK's deserializer reads), so the adapter's parsing and
+//! classification run as they would against EC2.
+
+use std::sync::{Arc, Mutex};
+
+use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};
+use onoff_aws::fleet::Ec2Fleet;
+use onoff_control::ports::{Fleet, FleetErrorKind, LaunchRequest};
+use onoff_policy::{CapacityType, OfferingKey};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Serve `status` and `body` to every request on a local port; the requests' bodies are kept.
+async fn ec2_answering(status: u16, body: &'static str) -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let kept = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 8192];
+            // Headers, then as many body bytes as Content-Length says.
+            loop {
+                let n = sock.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&buf).to_string();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if buf.len() >= end + 4 + len {
+                        kept.lock().unwrap().push(text[end + 4..].to_string());
+                        break;
+                    }
+                }
+            }
+            let reply = format!(
+                "HTTP/1.1 {status} X\r\nContent-Type: text/xml;charset=UTF-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(reply.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        }
+    });
+    (url, seen)
+}
+
+fn fleet(url: &str) -> Ec2Fleet {
+    let conf = aws_sdk_ec2::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("AKIDTEST", "secret", None, None, "test"))
+        .endpoint_url(url)
+        .build();
+    Ec2Fleet::new(aws_sdk_ec2::Client::from_conf(conf), "lt-0123456789abcdef0").with_deployment("wire")
+}
+
+fn spot(zone: &str) -> OfferingKey {
+    OfferingKey {
+        instance_type: "g5.xlarge".into(),
+        zone: zone.into(),
+        capacity_type: CapacityType::Spot,
+    }
+}
+
+fn request() -> LaunchRequest {
+    LaunchRequest {
+        lane: "standard".into(),
+        offerings: vec![spot("us-east-1a"), spot("us-east-1b")],
+        count: 2,
+        project: None,
+        job: None,
+        client_token: String::new(),
+    }
+}
+
+/// An instant fleet's answer when the spot quota refused one override and the other had no
+/// capacity: HTTP 200, no instance, an `errorSet` item per override.
+const REFUSED_PER_OVERRIDE: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
+<CreateFleetResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">
+    <requestId>7a3ba8b4-0000-0000-0000-000000000000</requestId>
+    <fleetId>fleet-0123456789abcdef0</fleetId>
+    <errorSet>
+        <item>
+            <launchTemplateAndOverrides>
+                <launchTemplateSpecification>
+                    <launchTemplateId>lt-0123456789abcdef0</launchTemplateId>
+                    <version>1</version>
+                </launchTemplateSpecification>
+                <overrides>
+                    <instanceType>g5.xlarge</instanceType>
+                    <availabilityZone>us-east-1a</availabilityZone>
+                </overrides>
+            </launchTemplateAndOverrides>
+            <lifecycle>spot</lifecycle>
+            <errorCode>MaxSpotInstanceCountExceeded</errorCode>
+            <errorMessage>Max spot instance count exceeded</errorMessage>
+        </item>
+        <item>
+            <launchTemplateAndOverrides>
+                <launchTemplateSpecification>
+                    <launchTemplateId>lt-0123456789abcdef0</launchTemplateId>
+                    <version>1</version>
+                </launchTemplateSpecification>
+                <overrides>
+                    <instanceType>g5.xlarge</instanceType>
+                    <availabilityZone>us-east-1b</availabilityZone>
+                </overrides>
+            </launchTemplateAndOverrides>
+            <lifecycle>spot</lifecycle>
+            <errorCode>InsufficientInstanceCapacity</errorCode>
+            <errorMessage>There is no Spot capacity available that matches your request.</errorMessage>
+        </item>
+    </errorSet>
+    <fleetInstanceSet/>
+</CreateFleetResponse>"#;
+
+/// One instance launched in the second zone, the first refused for the quota.
+const ONE_OF_TWO: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
+<CreateFleetResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">
+    <requestId>7a3ba8b4-0000-0000-0000-000000000001</requestId>
+    <fleetId>fleet-0123456789abcdef1</fleetId>
+    <errorSet>
+        <item>
+            <launchTemplateAndOverrides>
+                <launchTemplateSpecification>
+                    <launchTemplateId>lt-0123456789abcdef0</launchTemplateId>
+                    <version>1</version>
+                </launchTemplateSpecification>
+                <overrides>
+                    <instanceType>g5.xlarge</instanceType>
+                    <availabilityZone>us-east-1a</availabilityZone>
+                </overrides>
+            </launchTemplateAndOverrides>
+            <lifecycle>spot</lifecycle>
+            <errorCode>MaxSpotInstanceCountExceeded</errorCode>
+            <errorMessage>Max spot instance count exceeded</errorMessage>
+        </item>
+    </errorSet>
+    <fleetInstanceSet>
+        <item>
+            <launchTemplateAndOverrides>
+                <launchTemplateSpecification>
+                    <launchTemplateId>lt-0123456789abcdef0</launchTemplateId>
+                    <version>1</version>
+                </launchTemplateSpecification>
+                <overrides>
+                    <instanceType>g5.xlarge</instanceType>
+                    <availabilityZone>us-east-1b</availabilityZone>
+                </overrides>
+            </launchTemplateAndOverrides>
+            <lifecycle>spot</lifecycle>
+            <instanceIds>
+                <item>i-0123456789abcdef0</item>
+            </instanceIds>
+            <instanceType>g5.xlarge</instanceType>
+        </item>
+    </fleetInstanceSet>
+</CreateFleetResponse>"#;
+
+/// The whole call refused (HTTP 400), as EC2 answers a request over the on-demand vCPU quota.
+const VCPU_LIMIT: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
+<Response><Errors><Error><Code>VcpuLimitExceeded</Code><Message>You have requested more vCPU capacity than your current vCPU limit of 0 allows for the instance bucket that the specified instance type belongs to. Please visit http://aws.amazon.com/contact-us/ec2-request to request an adjustment to this limit.</Message></Error></Errors><RequestID>7a3ba8b4-0000-0000-0000-000000000002</RequestID></Response>"#;
+
+#[tokio::test]
+async fn each_refused_override_is_short_with_its_own_kind() {
+    let (url, seen) = ec2_answering(200, REFUSED_PER_OVERRIDE).await;
+    let r = fleet(&url)
+        .launch(&request())
+        .await
+        .expect("an instant fleet answers 200");
+    assert!(r.launched.is_empty());
+    let kinds: Vec<(String, FleetErrorKind)> = r.short.iter().map(|(k, e)| (k.zone.clone(), e.kind)).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("us-east-1a".to_string(), FleetErrorKind::QuotaExceeded),
+            ("us-east-1b".to_string(), FleetErrorKind::InsufficientCapacity)
+        ]
+    );
+    assert!(
+        r.short[0].1.message.starts_with("MaxSpotInstanceCountExceeded"),
+        "{:?}",
+        r.short
+    );
+    let body = seen.lock().unwrap().join("\n");
+    assert!(
+        body.contains("Action=CreateFleet") && body.contains("Type=instant"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_partly_fulfilled_fleet_launches_one_and_names_the_quota_of_the_other() {
+    let (url, _) = ec2_answering(200, ONE_OF_TWO).await;
+    let r = fleet(&url).launch(&request()).await.unwrap();
+    assert_eq!(r.launched.len(), 1);
+    assert_eq!(
+        (r.launched[0].instance_id.as_str(), &r.launched[0].offering),
+        ("i-0123456789abcdef0", &spot("us-east-1b"))
+    );
+    assert_eq!(r.short.len(), 1);
+    assert_eq!(
+        (&r.short[0].0, r.short[0].1.kind),
+        (&spot("us-east-1a"), FleetErrorKind::QuotaExceeded)
+    );
+}
+
+#[tokio::test]
+async fn a_call_refused_whole_for_the_vcpu_quota_is_a_quota_error() {
+    let (url, _) = ec2_answering(400, VCPU_LIMIT).await;
+    let e = fleet(&url).launch(&request()).await.expect_err("refused");
+    assert_eq!(e.kind, FleetErrorKind::QuotaExceeded, "{e:?}");
+    assert!(
+        e.message
+            .starts_with("VcpuLimitExceeded: You have requested more vCPU capacity"),
+        "{e:?}"
+    );
+}
