@@ -980,11 +980,17 @@ pub async fn outputs(a: OutputsArgs) -> Result<()> {
         );
     }
     // What the row says became of the latest upload: a failed one is told, before and whatever
-    // is there (files of an earlier attempt, or those before the failure).
-    let r = ops.job(&a.job).await?;
-    let failed = r.outputs.as_ref().filter(|o| o.error.is_some());
+    // is there (files of an earlier attempt, or those before the failure). Outputs outlive the
+    // row (its TTL): without one, what is there is downloaded as it is.
+    let row = ops.job(&a.job).await;
+    let failed = row
+        .as_ref()
+        .ok()
+        .and_then(|r| r.outputs.clone())
+        .filter(|o| o.error.is_some());
     if keys.is_empty() {
-        match failed {
+        let r = row?;
+        match &failed {
             Some(o) => bail!("{}: {}", a.job, outputs_line(o, &ops.bucket, &a.job)),
             None => bail!(
                 "{} has no outputs yet ({}): a job's ONOFF_OUTPUT_DIR is uploaded when an attempt ends",
@@ -993,7 +999,7 @@ pub async fn outputs(a: OutputsArgs) -> Result<()> {
             ),
         }
     }
-    if let Some(o) = failed {
+    if let Some(o) = &failed {
         eprintln!(
             "onoff: warning: {}; the files below may be only part of them, or an earlier attempt's",
             outputs_line(o, &ops.bucket, &a.job)
