@@ -14,7 +14,7 @@ use onoff_policy::{CapacityType, OfferingKey};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Serve `status` and `body` to every request on a local port; the requests' bodies are kept.
-async fn ec2_answering(status: u16, body: &'static str) -> (String, Arc<Mutex<Vec<String>>>) {
+async fn ec2_answering(status: u16, body: String) -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -86,89 +86,47 @@ fn request() -> LaunchRequest {
     }
 }
 
-/// An instant fleet's answer when the spot quota refused one override and the other had no
-/// capacity: HTTP 200, no instance, an `errorSet` item per override.
-const REFUSED_PER_OVERRIDE: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
+/// The override of a g5.xlarge in `zone`, as an `errorSet` or `fleetInstanceSet` item names it.
+fn overrides(zone: &str) -> String {
+    format!(
+        "<launchTemplateAndOverrides><launchTemplateSpecification><launchTemplateId>lt-0123456789abcdef0</launchTemplateId>\
+         <version>1</version></launchTemplateSpecification><overrides><instanceType>g5.xlarge</instanceType>\
+         <availabilityZone>{zone}</availabilityZone></overrides></launchTemplateAndOverrides><lifecycle>spot</lifecycle>"
+    )
+}
+
+/// An `errorSet` item: the override in `zone` refused with `code`.
+fn refused(zone: &str, code: &str, message: &str) -> String {
+    format!(
+        "<item>{}<errorCode>{code}</errorCode><errorMessage>{message}</errorMessage></item>",
+        overrides(zone)
+    )
+}
+
+/// A `fleetInstanceSet` item: instance `id` launched for the override in `zone`.
+fn launched(zone: &str, id: &str) -> String {
+    format!(
+        "<item>{}<instanceIds><item>{id}</item></instanceIds><instanceType>g5.xlarge</instanceType></item>",
+        overrides(zone)
+    )
+}
+
+/// An instant fleet's answer (HTTP 200) with these `errorSet` and `fleetInstanceSet` items.
+fn create_fleet_response(errors: &[String], instances: &[String]) -> String {
+    format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?>
 <CreateFleetResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">
     <requestId>7a3ba8b4-0000-0000-0000-000000000000</requestId>
     <fleetId>fleet-0123456789abcdef0</fleetId>
-    <errorSet>
-        <item>
-            <launchTemplateAndOverrides>
-                <launchTemplateSpecification>
-                    <launchTemplateId>lt-0123456789abcdef0</launchTemplateId>
-                    <version>1</version>
-                </launchTemplateSpecification>
-                <overrides>
-                    <instanceType>g5.xlarge</instanceType>
-                    <availabilityZone>us-east-1a</availabilityZone>
-                </overrides>
-            </launchTemplateAndOverrides>
-            <lifecycle>spot</lifecycle>
-            <errorCode>MaxSpotInstanceCountExceeded</errorCode>
-            <errorMessage>Max spot instance count exceeded</errorMessage>
-        </item>
-        <item>
-            <launchTemplateAndOverrides>
-                <launchTemplateSpecification>
-                    <launchTemplateId>lt-0123456789abcdef0</launchTemplateId>
-                    <version>1</version>
-                </launchTemplateSpecification>
-                <overrides>
-                    <instanceType>g5.xlarge</instanceType>
-                    <availabilityZone>us-east-1b</availabilityZone>
-                </overrides>
-            </launchTemplateAndOverrides>
-            <lifecycle>spot</lifecycle>
-            <errorCode>InsufficientInstanceCapacity</errorCode>
-            <errorMessage>There is no Spot capacity available that matches your request.</errorMessage>
-        </item>
-    </errorSet>
-    <fleetInstanceSet/>
-</CreateFleetResponse>"#;
+    <errorSet>{}</errorSet>
+    <fleetInstanceSet>{}</fleetInstanceSet>
+</CreateFleetResponse>"#,
+        errors.concat(),
+        instances.concat()
+    )
+}
 
-/// One instance launched in the second zone, the first refused for the quota.
-const ONE_OF_TWO: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
-<CreateFleetResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">
-    <requestId>7a3ba8b4-0000-0000-0000-000000000001</requestId>
-    <fleetId>fleet-0123456789abcdef1</fleetId>
-    <errorSet>
-        <item>
-            <launchTemplateAndOverrides>
-                <launchTemplateSpecification>
-                    <launchTemplateId>lt-0123456789abcdef0</launchTemplateId>
-                    <version>1</version>
-                </launchTemplateSpecification>
-                <overrides>
-                    <instanceType>g5.xlarge</instanceType>
-                    <availabilityZone>us-east-1a</availabilityZone>
-                </overrides>
-            </launchTemplateAndOverrides>
-            <lifecycle>spot</lifecycle>
-            <errorCode>MaxSpotInstanceCountExceeded</errorCode>
-            <errorMessage>Max spot instance count exceeded</errorMessage>
-        </item>
-    </errorSet>
-    <fleetInstanceSet>
-        <item>
-            <launchTemplateAndOverrides>
-                <launchTemplateSpecification>
-                    <launchTemplateId>lt-0123456789abcdef0</launchTemplateId>
-                    <version>1</version>
-                </launchTemplateSpecification>
-                <overrides>
-                    <instanceType>g5.xlarge</instanceType>
-                    <availabilityZone>us-east-1b</availabilityZone>
-                </overrides>
-            </launchTemplateAndOverrides>
-            <lifecycle>spot</lifecycle>
-            <instanceIds>
-                <item>i-0123456789abcdef0</item>
-            </instanceIds>
-            <instanceType>g5.xlarge</instanceType>
-        </item>
-    </fleetInstanceSet>
-</CreateFleetResponse>"#;
+const MAX_SPOT: (&str, &str) = ("MaxSpotInstanceCountExceeded", "Max spot instance count exceeded");
 
 /// The whole call refused (HTTP 400), as EC2 answers a request over the on-demand vCPU quota.
 const VCPU_LIMIT: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
@@ -176,7 +134,19 @@ const VCPU_LIMIT: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
 
 #[tokio::test]
 async fn each_refused_override_is_short_with_its_own_kind() {
-    let (url, seen) = ec2_answering(200, REFUSED_PER_OVERRIDE).await;
+    // The spot quota refused one override, the other had no capacity: no instance.
+    let body = create_fleet_response(
+        &[
+            refused("us-east-1a", MAX_SPOT.0, MAX_SPOT.1),
+            refused(
+                "us-east-1b",
+                "InsufficientInstanceCapacity",
+                "There is no Spot capacity available that matches your request.",
+            ),
+        ],
+        &[],
+    );
+    let (url, seen) = ec2_answering(200, body).await;
     let r = fleet(&url)
         .launch(&request())
         .await
@@ -204,7 +174,11 @@ async fn each_refused_override_is_short_with_its_own_kind() {
 
 #[tokio::test]
 async fn a_partly_fulfilled_fleet_launches_one_and_names_the_quota_of_the_other() {
-    let (url, _) = ec2_answering(200, ONE_OF_TWO).await;
+    let body = create_fleet_response(
+        &[refused("us-east-1a", MAX_SPOT.0, MAX_SPOT.1)],
+        &[launched("us-east-1b", "i-0123456789abcdef0")],
+    );
+    let (url, _) = ec2_answering(200, body).await;
     let r = fleet(&url).launch(&request()).await.unwrap();
     assert_eq!(r.launched.len(), 1);
     assert_eq!(
@@ -220,7 +194,7 @@ async fn a_partly_fulfilled_fleet_launches_one_and_names_the_quota_of_the_other(
 
 #[tokio::test]
 async fn a_call_refused_whole_for_the_vcpu_quota_is_a_quota_error() {
-    let (url, _) = ec2_answering(400, VCPU_LIMIT).await;
+    let (url, _) = ec2_answering(400, VCPU_LIMIT.to_string()).await;
     let e = fleet(&url).launch(&request()).await.expect_err("refused");
     assert_eq!(e.kind, FleetErrorKind::QuotaExceeded, "{e:?}");
     assert!(
