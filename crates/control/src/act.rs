@@ -285,51 +285,65 @@ where
             }
             // Offerings that failed are skipped for a while, even when others filled in.
             let until = ctx.now + oc.unavailable_ttl_s;
-            let siblings = quota_siblings(&over_quota, ctx.offerings, &unavailable, ctx.now);
-            // One note per quota: the offerings it refused, and the smallest of them.
+            // One note per quota: the offerings it refused, and the quota as a mark from the
+            // smallest of them up.
             let mut notes: Vec<QuotaNote> = Vec::new();
             for (k, e) in &over_quota {
-                let (bucket, vcpus) = quota_of(k, ctx.offerings);
+                let vcpus = ctx.offerings.iter().find(|o| o.key == *k).map_or(0, |o| o.vcpus);
+                let bucket = QuotaBucket::of(&k.instance_type);
                 match notes
                     .iter_mut()
-                    .find(|n| n.bucket == bucket && n.keys[0].capacity_type == k.capacity_type)
+                    .find(|n| n.mark.bucket == bucket && n.mark.capacity == k.capacity_type)
                 {
                     Some(n) => {
-                        n.vcpus = n.vcpus.min(vcpus);
+                        n.mark.vcpus = n.mark.vcpus.min(vcpus);
                         n.keys.push(k.clone());
                     }
                     None => notes.push(QuotaNote {
-                        bucket,
-                        vcpus,
+                        mark: QuotaMark {
+                            bucket,
+                            capacity: k.capacity_type,
+                            vcpus,
+                            until,
+                        },
                         keys: vec![k.clone()],
                         error: e,
                     }),
                 }
             }
+            // Every other offering a full quota covers, in any zone, not yet unavailable: without
+            // them the fallback would try the bucket's next types one call at a time, each refused
+            // for the same quota, and never reach another bucket or capacity type.
+            let siblings: Vec<OfferingKey> = ctx
+                .offerings
+                .iter()
+                .filter(|o| notes.iter().any(|n| n.mark.covers(&o.key, o.vcpus)))
+                .filter(|o| !over_quota.iter().any(|(q, _)| *q == o.key))
+                .filter(|o| !unavailable.iter().any(|u| u.key == o.key && u.until > ctx.now))
+                .map(|o| o.key.clone())
+                .collect();
             for n in notes {
-                let capacity = n.keys[0].capacity_type;
-                // The quota itself, read back by the next runs ([`crate::quota::QuotaMark`]).
-                let mark = QuotaMark {
-                    bucket: n.bucket,
+                let QuotaMark {
+                    bucket,
                     capacity,
-                    vcpus: n.vcpus,
-                    until,
-                };
-                if let Err(e) = avail.mark_unavailable(&mark.key(), until).await {
-                    out.errors.push(format!("mark quota {}: {e}", n.bucket.name(capacity)));
+                    vcpus,
+                    ..
+                } = n.mark;
+                // The quota itself, read back by the next runs.
+                if let Err(e) = avail.mark_unavailable(&n.mark.key(), until).await {
+                    out.errors.push(format!("mark quota {}: {e}", bucket.name(capacity)));
                 }
-                out.quotas_full.push(match n.bucket.code(capacity) {
-                    Some(code) => format!("{} ({code})", n.bucket.name(capacity)),
-                    None => n.bucket.name(capacity),
+                out.quotas_full.push(match bucket.code(capacity) {
+                    Some(code) => format!("{} ({code})", bucket.name(capacity)),
+                    None => bucket.name(capacity),
                 });
                 out.errors.push(format!(
-                    "launch {}: {}: {}; every {} offering of those families with at least {} vCPUs is \
+                    "launch {}: {}: {}; every {} offering of those families with at least {vcpus} vCPUs is \
                      skipped for {} s and the launch falls back",
                     names(&n.keys),
                     n.error,
-                    n.bucket.advice(capacity, n.vcpus),
+                    bucket.advice(capacity, vcpus),
                     capacity.as_str(),
-                    n.vcpus,
                     oc.unavailable_ttl_s
                 ));
             }
@@ -451,48 +465,10 @@ where
         .await
 }
 
-/// The offerings of one launch call that one full quota refused.
+/// The offerings of one launch call that one full quota refused, and the quota as [`act`] marks
+/// it (from the fewest vCPUs among them up).
 struct QuotaNote<'a> {
-    bucket: QuotaBucket,
-    /// The fewest vCPUs among them.
-    vcpus: u32,
+    mark: QuotaMark,
     keys: Vec<OfferingKey>,
     error: &'a FleetError,
-}
-
-/// The quota bucket of offering `k` and its vCPUs (0 when `k` is not among `offerings`: then the
-/// whole bucket counts as full).
-fn quota_of(k: &OfferingKey, offerings: &[Offering]) -> (QuotaBucket, u32) {
-    let vcpus = offerings.iter().find(|o| o.key == *k).map_or(0, |o| o.vcpus);
-    (QuotaBucket::of(&k.instance_type), vcpus)
-}
-
-/// The offerings a full vCPU quota also rules out: for each offering refused for its quota, every
-/// other offering of the same bucket of families and capacity type, in any zone, with at least as
-/// many vCPUs (a smaller one may still fit in what is left of the quota), not yet unavailable.
-/// Without this the fallback would try the bucket's next types one call at a time, each refused
-/// for the same quota, and never reach another bucket or capacity type before the marks expired.
-fn quota_siblings(
-    over_quota: &[(OfferingKey, FleetError)],
-    offerings: &[Offering],
-    unavailable: &[UnavailableOffering],
-    now: f64,
-) -> Vec<OfferingKey> {
-    let mut out: Vec<OfferingKey> = Vec::new();
-    for (k, _) in over_quota {
-        let (bucket, vcpus) = quota_of(k, offerings);
-        for o in offerings {
-            let sibling = o.key != *k
-                && o.key.capacity_type == k.capacity_type
-                && o.vcpus >= vcpus
-                && QuotaBucket::of(&o.key.instance_type) == bucket
-                && !over_quota.iter().any(|(q, _)| *q == o.key)
-                && !unavailable.iter().any(|u| u.key == o.key && u.until > now)
-                && !out.contains(&o.key);
-            if sibling {
-                out.push(o.key.clone());
-            }
-        }
-    }
-    out
 }
