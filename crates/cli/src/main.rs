@@ -62,6 +62,10 @@ enum Cmd {
     /// $ and GPU-hours per job, project or day; spot share, savings, idle workers.
     #[cfg(feature = "local")]
     Cost(ops::CostArgs),
+    /// The live workers (state, job or idle time, $/h), instances without a worker row, and what
+    /// holds launches back: offerings skipped after a capacity error, vCPU quotas found full.
+    #[cfg(feature = "local")]
+    Workers(ops::WorkersArgs),
 }
 
 #[derive(clap::Args)]
@@ -178,6 +182,8 @@ fn main() -> Result<()> {
         Cmd::Outputs(a) => block_on(ops::outputs(a)),
         #[cfg(feature = "local")]
         Cmd::Cost(a) => block_on(ops::cost(a)),
+        #[cfg(feature = "local")]
+        Cmd::Workers(a) => block_on(ops::workers(a)),
     }
 }
 

@@ -15,6 +15,11 @@
 //! - `cancel`: `JobStore::request_cancel`.
 //! - `outputs`: `outputs/<job_id>/` of the bucket.
 //! - `cost`: from the attempts the jobs table records and the workers table.
+//! - `workers`: the live workers, EC2's instances of the stack, and what holds launches back
+//!   ([`workers`]).
+
+mod workers;
+pub use workers::{workers, WorkersArgs};
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -1212,10 +1217,10 @@ async fn idle_worker_usd(ops: &Ops, rows: &[JobRecord], now: f64) -> Result<f64>
             *worked.entry(a.instance_id.as_str()).or_default() += a.cost_usd;
         }
     }
-    Ok(lives
-        .iter()
-        .map(|(id, usd)| (usd - worked.get(id.as_str()).copied().unwrap_or(0.0)).max(0.0))
-        .sum())
+    // A fold from +0: an empty f64 sum is -0, printed "-0.0000".
+    Ok(lives.iter().fold(0.0, |total, (id, usd)| {
+        total + (usd - worked.get(id.as_str()).copied().unwrap_or(0.0)).max(0.0)
+    }))
 }
 
 /// Run `onoff cost`.

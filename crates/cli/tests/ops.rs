@@ -1,8 +1,9 @@
 //! The operator verbs end to end on `onoff local --serve` (its own moto server, IAM enforced, one
 //! worker at most): a job submitted from a YAML spec runs, `onoff logs` shows its own lines and
 //! `onoff outputs` downloads the file it wrote; a long job is cancelled while it runs and one
-//! while it waits; a job put by the AWS CLI (`aws s3 cp` under `jobs/`) runs too; `onoff cost`
-//! per project adds up to what the jobs recorded; after Ctrl-C nothing is left running.
+//! while it waits (`onoff workers` shows the one worker running the first); a job put by the AWS
+//! CLI (`aws s3 cp` under `jobs/`) runs too; `onoff cost` per project adds up to what the jobs
+//! recorded; after Ctrl-C nothing is left running.
 #![cfg(feature = "local")]
 
 use std::path::{Path, PathBuf};
@@ -162,6 +163,27 @@ fn the_operator_verbs_on_a_served_local_stack() {
     wait_for("long runs", Duration::from_secs(120), || {
         state(&stack, &long) == "RUNNING"
     });
+    // `onoff workers`: the one worker, running that job, backed by a running instance, read
+    // under the operator's policy (EC2 and the control table too: a refusal would be told in
+    // `ec2_error` or fail the verb).
+    let w = json(&stack, &["workers"]);
+    let live = w["workers"].as_array().expect("a list of workers");
+    assert_eq!(live.len(), 1, "{w}");
+    assert_eq!(live[0]["job"].as_str(), Some(long.as_str()), "{w}");
+    assert_eq!(live[0]["state"], "Running", "{w}");
+    assert_eq!(live[0]["ec2_state"], "running", "{w}");
+    assert!(w["ec2_error"].is_null(), "{w}");
+    assert_eq!(w["unregistered"].as_array().map(Vec::len), Some(0), "{w}");
+    let price = live[0]["price_usd_per_h"].as_f64().unwrap();
+    assert!(
+        price > 0.0 && (w["usd_per_h"].as_f64().unwrap() - price).abs() < 1e-9,
+        "{w}"
+    );
+    let text = ok(&onoff(&stack, &["workers"]));
+    assert!(
+        text.contains(&long) && text.contains("1 worker(s) (1 running)"),
+        "{text}"
+    );
     // 3. One that waits behind it, cancelled before it starts.
     let waiting = submit(
         &stack,

@@ -724,6 +724,8 @@ fn an_operator_runs_the_cli_verbs_and_launches_nothing() {
         instance_arn: None,
     };
     let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
+    let workers = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-worker-rows");
+    let control = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-control");
     let group = format!("arn:aws:logs:us-east-1:{ACCOUNT}:log-group:Worker:*");
     let cancel = |attributes: &[&str], return_values: &str| {
         Request::new("dynamodb:UpdateItem", &jobs)
@@ -752,6 +754,11 @@ fn an_operator_runs_the_cli_verbs_and_launches_nothing() {
         Request::new("logs:GetLogEvents", &group.replace(":*", ":log-stream:job-1/1")),
         // `onoff submit` checks a spec against the offerings of the subnets' zones.
         Request::new("ec2:DescribeSubnets", "*"),
+        // `onoff cost` and `onoff workers` read the workers table; `onoff workers` the marks of
+        // the control table and EC2's instances too.
+        Request::new("dynamodb:Scan", &workers),
+        Request::new("dynamodb:Scan", &control),
+        Request::new("ec2:DescribeInstances", "*"),
     ] {
         assert_allowed(&a, &op, r);
     }
@@ -777,6 +784,10 @@ fn an_operator_runs_the_cli_verbs_and_launches_nothing() {
             "dynamodb:PutItem",
             &format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-worker-rows"),
         ),
+        // Reading the marks is not making or clearing them, nor taking the reconcile lease.
+        Request::new("dynamodb:PutItem", &control),
+        Request::new("dynamodb:DeleteItem", &control),
+        Request::new("dynamodb:UpdateItem", &workers),
         Request::new(
             "lambda:GetFunctionConfiguration",
             &format!("arn:aws:lambda:us-east-1:{ACCOUNT}:function:st-submit"),

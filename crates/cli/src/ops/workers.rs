@@ -1,0 +1,549 @@
+//! `onoff workers`: what the stack runs now, what it costs per hour, and what holds launches back.
+//!
+//! Three sources, each as the control plane itself reads it:
+//! - the workers table's live rows (`WorkerRegistry::list_live`: every state but Terminating), with
+//!   the job each worker holds the lease of (the jobs table's RUNNING rows, `lease_owner`);
+//! - EC2's pending and running instances of the stack (`Ec2Fleet::describe_managed`, by the
+//!   `onoff:managed` tag): an instance no row names is billed all the same (the reconciler adopts
+//!   or terminates it within its launch grace), a row no instance backs is a worker the reconciler
+//!   finds gone (its job is re-queued);
+//! - the offerings marked unavailable after a capacity error, and the vCPU quotas found full
+//!   (`QuotaMark`), from the control table: why nothing of a type launches now, and which quota to
+//!   raise.
+
+use anyhow::Result;
+use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
+use onoff_aws::fleet::ManagedInstance;
+use onoff_aws::state::state_name;
+use onoff_control::job::JobState;
+use onoff_control::ports::{JobRecord, WorkerRecord, WorkerRegistry};
+use onoff_control::quota::QuotaMark;
+use onoff_policy::{CapacityType, UnavailableOffering, WorkerState};
+use serde::Serialize;
+
+use super::{now, span, usd, when, Ops, Target};
+
+/// `onoff workers`.
+#[derive(clap::Args, Debug)]
+pub struct WorkersArgs {
+    /// Only this lane's workers.
+    #[arg(long)]
+    lane: Option<String>,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// One live worker.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerLine {
+    pub instance_id: String,
+    pub lane: String,
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity_type: &'static str,
+    /// The workers table's state: Pending, Running, Idle or Draining.
+    pub state: &'static str,
+    /// Catalogue price the worker is billed at, $/h (0 until the control plane priced it).
+    pub price_usd_per_h: f64,
+    /// Seconds since launch.
+    pub up_s: f64,
+    /// The job whose lease it holds, if any.
+    pub job: Option<String>,
+    /// Seconds idle, when idle.
+    pub idle_s: Option<f64>,
+    /// Seconds since its agent's last heartbeat (`None` before the agent started).
+    pub heartbeat_age_s: Option<f64>,
+    /// Until when the control plane holds it (an idle worker kept warm), unix seconds.
+    pub hold_until: Option<f64>,
+    /// EC2's state of its instance (`pending`, `running`); `None` when EC2 lists no pending or
+    /// running instance for it (the reconciler will find it gone), or when EC2 was not read.
+    pub ec2_state: Option<String>,
+}
+
+/// An instance of the stack that no live worker row names.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UnregisteredInstance {
+    pub instance_id: String,
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity_type: &'static str,
+    pub ec2_state: String,
+    /// Seconds since launch (`None` when EC2 gave no launch time).
+    pub up_s: Option<f64>,
+}
+
+/// An offering skipped after a capacity error, until `until` (unix seconds).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HeldOffering {
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity_type: &'static str,
+    pub until: f64,
+}
+
+/// A vCPU quota found full.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FullQuota {
+    /// Its name in Service Quotas.
+    pub quota: String,
+    /// Its Service Quotas code (service `ec2`), when it has one.
+    pub code: Option<&'static str>,
+    pub capacity_type: &'static str,
+    /// The vCPUs of the launch it refused: offerings of the bucket with at least as many are
+    /// skipped.
+    pub vcpus: u32,
+    pub until: f64,
+    /// What to do about it.
+    pub advice: String,
+}
+
+/// Everything `onoff workers` shows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkersReport {
+    pub workers: Vec<WorkerLine>,
+    /// Workers per state, in the order Pending, Running, Idle, Draining.
+    pub counts: Vec<(&'static str, usize)>,
+    /// $/h of the live workers and the unregistered instances priced as their rows would be
+    /// (catalogue prices).
+    pub usd_per_h: f64,
+    pub unregistered: Vec<UnregisteredInstance>,
+    /// Why EC2 was not read, when it was not (the rest still shows).
+    pub ec2_error: Option<String>,
+    pub unavailable_offerings: Vec<HeldOffering>,
+    pub full_quotas: Vec<FullQuota>,
+    /// Rows of the workers table that did not parse: (instance id, why).
+    pub unreadable: Vec<(String, String)>,
+}
+
+fn capacity(c: CapacityType) -> &'static str {
+    match c {
+        CapacityType::Spot => "spot",
+        CapacityType::OnDemand => "on-demand",
+    }
+}
+
+/// The report from what was read: `live` worker rows, `instances` (EC2's pending and running
+/// instances of the stack; `Err` when EC2 could not be read), the `jobs` rows, the `unavailable`
+/// marks (offerings and quotas), at `now` (unix seconds). Workers sorted by lane, then launch.
+pub fn report(
+    live: Vec<WorkerRecord>,
+    instances: Result<Vec<ManagedInstance>, String>,
+    jobs: &[JobRecord],
+    unavailable: Vec<UnavailableOffering>,
+    lane: Option<&str>,
+    now: f64,
+) -> WorkersReport {
+    let mut live: Vec<WorkerRecord> = live.into_iter().filter(|w| lane.is_none_or(|l| w.lane == l)).collect();
+    live.sort_by(|a, b| a.lane.cmp(&b.lane).then(a.launched_at.total_cmp(&b.launched_at)));
+    let (instances, ec2_error) = match instances {
+        Ok(i) => (Some(i), None),
+        Err(e) => (None, Some(e)),
+    };
+    let leased = |id: &str| {
+        jobs.iter()
+            .find(|j| j.state == JobState::Running && j.lease_owner.as_deref() == Some(id))
+            .map(|j| j.id.clone())
+    };
+    let workers: Vec<WorkerLine> = live
+        .iter()
+        .map(|w| WorkerLine {
+            instance_id: w.id.clone(),
+            lane: w.lane.clone(),
+            instance_type: w.offering.instance_type.clone(),
+            zone: w.offering.zone.clone(),
+            capacity_type: capacity(w.offering.capacity_type),
+            state: state_name(w.state),
+            price_usd_per_h: w.price_usd_per_h,
+            up_s: (now - w.launched_at).max(0.0),
+            job: leased(&w.id),
+            idle_s: w
+                .idle_since
+                .filter(|_| w.state == WorkerState::Idle)
+                .map(|t| (now - t).max(0.0)),
+            heartbeat_age_s: w.heartbeat_at.map(|t| (now - t).max(0.0)),
+            hold_until: w.hold_until.filter(|t| *t > now),
+            ec2_state: instances
+                .as_ref()
+                .and_then(|is| is.iter().find(|i| i.instance_id == w.id).map(|i| i.state.clone())),
+        })
+        .collect();
+    let unregistered: Vec<UnregisteredInstance> = instances
+        .iter()
+        .flatten()
+        .filter(|i| lane.is_none_or(|l| i.lane.as_deref() == Some(l)))
+        .filter(|i| !live.iter().any(|w| w.id == i.instance_id))
+        .map(|i| UnregisteredInstance {
+            instance_id: i.instance_id.clone(),
+            instance_type: i.instance_type.clone(),
+            zone: i.zone.clone(),
+            capacity_type: capacity(i.capacity_type),
+            ec2_state: i.state.clone(),
+            up_s: i.launched_at.map(|t| (now - t).max(0.0)),
+        })
+        .collect();
+    let counts = [
+        WorkerState::Pending,
+        WorkerState::Running,
+        WorkerState::Idle,
+        WorkerState::Draining,
+    ]
+    .into_iter()
+    .map(|s| (state_name(s), live.iter().filter(|w| w.state == s).count()))
+    .collect();
+    let (quotas, offerings) = QuotaMark::split(unavailable.into_iter().filter(|u| u.until > now).collect());
+    let mut unavailable_offerings: Vec<HeldOffering> = offerings
+        .into_iter()
+        .map(|u| HeldOffering {
+            instance_type: u.key.instance_type,
+            zone: u.key.zone,
+            capacity_type: capacity(u.key.capacity_type),
+            until: u.until,
+        })
+        .collect();
+    unavailable_offerings.sort_by(|a, b| {
+        (&a.instance_type, &a.zone, a.capacity_type).cmp(&(&b.instance_type, &b.zone, b.capacity_type))
+    });
+    let full_quotas = quotas
+        .into_iter()
+        .map(|q| FullQuota {
+            quota: q.bucket.name(q.capacity),
+            code: q.bucket.code(q.capacity),
+            capacity_type: capacity(q.capacity),
+            vcpus: q.vcpus,
+            until: q.until,
+            advice: q.bucket.advice(q.capacity, q.vcpus),
+        })
+        .collect();
+    WorkersReport {
+        // A fold from +0: an empty f64 sum is -0, printed "-0.0000".
+        usd_per_h: live.iter().fold(0.0, |a, w| a + w.price_usd_per_h),
+        workers,
+        counts,
+        unregistered,
+        ec2_error,
+        unavailable_offerings,
+        full_quotas,
+        unreadable: Vec::new(),
+    }
+}
+
+/// The report as text: a table of workers, a summary line, then what else bills or holds back.
+pub fn render(r: &WorkersReport, now: f64) -> String {
+    let mut out = String::new();
+    if r.workers.is_empty() {
+        out.push_str("no live workers\n");
+    } else {
+        let mut t = Table::new();
+        t.load_preset(UTF8_BORDERS_ONLY);
+        t.set_header([
+            "instance",
+            "lane",
+            "type",
+            "zone",
+            "capacity",
+            "state",
+            "$/h",
+            "up",
+            "job / idle",
+            "heartbeat",
+            "ec2",
+        ]);
+        for w in &r.workers {
+            let doing = match (&w.job, w.idle_s) {
+                (Some(j), _) => j.clone(),
+                (None, Some(s)) => format!(
+                    "idle {}{}",
+                    span(s),
+                    w.hold_until
+                        .map_or_else(String::new, |t| format!(", held {} more", span(t - now)))
+                ),
+                (None, None) => "-".into(),
+            };
+            t.add_row([
+                w.instance_id.clone(),
+                w.lane.clone(),
+                w.instance_type.clone(),
+                w.zone.clone(),
+                w.capacity_type.to_string(),
+                w.state.to_string(),
+                usd(w.price_usd_per_h),
+                span(w.up_s),
+                doing,
+                w.heartbeat_age_s
+                    .map_or_else(|| "none yet".into(), |s| format!("{} ago", span(s))),
+                w.ec2_state.clone().unwrap_or_else(|| {
+                    if r.ec2_error.is_some() {
+                        "?".into()
+                    } else {
+                        "gone".into()
+                    }
+                }),
+            ]);
+        }
+        out.push_str(&format!("{t}\n"));
+    }
+    let counts: Vec<String> = r
+        .counts
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(s, n)| format!("{n} {}", s.to_ascii_lowercase()))
+        .collect();
+    out.push_str(&format!(
+        "{} worker(s){}: ${}/h at catalogue prices (not your AWS bill)\n",
+        r.workers.len(),
+        if counts.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", counts.join(", "))
+        },
+        usd(r.usd_per_h)
+    ));
+    if let Some(e) = &r.ec2_error {
+        out.push_str(&format!(
+            "EC2 not read ({e}): instances without a worker row are not shown\n"
+        ));
+    }
+    if r.workers.iter().any(|w| w.ec2_state.is_none()) && r.ec2_error.is_none() {
+        out.push_str(
+            "gone: EC2 lists no pending or running instance for the worker; the reconciler re-queues its job \
+             once the launch grace is over\n",
+        );
+    }
+    for i in &r.unregistered {
+        out.push_str(&format!(
+            "instance {} ({} {} {}, {}, up {}) has no worker row: billed all the same; the reconciler adopts it \
+             or terminates it\n",
+            i.instance_id,
+            i.instance_type,
+            i.zone,
+            i.capacity_type,
+            i.ec2_state,
+            i.up_s.map_or_else(|| "?".into(), span)
+        ));
+    }
+    for q in &r.full_quotas {
+        out.push_str(&format!(
+            "quota full until {}: {} (launches of {} vCPUs or more refused)\n  {}\n",
+            when(q.until),
+            q.quota,
+            q.vcpus,
+            q.advice
+        ));
+    }
+    if !r.unavailable_offerings.is_empty() {
+        out.push_str(&format!(
+            "{} offering(s) skipped after a capacity error:\n",
+            r.unavailable_offerings.len()
+        ));
+        for o in &r.unavailable_offerings {
+            out.push_str(&format!(
+                "  {} {} {} until {}\n",
+                o.instance_type,
+                o.zone,
+                o.capacity_type,
+                when(o.until)
+            ));
+        }
+    }
+    for (id, why) in &r.unreadable {
+        out.push_str(&format!("unreadable worker row {id}: {why}\n"));
+    }
+    out
+}
+
+/// Run `onoff workers`.
+///
+/// # Errors
+/// The stack; the workers, jobs or control table cannot be read. EC2 failing to answer is shown,
+/// not an error.
+pub async fn workers(a: WorkersArgs) -> Result<()> {
+    let ops = Ops::connect(&a.target).await?;
+    let ctx = onoff_fn_common::ctx_from_clients(ops.settings.clone(), &ops.clients);
+    let now = now();
+    let listed = ctx
+        .workers
+        .list_live()
+        .await
+        .map_err(|e| anyhow::anyhow!("reading the workers table: {e}"))?;
+    let jobs = ops.all_jobs().await?;
+    let unavailable = ctx
+        .avail
+        .unavailable(now)
+        .await
+        .map_err(|e| anyhow::anyhow!("reading the unavailable offerings: {e}"))?;
+    let instances = ctx.fleet.describe_managed().await.map_err(|e| e.to_string());
+    let mut r = report(listed.items, instances, &jobs, unavailable, a.lane.as_deref(), now);
+    r.unreadable = listed.unreadable;
+    if ops.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", render(&r, now));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use onoff_policy::OfferingKey;
+
+    fn key(t: &str, zone: &str, c: CapacityType) -> OfferingKey {
+        OfferingKey {
+            instance_type: t.into(),
+            zone: zone.into(),
+            capacity_type: c,
+        }
+    }
+
+    fn instance(id: &str, state: &str) -> ManagedInstance {
+        ManagedInstance {
+            instance_id: id.into(),
+            instance_type: "g5.xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity_type: CapacityType::Spot,
+            state: state.into(),
+            lane: Some("standard".into()),
+            project: None,
+            job: None,
+            launched_at: Some(900.0),
+        }
+    }
+
+    #[test]
+    fn a_report_joins_rows_jobs_instances_and_marks() {
+        let now = 1000.0;
+        let spot = key("g5.xlarge", "us-east-1a", CapacityType::Spot);
+        let busy = WorkerRecord {
+            state: WorkerState::Running,
+            heartbeat_at: Some(990.0),
+            ..WorkerRecord::launched("i-busy", "standard", spot.clone(), 0.5, 100.0)
+        };
+        let idle = WorkerRecord {
+            state: WorkerState::Idle,
+            idle_since: Some(940.0),
+            hold_until: Some(1300.0),
+            ..WorkerRecord::launched("i-idle", "standard", spot.clone(), 0.25, 50.0)
+        };
+        let gone = WorkerRecord::launched("i-gone", "express", spot.clone(), 1.0, 200.0);
+        let spec: onoff_control::job::JobSpec =
+            serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p"}"#).unwrap();
+        let mut job = JobRecord::new("job-1".into(), spec.clone(), "test".into(), 10.0);
+        job.state = JobState::Running;
+        job.lease_owner = Some("i-busy".into());
+        let mut done = JobRecord::new("job-0".into(), spec, "test".into(), 5.0);
+        done.state = JobState::Succeeded;
+        done.lease_owner = Some("i-idle".into());
+        let quota = QuotaMark {
+            bucket: onoff_control::quota::QuotaBucket::of("g5.xlarge"),
+            capacity: CapacityType::Spot,
+            vcpus: 4,
+            until: 1180.0,
+        };
+        let marks = vec![
+            UnavailableOffering {
+                key: key("g5.2xlarge", "us-east-1b", CapacityType::Spot),
+                until: 1100.0,
+            },
+            UnavailableOffering {
+                key: key("g5.4xlarge", "us-east-1b", CapacityType::Spot),
+                until: 999.0,
+            },
+            UnavailableOffering {
+                key: quota.key(),
+                until: quota.until,
+            },
+        ];
+        let r = report(
+            vec![gone, idle, busy],
+            Ok(vec![
+                instance("i-busy", "running"),
+                instance("i-idle", "running"),
+                instance("i-stray", "pending"),
+            ]),
+            &[job, done],
+            marks,
+            None,
+            now,
+        );
+        let ids: Vec<&str> = r.workers.iter().map(|w| w.instance_id.as_str()).collect();
+        assert_eq!(ids, ["i-gone", "i-idle", "i-busy"], "by lane, then launch");
+        let busy = &r.workers[2];
+        assert_eq!(busy.job.as_deref(), Some("job-1"));
+        assert_eq!(
+            (busy.state, busy.up_s, busy.heartbeat_age_s),
+            ("Running", 900.0, Some(10.0))
+        );
+        let idle = &r.workers[1];
+        assert_eq!(idle.job, None, "a finished job's lease owner is not its worker's job");
+        assert_eq!((idle.idle_s, idle.hold_until), (Some(60.0), Some(1300.0)));
+        assert_eq!(r.workers[0].ec2_state, None, "no instance backs i-gone");
+        assert_eq!(busy.ec2_state.as_deref(), Some("running"));
+        assert_eq!(r.counts, [("Pending", 1), ("Running", 1), ("Idle", 1), ("Draining", 0)]);
+        assert!((r.usd_per_h - 1.75).abs() < 1e-12);
+        assert_eq!(r.unregistered.len(), 1);
+        assert_eq!(r.unregistered[0].instance_id, "i-stray");
+        assert_eq!(r.unavailable_offerings.len(), 1, "the expired mark is left out");
+        assert_eq!(r.unavailable_offerings[0].instance_type, "g5.2xlarge");
+        assert_eq!(r.full_quotas.len(), 1);
+        assert_eq!(r.full_quotas[0].code, Some("L-3819A6DF"));
+        let text = render(&r, now);
+        for needle in [
+            "3 worker(s) (1 pending, 1 running, 1 idle): $1.7500/h",
+            "idle 60s, held 5m00s more",
+            "gone: EC2 lists no pending or running instance",
+            "instance i-stray (g5.xlarge us-east-1a spot, pending, up 100s) has no worker row",
+            "All G and VT Spot Instance Requests",
+            "--quota-code L-3819A6DF",
+            "g5.2xlarge us-east-1b spot until",
+        ] {
+            assert!(text.contains(needle), "{needle:?} in:\n{text}");
+        }
+        // One lane: its workers and instances only.
+        let express = report(
+            vec![WorkerRecord::launched("i-gone", "express", spot, 1.0, 200.0)],
+            Ok(vec![instance("i-stray", "pending")]),
+            &[],
+            Vec::new(),
+            Some("express"),
+            now,
+        );
+        assert_eq!(express.workers.len(), 1);
+        assert!(express.unregistered.is_empty(), "i-stray is the standard lane's");
+    }
+
+    #[test]
+    fn no_workers_cost_nothing() {
+        let r = report(Vec::new(), Ok(Vec::new()), &[], Vec::new(), None, 10.0);
+        let text = render(&r, 10.0);
+        assert!(text.starts_with("no live workers\n"), "{text}");
+        assert!(text.contains("0 worker(s): $0.0000/h"), "{text}");
+    }
+
+    #[test]
+    fn ec2_unread_is_said_and_nothing_is_called_gone() {
+        let w = WorkerRecord::launched(
+            "i-1",
+            "standard",
+            key("g5.xlarge", "us-east-1a", CapacityType::OnDemand),
+            1.0,
+            0.0,
+        );
+        let r = report(
+            vec![w],
+            Err("UnauthorizedOperation: no".into()),
+            &[],
+            Vec::new(),
+            None,
+            10.0,
+        );
+        assert_eq!(r.workers[0].ec2_state, None);
+        let text = render(&r, 10.0);
+        assert!(text.contains("EC2 not read (UnauthorizedOperation: no)"), "{text}");
+        assert!(!text.contains("gone:"), "{text}");
+        let row = text.lines().find(|l| l.contains("i-1")).expect("the worker's row");
+        assert!(
+            row.trim_end_matches(['│', ' ']).ends_with('?'),
+            "EC2's state unknown: {row}"
+        );
+    }
+}
