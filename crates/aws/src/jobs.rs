@@ -287,9 +287,18 @@ impl JobStore for DynamoJobs {
                 Some(item) => Ok(Claim::Claimed(Box::new(record_from_item(item)?))),
                 None => Err(StoreError::Other(format!("claim of {id} returned no item"))),
             },
-            Err(e) if condition_failed(&e) => Ok(match self.state_of(id).await? {
+            // Refused: by the row as it is, or by this very claim, written on an earlier try whose
+            // answer was lost (the SDK retried it; `claimed_at` is this claim's own time).
+            Err(e) if condition_failed(&e) => Ok(match self.get(id).await? {
                 None => Claim::Unknown,
-                Some(st) => Claim::NotClaimable(st),
+                Some(r)
+                    if r.state == JobState::Running
+                        && r.lease_owner.as_deref() == Some(owner)
+                        && r.claimed_at == Some(now) =>
+                {
+                    Claim::Claimed(Box::new(r))
+                }
+                Some(r) => Claim::NotClaimable(r.state),
             }),
             Err(e) => Err(store_error("claim job", &e)),
         }
@@ -396,14 +405,17 @@ impl JobStore for DynamoJobs {
             Ok(_) => Ok(()),
             Err(e) if condition_failed(&e) => {
                 // A cancel asked for since the claim: end it CANCELLED instead, still only under
-                // this lease.
+                // this lease. Or this settle itself, written on an earlier try whose answer was
+                // lost (the SDK retried it): done.
                 match self.get(id).await? {
+                    Some(r) if settle.written_on(&r) => Ok(()),
                     Some(r) if r.cancel_requested && r.lease_owner.as_deref() == Some(owner) => {
                         match lease(&cancelled(settle)).send().await {
                             Ok(_) => Ok(()),
-                            Err(e) if condition_failed(&e) => {
-                                Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")))
-                            }
+                            Err(e) if condition_failed(&e) => match self.get(id).await? {
+                                Some(r) if cancelled(settle).written_on(&r) => Ok(()),
+                                _ => Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}"))),
+                            },
                             Err(e) => Err(store_error("finish cancelled job", &e)),
                         }
                     }
@@ -528,6 +540,8 @@ impl JobStore for DynamoJobs {
         match lease(settle).send().await {
             Ok(_) => Ok(()),
             Err(e) if condition_failed(&e) => match self.get(id).await? {
+                // Written on an earlier try whose answer was lost (the SDK retried it): done.
+                Some(r) if settle.written_on(&r) => Ok(()),
                 Some(r)
                     if r.cancel_requested
                         && r.lease_owner.as_deref() == Some(owner)
@@ -535,7 +549,10 @@ impl JobStore for DynamoJobs {
                 {
                     match lease(&cancelled(settle)).send().await {
                         Ok(_) => Ok(()),
-                        Err(e) if condition_failed(&e) => Err(changed()),
+                        Err(e) if condition_failed(&e) => match self.get(id).await? {
+                            Some(r) if cancelled(settle).written_on(&r) => Ok(()),
+                            _ => Err(changed()),
+                        },
                         Err(e) => Err(store_error("cancel job with a lost lease", &e)),
                     }
                 }

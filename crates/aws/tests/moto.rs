@@ -1096,6 +1096,186 @@ async fn two_workers_claiming_one_job_get_one_claim() {
     );
 }
 
+/// Loses the answer of the next `UpdateItem` that DynamoDB applied, once armed: the response
+/// becomes an HTTP 500 `InternalServerError`, as when a connection drops after the write. The
+/// SDK's retry then sends the same request again, which, being conditional, fails its own
+/// condition against the row the first try wrote.
+#[derive(Debug, Clone, Default)]
+struct LoseAnswer {
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    lost: std::sync::Arc<AtomicU32>,
+}
+
+impl LoseAnswer {
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+}
+
+impl aws_sdk_dynamodb::config::Intercept for LoseAnswer {
+    fn name(&self) -> &'static str {
+        "LoseAnswer"
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextMut<'_>,
+        _runtime_components: &aws_sdk_dynamodb::config::RuntimeComponents,
+        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let update = cfg
+            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
+            .is_some_and(|m| m.name() == "UpdateItem");
+        let response = context.response_mut();
+        if update && response.status().as_u16() == 200 && self.armed.swap(false, Ordering::SeqCst) {
+            *response.status_mut() = 500u16.try_into().expect("a status");
+            response.headers_mut().remove("x-amz-crc32");
+            response.headers_mut().remove("content-length");
+            *response.body_mut() = aws_smithy_types::body::SdkBody::from(
+                r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"the answer was lost"}"#,
+            );
+            self.lost.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+}
+
+/// A lease holder's write that DynamoDB applied but whose answer was lost is retried by the SDK,
+/// and the retry fails its own condition ("the expected condition is not met after the first
+/// update", DynamoDB Developer Guide). The store reads the row back and takes its own write as
+/// done: a claim is the worker's, a settle (with or without an attempt record) and a re-queue of
+/// a lost lease are done, not a lost lease or a conflict. Once, each write is applied once.
+#[tokio::test]
+async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
+    use onoff_aws::jobs::DynamoJobs;
+    use onoff_control::job::{AttemptEnd, AttemptRecord, RerunLimits, Settle};
+    use onoff_control::ports::{Claim, JobStore};
+    use onoff_control::submit::{submit, Source, Submitted};
+    let conf = conf().await;
+    let c = Clients::from_conf(&conf);
+    let lose = LoseAnswer::default();
+    let lossy = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&conf)
+            .interceptor(lose.clone())
+            .build(),
+    );
+    let table_name = unique("jobs");
+    onoff_aws::provision::jobs_table(&c, &table_name).await.unwrap();
+    let url = c
+        .sqs
+        .create_queue()
+        .queue_name(unique("standard"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let jobs = DynamoJobs::new(lossy, &table_name);
+    let queue = SqsQueues::new(c.sqs.clone(), vec![("standard".into(), url)]);
+    let limits = RerunLimits::default();
+    let now = 1_700_000_000.0;
+    let mut ids = Vec::new();
+    for token in ["lost-1", "lost-2"] {
+        let spec = format!(r#"{{"image":"img","command":["x"],"project":"p","client_token":"{token}"}}"#);
+        let Submitted::New(id) = submit(
+            &spec,
+            &Source::Sqs {
+                message_id: token.into(),
+            },
+            &["standard"],
+            now,
+            &jobs,
+            &queue,
+        )
+        .await
+        .unwrap() else {
+            panic!("a new job")
+        };
+        ids.push(id);
+    }
+
+    // The claim: the worker's, not "someone else's RUNNING job" (its message would be deleted
+    // and the job left running until its lease ran out).
+    lose.arm();
+    let Claim::Claimed(rec) = jobs.claim(&ids[0], "i-a", now + 300.0, now).await.unwrap() else {
+        panic!("the claim whose answer was lost is the worker's")
+    };
+    assert_eq!(lose.lost.load(Ordering::SeqCst), 1, "the answer was lost");
+    assert_eq!((rec.lease_owner.as_deref(), rec.attempts), (Some("i-a"), 1));
+    // Another worker's claim at another time is still refused.
+    assert_eq!(
+        jobs.claim(&ids[0], "i-b", now + 400.0, now + 100.0).await.unwrap(),
+        Claim::NotClaimable(JobState::Running)
+    );
+
+    // The settle of a success, with its attempt record: done, not a lost lease (the agent would
+    // not upload the outputs of a job its row says SUCCEEDED).
+    let mut done = Settle::of(&rec, &AttemptEnd::Succeeded, &limits);
+    done.attempt = Some(AttemptRecord {
+        n: 1,
+        instance_id: "i-a".into(),
+        instance_type: Some("g5.xlarge".into()),
+        capacity_type: Some("spot".into()),
+        price_usd_per_h: Some(0.4),
+        started_at: now,
+        ended_at: now + 60.0,
+        outcome: "succeeded".into(),
+        exit_code: Some(0),
+        checkpoint: None,
+        seconds: 60.0,
+        cost_usd: 0.4 / 60.0,
+    });
+    lose.arm();
+    jobs.finish(&ids[0], "i-a", &done, now + 60.0).await.unwrap();
+    assert_eq!(lose.lost.load(Ordering::SeqCst), 2);
+    let rec = jobs.get(&ids[0]).await.unwrap().unwrap();
+    assert_eq!((rec.state, rec.lease_owner.as_deref()), (JobState::Succeeded, None));
+    assert_eq!(rec.attempt_log, [done.attempt.clone().unwrap()], "appended once");
+    // A settle this lease never wrote is still refused.
+    let other = Settle {
+        attempt: Some(AttemptRecord {
+            ended_at: now + 61.0,
+            ..done.attempt.clone().unwrap()
+        }),
+        ..done.clone()
+    };
+    assert!(matches!(
+        jobs.finish(&ids[0], "i-a", &other, now + 61.0).await,
+        Err(StoreError::Conflict(_))
+    ));
+
+    // A hand-back (no attempt record): done on the retry too.
+    let Claim::Claimed(rec) = jobs.claim(&ids[1], "i-c", now + 300.0, now).await.unwrap() else {
+        panic!("claimed")
+    };
+    let back = Settle::of(&rec, &AttemptEnd::HandedBack("too small".into()), &limits);
+    lose.arm();
+    jobs.finish(&ids[1], "i-c", &back, now + 5.0).await.unwrap();
+    assert_eq!(lose.lost.load(Ordering::SeqCst), 3);
+    let rec = jobs.get(&ids[1]).await.unwrap().unwrap();
+    assert_eq!(
+        (rec.state, rec.attempts, rec.hand_backs, rec.lease_owner.clone()),
+        (JobState::Queued, 0, 1, None)
+    );
+
+    // The reaper's re-queue of a lost lease: done on the retry, so its wake-up message is sent.
+    let Claim::Claimed(rec) = jobs.claim(&ids[1], "i-d", now + 300.0, now + 10.0).await.unwrap() else {
+        panic!("claimed again")
+    };
+    let lost = Settle::of(&rec, &AttemptEnd::LeaseLost("worker gone".into()), &limits);
+    lose.arm();
+    jobs.requeue_lost(&ids[1], "i-d", now + 300.0, &lost, now + 400.0)
+        .await
+        .unwrap();
+    assert_eq!(lose.lost.load(Ordering::SeqCst), 4);
+    let rec = jobs.get(&ids[1]).await.unwrap().unwrap();
+    assert_eq!(
+        (rec.state, rec.lease_expiries, rec.lease_owner),
+        (JobState::Queued, 1, None)
+    );
+}
+
 #[tokio::test]
 async fn a_spot_warning_drains_the_worker_and_marks_its_offering_once() {
     use onoff_control::interruption::{handle_event, Handled};

@@ -504,6 +504,30 @@ impl Settle {
         s.reason = s.reason.map(bounded_reason);
         s
     }
+
+    /// Whether row `r` already shows this settle written: its lease holder's write landed, its
+    /// answer was lost (a 5xx or a timeout), and the SDK sent it again, which fails its own
+    /// condition ("the expected condition is not met after the first update", DynamoDB Developer
+    /// Guide, "Working with items and attributes", conditional writes). The store reads the row
+    /// back and takes such a write as done instead of as a lost lease.
+    ///
+    /// An attempt that ran is known by its record in the attempt log: its instance, start and end
+    /// are that lease's alone, and only its settle appends it (the row may have moved on since:
+    /// claimed again, even settled again). A settle with no attempt (a hand-back, a release before
+    /// the job started) by the row having left the lease in this settle's state (or CANCELLED, a
+    /// cancel having been asked for) with exactly its counts.
+    #[must_use]
+    pub fn written_on(&self, r: &crate::ports::JobRecord) -> bool {
+        match &self.attempt {
+            Some(a) => r.attempt_log.iter().any(|x| x == a),
+            None => {
+                r.lease_owner.is_none()
+                    && (r.state == self.to || (r.cancel_requested && r.state == JobState::Cancelled))
+                    && (r.attempts, r.hand_backs, r.lease_expiries)
+                        == (self.attempts, self.hand_backs, self.lease_expiries)
+            }
+        }
+    }
 }
 
 /// Bytes of a reason a job's row keeps ([`Settle::reason`]). A reason quotes what failed (an
@@ -671,6 +695,72 @@ mod tests {
         (r.state, r.attempts, r.hand_backs, r.lease_expiries) =
             (JobState::Running, attempts, hand_backs, lease_expiries);
         r
+    }
+
+    /// The row as a settle leaves it (what the store's update writes).
+    fn settled(r: &crate::ports::JobRecord, s: &Settle) -> crate::ports::JobRecord {
+        let mut after = r.clone();
+        (after.state, after.attempts, after.hand_backs, after.lease_expiries) =
+            (s.to, s.attempts, s.hand_backs, s.lease_expiries);
+        after.lease_owner = None;
+        after.attempt_log.extend(s.attempt.clone());
+        after
+    }
+
+    #[test]
+    fn a_settle_knows_its_own_write_on_the_row_and_no_other() {
+        let limits = RerunLimits::default();
+        let mut held = running(1, 0, 0);
+        held.lease_owner = Some("i-a".into());
+        let attempt = |ended_at: f64| AttemptRecord {
+            n: 1,
+            instance_id: "i-a".into(),
+            instance_type: None,
+            capacity_type: None,
+            price_usd_per_h: None,
+            started_at: 10.0,
+            ended_at,
+            outcome: "failed".into(),
+            exit_code: Some(1),
+            checkpoint: None,
+            seconds: 5.0,
+            cost_usd: 0.0,
+        };
+        let mut ran = Settle::of(&held, &AttemptEnd::Failed("exit code 1".into()), &limits);
+        ran.attempt = Some(attempt(15.0));
+        let row = settled(&held, &ran);
+        assert!(!ran.written_on(&held), "not before it is written");
+        assert!(ran.written_on(&row));
+        // Known by its attempt record even after the row moved on (claimed again).
+        let mut again = row.clone();
+        (again.state, again.lease_owner, again.attempts) = (JobState::Running, Some("i-b".into()), 2);
+        assert!(ran.written_on(&again));
+        // Another attempt's end (another time) is not this one.
+        let other = Settle {
+            attempt: Some(attempt(16.0)),
+            ..ran.clone()
+        };
+        assert!(!other.written_on(&row));
+        // Without an attempt record: the state and counts it leaves, and no lease.
+        let back = Settle::of(&held, &AttemptEnd::HandedBack("too small".into()), &limits);
+        let row = settled(&held, &back);
+        assert!(back.written_on(&row));
+        assert!(!back.written_on(&held), "still leased");
+        let mut claimed = row.clone();
+        (claimed.state, claimed.lease_owner, claimed.attempts) = (JobState::Running, Some("i-b".into()), 1);
+        assert!(
+            !back.written_on(&claimed),
+            "claimed again: not told apart, not taken as done"
+        );
+        let mut reaped = row.clone();
+        reaped.lease_expiries += 1;
+        assert!(!back.written_on(&reaped), "other counts: another writer's settle");
+        // CANCELLED instead, when a cancel was asked for.
+        let mut cancelled = row.clone();
+        cancelled.state = JobState::Cancelled;
+        assert!(!back.written_on(&cancelled));
+        cancelled.cancel_requested = true;
+        assert!(back.written_on(&cancelled));
     }
 
     #[test]
