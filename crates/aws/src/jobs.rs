@@ -640,9 +640,9 @@ impl DynamoJobs {
             .expression_attribute_values(":c", n(cost_usd));
         req = match checkpoint {
             Some(c) => req
-                .update_expression("SET last_checkpoint = :k ADD cost_usd :c")
+                .update_expression("SET last_checkpoint = :k, cost_usd = :c")
                 .expression_attribute_values(":k", s(c)),
-            None => req.update_expression("ADD cost_usd :c"),
+            None => req.update_expression("SET cost_usd = :c"),
         };
         match req.send().await {
             Ok(_) => Ok(()),

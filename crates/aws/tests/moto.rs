@@ -1044,7 +1044,7 @@ async fn two_workers_claiming_one_job_get_one_claim() {
     jobs.record_progress(&id, &holder, Some("checkpoints/j/00000000000000000003/"), 0.5)
         .await
         .unwrap();
-    jobs.record_progress(&id, &holder, None, 0.25).await.unwrap();
+    jobs.record_progress(&id, &holder, None, 0.75).await.unwrap();
     assert!(matches!(
         jobs.record_progress(&id, "i-intruder", None, 1.0).await,
         Err(StoreError::Conflict(_))
@@ -1144,7 +1144,8 @@ impl aws_sdk_dynamodb::config::Intercept for LoseAnswer {
 /// and the retry fails its own condition ("the expected condition is not met after the first
 /// update", DynamoDB Developer Guide). The store reads the row back and takes its own write as
 /// done: a claim is the worker's, a settle (with or without an attempt record) and a re-queue of
-/// a lost lease are done, not a lost lease or a conflict. Once, each write is applied once.
+/// a lost lease are done, not a lost lease or a conflict; a progress record sets the cost so far,
+/// so the retry counts nothing twice. Each write is applied once.
 #[tokio::test]
 async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     use onoff_aws::jobs::DynamoJobs;
@@ -1259,6 +1260,17 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
         (JobState::Queued, 0, 1, None)
     );
 
+    // Progress: the cost so far is a value, so a retried write counts no stretch twice.
+    let Claim::Claimed(rec) = jobs.claim(&ids[1], "i-c", now + 300.0, now + 6.0).await.unwrap() else {
+        panic!("claimed again")
+    };
+    lose.arm();
+    jobs.record_progress(&ids[1], "i-c", None, 0.5).await.unwrap();
+    assert_eq!(lose.lost.load(Ordering::SeqCst), 4);
+    assert_eq!(jobs.get(&ids[1]).await.unwrap().unwrap().cost_usd, 0.5);
+    let back = Settle::of(&rec, &AttemptEnd::Released("spot notice".into()), &limits);
+    jobs.finish(&ids[1], "i-c", &back, now + 8.0).await.unwrap();
+
     // The reaper's re-queue of a lost lease: done on the retry, so its wake-up message is sent.
     let Claim::Claimed(rec) = jobs.claim(&ids[1], "i-d", now + 300.0, now + 10.0).await.unwrap() else {
         panic!("claimed again")
@@ -1268,7 +1280,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     jobs.requeue_lost(&ids[1], "i-d", now + 300.0, &lost, now + 400.0)
         .await
         .unwrap();
-    assert_eq!(lose.lost.load(Ordering::SeqCst), 4);
+    assert_eq!(lose.lost.load(Ordering::SeqCst), 5);
     let rec = jobs.get(&ids[1]).await.unwrap().unwrap();
     assert_eq!(
         (rec.state, rec.lease_expiries, rec.lease_owner),

@@ -847,7 +847,7 @@ impl crate::ports::JobStore for FakeJobs {
         if let Some(c) = checkpoint {
             r.last_checkpoint = Some(c.into());
         }
-        r.cost_usd += cost_usd;
+        r.cost_usd = cost_usd;
         Ok(())
     }
 

@@ -545,7 +545,9 @@ pub trait JobStore {
     async fn active(&self) -> Result<Listing<JobRecord>, StoreError>;
 
     /// While `owner` holds the lease: set the job's last complete checkpoint (an S3 prefix) and
-    /// add `cost_usd` to its cost so far.
+    /// its cost so far, `cost_usd` ($, every attempt's: the cost the claim returned plus this
+    /// attempt's so far). A value, not an increment: a write whose answer was lost and that the
+    /// SDK sends again sets the same cost instead of counting a stretch twice.
     ///
     /// # Errors
     /// [`StoreError::Conflict`] when `owner` does not hold the lease (the job was re-queued or

@@ -163,7 +163,9 @@ fn only_the_lease_holder_records_progress() {
     };
     pollster::block_on(jobs.claim(&id, "i-a", NOW + 300.0, NOW)).unwrap();
     pollster::block_on(jobs.record_progress(&id, "i-a", Some("checkpoints/x/00000000000000000001/"), 0.25)).unwrap();
-    pollster::block_on(jobs.record_progress(&id, "i-a", None, 0.5)).unwrap();
+    // The cost so far is a value: the latest write's, not a sum of writes.
+    pollster::block_on(jobs.record_progress(&id, "i-a", None, 0.75)).unwrap();
+    pollster::block_on(jobs.record_progress(&id, "i-a", None, 0.75)).unwrap();
     let err = pollster::block_on(jobs.record_progress(&id, "i-b", Some("checkpoints/x/2/"), 9.0)).unwrap_err();
     assert!(matches!(err, StoreError::Conflict(_)));
     let r = pollster::block_on(jobs.get(&id)).unwrap().unwrap();

@@ -1444,10 +1444,13 @@ where
         if checkpoint.is_some() {
             report.checkpoint.clone_from(&checkpoint);
         }
+        // The job's cost so far as a value (what the claim returned plus this attempt's), not an
+        // increment: a retried write whose first answer was lost sets the same value.
+        let total_usd = job.cost_usd + report.cost_usd;
         if let Err(e) = self
             .deps
             .jobs
-            .record_progress(&job.id, self.id(), checkpoint.as_deref(), delta_usd)
+            .record_progress(&job.id, self.id(), checkpoint.as_deref(), total_usd)
             .await
         {
             tracing::warn!(job = %job.id, error = %e, "record progress");

@@ -393,7 +393,18 @@ async fn a_spot_notice_checkpoints_releases_without_counting_and_another_worker_
     assert!((45..=60).contains(&done_before), "{done_before}");
     // Only the remaining items were processed on the second worker (about 200 - 50 seconds).
     assert!(j.seconds < 160.0, "{}", j.seconds);
-    assert_eq!(job(&w, "job-1").state, JobState::Succeeded);
+    let rec = job(&w, "job-1");
+    assert_eq!(rec.state, JobState::Succeeded);
+    // The row's cost is both attempts': each worker records the cost so far as a value, the
+    // second from what its claim returned.
+    assert!(r.jobs[0].cost_usd > 0.0 && j.cost_usd > 0.0);
+    assert!(
+        (rec.cost_usd - (r.jobs[0].cost_usd + j.cost_usd)).abs() < 1e-12,
+        "{} for {} + {}",
+        rec.cost_usd,
+        r.jobs[0].cost_usd,
+        j.cost_usd
+    );
 }
 
 #[tokio::test(start_paused = true)]
