@@ -872,21 +872,23 @@ pub async fn logs(a: LogsArgs) -> Result<()> {
                 }
             }
             let next = p.next_forward_token().map(str::to_string);
-            // The same token twice: the end of the stream for now.
-            if next == token && got == 0 && !a.follow {
-                break;
+            match log_page_step(token.as_deref(), next.as_deref(), got, a.follow) {
+                LogStep::Stop => break,
+                LogStep::NextPage => {
+                    token = next;
+                    if got > 0 {
+                        quiet_since = std::time::Instant::now();
+                    }
+                    continue;
+                }
+                LogStep::Wait => token = next,
             }
-            token = next;
         } else if !a.follow {
             bail!(
                 "no log for attempt {n} of {} (it has {} attempt(s); lines appear once its process prints)",
                 a.job,
                 latest
             );
-        }
-        if got > 0 {
-            quiet_since = std::time::Instant::now();
-            continue;
         }
         if !a.follow {
             break;
@@ -899,6 +901,31 @@ pub async fn logs(a: LogsArgs) -> Result<()> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     Ok(())
+}
+
+/// What `onoff logs` does after a page of GetLogEvents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LogStep {
+    /// Ask for the next page at once.
+    NextPage,
+    /// The end of the stream for now: wait for more (following).
+    Wait,
+    /// The end of the stream (not following).
+    Stop,
+}
+
+/// After a page of `got` events read with `token` that gave `next` as its forward token. A page
+/// may be empty while more events lie further on ("This operation can return empty results while
+/// there are more log events available through the token", CloudWatch Logs API Reference,
+/// GetLogEvents): only the same token back means the end of the stream for now.
+fn log_page_step(token: Option<&str>, next: Option<&str>, got: usize, follow: bool) -> LogStep {
+    if got > 0 || next != token {
+        LogStep::NextPage
+    } else if follow {
+        LogStep::Wait
+    } else {
+        LogStep::Stop
+    }
 }
 
 // ---- cancel -------------------------------------------------------------------------------------
@@ -1276,4 +1303,20 @@ pub async fn cost(a: CostArgs) -> Result<()> {
     }
     println!("({})", report.note);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{log_page_step, LogStep};
+
+    #[test]
+    fn logs_read_past_empty_pages_until_the_token_repeats() {
+        // An empty page with a new token: more events may lie further on.
+        assert_eq!(log_page_step(Some("f/1"), Some("f/2"), 0, false), LogStep::NextPage);
+        assert_eq!(log_page_step(None, Some("f/1"), 0, false), LogStep::NextPage);
+        assert_eq!(log_page_step(Some("f/1"), Some("f/2"), 3, false), LogStep::NextPage);
+        // The same token back with nothing on the page: the end, for now.
+        assert_eq!(log_page_step(Some("f/2"), Some("f/2"), 0, false), LogStep::Stop);
+        assert_eq!(log_page_step(Some("f/2"), Some("f/2"), 0, true), LogStep::Wait);
+    }
 }

@@ -583,14 +583,22 @@ where
         }
     }
 
-    /// One message from the lanes, preferred lane first; long-polls the last lane for `wait_s`.
+    /// One message from the lanes, preferred lane first; long-polls the last lane for what is
+    /// left of `wait_s`. A preferred lane is long-polled too, for a second (when `wait_s` allows
+    /// one): a short poll asks only a sample of SQS's servers and may miss the few messages of a
+    /// quiet queue ("Amazon SQS short and long polling"), which would hand the worker a lower
+    /// lane's job first.
     async fn receive(&self, wait_s: f64) -> Option<Message> {
         let visibility = self.cfg.lease_s.ceil() as u32;
+        let total = wait_s.floor().max(0.0) as u32;
+        let preferred = u32::try_from(self.lanes.len().saturating_sub(1)).unwrap_or(u32::MAX);
+        // A second per preferred lane, when the whole wait has room for them and the last lane.
+        let each = u32::from(total > preferred);
         for (i, lane) in self.lanes.iter().enumerate() {
             let wait = if i + 1 == self.lanes.len() {
-                wait_s.floor().max(0.0) as u32
+                total - each * preferred
             } else {
-                0
+                each
             };
             let started = Instant::now();
             match self.deps.inbox.receive(lane, wait, visibility).await {

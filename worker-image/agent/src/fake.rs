@@ -102,9 +102,20 @@ pub struct FakeInbox {
     messages: Mutex<Vec<Queued>>,
     visibility_changes: Mutex<Vec<(String, u32)>>,
     limits: SqsLimits,
+    short_polls_miss: bool,
 }
 
 impl FakeInbox {
+    /// Queues whose short polls (a receive that waits 0 s) find nothing, whatever they hold: the
+    /// worst SQS allows. A short poll asks a sample of SQS's servers only, and "if the number of
+    /// messages in the queue is extremely small, you might not receive any messages" (Amazon SQS
+    /// Developer Guide, "Amazon SQS short and long polling"); a long poll asks them all.
+    #[must_use]
+    pub fn with_short_polls_missing(mut self) -> Self {
+        self.short_polls_miss = true;
+        self
+    }
+
     /// Queues with other limits than AWS's defaults.
     pub fn with_limits(limits: SqsLimits) -> Self {
         Self {
@@ -231,6 +242,9 @@ impl onoff_control::ports::JobQueue for FakeInbox {
 
 impl Inbox for FakeInbox {
     async fn receive(&self, lane: &str, wait_s: u32, visibility_s: u32) -> Result<Option<Message>, String> {
+        if wait_s == 0 && self.short_polls_miss {
+            return Ok(None);
+        }
         if let Some(m) = self.take(lane, visibility_s) {
             return Ok(Some(m));
         }

@@ -407,6 +407,49 @@ async fn a_spot_notice_checkpoints_releases_without_counting_and_another_worker_
     );
 }
 
+/// A worker serving two lanes takes the preferred lane's job first even when SQS's short polls
+/// find nothing (the worst SQS allows for a queue of few messages): the preferred lane is
+/// long-polled too.
+#[tokio::test(start_paused = true)]
+async fn the_preferred_lanes_job_comes_first_though_short_polls_miss() {
+    let dir = tempdir("lanes");
+    let w = World {
+        inbox: FakeInbox::default().with_short_polls_missing(),
+        ..World::default()
+    };
+    register(&w, "i-a");
+    w.launcher.script(
+        "work",
+        Script {
+            items: 30,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
+    );
+    submit(&w, "job-standard", "work", 1, 600.0);
+    put_job(&w, "job-express", "work", 1, 600.0);
+    let mut express = job(&w, "job-express");
+    express.spec.lane = "express".into();
+    w.jobs.put(express);
+    w.inbox.send("express", &wake_up_body("job-express", 1));
+    let mut c = cfg(dir.path());
+    c.lanes = vec!["express".into(), "standard".into()];
+    let (r, _) = agent(&w, "i-a", &c).await;
+    let order: Vec<String> = w
+        .launcher
+        .started()
+        .iter()
+        .filter_map(|cmd| {
+            cmd.env
+                .iter()
+                .find(|(k, _)| k == "ONOFF_JOB_ID")
+                .map(|(_, v)| v.clone())
+        })
+        .collect();
+    assert_eq!(order, ["job-express", "job-standard"], "{r:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_idle_worker_deregisters_and_terminates_itself_after_the_idle_timeout() {
     let dir = tempdir("idle");
