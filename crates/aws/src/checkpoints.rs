@@ -398,17 +398,21 @@ impl CheckpointStore for S3Checkpoints {
     async fn latest(&self, job_id: &str) -> Result<Option<CheckpointRef>, StoreError> {
         let base = format!("checkpoints/{job_id}/");
         let mut best: Option<u64> = None;
+        // URL-encoded keys: a file name XML 1.0 cannot carry (a control character) would fail
+        // the whole listing, and the job could never resume.
         let mut pages = self
             .client
             .list_objects_v2()
             .bucket(&self.bucket)
             .prefix(&base)
+            .encoding_type(aws_sdk_s3::types::EncodingType::Url)
             .into_paginator()
             .send();
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| s3_error("list checkpoints", &e))?;
             for o in page.contents() {
-                let Some(rest) = o.key().and_then(|k| k.strip_prefix(&base)) else {
+                let key = o.key().map(crate::objects::url_decoded_key);
+                let Some(rest) = key.as_deref().and_then(|k| k.strip_prefix(&base)) else {
                     continue;
                 };
                 if let Some((seq, name)) = rest.split_once('/') {

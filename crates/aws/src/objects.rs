@@ -11,6 +11,17 @@
 
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 
+/// A key as S3 gives it URL-encoded, decoded: an event's `s3.object.key`, or a listing asked with
+/// `EncodingType=url` (which a key XML 1.0 cannot carry, e.g. with a control character, needs:
+/// ListObjectsV2, `EncodingType`). `+` is a space, `%xx` a byte (as botocore's `unquote_plus`
+/// reads them); a `%` not followed by two hex digits is kept.
+#[must_use]
+pub fn url_decoded_key(key: &str) -> String {
+    percent_encoding::percent_decode_str(&key.replace('+', " "))
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
 /// One object version, as a submission event names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectRef {
@@ -129,6 +140,13 @@ impl S3Objects {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_are_url_decoded() {
+        assert_eq!(url_decoded_key("jobs/my+run%3A1.json"), "jobs/my run:1.json");
+        assert_eq!(url_decoded_key("jobs/100%"), "jobs/100%");
+        assert_eq!(url_decoded_key("a%2Bb%20c%07%C3%BC"), "a+b c\u{7}ü");
+    }
 
     #[test]
     fn the_etag_is_checked_only_without_a_version_id() {

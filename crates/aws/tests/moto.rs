@@ -1426,6 +1426,41 @@ async fn a_checkpoint_with_a_path_too_long_for_s3_is_refused_whole_and_named() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// File names XML 1.0 cannot carry (control characters) or that URL encoding changes (spaces,
+/// `+`, `%`, non-ASCII): S3 lists such keys only URL-encoded ("the XML 1.0 parser can't parse
+/// certain characters, such as characters with an ASCII value from 0 to 10", ListObjectsV2,
+/// `EncodingType`). The latest checkpoint is still found, and comes back byte for byte.
+#[tokio::test]
+async fn checkpoint_files_with_names_xml_cannot_carry_are_listed_and_restored() {
+    use onoff_aws::checkpoints::S3Checkpoints;
+    use onoff_control::ports::CheckpointStore;
+    let c = clients().await;
+    let bucket = unique("onoff-ckpt-names");
+    c.s3.create_bucket().bucket(&bucket).send().await.unwrap();
+    let store = S3Checkpoints::new(c.s3.clone(), &bucket);
+    let dir = std::env::temp_dir().join(unique("ckpt-names"));
+    let names = ["bell\u{7}.bin", "tab\there.bin", "a b+c%41 ü.bin", "plain.bin"];
+    for (i, n) in names.iter().enumerate() {
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(n), vec![i as u8; 10 + i]).unwrap();
+    }
+    let r = store.upload("job-names", 1, &dir).await.unwrap();
+    assert_eq!(r.files.len(), names.len());
+    let latest = store
+        .latest("job-names")
+        .await
+        .unwrap()
+        .expect("the checkpoint is found");
+    assert_eq!(latest, r);
+    let dest = std::env::temp_dir().join(unique("ckpt-names-dst"));
+    store.download(&latest, &dest).await.unwrap();
+    for (i, n) in names.iter().enumerate() {
+        assert_eq!(std::fs::read(dest.join(n)).unwrap(), vec![i as u8; 10 + i], "{n:?}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(&dest).ok();
+}
+
 #[tokio::test]
 async fn checkpoints_of_many_files_and_parts_go_up_and_down_concurrently_byte_for_byte() {
     use onoff_aws::checkpoints::S3Checkpoints;

@@ -1001,6 +1001,8 @@ pub async fn outputs(a: OutputsArgs) -> Result<()> {
         .list_objects_v2()
         .bucket(&ops.bucket)
         .prefix(&prefix)
+        // URL-encoded keys: one XML 1.0 cannot carry (a control character) would fail the listing.
+        .encoding_type(aws_sdk_s3::types::EncodingType::Url)
         .into_paginator()
         .send();
     while let Some(page) = pages.next().await {
@@ -1008,7 +1010,7 @@ pub async fn outputs(a: OutputsArgs) -> Result<()> {
         keys.extend(
             page.contents()
                 .iter()
-                .filter_map(|o| Some((o.key()?.to_string(), o.size().unwrap_or(0)))),
+                .filter_map(|o| Some((onoff_aws::objects::url_decoded_key(o.key()?), o.size().unwrap_or(0)))),
         );
     }
     // What the row says became of the latest upload: a failed one is told, before and whatever

@@ -22,30 +22,6 @@ use onoff_control::ports::{
 use onoff_control::submit::{reject, submit, too_large, Admission, Rules, Source, SubmitError, Submitted};
 use onoff_fn_common::{Ctx, HandlerError, ObjectError, ObjectReader, ObjectRef, ScalerTrigger};
 
-/// S3 event keys are URL-encoded (`+` for space, `%xx`).
-fn decode_key(key: &str) -> String {
-    let bytes = key.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"), 16) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Submit the S3 object version `obj`: its size first (HeadObject), then its bytes, then the spec.
 async fn submit_object<C, J, Q, R>(
     objects: &C,
@@ -174,7 +150,8 @@ where
             let mut results = Vec::new();
             for r in &s3.records {
                 let bucket = r.s3.bucket.name.clone().unwrap_or_default();
-                let key = decode_key(r.s3.object.key.as_deref().unwrap_or_default());
+                // S3 event keys are URL-encoded (`+` for space, `%xx`).
+                let key = onoff_aws::objects::url_decoded_key(r.s3.object.key.as_deref().unwrap_or_default());
                 let etag = r.s3.object.e_tag.clone().unwrap_or_default();
                 let version = r.s3.object.version_id.clone().filter(|v| !v.is_empty() && v != "null");
                 if !key.starts_with("jobs/") {
@@ -235,12 +212,6 @@ mod tests {
     fn sample(name: &str) -> serde_json::Value {
         let text = std::fs::read_to_string(format!("{}/../../events/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap();
         serde_json::from_str(&text).unwrap()
-    }
-
-    #[test]
-    fn keys_are_url_decoded() {
-        assert_eq!(decode_key("jobs/my+run%3A1.json"), "jobs/my run:1.json");
-        assert_eq!(decode_key("jobs/100%"), "jobs/100%");
     }
 
     #[tokio::test]
