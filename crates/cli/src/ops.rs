@@ -533,13 +533,7 @@ pub async fn submit(a: SubmitArgs) -> Result<()> {
         .send()
         .await
         .map_err(|e| anyhow::anyhow!("put s3://{}/{key}: {}", ops.bucket, aws_error(&e)))?;
-    let source = onoff_control::submit::Source::S3 {
-        bucket: ops.bucket.clone(),
-        key: key.clone(),
-        etag: put.e_tag().unwrap_or_default().to_string(),
-        version: put.version_id().map(str::to_string),
-    }
-    .describe();
+    let source = put_source(&ops.bucket, &key, put.e_tag(), put.version_id()).describe();
     let mut state = None;
     if !a.no_wait {
         // The put wakes submit; the row (or an error record) shows within seconds.
@@ -575,6 +569,23 @@ pub async fn submit(a: SubmitArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The source the submit function names an object put at `key` of `bucket` by (its error record's
+/// key): as its S3 event gives it, whose `eTag` is unquoted, where PutObject's `ETag` header
+/// is quoted ("the ETag reflects changes only to the contents of an object", in double quotes).
+fn put_source(
+    bucket: &str,
+    key: &str,
+    etag_header: Option<&str>,
+    version: Option<&str>,
+) -> onoff_control::submit::Source {
+    onoff_control::submit::Source::S3 {
+        bucket: bucket.to_string(),
+        key: key.to_string(),
+        etag: etag_header.unwrap_or_default().trim_matches('"').to_string(),
+        version: version.map(str::to_string),
+    }
 }
 
 // ---- jobs, status ------------------------------------------------------------------------------
@@ -1309,7 +1320,26 @@ pub async fn cost(a: CostArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{log_page_step, LogStep};
+    use super::{log_page_step, put_source, LogStep};
+
+    /// The CLI looks a rejection up under the source the submit function records it by: the S3
+    /// event's unquoted `eTag`, not PutObject's quoted `ETag` header.
+    #[test]
+    fn a_put_is_named_as_its_s3_event_names_it() {
+        let event = onoff_control::submit::Source::S3 {
+            bucket: "b".into(),
+            key: "jobs/job-1.json".into(),
+            etag: "0123456789abcdef0123456789abcdef".into(),
+            version: Some("v1".into()),
+        };
+        let put = put_source(
+            "b",
+            "jobs/job-1.json",
+            Some("\"0123456789abcdef0123456789abcdef\""),
+            Some("v1"),
+        );
+        assert_eq!(put.describe(), event.describe());
+    }
 
     #[test]
     fn logs_read_past_empty_pages_until_the_token_repeats() {
