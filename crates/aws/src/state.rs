@@ -212,7 +212,21 @@ impl WorkerRegistry for DynamoWorkers {
         } else {
             req.update_expression("SET #s = :s")
         };
-        written(req, id, "set worker state").await
+        match req.send().await {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                // Refused, with the row as it is (ALL_OLD): already in `to` is done (this very
+                // write, applied on an earlier try whose answer was lost, or the same end by
+                // another writer).
+                if let Some(UpdateItemError::ConditionalCheckFailedException(c)) = e.as_service_error() {
+                    let state = c.item().and_then(|i| i.get("state")).and_then(|v| v.as_s().ok());
+                    if state.map(String::as_str) == Some(state_name(to)) {
+                        return Ok(true);
+                    }
+                }
+                refused_or_missing(id, "set worker state", &e)
+            }
+        }
     }
 
     async fn set_price_if_unpriced(&self, id: &str, price_usd_per_h: f64) -> Result<bool, StoreError> {

@@ -1145,7 +1145,8 @@ impl aws_sdk_dynamodb::config::Intercept for LoseAnswer {
 /// update", DynamoDB Developer Guide). The store reads the row back and takes its own write as
 /// done: a claim is the worker's, a settle (with or without an attempt record) and a re-queue of
 /// a lost lease are done, not a lost lease or a conflict; a progress record sets the cost so far,
-/// so the retry counts nothing twice. Each write is applied once.
+/// so the retry counts nothing twice; a scale-down's move of a worker to Terminating is done.
+/// Each write is applied once.
 #[tokio::test]
 async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     use onoff_aws::jobs::DynamoJobs;
@@ -1172,6 +1173,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
         .queue_url()
         .unwrap()
         .to_string();
+    let jobs_client = lossy.clone();
     let jobs = DynamoJobs::new(lossy, &table_name);
     let queue = SqsQueues::new(c.sqs.clone(), vec![("standard".into(), url)]);
     let limits = RerunLimits::default();
@@ -1271,6 +1273,43 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     let back = Settle::of(&rec, &AttemptEnd::Released("spot notice".into()), &limits);
     jobs.finish(&ids[1], "i-c", &back, now + 8.0).await.unwrap();
 
+    // A scale-down's move of an idle worker to Terminating: done on the retry, so its instance
+    // is terminated (refused, it would be left running under a Terminating row).
+    let workers = unique("workers");
+    table(&c, &workers, onoff_aws::state::WORKER_KEY).await;
+    let lossy_workers = DynamoWorkers::new(jobs_client.clone(), &workers, ARN_PREFIX);
+    let idle = "i-0aaaaaaaaaaaaaaa7";
+    lossy_workers
+        .register_launch(WorkerRecord {
+            state: WorkerState::Idle,
+            ..WorkerRecord::launched(
+                idle,
+                "standard",
+                key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+                0.4,
+                now,
+            )
+        })
+        .await
+        .unwrap();
+    let lost_before = lose.lost.load(Ordering::SeqCst);
+    lose.arm();
+    assert_eq!(
+        lossy_workers
+            .set_state_if(idle, WorkerState::Terminating, &[WorkerState::Idle])
+            .await,
+        Ok(true)
+    );
+    assert_eq!(lose.lost.load(Ordering::SeqCst), lost_before + 1);
+    // A worker its agent took meanwhile is still refused.
+    lossy_workers.set_state(idle, WorkerState::Running).await.unwrap();
+    assert_eq!(
+        lossy_workers
+            .set_state_if(idle, WorkerState::Terminating, &[WorkerState::Idle])
+            .await,
+        Ok(false)
+    );
+
     // The reaper's re-queue of a lost lease: done on the retry, so its wake-up message is sent.
     let Claim::Claimed(rec) = jobs.claim(&ids[1], "i-d", now + 300.0, now + 10.0).await.unwrap() else {
         panic!("claimed again")
@@ -1280,7 +1319,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     jobs.requeue_lost(&ids[1], "i-d", now + 300.0, &lost, now + 400.0)
         .await
         .unwrap();
-    assert_eq!(lose.lost.load(Ordering::SeqCst), 5);
+    assert_eq!(lose.lost.load(Ordering::SeqCst), lost_before + 2);
     let rec = jobs.get(&ids[1]).await.unwrap().unwrap();
     assert_eq!(
         (rec.state, rec.lease_expiries, rec.lease_owner),

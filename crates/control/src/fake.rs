@@ -383,7 +383,10 @@ impl WorkerRegistry for FakeRegistry {
     }
 
     async fn set_state_if(&self, id: &str, to: WorkerState, from: &[WorkerState]) -> Result<bool, StoreError> {
-        self.write_if(id, |w| from.contains(&w.state), |w| w.state = to)
+        if from.is_empty() {
+            return self.write_if(id, |_| false, |_| {});
+        }
+        self.write_if(id, |w| from.contains(&w.state) || w.state == to, |w| w.state = to)
     }
 
     async fn set_price_if_unpriced(&self, id: &str, price_usd_per_h: f64) -> Result<bool, StoreError> {

@@ -289,8 +289,11 @@ pub trait WorkerRegistry {
     async fn set_state(&self, id: &str, state: WorkerState) -> Result<(), StoreError>;
 
     /// Set a worker's state to `to` only while it is in one of `from` (one conditional write):
-    /// `Ok(true)` when written, `Ok(false)` when the worker is in another state (someone, say its
-    /// agent claiming a job, changed it first). Idempotent when `to` is in `from`.
+    /// `Ok(true)` when written or when the worker already is in `to`, `Ok(false)` when it is in
+    /// another state (someone, say its agent claiming a job, changed it first). Idempotent: a
+    /// write DynamoDB applied whose answer was lost, sent again by the SDK, finds the row in `to`
+    /// and is done, not refused (a scale-down would otherwise leave the instance it marked
+    /// Terminating running).
     ///
     /// # Errors
     /// [`StoreError::NotFound`] when the worker is unknown; store failures.
