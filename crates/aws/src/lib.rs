@@ -13,12 +13,15 @@
 //! - [`queue`]: lane queues on SQS: backlog, send, receive, visibility, delete.
 //! - [`objects`]: job spec objects on S3: size and bytes of the version an event names.
 //! - [`record`]: every call a component makes as a JSON line (for `onoff local`'s IAM checks).
+//! - [`limits`], [`faults`]: against an emulator, AWS's request limits held and AWS's lost answers
+//!   injected, which the emulator has neither of.
 //! - [`provision`]: the template's resources created through the SDK, for a local emulator.
 #![warn(missing_docs)]
 
 pub mod checkpoints;
 mod dynamo;
 pub mod errors;
+pub mod faults;
 pub mod fleet;
 pub mod jobs;
 pub mod limits;

@@ -207,6 +207,10 @@ impl Clients {
                 ec2.interceptor(l),
                 sts.interceptor(l),
             );
+            // And lose the answers of applied writes, when asked to ([`crate::faults`]).
+            if let Some(f) = crate::faults::from_env() {
+                dynamodb = dynamodb.interceptor(f);
+            }
         }
         if let Some(r) = recorder {
             logs = logs.interceptor(r.clone());
@@ -226,6 +230,14 @@ impl Clients {
             lambda: aws_sdk_lambda::Client::from_conf(lambda.build()),
             logs: aws_sdk_cloudwatchlogs::Client::from_conf(logs.build()),
         }
+    }
+
+    /// These clients, their DynamoDB writes losing answers as `f` says ([`crate::faults`]; for
+    /// an emulator: `onoff local --lose-answers`).
+    #[must_use]
+    pub fn losing_answers(mut self, f: crate::faults::LoseAnswers) -> Self {
+        self.dynamodb = aws_sdk_dynamodb::Client::from_conf(self.dynamodb.config().to_builder().interceptor(f).build());
+        self
     }
 }
 

@@ -1096,50 +1096,6 @@ async fn two_workers_claiming_one_job_get_one_claim() {
     );
 }
 
-/// Loses the answer of the next `UpdateItem` that DynamoDB applied, once armed: the response
-/// becomes an HTTP 500 `InternalServerError`, as when a connection drops after the write. The
-/// SDK's retry then sends the same request again, which, being conditional, fails its own
-/// condition against the row the first try wrote.
-#[derive(Debug, Clone, Default)]
-struct LoseAnswer {
-    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    lost: std::sync::Arc<AtomicU32>,
-}
-
-impl LoseAnswer {
-    fn arm(&self) {
-        self.armed.store(true, Ordering::SeqCst);
-    }
-}
-
-impl aws_sdk_dynamodb::config::Intercept for LoseAnswer {
-    fn name(&self) -> &'static str {
-        "LoseAnswer"
-    }
-
-    fn modify_before_deserialization(
-        &self,
-        context: &mut aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextMut<'_>,
-        _runtime_components: &aws_sdk_dynamodb::config::RuntimeComponents,
-        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        let update = cfg
-            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
-            .is_some_and(|m| m.name() == "UpdateItem");
-        let response = context.response_mut();
-        if update && response.status().as_u16() == 200 && self.armed.swap(false, Ordering::SeqCst) {
-            *response.status_mut() = 500u16.try_into().expect("a status");
-            response.headers_mut().remove("x-amz-crc32");
-            response.headers_mut().remove("content-length");
-            *response.body_mut() = aws_smithy_types::body::SdkBody::from(
-                r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"the answer was lost"}"#,
-            );
-            self.lost.fetch_add(1, Ordering::SeqCst);
-        }
-        Ok(())
-    }
-}
-
 /// A lease holder's write that DynamoDB applied but whose answer was lost is retried by the SDK,
 /// and the retry fails its own condition ("the expected condition is not met after the first
 /// update", DynamoDB Developer Guide). The store reads the row back and takes its own write as
@@ -1155,7 +1111,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     use onoff_control::submit::{submit, Source, Submitted};
     let conf = conf().await;
     let c = Clients::from_conf(&conf);
-    let lose = LoseAnswer::default();
+    let lose = onoff_aws::faults::LoseAnswers::when_armed();
     let lossy = aws_sdk_dynamodb::Client::from_conf(
         aws_sdk_dynamodb::config::Builder::from(&conf)
             .interceptor(lose.clone())
@@ -1204,7 +1160,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     let Claim::Claimed(rec) = jobs.claim(&ids[0], "i-a", now + 300.0, now).await.unwrap() else {
         panic!("the claim whose answer was lost is the worker's")
     };
-    assert_eq!(lose.lost.load(Ordering::SeqCst), 1, "the answer was lost");
+    assert_eq!(lose.lost(), 1, "the answer was lost");
     assert_eq!((rec.lease_owner.as_deref(), rec.attempts), (Some("i-a"), 1));
     // Another worker's claim at another time is still refused.
     assert_eq!(
@@ -1231,7 +1187,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     });
     lose.arm();
     jobs.finish(&ids[0], "i-a", &done, now + 60.0).await.unwrap();
-    assert_eq!(lose.lost.load(Ordering::SeqCst), 2);
+    assert_eq!(lose.lost(), 2);
     let rec = jobs.get(&ids[0]).await.unwrap().unwrap();
     assert_eq!((rec.state, rec.lease_owner.as_deref()), (JobState::Succeeded, None));
     assert_eq!(rec.attempt_log, [done.attempt.clone().unwrap()], "appended once");
@@ -1255,7 +1211,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     let back = Settle::of(&rec, &AttemptEnd::HandedBack("too small".into()), &limits);
     lose.arm();
     jobs.finish(&ids[1], "i-c", &back, now + 5.0).await.unwrap();
-    assert_eq!(lose.lost.load(Ordering::SeqCst), 3);
+    assert_eq!(lose.lost(), 3);
     let rec = jobs.get(&ids[1]).await.unwrap().unwrap();
     assert_eq!(
         (rec.state, rec.attempts, rec.hand_backs, rec.lease_owner.clone()),
@@ -1268,7 +1224,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     };
     lose.arm();
     jobs.record_progress(&ids[1], "i-c", None, 0.5).await.unwrap();
-    assert_eq!(lose.lost.load(Ordering::SeqCst), 4);
+    assert_eq!(lose.lost(), 4);
     assert_eq!(jobs.get(&ids[1]).await.unwrap().unwrap().cost_usd, 0.5);
     let back = Settle::of(&rec, &AttemptEnd::Released("spot notice".into()), &limits);
     jobs.finish(&ids[1], "i-c", &back, now + 8.0).await.unwrap();
@@ -1292,7 +1248,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
         })
         .await
         .unwrap();
-    let lost_before = lose.lost.load(Ordering::SeqCst);
+    let lost_before = lose.lost();
     lose.arm();
     assert_eq!(
         lossy_workers
@@ -1300,7 +1256,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
             .await,
         Ok(true)
     );
-    assert_eq!(lose.lost.load(Ordering::SeqCst), lost_before + 1);
+    assert_eq!(lose.lost(), lost_before + 1);
     // A worker its agent took meanwhile is still refused.
     lossy_workers.set_state(idle, WorkerState::Running).await.unwrap();
     assert_eq!(
@@ -1319,7 +1275,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     jobs.requeue_lost(&ids[1], "i-d", now + 300.0, &lost, now + 400.0)
         .await
         .unwrap();
-    assert_eq!(lose.lost.load(Ordering::SeqCst), lost_before + 2);
+    assert_eq!(lose.lost(), lost_before + 2);
     let rec = jobs.get(&ids[1]).await.unwrap().unwrap();
     assert_eq!(
         (rec.state, rec.lease_expiries, rec.lease_owner),

@@ -40,6 +40,11 @@ pub struct LocalArgs {
     /// wall minute (0: none). Default 0.5 (0 with --serve).
     #[arg(long)]
     kill_workers: Option<f64>,
+    /// Lost answers: every Nth DynamoDB write the emulator applied, by a function or an agent,
+    /// answers HTTP 500 instead (the connection dropped after the write, as on AWS; moto never
+    /// does), and the SDK retries it (0: none). Default 20 (0 with --serve).
+    #[arg(long)]
+    lose_answers: Option<u32>,
     /// Serve instead of replaying: start the stack with no trace, print its endpoint and names
     /// (also written to RUN_DIR/stack.json), and run until Ctrl-C or SIGTERM, taking the jobs
     /// any client submits (`onoff submit --local`, `aws s3 cp spec.json s3://<bucket>/jobs/`).
@@ -164,6 +169,7 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         item_ms: a.item_ms,
         spot_notices: a.spot_notices.unwrap_or(if a.serve { 0.0 } else { 1.0 }),
         kill_workers: a.kill_workers.unwrap_or(if a.serve { 0.0 } else { 0.5 }),
+        lose_answers: a.lose_answers.unwrap_or(if a.serve { 0 } else { 20 }),
         notice_lead_s: a.notice_lead_s,
         boot_s: a.boot_s,
         tick_s: a.tick_s,
@@ -356,8 +362,15 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         r.jobs_succeeded, r.jobs_failed, r.jobs_rejected, r.jobs_lost, r.duplicate_completions, r.resumed_from_checkpoint
     );
     println!(
-        "  faults     {} spot interruption notices, {} workers killed without notice",
-        r.spot_notices_sent, r.workers_killed
+        "  faults     {} spot interruption notices, {} workers killed without notice, {} write answers lost{}",
+        r.spot_notices_sent,
+        r.workers_killed,
+        r.answers_lost,
+        if r.lose_answers_every > 0 {
+            format!(" (every {}th applied)", r.lose_answers_every)
+        } else {
+            String::new()
+        }
     );
     println!(
         "  instances  {} launched, {} left running at the end",

@@ -1,6 +1,7 @@
 //! `onoff local` end to end: its own moto server (IAM enforced: every component under the role
 //! template.yaml gives it), the control plane in process, real `onoff-agent` processes running the example
-//! workload, a slice of the real Philly trace, spot notices and worker kills injected; and, while
+//! workload, a slice of the real Philly trace, spot notices, worker kills and lost answers of
+//! applied DynamoDB writes injected; and, while
 //! it runs, bad job specs put into its bucket by a real AWS client (boto3, from the `.venv` the
 //! test script installs).
 #![cfg(feature = "local")]
@@ -68,6 +69,9 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
             "2",
             "--kill-workers",
             "1.5",
+            // Every 10th DynamoDB write applied answers HTTP 500 (the SDK retries it).
+            "--lose-answers",
+            "10",
             "--notice-lead-s",
             "6",
             "--seed",
@@ -108,6 +112,8 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
     assert_eq!(n("jobs_failed"), 0.0);
     assert_eq!(n("jobs_lost"), 0.0);
     assert_eq!(n("duplicate_completions"), 0.0, "no job completes twice");
+    // Whatever answers of applied writes were lost on the way.
+    assert!(n("answers_lost") >= 10.0, "answers lost: {v}");
     // IAM enforced with the template's policies, and nothing the components did was refused.
     assert_eq!(v["iam_enforced"], true, "{v}");
     assert_eq!(n("access_denied"), 0.0, "refused calls: {}", v["denied_calls"]);
@@ -129,9 +135,11 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
     if nix_is_root() {
         assert_eq!(v["job_user"], 10002, "{v}");
     }
-    // Submit asks the scaler instead of launching; the launch follows within a second.
+    // Submit asks the scaler instead of launching; the launch follows within a second, and the
+    // SDK's retry backoff when a lost answer is retried on the way (standard mode: a jittered
+    // wait below 1 s before the first retry, below 2 s before the second).
     assert!(n("scale_requests_served") >= 1.0, "{v}");
-    assert!(n("scale_request_latency_max_s") < 1.0, "{v}");
+    assert!(n("scale_request_latency_max_s") < 4.0, "{v}");
     assert!(n("spot_notices_sent") >= 1.0, "the run injected a spot notice: {v}");
     assert!(n("workers_killed") >= 1.0, "the run killed a worker: {v}");
     assert!(

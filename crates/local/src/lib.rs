@@ -110,6 +110,9 @@ pub struct LocalOptions {
     /// Abrupt worker deaths (process killed, instance gone, no notice) per busy worker per wall
     /// minute, due like `spot_notices`.
     pub kill_workers: f64,
+    /// Every Nth DynamoDB write the emulator applied (functions and agents alike) loses its
+    /// answer: HTTP 500 in its place, which the SDK retries (`onoff_aws::faults`); 0: none.
+    pub lose_answers: u32,
     /// Seconds from a spot notice to the reclaim (AWS: 120; scaled down by default).
     pub notice_lead_s: f64,
     /// Seconds from launch to the agent's start (the boot).
@@ -179,6 +182,11 @@ pub struct LocalReport {
     pub spot_notices_sent: usize,
     /// Workers killed without notice.
     pub workers_killed: usize,
+    /// DynamoDB writes applied whose answer was lost (HTTP 500 in the call log), functions' and
+    /// agents'.
+    pub answers_lost: usize,
+    /// [`LocalOptions::lose_answers`].
+    pub lose_answers_every: u32,
     /// $ for all instances (trace time).
     pub total_usd: f64,
     /// `total_usd` / jobs succeeded.
@@ -541,6 +549,10 @@ async fn run_with(
             sessions.as_ref().and_then(|s| s.functions.get(name)),
             Some(call_log.recorder(name)),
         );
+        let c = match opts.lose_answers {
+            0 => c,
+            n => c.losing_answers(onoff_aws::faults::LoseAnswers::every(n)),
+        };
         let mut ctx = onoff_fn_common::ctx_from_clients(settings.clone(), &c);
         let name = name.to_string();
         async move {
@@ -630,6 +642,12 @@ async fn run_with(
     if let Some(uid) = job_uid {
         agent_env.push(("ONOFF_JOB_UID".into(), uid.to_string()));
     }
+    if opts.lose_answers > 0 {
+        agent_env.push((
+            onoff_aws::faults::LOSE_ANSWERS_ENV.into(),
+            opts.lose_answers.to_string(),
+        ));
+    }
     match &sessions {
         Some(s) => {
             agent_env.extend(s.worker.env());
@@ -651,6 +669,7 @@ async fn run_with(
         jobs_submitted: 0,
         compress: opts.compress,
         iam_enforced: sessions.is_some(),
+        lose_answers_every: opts.lose_answers,
         ..LocalReport::default()
     };
     let mut alarm_state: BTreeMap<String, bool> = BTreeMap::new();
@@ -1087,6 +1106,15 @@ async fn run_with(
     report.calls_recorded = calls.len();
     let denied: Vec<&onoff_aws::record::CallRecord> = calls.iter().filter(|c| c.status == 403).collect();
     report.access_denied = denied.len();
+    // A lost answer is recorded as the write's HTTP 500 (moto itself answers none of them so).
+    report.answers_lost = calls
+        .iter()
+        .filter(|c| {
+            c.service == "dynamodb"
+                && c.status == 500
+                && ["PutItem", "UpdateItem", "DeleteItem"].contains(&c.operation.as_str())
+        })
+        .count();
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     for c in &denied {
         *kinds
