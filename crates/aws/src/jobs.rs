@@ -504,9 +504,14 @@ impl JobStore for DynamoJobs {
                 Err(e) if condition_failed(&e) => {}
                 Err(e) => return Err(store_error("request job cancel", &e)),
             }
-            match self.state_of(id).await? {
+            match self.get(id).await? {
                 None => return Ok(CancelOutcome::Unknown),
-                Some(st) if st.is_final() => return Ok(CancelOutcome::AlreadyFinished(st)),
+                // This very cancel, applied on an earlier try whose answer was lost (the SDK
+                // retried it): its own end time is on the row.
+                Some(r) if r.state == JobState::Cancelled && r.finished_at == Some(now) => {
+                    return Ok(CancelOutcome::Cancelled)
+                }
+                Some(r) if r.state.is_final() => return Ok(CancelOutcome::AlreadyFinished(r.state)),
                 Some(_) => {}
             }
         }

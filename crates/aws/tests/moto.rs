@@ -1101,8 +1101,8 @@ async fn two_workers_claiming_one_job_get_one_claim() {
 /// update", DynamoDB Developer Guide). The store reads the row back and takes its own write as
 /// done: a claim is the worker's, a settle (with or without an attempt record) and a re-queue of
 /// a lost lease are done, not a lost lease or a conflict; a progress record sets the cost so far,
-/// so the retry counts nothing twice; a scale-down's move of a worker to Terminating is done.
-/// Each write is applied once.
+/// so the retry counts nothing twice; a scale-down's move of a worker to Terminating is done; a
+/// cancel of a waiting job is a cancel, not "already finished". Each write is applied once.
 #[tokio::test]
 async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     use onoff_aws::jobs::DynamoJobs;
@@ -1266,16 +1266,46 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
         Ok(false)
     );
 
+    // A cancel of a waiting job: cancelled, not "already finished".
+    let spec = r#"{"image":"img","command":["x"],"project":"p","client_token":"lost-3"}"#;
+    let Submitted::New(waiting) = submit(
+        spec,
+        &Source::Sqs {
+            message_id: "lost-3".into(),
+        },
+        &["standard"],
+        now,
+        &jobs,
+        &queue,
+    )
+    .await
+    .unwrap() else {
+        panic!("a new job")
+    };
+    let lost_before_cancel = lose.lost();
+    lose.arm();
+    assert_eq!(
+        jobs.request_cancel(&waiting, now + 20.0).await.unwrap(),
+        onoff_control::ports::CancelOutcome::Cancelled
+    );
+    assert_eq!(lose.lost(), lost_before_cancel + 1);
+    // A second cancel (another time) finds it finished.
+    assert_eq!(
+        jobs.request_cancel(&waiting, now + 30.0).await.unwrap(),
+        onoff_control::ports::CancelOutcome::AlreadyFinished(JobState::Cancelled)
+    );
+
     // The reaper's re-queue of a lost lease: done on the retry, so its wake-up message is sent.
     let Claim::Claimed(rec) = jobs.claim(&ids[1], "i-d", now + 300.0, now + 10.0).await.unwrap() else {
         panic!("claimed again")
     };
     let lost = Settle::of(&rec, &AttemptEnd::LeaseLost("worker gone".into()), &limits);
+    let lost_before = lose.lost();
     lose.arm();
     jobs.requeue_lost(&ids[1], "i-d", now + 300.0, &lost, now + 400.0)
         .await
         .unwrap();
-    assert_eq!(lose.lost(), lost_before + 2);
+    assert_eq!(lose.lost(), lost_before + 1);
     let rec = jobs.get(&ids[1]).await.unwrap().unwrap();
     assert_eq!(
         (rec.state, rec.lease_expiries, rec.lease_owner),
