@@ -2117,13 +2117,14 @@ async fn cancel_and_the_attempt_log_are_conditional_writes_on_the_row() {
             .await
             .unwrap();
     }
-    // Waiting: cancelled at once, twice is the same, and it leaves the active index.
+    // Waiting: cancelled at once, a second cancel (later: one at the very same instant is taken
+    // for this one's retry) finds it finished, and it leaves the active index.
     assert_eq!(
         jobs.request_cancel("job-a", now).await.unwrap(),
         CancelOutcome::Cancelled
     );
     assert_eq!(
-        jobs.request_cancel("job-a", now).await.unwrap(),
+        jobs.request_cancel("job-a", now + 1.0).await.unwrap(),
         CancelOutcome::AlreadyFinished(JobState::Cancelled)
     );
     let a = jobs.get("job-a").await.unwrap().unwrap();
