@@ -589,9 +589,10 @@ const SET_BY_LAMBDA: &[&str] = &[
     "AWS_XRAY_DAEMON_ADDRESS",
 ];
 
-/// Read only to record calls (`onoff_aws::record`: `onoff local` sets them for its components); a
-/// deployment leaves them unset and records nothing.
-const RECORDING_ONLY: &[&str] = &["ONOFF_CALL_LOG", "ONOFF_PRINCIPAL"];
+/// Read only to record calls (`onoff_aws::record`: `onoff local` sets them for its components), or
+/// to inject faults against an emulator (`onoff_aws::faults`, read only with an endpoint
+/// override); a deployment leaves them unset, records nothing and injects nothing.
+const LOCAL_ONLY: &[&str] = &["ONOFF_CALL_LOG", "ONOFF_PRINCIPAL", "ONOFF_LOSE_ANSWERS"];
 
 #[test]
 fn every_environment_variable_a_function_reads_is_set() {
@@ -607,7 +608,7 @@ fn every_environment_variable_a_function_reads_is_set() {
         );
         let env = stack.eval(&f.props["Environment"]["Variables"]);
         for (name, file) in &read {
-            if SET_BY_LAMBDA.contains(&name.as_str()) || RECORDING_ONLY.contains(&name.as_str()) {
+            if SET_BY_LAMBDA.contains(&name.as_str()) || LOCAL_ONLY.contains(&name.as_str()) {
                 continue;
             }
             if name == "AWS_LAMBDA_LOG_FORMAT" {
