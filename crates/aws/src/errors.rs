@@ -28,6 +28,12 @@ pub const QUOTA_CODES: &[&str] = &[
     "InstanceLimitExceeded",
 ];
 
+/// EC2 error codes that mean "a limit of the whole account in this region is reached, whatever
+/// the offering": MaxFleetCountExceeded (EC2 Fleets and Spot Fleets per region, EC2 User Guide,
+/// "EC2 Fleet quotas"; users of other tools that launch with CreateFleet met it, e.g.
+/// runs-on/runs-on#88).
+pub const ACCOUNT_LIMIT_CODES: &[&str] = &["MaxFleetCountExceeded"];
+
 /// EC2 error codes that mean "rate limited".
 pub const THROTTLING_CODES: &[&str] = &["RequestLimitExceeded", "Throttling", "ThrottlingException"];
 
@@ -39,6 +45,8 @@ pub fn classify_ec2_code(code: &str) -> FleetErrorKind {
         FleetErrorKind::QuotaExceeded
     } else if THROTTLING_CODES.contains(&code) {
         FleetErrorKind::Throttled
+    } else if ACCOUNT_LIMIT_CODES.contains(&code) {
+        FleetErrorKind::AccountLimit
     } else if code.ends_with(".NotFound") || code == "InvalidInstanceID.Malformed" {
         FleetErrorKind::NotFound
     } else {
@@ -92,6 +100,7 @@ mod tests {
             ("VcpuLimitExceeded", FleetErrorKind::QuotaExceeded),
             ("InstanceLimitExceeded", FleetErrorKind::QuotaExceeded),
             ("RequestLimitExceeded", FleetErrorKind::Throttled),
+            ("MaxFleetCountExceeded", FleetErrorKind::AccountLimit),
             ("InvalidInstanceID.NotFound", FleetErrorKind::NotFound),
             ("InvalidLaunchTemplateId.NotFound", FleetErrorKind::NotFound),
             ("UnauthorizedOperation", FleetErrorKind::Other),

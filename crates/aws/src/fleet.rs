@@ -444,11 +444,13 @@ impl Fleet for Ec2Fleet {
             let overrides = e.launch_template_and_overrides().and_then(|l| l.overrides());
             // An error naming its override (no capacity, Unsupported, InvalidParameterValue for
             // that type, ...) belongs to that offering: the caller skips it and falls back.
-            // Throttling, and errors naming no override, are the call's.
-            if err.kind != FleetErrorKind::Throttled && (overrides.is_some() || req.offerings.len() == 1) {
+            // Throttling, an account's limit, and errors naming no override, are the call's.
+            let stop = matches!(err.kind, FleetErrorKind::Throttled | FleetErrorKind::AccountLimit);
+            if !stop && (overrides.is_some() || req.offerings.len() == 1) {
                 out.short.push((offering_of_override(overrides), err));
-            } else if err.kind == FleetErrorKind::Throttled {
-                // Throttling wins: the caller stops and retries rather than falling back.
+            } else if stop {
+                // Throttling or an account's limit wins: the caller stops and retries rather than
+                // falling back.
                 other = Some(err);
             } else {
                 other.get_or_insert(err);

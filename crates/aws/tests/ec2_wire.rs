@@ -203,3 +203,30 @@ async fn a_call_refused_whole_for_the_vcpu_quota_is_a_quota_error() {
         "{e:?}"
     );
 }
+
+/// The whole call refused for the account's limit of fleets per region (HTTP 400, as
+/// runs-on/runs-on#88 quotes EC2's answer).
+const MAX_FLEETS: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
+<Response><Errors><Error><Code>MaxFleetCountExceeded</Code><Message>You've reached your quota for maximum Fleet Requests for this account.</Message></Error></Errors><RequestID>7a3ba8b4-0000-0000-0000-000000000003</RequestID></Response>"#;
+
+#[tokio::test]
+async fn the_accounts_fleet_limit_is_the_calls_error_not_an_offerings() {
+    // Refused whole: an account limit, not a capacity or quota error of the offering.
+    let (url, _) = ec2_answering(400, MAX_FLEETS.to_string()).await;
+    let e = fleet(&url).launch(&request()).await.expect_err("refused");
+    assert_eq!(e.kind, FleetErrorKind::AccountLimit, "{e:?}");
+    assert!(e.message.starts_with("MaxFleetCountExceeded: "), "{e:?}");
+    // Named in an instant fleet's errors beside an override: still the call's, so the caller
+    // stops instead of skipping that offering and trying the next.
+    let body = create_fleet_response(
+        &[refused(
+            "us-east-1a",
+            "MaxFleetCountExceeded",
+            "You've reached your quota for maximum Fleet Requests for this account.",
+        )],
+        &[],
+    );
+    let (url, _) = ec2_answering(200, body).await;
+    let e = fleet(&url).launch(&request()).await.expect_err("the call's error");
+    assert_eq!(e.kind, FleetErrorKind::AccountLimit, "{e:?}");
+}

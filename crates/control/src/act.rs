@@ -239,7 +239,7 @@ where
                     }
                     for (k, e) in res.short {
                         match e.kind {
-                            FleetErrorKind::Throttled => {
+                            FleetErrorKind::Throttled | FleetErrorKind::AccountLimit => {
                                 out.errors.push(format!("launch {k}: {e}"));
                                 throttled = true;
                             }
@@ -259,11 +259,13 @@ where
                 }
                 Err(
                     e @ FleetError {
-                        kind: FleetErrorKind::Throttled,
+                        kind: FleetErrorKind::Throttled | FleetErrorKind::AccountLimit,
                         ..
                     },
                 ) => {
-                    // Rate limited after the adapter's retries: stop, the next reconcile retries.
+                    // Rate limited after the adapter's retries, or a limit of the whole account
+                    // (any other offering would be refused the same): stop, mark nothing, the
+                    // next reconcile retries.
                     out.errors.push(format!("launch {}: {e}", names(&lr.offerings)));
                     break;
                 }

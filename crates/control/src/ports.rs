@@ -21,6 +21,12 @@ pub enum FleetErrorKind {
     /// Rate limited (EC2 RequestLimitExceeded): retried with backoff by the adapter; surfaced when
     /// retries ran out.
     Throttled,
+    /// A limit of the whole account and region, whatever the offering (EC2: MaxFleetCountExceeded,
+    /// "You've reached your quota for maximum Fleet Requests for this account": EC2 Fleets and
+    /// Spot Fleets per region, EC2 User Guide, "EC2 Fleet quotas"). Like throttling, the launches
+    /// stop for this run and nothing is marked: every other offering would be refused the same,
+    /// and skipping them all would only leave the jobs waiting longer once the limit frees.
+    AccountLimit,
     /// Anything else.
     Other,
 }

@@ -244,10 +244,21 @@ fn a_fallback_never_mixes_capacity_types_or_names_one_pool_twice() {
 
 #[test]
 fn a_throttled_launch_stops_without_marking_anything() {
+    throttled_or_over_an_account_limit(FleetErrorKind::Throttled, "RequestLimitExceeded");
+}
+
+/// The account's limit of fleets per region (MaxFleetCountExceeded) refuses every offering alike:
+/// no fallback through the catalogue, nothing marked, the next reconcile retries.
+#[test]
+fn a_launch_over_the_accounts_fleet_limit_stops_without_marking_anything() {
+    throttled_or_over_an_account_limit(FleetErrorKind::AccountLimit, "MaxFleetCountExceeded");
+}
+
+fn throttled_or_over_an_account_limit(kind: FleetErrorKind, code: &str) {
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
     fleet.fail_next(FleetError {
-        kind: FleetErrorKind::Throttled,
-        message: "RequestLimitExceeded".into(),
+        kind,
+        message: code.into(),
     });
     let cfg = PolicyConfig::default();
     let offs = offerings();
@@ -259,7 +270,7 @@ fn a_throttled_launch_stops_without_marking_anything() {
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 1), ctx, &fleet, &reg, &avail));
     assert_eq!(out.errors.len(), 1);
-    assert!(out.errors[0].contains("RequestLimitExceeded"));
+    assert!(out.errors[0].contains(code));
     assert_eq!(
         launched_offerings(&fleet).len(),
         1,
