@@ -149,6 +149,20 @@ async fn launch_template_name(c: &Clients) -> String {
         .to_string()
 }
 
+/// Submit a 1-GPU job of project `p` through SQS as message `token` (also its client token) to
+/// the `standard` lane at `now`; its id.
+async fn new_job(jobs: &onoff_aws::jobs::DynamoJobs, queue: &SqsQueues, token: &str, now: f64) -> String {
+    use onoff_control::submit::{submit, Source, Submitted};
+    let spec = format!(r#"{{"image":"img","command":["x"],"project":"p","client_token":"{token}"}}"#);
+    let source = Source::Sqs {
+        message_id: token.into(),
+    };
+    match submit(&spec, &source, &["standard"], now, jobs, queue).await.unwrap() {
+        Submitted::New(id) => id,
+        other => panic!("{token}: not a new job: {other:?}"),
+    }
+}
+
 /// A queue named after `name` whose messages SQS moves to a dead-letter queue of its own after
 /// `max_receives` receives, as provisioned for a lane: (queue URL, dead-letter queue URL).
 async fn queue_with_dlq(c: &Clients, name: &str, max_receives: u32) -> (String, String) {
@@ -946,7 +960,6 @@ async fn two_workers_claiming_one_job_get_one_claim() {
     use onoff_aws::jobs::DynamoJobs;
     use onoff_control::job::{AttemptEnd, RerunLimits, Settle};
     use onoff_control::ports::{Claim, JobStore};
-    use onoff_control::submit::{submit, Source, Submitted};
     let c = clients().await;
     let table_name = unique("jobs");
     onoff_aws::provision::jobs_table(&c, &table_name).await.unwrap();
@@ -963,19 +976,7 @@ async fn two_workers_claiming_one_job_get_one_claim() {
     let jobs = DynamoJobs::new(c.dynamodb.clone(), &table_name);
     let queue = SqsQueues::new(c.sqs.clone(), vec![("standard".into(), url)]);
     let now = 1_700_000_000.0;
-    let spec = r#"{"image":"img","command":["x"],"project":"p","client_token":"t-1"}"#;
-    let Submitted::New(id) = submit(
-        spec,
-        &Source::Sqs { message_id: "m".into() },
-        &["standard"],
-        now,
-        &jobs,
-        &queue,
-    )
-    .await
-    .unwrap() else {
-        panic!()
-    };
+    let id = new_job(&jobs, &queue, "t-1", now).await;
     let limits = RerunLimits::default();
     for round in 0..5 {
         let t = now + f64::from(round) * 1000.0;
@@ -1020,21 +1021,7 @@ async fn two_workers_claiming_one_job_get_one_claim() {
     assert!(rec.finished_at.is_some());
     assert!(jobs.active().await.unwrap().items.iter().all(|j| j.id != id));
     // A second job for the lease holder's writes.
-    let spec = r#"{"image":"img","command":["x"],"project":"p","client_token":"t-2"}"#;
-    let Submitted::New(id) = submit(
-        spec,
-        &Source::Sqs {
-            message_id: "m2".into(),
-        },
-        &["standard"],
-        now,
-        &jobs,
-        &queue,
-    )
-    .await
-    .unwrap() else {
-        panic!()
-    };
+    let id = new_job(&jobs, &queue, "t-2", now).await;
     assert!(jobs.active().await.unwrap().items.iter().any(|j| j.id == id));
     let Claim::Claimed(rec) = jobs.claim(&id, "i-a", now + 300.0, now).await.unwrap() else {
         panic!()
@@ -1108,7 +1095,6 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     use onoff_aws::jobs::DynamoJobs;
     use onoff_control::job::{AttemptEnd, AttemptRecord, RerunLimits, Settle};
     use onoff_control::ports::{Claim, JobStore};
-    use onoff_control::submit::{submit, Source, Submitted};
     let conf = conf().await;
     let c = Clients::from_conf(&conf);
     let lose = onoff_aws::faults::LoseAnswers::when_armed();
@@ -1134,25 +1120,10 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     let queue = SqsQueues::new(c.sqs.clone(), vec![("standard".into(), url)]);
     let limits = RerunLimits::default();
     let now = 1_700_000_000.0;
-    let mut ids = Vec::new();
-    for token in ["lost-1", "lost-2"] {
-        let spec = format!(r#"{{"image":"img","command":["x"],"project":"p","client_token":"{token}"}}"#);
-        let Submitted::New(id) = submit(
-            &spec,
-            &Source::Sqs {
-                message_id: token.into(),
-            },
-            &["standard"],
-            now,
-            &jobs,
-            &queue,
-        )
-        .await
-        .unwrap() else {
-            panic!("a new job")
-        };
-        ids.push(id);
-    }
+    let ids = [
+        new_job(&jobs, &queue, "lost-1", now).await,
+        new_job(&jobs, &queue, "lost-2", now).await,
+    ];
 
     // The claim: the worker's, not "someone else's RUNNING job" (its message would be deleted
     // and the job left running until its lease ran out).
@@ -1267,21 +1238,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     );
 
     // A cancel of a waiting job: cancelled, not "already finished".
-    let spec = r#"{"image":"img","command":["x"],"project":"p","client_token":"lost-3"}"#;
-    let Submitted::New(waiting) = submit(
-        spec,
-        &Source::Sqs {
-            message_id: "lost-3".into(),
-        },
-        &["standard"],
-        now,
-        &jobs,
-        &queue,
-    )
-    .await
-    .unwrap() else {
-        panic!("a new job")
-    };
+    let waiting = new_job(&jobs, &queue, "lost-3", now).await;
     let lost_before_cancel = lose.lost();
     lose.arm();
     assert_eq!(

@@ -16,7 +16,7 @@
 //! - `outputs`: `outputs/<job_id>/` of the bucket.
 //! - `cost`: from the attempts the jobs table records and the workers table.
 //! - `workers`: the live workers, EC2's instances of the stack, and what holds launches back
-//!   ([`workers`]).
+//!   ([`mod@workers`]).
 
 mod workers;
 pub use workers::{workers, WorkersArgs};
