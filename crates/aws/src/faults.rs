@@ -26,8 +26,8 @@ use aws_smithy_types::config_bag::ConfigBag;
 /// none). Read only for clients with an endpoint override (an emulator).
 pub const LOSE_ANSWERS_ENV: &str = "ONOFF_LOSE_ANSWERS";
 
-/// The DynamoDB operations that write an item.
-const WRITES: &[&str] = &["PutItem", "UpdateItem", "DeleteItem"];
+/// The DynamoDB operations that write an item (the ones whose answers [`LoseAnswers`] loses).
+pub const WRITES: &[&str] = &["PutItem", "UpdateItem", "DeleteItem"];
 
 /// Loses the answer of every `every`th DynamoDB write the emulator applied (HTTP 200), counted
 /// per [`LoseAnswers`] (clones share the count): the answer becomes an HTTP 500

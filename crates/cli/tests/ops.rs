@@ -163,9 +163,10 @@ fn the_operator_verbs_on_a_served_local_stack() {
     wait_for("long runs", Duration::from_secs(120), || {
         state(&stack, &long) == "RUNNING"
     });
-    // `onoff workers`: the one worker, running that job, backed by a running instance, read
-    // under the operator's policy (EC2 and the control table too: a refusal would be told in
-    // `ec2_error` or fail the verb).
+    // `onoff workers`: the one worker, running that job, backed by a running instance, with
+    // EC2 read (an EC2 failure would be told in `ec2_error`). The local operator session is the
+    // runner's, which may do anything: `OperatorAccess` itself is checked by the IAM boundary
+    // test (`an_operator_runs_the_cli_verbs_and_launches_nothing`).
     let w = json(&stack, &["workers"]);
     let live = w["workers"].as_array().expect("a list of workers");
     assert_eq!(live.len(), 1, "{w}");

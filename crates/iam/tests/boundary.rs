@@ -757,6 +757,7 @@ fn an_operator_runs_the_cli_verbs_and_launches_nothing() {
         // `onoff cost` and `onoff workers` read the workers table; `onoff workers` the marks of
         // the control table and EC2's instances too.
         Request::new("dynamodb:Scan", &workers),
+        Request::new("dynamodb:Scan", &format!("{jobs}/index/active")),
         Request::new("dynamodb:Scan", &control),
         Request::new("ec2:DescribeInstances", "*"),
     ] {

@@ -1110,9 +1110,7 @@ async fn run_with(
     report.answers_lost = calls
         .iter()
         .filter(|c| {
-            c.service == "dynamodb"
-                && c.status == 500
-                && ["PutItem", "UpdateItem", "DeleteItem"].contains(&c.operation.as_str())
+            c.service == "dynamodb" && c.status == 500 && onoff_aws::faults::WRITES.contains(&c.operation.as_str())
         })
         .count();
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();

@@ -2,7 +2,8 @@
 //!
 //! Three sources, each as the control plane itself reads it:
 //! - the workers table's live rows (`WorkerRegistry::list_live`: every state but Terminating), with
-//!   the job each worker holds the lease of (the jobs table's RUNNING rows, `lease_owner`);
+//!   the job each worker holds the lease of (the RUNNING rows of the jobs table's sparse active
+//!   index, `JobStore::active`, by `lease_owner`);
 //! - EC2's pending and running instances of the stack (`Ec2Fleet::describe_managed`, by the
 //!   `onoff:managed` tag): an instance no row names is billed all the same (the reconciler adopts
 //!   or terminates it within its launch grace), a row no instance backs is a worker the reconciler
@@ -16,7 +17,7 @@ use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use onoff_aws::fleet::ManagedInstance;
 use onoff_aws::state::state_name;
 use onoff_control::job::JobState;
-use onoff_control::ports::{JobRecord, WorkerRecord, WorkerRegistry};
+use onoff_control::ports::{JobRecord, JobStore, WorkerRecord, WorkerRegistry};
 use onoff_control::quota::QuotaMark;
 use onoff_policy::{CapacityType, UnavailableOffering, WorkerState};
 use serde::Serialize;
@@ -365,7 +366,13 @@ pub async fn workers(a: WorkersArgs) -> Result<()> {
         .list_live()
         .await
         .map_err(|e| anyhow::anyhow!("reading the workers table: {e}"))?;
-    let jobs = ops.all_jobs().await?;
+    // The running jobs only: the sparse active index, not every row the table keeps.
+    let active = ops
+        .jobs
+        .active()
+        .await
+        .map_err(|e| anyhow::anyhow!("reading the active jobs: {e}"))?;
+    let jobs = active.items;
     let unavailable = ctx
         .avail
         .unavailable(now)
