@@ -2,8 +2,9 @@
 //! outputs, the policy from the scaler's configuration) or a running `onoff local --serve`
 //! (`--local`: `<run-dir>/stack.json`). One code path for both: the same tables, bucket and log
 //! group, read and written through the AWS SDK; region and credentials as every AWS tool resolves
-//! them (a local stack names its emulator and an operator session); no credentials is said in
-//! one line, with what to set.
+//! them (a local stack names its emulator and an operator session, of the template's
+//! `OperatorAccess` only, and the call log the CLI records its calls in, so the run's end
+//! evaluates them against the template); no credentials is said in one line, with what to set.
 //!
 //! - `submit`: a spec from a file (YAML or JSON) and flags, validated with the submit function's
 //!   own code (`JobSpec::parse`, `admission::feasible` under the stack's policy and catalogue)
@@ -125,7 +126,13 @@ impl Ops {
             .credentials_provider(creds)
             .load()
             .await;
-        let clients = Clients::from_conf_recorded(&conf, None);
+        // Recorded as `operator` (best effort: a log that cannot be opened records nothing).
+        let recorder = s
+            .call_log
+            .as_deref()
+            .and_then(|p| onoff_aws::record::CallLog::open(p).ok())
+            .map(|log| log.recorder("operator"));
+        let clients = Clients::from_conf_recorded(&conf, recorder);
         let mut env = s.functions_env.clone();
         env.insert("AWS_REGION".into(), s.region.clone());
         let settings = onoff_fn_common::Settings::from_lookup(|k| env.get(k).cloned())

@@ -81,11 +81,14 @@ fn the_operator_verbs_on_a_served_local_stack() {
     let venv_bin = Path::new(&moto).parent().expect("moto in a venv").to_path_buf();
     let run_dir = std::env::temp_dir().join(format!("onoff-ops-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&run_dir);
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let stderr_path = run_dir.join("serve.stderr");
     let child = Command::new(env!("CARGO_BIN_EXE_onoff"))
         .args([
             "local",
             "--serve",
             "--quiet",
+            "--json",
             "--moto-server",
             &moto,
             "--max-workers",
@@ -93,8 +96,8 @@ fn the_operator_verbs_on_a_served_local_stack() {
             "--run-dir",
         ])
         .arg(&run_dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
         .spawn()
         .expect("onoff local --serve starts");
     let stack = Stack {
@@ -164,9 +167,7 @@ fn the_operator_verbs_on_a_served_local_stack() {
         state(&stack, &long) == "RUNNING"
     });
     // `onoff workers`: the one worker, running that job, backed by a running instance, with
-    // EC2 read (an EC2 failure would be told in `ec2_error`). The local operator session is the
-    // runner's, which may do anything: `OperatorAccess` itself is checked by the IAM boundary
-    // test (`an_operator_runs_the_cli_verbs_and_launches_nothing`).
+    // EC2 read (an EC2 failure would be told in `ec2_error`) under `OperatorAccess` only.
     let w = json(&stack, &["workers"]);
     let live = w["workers"].as_array().expect("a list of workers");
     assert_eq!(live.len(), 1, "{w}");
@@ -338,7 +339,24 @@ fn the_operator_verbs_on_a_served_local_stack() {
         );
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert!(status.success(), "exit status {status:?}");
+    // The run's report: every verb above ran under the operator's session, which has the
+    // template's `OperatorAccess` and nothing else; the emulator refused none of its calls (it
+    // checks actions, and S3's resources), and none is denied by the template's full policy
+    // (conditions included) evaluated after the run.
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut stack.child.stdout.take().expect("stdout piped"), &mut out).unwrap();
+    assert!(
+        status.success(),
+        "exit status {status:?}: {out}\n{}",
+        std::fs::read_to_string(&stderr_path).unwrap_or_default()
+    );
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("report ({e}): {out}"));
+    assert_eq!(report["access_denied"], 0, "{report}");
+    let check = &report["policy_check"];
+    assert_eq!(check["denied"], 0, "{check}");
+    assert_eq!(check["not_covered"].as_array().map(Vec::len), Some(0), "{check}");
+    let operator = check["requests_by_principal"]["operator"].as_u64().unwrap_or(0);
+    assert!(operator >= 20, "the operator's requests were evaluated: {check}");
     let needle = run_dir.canonicalize().expect("run dir exists");
     let needle = needle.to_str().expect("utf-8 path").as_bytes();
     let mut leftover = Vec::new();

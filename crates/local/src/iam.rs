@@ -313,9 +313,10 @@ pub fn local_stack(prefix: &str, account: &str, res: &onoff_aws::settings::Resou
 }
 
 /// The sessions of a local run: one per function, one for the agents (the worker role), the
-/// runner's (it plays EC2, CloudWatch and S3 notifications: allowed everything) and the
-/// submitter's (puts job specs under `jobs/`). The job role exists (the agents assume it per job)
-/// but has no session here.
+/// runner's (it plays EC2, CloudWatch and S3 notifications: allowed everything), the
+/// submitter's (puts job specs under `jobs/`) and the operator's (the template's managed policy
+/// `OperatorAccess`, as an operator's role on AWS has it: `onoff ... --local`). The job role
+/// exists (the agents assume it per job) but has no session here.
 #[derive(Debug, Clone)]
 pub struct LocalSessions {
     /// Function name (`scaler`, ...) -> its session.
@@ -330,6 +331,24 @@ pub struct LocalSessions {
     pub submitter: Session,
     /// The submitter's role and policy, for the evaluation of its calls ([`check_calls`]).
     pub submitter_caller: onoff_iam::eval::Caller,
+    /// `OperatorAccess` only: the operator CLI's session on a local stack.
+    pub operator: Session,
+    /// The operator's role and `OperatorAccess`, for the evaluation of its calls.
+    pub operator_caller: onoff_iam::eval::Caller,
+}
+
+impl LocalSessions {
+    /// The callers of the principals a deployment does not define (the submitter, the operator),
+    /// by the principal their calls are recorded under.
+    #[must_use]
+    pub fn local_callers(&self) -> std::collections::BTreeMap<String, onoff_iam::eval::Caller> {
+        [
+            ("submitter".to_string(), self.submitter_caller.clone()),
+            ("operator".to_string(), self.operator_caller.clone()),
+        ]
+        .into_iter()
+        .collect()
+    }
 }
 
 impl Session {
@@ -392,6 +411,22 @@ pub async fn setup(endpoint: &str, stack: &onoff_iam::Stack) -> anyhow::Result<L
         session_policy: None,
         instance_arn: None,
     };
+    // The operator's role has what an operator's role on AWS is given: the template's managed
+    // policy, resolved for this stack (its resources' names are the stack's).
+    let operator_access = onoff_iam::managed_policy(onoff_iam::TEMPLATE, stack, "OperatorAccess")
+        .context("the template's OperatorAccess policy")?;
+    let operator = create_role(
+        endpoint,
+        &format!("{}-operator", stack.stack_name),
+        &[onoff_iam::moto_projection(&operator_access)],
+    )
+    .await?;
+    let operator_caller = onoff_iam::eval::Caller {
+        role_arn: operator.clone(),
+        identity: vec![operator_access],
+        session_policy: None,
+        instance_arn: None,
+    };
     let mut functions = std::collections::BTreeMap::new();
     for p in [
         Principal::Scaler,
@@ -408,6 +443,8 @@ pub async fn setup(endpoint: &str, stack: &onoff_iam::Stack) -> anyhow::Result<L
         runner: assume(endpoint, &runner, "runner").await?,
         submitter: assume(endpoint, &submitter, "submitter").await?,
         submitter_caller,
+        operator: assume(endpoint, &operator, "operator").await?,
+        operator_caller,
     };
     enforce(endpoint, true).await?;
     Ok(sessions)
@@ -423,6 +460,8 @@ pub struct PolicyCheck {
     pub requests: usize,
     /// Of those, denied.
     pub denied: usize,
+    /// Requests evaluated per principal (`worker/<id>` counted as `worker`).
+    pub requests_by_principal: std::collections::BTreeMap<String, usize>,
     /// The denied ones, `principal: action on resource (why)`, at most 20 distinct.
     pub denied_requests: Vec<String>,
     /// Calls of operations the evaluation does not cover (`service Operation`, distinct).
@@ -430,8 +469,9 @@ pub struct PolicyCheck {
 }
 
 /// Evaluate every call of `calls` (a run's `calls.jsonl`) made by a template principal (the four
-/// functions, `worker/<instance-id>`) or by the local `submitter` (its role and policy given).
-/// The runner's calls (it plays EC2 and the event sources) are not IAM's business.
+/// functions, `worker/<instance-id>`) or by a local one of `local_callers` (the `submitter`, the
+/// `operator`: [`LocalSessions::local_callers`]). The runner's calls (it plays EC2 and the event
+/// sources) are not IAM's business.
 ///
 /// # Errors
 /// The template does not resolve for `stack`.
@@ -439,7 +479,7 @@ pub fn check_calls(
     calls: &[onoff_iam::calls::Call],
     stack: &onoff_iam::Stack,
     world: &onoff_iam::calls::World,
-    submitter: Option<&onoff_iam::eval::Caller>,
+    local_callers: &std::collections::BTreeMap<String, onoff_iam::eval::Caller>,
 ) -> anyhow::Result<PolicyCheck> {
     use onoff_iam::Principal;
     let auth = onoff_iam::eval::Authorizer::for_template(onoff_iam::TEMPLATE, stack)?;
@@ -450,12 +490,9 @@ pub fn check_calls(
         let (who, rest) = call.principal.split_once('/').unwrap_or((call.principal.as_str(), ""));
         let caller = match who {
             "worker" => auth.worker(rest)?,
-            "submitter" => match submitter {
-                Some(c) => c.clone(),
-                None => continue,
-            },
-            name => match name.parse::<Principal>() {
-                Ok(p) if p != Principal::Worker && p != Principal::Job => auth.caller(p)?,
+            name => match (local_callers.get(name), name.parse::<Principal>()) {
+                (Some(c), _) => c.clone(),
+                (None, Ok(p)) if p != Principal::Worker && p != Principal::Job => auth.caller(p)?,
                 _ => continue,
             },
         };
@@ -468,6 +505,7 @@ pub fn check_calls(
         };
         for r in requests {
             out.requests += 1;
+            *out.requests_by_principal.entry(who.to_string()).or_default() += 1;
             let d = auth.decide(&caller, &r)?;
             if !d.allowed() {
                 out.denied += 1;

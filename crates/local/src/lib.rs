@@ -83,8 +83,13 @@ pub struct LocalStack {
     pub iam_enforced: bool,
     /// A session that may put job specs under `jobs/` (`aws_access_key_id`, ...).
     pub submitter: Option<serde_json::Value>,
-    /// A session allowed everything (the operator's).
+    /// The operator CLI's session: the template's managed policy `OperatorAccess` and nothing
+    /// more, as an operator's role on AWS has it.
     pub operator: Option<serde_json::Value>,
+    /// The run's call log: the operator CLI records its calls there (as `operator`), and the
+    /// run's end evaluates them with everyone else's against template.yaml.
+    #[serde(default)]
+    pub call_log: Option<PathBuf>,
     /// The `onoff local` process.
     pub pid: u32,
 }
@@ -531,7 +536,8 @@ async fn run_with(
         functions_env: fn_env.iter().cloned().collect(),
         iam_enforced: sessions.is_some(),
         submitter: sessions.as_ref().map(|s| creds(&s.submitter)),
-        operator: sessions.as_ref().map(|s| creds(&s.runner)),
+        operator: sessions.as_ref().map(|s| creds(&s.operator)),
+        call_log: Some(call_log_path.clone()),
         pid: std::process::id(),
     };
     std::fs::write(run_dir.join("stack.json"), serde_json::to_string_pretty(&stack_json)?)?;
@@ -1127,7 +1133,7 @@ async fn run_with(
         let world = world_of(&clients, &res, s).await;
         let text = std::fs::read_to_string(&call_log_path).unwrap_or_default();
         let recorded = onoff_iam::calls::parse_log(&text);
-        report.policy_check = Some(iam::check_calls(&recorded, stack, &world, Some(&s.submitter_caller))?);
+        report.policy_check = Some(iam::check_calls(&recorded, stack, &world, &s.local_callers())?);
     }
     if sessions.is_some() && opts.endpoint.is_some() {
         // A shared emulator: leave it as it was found.
