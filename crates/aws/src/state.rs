@@ -212,21 +212,11 @@ impl WorkerRegistry for DynamoWorkers {
         } else {
             req.update_expression("SET #s = :s")
         };
-        match req.send().await {
-            Ok(_) => Ok(true),
-            Err(e) => {
-                // Refused, with the row as it is (ALL_OLD): already in `to` is done (this very
-                // write, applied on an earlier try whose answer was lost, or the same end by
-                // another writer).
-                if let Some(UpdateItemError::ConditionalCheckFailedException(c)) = e.as_service_error() {
-                    let state = c.item().and_then(|i| i.get("state")).and_then(|v| v.as_s().ok());
-                    if state.map(String::as_str) == Some(state_name(to)) {
-                        return Ok(true);
-                    }
-                }
-                refused_or_missing(id, "set worker state", &e)
-            }
-        }
+        // Already in `to` is done: this very write, or the same end by another writer.
+        written_or_done(req, id, "set worker state", |row| {
+            row.get("state").and_then(|v| v.as_s().ok()).map(String::as_str) == Some(state_name(to))
+        })
+        .await
     }
 
     async fn set_price_if_unpriced(&self, id: &str, price_usd_per_h: f64) -> Result<bool, StoreError> {
@@ -236,7 +226,11 @@ impl WorkerRegistry for DynamoWorkers {
             .condition_expression("attribute_exists(instance_id) AND price_usd_per_h = :zero")
             .expression_attribute_values(":p", n(price_usd_per_h))
             .expression_attribute_values(":zero", n(0.0));
-        written(req, id, "price worker").await
+        // Already at this price is done (exact: the value read back is the one written).
+        written_or_done(req, id, "price worker", |row| {
+            number(row, "price_usd_per_h") == Some(price_usd_per_h)
+        })
+        .await
     }
 
     async fn hold_idle(&self, id: &str, until: f64) -> Result<bool, StoreError> {
@@ -249,7 +243,12 @@ impl WorkerRegistry for DynamoWorkers {
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":idle", s(state_name(WorkerState::Idle)))
             .expression_attribute_values(":u", n(until));
-        written(req, id, "hold worker").await
+        // Idle and held until exactly `until` is done.
+        written_or_done(req, id, "hold worker", |row| {
+            row.get("state").and_then(|v| v.as_s().ok()).map(String::as_str) == Some(state_name(WorkerState::Idle))
+                && number(row, "hold_until") == Some(until)
+        })
+        .await
     }
 
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
@@ -307,6 +306,29 @@ async fn written(req: UpdateItemFluentBuilder, id: &str, what: &str) -> Result<b
         Ok(_) => Ok(true),
         Err(e) => refused_or_missing(id, what, &e),
     }
+}
+
+/// [`written`], and a refusal whose row (ALL_OLD) `done` finds already as this write leaves it
+/// is `Ok(true)`: this very write, applied on an earlier try whose answer was lost (the SDK
+/// retried it, and it then failed its own condition), or the same value by another writer.
+async fn written_or_done(
+    req: UpdateItemFluentBuilder,
+    id: &str,
+    what: &str,
+    done: impl FnOnce(&HashMap<String, AttributeValue>) -> bool,
+) -> Result<bool, StoreError> {
+    match req.send().await {
+        Ok(_) => Ok(true),
+        Err(e) => match e.as_service_error() {
+            Some(UpdateItemError::ConditionalCheckFailedException(c)) if c.item().is_some_and(done) => Ok(true),
+            _ => refused_or_missing(id, what, &e),
+        },
+    }
+}
+
+/// A number attribute of a row, if it is one.
+fn number(row: &HashMap<String, AttributeValue>, name: &str) -> Option<f64> {
+    row.get(name)?.as_n().ok()?.parse().ok()
 }
 
 impl DynamoWorkers {

@@ -1236,6 +1236,41 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
             .await,
         Ok(false)
     );
+    // The reconciler's price of a worker its agent registered, and a hold of an idle one: done
+    // on the retry (refused, the hold would go uncounted and the price unread until the next run).
+    let unpriced = "i-0aaaaaaaaaaaaaaa8";
+    lossy_workers
+        .register_launch(WorkerRecord {
+            state: WorkerState::Idle,
+            ..WorkerRecord::launched(
+                unpriced,
+                "standard",
+                key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+                0.0,
+                now,
+            )
+        })
+        .await
+        .unwrap();
+    let lost_before = lose.lost();
+    lose.arm();
+    assert_eq!(lossy_workers.set_price_if_unpriced(unpriced, 0.4212).await, Ok(true));
+    assert_eq!(lose.lost(), lost_before + 1);
+    assert_eq!(
+        lossy_workers.set_price_if_unpriced(unpriced, 0.5).await,
+        Ok(false),
+        "priced"
+    );
+    lose.arm();
+    assert_eq!(lossy_workers.hold_idle(unpriced, now + 600.5).await, Ok(true));
+    assert_eq!(lose.lost(), lost_before + 2);
+    assert_eq!(
+        lossy_workers.hold_idle(unpriced, now + 300.0).await,
+        Ok(false),
+        "never shortened"
+    );
+    let row = lossy_workers.get(unpriced).await.unwrap().unwrap();
+    assert_eq!((row.price_usd_per_h, row.hold_until), (0.4212, Some(now + 600.5)));
 
     // A cancel of a waiting job: cancelled, not "already finished".
     let waiting = new_job(&jobs, &queue, "lost-3", now).await;

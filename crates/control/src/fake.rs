@@ -392,7 +392,7 @@ impl WorkerRegistry for FakeRegistry {
     async fn set_price_if_unpriced(&self, id: &str, price_usd_per_h: f64) -> Result<bool, StoreError> {
         self.write_if(
             id,
-            |w| w.price_usd_per_h == 0.0,
+            |w| w.price_usd_per_h == 0.0 || w.price_usd_per_h == price_usd_per_h,
             |w| w.price_usd_per_h = price_usd_per_h,
         )
     }
@@ -400,7 +400,7 @@ impl WorkerRegistry for FakeRegistry {
     async fn hold_idle(&self, id: &str, until: f64) -> Result<bool, StoreError> {
         self.write_if(
             id,
-            |w| w.state == WorkerState::Idle && w.hold_until.is_none_or(|h| h < until),
+            |w| w.state == WorkerState::Idle && w.hold_until.is_none_or(|h| h <= until),
             |w| w.hold_until = Some(until),
         )
     }

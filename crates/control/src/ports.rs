@@ -307,8 +307,9 @@ pub trait WorkerRegistry {
 
     /// Give a worker registered without a price (its agent registered it: price 0) the price
     /// `price_usd_per_h` ($/h, its offering's in the catalogue), which its agent then charges its
-    /// jobs with. One conditional write: `Ok(true)` when written, `Ok(false)` when the row already
-    /// has a price.
+    /// jobs with. One conditional write: `Ok(true)` when written or the row already has this very
+    /// price (the write's own retry, after an answer lost on its way back), `Ok(false)` when the
+    /// row has another price.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] when the worker is unknown; store failures.
@@ -316,8 +317,9 @@ pub trait WorkerRegistry {
 
     /// Hold an idle worker until `until` (unix seconds): its agent, past its idle timeout, reads
     /// the hold and stays for it (the policy keeps the worker as warm capacity longer than the
-    /// agent's safety-net timeout). One conditional write: `Ok(true)` when written, `Ok(false)`
-    /// when the worker is not Idle or is already held until `until` or later.
+    /// agent's safety-net timeout). One conditional write: `Ok(true)` when written or the Idle
+    /// worker is already held until exactly `until` (the write's own retry, after an answer lost
+    /// on its way back), `Ok(false)` when the worker is not Idle or is held until later.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] when the worker is unknown; store failures.
