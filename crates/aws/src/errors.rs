@@ -29,9 +29,11 @@ pub const QUOTA_CODES: &[&str] = &[
 ];
 
 /// EC2 error codes that mean "a limit of the whole account in this region is reached, whatever
-/// the offering": MaxFleetCountExceeded (EC2 Fleets and Spot Fleets per region, EC2 User Guide,
-/// "EC2 Fleet quotas"; users of other tools that launch with CreateFleet met it, e.g.
-/// runs-on/runs-on#88).
+/// the offering": MaxFleetCountExceeded. Its quota counts fleets of type maintain and request
+/// only ("The number of EC2 Fleets of type instant — Unlimited", EC2 User Guide, "Quotas for EC2
+/// Fleet and Spot Fleet"), so onoff's instant fleets never fill it; users of other tools that
+/// launch with CreateFleet met it on new or restricted accounts (runs-on/runs-on#88,
+/// coiled/feedback#225), where no other offering would fare better.
 pub const ACCOUNT_LIMIT_CODES: &[&str] = &["MaxFleetCountExceeded"];
 
 /// EC2 error codes that mean "rate limited".
