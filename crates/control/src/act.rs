@@ -316,14 +316,18 @@ where
             // Every other offering a full quota covers, in any zone, not yet unavailable: without
             // them the fallback would try the bucket's next types one call at a time, each refused
             // for the same quota, and never reach another bucket or capacity type.
-            let siblings: Vec<OfferingKey> = ctx
-                .offerings
-                .iter()
-                .filter(|o| notes.iter().any(|n| n.mark.covers(&o.key, o.vcpus)))
-                .filter(|o| !over_quota.iter().any(|(q, _)| *q == o.key))
-                .filter(|o| !unavailable.iter().any(|u| u.key == o.key && u.until > ctx.now))
-                .map(|o| o.key.clone())
-                .collect();
+            // (No quota refused anything, the usual case: no pass over the catalogue.)
+            let siblings: Vec<OfferingKey> = if notes.is_empty() {
+                Vec::new()
+            } else {
+                ctx.offerings
+                    .iter()
+                    .filter(|o| notes.iter().any(|n| n.mark.covers(&o.key, o.vcpus)))
+                    .filter(|o| !over_quota.iter().any(|(q, _)| *q == o.key))
+                    .filter(|o| !unavailable.iter().any(|u| u.key == o.key && u.until > ctx.now))
+                    .map(|o| o.key.clone())
+                    .collect()
+            };
             for n in notes {
                 let QuotaMark {
                     bucket,
