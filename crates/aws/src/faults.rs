@@ -8,9 +8,16 @@
 //!   first try wrote ("the expected condition is not met after the first update", DynamoDB
 //!   Developer Guide, "Working with items and attributes"). moto answers every request it applies.
 //!
+//! - [`VcpuQuotas`]: EC2's vCPU quotas, which moto does not enforce: CreateFleet overrides over
+//!   their quota are refused as EC2 refuses them ([`quotas`]).
+//!
 //! An agent loses answers when [`LOSE_ANSWERS_ENV`] is set and its clients have an endpoint
 //! override ([`crate::settings::Clients`]); `onoff local` gives its functions their own
 //! [`LoseAnswers`] ([`crate::settings::Clients::losing_answers`]).
+
+pub mod quotas;
+
+pub use quotas::VcpuQuotas;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;

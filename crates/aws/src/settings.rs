@@ -239,6 +239,14 @@ impl Clients {
         self.dynamodb = aws_sdk_dynamodb::Client::from_conf(self.dynamodb.config().to_builder().interceptor(f).build());
         self
     }
+
+    /// These clients, with EC2's vCPU quotas played on the EC2 client's CreateFleet calls
+    /// ([`crate::faults::VcpuQuotas`]; an emulator enforces none).
+    #[must_use]
+    pub fn with_vcpu_quotas(mut self, q: crate::faults::VcpuQuotas) -> Self {
+        self.ec2 = aws_sdk_ec2::Client::from_conf(self.ec2.config().to_builder().interceptor(q).build());
+        self
+    }
 }
 
 #[cfg(test)]

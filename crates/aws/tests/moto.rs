@@ -2228,3 +2228,63 @@ async fn the_outputs_record_is_written_once_the_attempt_ended_latest_attempt_win
     ));
     assert_eq!(jobs.get("job-gone").await.unwrap(), None);
 }
+
+#[tokio::test]
+async fn a_full_vcpu_quota_refuses_its_overrides_as_ec2_does() {
+    use onoff_aws::faults::VcpuQuotas;
+    use onoff_control::ports::FleetErrorKind;
+    use onoff_control::quota::QuotaBucket;
+    // 8 vCPUs of G spot instances: two g5.xlarge (4 vCPUs each).
+    let quotas = VcpuQuotas::new(
+        [((QuotaBucket::GAndVt, CapacityType::Spot), 8)].into_iter().collect(),
+        [("g5.xlarge".to_string(), 4)].into_iter().collect(),
+    );
+    let c = clients().await.with_vcpu_quotas(quotas.clone());
+    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
+    let fleet = Ec2Fleet::new(c.ec2.clone(), launch_template_name(&c).await)
+        .with_subnets(subnets)
+        .with_deployment(unique("deploy"));
+    let a = key("g5.xlarge", "us-east-1a", CapacityType::Spot);
+    let b = key("g5.xlarge", "us-east-1b", CapacityType::Spot);
+    let ask = |offerings: Vec<OfferingKey>, count: u32| LaunchRequest {
+        lane: "standard".into(),
+        offerings,
+        count,
+        project: None,
+        job: None,
+        client_token: String::new(),
+    };
+    let live = || async {
+        fleet
+            .describe_managed()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| (i.instance_type, i.capacity_type))
+            .collect::<Vec<_>>()
+    };
+    // Three asked, two fit: two launched, the rest refused for the quota, naming an override.
+    let res = fleet.launch(&ask(vec![a.clone(), b.clone()], 3)).await.unwrap();
+    assert_eq!(res.launched.len(), 2, "{res:?}");
+    assert_eq!(res.short.len(), 1, "{res:?}");
+    assert_eq!(res.short[0].1.kind, FleetErrorKind::QuotaExceeded, "{res:?}");
+    assert!(
+        res.short[0].1.message.starts_with("MaxSpotInstanceCountExceeded"),
+        "{res:?}"
+    );
+    let now = live().await;
+    assert_eq!(now.len(), 2);
+    quotas.set_live(now.iter().map(|(t, c)| (t.as_str(), *c)));
+    // Full: refused whole, nothing launched in the emulator, each override named.
+    let res = fleet.launch(&ask(vec![a.clone(), b.clone()], 1)).await.unwrap();
+    assert!(res.launched.is_empty(), "{res:?}");
+    let refused: Vec<&OfferingKey> = res.short.iter().map(|(k, _)| k).collect();
+    assert_eq!(refused, [&a, &b]);
+    assert!(res.short.iter().all(|(_, e)| e.kind == FleetErrorKind::QuotaExceeded));
+    assert_eq!(live().await.len(), 2);
+    // On-demand is another quota (none here): launched.
+    let od = key("g5.xlarge", "us-east-1a", CapacityType::OnDemand);
+    assert_eq!(fleet.launch(&ask(vec![od], 1)).await.unwrap().launched.len(), 1);
+    assert_eq!(quotas.refused(), 2);
+    assert_eq!(quotas.peaks(), [((QuotaBucket::GAndVt, CapacityType::Spot), 8, 8)]);
+}

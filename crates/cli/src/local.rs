@@ -45,6 +45,13 @@ pub struct LocalArgs {
     /// does), and the SDK retries it (0: none). Default 20 (0 with --serve).
     #[arg(long)]
     lose_answers: Option<u32>,
+    /// An EC2 vCPU quota for the emulator to enforce on the control plane's launches, as
+    /// CAPACITY:BUCKET=VCPUS, e.g. `spot:g-vt=16` (`All G and VT Spot Instance Requests`, 16
+    /// vCPUs) or `on-demand:p=0`; repeatable. Buckets: standard, dl, f, g-vt, hpc, high-memory,
+    /// inf, p, trn, x. A launch over a quota is refused as EC2 refuses it
+    /// (`MaxSpotInstanceCountExceeded`, `VcpuLimitExceeded`); moto enforces none. Default: none.
+    #[arg(long = "vcpu-quota", value_name = "QUOTA=VCPUS", value_parser = parse_vcpu_quota)]
+    vcpu_quotas: Vec<(onoff_aws::faults::quotas::QuotaKey, u32)>,
     /// Serve instead of replaying: start the stack with no trace, print its endpoint and names
     /// (also written to RUN_DIR/stack.json), and run until Ctrl-C or SIGTERM, taking the jobs
     /// any client submits (`onoff submit --local`, `aws s3 cp spec.json s3://<bucket>/jobs/`).
@@ -170,6 +177,7 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         spot_notices: a.spot_notices.unwrap_or(if a.serve { 0.0 } else { 1.0 }),
         kill_workers: a.kill_workers.unwrap_or(if a.serve { 0.0 } else { 0.5 }),
         lose_answers: a.lose_answers.unwrap_or(if a.serve { 0 } else { 20 }),
+        vcpu_quotas: a.vcpu_quotas.iter().cloned().collect(),
         notice_lead_s: a.notice_lead_s,
         boot_s: a.boot_s,
         tick_s: a.tick_s,
@@ -195,6 +203,30 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         job_user: !a.no_job_user,
         serve: a.serve,
     })
+}
+
+/// `CAPACITY:BUCKET=VCPUS` (`spot:g-vt=16`).
+fn parse_vcpu_quota(s: &str) -> Result<(onoff_aws::faults::quotas::QuotaKey, u32), String> {
+    use onoff_control::quota::QuotaBucket;
+    let (quota, vcpus) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected CAPACITY:BUCKET=VCPUS, e.g. spot:g-vt=16"))?;
+    let (capacity, bucket) = quota
+        .split_once(':')
+        .ok_or_else(|| format!("`{quota}`: expected CAPACITY:BUCKET, e.g. spot:g-vt"))?;
+    let capacity = match capacity {
+        "spot" => onoff_policy::CapacityType::Spot,
+        "on-demand" => onoff_policy::CapacityType::OnDemand,
+        other => return Err(format!("capacity `{other}`: spot or on-demand")),
+    };
+    let bucket = QuotaBucket::ALL.into_iter().find(|b| b.id() == bucket).ok_or_else(|| {
+        let ids: Vec<&str> = QuotaBucket::ALL.iter().map(|b| b.id()).collect();
+        format!("bucket `{bucket}`: one of {}", ids.join(", "))
+    })?;
+    let vcpus = vcpus
+        .parse()
+        .map_err(|e| format!("`{vcpus}`: vCPUs, a whole number ({e})"))?;
+    Ok(((bucket, capacity), vcpus))
 }
 
 /// Print what a serving stack's clients need: its endpoint and names (`stack.json`).
@@ -376,6 +408,16 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         "  instances  {} launched, {} left running at the end",
         r.instances_launched, r.instances_left_running
     );
+    for q in &r.vcpu_quotas {
+        println!(
+            "  quota      {}{}: {} vCPUs, at most {} held at once; {} launch(es) refused or cut",
+            q.quota,
+            q.code.as_deref().map_or_else(String::new, |c| format!(" ({c})")),
+            q.limit_vcpus,
+            q.peak_vcpus,
+            r.launches_refused_for_quota
+        );
+    }
     println!(
         "  cost       ${:.2} in all, ${:.3} per job (trace time: price x lifetime x {})",
         r.total_usd, r.usd_per_job, r.compress
@@ -441,4 +483,33 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         }
     }
     println!("  logs       {}", o.run_dir.display());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use onoff_control::quota::QuotaBucket;
+    use onoff_policy::CapacityType;
+
+    #[test]
+    fn a_vcpu_quota_is_read_as_capacity_bucket_and_vcpus() {
+        assert_eq!(
+            parse_vcpu_quota("spot:g-vt=16"),
+            Ok(((QuotaBucket::GAndVt, CapacityType::Spot), 16))
+        );
+        assert_eq!(
+            parse_vcpu_quota("on-demand:p=0"),
+            Ok(((QuotaBucket::P, CapacityType::OnDemand), 0))
+        );
+        for (bad, says) in [
+            ("spot:g-vt", "CAPACITY:BUCKET=VCPUS"),
+            ("g-vt=16", "CAPACITY:BUCKET"),
+            ("reserved:g-vt=16", "spot or on-demand"),
+            ("spot:gpu=16", "one of standard, dl"),
+            ("spot:g-vt=many", "whole number"),
+        ] {
+            let e = parse_vcpu_quota(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 }

@@ -3,7 +3,9 @@
 //! `onoff outputs` downloads the file it wrote; a long job is cancelled while it runs and one
 //! while it waits (`onoff workers` shows the one worker running the first); a job put by the AWS
 //! CLI (`aws s3 cp` under `jobs/`) runs too; `onoff cost` per project adds up to what the jobs
-//! recorded; after Ctrl-C nothing is left running.
+//! recorded; after Ctrl-C nothing is left running. The account has no G spot quota (played by the
+//! emulator), so the workers are on-demand and `onoff workers` names the full quota. Every verb
+//! runs under `OperatorAccess`, and none of its calls is denied.
 #![cfg(feature = "local")]
 
 use std::path::{Path, PathBuf};
@@ -93,6 +95,10 @@ fn the_operator_verbs_on_a_served_local_stack() {
             &moto,
             "--max-workers",
             "1",
+            // An account with no G spot quota at all: every spot launch is refused as EC2
+            // refuses it, and the control plane launches on-demand instead.
+            "--vcpu-quota",
+            "spot:g-vt=0",
             "--run-dir",
         ])
         .arg(&run_dir)
@@ -181,11 +187,21 @@ fn the_operator_verbs_on_a_served_local_stack() {
         price > 0.0 && (w["usd_per_h"].as_f64().unwrap() - price).abs() < 1e-9,
         "{w}"
     );
+    // The account's G spot quota is full (0 vCPUs): the worker is on-demand, and the verb
+    // names the quota, its Service Quotas code and how to raise it.
+    assert_eq!(live[0]["capacity_type"], "on-demand", "{w}");
+    let full = w["full_quotas"].as_array().expect("a list of full quotas");
+    assert!(
+        full.iter()
+            .any(|q| q["code"] == "L-3819A6DF" && q["capacity_type"] == "spot"),
+        "{w}"
+    );
     let text = ok(&onoff(&stack, &["workers"]));
     assert!(
         text.contains(&long) && text.contains("1 worker(s) (1 running)"),
         "{text}"
     );
+    assert!(text.contains("All G and VT Spot Instance Requests"), "{text}");
     // 3. One that waits behind it, cancelled before it starts.
     let waiting = submit(
         &stack,
@@ -355,6 +371,12 @@ fn the_operator_verbs_on_a_served_local_stack() {
     let check = &report["policy_check"];
     assert_eq!(check["denied"], 0, "{check}");
     assert_eq!(check["not_covered"].as_array().map(Vec::len), Some(0), "{check}");
+    // No G spot instance ever ran; the emulator refused the spot launches.
+    assert_eq!(report["vcpu_quotas"][0]["peak_vcpus"], 0, "{report}");
+    assert!(
+        report["launches_refused_for_quota"].as_u64().unwrap_or(0) >= 1,
+        "{report}"
+    );
     let operator = check["requests_by_principal"]["operator"].as_u64().unwrap_or(0);
     assert!(operator >= 20, "the operator's requests were evaluated: {check}");
     let needle = run_dir.canonicalize().expect("run dir exists");

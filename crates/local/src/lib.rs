@@ -94,6 +94,19 @@ pub struct LocalStack {
     pub pid: u32,
 }
 
+/// A vCPU quota a local run played ([`LocalReport::vcpu_quotas`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct QuotaPlayed {
+    /// Its name in Service Quotas, e.g. `All G and VT Spot Instance Requests`.
+    pub quota: String,
+    /// Its Service Quotas code (service `ec2`), when it has one.
+    pub code: Option<String>,
+    /// The limit, vCPUs.
+    pub limit_vcpus: u32,
+    /// The most vCPUs of its live instances at once (sampled every 250 ms).
+    pub peak_vcpus: u32,
+}
+
 /// Everything a local run can be told. Times are wall seconds unless they say trace seconds.
 #[derive(Debug, Clone)]
 pub struct LocalOptions {
@@ -118,6 +131,10 @@ pub struct LocalOptions {
     /// Every Nth DynamoDB write the emulator applied (functions and agents alike) loses its
     /// answer: HTTP 500 in its place, which the SDK retries (`onoff_aws::faults`); 0: none.
     pub lose_answers: u32,
+    /// EC2 vCPU quotas the emulator is made to enforce on the functions' launches, vCPUs per
+    /// (bucket, capacity type) (`onoff_aws::faults::VcpuQuotas`; moto enforces none); empty:
+    /// none.
+    pub vcpu_quotas: BTreeMap<onoff_aws::faults::quotas::QuotaKey, u32>,
     /// Seconds from a spot notice to the reclaim (AWS: 120; scaled down by default).
     pub notice_lead_s: f64,
     /// Seconds from launch to the agent's start (the boot).
@@ -192,6 +209,11 @@ pub struct LocalReport {
     pub answers_lost: usize,
     /// [`LocalOptions::lose_answers`].
     pub lose_answers_every: u32,
+    /// The vCPU quotas played ([`LocalOptions::vcpu_quotas`]): each with the most vCPUs its
+    /// instances held at once, as the runner saw them.
+    pub vcpu_quotas: Vec<QuotaPlayed>,
+    /// CreateFleet calls a played vCPU quota refused or cut.
+    pub launches_refused_for_quota: u32,
     /// $ for all instances (trace time).
     pub total_usd: f64,
     /// `total_usd` / jobs succeeded.
@@ -547,6 +569,15 @@ async fn run_with(
         sessions.as_ref().map(|s| &s.submitter),
         Some(call_log.recorder("submitter")),
     );
+    // EC2's vCPU quotas, played on the functions' launches and told the live instances below.
+    let quotas = (!opts.vcpu_quotas.is_empty()).then(|| {
+        let vcpus_of: BTreeMap<String, u32> = settings
+            .offerings
+            .iter()
+            .map(|o| (o.key.instance_type.clone(), o.vcpus))
+            .collect();
+        onoff_aws::faults::VcpuQuotas::new(opts.vcpu_quotas.clone(), vcpus_of)
+    });
     // Each function's context as its cold start builds it (`aws_ctx`): its own session, and (but
     // the interruption handler's, which neither decides nor admits) its offerings restricted to
     // the subnets' zones by its own DescribeSubnets.
@@ -558,6 +589,10 @@ async fn run_with(
         let c = match opts.lose_answers {
             0 => c,
             n => c.losing_answers(onoff_aws::faults::LoseAnswers::every(n)),
+        };
+        let c = match &quotas {
+            Some(q) => c.with_vcpu_quotas(q.clone()),
+            None => c,
         };
         let mut ctx = onoff_fn_common::ctx_from_clients(settings.clone(), &c);
         let name = name.to_string();
@@ -855,6 +890,14 @@ async fn run_with(
         if now >= next_fleet {
             next_fleet = now + Duration::from_millis(250);
             if let Ok(present) = fleet.describe_managed().await {
+                if let Some(q) = &quotas {
+                    q.set_live(
+                        present
+                            .iter()
+                            .filter(|i| matches!(i.state.as_str(), "pending" | "running"))
+                            .map(|i| (i.instance_type.as_str(), i.capacity_type)),
+                    );
+                }
                 let present_ids: BTreeSet<String> = present.iter().map(|i| i.instance_id.clone()).collect();
                 for i in &present {
                     instances.entry(i.instance_id.clone()).or_insert_with(|| Inst {
@@ -1113,6 +1156,19 @@ async fn run_with(
     let denied: Vec<&onoff_aws::record::CallRecord> = calls.iter().filter(|c| c.status == 403).collect();
     report.access_denied = denied.len();
     // A lost answer is recorded as the write's HTTP 500 (moto itself answers none of them so).
+    if let Some(q) = &quotas {
+        report.launches_refused_for_quota = q.refused();
+        report.vcpu_quotas = q
+            .peaks()
+            .into_iter()
+            .map(|((bucket, cap), limit, peak)| QuotaPlayed {
+                quota: bucket.name(cap),
+                code: bucket.code(cap).map(str::to_string),
+                limit_vcpus: limit,
+                peak_vcpus: peak,
+            })
+            .collect();
+    }
     report.answers_lost = calls
         .iter()
         .filter(|c| {
