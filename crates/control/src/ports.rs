@@ -71,23 +71,32 @@ impl LaunchRequest {
         const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
         const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
         let mut h = OFFSET;
-        let mut feed = |bytes: &[u8]| {
-            // 0xff never occurs in UTF-8, so it separates fields unambiguously.
-            for b in bytes.iter().chain(&[0xff]) {
+        // One field: its parts' bytes, then 0xff (which never occurs in UTF-8, so it separates
+        // fields unambiguously). Parts rather than a formatted string: the simulator runs this on
+        // every launch of a replay.
+        let mut feed = |parts: &[&[u8]]| {
+            for b in parts.iter().flat_map(|p| p.iter()).chain(&[0xff]) {
                 h ^= u128::from(*b);
                 h = h.wrapping_mul(PRIME);
             }
         };
-        feed(decision_id.as_bytes());
-        feed(self.lane.as_bytes());
+        feed(&[decision_id.as_bytes()]);
+        feed(&[self.lane.as_bytes()]);
         for o in &self.offerings {
-            feed(o.to_string().as_bytes());
+            // The offering as it displays: `type/zone/capacity`.
+            feed(&[
+                o.instance_type.as_bytes(),
+                b"/",
+                o.zone.as_bytes(),
+                b"/",
+                o.capacity_type.as_str().as_bytes(),
+            ]);
         }
-        feed(&self.count.to_le_bytes());
+        feed(&[&self.count.to_le_bytes()]);
         for opt in [&self.project, &self.job] {
             match opt {
-                Some(v) => feed(format!("+{v}").as_bytes()),
-                None => feed(b"-"),
+                Some(v) => feed(&[b"+", v.as_bytes()]),
+                None => feed(&[b"-"]),
             }
         }
         format!("onoff-{h:032x}")

@@ -96,6 +96,10 @@ fn leading_key(map: &J) -> Option<String> {
 /// filter and key-condition expressions (with `#placeholders` resolved through
 /// `ExpressionAttributeNames`), and the legacy `AttributesToGet`, `AttributeUpdates` and
 /// `Expected`. Counting a name AWS might not makes a policy stricter here than there, never looser.
+/// What a write returns (`ReturnValues`) is not counted: the condition "is evaluated only on the
+/// attributes specified in the request ..., not on attributes in the response" (same page), which
+/// is why every statement of template.yaml that restricts `dynamodb:Attributes` also restricts
+/// `dynamodb:ReturnValues`, as the guide asks.
 fn attributes(body: &J) -> Vec<String> {
     let mut names = std::collections::BTreeSet::new();
     let placeholders = &body["ExpressionAttributeNames"];

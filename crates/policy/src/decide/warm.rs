@@ -74,9 +74,19 @@ impl Fractile {
     /// ascending.
     pub(crate) fn new(demand: &[u32]) -> Self {
         let busy_now = demand.first().is_some_and(|d| *d > 0);
+        // Most windows need nothing: the zeros first, then only the others sorted (this runs per
+        // shape on every decision).
         let mut d: Vec<u32> = Vec::with_capacity(demand.len());
-        d.extend(demand.windows(2).filter(|p| (p[1] > 0) == busy_now).map(|p| p[0]));
+        let mut zeros = 0;
+        for p in demand.windows(2).filter(|p| (p[1] > 0) == busy_now) {
+            if p[0] == 0 {
+                zeros += 1;
+            } else {
+                d.push(p[0]);
+            }
+        }
         d.sort_unstable();
+        d.splice(0..0, std::iter::repeat_n(0, zeros));
         Self(d)
     }
 
