@@ -1205,20 +1205,26 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     let workers = unique("workers");
     table(&c, &workers, onoff_aws::state::WORKER_KEY).await;
     let lossy_workers = DynamoWorkers::new(jobs_client.clone(), &workers, ARN_PREFIX);
+    // An idle g5.xlarge worker at `price` $/h (0: registered by its agent, unpriced).
+    let register_idle = |id: &'static str, price: f64| {
+        let w = &lossy_workers;
+        async move {
+            w.register_launch(WorkerRecord {
+                state: WorkerState::Idle,
+                ..WorkerRecord::launched(
+                    id,
+                    "standard",
+                    key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+                    price,
+                    now,
+                )
+            })
+            .await
+            .unwrap();
+        }
+    };
     let idle = "i-0aaaaaaaaaaaaaaa7";
-    lossy_workers
-        .register_launch(WorkerRecord {
-            state: WorkerState::Idle,
-            ..WorkerRecord::launched(
-                idle,
-                "standard",
-                key("g5.xlarge", "us-east-1a", CapacityType::Spot),
-                0.4,
-                now,
-            )
-        })
-        .await
-        .unwrap();
+    register_idle(idle, 0.4).await;
     let lost_before = lose.lost();
     lose.arm();
     assert_eq!(
@@ -1239,19 +1245,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     // The reconciler's price of a worker its agent registered, and a hold of an idle one: done
     // on the retry (refused, the hold would go uncounted and the price unread until the next run).
     let unpriced = "i-0aaaaaaaaaaaaaaa8";
-    lossy_workers
-        .register_launch(WorkerRecord {
-            state: WorkerState::Idle,
-            ..WorkerRecord::launched(
-                unpriced,
-                "standard",
-                key("g5.xlarge", "us-east-1a", CapacityType::Spot),
-                0.0,
-                now,
-            )
-        })
-        .await
-        .unwrap();
+    register_idle(unpriced, 0.0).await;
     let lost_before = lose.lost();
     lose.arm();
     assert_eq!(lossy_workers.set_price_if_unpriced(unpriced, 0.4212).await, Ok(true));
