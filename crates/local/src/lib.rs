@@ -1155,7 +1155,6 @@ async fn run_with(
     report.calls_recorded = calls.len();
     let denied: Vec<&onoff_aws::record::CallRecord> = calls.iter().filter(|c| c.status == 403).collect();
     report.access_denied = denied.len();
-    // A lost answer is recorded as the write's HTTP 500 (moto itself answers none of them so).
     if let Some(q) = &quotas {
         report.launches_refused_for_quota = q.refused();
         report.vcpu_quotas = q
@@ -1169,6 +1168,7 @@ async fn run_with(
             })
             .collect();
     }
+    // A lost answer is recorded as the write's HTTP 500 (moto itself answers none of them so).
     report.answers_lost = calls
         .iter()
         .filter(|c| {
