@@ -151,6 +151,15 @@ async fn launch_template_name(c: &Clients) -> String {
 
 /// Submit a 1-GPU job of project `p` through SQS as message `token` (also its client token) to
 /// the `standard` lane at `now`; its id.
+/// A fleet of a deployment of its own (tagged apart from every other test's), launching from the
+/// shared launch template into the default subnets.
+async fn own_fleet(c: &Clients) -> Ec2Fleet {
+    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
+    Ec2Fleet::new(c.ec2.clone(), launch_template_name(c).await)
+        .with_subnets(subnets)
+        .with_deployment(unique("deploy"))
+}
+
 async fn new_job(jobs: &onoff_aws::jobs::DynamoJobs, queue: &SqsQueues, token: &str, now: f64) -> String {
     use onoff_control::submit::{submit, Source, Submitted};
     let spec = format!(r#"{{"image":"img","command":["x"],"project":"p","client_token":"{token}"}}"#);
@@ -754,12 +763,7 @@ async fn insufficient_capacity_on_the_first_offering_falls_back_to_the_next() {
     let control = unique("control");
     table(&c, &workers, onoff_aws::state::WORKER_KEY).await;
     table(&c, &control, "pk").await;
-    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
-    let fleet = FaultyFleet::new(
-        Ec2Fleet::new(c.ec2.clone(), launch_template_name(&c).await)
-            .with_subnets(subnets)
-            .with_deployment(unique("deploy")),
-    );
+    let fleet = FaultyFleet::new(own_fleet(&c).await);
     let reg = DynamoWorkers::new(c.dynamodb.clone(), &workers, ARN_PREFIX);
     let ctl = DynamoControl::new(c.dynamodb.clone(), &control);
     let first = key("g5.xlarge", "us-east-1a", CapacityType::Spot);
@@ -1688,7 +1692,6 @@ async fn deployment(c: &Clients, idle_timeout_s: f64) -> Deployment {
         .queue_url()
         .unwrap()
         .to_string();
-    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
     let mut cfg = PolicyConfig {
         lanes: vec![onoff_policy::LaneConfig {
             name: lane.clone(),
@@ -1706,9 +1709,7 @@ async fn deployment(c: &Clients, idle_timeout_s: f64) -> Deployment {
         jobs: onoff_aws::jobs::DynamoJobs::new(c.dynamodb.clone(), &jobs_t),
         workers: DynamoWorkers::new(c.dynamodb.clone(), &workers_t, ARN_PREFIX),
         control: DynamoControl::new(c.dynamodb.clone(), &control_t),
-        fleet: Ec2Fleet::new(c.ec2.clone(), launch_template_name(c).await)
-            .with_subnets(subnets)
-            .with_deployment(unique("deploy")),
+        fleet: own_fleet(c).await,
         cfg,
         offerings: vec![Offering {
             key: key("g5.xlarge", "us-east-1a", CapacityType::Spot),
@@ -1927,10 +1928,7 @@ async fn after_a_spot_warning_the_replacement_launches_in_another_offering() {
 #[tokio::test]
 async fn one_create_fleet_call_spreads_over_its_overrides() {
     let c = clients().await;
-    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
-    let fleet = Ec2Fleet::new(c.ec2.clone(), launch_template_name(&c).await)
-        .with_subnets(subnets)
-        .with_deployment(unique("deploy"));
+    let fleet = own_fleet(&c).await;
     let a = key("g5.xlarge", "us-east-1a", CapacityType::Spot);
     let b = key("g5.xlarge", "us-east-1b", CapacityType::Spot);
     let res = fleet
@@ -2234,10 +2232,7 @@ async fn a_full_vcpu_quota_refuses_its_overrides_as_ec2_does() {
         [("g5.xlarge".to_string(), 4)].into_iter().collect(),
     );
     let c = clients().await.with_vcpu_quotas(quotas.clone());
-    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
-    let fleet = Ec2Fleet::new(c.ec2.clone(), launch_template_name(&c).await)
-        .with_subnets(subnets)
-        .with_deployment(unique("deploy"));
+    let fleet = own_fleet(&c).await;
     let a = key("g5.xlarge", "us-east-1a", CapacityType::Spot);
     let b = key("g5.xlarge", "us-east-1b", CapacityType::Spot);
     let ask = |offerings: Vec<OfferingKey>, count: u32| LaunchRequest {
