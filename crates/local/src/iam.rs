@@ -399,34 +399,12 @@ pub async fn setup(endpoint: &str, stack: &onoff_iam::Stack) -> anyhow::Result<L
     let put_jobs = serde_json::json!({"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Action": "s3:PutObject", "Resource": format!("arn:aws:s3:::{bucket}/jobs/*")},
     ]});
-    let submitter = create_role(
-        endpoint,
-        &format!("{}-submitter", stack.stack_name),
-        std::slice::from_ref(&put_jobs),
-    )
-    .await?;
-    let submitter_caller = onoff_iam::eval::Caller {
-        role_arn: submitter.clone(),
-        identity: vec![put_jobs],
-        session_policy: None,
-        instance_arn: None,
-    };
+    let (submitter, submitter_caller) = local_role(endpoint, stack, "submitter", put_jobs).await?;
     // The operator's role has what an operator's role on AWS is given: the template's managed
     // policy, resolved for this stack (its resources' names are the stack's).
     let operator_access = onoff_iam::managed_policy(onoff_iam::TEMPLATE, stack, "OperatorAccess")
         .context("the template's OperatorAccess policy")?;
-    let operator = create_role(
-        endpoint,
-        &format!("{}-operator", stack.stack_name),
-        &[onoff_iam::moto_projection(&operator_access)],
-    )
-    .await?;
-    let operator_caller = onoff_iam::eval::Caller {
-        role_arn: operator.clone(),
-        identity: vec![operator_access],
-        session_policy: None,
-        instance_arn: None,
-    };
+    let (operator, operator_caller) = local_role(endpoint, stack, "operator", operator_access).await?;
     let mut functions = std::collections::BTreeMap::new();
     for p in [
         Principal::Scaler,
@@ -448,6 +426,32 @@ pub async fn setup(endpoint: &str, stack: &onoff_iam::Stack) -> anyhow::Result<L
     };
     enforce(endpoint, true).await?;
     Ok(sessions)
+}
+
+/// Role `<stack>-<name>` with `policy` (as moto evaluates it, [`onoff_iam::moto_projection`]),
+/// and its caller for the evaluation of its recorded calls (the policy in full).
+///
+/// # Errors
+/// The emulator refused a call.
+async fn local_role(
+    endpoint: &str,
+    stack: &onoff_iam::Stack,
+    name: &str,
+    policy: serde_json::Value,
+) -> anyhow::Result<(String, onoff_iam::eval::Caller)> {
+    let arn = create_role(
+        endpoint,
+        &format!("{}-{name}", stack.stack_name),
+        &[onoff_iam::moto_projection(&policy)],
+    )
+    .await?;
+    let caller = onoff_iam::eval::Caller {
+        role_arn: arn.clone(),
+        identity: vec![policy],
+        session_policy: None,
+        instance_arn: None,
+    };
+    Ok((arn, caller))
 }
 
 /// The recorded calls of a run evaluated against template.yaml's full policies
