@@ -84,6 +84,7 @@ fn repeated_reconciles_while_workers_boot_launch_once_per_job_and_spread_over_zo
             workers: &workers,
             offerings: &offs,
             unavailable: &[],
+            fleet: None,
         };
         let plan = decide(&obs, &cfg, now);
         let ctx = ActContext {

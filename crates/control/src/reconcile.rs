@@ -575,6 +575,7 @@ where
         workers: &views,
         offerings: offerings_now,
         unavailable: &unavailable,
+        fleet: None,
     };
     report.plan = decide(&obs, cfg, now);
     let ctx = ActContext {

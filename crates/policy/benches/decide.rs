@@ -96,6 +96,7 @@ fn bench(c: &mut Criterion) {
         workers: &workers,
         offerings: &offerings,
         unavailable: &[],
+        fleet: None,
     };
     c.bench_function("decide 10k jobs x 1k workers", |b| {
         b.iter(|| std::hint::black_box(decide(std::hint::black_box(&obs), &cfg, 1_700_000_000.0)))

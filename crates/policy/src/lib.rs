@@ -33,7 +33,7 @@ pub use config::{
 };
 pub use decide::{decide, decide_with_memo};
 pub use observation::{
-    DemandWindows, GapHistogram, LaneBacklog, LaneId, LaneObservation, Observation, PendingJob, ShapeGaps,
+    DemandWindows, FleetHint, GapHistogram, LaneBacklog, LaneId, LaneObservation, Observation, PendingJob, ShapeGaps,
     UnavailableOffering, WorkerState, WorkerView,
 };
 pub use offering::{CapacityType, InterruptionBucket, Offering, OfferingKey};

@@ -166,12 +166,17 @@ impl Default for GapHistogram {
 impl GapHistogram {
     /// Upper edge of bucket `i` (< 48), seconds.
     pub fn bucket_edge_s(i: usize) -> f64 {
+        Self::bucket_edges()[i.min(GAP_BUCKETS - 1)]
+    }
+
+    /// Every bucket's upper edge, seconds, in bucket order.
+    fn bucket_edges() -> &'static [f64] {
         static EDGES: std::sync::LazyLock<Vec<f64>> = std::sync::LazyLock::new(|| {
             (0..GAP_BUCKETS)
                 .map(|i| GAP_BUCKET_BASE_S * GAP_BUCKET_GROWTH.powi(i as i32))
                 .collect()
         });
-        EDGES[i.min(GAP_BUCKETS - 1)]
+        &EDGES
     }
 
     /// Record one inter-arrival gap, seconds (negative values count as 0), that ended at `at`
@@ -305,22 +310,17 @@ impl ShapeGaps {
         if self.runtimes.samples() == 0 {
             return worker_units(None, horizon_s, default_runtime_s);
         }
-        self.runtimes
-            .masses()
-            .enumerate()
-            .map(|(i, p)| {
-                let lo = if i == 0 {
-                    0.0
-                } else {
-                    GapHistogram::bucket_edge_s(i - 1)
-                };
-                p * worker_units(
-                    Some((lo + GapHistogram::bucket_edge_s(i)) / 2.0),
-                    horizon_s,
-                    default_runtime_s,
-                )
-            })
-            .sum()
+        // Empty buckets add nothing: skipped (the keep-alive asks this of most decisions).
+        let (edges, t) = (GapHistogram::bucket_edges(), self.runtimes.total_weight);
+        let mut sum = 0.0;
+        for (i, &w) in self.runtimes.weights.iter().enumerate() {
+            if w == 0.0 || t <= 0.0 {
+                continue;
+            }
+            let lo = if i == 0 { 0.0 } else { edges[i - 1] };
+            sum += w / t * worker_units(Some((lo + edges[i]) / 2.0), horizon_s, default_runtime_s);
+        }
+        sum
     }
 }
 
@@ -583,4 +583,69 @@ pub struct Observation<'a> {
     pub offerings: &'a [Offering],
     /// Offerings that recently failed with a capacity error.
     pub unavailable: &'a [UnavailableOffering],
+    /// Fleet figures the caller keeps worker by worker, so `decide` need not pass over every
+    /// worker ([`FleetHint`]); `None` (every caller but the simulator): `decide` passes over them.
+    pub fleet: Option<&'a FleetHint>,
+}
+
+/// What `decide` would otherwise gather from one pass over [`Observation::workers`], kept up to
+/// date worker by worker by a caller with many workers and many decisions: the simulator, whose
+/// workers mostly run long jobs, neither free capacity nor pinned to a job (on full Philly the
+/// pass was a third of a replay's instructions).
+///
+/// It must describe `workers` exactly: debug builds of `decide` compute the figures both ways
+/// and panic when they differ. `decide` takes it only for the `now` and short-job horizon it was
+/// made for, and not under a budget cap (the spend counts every worker).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FleetHint {
+    /// The decision time it describes, unix seconds.
+    pub now: f64,
+    /// The short-job horizon it was made with (`offers.short_job_horizon_s`), seconds.
+    pub horizon_s: f64,
+    /// Indices into `workers`, ascending: every idle or booting worker and every running one whose
+    /// job is expected to end within `horizon_s` of `now` (more may be named: `decide` checks each).
+    pub visit: Vec<usize>,
+    /// Per lane index: the live workers (pending, running, idle) and the latest launch among them
+    /// (unix seconds; negative infinity when none).
+    pub lane_live: Vec<(u32, f64)>,
+    /// The cheapest price of a live worker per (GPUs, GPU memory per GPU in GiB as `f64` bits),
+    /// $/h, for each such pair with a live worker, in any order.
+    pub cheapest: Vec<((u32, u64), f64)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mean over the buckets that hold run times is the mean over all of them.
+    #[test]
+    fn mean_worker_units_is_the_mass_weighted_units_of_every_bucket() {
+        let (horizon, default) = (120.0, 3_600.0);
+        let mut g = ShapeGaps::default();
+        for (i, r) in [5.0, 30.0, 30.0, 90.0, 400.0, 7_200.0].into_iter().enumerate() {
+            g.runtimes.record(r, 1_000.0 + 600.0 * i as f64);
+        }
+        let every: f64 = g
+            .runtimes
+            .masses()
+            .enumerate()
+            .map(|(i, p)| {
+                let lo = if i == 0 {
+                    0.0
+                } else {
+                    GapHistogram::bucket_edge_s(i - 1)
+                };
+                p * worker_units(Some((lo + GapHistogram::bucket_edge_s(i)) / 2.0), horizon, default)
+            })
+            .sum();
+        let mean = g.mean_worker_units(horizon, default);
+        assert_eq!(mean.to_bits(), every.to_bits());
+        // Two long runs of six (units 1), the short ones a fraction of the 120 s horizon.
+        assert!(mean > 0.2 && mean < 1.0, "{mean}");
+        assert_eq!(
+            ShapeGaps::default().mean_worker_units(horizon, default),
+            1.0,
+            "no run times: the default's"
+        );
+    }
 }

@@ -32,13 +32,14 @@ use onoff_control::{act, handle_interruption_notice, ActContext};
 use onoff_policy::choice::{fits, speed};
 use onoff_policy::deadline::keeps_off_spot;
 use onoff_policy::{
-    CapacityType, DemandWindows, LaneObservation, Observation, Offering, OfferingKey, PendingJob, Plan, PolicyConfig,
-    Reason, UnavailableOffering, WorkerState, WorkerView,
+    CapacityType, DemandWindows, FleetHint, LaneObservation, Observation, Offering, OfferingKey, PendingJob, Plan,
+    PolicyConfig, Reason, UnavailableOffering, WorkerState, WorkerView,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::fleet_index::{brief, FleetIndex};
 use crate::preemption::{MeasuredPreemptions, ZoneMapping};
 use crate::trace::Trace;
 
@@ -480,6 +481,10 @@ struct World {
     onoff_agent: bool,
     /// Booted workers held for the multi-instance job they were launched for, by job index.
     reserved: HashMap<usize, Vec<u64>>,
+    /// The fleet figures `decide` reads, kept as workers change ([`FleetIndex`]): every change
+    /// to a worker's state or `busy_until` goes through [`World::change_worker`].
+    fleet_index: FleetIndex,
+    fleet_hint: FleetHint,
 }
 
 impl World {
@@ -490,6 +495,32 @@ impl World {
 
     fn lane_index(&self, name: &str) -> usize {
         self.lane_names.iter().position(|l| l == name).unwrap_or(0)
+    }
+
+    /// A job's workers (by number) are done with it: the running ones go idle.
+    fn free_workers(&mut self, workers: Vec<u64>) {
+        for num in workers {
+            if let Some(i) = self.worker_idx(num) {
+                self.wsim[i].job = None;
+                self.workers[i].project = None;
+                if self.workers[i].state == WorkerState::Running {
+                    let now = self.now;
+                    self.change_worker(i, |w| {
+                        w.state = WorkerState::Idle;
+                        w.idle_since = Some(now);
+                    });
+                    self.wsim[i].idle_from = Some(now);
+                    self.list_idle(i);
+                }
+            }
+        }
+    }
+
+    /// Change worker `i` (its state, or anything [`FleetIndex`] counts) with the index kept.
+    fn change_worker(&mut self, i: usize, f: impl FnOnce(&mut WorkerView)) {
+        let before = brief(&self.workers[i]);
+        f(&mut self.workers[i]);
+        self.fleet_index.change(i, before, &self.workers[i]);
     }
 
     fn worker_idx(&self, num: u64) -> Option<usize> {
@@ -605,6 +636,8 @@ impl World {
             });
             debug_assert_eq!(self.by_num.len() as u64, num);
             self.by_num.push((self.workers.len() - 1) as u32);
+            self.fleet_index
+                .add(self.workers.len() - 1, &self.workers[self.workers.len() - 1]);
             self.by_id.insert(id.clone(), num);
             self.push(self.now + boot, Ev::BootDone(num));
             if spot && self.cfg.interruptions && self.measured.is_none() {
@@ -746,11 +779,13 @@ impl World {
             self.preempt_job(job, false);
         }
         let id = self.workers[i].id.clone();
+        self.fleet_index.remove(i, &self.workers[i]);
         self.by_id.remove(&id);
         self.by_num[num as usize] = NO_WORKER;
         self.workers.swap_remove(i);
         self.wsim.swap_remove(i);
         if i < self.workers.len() {
+            self.fleet_index.moved(self.workers.len(), i, &self.workers[i]);
             let moved = self.wsim[i].num;
             self.by_num[moved as usize] = i as u32;
         }
@@ -778,18 +813,7 @@ impl World {
         j.epoch += 1;
         j.run_workers.clear();
         self.running_jobs -= 1;
-        for num in workers {
-            if let Some(i) = self.worker_idx(num) {
-                self.wsim[i].job = None;
-                self.workers[i].project = None;
-                if self.workers[i].state == WorkerState::Running {
-                    self.workers[i].state = WorkerState::Idle;
-                    self.workers[i].idle_since = Some(self.now);
-                    self.wsim[i].idle_from = Some(self.now);
-                    self.list_idle(i);
-                }
-            }
-        }
+        self.free_workers(workers);
         self.enqueue(job);
     }
 
@@ -964,22 +988,28 @@ impl World {
         if !self.reserved.is_empty() {
             self.release_reserved(job);
         }
-        let mut sp = f64::INFINITY;
+        // A gang runs at its slowest GPU's speed.
+        let sp = workers.iter().fold(f64::INFINITY, |sp, &i| {
+            sp.min(speed(&pcfg.offers, &self.offerings[self.wsim[i].offering].gpu_model))
+        });
+        let at = self.now + self.jobs[job].remaining / sp;
         let mut nums = Vec::with_capacity(workers.len());
         for &i in workers {
             let now = self.now;
-            let w = &mut self.workers[i];
-            let ws = &mut self.wsim[i];
+            let (w, ws) = (&self.workers[i], &mut self.wsim[i]);
             if let Some(from) = ws.idle_from.take() {
                 self.idle_gpu_s += (now - from) * w.gpus as f64;
                 self.idle_usd += (now - from) * w.price_usd_per_h / 3600.0;
             }
-            w.state = WorkerState::Running;
-            w.idle_since = None;
-            w.project = Some(self.projects[self.jobs[job].project as usize].clone());
             ws.job = Some(job);
-            sp = sp.min(speed(&pcfg.offers, &self.offerings[ws.offering].gpu_model));
             nums.push(ws.num);
+            let project = self.projects[self.jobs[job].project as usize].clone();
+            self.change_worker(i, |w| {
+                w.state = WorkerState::Running;
+                w.idle_since = None;
+                w.project = Some(project);
+                w.busy_until = Some(at);
+            });
         }
         let j = &mut self.jobs[job];
         if j.started_first.is_nan() {
@@ -989,10 +1019,6 @@ impl World {
         j.run_speed = sp;
         j.run_workers = nums;
         let epoch = j.epoch;
-        let at = self.now + j.remaining / sp;
-        for &i in workers {
-            self.workers[i].busy_until = Some(at);
-        }
         self.running_jobs += 1;
         self.push(at, Ev::JobDone { job, epoch });
     }
@@ -1005,19 +1031,7 @@ impl World {
         self.completed += 1;
         self.running_jobs -= 1;
         self.last_completion = self.now;
-        for num in workers {
-            if let Some(i) = self.worker_idx(num) {
-                self.wsim[i].job = None;
-                let w = &mut self.workers[i];
-                w.project = None;
-                if w.state == WorkerState::Running {
-                    w.state = WorkerState::Idle;
-                    w.idle_since = Some(self.now);
-                    self.wsim[i].idle_from = Some(self.now);
-                    self.list_idle(i);
-                }
-            }
-        }
+        self.free_workers(workers);
     }
 
     fn timeline_row(&self, minute: u64) -> TimelineRow {
@@ -1078,7 +1092,7 @@ impl WorkerRegistry for SimPorts<'_> {
         let mut w = self.0.borrow_mut();
         let num = *w.by_id.get(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
         let i = w.worker_idx(num).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        w.workers[i].state = state;
+        w.change_worker(i, |w| w.state = state);
         Ok(())
     }
     async fn set_state_if(&self, id: &str, to: WorkerState, from: &[WorkerState]) -> Result<bool, StoreError> {
@@ -1088,7 +1102,7 @@ impl WorkerRegistry for SimPorts<'_> {
         if !from.contains(&w.workers[i].state) {
             return Ok(false);
         }
-        w.workers[i].state = to;
+        w.change_worker(i, |w| w.state = to);
         Ok(true)
     }
     async fn set_price_if_unpriced(&self, _id: &str, _price_usd_per_h: f64) -> Result<bool, StoreError> {
@@ -1298,6 +1312,8 @@ pub fn run(
         last_completion: t0,
         tail_usd: 0.0,
         running_jobs: 0,
+        fleet_index: FleetIndex::default(),
+        fleet_hint: FleetHint::default(),
         onoff_agent: strategy.runs_onoff_agent(),
         reserved: HashMap::new(),
     };
@@ -1400,8 +1416,10 @@ pub fn run(
                 if let Some(i) = w.worker_idx(num) {
                     if w.workers[i].state == WorkerState::Pending {
                         let now = w.now;
-                        w.workers[i].state = WorkerState::Idle;
-                        w.workers[i].idle_since = Some(now);
+                        w.change_worker(i, |w| {
+                            w.state = WorkerState::Idle;
+                            w.idle_since = Some(now);
+                        });
                         w.workers[i].project = None;
                         w.wsim[i].idle_from = Some(now);
                         if !w.start_pinned(i, &pcfg) {
@@ -1476,12 +1494,27 @@ pub fn run(
                     d.advance(now);
                 }
                 let w = &mut *w;
+                w.fleet_index
+                    .hint(now, pcfg.offers.short_job_horizon_s, &mut w.fleet_hint);
+                #[cfg(debug_assertions)]
+                {
+                    let until = now + pcfg.offers.short_job_horizon_s + 1.0;
+                    let named: Vec<usize> = (0..w.workers.len())
+                        .filter(|&i| match (w.workers[i].state, w.workers[i].busy_until) {
+                            (WorkerState::Idle | WorkerState::Pending, _) => true,
+                            (WorkerState::Running, Some(t)) => t < until,
+                            _ => false,
+                        })
+                        .collect();
+                    assert_eq!(w.fleet_hint.visit, named, "visit list at {now}");
+                }
                 let obs = Observation {
                     lanes: &w.lanes,
                     jobs: w.queued.make_contiguous(),
                     workers: &w.workers,
                     offerings: &w.offerings,
                     unavailable: &w.unavailable,
+                    fleet: Some(&w.fleet_hint),
                 };
                 strategy.decide(&obs, now)
             };

@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod engine;
+mod fleet_index;
 pub mod preemption;
 pub mod strategies;
 pub mod sweep;

@@ -3,7 +3,7 @@
 use smallvec::{smallvec, SmallVec};
 
 use crate::config::PolicyConfig;
-use crate::observation::{Observation, WorkerState, WorkerView};
+use crate::observation::{FleetHint, Observation, WorkerState, WorkerView};
 use crate::offering::CapacityType;
 
 use super::FreeClass;
@@ -133,29 +133,161 @@ impl<'a> Fleet<'a> {
     }
 }
 
-/// One pass over the workers: spend, live workers, free capacity per lane by class (running
-/// workers whose job ends within the short-job horizon give short jobs credit: the rest of the
-/// horizon), idle and booting workers per lane, the budget breaker. Workers pinned to a queued job
-/// (booting, or up and held for it), as many as it has instances, are that job's: neither free nor
-/// in the idle or booting lists (never cancelled or released while the job waits), the job in
+/// What the fleet is now: spend, live workers, free capacity per lane by class (running workers
+/// whose job ends within the short-job horizon give short jobs credit: the rest of the horizon),
+/// idle and booting workers per lane, the budget breaker. Workers pinned to a queued job (booting,
+/// or up and held for it), as many as it has instances, are that job's: neither free nor in the
+/// idle or booting lists (never cancelled or released while the job waits), the job in
 /// `pinned_met`. `now`: unix seconds.
+///
+/// From the caller's [`FleetHint`] when it has one for this `now` and horizon (and no budget cap
+/// asks for the spend), else from one pass over the workers. Debug builds compute both and panic
+/// when a hint disagrees with the workers.
 pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Fleet<'a> {
+    let budget = cfg.limits.max_usd_per_h.is_some();
+    let hint = obs
+        .fleet
+        .filter(|h| !budget && h.now == now && h.horizon_s == cfg.offers.short_job_horizon_s);
+    match hint {
+        Some(h) => {
+            let f = figures_from_hint(obs, cfg, now, h);
+            #[cfg(debug_assertions)]
+            {
+                let pass = figures_by_pass(obs, cfg, now);
+                assert_eq!(
+                    f.digest(),
+                    pass.digest(),
+                    "the FleetHint disagrees with the workers at {now}"
+                );
+            }
+            f
+        }
+        None => figures_by_pass(obs, cfg, now),
+    }
+}
+
+impl<'a> Fleet<'a> {
+    fn empty(nl: usize) -> Self {
+        Fleet {
+            spend: 0.0,
+            live_total: 0,
+            lane_live: smallvec![0; nl],
+            project_gpus: Tally::default(),
+            type_jobs: Tally::default(),
+            last_launch: smallvec![f64::NEG_INFINITY; nl],
+            free: (0..nl).map(|_| Classes::new()).collect(),
+            free_before: PerLane::new(),
+            idle: (0..nl).map(|_| Workers::new()).collect(),
+            pending: (0..nl).map(|_| Workers::new()).collect(),
+            breaker: None,
+            cheapest: SmallVec::new(),
+            pinned_met: Vec::new(),
+        }
+    }
+
+    /// Worker `w`'s part in the free capacity: set aside when pinned to a job (booting or idle),
+    /// else counted when idle, booting or ending its job within the short-job horizon. Most
+    /// workers run a long job: no free capacity, and no call.
+    #[inline]
+    fn visit(&mut self, w: &'a WorkerView, pinned: &mut Vec<&'a WorkerView>, cfg: &PolicyConfig, now: f64) {
+        if w.pinned_job.is_some() && matches!(w.state, WorkerState::Pending | WorkerState::Idle) {
+            pinned.push(w);
+            return;
+        }
+        let horizon = cfg.offers.short_job_horizon_s;
+        if w.state != WorkerState::Running || w.busy_until.is_some_and(|t| t - now < horizon) {
+            self.add_free(w, cfg, now);
+        }
+    }
+
+    /// After the workers: the pinned workers' jobs, the breaker, the classes in matching's order.
+    fn finish(mut self, obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, pinned: Vec<&'a WorkerView>) -> Self {
+        if !pinned.is_empty() {
+            // A queued job with as many pinned workers as it has instances has its capacity: those
+            // workers are its alone. The others are free as any.
+            let mut per_job = Tally::default();
+            for j in pinned.iter().filter_map(|w| w.pinned_job.as_deref()) {
+                per_job.add(j, 1);
+            }
+            self.pinned_met = obs
+                .jobs
+                .iter()
+                .filter(|j| per_job.get(&j.id) >= j.instances.max(1))
+                .map(|j| j.id.as_str())
+                .collect();
+            for w in pinned {
+                if !w.pinned_job.as_deref().is_some_and(|j| self.pinned_met.contains(&j)) {
+                    self.add_free(w, cfg, now);
+                }
+            }
+        }
+        self.breaker = cfg.limits.max_usd_per_h.filter(|cap| self.spend > *cap);
+        for classes in &mut self.free {
+            // Spot before on-demand within a size: a job matched to either takes spot, which leaves
+            // the on-demand workers to jobs whose deadline keeps them off spot.
+            classes.sort_by(|a, b| {
+                a.gpus
+                    .cmp(&b.gpus)
+                    .then(a.mem.total_cmp(&b.mem))
+                    .then(b.spot.cmp(&a.spot))
+            });
+        }
+        self.free_before = self
+            .free
+            .iter()
+            .map(|cs| (cs.iter().map(|c| c.idle).sum(), cs.iter().map(|c| c.pending).sum()))
+            .collect();
+        self
+    }
+
+    /// Everything `figures` gives, comparable: the two ways must agree.
+    #[cfg(any(test, debug_assertions))]
+    #[allow(clippy::type_complexity)]
+    fn digest(&self) -> impl PartialEq + std::fmt::Debug + '_ {
+        let ids = |lists: &PerLane<Workers<'a>>| -> Vec<Vec<&'a str>> {
+            lists
+                .iter()
+                .map(|l| l.iter().map(|w| w.id.as_str()).collect())
+                .collect()
+        };
+        let mut cheapest = self.cheapest.to_vec();
+        cheapest.sort_by_key(|c| c.0);
+        (
+            (self.spend, self.live_total, &self.lane_live, &self.last_launch),
+            (&self.free, &self.free_before, ids(&self.idle), ids(&self.pending)),
+            (self.breaker, cheapest, &self.pinned_met),
+        )
+    }
+}
+
+/// [`figures`] from the caller's hint: only the workers it names are visited.
+fn figures_from_hint<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, h: &FleetHint) -> Fleet<'a> {
     let nl = cfg.lanes.len();
-    let mut f = Fleet {
-        spend: 0.0,
-        live_total: 0,
-        lane_live: smallvec![0; nl],
-        project_gpus: Tally::default(),
-        type_jobs: Tally::default(),
-        last_launch: smallvec![f64::NEG_INFINITY; nl],
-        free: (0..nl).map(|_| Classes::new()).collect(),
-        free_before: PerLane::new(),
-        idle: (0..nl).map(|_| Workers::new()).collect(),
-        pending: (0..nl).map(|_| Workers::new()).collect(),
-        breaker: None,
-        cheapest: SmallVec::new(),
-        pinned_met: Vec::new(),
-    };
+    let mut f = Fleet::empty(nl);
+    for (lane, &(live, last)) in h.lane_live.iter().enumerate().take(nl) {
+        if live > 0 {
+            f.live_total += live;
+            f.lane_live[lane] = live;
+            f.last_launch[lane] = last;
+        }
+    }
+    f.cheapest = h.cheapest.iter().copied().collect();
+    let mut pinned: Vec<&'a WorkerView> = Vec::new();
+    for w in h
+        .visit
+        .iter()
+        .filter_map(|&i| obs.workers.get(i))
+        .filter(|w| w.lane < nl)
+    {
+        f.visit(w, &mut pinned, cfg, now);
+    }
+    f.finish(obs, cfg, now, pinned)
+}
+
+/// [`figures`] from one pass over the workers.
+fn figures_by_pass<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Fleet<'a> {
+    let nl = cfg.lanes.len();
+    let mut f = Fleet::empty(nl);
     // Booting or idle workers launched for a job, set aside until the pass is done.
     let mut pinned: Vec<&'a WorkerView> = Vec::new();
     // Live workers and last launch of a run of workers of one lane, added to the lane's figures
@@ -190,53 +322,10 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
                 run.2 = w.launched_at;
             }
         }
-        if w.pinned_job.is_some() && matches!(w.state, WorkerState::Pending | WorkerState::Idle) {
-            pinned.push(w);
-            continue;
-        }
-        // Most workers are running a long job: no free capacity, and no call.
-        let horizon = cfg.offers.short_job_horizon_s;
-        if w.state != WorkerState::Running || w.busy_until.is_some_and(|t| t - now < horizon) {
-            f.add_free(w, cfg, now);
-        }
+        f.visit(w, &mut pinned, cfg, now);
     }
     end_run(&mut f, run);
-    if !pinned.is_empty() {
-        // A queued job with as many pinned workers as it has instances has its capacity: those
-        // workers are its alone. The others are free as any.
-        let mut per_job = Tally::default();
-        for j in pinned.iter().filter_map(|w| w.pinned_job.as_deref()) {
-            per_job.add(j, 1);
-        }
-        f.pinned_met = obs
-            .jobs
-            .iter()
-            .filter(|j| per_job.get(&j.id) >= j.instances.max(1))
-            .map(|j| j.id.as_str())
-            .collect();
-        for w in pinned {
-            if !w.pinned_job.as_deref().is_some_and(|j| f.pinned_met.contains(&j)) {
-                f.add_free(w, cfg, now);
-            }
-        }
-    }
-    f.breaker = cfg.limits.max_usd_per_h.filter(|cap| f.spend > *cap);
-    for classes in &mut f.free {
-        // Spot before on-demand within a size: a job matched to either takes spot, which leaves
-        // the on-demand workers to jobs whose deadline keeps them off spot.
-        classes.sort_by(|a, b| {
-            a.gpus
-                .cmp(&b.gpus)
-                .then(a.mem.total_cmp(&b.mem))
-                .then(b.spot.cmp(&a.spot))
-        });
-    }
-    f.free_before = f
-        .free
-        .iter()
-        .map(|cs| (cs.iter().map(|c| c.idle).sum(), cs.iter().map(|c| c.pending).sum()))
-        .collect();
-    f
+    f.finish(obs, cfg, now, pinned)
 }
 
 impl<'a> Fleet<'a> {
@@ -303,6 +392,17 @@ mod tests {
         }
     }
 
+    fn observe(workers: &[WorkerView]) -> Observation<'_> {
+        Observation {
+            lanes: &[],
+            jobs: &[],
+            workers,
+            offerings: &[],
+            unavailable: &[],
+            fleet: None,
+        }
+    }
+
     proptest::proptest! {
         /// A tally counts per name exactly as a map does, whatever the names: short ones told
         /// apart by their keys alone, long ones sharing a head or a length, empty ones, NULs.
@@ -333,13 +433,7 @@ mod tests {
             worker("d", 0, WorkerState::Terminating, 1, 9.0),
             worker("e", 0, WorkerState::Idle, 4, 2.0),
         ];
-        let obs = Observation {
-            lanes: &[],
-            jobs: &[],
-            workers: &workers,
-            offerings: &[],
-            unavailable: &[],
-        };
+        let obs = observe(&workers);
         let f = figures(&obs, &cfg, 0.0);
         // Terminating workers are not billed on; every other one is.
         assert_eq!(f.spend, 6.0);
@@ -350,5 +444,77 @@ mod tests {
         assert_eq!(f.free_before[0], (2, 1));
         assert_eq!(f.breaker, Some(3.0), "6 $/h is over the 3 $/h cap");
         assert_eq!((f.idle[0].len(), f.pending[0].len()), (2, 1));
+    }
+
+    /// Workers of every kind a hint must get right: idle, booting, running long and short jobs,
+    /// draining, pinned.
+    fn mixed_fleet() -> Vec<WorkerView> {
+        let mut ws = vec![
+            worker("a", 0, WorkerState::Idle, 1, 1.0),
+            worker("b", 0, WorkerState::Running, 1, 0.9),
+            worker("c", 0, WorkerState::Running, 4, 2.0),
+            worker("d", 0, WorkerState::Draining, 1, 0.5),
+            worker("e", 0, WorkerState::Pending, 4, 2.2),
+            worker("f", 0, WorkerState::Idle, 1, 1.1),
+        ];
+        ws[1].busy_until = Some(1_050.0);
+        ws[2].busy_until = Some(90_000.0);
+        ws[2].launched_at = 700.0;
+        ws[5].pinned_job = Some("j-1".into());
+        ws
+    }
+
+    fn hint_of(visit: Vec<usize>) -> FleetHint {
+        FleetHint {
+            now: 1_000.0,
+            horizon_s: PolicyConfig::default().offers.short_job_horizon_s,
+            visit,
+            lane_live: vec![(5, 700.0)],
+            cheapest: vec![((4, 24f64.to_bits()), 2.0), ((1, 24f64.to_bits()), 0.9)],
+        }
+    }
+
+    #[test]
+    fn a_hint_naming_the_awake_and_soon_free_workers_gives_the_figures_of_the_pass() {
+        let cfg = PolicyConfig::default();
+        let workers = mixed_fleet();
+        // The long-running worker (c) and the draining one (d) are not named.
+        let hint = hint_of(vec![0, 1, 4, 5]);
+        // A hint made for another decision time: it misses worker a, which would panic in a
+        // debug build and lose an idle worker in a release one.
+        let stale = FleetHint {
+            now: 940.0,
+            ..hint_of(vec![1, 4, 5])
+        };
+        let mut obs = observe(&workers);
+        let pass = figures(&obs, &cfg, 1_000.0);
+        obs.fleet = Some(&hint);
+        let hinted = figures_from_hint(&obs, &cfg, 1_000.0, &hint);
+        assert_eq!(hinted.digest(), pass.digest());
+        assert_eq!((hinted.live_total, hinted.last_launch[0]), (5, 700.0));
+        assert_eq!(
+            hinted.free_before[0],
+            (2, 1),
+            "a and the pinned f idle (its job is not queued), e booting"
+        );
+        // The stale hint is not taken.
+        obs.fleet = Some(&stale);
+        let (later, by_pass) = (figures(&obs, &cfg, 1_000.0), figures_by_pass(&obs, &cfg, 1_000.0));
+        assert_eq!(later.digest(), by_pass.digest());
+        assert_eq!(later.free_before[0], (2, 1));
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "the FleetHint disagrees with the workers")]
+    fn a_hint_that_misses_an_idle_worker_fails_a_debug_build() {
+        let cfg = PolicyConfig::default();
+        let workers = mixed_fleet();
+        let hint = hint_of(vec![1, 4, 5]);
+        let obs = Observation {
+            fleet: Some(&hint),
+            ..observe(&workers)
+        };
+        figures(&obs, &cfg, 1_000.0);
     }
 }

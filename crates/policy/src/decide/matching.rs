@@ -220,6 +220,7 @@ mod tests {
             workers,
             offerings: &[],
             unavailable: &[],
+            fleet: None,
         };
         let mut f = figures(&obs, cfg, 0.0);
         let q = queues(&obs, cfg.lanes.len(), &f.pinned_met, |_| false);
@@ -245,6 +246,7 @@ mod tests {
             workers: &[],
             offerings: &[],
             unavailable: &[],
+            fleet: None,
         };
         let ids = |q: &[&PendingJob]| q.iter().map(|j| j.id.clone()).collect::<Vec<_>>();
         let q = queues(&obs, 2, &[], |l| l == 1);

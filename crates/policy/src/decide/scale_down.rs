@@ -138,7 +138,7 @@ pub(crate) fn scale_down(
     }
     // The most recently idle workers form the warm pool; the others are in line behind them,
     // per GPU count, for the keep-alive.
-    let mut held = vec![0u32; warm.shapes.len()];
+    let mut held: smallvec::SmallVec<[u32; 8]> = smallvec::smallvec![0u32; warm.shapes.len()];
     let mut lines: Vec<Line> = Vec::new();
     for w in &idle_free {
         let li = match lines.iter().position(|l| l.gpus == w.gpus) {

@@ -161,6 +161,7 @@ pub fn obs<'a>(
         workers,
         offerings,
         unavailable,
+        fleet: None,
     }
 }
 

@@ -1,0 +1,283 @@
+//! The fleet figures `decide` reads, kept worker by worker as the replay changes its workers, so a
+//! decision visits only the workers that can be free capacity or pinned to a job
+//! ([`onoff_policy::FleetHint`]) instead of every worker. On full Philly a decision sees about 175
+//! workers, of which about 20 are idle, booting or about to end their job; the pass over all of
+//! them was a third of the replay's instructions.
+//!
+//! Every change to a worker's lane, state, launch time, price or `busy_until` goes through
+//! [`FleetIndex::remove`] before it and [`FleetIndex::add`] after it. Debug builds of `decide`
+//! check each hint against a pass over the workers, so a change that skips the index fails every
+//! replay test.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use onoff_policy::{FleetHint, WorkerState, WorkerView};
+
+/// A float as a key ordered as the float: positive floats order as their bits; the flip makes
+/// negative ones order below them.
+fn ordered(x: f64) -> u64 {
+    let b = x.to_bits();
+    if b >> 63 == 1 {
+        !b
+    } else {
+        b | (1 << 63)
+    }
+}
+
+/// A multiset of floats: its size, least and greatest element.
+#[derive(Debug, Default, Clone)]
+struct Floats {
+    /// Each value (keyed by [`ordered`]) and how many times it is in.
+    counts: BTreeMap<u64, (f64, u32)>,
+    len: u32,
+}
+
+impl Floats {
+    fn insert(&mut self, x: f64) {
+        self.counts.entry(ordered(x)).or_insert((x, 0)).1 += 1;
+        self.len += 1;
+    }
+    fn remove(&mut self, x: f64) {
+        let k = ordered(x);
+        match self.counts.get_mut(&k) {
+            Some(e) if e.1 > 1 => e.1 -= 1,
+            Some(_) => {
+                self.counts.remove(&k);
+            }
+            None => {
+                debug_assert!(false, "removing {x}, which was never added");
+                return;
+            }
+        }
+        self.len -= 1;
+    }
+    fn min(&self) -> Option<f64> {
+        self.counts.values().next().map(|e| e.0)
+    }
+    fn max(&self) -> Option<f64> {
+        self.counts.values().next_back().map(|e| e.0)
+    }
+    fn len(&self) -> u32 {
+        self.len
+    }
+}
+
+/// The live workers' figures, and the workers a decision visits, by index in the world's workers.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FleetIndex {
+    /// Per lane index: launch times of the live (pending, running, idle) workers.
+    launched: Vec<Floats>,
+    /// Per (GPUs, GPU memory bits): prices of the live workers, $/h.
+    prices: Vec<((u32, u64), Floats)>,
+    /// Indices of the idle and booting workers.
+    awake: BTreeSet<usize>,
+    /// (`busy_until` as [`ordered`], index) of the running workers with an expected end.
+    running: BTreeSet<(u64, usize)>,
+    /// Scratch for [`FleetIndex::hint`].
+    soon: Vec<usize>,
+}
+
+/// What [`FleetIndex`] reads of a worker that can change: its state and expected job end.
+pub(crate) type Brief = (WorkerState, Option<f64>);
+
+/// `w`'s [`Brief`].
+pub(crate) fn brief(w: &WorkerView) -> Brief {
+    (w.state, w.busy_until)
+}
+
+fn live(state: WorkerState) -> bool {
+    matches!(state, WorkerState::Pending | WorkerState::Running | WorkerState::Idle)
+}
+
+impl FleetIndex {
+    /// A new worker at index `i`.
+    pub(crate) fn add(&mut self, i: usize, w: &WorkerView) {
+        if live(w.state) {
+            self.count(w, true);
+        }
+        self.mark(i, brief(w), true);
+    }
+
+    /// The worker at index `i` goes (before it is removed).
+    pub(crate) fn remove(&mut self, i: usize, w: &WorkerView) {
+        if live(w.state) {
+            self.count(w, false);
+        }
+        self.mark(i, brief(w), false);
+    }
+
+    /// The worker `w`, at index `from`, moved to index `to` (a swap-remove filled a gap with it).
+    pub(crate) fn moved(&mut self, from: usize, to: usize, w: &WorkerView) {
+        self.mark(from, brief(w), false);
+        self.mark(to, brief(w), true);
+    }
+
+    /// The worker `w` at index `i` changed from `before`. Its lane, shape, price and launch
+    /// time never change.
+    pub(crate) fn change(&mut self, i: usize, before: Brief, w: &WorkerView) {
+        match (live(before.0), live(w.state)) {
+            (false, true) => self.count(w, true),
+            (true, false) => self.count(w, false),
+            _ => {}
+        }
+        self.mark(i, before, false);
+        self.mark(i, brief(w), true);
+    }
+
+    /// Add (or take away) a live worker's launch time and price.
+    fn count(&mut self, w: &WorkerView, on: bool) {
+        if self.launched.len() <= w.lane {
+            self.launched.resize_with(w.lane + 1, Floats::default);
+        }
+        let shape = (w.gpus, w.gpu_memory_gib.to_bits());
+        let at = match self.prices.iter().position(|p| p.0 == shape) {
+            Some(at) => at,
+            None => {
+                self.prices.push((shape, Floats::default()));
+                self.prices.len() - 1
+            }
+        };
+        if on {
+            self.launched[w.lane].insert(w.launched_at);
+            self.prices[at].1.insert(w.price_usd_per_h);
+        } else {
+            self.launched[w.lane].remove(w.launched_at);
+            self.prices[at].1.remove(w.price_usd_per_h);
+        }
+    }
+
+    /// Name (or stop naming) index `i` among the workers a decision may visit.
+    fn mark(&mut self, i: usize, (state, busy_until): Brief, on: bool) {
+        match (state, busy_until) {
+            (WorkerState::Idle | WorkerState::Pending, _) => {
+                if on {
+                    self.awake.insert(i);
+                } else {
+                    self.awake.remove(&i);
+                }
+            }
+            (WorkerState::Running, Some(t)) => {
+                if on {
+                    self.running.insert((ordered(t), i));
+                } else {
+                    self.running.remove(&(ordered(t), i));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The hint for a decision at `now` with short-job horizon `horizon_s`, into `hint` (its
+    /// buffers reused).
+    pub(crate) fn hint(&mut self, now: f64, horizon_s: f64, hint: &mut FleetHint) {
+        hint.now = now;
+        hint.horizon_s = horizon_s;
+        // The running workers ending soon (a few), then merged with the awake ones (in order).
+        // A second past the horizon: `decide` checks each worker's end exactly (`t - now <
+        // horizon`, which rounding can make differ from `t < now + horizon`).
+        let until = ordered(now + horizon_s + 1.0);
+        self.soon.clear();
+        self.soon.extend(self.running.range(..(until, 0)).map(|&(_, i)| i));
+        self.soon.sort_unstable();
+        hint.visit.clear();
+        let mut soon = self.soon.iter().copied().peekable();
+        for &i in &self.awake {
+            while let Some(j) = soon.next_if(|&j| j < i) {
+                hint.visit.push(j);
+            }
+            hint.visit.push(i);
+        }
+        hint.visit.extend(soon);
+        hint.lane_live.clear();
+        hint.lane_live.extend(
+            self.launched
+                .iter()
+                .map(|l| (l.len(), l.max().unwrap_or(f64::NEG_INFINITY))),
+        );
+        hint.cheapest.clear();
+        hint.cheapest
+            .extend(self.prices.iter().filter_map(|(shape, p)| Some((*shape, p.min()?))));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use onoff_policy::{CapacityType, OfferingKey};
+
+    fn worker(state: WorkerState, lane: usize, launched_at: f64, price: f64, busy_until: Option<f64>) -> WorkerView {
+        WorkerView {
+            id: "i-0".into(),
+            seq: 0,
+            lane,
+            offering: OfferingKey {
+                instance_type: "g5.xlarge".into(),
+                zone: "us-east-1a".into(),
+                capacity_type: CapacityType::Spot,
+            },
+            gpus: 1,
+            gpu_memory_gib: 24.0,
+            price_usd_per_h: price,
+            state,
+            launched_at,
+            idle_since: None,
+            project: None,
+            job_type: None,
+            busy_until,
+            pinned_job: None,
+        }
+    }
+
+    #[test]
+    fn floats_order_as_floats_and_count_repeats() {
+        let mut f = Floats::default();
+        for x in [3.0, -1.0, 0.5, 3.0] {
+            f.insert(x);
+        }
+        assert_eq!((f.min(), f.max(), f.len()), (Some(-1.0), Some(3.0), 4));
+        f.remove(3.0);
+        assert_eq!((f.max(), f.len()), (Some(3.0), 3));
+        f.remove(3.0);
+        f.remove(-1.0);
+        assert_eq!((f.min(), f.max(), f.len()), (Some(0.5), Some(0.5), 1));
+    }
+
+    #[test]
+    fn a_hint_names_the_awake_and_soon_free_workers_and_the_live_figures() {
+        let mut ix = FleetIndex::default();
+        let ws = [
+            worker(WorkerState::Running, 0, 100.0, 1.0, Some(10_000.0)),
+            worker(WorkerState::Idle, 0, 200.0, 0.8, None),
+            worker(WorkerState::Running, 1, 300.0, 1.2, Some(1_050.0)),
+            worker(WorkerState::Draining, 0, 400.0, 0.5, None),
+            worker(WorkerState::Pending, 1, 500.0, 1.1, None),
+        ];
+        for (i, w) in ws.iter().enumerate() {
+            ix.add(i, w);
+        }
+        let mut h = FleetHint::default();
+        ix.hint(1_000.0, 120.0, &mut h);
+        assert_eq!(h.visit, vec![1, 2, 4]);
+        assert_eq!(h.lane_live, vec![(2, 200.0), (2, 500.0)]);
+        // The draining worker's 0.5 $/h is not a live price.
+        assert_eq!(h.cheapest, vec![((1, 24f64.to_bits()), 0.8)]);
+        // The idle worker starts a job ending far out; the booting one goes, and the last worker
+        // (draining) takes its place.
+        let started = worker(WorkerState::Running, 0, 200.0, 0.8, Some(9_000.0));
+        ix.change(1, brief(&ws[1]), &started);
+        ix.remove(4, &ws[4]);
+        ix.remove(0, &ws[0]);
+        ix.moved(3, 0, &ws[3]);
+        ix.hint(1_000.0, 120.0, &mut h);
+        assert_eq!(h.visit, vec![2]);
+        assert_eq!(h.lane_live, vec![(1, 200.0), (1, 300.0)]);
+        assert_eq!(h.cheapest, vec![((1, 24f64.to_bits()), 0.8)]);
+        // The draining worker, now at 0, turns idle (as no worker does; the index still follows).
+        let idle = worker(WorkerState::Idle, 0, 400.0, 0.5, None);
+        ix.change(0, brief(&ws[3]), &idle);
+        ix.hint(1_000.0, 120.0, &mut h);
+        assert_eq!(h.visit, vec![0, 2]);
+        assert_eq!(h.lane_live, vec![(2, 400.0), (1, 300.0)]);
+        assert_eq!(h.cheapest, vec![((1, 24f64.to_bits()), 0.5)]);
+    }
+}
