@@ -4,10 +4,12 @@
 //! workers, of which about 20 are idle, booting or about to end their job; the pass over all of
 //! them was a third of the replay's instructions.
 //!
-//! Every change to a worker's lane, state, launch time, price or `busy_until` goes through
-//! [`FleetIndex::remove`] before it and [`FleetIndex::add`] after it. Debug builds of `decide`
-//! check each hint against a pass over the workers, so a change that skips the index fails every
-//! replay test.
+//! The world tells it every worker that comes ([`FleetIndex::add`]), goes
+//! ([`FleetIndex::remove`]) or moves to another index ([`FleetIndex::moved`]), and every change
+//! of a worker's state or `busy_until` ([`FleetIndex::change`], through `World::change_worker`); a
+//! worker's lane, shape, price and launch time never change. Debug builds of `decide` check each
+//! hint against a pass over the workers (and the engine its visit list), so a change that skips
+//! the index fails the replay tests that reach it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
