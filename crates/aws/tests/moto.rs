@@ -149,8 +149,6 @@ async fn launch_template_name(c: &Clients) -> String {
         .to_string()
 }
 
-/// Submit a 1-GPU job of project `p` through SQS as message `token` (also its client token) to
-/// the `standard` lane at `now`; its id.
 /// A fleet of a deployment of its own (tagged apart from every other test's), launching from the
 /// shared launch template into the default subnets.
 async fn own_fleet(c: &Clients) -> Ec2Fleet {
@@ -160,6 +158,8 @@ async fn own_fleet(c: &Clients) -> Ec2Fleet {
         .with_deployment(unique("deploy"))
 }
 
+/// Submit a 1-GPU job of project `p` through SQS as message `token` (also its client token) to
+/// the `standard` lane at `now`; its id.
 async fn new_job(jobs: &onoff_aws::jobs::DynamoJobs, queue: &SqsQueues, token: &str, now: f64) -> String {
     use onoff_control::submit::{submit, Source, Submitted};
     let spec = format!(r#"{{"image":"img","command":["x"],"project":"p","client_token":"{token}"}}"#);

@@ -109,10 +109,17 @@ pub struct WorkerView {
     pub pinned_job: Option<String>,
 }
 
+impl WorkerState {
+    /// Pending, running or idle: billed and not on its way out, so it counts toward the fleet.
+    pub fn is_live(self) -> bool {
+        !matches!(self, WorkerState::Draining | WorkerState::Terminating)
+    }
+}
+
 impl WorkerView {
-    /// True while the worker is billed and not on its way out.
+    /// True while the worker is billed and not on its way out ([`WorkerState::is_live`]).
     pub fn is_live(&self) -> bool {
-        !matches!(self.state, WorkerState::Draining | WorkerState::Terminating)
+        self.state.is_live()
     }
 }
 

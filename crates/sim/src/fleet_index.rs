@@ -87,14 +87,10 @@ pub(crate) fn brief(w: &WorkerView) -> Brief {
     (w.state, w.busy_until)
 }
 
-fn live(state: WorkerState) -> bool {
-    matches!(state, WorkerState::Pending | WorkerState::Running | WorkerState::Idle)
-}
-
 impl FleetIndex {
     /// A new worker at index `i`.
     pub(crate) fn add(&mut self, i: usize, w: &WorkerView) {
-        if live(w.state) {
+        if w.is_live() {
             self.count(w, true);
         }
         self.mark(i, brief(w), true);
@@ -102,7 +98,7 @@ impl FleetIndex {
 
     /// The worker at index `i` goes (before it is removed).
     pub(crate) fn remove(&mut self, i: usize, w: &WorkerView) {
-        if live(w.state) {
+        if w.is_live() {
             self.count(w, false);
         }
         self.mark(i, brief(w), false);
@@ -117,7 +113,7 @@ impl FleetIndex {
     /// The worker `w` at index `i` changed from `before`. Its lane, shape, price and launch
     /// time never change.
     pub(crate) fn change(&mut self, i: usize, before: Brief, w: &WorkerView) {
-        match (live(before.0), live(w.state)) {
+        match (before.0.is_live(), w.is_live()) {
             (false, true) => self.count(w, true),
             (true, false) => self.count(w, false),
             _ => {}

@@ -305,11 +305,7 @@ impl Strategy for KedaLike {
         // A multi-instance job's pods are pending together, so Karpenter provisions all of them.
         let gang = obs.jobs.iter().map(|j| j.instances).max().unwrap_or(0);
         let desired = backlog.div_ceil(self.queue_length).max(gang).min(max) as usize;
-        let live: Vec<_> = obs
-            .workers
-            .iter()
-            .filter(|w| matches!(w.state, WorkerState::Pending | WorkerState::Running | WorkerState::Idle))
-            .collect();
+        let live: Vec<_> = obs.workers.iter().filter(|w| w.is_live()).collect();
         // Only when below the desired count (the queue can be long: computed lazily).
         let unmatched = if desired > live.len() {
             unmatched_shapes(obs, &self.cfg)
@@ -411,11 +407,7 @@ impl Strategy for MinOneWarm {
     fn decide(&mut self, obs: &Observation<'_>, now: f64) -> Plan {
         let mut plan = Plan::default();
         let lane = self.cfg.lane_index("standard").unwrap_or(0);
-        let live: Vec<_> = obs
-            .workers
-            .iter()
-            .filter(|w| matches!(w.state, WorkerState::Pending | WorkerState::Running | WorkerState::Idle))
-            .collect();
+        let live: Vec<_> = obs.workers.iter().filter(|w| w.is_live()).collect();
         let busy = live.iter().filter(|w| w.state == WorkerState::Running).count();
         let unmatched = unmatched_shapes(obs, &self.cfg);
         let demand = busy + unmatched.len();

@@ -242,7 +242,6 @@ impl<'a> Fleet<'a> {
 
     /// Everything `figures` gives, comparable: the two ways must agree.
     #[cfg(any(test, debug_assertions))]
-    #[allow(clippy::type_complexity)]
     fn digest(&self) -> impl PartialEq + std::fmt::Debug + '_ {
         let ids = |lists: &PerLane<Workers<'a>>| -> Vec<Vec<&'a str>> {
             lists
@@ -305,7 +304,7 @@ fn figures_by_pass<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> F
         if budget && w.state != WorkerState::Terminating {
             f.spend += w.price_usd_per_h;
         }
-        if matches!(w.state, WorkerState::Pending | WorkerState::Running | WorkerState::Idle) {
+        if w.is_live() {
             let (k, price) = ((w.gpus, w.gpu_memory_gib.to_bits()), w.price_usd_per_h);
             match f.cheapest.iter_mut().find(|c| c.0 == k) {
                 // A compare, not f64::min: the minimum rarely changes, so this is predicted.
