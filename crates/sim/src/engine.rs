@@ -19,8 +19,7 @@
 //! flip looks at each worker once, deadlines are drawn once per run.
 
 use std::cell::RefCell;
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -39,6 +38,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::agenda::{self, Agenda};
 use crate::fleet_index::{brief, FleetIndex};
 use crate::preemption::{MeasuredPreemptions, ZoneMapping};
 use crate::trace::Trace;
@@ -327,29 +327,11 @@ enum Ev {
     Tick,
 }
 
+/// An event popped from the agenda (or an arrival from the trace).
 #[derive(Debug, Clone, Copy)]
 struct Event {
     at: f64,
-    seq: u64,
     ev: Ev,
-}
-
-impl PartialEq for Event {
-    fn eq(&self, o: &Self) -> bool {
-        self.at == o.at && self.seq == o.seq
-    }
-}
-impl Eq for Event {}
-impl PartialOrd for Event {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Event {
-    fn cmp(&self, o: &Self) -> Ordering {
-        // Min-heap on (time, seq).
-        o.at.total_cmp(&self.at).then(o.seq.cmp(&self.seq))
-    }
 }
 
 /// The id the policy sees for the trace's job `index`.
@@ -406,6 +388,8 @@ struct WorkerSim {
     listed: bool,
     /// The job it was launched for (a deadline at risk on spot), claimed first at boot.
     pinned: Option<usize>,
+    /// Its drawn interruption (notice, end) on the agenda, cancelled when it is removed.
+    timers: Option<[agenda::Key; 2]>,
 }
 
 /// One simulated zone's place in its measured series.
@@ -423,8 +407,7 @@ struct ZoneClock {
 struct World {
     now: f64,
     rng: StdRng,
-    heap: BinaryHeap<Event>,
-    seq: u64,
+    agenda: Agenda<Ev>,
     jobs: Vec<JobSim>,
     /// Project names, indexed by `JobSim::project`.
     projects: Vec<String>,
@@ -489,8 +472,7 @@ struct World {
 
 impl World {
     fn push(&mut self, at: f64, ev: Ev) {
-        self.seq += 1;
-        self.heap.push(Event { at, seq: self.seq, ev });
+        self.agenda.push(at, ev);
     }
 
     fn lane_index(&self, name: &str) -> usize {
@@ -633,6 +615,7 @@ impl World {
                 doomed: false,
                 listed: false,
                 pinned,
+                timers: None,
             });
             debug_assert_eq!(self.by_num.len() as u64, num);
             self.by_num.push((self.workers.len() - 1) as u32);
@@ -646,8 +629,11 @@ impl World {
                     let u: f64 = self.rng.random::<f64>().max(1e-300);
                     let t = -u.ln() / rate;
                     let at = self.now + t;
-                    self.push((at - self.cfg.notice_s).max(self.now), Ev::Notice(num));
-                    self.push(at, Ev::Interrupt(num));
+                    let notice_at = (at - self.cfg.notice_s).max(self.now);
+                    let notice = self.agenda.push_cancellable(notice_at, Ev::Notice(num));
+                    let end = self.agenda.push_cancellable(at, Ev::Interrupt(num));
+                    let i = self.workers.len() - 1;
+                    self.wsim[i].timers = Some([notice, end]);
                 }
             }
             self.launches += 1;
@@ -778,6 +764,9 @@ impl World {
             }
             self.preempt_job(job, false);
         }
+        for key in self.wsim[i].timers.into_iter().flatten() {
+            self.agenda.cancel(key);
+        }
         let id = self.workers[i].id.clone();
         self.fleet_index.remove(i, &self.workers[i]);
         self.by_id.remove(&id);
@@ -789,6 +778,13 @@ impl World {
             let moved = self.wsim[i].num;
             self.by_num[moved as usize] = i as u32;
         }
+        debug_assert!(
+            self.agenda.cancellable().all(|ev| match *ev {
+                Ev::Notice(n) | Ev::Interrupt(n) => self.worker_idx(n).is_some(),
+                _ => false,
+            }),
+            "a timer outlived its worker"
+        );
     }
 
     /// Stop a running job (notice or lost worker): keep the checkpointed work, requeue the rest.
@@ -1249,8 +1245,7 @@ pub fn run(
     let mut world = World {
         now: t0,
         rng: StdRng::seed_from_u64(cfg.seed),
-        heap: BinaryHeap::new(),
-        seq: 0,
+        agenda: Agenda::default(),
         jobs: trace
             .jobs
             .iter()
@@ -1373,7 +1368,7 @@ pub fn run(
             }
             let arrival_first = next_arrival < w.jobs.len() && {
                 let a = w.jobs[job_at(next_arrival)].arrival;
-                w.heap.peek().is_none_or(|top| a <= top.at)
+                w.agenda.next_at().is_none_or(|t| a <= t)
             };
             let ev = if arrival_first {
                 let job = job_at(next_arrival);
@@ -1381,12 +1376,11 @@ pub fn run(
                 next_arrival += 1;
                 Event {
                     at,
-                    seq: 0,
                     ev: Ev::Arrival(job),
                 }
             } else {
-                let Some(ev) = w.heap.pop() else { break };
-                ev
+                let Some((at, ev)) = w.agenda.pop() else { break };
+                Event { at, ev }
             };
             if ev.at > horizon || (all_done && ev.at > w.last_completion + tail_s) {
                 break;

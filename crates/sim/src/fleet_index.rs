@@ -17,7 +17,7 @@ use onoff_policy::{FleetHint, WorkerState, WorkerView};
 
 /// A float as a key ordered as the float: positive floats order as their bits; the flip makes
 /// negative ones order below them.
-fn ordered(x: f64) -> u64 {
+pub(crate) fn ordered(x: f64) -> u64 {
     let b = x.to_bits();
     if b >> 63 == 1 {
         !b

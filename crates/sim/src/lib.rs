@@ -12,6 +12,7 @@
 //! - [`compare`]: run them all on one trace; [`lower_bound_usd`], [`peak_need`], [`job_shapes`].
 #![warn(missing_docs)]
 
+mod agenda;
 pub mod engine;
 mod fleet_index;
 pub mod preemption;

@@ -201,7 +201,7 @@ impl<'a> Fleet<'a> {
     }
 
     /// After the workers: the pinned workers' jobs, the breaker, the classes in matching's order.
-    fn finish(mut self, obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, pinned: Vec<&'a WorkerView>) -> Self {
+    fn finish(&mut self, obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, pinned: Vec<&'a WorkerView>) {
         if !pinned.is_empty() {
             // A queued job with as many pinned workers as it has instances has its capacity: those
             // workers are its alone. The others are free as any.
@@ -237,7 +237,6 @@ impl<'a> Fleet<'a> {
             .iter()
             .map(|cs| (cs.iter().map(|c| c.idle).sum(), cs.iter().map(|c| c.pending).sum()))
             .collect();
-        self
     }
 
     /// Everything `figures` gives, comparable: the two ways must agree.
@@ -280,7 +279,8 @@ fn figures_from_hint<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, h:
     {
         f.visit(w, &mut pinned, cfg, now);
     }
-    f.finish(obs, cfg, now, pinned)
+    f.finish(obs, cfg, now, pinned);
+    f
 }
 
 /// [`figures`] from one pass over the workers.
@@ -324,7 +324,8 @@ fn figures_by_pass<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> F
         f.visit(w, &mut pinned, cfg, now);
     }
     end_run(&mut f, run);
-    f.finish(obs, cfg, now, pinned)
+    f.finish(obs, cfg, now, pinned);
+    f
 }
 
 impl<'a> Fleet<'a> {
