@@ -13,7 +13,7 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use crate::fleet_index::ordered;
+use crate::ordered;
 
 /// A cancellable event's key: its time as an ordered key, then its sequence number.
 pub(crate) type Key = (u64, u64);
@@ -153,6 +153,16 @@ mod tests {
         assert_eq!(a.cancellable().count(), 0);
         assert_eq!(a.next_at(), Some(60.0));
         assert_eq!(drain(&mut a), [(60.0, "tick")]);
+    }
+
+    #[test]
+    fn ordered_keys_order_as_the_floats() {
+        let xs = [-1e300, -1.0, -0.0, 0.0, 1e-300, 1.0, 1.5e9, f64::INFINITY];
+        for a in xs {
+            for b in xs {
+                assert_eq!(ordered(a).cmp(&ordered(b)), a.total_cmp(&b), "{a} against {b}");
+            }
+        }
     }
 
     #[test]

@@ -15,16 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use onoff_policy::{FleetHint, WorkerState, WorkerView};
 
-/// A float as a key ordered as the float: positive floats order as their bits; the flip makes
-/// negative ones order below them.
-pub(crate) fn ordered(x: f64) -> u64 {
-    let b = x.to_bits();
-    if b >> 63 == 1 {
-        !b
-    } else {
-        b | (1 << 63)
-    }
-}
+use crate::ordered;
 
 /// A multiset of floats: its size, least and greatest element.
 #[derive(Debug, Default, Clone)]

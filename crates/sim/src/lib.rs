@@ -32,6 +32,18 @@ pub use onoff_policy::shape::job_shape;
 pub use preemption::{MeasuredPreemptions, ZoneMapping};
 pub use trace::{AzureModel, Half, SplitInfo, Trace, TraceError, TraceFormat, TraceJob};
 
+/// A float as an integer key that orders as the float (`f64::total_cmp`): positive floats order
+/// as their bits; the flip makes negative ones order below them. For times in ordered maps and
+/// sets (the agenda, the fleet index).
+pub(crate) fn ordered(x: f64) -> u64 {
+    let b = x.to_bits();
+    if b >> 63 == 1 {
+        !b
+    } else {
+        b | (1 << 63)
+    }
+}
+
 /// Names of every strategy [`strategy`] builds: the [`DEFAULT_STRATEGIES`], then
 /// [`ALL_ON_DEMAND`].
 pub const STRATEGIES: [&str; DEFAULT_STRATEGIES.len() + 1] = {
