@@ -16,7 +16,8 @@
 //! never.
 //!
 //! Every step is linear in the events it handles: arrivals are read from the sorted trace, a zone
-//! flip looks at each worker once, deadlines are drawn once per run.
+//! flip looks at each worker once, deadlines are drawn once per run, and a worker's drawn
+//! interruption leaves the agenda with the worker (`agenda.rs`).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -680,7 +681,7 @@ impl World {
     }
 
     /// Start the zone clocks at the trace's first arrival: each zone's state there and its first
-    /// change on the heap.
+    /// change on the agenda.
     fn start_zones(&mut self, mapping: &[ZoneMapping]) {
         let Some(m) = self.measured.clone() else { return };
         self.zones = mapping
@@ -1312,7 +1313,7 @@ pub fn run(
         onoff_agent: strategy.runs_onoff_agent(),
         reserved: HashMap::new(),
     };
-    // Arrivals are fed from the (sorted) trace as the clock reaches them, so the event heap stays
+    // Arrivals are fed from the (sorted) trace as the clock reaches them, so the agenda stays
     // small; at equal times an arrival goes first, as if it had been queued first. A hand-made
     // trace out of order is read through a stable order by arrival.
     let order: Option<Vec<u32>> = (!world.jobs.windows(2).all(|p| p[0].arrival <= p[1].arrival)).then(|| {
