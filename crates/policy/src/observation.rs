@@ -317,11 +317,15 @@ impl ShapeGaps {
         if self.runtimes.samples() == 0 {
             return worker_units(None, horizon_s, default_runtime_s);
         }
-        // Empty buckets add nothing: skipped (the keep-alive asks this of most decisions).
+        // Empty buckets add nothing: skipped (the keep-alive asks this of most decisions). With
+        // every weight decayed away, every mass is 0 (`GapHistogram::masses`).
         let (edges, t) = (GapHistogram::bucket_edges(), self.runtimes.total_weight);
+        if t <= 0.0 {
+            return 0.0;
+        }
         let mut sum = 0.0;
         for (i, &w) in self.runtimes.weights.iter().enumerate() {
-            if w == 0.0 || t <= 0.0 {
+            if w == 0.0 {
                 continue;
             }
             let lo = if i == 0 { 0.0 } else { edges[i - 1] };

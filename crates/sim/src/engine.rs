@@ -1414,8 +1414,8 @@ pub fn run(
                         w.change_worker(i, |w| {
                             w.state = WorkerState::Idle;
                             w.idle_since = Some(now);
+                            w.project = None;
                         });
-                        w.workers[i].project = None;
                         w.wsim[i].idle_from = Some(now);
                         if !w.start_pinned(i, &pcfg) {
                             w.list_idle(i);
