@@ -22,7 +22,8 @@ use onoff_policy::choice::{self, Request};
 use onoff_policy::{Action, Offering, OfferingKey, Plan, PolicyConfig, Reason, UnavailableOffering, WorkerState};
 
 use crate::ports::{
-    Fleet, FleetError, FleetErrorKind, LaunchRequest, Launched, OfferingAvailability, WorkerRecord, WorkerRegistry,
+    Decimal, Fleet, FleetError, FleetErrorKind, LaunchRequest, Launched, OfferingAvailability, WorkerRecord,
+    WorkerRegistry,
 };
 use crate::quota::{QuotaBucket, QuotaMark};
 
@@ -170,13 +171,10 @@ where
             Action::CancelLaunch { worker, .. } => to_cancel.push(worker.clone()),
         }
     }
-    // The decision's id for the launches' idempotency tokens: a retry of the same decision (same
-    // time, same plan) sends the same tokens. Formatted only when something is launched.
-    let decision = if groups.is_empty() {
-        String::new()
-    } else {
-        format!("{:.3}", ctx.now)
-    };
+    // The decision's id for the launches' idempotency tokens: now in whole milliseconds, so a
+    // retry of the same decision (same time, same plan) sends the same tokens. A launch's id is
+    // `decision/group/attempt`, hashed from its parts (`with_token_for_parts`).
+    let decision = Decimal::new((ctx.now * 1000.0).round().max(0.0) as u64);
     for (group_index, g) in groups.into_iter().enumerate() {
         let lane_name = ctx
             .cfg
@@ -202,7 +200,13 @@ where
                 job: g.job.clone(),
                 client_token: String::new(),
             }
-            .with_token_for(&format!("{decision}/{group_index}/{attempt}"));
+            .with_token_for_parts(&[
+                decision.as_bytes(),
+                b"/",
+                Decimal::new(group_index as u64).as_bytes(),
+                b"/",
+                Decimal::new(attempt as u64).as_bytes(),
+            ]);
             let mut short: Vec<OfferingKey> = Vec::new();
             // Offerings refused for a full vCPU quota: their bucket's siblings are skipped too.
             let mut over_quota: Vec<(OfferingKey, FleetError)> = Vec::new();

@@ -2,7 +2,7 @@
 //! fulfilment, idempotency tokens, conditional scale-down racing an agent's claim, releases.
 
 use onoff_control::fake::{FakeAvailability, FakeFleet, FakeRegistry, FleetCall};
-use onoff_control::ports::{FleetError, FleetErrorKind, LaunchRequest, WorkerRegistry};
+use onoff_control::ports::{Decimal, FleetError, FleetErrorKind, LaunchRequest, WorkerRegistry};
 use onoff_control::{act, handle_interruption_notice, ActContext};
 use onoff_policy::{
     Action, CapacityPreference, CapacityType, LaunchShape, Offering, OfferingKey, Plan, PolicyConfig, Reason,
@@ -379,6 +379,29 @@ fn the_idempotency_token_depends_on_every_field_of_the_request() {
     // A token already set does not feed into the next one.
     let set = base.clone().with_token_for("d1");
     assert_eq!(set.idempotency_token("d1"), t);
+}
+
+#[test]
+fn the_idempotency_token_is_fnv1a_of_the_fields_and_a_decision_id_in_parts_is_the_joined_id() {
+    let req = LaunchRequest {
+        lane: "standard".into(),
+        offerings: vec![key("a.1", "z1"), key("a.1", "z2")],
+        count: 2,
+        project: Some("p".into()),
+        job: None,
+        client_token: String::new(),
+    };
+    // Computed apart from the crate (FNV-1a 128 in Python over the fields as the docs give
+    // them): a release that changed the token would relaunch a retried decision.
+    let want = "onoff-471ee463902255a2a7932c8342e1dc7f";
+    assert_eq!(req.idempotency_token("1000/0/2"), want);
+    assert_eq!(req.idempotency_token_of_parts(&[b"1000", b"/", b"0", b"/", b"2"]), want);
+    assert_eq!(req.idempotency_token_of_parts(&[b"1000/0", b"/2"]), want);
+    assert_eq!(req.clone().with_token_for_parts(&[b"1000/0/2"]).client_token, want);
+    assert_ne!(req.idempotency_token_of_parts(&[b"1000", b"/", b"0", b"/", b"3"]), want);
+    for n in [0, 7, 10, 99, 1_700_000_000_123, u64::MAX] {
+        assert_eq!(Decimal::new(n).as_bytes(), n.to_string().as_bytes());
+    }
 }
 
 #[test]

@@ -404,10 +404,19 @@ impl LaneObservation {
     /// [`LaneObservation::window_demand`], read from [`LaneObservation::demand_windows`] when it
     /// was kept for these windows and advanced to `now`, computed otherwise.
     pub fn demand_at(&self, now: f64, window_s: f64, lookback_s: f64, long: (f64, f64)) -> Vec<(u32, Vec<u32>)> {
-        match &self.demand_windows {
-            Some(d) if d.is_for(now, window_s, lookback_s, long) => d.demand(),
-            _ => self.window_demand(now, window_s, lookback_s, long),
+        match self.kept_demand(now, window_s, lookback_s, long) {
+            Some(d) => d.demand(),
+            None => self.window_demand(now, window_s, lookback_s, long),
         }
+    }
+
+    /// The kept [`LaneObservation::demand_windows`] when they are for these windows and advanced
+    /// to `now` (`None`: scan with [`LaneObservation::window_demand`]). Their
+    /// [`DemandWindows::shapes`] answer without a copy, which `decide` reads on every decision.
+    pub fn kept_demand(&self, now: f64, window_s: f64, lookback_s: f64, long: (f64, f64)) -> Option<&DemandWindows> {
+        self.demand_windows
+            .as_ref()
+            .filter(|d| d.is_for(now, window_s, lookback_s, long))
     }
 
     /// Arrivals in `(now - window_s, now]` whose GPUs per instance `fits` accepts.
@@ -553,6 +562,13 @@ impl DemandWindows {
             .filter(|(_, d)| d.iter().any(|c| *c > 0))
             .cloned()
             .collect()
+    }
+
+    /// [`DemandWindows::demand`] without the copy: every shape counted since the windows were
+    /// made, GPUs ascending, those with no long arrival left in the look-back included (all
+    /// windows 0).
+    pub fn shapes(&self) -> &[(u32, Vec<u32>)] {
+        &self.per
     }
 
     fn add(&mut self, gpus: u32, k: usize, inc: bool) {

@@ -564,6 +564,55 @@ proptest! {
         check_invariants(&c, &plan)?;
     }
 
+    /// The warm pool reads the window demand from the caller's kept windows (every shape they
+    /// ever counted, those with no arrival left in the look-back as all zeros) or scans it from
+    /// the recent arrivals: the plan is the same either way, whatever the scheduled pool. Each
+    /// lane also sees a dense stream of arrivals up to now (bursts the predictive pool holds
+    /// workers for).
+    #[test]
+    fn decide_plans_the_same_from_kept_or_scanned_window_demand(
+        c in case(),
+        stream in prop::collection::vec((prop::sample::select(vec![1u32, 2, 4, 8]), 0.0f64..400.0), 0..120),
+    ) {
+        let mut kept = c.clone();
+        let span: f64 = stream.iter().map(|s| s.1).sum();
+        for (l, lane) in kept.lanes.iter_mut().enumerate() {
+            let lc = &c.cfg.lanes[l];
+            let long = (c.cfg.offers.short_job_horizon_s, c.cfg.offers.default_runtime_s);
+            let mut arrivals: Vec<_> = lane.recent_arrivals.iter().filter(|a| a.at <= c.now).cloned().collect();
+            let mut t = c.now - span;
+            for &(gpus, gap) in &stream {
+                t += gap;
+                arrivals.push(onoff_policy::observation::Arrival { at: t.min(c.now), gpus, runtime_s: None });
+            }
+            arrivals.sort_by(|a, b| a.at.total_cmp(&b.at));
+            let mut fresh = LaneObservation {
+                backlog: lane.backlog,
+                demand_windows: Some(DemandWindows::new(lc.predictive_window_s, lc.predictive_lookback_s, long)),
+                ..Default::default()
+            };
+            for a in &arrivals {
+                fresh.record_arrival_with_runtime(a.gpus, a.at, a.runtime_s);
+            }
+            fresh.demand_windows.as_mut().unwrap().advance(c.now);
+            *lane = fresh;
+        }
+        let mut scanned = kept.clone();
+        for lane in &mut scanned.lanes {
+            lane.demand_windows = None;
+        }
+        let read = kept.lanes.iter().enumerate().any(|(l, lane)| {
+            let lc = &c.cfg.lanes[l];
+            let long = (c.cfg.offers.short_job_horizon_s, c.cfg.offers.default_runtime_s);
+            lane.kept_demand(c.now, lc.predictive_window_s, lc.predictive_lookback_s, long).is_some()
+        });
+        prop_assert!(read, "the kept windows are for this decision");
+        prop_assert_eq!(
+            decide(&kept.obs(), &kept.cfg, kept.now),
+            decide(&scanned.obs(), &scanned.cfg, scanned.now)
+        );
+    }
+
     #[test]
     fn decide_is_deterministic(c in case()) {
         let a = decide(&c.obs(), &c.cfg, c.now);

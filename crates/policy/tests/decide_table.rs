@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use onoff_policy::{
-    choice, keepalive, Action, CapacityPreference, CapacityType, ConfigError, KeepAliveMode, LaneConfig,
+    choice, keepalive, Action, CapacityPreference, CapacityType, ConfigError, DemandWindows, KeepAliveMode, LaneConfig,
     LaneObservation, Offering, PolicyConfig, ProjectQuota, Reason, ScaleDownConfig, UnavailableOffering, WarmWindow,
     WorkerState,
 };
@@ -1940,6 +1940,48 @@ fn predictive_warm_pool_is_per_job_shape_and_leaves_short_jobs_to_the_keep_alive
                 assert_eq!(request.capacity, CapacityPreference::SpotOnly);
             }
         }
+    }
+}
+
+#[test]
+fn warm_pool_shapes_launch_in_gpu_order_with_the_scheduled_shape_in_its_place() {
+    // Busy windows of two 4-GPU jobs each (the predictive pool holds two 4-GPU workers) and a
+    // scheduled pool of two 1-GPU workers, which no arrival asked for: the 1-GPU launches come
+    // first, from the scanned arrivals and from windows kept arrival by arrival alike.
+    let mut cfg = cfg();
+    cfg.lanes[0].warm_pool = vec![WarmWindow {
+        start_hour: 0,
+        end_hour: 24,
+        size: 2,
+    }];
+    let long = (cfg.offers.short_job_horizon_s, cfg.offers.default_runtime_s);
+    for kept in [false, true] {
+        let mut w = World::new(vec![], vec![]);
+        let lc = &cfg.lanes[0];
+        if kept {
+            w.lanes[0].demand_windows = Some(DemandWindows::new(
+                lc.predictive_window_s,
+                lc.predictive_lookback_s,
+                long,
+            ));
+        }
+        for k in (0..3).rev() {
+            let t0 = NOW - 390.0 * k as f64 - 100.0;
+            w.lanes[0].record_arrival(4, t0);
+            w.lanes[0].record_arrival(4, t0 + 1.0);
+        }
+        if let Some(d) = &mut w.lanes[0].demand_windows {
+            d.advance(NOW);
+        }
+        let plan = w.decide(&cfg, NOW);
+        let gpus: Vec<u32> = launch_list(&plan)
+            .iter()
+            .flat_map(|l| {
+                let g = w.offerings.iter().find(|o| &o.key == l.0).unwrap().gpus;
+                std::iter::repeat_n(g, l.1 as usize)
+            })
+            .collect();
+        assert_eq!(gpus, [1, 1, 4, 4], "kept windows {kept}: {plan:#?}");
     }
 }
 

@@ -345,6 +345,34 @@ fn job_index(id: &str) -> Option<usize> {
     id.strip_prefix("job-")?.parse().ok()
 }
 
+/// The instance id of simulated worker `num`: `i-sim` and its number in ten digits, as
+/// `format!("i-sim{num:010}")` gives it, without the formatting machinery (one per launch, and
+/// [`worker_num`] reads the number back instead of a map from ids).
+fn instance_id(num: u64) -> String {
+    if num >= 10_000_000_000 {
+        return format!("i-sim{num:010}");
+    }
+    let mut digits = [b'0'; 10];
+    let mut n = num;
+    for d in digits.iter_mut().rev() {
+        *d = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    let mut id = String::with_capacity(15);
+    id.push_str("i-sim");
+    id.extend(digits.iter().map(|&d| char::from(d)));
+    id
+}
+
+/// The worker number an [`instance_id`] names (`None` for any other id).
+fn worker_num(id: &str) -> Option<u64> {
+    let digits = id.strip_prefix("i-sim")?;
+    if digits.len() < 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// `World::by_num` of a worker that is gone.
 const NO_WORKER: u32 = u32::MAX;
 
@@ -426,7 +454,6 @@ struct World {
     /// Index in `workers` of each worker number ([`NO_WORKER`] once gone): numbers run from 1
     /// without gaps, so a vector is the map.
     by_num: Vec<u32>,
-    by_id: HashMap<String, u64>,
     next_num: u64,
     lanes: Vec<LaneObservation>,
     unavailable: Vec<UnavailableOffering>,
@@ -514,6 +541,12 @@ impl World {
             .map(|i| i as usize)
     }
 
+    /// Index in `workers` of the live worker with instance id `id`.
+    fn worker_by_id(&self, id: &str) -> Option<usize> {
+        let i = self.worker_idx(worker_num(id)?)?;
+        (self.workers[i].id == id).then_some(i)
+    }
+
     /// A launch call over several offerings: a spot offering in a zone whose measured series
     /// says unavailable lacks capacity; any offering independently lacks capacity with
     /// probability `capacity_error_rate`; the count is spread round-robin over the others.
@@ -581,7 +614,7 @@ impl World {
         for _ in 0..count {
             self.next_num += 1;
             let num = self.next_num;
-            let id = format!("i-sim{num:010}");
+            let id = instance_id(num);
             let boot = self
                 .rng
                 .random_range(self.cfg.boot_min_s..=self.cfg.boot_max_s.max(self.cfg.boot_min_s));
@@ -622,7 +655,6 @@ impl World {
             self.by_num.push((self.workers.len() - 1) as u32);
             self.fleet_index
                 .add(self.workers.len() - 1, &self.workers[self.workers.len() - 1]);
-            self.by_id.insert(id.clone(), num);
             self.push(self.now + boot, Ev::BootDone(num));
             if spot && self.cfg.interruptions && self.measured.is_none() {
                 let rate = rate * self.cfg.interruption_rate_factor;
@@ -768,9 +800,7 @@ impl World {
         for key in self.wsim[i].timers.into_iter().flatten() {
             self.agenda.cancel(key);
         }
-        let id = self.workers[i].id.clone();
         self.fleet_index.remove(i, &self.workers[i]);
-        self.by_id.remove(&id);
         self.by_num[num as usize] = NO_WORKER;
         self.workers.swap_remove(i);
         self.wsim.swap_remove(i);
@@ -891,8 +921,8 @@ impl World {
         need: usize,
         oversize: u32,
         spot_ok: bool,
-    ) -> Vec<usize> {
-        let mut chosen = Vec::with_capacity(need);
+    ) -> smallvec::SmallVec<[usize; 8]> {
+        let mut chosen = smallvec::SmallVec::with_capacity(need);
         let mut stale = Vec::new();
         let mut from = (job_gpus, 0u64);
         while chosen.len() < need {
@@ -1069,7 +1099,8 @@ impl Fleet for SimPorts<'_> {
     async fn terminate(&self, ids: &[String]) -> Result<(), FleetError> {
         let mut w = self.0.borrow_mut();
         for id in ids {
-            if let Some(num) = w.by_id.get(id).copied() {
+            if let Some(i) = w.worker_by_id(id) {
+                let num = w.wsim[i].num;
                 w.remove_worker(num, false);
             }
         }
@@ -1087,15 +1118,13 @@ impl WorkerRegistry for SimPorts<'_> {
     }
     async fn set_state(&self, id: &str, state: WorkerState) -> Result<(), StoreError> {
         let mut w = self.0.borrow_mut();
-        let num = *w.by_id.get(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        let i = w.worker_idx(num).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let i = w.worker_by_id(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
         w.change_worker(i, |w| w.state = state);
         Ok(())
     }
     async fn set_state_if(&self, id: &str, to: WorkerState, from: &[WorkerState]) -> Result<bool, StoreError> {
         let mut w = self.0.borrow_mut();
-        let num = *w.by_id.get(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        let i = w.worker_idx(num).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let i = w.worker_by_id(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
         if !from.contains(&w.workers[i].state) {
             return Ok(false);
         }
@@ -1275,7 +1304,6 @@ pub fn run(
         workers: Vec::new(),
         wsim: Vec::new(),
         by_num: vec![NO_WORKER],
-        by_id: HashMap::new(),
         next_num: 0,
         lanes: vec![LaneObservation::default(); lane_names.len()],
         unavailable: Vec::new(),
@@ -1639,5 +1667,29 @@ pub fn run(
         wall_s: started.elapsed().as_secs_f64(),
         timeline,
         job_waits,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{instance_id, worker_num};
+
+    #[test]
+    fn instance_ids_read_back_as_their_number() {
+        for num in [0, 1, 42, 9_999_999_999, 10_000_000_000, u64::MAX] {
+            let id = instance_id(num);
+            assert_eq!(id, format!("i-sim{num:010}"));
+            assert_eq!(worker_num(&id), Some(num), "{id}");
+        }
+        for other in [
+            "i-sim42",
+            "i-sim+000000042",
+            "i-0123456789abcdef0",
+            "job-3",
+            "i-sim00000000x1",
+            "",
+        ] {
+            assert_eq!(worker_num(other), None, "{other}");
+        }
     }
 }

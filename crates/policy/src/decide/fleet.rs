@@ -133,24 +133,33 @@ impl<'a> Fleet<'a> {
     }
 }
 
-/// What the fleet is now: spend, live workers, free capacity per lane by class (running workers
-/// whose job ends within the short-job horizon give short jobs credit: the rest of the horizon),
-/// idle and booting workers per lane, the budget breaker. Workers pinned to a queued job (booting,
-/// or up and held for it), as many as it has instances, are that job's: neither free nor in the
-/// idle or booting lists (never cancelled or released while the job waits), the job in
-/// `pinned_met`. `now`: unix seconds.
+/// [`fill`] into a new fleet (the tests' way to get the figures).
+#[cfg(test)]
+pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Fleet<'a> {
+    let mut f = Fleet::empty(cfg.lanes.len());
+    fill(&mut f, obs, cfg, now);
+    f
+}
+
+/// What the fleet is now, into `f` ([`Fleet::empty`] for the configured lanes; filled in place:
+/// the fleet is about a kilobyte, and `decide` runs on every submission and tick): spend, live
+/// workers, free capacity per lane by class (running workers whose job ends within the short-job
+/// horizon give short jobs credit: the rest of the horizon), idle and booting workers per lane,
+/// the budget breaker. Workers pinned to a queued job (booting, or up and held for it), as many as
+/// it has instances, are that job's: neither free nor in the idle or booting lists (never
+/// cancelled or released while the job waits), the job in `pinned_met`. `now`: unix seconds.
 ///
 /// From the caller's [`FleetHint`] when it has one for this `now` and horizon (and no budget cap
 /// asks for the spend), else from one pass over the workers. Debug builds compute both and panic
 /// when a hint disagrees with the workers.
-pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Fleet<'a> {
+pub(crate) fn fill<'a>(f: &mut Fleet<'a>, obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) {
     let budget = cfg.limits.max_usd_per_h.is_some();
     let hint = obs
         .fleet
         .filter(|h| !budget && h.now == now && h.horizon_s == cfg.offers.short_job_horizon_s);
     match hint {
         Some(h) => {
-            let f = figures_from_hint(obs, cfg, now, h);
+            fill_from_hint(f, obs, cfg, now, h);
             #[cfg(debug_assertions)]
             {
                 let pass = figures_by_pass(obs, cfg, now);
@@ -160,29 +169,36 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
                     "the FleetHint disagrees with the workers at {now}"
                 );
             }
-            f
         }
-        None => figures_by_pass(obs, cfg, now),
+        None => fill_by_pass(f, obs, cfg, now),
     }
 }
 
 impl<'a> Fleet<'a> {
-    fn empty(nl: usize) -> Self {
-        Fleet {
+    /// No workers, for `nl` lanes.
+    pub(crate) fn empty(nl: usize) -> Self {
+        let mut f = Fleet {
             spend: 0.0,
             live_total: 0,
             lane_live: smallvec![0; nl],
             project_gpus: Tally::default(),
             type_jobs: Tally::default(),
             last_launch: smallvec![f64::NEG_INFINITY; nl],
-            free: (0..nl).map(|_| Classes::new()).collect(),
+            free: PerLane::new(),
             free_before: PerLane::new(),
-            idle: (0..nl).map(|_| Workers::new()).collect(),
-            pending: (0..nl).map(|_| Workers::new()).collect(),
+            idle: PerLane::new(),
+            pending: PerLane::new(),
             breaker: None,
             cheapest: SmallVec::new(),
             pinned_met: Vec::new(),
+        };
+        // Pushed in place: collecting built each list of lists aside and moved it in.
+        for _ in 0..nl {
+            f.free.push(Classes::new());
+            f.idle.push(Workers::new());
+            f.pending.push(Workers::new());
         }
+        f
     }
 
     /// Worker `w`'s part in the free capacity: set aside when pinned to a job (booting or idle),
@@ -239,7 +255,7 @@ impl<'a> Fleet<'a> {
             .collect();
     }
 
-    /// Everything `figures` gives, comparable: the two ways must agree.
+    /// Everything `fill` gives, comparable: the two ways must agree.
     #[cfg(any(test, debug_assertions))]
     fn digest(&self) -> impl PartialEq + std::fmt::Debug + '_ {
         let ids = |lists: &PerLane<Workers<'a>>| -> Vec<Vec<&'a str>> {
@@ -258,10 +274,9 @@ impl<'a> Fleet<'a> {
     }
 }
 
-/// [`figures`] from the caller's hint: only the workers it names are visited.
-fn figures_from_hint<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, h: &FleetHint) -> Fleet<'a> {
+/// [`fill`] from the caller's hint: only the workers it names are visited.
+fn fill_from_hint<'a>(f: &mut Fleet<'a>, obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, h: &FleetHint) {
     let nl = cfg.lanes.len();
-    let mut f = Fleet::empty(nl);
     for (lane, &(live, last)) in h.lane_live.iter().enumerate().take(nl) {
         if live > 0 {
             f.live_total += live;
@@ -280,13 +295,19 @@ fn figures_from_hint<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, h:
         f.visit(w, &mut pinned, cfg, now);
     }
     f.finish(obs, cfg, now, pinned);
+}
+
+/// [`fill_by_pass`] into a new fleet: the oracle of the hint in debug builds.
+#[cfg(any(test, debug_assertions))]
+fn figures_by_pass<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Fleet<'a> {
+    let mut f = Fleet::empty(cfg.lanes.len());
+    fill_by_pass(&mut f, obs, cfg, now);
     f
 }
 
-/// [`figures`] from one pass over the workers.
-fn figures_by_pass<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Fleet<'a> {
+/// [`fill`] from one pass over the workers.
+fn fill_by_pass<'a>(f: &mut Fleet<'a>, obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) {
     let nl = cfg.lanes.len();
-    let mut f = Fleet::empty(nl);
     // Booting or idle workers launched for a job, set aside until the pass is done.
     let mut pinned: Vec<&'a WorkerView> = Vec::new();
     // Live workers and last launch of a run of workers of one lane, added to the lane's figures
@@ -314,7 +335,7 @@ fn figures_by_pass<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> F
             }
             f.live_total += 1;
             if w.lane != run.0 {
-                end_run(&mut f, std::mem::replace(&mut run, (w.lane, 0, f64::NEG_INFINITY)));
+                end_run(f, std::mem::replace(&mut run, (w.lane, 0, f64::NEG_INFINITY)));
             }
             run.1 += 1;
             if w.launched_at > run.2 {
@@ -323,9 +344,8 @@ fn figures_by_pass<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> F
         }
         f.visit(w, &mut pinned, cfg, now);
     }
-    end_run(&mut f, run);
+    end_run(f, run);
     f.finish(obs, cfg, now, pinned);
-    f
 }
 
 impl<'a> Fleet<'a> {
@@ -489,7 +509,8 @@ mod tests {
         let mut obs = observe(&workers);
         let pass = figures(&obs, &cfg, 1_000.0);
         obs.fleet = Some(&hint);
-        let hinted = figures_from_hint(&obs, &cfg, 1_000.0, &hint);
+        let mut hinted = Fleet::empty(cfg.lanes.len());
+        fill_from_hint(&mut hinted, &obs, &cfg, 1_000.0, &hint);
         assert_eq!(hinted.digest(), pass.digest());
         assert_eq!((hinted.live_total, hinted.last_launch[0]), (5, 700.0));
         assert_eq!(

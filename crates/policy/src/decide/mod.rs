@@ -1,7 +1,7 @@
 //! `decide`: the whole policy as one pure function, in five phases a reader can follow, each a
 //! function of its own with its own table tests:
 //!
-//! 1. `fleet::figures`: what the fleet is now: spend, live workers per lane, free capacity per
+//! 1. `fleet::fill`: what the fleet is now: spend, live workers per lane, free capacity per
 //!    lane by worker class (idle and booting), idle and booting workers, the budget breaker.
 //! 2. `matching::match_jobs`: queued jobs, per lane most urgent first, matched to free capacity
 //!    (idle workers first, then booting ones: a booting worker counts as capacity, so a 3-10
@@ -65,7 +65,8 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
 pub fn decide_with_memo<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, memo: &mut RankMemo) -> Plan {
     let nl = cfg.lanes.len();
     let mut plan = Plan::default();
-    let mut fleet = fleet::figures(obs, cfg, now);
+    let mut fleet = fleet::Fleet::empty(nl);
+    fleet::fill(&mut fleet, obs, cfg, now);
     // A lane with no free capacity to match and no room to launch in, and no quota or cap to
     // hold a job for first, holds every job for its limit: nothing reads its jobs' order, and the
     // room only shrinks as lanes ahead of it launch.

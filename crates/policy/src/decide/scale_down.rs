@@ -139,7 +139,7 @@ pub(crate) fn scale_down(
     // The most recently idle workers form the warm pool; the others are in line behind them,
     // per GPU count, for the keep-alive.
     let mut held: smallvec::SmallVec<[u32; 8]> = smallvec::smallvec![0u32; warm.shapes.len()];
-    let mut lines: Vec<Line> = Vec::new();
+    let mut lines: smallvec::SmallVec<[Line; 4]> = smallvec::SmallVec::new();
     for w in &idle_free {
         let li = match lines.iter().position(|l| l.gpus == w.gpus) {
             Some(i) => i,

@@ -7,6 +7,7 @@ use crate::keepalive;
 use crate::observation::{LaneId, Observation};
 use crate::plan::{Held, Plan, Reason};
 use crate::shape::fits;
+use smallvec::SmallVec;
 
 use super::fleet::Fleet;
 use super::scale_up::push_launches_booked;
@@ -15,7 +16,7 @@ use super::scale_up::push_launches_booked;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Warm {
     /// One entry per shape with a target, GPUs ascending.
-    pub(crate) shapes: Vec<WarmShape>,
+    pub(crate) shapes: SmallVec<[WarmShape; 4]>,
 }
 
 /// The warm pool of one job shape.
@@ -67,7 +68,7 @@ impl Warm {
 /// `predictive_min_bursts`), at most `predictive_max`. So a higher wait value holds more, every
 /// shape is priced at its own price, a lone burst holds nothing, and a steady stream of long jobs
 /// holds what it uses. 0 without demand.
-pub(crate) struct Fractile(Vec<u32>);
+pub(crate) struct Fractile(SmallVec<[u32; 32]>);
 
 impl Fractile {
     /// The demand of the windows that followed one like the current one (busy or quiet),
@@ -76,7 +77,7 @@ impl Fractile {
         let busy_now = demand.first().is_some_and(|d| *d > 0);
         // Most windows need nothing: the zeros first, then only the others sorted (this runs per
         // shape on every decision).
-        let mut d: Vec<u32> = Vec::with_capacity(demand.len());
+        let mut d: SmallVec<[u32; 32]> = SmallVec::with_capacity(demand.len());
         let mut zeros = 0;
         for p in demand.windows(2).filter(|p| (p[1] > 0) == busy_now) {
             if p[0] == 0 {
@@ -86,7 +87,7 @@ impl Fractile {
             }
         }
         d.sort_unstable();
-        d.splice(0..0, std::iter::repeat_n(0, zeros));
+        d.insert_many(0, std::iter::repeat_n(0, zeros));
         Self(d)
     }
 
@@ -136,21 +137,29 @@ pub(crate) fn warm_capacity(
     let oc = &cfg.offers;
     let hour = (now.rem_euclid(86_400.0) / 3600.0) as u32;
     let scheduled = lc.warm_pool_size_at(hour);
-    let mut demand = match (lc.predictive_max, obs.lanes.get(lane)) {
-        (0, _) | (_, None) => Vec::new(),
-        (_, Some(o)) => o.demand_at(
-            now,
-            lc.predictive_window_s,
-            lc.predictive_lookback_s,
-            (oc.short_job_horizon_s, oc.default_runtime_s),
-        ),
+    // The demand per shape, GPUs ascending: read from the kept windows where the caller keeps
+    // them (shapes with no demand left are skipped below, as absent ones), else scanned.
+    let scanned;
+    let demand: &[(u32, Vec<u32>)] = match (lc.predictive_max, obs.lanes.get(lane)) {
+        (0, _) | (_, None) => &[],
+        (_, Some(o)) => {
+            let (window_s, lookback_s) = (lc.predictive_window_s, lc.predictive_lookback_s);
+            let long = (oc.short_job_horizon_s, oc.default_runtime_s);
+            match o.kept_demand(now, window_s, lookback_s, long) {
+                Some(d) => d.shapes(),
+                None => {
+                    scanned = o.window_demand(now, window_s, lookback_s, long);
+                    &scanned
+                }
+            }
+        }
     };
-    if scheduled > 0 && !demand.iter().any(|(g, _)| *g == lc.warm_pool_gpus) {
-        demand.push((lc.warm_pool_gpus, Vec::new()));
-        demand.sort_by_key(|d| d.0);
-    }
+    // The scheduled pool's shape, in its place, when no arrival asked for it.
+    let at = demand.partition_point(|(g, _)| *g < lc.warm_pool_gpus);
+    let scheduled_shape = (scheduled > 0 && demand.get(at).is_none_or(|(g, _)| *g != lc.warm_pool_gpus))
+        .then(|| (lc.warm_pool_gpus, Vec::new()));
     let mut warm = Warm::default();
-    for (gpus, d) in &demand {
+    for (gpus, d) in demand[..at].iter().chain(&scheduled_shape).chain(&demand[at..]) {
         let scheduled = if *gpus == lc.warm_pool_gpus { scheduled } else { 0 };
         if scheduled == 0 && d.iter().all(|x| *x == 0) {
             continue;
