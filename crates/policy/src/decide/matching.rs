@@ -5,12 +5,8 @@ use crate::deadline::keeps_off_spot;
 use crate::observation::{Observation, PendingJob};
 use crate::shape::fits;
 
-use super::fleet::{Fleet, PerLane};
+use super::fleet::Fleet;
 use super::{short_runtime, FreeClass};
-
-/// Queued jobs per lane, in the order matching takes them (inline for a fleet's lane or two: this
-/// is built on every decision).
-pub(crate) type Queues<'a> = PerLane<Vec<&'a PendingJob>>;
 
 /// Queued jobs per lane, most urgent first: earliest deadline, then longest queued, then id.
 /// Jobs in `pinned_met` (workers launched for each are booting or held for it) are left out.
@@ -22,13 +18,13 @@ pub(crate) fn queues<'a>(
     nl: usize,
     pinned_met: &[&str],
     unordered: impl Fn(usize) -> bool,
-) -> Queues<'a> {
+) -> Vec<Vec<&'a PendingJob>> {
     // Sized first: a backlog of thousands would otherwise grow each list by copying, every decision.
-    let mut sizes: PerLane<usize> = smallvec::smallvec![0usize; nl];
+    let mut sizes = vec![0usize; nl];
     for j in obs.jobs.iter().filter(|j| j.lane < nl) {
         sizes[j.lane] += 1;
     }
-    let mut by_lane: Queues<'a> = sizes.into_iter().map(Vec::with_capacity).collect();
+    let mut by_lane: Vec<Vec<&'a PendingJob>> = sizes.into_iter().map(Vec::with_capacity).collect();
     for j in obs
         .jobs
         .iter()
@@ -55,9 +51,14 @@ pub(crate) fn queues<'a>(
 /// booting ones, of classes that fit the job); a short job rides on the credit of a worker
 /// already taken by short jobs. Takes what it matches from `fleet.free`; returns the jobs left
 /// unmet per lane, in order.
-pub(crate) fn match_jobs<'a>(cfg: &PolicyConfig, now: f64, queued: Queues<'a>, fleet: &mut Fleet<'a>) -> Queues<'a> {
+pub(crate) fn match_jobs<'a>(
+    cfg: &PolicyConfig,
+    now: f64,
+    queued: Vec<Vec<&'a PendingJob>>,
+    fleet: &mut Fleet<'a>,
+) -> Vec<Vec<&'a PendingJob>> {
     let oc = &cfg.offers;
-    let mut unmet: Queues<'a> = queued.iter().map(|_| Vec::new()).collect();
+    let mut unmet: Vec<Vec<&'a PendingJob>> = vec![Vec::new(); queued.len()];
     for (lane, jobs) in queued.into_iter().enumerate() {
         if fleet.free[lane].is_empty() {
             // No idle or booting worker, nor one ending soon: nothing to match (the usual case behind

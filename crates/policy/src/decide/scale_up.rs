@@ -19,7 +19,7 @@ pub(crate) fn scale_up<'a>(
     obs: &Observation<'a>,
     cfg: &PolicyConfig,
     now: f64,
-    mut unmet: super::matching::Queues<'a>,
+    mut unmet: Vec<Vec<&'a PendingJob>>,
     fleet: &mut Fleet<'a>,
     plan: &mut Plan,
     memo: &mut RankMemo,
