@@ -328,16 +328,21 @@ fn each_launch_carries_an_idempotency_token_stable_for_its_decision() {
     assert_eq!(reg.records().len(), 2);
 }
 
-#[test]
-fn the_idempotency_token_depends_on_every_field_of_the_request() {
-    let base = LaunchRequest {
+/// Two spot offerings, two instances, a project, no token yet.
+fn token_request() -> LaunchRequest {
+    LaunchRequest {
         lane: "standard".into(),
         offerings: vec![key("a.1", "z1"), key("a.1", "z2")],
         count: 2,
         project: Some("p".into()),
         job: None,
         client_token: String::new(),
-    };
+    }
+}
+
+#[test]
+fn the_idempotency_token_depends_on_every_field_of_the_request() {
+    let base = token_request();
     let t = base.idempotency_token("d1");
     assert_eq!(t, base.clone().with_token_for("d1").client_token);
     assert_eq!(t, base.idempotency_token("d1"), "deterministic");
@@ -383,14 +388,7 @@ fn the_idempotency_token_depends_on_every_field_of_the_request() {
 
 #[test]
 fn the_idempotency_token_is_fnv1a_of_the_fields_and_a_decision_id_in_parts_is_the_joined_id() {
-    let req = LaunchRequest {
-        lane: "standard".into(),
-        offerings: vec![key("a.1", "z1"), key("a.1", "z2")],
-        count: 2,
-        project: Some("p".into()),
-        job: None,
-        client_token: String::new(),
-    };
+    let req = token_request();
     // Computed apart from the crate (FNV-1a 128 in Python over the fields as the docs give
     // them): a release that changed the token would relaunch a retried decision.
     let want = "onoff-471ee463902255a2a7932c8342e1dc7f";
