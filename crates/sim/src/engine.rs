@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use onoff_control::ports::{
-    Fleet, FleetError, FleetErrorKind, LaunchRequest, LaunchResult, Launched, OfferingAvailability, StoreError,
-    WorkerRecord, WorkerRegistry,
+    Decimal, Fleet, FleetError, FleetErrorKind, LaunchRequest, LaunchResult, Launched, OfferingAvailability,
+    StoreError, WorkerRecord, WorkerRegistry,
 };
 use onoff_control::{act, handle_interruption_notice, ActContext};
 use onoff_policy::choice::{fits, speed};
@@ -345,21 +345,15 @@ fn job_index(id: &str) -> Option<usize> {
     id.strip_prefix("job-")?.parse().ok()
 }
 
-/// The instance id of simulated worker `num`: `i-sim` and its number in ten digits, as
+/// The instance id of simulated worker `num`: `i-sim` and its number in at least ten digits, as
 /// `format!("i-sim{num:010}")` gives it, without the formatting machinery (one per launch, and
 /// [`worker_num`] reads the number back instead of a map from ids).
 fn instance_id(num: u64) -> String {
-    if num >= 10_000_000_000 {
-        return format!("i-sim{num:010}");
-    }
-    let mut digits = [b'0'; 10];
-    let mut n = num;
-    for d in digits.iter_mut().rev() {
-        *d = b'0' + (n % 10) as u8;
-        n /= 10;
-    }
+    let digits = Decimal::new(num);
+    let digits = digits.as_bytes();
     let mut id = String::with_capacity(15);
     id.push_str("i-sim");
+    id.extend(std::iter::repeat_n('0', 10usize.saturating_sub(digits.len())));
     id.extend(digits.iter().map(|&d| char::from(d)));
     id
 }

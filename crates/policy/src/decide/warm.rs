@@ -1,13 +1,14 @@
 //! Phase 4: ready workers held for arrivals not yet here: the scheduled warm pool, and the
 //! predictive one where its idle cost is below the wait it saves.
 
+use smallvec::SmallVec;
+
 use crate::choice::{self, RankMemo, Request};
 use crate::config::{CapacityPreference, PolicyConfig};
 use crate::keepalive;
 use crate::observation::{LaneId, Observation};
 use crate::plan::{Held, Plan, Reason};
 use crate::shape::fits;
-use smallvec::SmallVec;
 
 use super::fleet::Fleet;
 use super::scale_up::push_launches_booked;
