@@ -81,6 +81,11 @@ struct SimulateArgs {
     /// arrivals re-based to the half's first job.
     #[arg(long)]
     split: Option<Half>,
+    /// Replay only one project's jobs (a Philly virtual cluster: the trace's `cluster` column),
+    /// arrivals re-based to its first job; applied before --split. A name the trace lacks is
+    /// refused with the list of its projects.
+    #[arg(long)]
+    project: Option<String>,
     /// Replay the trace this many times back to back (a load test of the simulator; prints wall
     /// time and peak memory).
     #[arg(long, default_value_t = 1)]
@@ -260,6 +265,13 @@ fn peak_rss_mb() -> Option<f64> {
 
 fn simulate(a: SimulateArgs) -> Result<()> {
     let (trace, mut label) = load_trace(a.trace.as_deref(), a.seed)?;
+    let trace = match &a.project {
+        Some(p) => {
+            label = format!("{label} (project {p})");
+            trace.of_project(p)?
+        }
+        None => trace,
+    };
     let mut split_info = None;
     let trace = match a.split {
         Some(half) => {

@@ -422,6 +422,32 @@ fn split_replays_one_half_and_says_which() {
 }
 
 #[test]
+fn project_replays_one_virtual_clusters_jobs_and_refuses_an_unknown_one() {
+    // The short slice: 193 jobs of b436b2, 3 of 11cb48, 3 of 7f04ca, 1 of 6c71a0.
+    let one = |p: &str| {
+        json(&[
+            "simulate",
+            "--trace",
+            SHORT,
+            "--project",
+            p,
+            "--policies",
+            "onoff",
+            "--json",
+        ])
+    };
+    let (big, small) = (one("b436b2"), one("11cb48"));
+    assert_eq!((big["jobs"].as_u64(), small["jobs"].as_u64()), (Some(193), Some(3)));
+    assert!(big["trace"].as_str().unwrap().contains("project b436b2"));
+    assert_eq!(big["policies"][0]["jobs_completed"], 193);
+    assert!(total(&small, "onoff") < total(&big, "onoff"));
+    let out = onoff(&["simulate", "--trace", SHORT, "--project", "nope"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"nope\"") && err.contains("b436b2 (193 jobs)"), "{err}");
+}
+
+#[test]
 fn deadlines_add_all_on_demand_and_count_misses() {
     let v = json(&[
         "simulate",

@@ -137,6 +137,14 @@ pub enum TraceError {
         /// The file (or the name given to [`Trace::parse_str`]).
         path: String,
     },
+    /// [`Trace::of_project`] found no job of the project.
+    #[error("no job of the trace has project {project:?}; its projects: {known}")]
+    NoSuchProject {
+        /// The project asked for.
+        project: String,
+        /// The trace's projects with their job counts, most jobs first.
+        known: String,
+    },
 }
 
 /// How Azure requests become jobs: each request is one item served on one GPU taking
@@ -334,19 +342,61 @@ impl Trace {
     /// The half has no job (a trace whose jobs all arrive at one instant has an empty train half).
     pub fn split(&self, half: Half) -> Result<(Trace, SplitInfo), TraceError> {
         let cut = self.span_s() / 2.0;
-        let kept: Vec<&TraceJob> = self
-            .jobs
-            .iter()
-            .filter(|j| match half {
+        let (kept, offset_s) = self
+            .subset(|j| match half {
                 Half::Train => j.arrival_s < cut,
                 Half::Test => j.arrival_s >= cut,
             })
-            .collect();
-        let Some(first) = kept.first().map(|j| j.arrival_s) else {
-            return Err(TraceError::Empty {
+            .ok_or_else(|| TraceError::Empty {
                 path: format!("the {} half", half.name()),
-            });
+            })?;
+        let info = SplitInfo {
+            half,
+            offset_s,
+            cut_s: cut,
+            original_jobs: self.jobs.len(),
         };
+        Ok((kept, info))
+    }
+
+    /// The jobs of one project (a Philly virtual cluster, the trace's `cluster` column), as a
+    /// trace of their own: arrivals re-based so the project's first job arrives at 0 (and
+    /// `start_unix_s` moves with it), ids renumbered from 0. A tenant's own workload, for
+    /// replaying the policy on a trace it was not tuned to.
+    ///
+    /// # Errors
+    /// [`TraceError::NoSuchProject`] when no job has that project; it lists the trace's projects.
+    pub fn of_project(&self, project: &str) -> Result<Trace, TraceError> {
+        self.subset(|j| j.project == project)
+            .map(|(t, _)| t)
+            .ok_or_else(|| TraceError::NoSuchProject {
+                project: project.to_string(),
+                known: self
+                    .projects()
+                    .iter()
+                    .map(|(p, n)| format!("{p} ({n} job{})", if *n == 1 { "" } else { "s" }))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    /// The trace's projects and their job counts, most jobs first (ties by name).
+    pub fn projects(&self) -> Vec<(String, usize)> {
+        let mut counts: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for j in &self.jobs {
+            *counts.entry(j.project.as_str()).or_default() += 1;
+        }
+        let mut out: Vec<(String, usize)> = counts.into_iter().map(|(p, n)| (p.to_string(), n)).collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        out
+    }
+
+    /// The jobs `keep` keeps, re-based so the first kept one arrives at 0 (`start_unix_s` moves
+    /// with it) and renumbered from 0, with the first kept arrival in the original trace
+    /// (seconds); `None` when it keeps none.
+    fn subset(&self, keep: impl Fn(&TraceJob) -> bool) -> Option<(Trace, f64)> {
+        let kept: Vec<&TraceJob> = self.jobs.iter().filter(|j| keep(j)).collect();
+        let first = kept.first()?.arrival_s;
         let jobs = kept
             .into_iter()
             .enumerate()
@@ -356,20 +406,12 @@ impl Trace {
                 ..j.clone()
             })
             .collect();
-        let info = SplitInfo {
-            half,
-            offset_s: first,
-            cut_s: cut,
-            original_jobs: self.jobs.len(),
+        let trace = Trace {
+            format: self.format,
+            start_unix_s: self.start_unix_s + first,
+            jobs,
         };
-        Ok((
-            Trace {
-                format: self.format,
-                start_unix_s: self.start_unix_s + first,
-                jobs,
-            },
-            info,
-        ))
+        Some((trace, first))
     }
 
     /// The trace `times` times back to back (a load test of the engine): copy `k` arrives
@@ -811,6 +853,34 @@ mod tests {
         assert!(a.span_s() < t.span_s() / 2.0 && b.span_s() <= t.span_s() / 2.0);
         assert!((ib.offset_s - ia.cut_s) >= 0.0 && ib.offset_s - ia.cut_s < 3600.0);
         assert_eq!(b.start_unix_s, t.start_unix_s + ib.offset_s);
+    }
+
+    #[test]
+    fn a_project_replays_alone_rebased_to_its_first_job() {
+        let mut t = hand_trace(&[0.0, 10.0, 40.0, 50.0, 60.0, 100.0]);
+        for (j, p) in t.jobs.iter_mut().zip(["a", "b", "a", "c", "b", "a"]) {
+            j.project = p.into();
+        }
+        let b = t.of_project("b").unwrap();
+        assert_eq!(b.jobs.iter().map(|j| j.arrival_s).collect::<Vec<_>>(), [0.0, 50.0]);
+        assert_eq!(b.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(
+            b.jobs.iter().map(|j| j.duration_s).collect::<Vec<_>>(),
+            [20.0, 50.0],
+            "the project's own jobs"
+        );
+        assert_eq!(b.start_unix_s, 1_010.0);
+        assert_eq!(t.of_project("a").unwrap().jobs.len(), 3);
+        assert_eq!(
+            t.projects(),
+            [("a".to_string(), 3), ("b".to_string(), 2), ("c".to_string(), 1)]
+        );
+        let err = t.of_project("z").unwrap_err();
+        assert!(matches!(err, TraceError::NoSuchProject { .. }));
+        assert!(
+            err.to_string().contains("\"z\"") && err.to_string().contains("a (3 jobs), b (2 jobs), c (1 job)"),
+            "{err}"
+        );
     }
 
     #[test]
