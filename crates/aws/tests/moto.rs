@@ -229,6 +229,43 @@ async fn sqs_backlog_counts_visible_in_flight_and_delayed() {
     );
 }
 
+/// Spot prices per zone from `DescribeSpotPriceHistory`: one quote per offered (type, zone), only
+/// for the types asked about. moto quotes $0.00001 for everything, which is no price EC2
+/// charges: put on the shipped catalogue, every such quote is refused and the catalogue's prices
+/// stay (`apply_spot_quotes`' unit test covers quotes that are taken).
+#[tokio::test]
+async fn spot_quotes_come_per_type_and_zone_and_moto_s_are_refused() {
+    let c = clients().await;
+    let lt = launch_template(&c).await;
+    let fleet = Ec2Fleet::new(c.ec2.clone(), &lt);
+    let types = vec!["g5.xlarge".to_string(), "g4dn.xlarge".to_string()];
+    let quotes = fleet.spot_quotes(&types).await.unwrap();
+    assert!(!quotes.is_empty());
+    assert!(quotes.iter().all(|q| types.contains(&q.instance_type)), "{quotes:?}");
+    let g5_zones: Vec<&str> = quotes
+        .iter()
+        .filter(|q| q.instance_type == "g5.xlarge")
+        .map(|q| q.zone.as_str())
+        .collect();
+    assert!(
+        g5_zones.len() >= 2 && g5_zones.iter().all(|z| z.starts_with("us-east-1")),
+        "{g5_zones:?}"
+    );
+    let mut sorted = g5_zones.clone();
+    sorted.dedup();
+    assert_eq!(sorted.len(), g5_zones.len(), "one quote per zone");
+    let mut offerings = onoff_control::catalog::load_offerings_from_dir(
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/catalog")),
+        &onoff_control::catalog::CatalogOptions::default(),
+    )
+    .unwrap();
+    let catalogue = offerings.clone();
+    let report = onoff_control::catalog::apply_spot_quotes(&mut offerings, &quotes);
+    assert_eq!(report.applied, 0);
+    assert!(report.refused.len() >= g5_zones.len(), "{report:?}");
+    assert_eq!(offerings, catalogue);
+}
+
 /// A user gives subnets in some zones and not all. An offering in a zone without one is not
 /// launched (EC2 would place it by zone alone, in that zone's default subnet: outside the workers'
 /// VPC, and outside what the scaler role may launch into; moto takes it); it is reported short,

@@ -1161,7 +1161,7 @@ pub struct CostReport {
     /// $ of worker time no job paid for (instances' lifetimes × price, less the attempts on them),
     /// over the workers the workers table still knows (rows live 7 days after termination).
     pub idle_worker_usd: f64,
-    /// Always: these are catalogue prices, not the bill.
+    /// Always: these are launch prices, not the bill.
     pub note: String,
 }
 
@@ -1223,7 +1223,7 @@ fn cost_report(ops: &Ops, rows: &[JobRecord], by: &str) -> CostReport {
         groups: groups.into_values().map(finish).collect(),
         total: finish(total),
         idle_worker_usd: 0.0,
-        note: "catalogue prices (data/catalog, spot: the snapshot's average), not your AWS bill".into(),
+        note: "launch prices (on-demand: data/catalog; spot: EC2's quote at the launching function's cold start, else the catalogue's average), not your AWS bill".into(),
     }
 }
 

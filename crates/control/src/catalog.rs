@@ -677,6 +677,81 @@ fn parse_advisor(src: &Source, region: &str) -> Result<BTreeMap<String, Interrup
     Ok(out)
 }
 
+/// One spot price EC2 quotes now (`ec2:DescribeSpotPriceHistory`): what a spot instance of the
+/// type costs in the zone, $/h.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpotQuote {
+    /// EC2 instance type, e.g. `g5.xlarge`.
+    pub instance_type: String,
+    /// Availability zone, e.g. `us-east-1a`.
+    pub zone: String,
+    /// Price, $/h.
+    pub usd_per_h: f64,
+}
+
+/// The lowest share of the on-demand price a spot quote may be and still be taken: 5 %. AWS
+/// sells spot capacity "at up to a 90% discount compared to On-Demand prices" (Amazon EC2 Spot
+/// Instances, aws.amazon.com/ec2/spot); a quote under a twentieth of on-demand is not a price EC2
+/// charges (moto, the local emulator, quotes $0.00001 for every type).
+pub const MIN_SPOT_SHARE_OF_ON_DEMAND: f64 = 0.05;
+
+/// What [`apply_spot_quotes`] did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpotQuoteReport {
+    /// Spot offerings whose price is now EC2's quote.
+    pub applied: usize,
+    /// Spot offerings EC2 quoted nothing for: they keep the catalogue's price.
+    pub unquoted: usize,
+    /// Quotes not taken, with the reason: not a positive finite price, or under
+    /// [`MIN_SPOT_SHARE_OF_ON_DEMAND`] of the type's on-demand price. Their offerings keep the
+    /// catalogue's price.
+    pub refused: Vec<(OfferingKey, f64, &'static str)>,
+}
+
+/// Price each spot offering at EC2's current quote for its type and zone, in place of the
+/// catalogue's (a regional average of a snapshot, `data/catalog`): spot prices differ by zone
+/// and move, and both steer which offering is the cheapest per job and what the budget breaker
+/// counts. A quote is refused (the catalogue's price kept) when it is not a positive finite
+/// number or is under [`MIN_SPOT_SHARE_OF_ON_DEMAND`] of the type's on-demand price in the
+/// catalogue. A quote above on-demand is taken as it is: such an offering is then priced out of
+/// the choice, as on AWS, where the default maximum price is the on-demand price. On-demand
+/// offerings and quotes for offerings not in `offerings` are left alone.
+pub fn apply_spot_quotes(offerings: &mut [Offering], quotes: &[SpotQuote]) -> SpotQuoteReport {
+    let quoted: BTreeMap<(&str, &str), f64> = quotes
+        .iter()
+        .map(|q| ((q.instance_type.as_str(), q.zone.as_str()), q.usd_per_h))
+        .collect();
+    let on_demand: BTreeMap<String, f64> = offerings
+        .iter()
+        .filter(|o| o.key.capacity_type == CapacityType::OnDemand)
+        .map(|o| (o.key.instance_type.clone(), o.price_usd_per_h))
+        .collect();
+    let mut report = SpotQuoteReport::default();
+    for o in offerings
+        .iter_mut()
+        .filter(|o| o.key.capacity_type == CapacityType::Spot)
+    {
+        let Some(&q) = quoted.get(&(o.key.instance_type.as_str(), o.key.zone.as_str())) else {
+            report.unquoted += 1;
+            continue;
+        };
+        let floor = on_demand
+            .get(&o.key.instance_type)
+            .map_or(0.0, |od| od * MIN_SPOT_SHARE_OF_ON_DEMAND);
+        if !(q.is_finite() && q > 0.0) {
+            report.refused.push((o.key.clone(), q, "not a positive price"));
+        } else if q < floor {
+            report
+                .refused
+                .push((o.key.clone(), q, "under 5 % of the on-demand price"));
+        } else {
+            o.price_usd_per_h = q;
+            report.applied += 1;
+        }
+    }
+    report
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -908,6 +983,67 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn spot_offerings_take_ec2s_quote_per_zone_unless_it_is_no_price_ec2_charges() {
+        let opts = CatalogOptions {
+            zones: vec!["us-east-1a".into(), "us-east-1b".into()],
+            ..CatalogOptions::default()
+        };
+        let mut offs = load_offerings(SPECS, PRICES, None, &opts).unwrap();
+        let catalogue = offs.clone();
+        let quote = |t: &str, z: &str, p: f64| SpotQuote {
+            instance_type: t.into(),
+            zone: z.into(),
+            usd_per_h: p,
+        };
+        let report = apply_spot_quotes(
+            &mut offs,
+            &[
+                // g5.xlarge is 1.006 $/h on demand: 0.31 is a price, 0.00001 (moto's) is not.
+                quote("g5.xlarge", "us-east-1a", 0.31),
+                quote("g5.xlarge", "us-east-1b", 0.000_01),
+                // Not an offering here: ignored.
+                quote("g5.xlarge", "us-east-1c", 0.2),
+                quote("p5.48xlarge", "us-east-1a", 30.0),
+            ],
+        );
+        let price = |o: &[Offering], z: &str, ct| find(o, "g5.xlarge", z, ct).price_usd_per_h;
+        assert_eq!(price(&offs, "us-east-1a", CapacityType::Spot), 0.31);
+        assert_eq!(
+            price(&offs, "us-east-1b", CapacityType::Spot),
+            price(&catalogue, "us-east-1b", CapacityType::Spot),
+            "a refused quote keeps the catalogue's price"
+        );
+        assert_eq!(
+            price(&offs, "us-east-1a", CapacityType::OnDemand),
+            1.006,
+            "on-demand is never quoted"
+        );
+        assert_eq!(report.applied, 1);
+        assert_eq!(report.unquoted, 0);
+        assert_eq!(report.refused.len(), 1);
+        assert_eq!(report.refused[0].0.to_string(), "g5.xlarge/us-east-1b/spot");
+        // The floor is 5 % of on-demand (0.0503 $/h); a quote above on-demand is taken.
+        let mut offs = catalogue.clone();
+        let report = apply_spot_quotes(
+            &mut offs,
+            &[
+                quote("g5.xlarge", "us-east-1a", 0.051),
+                quote("g5.xlarge", "us-east-1b", 0.050),
+            ],
+        );
+        assert_eq!((report.applied, report.refused.len()), (1, 1));
+        let r = apply_spot_quotes(&mut offs, &[quote("g5.xlarge", "us-east-1b", 1.2)]);
+        assert_eq!((r.applied, r.unquoted), (1, 1));
+        assert_eq!(price(&offs, "us-east-1b", CapacityType::Spot), 1.2);
+        for bad in [f64::NAN, 0.0, -1.0, f64::INFINITY] {
+            let mut o = catalogue.clone();
+            let r = apply_spot_quotes(&mut o, &[quote("g5.xlarge", "us-east-1a", bad)]);
+            assert_eq!((r.applied, r.refused[0].2), (0, "not a positive price"), "{bad}");
+            assert_eq!(o, catalogue);
+        }
     }
 
     #[test]

@@ -274,9 +274,11 @@ pub fn requests(call: &Call, stack: &Stack, world: &World) -> Result<Vec<Request
             let get = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
             let instance = |id: &str| format!("arn:{partition}:ec2:{region}:{account}:instance/{id}");
             match op {
-                "DescribeInstances" | "DescribeSubnets" | "DescribeLaunchTemplates" | "DescribeImages" => {
-                    Ok(vec![Request::new(&format!("ec2:{op}"), "*")])
-                }
+                "DescribeInstances"
+                | "DescribeSubnets"
+                | "DescribeLaunchTemplates"
+                | "DescribeImages"
+                | "DescribeSpotPriceHistory" => Ok(vec![Request::new(&format!("ec2:{op}"), "*")]),
                 "TerminateInstances" => Ok(params
                     .iter()
                     .filter(|(k, _)| k.starts_with("InstanceId."))

@@ -474,6 +474,8 @@ fn the_scaler_launches_only_from_the_worker_template_into_the_stacks_subnets() {
         let other = Request::new("iam:PassRole", &format!("arn:aws:iam::{ACCOUNT}:role/admin"))
             .with("iam:PassedToService", "ec2.amazonaws.com");
         assert_denied(&a, &c, other);
+        // The spot prices their launches are chosen on.
+        assert_allowed(&a, &c, Request::new("ec2:DescribeSpotPriceHistory", "*"));
     }
     for p in [
         Principal::Submit,
@@ -483,6 +485,7 @@ fn the_scaler_launches_only_from_the_worker_template_into_the_stacks_subnets() {
     ] {
         let c = a.caller(p).unwrap();
         assert!(!launch(&a, &c, LT, "subnet-0a"), "{} must not launch", p.as_str());
+        assert_denied(&a, &c, Request::new("ec2:DescribeSpotPriceHistory", "*"));
     }
 }
 

@@ -164,6 +164,53 @@ pub async fn offer_subnet_zones(
     settings.restrict_to_zones(&zones)
 }
 
+/// Price `settings`' spot offerings at EC2's current quotes for their type and zone
+/// ([`onoff_control::catalog::apply_spot_quotes`]), once per cold start: one paginated
+/// `ec2:DescribeSpotPriceHistory` for the offered types. The catalogue's prices are a regional
+/// average of a snapshot; EC2's differ by zone and move. Never fails the cold start: when EC2
+/// fails, or a quote is no price EC2 charges, those offerings keep the catalogue's price (logged
+/// as a warning). Returns what was applied, `None` when the call failed.
+pub async fn quote_spot_prices(
+    settings: &mut Settings,
+    fleet: &onoff_aws::fleet::Ec2Fleet,
+) -> Option<onoff_control::catalog::SpotQuoteReport> {
+    let types: std::collections::BTreeSet<String> = settings
+        .offerings
+        .iter()
+        .filter(|o| o.key.capacity_type == onoff_policy::CapacityType::Spot)
+        .map(|o| o.key.instance_type.clone())
+        .collect();
+    if types.is_empty() {
+        return Some(onoff_control::catalog::SpotQuoteReport::default());
+    }
+    let types: Vec<String> = types.into_iter().collect();
+    let quotes = match fleet.spot_quotes(&types).await {
+        Ok(q) => q,
+        Err(e) => {
+            tracing::warn!(error = %e, "spot price quotes from EC2 failed: the catalogue's spot prices stay");
+            return None;
+        }
+    };
+    let report = onoff_control::catalog::apply_spot_quotes(&mut settings.offerings, &quotes);
+    if !report.refused.is_empty() {
+        let (key, price, why) = &report.refused[0];
+        tracing::warn!(
+            refused = report.refused.len(),
+            first = %key,
+            price,
+            reason = why,
+            "spot price quotes refused: those offerings keep the catalogue's price"
+        );
+    }
+    tracing::info!(
+        applied = report.applied,
+        unquoted = report.unquoted,
+        refused = report.refused.len(),
+        "spot offerings priced at EC2's current quotes"
+    );
+    Some(report)
+}
+
 /// Errors a handler returns, as Lambda diagnostics: `Retryable` (Lambda or the event source
 /// retries) or `NonRetryable` (a bad input; retrying cannot help).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

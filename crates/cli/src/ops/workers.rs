@@ -105,7 +105,7 @@ pub struct WorkersReport {
     /// Workers per state, in the order Pending, Running, Idle, Draining.
     pub counts: Vec<(&'static str, usize)>,
     /// $/h of the live workers and the unregistered instances priced as their rows would be
-    /// (catalogue prices).
+    /// (launch prices: catalogue on-demand, spot as EC2 quoted it to the launching function).
     pub usd_per_h: f64,
     pub unregistered: Vec<UnregisteredInstance>,
     /// Why EC2 was not read, when it was not (the rest still shows).
@@ -290,7 +290,7 @@ pub fn render(r: &WorkersReport, now: f64) -> String {
         .map(|(s, n)| format!("{n} {}", s.to_ascii_lowercase()))
         .collect();
     out.push_str(&format!(
-        "{} worker(s){}: ${}/h at catalogue prices (not your AWS bill)\n",
+        "{} worker(s){}: ${}/h at launch prices (not your AWS bill)\n",
         r.workers.len(),
         if counts.is_empty() {
             String::new()
