@@ -251,9 +251,8 @@ async fn spot_quotes_come_per_type_and_zone_and_moto_s_are_refused() {
         g5_zones.len() >= 2 && g5_zones.iter().all(|z| z.starts_with("us-east-1")),
         "{g5_zones:?}"
     );
-    let mut sorted = g5_zones.clone();
-    sorted.dedup();
-    assert_eq!(sorted.len(), g5_zones.len(), "one quote per zone");
+    let distinct: std::collections::BTreeSet<&str> = g5_zones.iter().copied().collect();
+    assert_eq!(distinct.len(), g5_zones.len(), "one quote per zone");
     let mut offerings = onoff_control::catalog::load_offerings_from_dir(
         std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/catalog")),
         &onoff_control::catalog::CatalogOptions::default(),
