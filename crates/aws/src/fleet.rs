@@ -133,6 +133,8 @@ impl Ec2Fleet {
             ))
             .product_descriptions("Linux/UNIX")
             .product_descriptions("Linux/UNIX (Amazon VPC)")
+            // The most one page may hold: a region's GPU types fit in one or two.
+            .max_results(1000)
             .into_paginator()
             .send();
         while let Some(page) = pages.next().await {
