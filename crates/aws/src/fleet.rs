@@ -7,7 +7,8 @@ use aws_sdk_ec2::types::{
     FleetLaunchTemplateSpecificationRequest, FleetType, InstanceType, ResourceType, SpotAllocationStrategy,
     SpotOptionsRequest, Tag, TagSpecification, TargetCapacitySpecificationRequest,
 };
-use onoff_control::ports::{Fleet, FleetError, FleetErrorKind, LaunchRequest, LaunchResult, Launched};
+use onoff_control::catalog::SpotQuote;
+use onoff_control::ports::{Fleet, FleetError, FleetErrorKind, LaunchRequest, LaunchResult, Launched, SpotPrices};
 use onoff_policy::{CapacityType, OfferingKey};
 
 use crate::errors::{classify_ec2_code, fleet_error};
@@ -108,64 +109,6 @@ impl Ec2Fleet {
     /// EC2 failures, classified; [`FleetErrorKind::Other`] naming a subnet EC2 does not describe.
     pub async fn subnet_zones(&self) -> Result<Vec<(String, String)>, FleetError> {
         Ok(self.placed_subnets().await?.to_vec())
-    }
-
-    /// The Linux spot price EC2 charges now for each of `instance_types` in each zone that offers
-    /// it: one paginated `ec2:DescribeSpotPriceHistory` with the start time now, which returns
-    /// the price in force per (type, zone, product) and the time it last changed. Where EC2
-    /// gives more than one line for a (type, zone) (the `Linux/UNIX` and `Linux/UNIX (Amazon
-    /// VPC)` products), the most recently changed one is kept. Prices EC2 writes as text that
-    /// does not parse are left out.
-    ///
-    /// # Errors
-    /// EC2 failures, classified.
-    pub async fn spot_quotes(
-        &self,
-        instance_types: &[String],
-    ) -> Result<Vec<onoff_control::catalog::SpotQuote>, FleetError> {
-        let mut latest: std::collections::BTreeMap<(String, String), (f64, f64)> = std::collections::BTreeMap::new();
-        let mut pages = self
-            .client
-            .describe_spot_price_history()
-            .start_time(aws_sdk_ec2::primitives::DateTime::from(std::time::SystemTime::now()))
-            .set_instance_types(Some(
-                instance_types.iter().map(|t| InstanceType::from(t.as_str())).collect(),
-            ))
-            .product_descriptions("Linux/UNIX")
-            .product_descriptions("Linux/UNIX (Amazon VPC)")
-            // The most one page may hold: a region's GPU types fit in one or two.
-            .max_results(1000)
-            .into_paginator()
-            .send();
-        while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| fleet_error(&e))?;
-            for p in page.spot_price_history() {
-                let (Some(t), Some(zone), Some(price)) = (
-                    p.instance_type(),
-                    p.availability_zone(),
-                    p.spot_price().and_then(|s| s.parse::<f64>().ok()),
-                ) else {
-                    continue;
-                };
-                let changed = p.timestamp().map_or(0.0, |d| d.as_secs_f64());
-                let e = latest
-                    .entry((t.as_str().to_string(), zone.to_string()))
-                    .or_insert((changed, price));
-                if changed >= e.0 {
-                    *e = (changed, price);
-                }
-            }
-        }
-        Ok(latest
-            .into_iter()
-            .map(
-                |((instance_type, zone), (_, usd_per_h))| onoff_control::catalog::SpotQuote {
-                    instance_type,
-                    zone,
-                    usd_per_h,
-                },
-            )
-            .collect())
     }
 
     /// The subnets with their zones, looked up once.
@@ -390,6 +333,59 @@ pub async fn tag_as_ec2_does(ec2: &aws_sdk_ec2::Client, deployment: &str, launch
 
 fn tag(key: &str, value: &str) -> Tag {
     Tag::builder().key(key).value(value).build()
+}
+
+/// The Linux spot price EC2 charges now for each of the instance types in each zone that offers
+/// it: one paginated `ec2:DescribeSpotPriceHistory` with the start time now, which returns the
+/// price in force per (type, zone, product) and the time it last changed ("the last price change
+/// before the start time, which is the effective price as of the start time", EC2 API
+/// reference). Where EC2 gives more than one line for a (type, zone) (the `Linux/UNIX` and
+/// `Linux/UNIX (Amazon VPC)` products), the most recently changed one is kept. Prices EC2 writes
+/// as text that does not parse are left out. Errors: EC2 failures, classified.
+impl SpotPrices for Ec2Fleet {
+    async fn spot_quotes(&self, instance_types: &[String]) -> Result<Vec<SpotQuote>, FleetError> {
+        let mut latest: std::collections::BTreeMap<(String, String), (f64, f64)> = std::collections::BTreeMap::new();
+        let mut pages = self
+            .client
+            .describe_spot_price_history()
+            .start_time(aws_sdk_ec2::primitives::DateTime::from(std::time::SystemTime::now()))
+            .set_instance_types(Some(
+                instance_types.iter().map(|t| InstanceType::from(t.as_str())).collect(),
+            ))
+            .product_descriptions("Linux/UNIX")
+            .product_descriptions("Linux/UNIX (Amazon VPC)")
+            // The most one page may hold: a region's GPU types fit in one or two.
+            .max_results(1000)
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| fleet_error(&e))?;
+            for p in page.spot_price_history() {
+                let (Some(t), Some(zone), Some(price)) = (
+                    p.instance_type(),
+                    p.availability_zone(),
+                    p.spot_price().and_then(|s| s.parse::<f64>().ok()),
+                ) else {
+                    continue;
+                };
+                let changed = p.timestamp().map_or(0.0, |d| d.as_secs_f64());
+                let e = latest
+                    .entry((t.as_str().to_string(), zone.to_string()))
+                    .or_insert((changed, price));
+                if changed >= e.0 {
+                    *e = (changed, price);
+                }
+            }
+        }
+        Ok(latest
+            .into_iter()
+            .map(|((instance_type, zone), (_, usd_per_h))| SpotQuote {
+                instance_type,
+                zone,
+                usd_per_h,
+            })
+            .collect())
+    }
 }
 
 impl Fleet for Ec2Fleet {

@@ -15,6 +15,7 @@ use onoff_aws::settings::Clients;
 use onoff_aws::state::{DynamoControl, DynamoWorkers};
 use onoff_control::fake::FaultyFleet;
 use onoff_control::job::JobState;
+use onoff_control::ports::SpotPrices as _;
 use onoff_control::ports::{Fleet, LaunchRequest, OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry};
 use onoff_control::{act, ActContext};
 use onoff_policy::{

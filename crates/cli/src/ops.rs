@@ -1223,7 +1223,7 @@ fn cost_report(ops: &Ops, rows: &[JobRecord], by: &str) -> CostReport {
         groups: groups.into_values().map(finish).collect(),
         total: finish(total),
         idle_worker_usd: 0.0,
-        note: "launch prices (on-demand: data/catalog; spot: EC2's quote at the launching function's cold start, else the catalogue's average), not your AWS bill".into(),
+        note: "launch prices (on-demand: data/catalog; spot: EC2's quote to the launching function, else the catalogue's average), not your AWS bill".into(),
     }
 }
 

@@ -56,6 +56,9 @@ struct FleetInner {
     /// vCPU quotas of running instances per bucket of families and capacity type, as EC2 holds
     /// them ([`FakeFleet::set_vcpu_quota`]).
     quotas: BTreeMap<(QuotaBucket, CapacityType), u32>,
+    /// What [`SpotPrices::spot_quotes`] answers (default: no quotes), and how often it was asked.
+    spot_quotes: Option<Result<Vec<crate::catalog::SpotQuote>, FleetError>>,
+    spot_quote_calls: usize,
     /// vCPUs per instance type, for the quotas.
     vcpus: BTreeMap<String, u32>,
 }
@@ -136,6 +139,33 @@ impl FakeFleet {
     /// Forget calls and state.
     pub fn reset(&self) {
         *self.inner.lock().expect("lock") = FleetInner::default();
+    }
+
+    /// Answer [`SpotPrices::spot_quotes`] with `quotes` (the instance types asked for filter
+    /// them, as EC2's does) or with an error, from now on.
+    pub fn set_spot_quotes(&self, quotes: Result<Vec<crate::catalog::SpotQuote>, FleetError>) {
+        self.inner.lock().expect("lock").spot_quotes = Some(quotes);
+    }
+
+    /// How many times [`SpotPrices::spot_quotes`] was called.
+    pub fn spot_quote_calls(&self) -> usize {
+        self.inner.lock().expect("lock").spot_quote_calls
+    }
+}
+
+impl crate::ports::SpotPrices for FakeFleet {
+    async fn spot_quotes(&self, instance_types: &[String]) -> Result<Vec<crate::catalog::SpotQuote>, FleetError> {
+        let mut s = self.inner.lock().expect("lock");
+        s.spot_quote_calls += 1;
+        match &s.spot_quotes {
+            None => Ok(Vec::new()),
+            Some(Err(e)) => Err(e.clone()),
+            Some(Ok(q)) => Ok(q
+                .iter()
+                .filter(|q| instance_types.contains(&q.instance_type))
+                .cloned()
+                .collect()),
+        }
     }
 }
 

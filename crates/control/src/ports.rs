@@ -243,6 +243,18 @@ pub trait Fleet {
     async fn cancel_launch(&self, instance_ids: &[String]) -> Result<(), FleetError>;
 }
 
+/// The spot prices a provider charges now ([`crate::catalog::SpotQuote`]; EC2:
+/// `DescribeSpotPriceHistory`).
+#[allow(async_fn_in_trait)]
+pub trait SpotPrices {
+    /// The price in force for each of `instance_types` in each zone that offers it, one quote per
+    /// (type, zone); types and zones the provider quotes nothing for are absent.
+    ///
+    /// # Errors
+    /// Provider failures.
+    async fn spot_quotes(&self, instance_types: &[String]) -> Result<Vec<crate::catalog::SpotQuote>, FleetError>;
+}
+
 /// Record of a worker kept by the control plane.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerRecord {

@@ -602,10 +602,6 @@ async fn run_with(
                     .await
                     .with_context(|| format!("the {name} function's cold start"))?;
             }
-            // The functions that launch price spot at EC2's quotes, as in Lambda.
-            if name == "scaler" || name == "reconciler" {
-                onoff_fn_common::quote_spot_prices(&mut ctx.settings, &ctx.fleet).await;
-            }
             anyhow::Ok((ctx, c))
         }
     };

@@ -6,7 +6,7 @@
 use onoff_aws::settings::{Resources, SettingsError};
 use onoff_control::catalog::{load_offerings, Arch, CatalogOptions};
 use onoff_control::ports::{
-    Backlog, EventLog, Fleet, FleetLister, JobQueue, JobStore, Lease, OfferingAvailability, WorkerRegistry,
+    Backlog, EventLog, Fleet, FleetLister, JobQueue, JobStore, Lease, OfferingAvailability, SpotPrices, WorkerRegistry,
 };
 use onoff_control::reconcile::{reconcile_exclusive, ReconcileOptions, ReconcileReport};
 use onoff_policy::{Action, Offering, PolicyConfig, WorkerState};
@@ -164,53 +164,6 @@ pub async fn offer_subnet_zones(
     settings.restrict_to_zones(&zones)
 }
 
-/// Price `settings`' spot offerings at EC2's current quotes for their type and zone
-/// ([`onoff_control::catalog::apply_spot_quotes`]), once per cold start: one paginated
-/// `ec2:DescribeSpotPriceHistory` for the offered types. The catalogue's prices are a regional
-/// average of a snapshot; EC2's differ by zone and move. Never fails the cold start: when EC2
-/// fails, or a quote is no price EC2 charges, those offerings keep the catalogue's price (logged
-/// as a warning). Returns what was applied, `None` when the call failed.
-pub async fn quote_spot_prices(
-    settings: &mut Settings,
-    fleet: &onoff_aws::fleet::Ec2Fleet,
-) -> Option<onoff_control::catalog::SpotQuoteReport> {
-    let types: std::collections::BTreeSet<String> = settings
-        .offerings
-        .iter()
-        .filter(|o| o.key.capacity_type == onoff_policy::CapacityType::Spot)
-        .map(|o| o.key.instance_type.clone())
-        .collect();
-    if types.is_empty() {
-        return Some(onoff_control::catalog::SpotQuoteReport::default());
-    }
-    let types: Vec<String> = types.into_iter().collect();
-    let quotes = match fleet.spot_quotes(&types).await {
-        Ok(q) => q,
-        Err(e) => {
-            tracing::warn!(error = %e, "spot price quotes from EC2 failed: the catalogue's spot prices stay");
-            return None;
-        }
-    };
-    let report = onoff_control::catalog::apply_spot_quotes(&mut settings.offerings, &quotes);
-    if !report.refused.is_empty() {
-        let (key, price, why) = &report.refused[0];
-        tracing::warn!(
-            refused = report.refused.len(),
-            first = %key,
-            price,
-            reason = why,
-            "spot price quotes refused: those offerings keep the catalogue's price"
-        );
-    }
-    tracing::info!(
-        applied = report.applied,
-        unquoted = report.unquoted,
-        refused = report.refused.len(),
-        "spot offerings priced at EC2's current quotes"
-    );
-    Some(report)
-}
-
 /// Errors a handler returns, as Lambda diagnostics: `Retryable` (Lambda or the event source
 /// retries) or `NonRetryable` (a bad input; retrying cannot help).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -255,6 +208,32 @@ pub struct Ctx<Q, W, J, F, A, E, L> {
     pub events: E,
     /// The reconcile lease.
     pub lease: L,
+    /// The offerings priced at the fleet's spot quotes, kept between invocations of one
+    /// execution environment ([`Ctx::priced_offerings`]).
+    pub spot_prices: SpotPriceCache,
+}
+
+/// How long spot quotes are kept before they are asked for again, seconds: an hour. EC2's spot
+/// prices move gradually (the pricing model since 2017 follows long-term supply and demand, not
+/// bids), so an hour-old quote is close; one `DescribeSpotPriceHistory` an hour per execution
+/// environment is far inside EC2's request limits.
+pub const SPOT_QUOTE_TTL_S: f64 = 3600.0;
+
+/// How long after a failed quote call the next one is tried, seconds (300); meanwhile the
+/// previous prices (or the catalogue's) are used.
+pub const SPOT_QUOTE_RETRY_S: f64 = 300.0;
+
+/// The offerings priced at the fleet's spot quotes, and when to ask again ([`Ctx::priced_offerings`]).
+#[derive(Debug, Default)]
+pub struct SpotPriceCache {
+    inner: std::sync::Mutex<Option<PricedOfferings>>,
+}
+
+#[derive(Debug, Clone)]
+struct PricedOfferings {
+    /// Unix seconds after which the quotes are asked for again.
+    refresh_at: f64,
+    offerings: std::sync::Arc<Vec<Offering>>,
 }
 
 /// The context on AWS.
@@ -297,6 +276,7 @@ pub fn ctx_from_clients(settings: Settings, c: &onoff_aws::settings::Clients) ->
         avail: control.clone(),
         events: control.clone(),
         lease: control,
+        spot_prices: SpotPriceCache::default(),
         settings,
     }
 }
@@ -311,11 +291,78 @@ where
     Q: Backlog + JobQueue,
     W: WorkerRegistry,
     J: JobStore,
-    F: Fleet + FleetLister,
+    F: Fleet + FleetLister + SpotPrices,
     A: OfferingAvailability,
     E: EventLog,
     L: Lease,
 {
+    /// The offerings to decide on at `now` (unix seconds): the settings' (the catalogue, of the
+    /// subnets' zones) with each spot offering at the fleet's current quote for its type and zone
+    /// ([`onoff_control::catalog::apply_spot_quotes`]: the catalogue's price is a regional
+    /// average of a snapshot; EC2's differ by zone and move). Quotes are asked for at the first
+    /// decision of an execution environment and again after [`SPOT_QUOTE_TTL_S`]. When the call
+    /// fails, the previous prices (at first, the catalogue's) are used and the call is tried again
+    /// after [`SPOT_QUOTE_RETRY_S`]: prices steer the choice, they never stop a decision. A quote
+    /// that is no price EC2 charges (under 5 % of on-demand; moto quotes $0.00001) keeps the
+    /// catalogue's price, logged as a warning.
+    pub async fn priced_offerings(&self, now: f64) -> std::sync::Arc<Vec<Offering>> {
+        let cached = self.spot_prices.inner.lock().expect("lock").clone();
+        if let Some(p) = cached.as_ref().filter(|p| now < p.refresh_at) {
+            return p.offerings.clone();
+        }
+        let types: Vec<String> = self
+            .settings
+            .offerings
+            .iter()
+            .filter(|o| o.key.capacity_type == onoff_policy::CapacityType::Spot)
+            .map(|o| o.key.instance_type.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let priced = if types.is_empty() {
+            PricedOfferings {
+                refresh_at: now + SPOT_QUOTE_TTL_S,
+                offerings: std::sync::Arc::new(self.settings.offerings.clone()),
+            }
+        } else {
+            match self.fleet.spot_quotes(&types).await {
+                Ok(quotes) => {
+                    let mut offerings = self.settings.offerings.clone();
+                    let report = onoff_control::catalog::apply_spot_quotes(&mut offerings, &quotes);
+                    if let Some((key, price, why)) = report.refused.first() {
+                        tracing::warn!(
+                            refused = report.refused.len(),
+                            first = %key,
+                            price,
+                            reason = why,
+                            "spot quotes refused: those offerings keep the catalogue's price"
+                        );
+                    }
+                    tracing::info!(
+                        applied = report.applied,
+                        unquoted = report.unquoted,
+                        refused = report.refused.len(),
+                        "spot offerings priced at the fleet's current quotes"
+                    );
+                    PricedOfferings {
+                        refresh_at: now + SPOT_QUOTE_TTL_S,
+                        offerings: std::sync::Arc::new(offerings),
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in_s = SPOT_QUOTE_RETRY_S, "spot quotes failed: the previous prices stay");
+                    PricedOfferings {
+                        refresh_at: now + SPOT_QUOTE_RETRY_S,
+                        offerings: cached
+                            .map_or_else(|| std::sync::Arc::new(self.settings.offerings.clone()), |p| p.offerings),
+                    }
+                }
+            }
+        };
+        *self.spot_prices.inner.lock().expect("lock") = Some(priced.clone());
+        priced.offerings
+    }
+
     /// Reconcile under the lease (`reap`: the scheduled reconciler's reaper), log each action with
     /// its reason, print EMF metrics, and return a summary. `invocation`: the Lambda context; its
     /// request id owns the lease, held until its deadline plus a margin
@@ -332,9 +379,10 @@ where
         let s = &self.settings;
         let opts = ReconcileOptions { reap, ..s.reconcile };
         let ttl_s = onoff_control::lease::lease_ttl_for_deadline(invocation.deadline, now, s.lease_ttl_s);
+        let offerings = self.priced_offerings(now).await;
         let report = reconcile_exclusive(
             &s.policy,
-            &s.offerings,
+            &offerings,
             &opts,
             now,
             &lease_owner(&invocation.request_id),
@@ -364,17 +412,17 @@ where
         for w in &report.acted.skipped {
             tracing::info!(worker = %w, "not released: it took a job since the decision");
         }
-        self.print_metrics(&report, now);
+        self.print_metrics(&report, &offerings, now);
         Ok(summary(&report))
     }
 
-    fn print_metrics(&self, report: &ReconcileReport, now: f64) {
+    fn print_metrics(&self, report: &ReconcileReport, offerings: &[Offering], now: f64) {
         // The fleet as the run left it: no second listing of the workers table per invocation.
         let workers = &report.workers;
         let count = |st: WorkerState| workers.iter().filter(|w| w.state == st).count() as f64;
         let spend: f64 = workers
             .iter()
-            .map(|w| onoff_control::reconcile::worker_price_usd_per_h(w, &self.settings.offerings))
+            .map(|w| onoff_control::reconcile::worker_price_usd_per_h(w, offerings))
             .sum();
         let idle_max = idle_seconds_max(workers, now);
         emf::emit(&emf::line(
@@ -505,6 +553,109 @@ mod tests {
         ];
         assert_eq!(idle_seconds_max(&workers, now), 7_200.0);
         assert_eq!(idle_seconds_max(&workers[..1], now), 0.0);
+    }
+
+    fn spot_price(offerings: &[Offering], instance_type: &str, zone: &str) -> f64 {
+        offerings
+            .iter()
+            .find(|o| {
+                o.key.instance_type == instance_type
+                    && o.key.zone == zone
+                    && o.key.capacity_type == onoff_policy::CapacityType::Spot
+            })
+            .unwrap_or_else(|| panic!("no spot offering {instance_type} in {zone}"))
+            .price_usd_per_h
+    }
+
+    fn quote(instance_type: &str, zone: &str, usd_per_h: f64) -> onoff_control::catalog::SpotQuote {
+        onoff_control::catalog::SpotQuote {
+            instance_type: instance_type.into(),
+            zone: zone.into(),
+            usd_per_h,
+        }
+    }
+
+    #[test]
+    fn decisions_price_spot_at_the_fleets_quotes_asked_again_after_an_hour() {
+        let ctx = testing::fake_ctx();
+        let now = 1_800_000_000.0;
+        let catalogue = spot_price(&ctx.settings.offerings, "g4dn.xlarge", "us-east-1a");
+        // g4dn.xlarge: 0.526 $/h on demand, 0.1766 spot in the catalogue (a regional average).
+        ctx.fleet.set_spot_quotes(Ok(vec![
+            quote("g4dn.xlarge", "us-east-1a", 0.15),
+            quote("g4dn.xlarge", "us-east-1b", 0.000_01),
+        ]));
+        let o = pollster::block_on(ctx.priced_offerings(now));
+        assert_eq!(spot_price(&o, "g4dn.xlarge", "us-east-1a"), 0.15);
+        assert_eq!(
+            spot_price(&o, "g4dn.xlarge", "us-east-1b"),
+            catalogue,
+            "moto's quote is refused: the catalogue's price stays"
+        );
+        assert_eq!(spot_price(&o, "g4dn.xlarge", "us-east-1c"), catalogue, "not quoted");
+        assert_eq!(ctx.fleet.spot_quote_calls(), 1);
+        // Within the hour the same prices, without asking.
+        ctx.fleet
+            .set_spot_quotes(Ok(vec![quote("g4dn.xlarge", "us-east-1a", 0.16)]));
+        let o = pollster::block_on(ctx.priced_offerings(now + SPOT_QUOTE_TTL_S - 1.0));
+        assert_eq!(spot_price(&o, "g4dn.xlarge", "us-east-1a"), 0.15);
+        assert_eq!(ctx.fleet.spot_quote_calls(), 1);
+        let o = pollster::block_on(ctx.priced_offerings(now + SPOT_QUOTE_TTL_S));
+        assert_eq!(spot_price(&o, "g4dn.xlarge", "us-east-1a"), 0.16);
+        assert_eq!(ctx.fleet.spot_quote_calls(), 2);
+        // A failed call keeps the last prices and is tried again after the retry delay.
+        ctx.fleet.set_spot_quotes(Err(onoff_control::ports::FleetError {
+            kind: onoff_control::ports::FleetErrorKind::Throttled,
+            message: "RequestLimitExceeded".into(),
+        }));
+        let t = now + 2.0 * SPOT_QUOTE_TTL_S;
+        assert_eq!(
+            spot_price(
+                &pollster::block_on(ctx.priced_offerings(t)),
+                "g4dn.xlarge",
+                "us-east-1a"
+            ),
+            0.16
+        );
+        assert_eq!(ctx.fleet.spot_quote_calls(), 3);
+        pollster::block_on(ctx.priced_offerings(t + SPOT_QUOTE_RETRY_S - 1.0));
+        assert_eq!(ctx.fleet.spot_quote_calls(), 3);
+        pollster::block_on(ctx.priced_offerings(t + SPOT_QUOTE_RETRY_S));
+        assert_eq!(ctx.fleet.spot_quote_calls(), 4);
+        // The settings keep the catalogue's prices: quotes never compound.
+        assert_eq!(
+            spot_price(&ctx.settings.offerings, "g4dn.xlarge", "us-east-1a"),
+            catalogue
+        );
+    }
+
+    #[test]
+    fn a_launch_goes_to_the_zone_ec2_quotes_cheapest_and_its_row_carries_that_price() {
+        let ctx = testing::fake_ctx();
+        let now = 1_800_000_000.0;
+        // One zone's g4dn.xlarge well under every catalogue price of a 1-GPU type.
+        ctx.fleet
+            .set_spot_quotes(Ok(vec![quote("g4dn.xlarge", "us-east-1d", 0.09)]));
+        pollster::block_on(onoff_control::submit::submit(
+            r#"{"image":"i","command":["x"],"project":"p"}"#,
+            &onoff_control::submit::Source::Sqs { message_id: "m".into() },
+            &["express", "standard"],
+            now,
+            &ctx.jobs,
+            &ctx.queues,
+        ))
+        .unwrap();
+        let r = pollster::block_on(ctx.reconcile(now, false, &lambda_runtime::Context::default())).unwrap();
+        let launched = r["launched"].as_array().unwrap();
+        assert_eq!(launched.len(), 1, "{r}");
+        let id = launched[0].as_str().unwrap();
+        let offering = &ctx.fleet.running()[id];
+        assert_eq!(
+            (offering.instance_type.as_str(), offering.zone.as_str()),
+            ("g4dn.xlarge", "us-east-1d"),
+            "{r}"
+        );
+        assert_eq!(ctx.workers.records()[id].price_usd_per_h, 0.09);
     }
 
     #[test]
@@ -743,6 +894,7 @@ pub mod testing {
             avail: FakeAvailability::default(),
             events: FakeEventLog::default(),
             lease: FakeLease::default(),
+            spot_prices: super::SpotPriceCache::default(),
         }
     }
 

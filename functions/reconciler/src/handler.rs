@@ -3,7 +3,7 @@
 
 use lambda_runtime::LambdaEvent;
 use onoff_control::ports::{
-    Backlog, EventLog, Fleet, FleetLister, JobQueue, JobStore, Lease, OfferingAvailability, WorkerRegistry,
+    Backlog, EventLog, Fleet, FleetLister, JobQueue, JobStore, Lease, OfferingAvailability, SpotPrices, WorkerRegistry,
 };
 use onoff_fn_common::{Ctx, HandlerError};
 
@@ -20,7 +20,7 @@ where
     Q: Backlog + JobQueue,
     W: WorkerRegistry,
     J: JobStore,
-    F: Fleet + FleetLister,
+    F: Fleet + FleetLister + SpotPrices,
     A: OfferingAvailability,
     E: EventLog,
     L: Lease,

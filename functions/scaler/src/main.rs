@@ -13,9 +13,6 @@ async fn main() -> Result<(), Error> {
     onoff_fn_common::offer_subnet_zones(&mut ctx.settings, &ctx.fleet)
         .await
         .map_err(|e| e.to_string())?;
-    // Spot offerings at EC2's current prices per zone (one DescribeSpotPriceHistory per cold
-    // start; the catalogue's prices stay where EC2 gives none).
-    onoff_fn_common::quote_spot_prices(&mut ctx.settings, &ctx.fleet).await;
     let (ctx, clients) = (&ctx, &clients);
     run(service_fn(move |event: LambdaEvent<serde_json::Value>| async move {
         handler::handle(ctx, clients, event).await
