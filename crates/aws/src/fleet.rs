@@ -339,8 +339,8 @@ fn tag(key: &str, value: &str) -> Tag {
 /// it: one paginated `ec2:DescribeSpotPriceHistory` with the start time now, which returns the
 /// price in force per (type, zone, product) and the time it last changed ("the last price change
 /// before the start time, which is the effective price as of the start time", EC2 API
-/// reference). Where EC2 gives more than one line for a (type, zone) (the `Linux/UNIX` and
-/// `Linux/UNIX (Amazon VPC)` products), the most recently changed one is kept. Prices EC2 writes
+/// reference). Every product is asked for and only the `Linux/UNIX` and `Linux/UNIX (Amazon
+/// VPC)` lines are kept; where both are given for a (type, zone), the most recently changed one. Prices EC2 writes
 /// as text that does not parse are left out. Errors: EC2 failures, classified.
 impl SpotPrices for Ec2Fleet {
     async fn spot_quotes(&self, instance_types: &[String]) -> Result<Vec<SpotQuote>, FleetError> {
@@ -352,8 +352,6 @@ impl SpotPrices for Ec2Fleet {
             .set_instance_types(Some(
                 instance_types.iter().map(|t| InstanceType::from(t.as_str())).collect(),
             ))
-            .product_descriptions("Linux/UNIX")
-            .product_descriptions("Linux/UNIX (Amazon VPC)")
             // The most one page may hold: a region's GPU types fit in one or two.
             .max_results(1000)
             .into_paginator()
@@ -361,6 +359,16 @@ impl SpotPrices for Ec2Fleet {
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| fleet_error(&e))?;
             for p in page.spot_price_history() {
+                // Linux lines only, filtered here rather than with `ProductDescriptions`: moto
+                // refuses the signature of a request carrying "Linux/UNIX (Amazon VPC)" as the
+                // Rust SDK encodes it (AuthFailure under IAM enforcement; boto3's passes), and
+                // EC2 takes either.
+                if !p
+                    .product_description()
+                    .is_some_and(|d| matches!(d.as_str(), "Linux/UNIX" | "Linux/UNIX (Amazon VPC)"))
+                {
+                    continue;
+                }
                 let (Some(t), Some(zone), Some(price)) = (
                     p.instance_type(),
                     p.availability_zone(),

@@ -228,7 +228,8 @@ pub struct LocalReport {
     /// own role with the policies template.yaml gives it, as moto evaluates them
     /// ([`iam`](mod@iam)). False with `--no-iam`.
     pub iam_enforced: bool,
-    /// AWS calls of the components the emulator refused (HTTP 403), from the call log
+    /// AWS calls of the components the emulator refused (HTTP 403, or 401 for a signature or
+    /// credentials it did not accept), from the call log
     /// (`calls.jsonl` in the run directory). A green run has 0.
     pub access_denied: usize,
     /// Refused calls by principal and operation, e.g. `worker/i-0abc: sqs:SendMessage` (at most 20).
@@ -1153,7 +1154,10 @@ async fn run_with(
     // Every component's calls: the refused ones are IAM's verdict on the template's policies.
     let calls = onoff_aws::record::read_log(&call_log_path).unwrap_or_default();
     report.calls_recorded = calls.len();
-    let denied: Vec<&onoff_aws::record::CallRecord> = calls.iter().filter(|c| c.status == 403).collect();
+    // 403: a policy denies; 401: a signature or credentials the emulator did not accept (EC2's
+    // AuthFailure). Either way the call did not happen.
+    let denied: Vec<&onoff_aws::record::CallRecord> =
+        calls.iter().filter(|c| c.status == 403 || c.status == 401).collect();
     report.access_denied = denied.len();
     if let Some(q) = &quotas {
         report.launches_refused_for_quota = q.refused();
