@@ -348,7 +348,7 @@ pub struct AttemptRecord {
     /// `spot` or `on-demand`, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_type: Option<String>,
-    /// The instance's price while it ran, $/h (catalogue price), when known.
+    /// The instance's price while it ran, $/h (its worker row's launch price), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub price_usd_per_h: Option<f64>,
     /// Claim time, unix seconds.
