@@ -340,8 +340,8 @@ fn tag(key: &str, value: &str) -> Tag {
 /// price in force per (type, zone, product) and the time it last changed ("the last price change
 /// before the start time, which is the effective price as of the start time", EC2 API
 /// reference). Every product is asked for and only the `Linux/UNIX` and `Linux/UNIX (Amazon
-/// VPC)` lines are kept; where both are given for a (type, zone), the most recently changed one. Prices EC2 writes
-/// as text that does not parse are left out. Errors: EC2 failures, classified.
+/// VPC)` lines are kept; where both are given for a (type, zone), the most recently changed one.
+/// Prices EC2 writes as text that does not parse are left out. Errors: EC2 failures, classified.
 impl SpotPrices for Ec2Fleet {
     async fn spot_quotes(&self, instance_types: &[String]) -> Result<Vec<SpotQuote>, FleetError> {
         let mut latest: std::collections::BTreeMap<(String, String), (f64, f64)> = std::collections::BTreeMap::new();

@@ -56,7 +56,8 @@ struct FleetInner {
     /// vCPU quotas of running instances per bucket of families and capacity type, as EC2 holds
     /// them ([`FakeFleet::set_vcpu_quota`]).
     quotas: BTreeMap<(QuotaBucket, CapacityType), u32>,
-    /// What [`crate::ports::SpotPrices::spot_quotes`] answers (default: no quotes), and how often it was asked.
+    /// What [`crate::ports::SpotPrices::spot_quotes`] answers (default: no quotes), and how
+    /// often it was asked.
     spot_quotes: Option<Result<Vec<crate::catalog::SpotQuote>, FleetError>>,
     spot_quote_calls: usize,
     /// vCPUs per instance type, for the quotas.
@@ -141,8 +142,8 @@ impl FakeFleet {
         *self.inner.lock().expect("lock") = FleetInner::default();
     }
 
-    /// Answer [`crate::ports::SpotPrices::spot_quotes`] with `quotes` (the instance types asked for filter
-    /// them, as EC2's does) or with an error, from now on.
+    /// Answer [`crate::ports::SpotPrices::spot_quotes`] with `quotes` (the instance types asked
+    /// for filter them, as EC2's does) or with an error, from now on.
     pub fn set_spot_quotes(&self, quotes: Result<Vec<crate::catalog::SpotQuote>, FleetError>) {
         self.inner.lock().expect("lock").spot_quotes = Some(quotes);
     }
