@@ -267,7 +267,9 @@ impl Ec2Fleet {
                     return Err(err);
                 }
                 // One id of the batch is gone: the call failed as a whole, so go one by one and
-                // treat not-found as done (terminate is idempotent).
+                // treat not-found as done (terminate is idempotent). An instance EC2 launched
+                // moments ago may answer not-found as well (eventual consistency) and still run:
+                // its row is Terminating, and the reconciler's orphan pass terminates it again.
                 for id in ids {
                     if let Err(e) = self.client.terminate_instances().instance_ids(id).send().await {
                         let err = fleet_error(&e);

@@ -101,7 +101,11 @@ pub fn feasible(spec: &JobSpec, offerings: &[Offering], cfg: &PolicyConfig) -> R
         let names: Vec<&str> = cfg.lanes.iter().map(|l| l.name.as_str()).collect();
         return Err(invalid(
             "lane",
-            format!("unknown lane {:?}; lanes: {}", spec.lane, names.join(", ")),
+            format!(
+                "unknown lane {}; lanes: {}",
+                crate::job::quoted(&spec.lane),
+                names.join(", ")
+            ),
         ));
     };
     if let Some(max) = cfg.project_quota(&spec.project).max_gpus {

@@ -843,6 +843,21 @@ impl crate::ports::JobStore for FakeJobs {
 
     async fn record_error(&self, key: &str, reason: &str, _now: f64) -> Result<(), StoreError> {
         self.injected()?;
+        // The item as the DynamoDB adapter writes it: `job_id` (`error#` and the key), `reason`,
+        // and two numbers (`created_at`, `expires_at`).
+        let size = "job_id".len()
+            + "error#".len()
+            + key.len()
+            + "reason".len()
+            + reason.len()
+            + "created_at".len()
+            + "expires_at".len()
+            + 2 * 21;
+        if size > DYNAMODB_MAX_ITEM_BYTES {
+            return Err(StoreError::Invalid(format!(
+                "ValidationException: Item size has exceeded the maximum allowed size ({size} bytes > {DYNAMODB_MAX_ITEM_BYTES})"
+            )));
+        }
         self.errors
             .lock()
             .expect("lock")

@@ -137,7 +137,7 @@ impl JobSpec {
         if !lanes.contains(&self.lane.as_str()) {
             return Err(SpecError::Invalid {
                 field: "lane",
-                problem: format!("unknown lane {:?}; lanes: {}", self.lane, lanes.join(", ")),
+                problem: format!("unknown lane {}; lanes: {}", quoted(&self.lane), lanes.join(", ")),
             });
         }
         let name_ok = |s: &str| {
@@ -527,6 +527,20 @@ impl Settle {
                         == (self.attempts, self.hand_backs, self.lease_expiries)
             }
         }
+    }
+}
+
+/// Characters of a user's text a message quotes ([`quoted`]).
+pub const MAX_QUOTED_CHARS: usize = 64;
+
+/// `text` quoted as `{:?}` quotes it, cut to its first [`MAX_QUOTED_CHARS`] characters (`…`
+/// after the closing quote when cut): a message that quotes a spec's field stays short and keeps
+/// what it says after the quote, whatever the field holds (a spec may take 256 KiB).
+#[must_use]
+pub fn quoted(text: &str) -> String {
+    match text.char_indices().nth(MAX_QUOTED_CHARS) {
+        Some((end, _)) => format!("{:?}…", &text[..end]),
+        None => format!("{text:?}"),
     }
 }
 

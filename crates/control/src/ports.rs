@@ -229,7 +229,11 @@ pub trait Fleet {
     /// when the call as a whole failed.
     async fn launch(&self, req: &LaunchRequest) -> Result<LaunchResult, FleetError>;
 
-    /// Terminate running instances. Idempotent: an instance already gone is not an error.
+    /// Terminate running instances. Idempotent: an instance already gone is not an error. EC2
+    /// answers not-found for an instance it launched moments ago, too, while the launch
+    /// propagates ("Eventual consistency in the Amazon EC2 API"): such an instance may still
+    /// run. Its row is Terminating by then, and the reconciler's orphan pass terminates it again
+    /// at its next run ([`crate::reconcile::reconcile`]).
     ///
     /// # Errors
     /// Provider failures other than not-found.

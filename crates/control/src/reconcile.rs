@@ -268,11 +268,28 @@ pub async fn reap_jobs<J: JobStore, Q: JobQueue + Backlog>(
     out
 }
 
+/// What the orphan pass makes of an instance no live worker row knows ([`adopt`]).
+#[derive(Debug)]
+enum Unknown {
+    /// A launch whose registration failed, registered now.
+    Adopted(Box<WorkerRecord>),
+    /// Its row is Terminating: the control plane retired it and it still runs. Terminated again
+    /// at once, within the launch grace too: EC2 answers a TerminateInstances for an instance
+    /// it launched moments ago with `InvalidInstanceID.NotFound` while its launch propagates
+    /// ("Eventual consistency in the Amazon EC2 API", which names TerminateInstances), and the
+    /// adapter takes not-found for gone ([`Fleet::terminate`]). Terminating again is idempotent
+    /// for one already shutting down that the listing still shows running.
+    Retired,
+    /// Not a launch of this policy's lanes, past its boot timeout, or with a live row the scan
+    /// did not show: an orphan once `launch_grace_s` passed.
+    Other,
+}
+
 /// Register instance `i`, which no live worker row knows, as a booting worker of its lane, when
 /// it is a launch whose registration failed: tagged with a lane of the policy, younger than
-/// `boot_timeout_s`, and with no row at all (a Terminating row means the control plane retired
-/// it). Its price is its offering's in the catalogue, its project and pinned job the ones its
-/// tags name. `Ok(None)`: not such a launch (an orphan once `launch_grace_s` passed).
+/// `boot_timeout_s`, and with no row at all ([`Unknown::Retired`] when its row is Terminating).
+/// Its price is its offering's in the catalogue, its project and pinned job the ones its tags
+/// name.
 ///
 /// Without this, a launch whose `register_launch` failed after CreateFleet (throttling past the
 /// SDK's retries, the function's timeout) was terminated as an orphan once `launch_grace_s`
@@ -291,12 +308,17 @@ async fn adopt<W: WorkerRegistry>(
     opts: &ReconcileOptions,
     now: f64,
     workers: &W,
-) -> Result<Option<WorkerRecord>, StoreError> {
+) -> Result<Unknown, StoreError> {
     let Some(lane) = i.lane.as_deref().filter(|l| cfg.lane_index(l).is_some()) else {
-        return Ok(None);
+        return Ok(Unknown::Other);
     };
-    if now - i.launched_at >= opts.boot_timeout_s || workers.get(&i.instance_id).await?.is_some() {
-        return Ok(None);
+    if now - i.launched_at >= opts.boot_timeout_s {
+        return Ok(Unknown::Other);
+    }
+    match workers.get(&i.instance_id).await? {
+        Some(row) if row.state == WorkerState::Terminating => return Ok(Unknown::Retired),
+        Some(_) => return Ok(Unknown::Other),
+        None => {}
     }
     let mut record = WorkerRecord {
         project: i.project.clone(),
@@ -309,7 +331,7 @@ async fn adopt<W: WorkerRegistry>(
     // Conditional: a row registered meanwhile (its agent's, a late scaler's) is kept, and this
     // decision counts the instance as booting either way.
     workers.register_launch(record.clone()).await?;
-    Ok(Some(record))
+    Ok(Unknown::Adopted(Box::new(record)))
 }
 
 /// A worker's price, $/h: as registered; for a worker its agent registered itself, with price
@@ -413,13 +435,16 @@ where
             let mut orphans: Vec<String> = Vec::new();
             for i in unknown {
                 match adopt(i, cfg, offerings, opts, now, workers).await {
-                    Ok(Some(w)) => {
+                    Ok(Unknown::Adopted(w)) => {
                         report.orphans_adopted.push(w.id.clone());
-                        live.push(w);
+                        live.push(*w);
                     }
+                    Ok(Unknown::Retired) => orphans.push(i.instance_id.clone()),
                     // Left alone within the grace: its row may not be visible yet.
-                    Ok(None) if now - i.launched_at >= opts.launch_grace_s => orphans.push(i.instance_id.clone()),
-                    Ok(None) => {}
+                    Ok(Unknown::Other) if now - i.launched_at >= opts.launch_grace_s => {
+                        orphans.push(i.instance_id.clone());
+                    }
+                    Ok(Unknown::Other) => {}
                     // Neither adopted nor reaped: the next run looks again.
                     Err(e) => report.errors.push(format!("adopt {}: {e}", i.instance_id)),
                 }

@@ -294,3 +294,41 @@ fn an_admission_rejects_jobs_no_allowed_instance_can_run_and_unknown_lanes() {
     }
     assert_eq!(jobs.records().len(), 1);
 }
+
+/// A reason may quote the spec, and a spec may take 256 KiB: an unknown lane of 130,000
+/// characters that `{:?}` writes as 6-byte escapes (780 KB quoted, over DynamoDB's 400 KB item
+/// limit), and an unknown field named by 200,000 characters. Each is rejected with an error
+/// record, not retried into the dead-letter queue; the reason is cut to `MAX_REASON_BYTES`, and
+/// the lane's still names the lanes there are.
+#[test]
+fn a_reason_quoting_a_huge_field_is_cut_and_recorded() {
+    use onoff_control::job::MAX_REASON_BYTES;
+    use onoff_control::submit::MAX_SPEC_BYTES;
+    let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
+    let lane = "\u{85}".repeat(130_000);
+    let field = "x".repeat(200_000);
+    let cases = [
+        (
+            format!(r#"{{"image":"img","command":["x"],"project":"p","lane":"{lane}"}}"#),
+            "; lanes: express, standard",
+        ),
+        (
+            format!(r#"{{"image":"img","command":["x"],"project":"p","{field}":1}}"#),
+            "job spec is not valid JSON for a job: unknown field `xxx",
+        ),
+    ];
+    for (i, (spec, want)) in cases.iter().enumerate() {
+        assert!(spec.len() as u64 <= MAX_SPEC_BYTES, "{}", spec.len());
+        let src = Source::Sqs {
+            message_id: format!("m{i}"),
+        };
+        let err = pollster::block_on(submit(spec, &src, LANES, NOW, &jobs, &queue)).unwrap_err();
+        let SubmitError::Rejected { reason, .. } = &err else {
+            panic!("{}", err.to_string().chars().take(300).collect::<String>())
+        };
+        assert!(reason.len() <= MAX_REASON_BYTES, "case {i}: {} bytes", reason.len());
+        assert!(reason.contains(want), "case {i}: {reason}");
+        assert_eq!(jobs.errors().get(&src.describe()), Some(reason));
+    }
+    assert!(jobs.records().is_empty() && queue.sent().is_empty());
+}

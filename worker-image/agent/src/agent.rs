@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::Duration;
 
-use onoff_control::job::{parse_s3_uri, AttemptEnd, AttemptRecord, JobState, OutputsRecord, Settle};
+use onoff_control::job::{bounded_reason, parse_s3_uri, AttemptEnd, AttemptRecord, JobState, OutputsRecord, Settle};
 use onoff_control::ports::{
     checkpoint_prefix, wake, CheckpointStore, Claim, JobRecord, JobStore, StoreError, WakeUp, WorkerRecord,
 };
@@ -31,6 +31,7 @@ use tokio::time::{sleep_until, Instant};
 use crate::config::{AgentConfig, ShutdownMode};
 use crate::ports::{
     Control, Identity, Inbox, Instance, JobCommand, JobEvent, Launcher, Message, Metadata, Notice, Objects, Registry,
+    SessionError,
 };
 use crate::process::{chown_tree, write_job_credentials};
 
@@ -619,6 +620,9 @@ where
     }
 
     async fn poison(&mut self, msg: &Message, key: &str, reason: &str) {
+        // Cut as a submission's rejection is: the reason may quote the message (a job id of
+        // any length), and the record must stay within DynamoDB's item limit.
+        let reason = &bounded_reason(reason.to_string());
         tracing::error!(message = %msg.message_id, %reason, "poison message: left for the dead-letter queue");
         if let Err(e) = self.deps.jobs.record_error(key, reason, self.clock.now()).await {
             tracing::warn!(error = %e, "record error");
@@ -1096,7 +1100,11 @@ where
                 }
             },
             Ok(None) => {}
-            Err(e) => {
+            Err(SessionError::Refused(e)) => {
+                report.outcome = self.settle(job, AttemptEnd::Fatal(e), &report).await;
+                return report;
+            }
+            Err(SessionError::Failed(e)) => {
                 report.outcome = self.settle(job, AttemptEnd::Failed(e), &report).await;
                 return report;
             }
@@ -1254,7 +1262,7 @@ where
                             .map(|_| creds.lifetime_s)
                             .map_err(|e| e.to_string()),
                         Ok(None) => Err("no job role any more".into()),
-                        Err(e) => Err(e),
+                        Err(e) => Err(e.to_string()),
                     };
                     next_session = Some(match renewed {
                         Ok(lifetime_s) => Instant::now() + Duration::from_secs_f64(lifetime_s / 2.0),

@@ -13,7 +13,9 @@ use onoff_policy::WorkerState;
 use tokio::io::AsyncWriteExt;
 
 use crate::config::ShutdownMode;
-use crate::ports::{Identity, Inbox, Instance, JobCredentials, Message, Metadata, Notice, Objects, Registry};
+use crate::ports::{
+    Identity, Inbox, Instance, JobCredentials, Message, Metadata, Notice, Objects, Registry, SessionError,
+};
 
 /// IMDSv2 through aws-config's client. The endpoint is IMDS's, or
 /// `AWS_EC2_METADATA_SERVICE_ENDPOINT` when set (the local runner gives each agent its own).
@@ -176,11 +178,65 @@ pub struct S3Objects {
     pub streams: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
-/// CloudWatch Logs' limits on one PutLogEvents call: events, and bytes (each event counts its
-/// size plus 26 bytes); an event is at most 256 KiB ("CloudWatch Logs quotas").
+/// CloudWatch Logs' limits on one PutLogEvents call: events, bytes (each event counts its size
+/// plus 26 bytes) and the time a batch spans, ms (PutLogEvents, API Reference); an event's
+/// message is at most 256 KiB less the 26 ("CloudWatch Logs quotas"; the API Reference now says
+/// 1 MB, and regions that keep the older figure refuse more).
 const LOG_BATCH_EVENTS: usize = 10_000;
 const LOG_BATCH_BYTES: usize = 1_048_576;
 const LOG_EVENT_BYTES: usize = 256 * 1024 - 26;
+const LOG_BATCH_SPAN_MS: i64 = 24 * 3600 * 1000;
+
+/// `lines` (unix seconds, text) as PutLogEvents batches of (unix ms, message): in chronological
+/// order (lines of one time keep their order), a line longer than an event may be split into
+/// consecutive events of its time at character boundaries (none lost), an empty line sent as
+/// one space (CloudWatch Logs refuses an empty message), each batch within
+/// [`LOG_BATCH_EVENTS`], [`LOG_BATCH_BYTES`] and [`LOG_BATCH_SPAN_MS`].
+fn log_batches(lines: &[(f64, String)]) -> Vec<Vec<(i64, String)>> {
+    let mut events: Vec<(i64, String)> = Vec::with_capacity(lines.len());
+    for (at, line) in lines {
+        let ms = (at * 1000.0) as i64;
+        let mut rest = line.as_str();
+        if rest.is_empty() {
+            events.push((ms, " ".to_string()));
+        }
+        while !rest.is_empty() {
+            let mut cut = rest.len().min(LOG_EVENT_BYTES);
+            while !rest.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            events.push((ms, rest[..cut].to_string()));
+            rest = &rest[cut..];
+        }
+    }
+    events.sort_by_key(|(ms, _)| *ms);
+    let mut batches = Vec::new();
+    let mut batch: Vec<(i64, String)> = Vec::new();
+    let mut bytes = 0;
+    for (ms, text) in events {
+        let size = text.len() + 26;
+        let full = batch.len() == LOG_BATCH_EVENTS
+            || bytes + size > LOG_BATCH_BYTES
+            || batch.first().is_some_and(|(first, _)| ms - first > LOG_BATCH_SPAN_MS);
+        if full {
+            batches.push(std::mem::take(&mut batch));
+            bytes = 0;
+        }
+        bytes += size;
+        batch.push((ms, text));
+    }
+    if !batch.is_empty() {
+        batches.push(batch);
+    }
+    batches
+}
+
+/// Whether STS's error `code` refuses the session policy itself, whatever the moment: the
+/// packed policy is too large, or the policy is malformed (STS API Reference, AssumeRole,
+/// "Errors").
+fn session_policy_refused(code: &str) -> bool {
+    matches!(code, "PackedPolicyTooLarge" | "MalformedPolicyDocument")
+}
 
 /// A job's session lasts one hour: the longest STS allows when a role session (the worker's)
 /// assumes another role ("role chaining", IAM User Guide).
@@ -222,52 +278,30 @@ impl Objects for S3Objects {
                 s.insert(stream.to_string());
             }
         }
-        // Timestamps in order (CloudWatch Logs wants a batch in chronological order), in batches
-        // within its limits; an over-long line is cut.
-        let mut events: Vec<InputLogEvent> = lines
-            .iter()
-            .filter_map(|(at, line)| {
-                let mut text = line.clone();
-                if text.len() > LOG_EVENT_BYTES {
-                    let mut cut = LOG_EVENT_BYTES;
-                    while !text.is_char_boundary(cut) {
-                        cut -= 1;
-                    }
-                    text.truncate(cut);
-                }
-                let text = if text.is_empty() { " ".to_string() } else { text };
-                InputLogEvent::builder()
-                    .timestamp((at * 1000.0) as i64)
-                    .message(text)
-                    .build()
-                    .ok()
-            })
-            .collect();
-        events.sort_by_key(InputLogEvent::timestamp);
-        let mut batch: Vec<InputLogEvent> = Vec::new();
-        let mut bytes = 0;
-        let mut batches = Vec::new();
-        for e in events {
-            let size = e.message().len() + 26;
-            if batch.len() == LOG_BATCH_EVENTS || bytes + size > LOG_BATCH_BYTES {
-                batches.push(std::mem::take(&mut batch));
-                bytes = 0;
-            }
-            bytes += size;
-            batch.push(e);
-        }
-        if !batch.is_empty() {
-            batches.push(batch);
-        }
-        for b in batches {
-            client
+        for batch in log_batches(lines) {
+            let events = batch
+                .into_iter()
+                .filter_map(|(ms, text)| InputLogEvent::builder().timestamp(ms).message(text).build().ok())
+                .collect();
+            let out = client
                 .put_log_events()
                 .log_group_name(group)
                 .log_stream_name(stream)
-                .set_log_events(Some(b))
+                .set_log_events(Some(events))
                 .send()
                 .await
                 .map_err(|e| format!("put log events {group}/{stream}: {}", onoff_aws::errors::describe(&e)))?;
+            // The call succeeds with events it did not take (too old, too far ahead, before the
+            // group's retention): say so rather than lose them without a word.
+            if let Some(r) = out.rejected_log_events_info() {
+                tracing::warn!(
+                    stream,
+                    too_old_end = ?r.too_old_log_event_end_index(),
+                    too_new_start = ?r.too_new_log_event_start_index(),
+                    expired_end = ?r.expired_log_event_end_index(),
+                    "CloudWatch Logs rejected some of a job's output lines"
+                );
+            }
         }
         Ok(())
     }
@@ -289,14 +323,16 @@ impl Objects for S3Objects {
         file.flush().await.map_err(|e| e.to_string())
     }
 
-    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Option<JobCredentials>, String> {
+    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Option<JobCredentials>, SessionError> {
+        use aws_sdk_sts::error::ProvideErrorMetadata;
         let Some(role) = &self.job_role_arn else {
             return Ok(None);
         };
         let partition = role.split(':').nth(1).unwrap_or("aws");
         let input = input.and_then(parse_s3_uri);
         let policy = onoff_control::boundary::job_session_policy(partition, &self.bucket, job_id, input);
-        let policy = onoff_control::boundary::session_policy_text(&policy).map_err(|e| format!("job session: {e}"))?;
+        let policy = onoff_control::boundary::session_policy_text(&policy)
+            .map_err(|e| SessionError::Refused(format!("job session: {e}")))?;
         let out = self
             .sts
             .assume_role()
@@ -306,12 +342,21 @@ impl Objects for S3Objects {
             .duration_seconds(JOB_SESSION_S)
             .send()
             .await
-            .map_err(|e| format!("job session ({role}): {}", onoff_aws::errors::describe(&e)))?;
-        let c = out.credentials().ok_or("job session: STS returned no credentials")?;
+            .map_err(|e| {
+                let why = format!("job session ({role}): {}", onoff_aws::errors::describe(&e));
+                if e.code().is_some_and(session_policy_refused) {
+                    SessionError::Refused(why)
+                } else {
+                    SessionError::Failed(why)
+                }
+            })?;
+        let c = out
+            .credentials()
+            .ok_or_else(|| SessionError::Failed("job session: STS returned no credentials".into()))?;
         let expiration = c
             .expiration()
             .fmt(aws_sdk_sts::primitives::DateTimeFormat::DateTime)
-            .map_err(|e| format!("job session: expiration: {e}"))?;
+            .map_err(|e| SessionError::Failed(format!("job session: expiration: {e}")))?;
         Ok(Some(JobCredentials {
             access_key_id: c.access_key_id().to_string(),
             secret_access_key: c.secret_access_key().to_string(),
@@ -364,5 +409,66 @@ impl Instance for Ec2Instance {
             }
             (Err(e), _) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn within_limits(batches: &[Vec<(i64, String)>]) {
+        for b in batches {
+            assert!(b.len() <= LOG_BATCH_EVENTS);
+            assert!(b.iter().map(|(_, m)| m.len() + 26).sum::<usize>() <= LOG_BATCH_BYTES);
+            assert!(b.iter().all(|(_, m)| !m.is_empty() && m.len() <= LOG_EVENT_BYTES));
+            assert!(b.windows(2).all(|w| w[0].0 <= w[1].0));
+            assert!(b.last().unwrap().0 - b[0].0 <= LOG_BATCH_SPAN_MS);
+        }
+    }
+
+    /// Every byte of every line arrives, in order, within PutLogEvents' limits: a line of 856 KiB
+    /// is split into events (at a character boundary: the 3-byte `€` straddles the first cut),
+    /// an empty line is one space, lines out of order are sorted, and a day later starts a batch.
+    #[test]
+    fn a_long_line_is_split_not_cut_and_lines_go_in_time_order() {
+        let long = format!("{}€{}", "a".repeat(LOG_EVENT_BYTES - 1), "b".repeat(600 * 1024));
+        let lines = [
+            (10.0, long.clone()),
+            (5.0, String::new()),
+            (10.0, "after".to_string()),
+            (10.0 + 86_401.0, "next day".to_string()),
+        ];
+        let batches = log_batches(&lines);
+        within_limits(&batches);
+        assert_eq!(
+            batches.len(),
+            2,
+            "{:?}",
+            batches.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+        let events: Vec<&(i64, String)> = batches.iter().flatten().collect();
+        assert_eq!(events.len(), 7);
+        assert_eq!(events[0], &(5_000, " ".to_string()));
+        let pieces: Vec<&str> = events[1..5].iter().map(|(_, m)| m.as_str()).collect();
+        assert!(events[1..5].iter().all(|(ms, _)| *ms == 10_000));
+        assert_eq!(pieces.concat(), long);
+        assert_eq!(
+            pieces[0].len(),
+            LOG_EVENT_BYTES - 1,
+            "cut before the straddling character"
+        );
+        assert_eq!(events[5], &(10_000, "after".to_string()));
+        assert_eq!(batches[1], [(86_411_000, "next day".to_string())]);
+    }
+
+    /// 10,001 lines of one second make two calls: 10,000 events, then one.
+    #[test]
+    fn a_batch_holds_at_most_ten_thousand_events() {
+        let lines: Vec<(f64, String)> = (0..10_001).map(|i| (20.0, format!("{i}"))).collect();
+        let batches = log_batches(&lines);
+        within_limits(&batches);
+        assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), [10_000, 1]);
+        let texts: Vec<String> = batches.into_iter().flatten().map(|(_, m)| m).collect();
+        assert!(texts.iter().enumerate().all(|(i, m)| *m == i.to_string()));
     }
 }

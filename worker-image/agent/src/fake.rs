@@ -488,6 +488,8 @@ pub struct FakeObjects {
     pub outputs_error: Mutex<Option<String>>,
     /// Log streams: stream -> lines.
     pub logs: Mutex<BTreeMap<String, Vec<String>>>,
+    /// When set, every job session fails with this error (as STS refusing or failing would).
+    pub session_error: Mutex<Option<crate::ports::SessionError>>,
 }
 
 impl FakeObjects {
@@ -551,13 +553,18 @@ impl Objects for FakeObjects {
         &self,
         job_id: &str,
         input: Option<&str>,
-    ) -> Result<Option<crate::ports::JobCredentials>, String> {
+    ) -> Result<Option<crate::ports::JobCredentials>, crate::ports::SessionError> {
+        use crate::ports::SessionError;
         let mut s = self.sessions.lock().expect("lock");
         let Some(n) = s.as_mut() else { return Ok(None) };
         // The session policy the AWS adapter sends, held to STS's rules as STS would.
         let input = input.and_then(onoff_control::job::parse_s3_uri);
         let policy = onoff_control::boundary::job_session_policy("aws", "onoff-fake", job_id, input);
-        onoff_control::boundary::session_policy_text(&policy).map_err(|e| format!("job session: {e}"))?;
+        onoff_control::boundary::session_policy_text(&policy)
+            .map_err(|e| SessionError::Refused(format!("job session: {e}")))?;
+        if let Some(e) = self.session_error.lock().expect("lock").clone() {
+            return Err(e);
+        }
         *n += 1;
         Ok(Some(crate::ports::JobCredentials {
             access_key_id: format!("ASIAJOB{n}"),

@@ -159,8 +159,9 @@ pub trait Objects {
     /// `credential_process` file and starts a new session before this one expires.
     ///
     /// # Errors
-    /// The session could not be created (STS refused or failed), as text.
-    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Option<JobCredentials>, String> {
+    /// [`SessionError::Refused`] when STS refuses this job's session policy itself (no attempt
+    /// can get one); [`SessionError::Failed`] for any other failure.
+    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Option<JobCredentials>, SessionError> {
         let _ = (job_id, input);
         Ok(None)
     }
@@ -184,6 +185,21 @@ pub trait Objects {
         let _ = (stream, lines);
         Ok(())
     }
+}
+
+/// Why a job's AWS session could not be made ([`Objects::job_session`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    /// STS refuses the job's session policy itself: over its 2,048 characters, or over the
+    /// packed size it holds policies to (`PackedPolicyTooLarge`, which "you could receive even
+    /// though you meet other defined session policy limits", STS API Reference, AssumeRole), or
+    /// malformed. The policy depends on the job alone, so no attempt can get a session: the job
+    /// fails for good, its attempts unspent.
+    #[error("{0}")]
+    Refused(String),
+    /// Anything else (throttling, the network, the role's trust): another attempt may succeed.
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// A job's temporary AWS credentials.
@@ -332,7 +348,7 @@ impl<T: Objects> Objects for &T {
     async fn download(&self, uri: &str, dest: &std::path::Path) -> Result<(), String> {
         (**self).download(uri, dest).await
     }
-    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Option<JobCredentials>, String> {
+    async fn job_session(&self, job_id: &str, input: Option<&str>) -> Result<Option<JobCredentials>, SessionError> {
         (**self).job_session(job_id, input).await
     }
     async fn upload_outputs(&self, job_id: &str, dir: &std::path::Path) -> Result<usize, String> {

@@ -714,8 +714,9 @@ async fn the_job_gets_its_input_and_contract_variables() {
 }
 
 /// A job's session names its input, in any script, as STS takes it (the fake holds the session
-/// policy to STS's rules); an input whose policy STS would refuse fails the attempt with the
-/// reason, never reaching the job.
+/// policy to STS's rules); an input whose policy STS would refuse fails the job for good with
+/// the reason, never reaching the job and leaving its other attempts unspent: no attempt could
+/// get that session.
 #[tokio::test(start_paused = true)]
 async fn a_job_gets_a_session_for_an_input_in_any_script() {
     let dir = tempdir("session-input");
@@ -729,7 +730,7 @@ async fn a_job_gets_a_session_for_an_input_in_any_script() {
         // Past admission's check (a spec stored before it): 2,041 characters escaped.
         ("job-2", format!("s3://b/{}", "入".repeat(339))),
     ] {
-        submit(&w, id, "work", 1, 600.0);
+        submit(&w, id, "work", 3, 600.0);
         let mut rec = job(&w, id);
         rec.spec.input = Some(uri.clone());
         w.jobs.put(rec);
@@ -741,7 +742,48 @@ async fn a_job_gets_a_session_for_an_input_in_any_script() {
     assert_eq!(outcome("job-1"), Some(Outcome::Succeeded), "{r:?}");
     assert_eq!(outcome("job-2"), Some(Outcome::Failed), "{r:?}");
     assert!(w.jobs.errors()["job:job-2"].contains("2,048"), "{:?}", w.jobs.errors());
+    let failed = job(&w, "job-2");
+    assert_eq!((failed.state, failed.attempts), (JobState::Failed, 1), "not retried");
     assert_eq!(w.launcher.started().len(), 1, "only job-1 ran");
+}
+
+/// STS refusing a job's session policy whatever the moment (`PackedPolicyTooLarge`: the packed
+/// policy has a limit of its own that the text's 2,048 characters do not show) fails the job for
+/// good at its first attempt; any other STS failure (throttling, here on every call) fails the
+/// attempt, and the job is tried again until its attempts are spent.
+#[tokio::test(start_paused = true)]
+async fn a_session_sts_refuses_fails_the_job_at_once_and_a_throttled_one_is_retried() {
+    use onoff_agent::ports::SessionError;
+    for (error, attempts) in [
+        (
+            SessionError::Refused("job session (role): PackedPolicyTooLarge: Packed size 102%".into()),
+            1,
+        ),
+        (
+            SessionError::Failed("job session (role): Throttling: Rate exceeded".into()),
+            3,
+        ),
+    ] {
+        let dir = tempdir("session-refused");
+        let w = World {
+            objects: FakeObjects::with_sessions(),
+            ..World::default()
+        };
+        *w.objects.session_error.lock().unwrap() = Some(error.clone());
+        script(&w, "work", 2);
+        submit(&w, "job-1", "work", 3, 600.0);
+        register(&w, "i-a");
+        let (r, _) = agent(&w, "i-a", &cfg(dir.path())).await;
+        assert_eq!(r.jobs.len(), attempts as usize, "{r:?}");
+        let rec = job(&w, "job-1");
+        assert_eq!((rec.state, rec.attempts), (JobState::Failed, attempts), "{error:?}");
+        assert!(
+            w.jobs.errors()["job:job-1"].contains(&error.to_string()),
+            "{:?}",
+            w.jobs.errors()
+        );
+        assert!(w.launcher.started().is_empty(), "the job never started");
+    }
 }
 
 /// A checkpoint of about 20 GB at ~70 Mbit/s: 40 minutes each way.
