@@ -86,10 +86,10 @@ pub enum SubmitError {
 /// only effect) and return the [`SubmitError::Rejected`] to report, or
 /// [`SubmitError::Retryable`] when the record could not be written. For rejections found before
 /// a spec is read (an object over [`MAX_SPEC_BYTES`], not UTF-8 text); [`submit`] calls it for
-/// the rest. The reason is cut to [`MAX_REASON_BYTES`](crate::job::MAX_REASON_BYTES) ([`bounded_reason`]), recorded and
-/// reported alike: it may quote the spec (a parser's message names an unknown field), and a
-/// record over DynamoDB's 400 KB item limit would be refused, leaving the submission to be
-/// retried into the dead-letter queue with no reason recorded.
+/// the rest. The reason is cut to [`MAX_REASON_BYTES`](crate::job::MAX_REASON_BYTES)
+/// ([`bounded_reason`]), recorded and reported alike: it may quote the spec (a parser's message
+/// names an unknown field), and a record over DynamoDB's 400 KB item limit would be refused,
+/// leaving the submission to be retried into the dead-letter queue with no reason recorded.
 pub async fn reject<J: JobStore>(source: &Source, reason: String, now: f64, jobs: &J) -> SubmitError {
     let reason = bounded_reason(reason);
     let source_desc = source.describe();

@@ -188,8 +188,8 @@ const LOG_EVENT_BYTES: usize = 256 * 1024 - 26;
 const LOG_BATCH_SPAN_MS: i64 = 24 * 3600 * 1000;
 
 /// `lines` (unix seconds, text) as PutLogEvents batches of (unix ms, message): in chronological
-/// order (lines of one time keep their order), a line longer than an event may be split into
-/// consecutive events of its time at character boundaries (none lost), an empty line sent as
+/// order (lines of one time keep their order), a line longer than an event takes split into
+/// consecutive events of its time at character boundaries (nothing lost), an empty line sent as
 /// one space (CloudWatch Logs refuses an empty message), each batch within
 /// [`LOG_BATCH_EVENTS`], [`LOG_BATCH_BYTES`] and [`LOG_BATCH_SPAN_MS`].
 fn log_batches(lines: &[(f64, String)]) -> Vec<Vec<(i64, String)>> {
