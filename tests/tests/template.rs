@@ -399,6 +399,16 @@ fn every_function_timeout_is_covered_by_the_reconcile_lease() {
 }
 
 #[test]
+fn a_message_is_received_at_least_five_times_before_its_dead_letter_queue() {
+    // Lambda's SQS poller counts a receive for every batch a throttled submit function hands
+    // back ("Handling errors for an SQS event source in Lambda": a throttled message returns
+    // to the queue); AWS recommends a maxReceiveCount of at least 5 for such queues.
+    let param = &template()["Parameters"]["MaxReceiveCount"];
+    assert!(param["MinValue"].as_f64().is_some_and(|m| m >= 5.0), "{param}");
+    assert!(param["Default"].as_f64().is_some_and(|d| d >= 5.0), "{param}");
+}
+
+#[test]
 fn the_reconciler_schedule_admits_only_periods_that_keep_idle_holds_renewed() {
     // A decision renews the hold on each idle worker it keeps once less than two thirds of
     // `hold_s` is left (`onoff_control::reconcile::renew_holds`), so a hold lapses between two

@@ -538,6 +538,45 @@ impl onoff_control::ports::Lease for DynamoControl {
             Err(e) => Err(store_error("release lease", &e)),
         }
     }
+
+    /// Item `done#<name>`, `started_at` raised only (a conditional update); it expires a day
+    /// after the run.
+    async fn mark_done(&self, name: &str, started_at: f64) -> Result<(), StoreError> {
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("done#{name}")))
+            .update_expression("SET started_at = :t, expires_at = :exp")
+            .condition_expression("attribute_not_exists(started_at) OR started_at < :t")
+            .expression_attribute_values(":t", n(started_at))
+            .expression_attribute_values(":exp", epoch_s(started_at + 86_400.0))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            // A later run's mark is there already.
+            Err(e) if condition_failed(&e) => Ok(()),
+            Err(e) => Err(store_error("mark run done", &e)),
+        }
+    }
+
+    async fn last_done(&self, name: &str) -> Result<Option<f64>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("done#{name}")))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| store_error("read run mark", &e))?;
+        Ok(out
+            .item()
+            .and_then(|i| i.get("started_at"))
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse().ok()))
+    }
 }
 
 impl onoff_control::ports::EventLog for DynamoControl {

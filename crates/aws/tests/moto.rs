@@ -1701,6 +1701,28 @@ async fn the_reconcile_lease_admits_one_holder_until_it_expires_or_is_released()
     assert!(ctl.acquire("reconcile", "scaler-c", 60.0, 1_082.0).await.unwrap());
 }
 
+/// The start of the latest completed run is kept, and only ever raised: a run that ends after a
+/// later-started one does not take the mark back. The lease itself is untouched.
+#[tokio::test]
+async fn the_latest_completed_runs_start_is_kept_and_only_raised() {
+    use onoff_control::ports::Lease;
+    let c = clients().await;
+    let control = unique("control");
+    table(&c, &control, "pk").await;
+    let ctl = DynamoControl::new(c.dynamodb.clone(), &control);
+    assert_eq!(ctl.last_done("reconcile").await.unwrap(), None);
+    ctl.mark_done("reconcile", 1_700_000_100.5).await.unwrap();
+    ctl.mark_done("reconcile", 1_700_000_090.0).await.unwrap();
+    assert_eq!(ctl.last_done("reconcile").await.unwrap(), Some(1_700_000_100.5));
+    ctl.mark_done("reconcile", 1_700_000_160.0).await.unwrap();
+    assert_eq!(ctl.last_done("reconcile").await.unwrap(), Some(1_700_000_160.0));
+    assert_eq!(ctl.last_done("other").await.unwrap(), None);
+    assert!(ctl
+        .acquire("reconcile", "scaler-a", 60.0, 1_700_000_170.0)
+        .await
+        .unwrap());
+}
+
 /// A deployment on moto: tables, a lane queue with its DLQ, a launch template.
 struct Deployment {
     lane: String,

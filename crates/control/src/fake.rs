@@ -1094,6 +1094,7 @@ impl FakeJobs {
 pub struct FakeLease {
     held: Mutex<BTreeMap<String, (String, f64)>>,
     acquired: Mutex<Vec<(String, String, f64)>>,
+    done: Mutex<BTreeMap<String, f64>>,
 }
 
 impl FakeLease {
@@ -1123,6 +1124,17 @@ impl crate::ports::Lease for FakeLease {
             m.remove(name);
         }
         Ok(())
+    }
+
+    async fn mark_done(&self, name: &str, started_at: f64) -> Result<(), StoreError> {
+        let mut m = self.done.lock().expect("lock");
+        let t = m.entry(name.into()).or_insert(started_at);
+        *t = t.max(started_at);
+        Ok(())
+    }
+
+    async fn last_done(&self, name: &str) -> Result<Option<f64>, StoreError> {
+        Ok(self.done.lock().expect("lock").get(name).copied())
     }
 }
 

@@ -878,6 +878,20 @@ pub trait Lease {
     /// # Errors
     /// Store failures.
     async fn release(&self, name: &str, owner: &str) -> Result<(), StoreError>;
+
+    /// Note that a run under `name` that started at `started_at` (unix seconds) completed. The
+    /// latest start is kept: an earlier one written late changes nothing.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn mark_done(&self, name: &str, started_at: f64) -> Result<(), StoreError>;
+
+    /// When the latest completed run under `name` started ([`Lease::mark_done`]), unix seconds;
+    /// `None` before the first.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn last_done(&self, name: &str) -> Result<Option<f64>, StoreError>;
 }
 
 // References forward, so several users (agents in tests, the local runner) can share one store.

@@ -694,6 +694,8 @@ pub const RECONCILE_LEASE: &str = "reconcile";
 
 /// [`reconcile`] under the [`RECONCILE_LEASE`] held for `lease_ttl_s`: when another invocation
 /// holds it, nothing is done and `Ok(None)` is returned (that invocation acts on the same backlog).
+/// A run that completes marks its start, `now`, done ([`crate::ports::Lease::mark_done`]): what
+/// was asked for before it is decided (a failed mark is among the report's errors).
 ///
 /// # Errors
 /// As [`reconcile`], and lease store failures.
@@ -723,7 +725,14 @@ where
     if !lease.acquire(RECONCILE_LEASE, owner, lease_ttl_s, now).await? {
         return Ok(None);
     }
-    let result = reconcile(cfg, offerings, opts, now, queues, workers, jobs, fleet, avail).await;
+    let mut result = reconcile(cfg, offerings, opts, now, queues, workers, jobs, fleet, avail).await;
+    if let Ok(report) = &mut result {
+        // A scale request asked for before this run started is served by it
+        // (`Lease::last_done`). Best effort: without the mark, such requests run again.
+        if let Err(e) = lease.mark_done(RECONCILE_LEASE, now).await {
+            report.errors.push(format!("mark the run done: {e}"));
+        }
+    }
     lease.release(RECONCILE_LEASE, owner).await?;
     result.map(Some)
 }

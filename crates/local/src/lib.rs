@@ -764,7 +764,8 @@ async fn run_with(
             let requests: Vec<(Instant, String)> = std::mem::take(&mut *asks.lock().expect("lock"));
             if let Some(first) = requests.iter().map(|(t, _)| *t).min() {
                 let reasons: Vec<&str> = requests.iter().map(|(_, r)| r.as_str()).collect();
-                let mut payload = onoff_fn_common::scale_request(&reasons.join("; "));
+                let asked_at = onoff_fn_common::now() - first.elapsed().as_secs_f64();
+                let mut payload = onoff_fn_common::scale_request(&reasons.join("; "), asked_at);
                 payload["requests"] = requests.len().into();
                 let r = scaler::handler::handle(&scaler_ctx, &scaler_clients, lambda_event(payload)).await;
                 ask_latencies.push(first.elapsed().as_secs_f64());

@@ -363,6 +363,30 @@ where
         priced.offerings
     }
 
+    /// The start of a completed run that decided the scale request `payload` already: one that
+    /// started at least [`SCALE_REQUEST_MARGIN_S`] after the request's `asked_at`, and so saw the
+    /// jobs the asker had queued. Lambda runs the scaler's asynchronous events one at a time
+    /// (reserved concurrency 1) and keeps them up to `MaximumEventAgeInSeconds`; each of 500
+    /// specs uploaded at once asks, and without this each request would be a run of its own,
+    /// the later ones discarded past that age into the failed-events queue (Lambda Developer
+    /// Guide, "Error handling and automatic retries in Lambda": throttled events wait up to the
+    /// event's maximum age). `None`: not a scale request, one without `asked_at` (an older
+    /// asker's), not decided yet, or the mark could not be read (the request then runs).
+    pub async fn decided_already(&self, payload: &serde_json::Value) -> Option<f64> {
+        if payload.get("source").and_then(serde_json::Value::as_str) != Some("onoff.scale-request") {
+            return None;
+        }
+        let asked_at = payload.get("asked_at").and_then(serde_json::Value::as_f64)?;
+        match self.lease.last_done(onoff_control::reconcile::RECONCILE_LEASE).await {
+            Ok(Some(started_at)) if started_at >= asked_at + SCALE_REQUEST_MARGIN_S => Some(started_at),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "read the last run's start: the request runs");
+                None
+            }
+        }
+    }
+
     /// Reconcile under the lease (`reap`: the scheduled reconciler's reaper), log each action with
     /// its reason, print EMF metrics, and return a summary. `invocation`: the Lambda context; its
     /// request id owns the lease, held until its deadline plus a margin
@@ -803,11 +827,19 @@ pub trait ScalerTrigger {
     async fn ask_scaler(&self, reason: &str) -> Result<(), String>;
 }
 
-/// The payload of a scale request (an asynchronous invoke of the scaler).
+/// The payload of a scale request (an asynchronous invoke of the scaler) asked for at
+/// `asked_at`, unix seconds.
 #[must_use]
-pub fn scale_request(reason: &str) -> serde_json::Value {
-    serde_json::json!({ "source": "onoff.scale-request", "reason": reason })
+pub fn scale_request(reason: &str, asked_at: f64) -> serde_json::Value {
+    serde_json::json!({ "source": "onoff.scale-request", "reason": reason, "asked_at": asked_at })
 }
+
+/// Seconds by which a scale request must precede the start of a completed run for that run to
+/// have decided it ([`Ctx::decided_already`]). The run lists jobs through the `active` index,
+/// which is eventually consistent (a write reaches a global secondary index "within a fraction of
+/// a second" in normal conditions, DynamoDB Developer Guide, "Read consistency"), and the asker's
+/// clock and the scaler's may differ a little.
+pub const SCALE_REQUEST_MARGIN_S: f64 = 5.0;
 
 impl ScalerTrigger for onoff_aws::settings::Clients {
     /// `lambda:InvokeFunction` with `InvocationType` `Event` on [`SCALER_FUNCTION_VAR`]: Lambda
@@ -822,7 +854,9 @@ impl ScalerTrigger for onoff_aws::settings::Clients {
             .invoke()
             .function_name(&function)
             .invocation_type(aws_sdk_lambda::types::InvocationType::Event)
-            .payload(aws_sdk_lambda::primitives::Blob::new(scale_request(reason).to_string()))
+            .payload(aws_sdk_lambda::primitives::Blob::new(
+                scale_request(reason, now()).to_string(),
+            ))
             .send()
             .await
             .map(|_| ())

@@ -8,7 +8,10 @@ use onoff_control::ports::{
 };
 use onoff_fn_common::{Ctx, HandlerError};
 
-/// Handle one invocation: an EventBridge alarm state change, or any direct invocation payload.
+/// Handle one invocation: an EventBridge alarm state change, or any direct invocation payload. A
+/// scale request a later run decided already returns at once ([`Ctx::decided_already`]); one
+/// that finds another run holding the lease waits for it (up to [`SCALE_REQUEST_WAIT_S`]), then
+/// returns if that run decided it, or runs.
 ///
 /// # Errors
 /// `NonRetryable` for a malformed EventBridge event, `Retryable` when the state cannot be read.
@@ -26,6 +29,19 @@ where
     E: EventLog,
     L: Lease,
 {
+    let decided = |started_at: f64| {
+        tracing::info!(
+            run_started_at = started_at,
+            "scale request decided already by a later run"
+        );
+        serde_json::json!({
+            "skipped": "decided by a run that started after the request",
+            "run_started_at": started_at,
+        })
+    };
+    if let Some(started_at) = ctx.decided_already(&event.payload).await {
+        return Ok(decided(started_at));
+    }
     if event.payload.get("detail-type").is_some() {
         let (_, trigger) = parse(&event.payload).map_err(|e| HandlerError::NonRetryable(e.to_string()))?;
         if let Trigger::Alarm { name, state } = &trigger {
@@ -34,8 +50,27 @@ where
             tracing::info!(?trigger, "scaler invoked by another event kind; reconciling anyway");
         }
     }
-    ctx.reconcile(onoff_fn_common::now(), false, &event.context).await
+    let scale_request = event.payload.get("asked_at").is_some();
+    let mut waited_s = 0.0;
+    loop {
+        let out = ctx.reconcile(onoff_fn_common::now(), false, &event.context).await?;
+        // A scale request that finds the lease held (the reconciler's run, which may have read
+        // the backlog before the asker's jobs were queued) waits for that run to end rather than
+        // leave its jobs to the next scheduled one, up to SCALE_REQUEST_WAIT_S.
+        if !scale_request || out.get("skipped").is_none() || waited_s >= SCALE_REQUEST_WAIT_S {
+            return Ok(out);
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        waited_s += 1.0;
+        if let Some(started_at) = ctx.decided_already(&event.payload).await {
+            return Ok(decided(started_at));
+        }
+    }
 }
+
+/// Longest a scale request waits for a run holding the reconcile lease to end, seconds. A run
+/// takes seconds; the reconciler's schedule (every minute by default) catches up after that.
+pub const SCALE_REQUEST_WAIT_S: f64 = 20.0;
 
 #[cfg(test)]
 mod tests {
@@ -74,5 +109,123 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, HandlerError::NonRetryable(_)));
+    }
+
+    /// 500 specs uploaded at once ask for 500 runs; Lambda queues them behind one another. A
+    /// request asked for before a completed run started is answered at once with nothing done;
+    /// one asked for after it (or without a time, or before any run) runs.
+    #[tokio::test]
+    async fn a_scale_request_a_later_run_decided_is_answered_without_a_run() {
+        let ctx = fake_ctx();
+        let spec = r#"{"image":"i","command":["x"],"project":"p"}"#;
+        let t0 = onoff_fn_common::now();
+        submit(
+            spec,
+            &Source::Sqs { message_id: "m".into() },
+            &["express", "standard"],
+            t0,
+            &ctx.jobs,
+            &ctx.queues,
+        )
+        .await
+        .unwrap();
+        let ask = |payload: serde_json::Value| {
+            let ctx = &ctx;
+            async move {
+                handle(ctx, &(), LambdaEvent::new(payload, lambda_runtime::Context::default()))
+                    .await
+                    .unwrap()
+            }
+        };
+        let request = |asked_at: f64| onoff_fn_common::scale_request("submit", asked_at);
+        // Before any run: it runs, and launches for the job.
+        let out = ask(request(t0 - 60.0)).await;
+        assert_eq!(out["launched"].as_array().unwrap().len(), 1, "{out}");
+        let acquired = ctx.lease.acquisitions().len();
+        // Asked 60 s before that run started: decided by it, no run (no lease taken).
+        let out = ask(request(t0 - 60.0)).await;
+        assert_eq!(
+            out["skipped"], "decided by a run that started after the request",
+            "{out}"
+        );
+        assert!(out["run_started_at"].as_f64().unwrap() >= t0, "{out}");
+        assert_eq!(ctx.lease.acquisitions().len(), acquired);
+        // Within the margin of the run's start, after it, or with no time: each runs.
+        let late = out["run_started_at"].as_f64().unwrap() - onoff_fn_common::SCALE_REQUEST_MARGIN_S + 1.0;
+        for payload in [
+            request(late),
+            request(onoff_fn_common::now() + 1.0),
+            serde_json::json!({ "source": "onoff.scale-request", "reason": "older asker" }),
+        ] {
+            let out = ask(payload.clone()).await;
+            assert!(out.get("skipped").is_none(), "{payload}: {out}");
+        }
+        assert_eq!(ctx.lease.acquisitions().len(), acquired + 3);
+        assert_eq!(ctx.fleet.running().len(), 1, "one worker for the one job");
+    }
+
+    /// A scale request that finds the reconciler's run holding the lease waits for it to end and
+    /// then runs (that run may have read the backlog before the asker's job was queued), rather
+    /// than leave the job to the next scheduled run; an alarm's invocation does not wait.
+    #[tokio::test(start_paused = true)]
+    async fn a_scale_request_waits_for_the_run_holding_the_lease_then_runs() {
+        let ctx = std::sync::Arc::new(fake_ctx());
+        let spec = r#"{"image":"i","command":["x"],"project":"p"}"#;
+        let t0 = onoff_fn_common::now();
+        submit(
+            spec,
+            &Source::Sqs { message_id: "m".into() },
+            &["express", "standard"],
+            t0,
+            &ctx.jobs,
+            &ctx.queues,
+        )
+        .await
+        .unwrap();
+        let lease = onoff_control::reconcile::RECONCILE_LEASE;
+        assert!(ctx.lease.acquire(lease, "reconciler-run", 300.0, t0).await.unwrap());
+        let alarm = serde_json::json!({ "source": "test" });
+        let out = handle(&*ctx, &(), LambdaEvent::new(alarm, lambda_runtime::Context::default()))
+            .await
+            .unwrap();
+        assert!(out.get("skipped").is_some(), "no wait without a request: {out}");
+        let holder = {
+            let ctx = ctx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                ctx.lease.release(lease, "reconciler-run").await.unwrap();
+            })
+        };
+        let request = onoff_fn_common::scale_request("submit", t0);
+        let out = handle(
+            &*ctx,
+            &(),
+            LambdaEvent::new(request, lambda_runtime::Context::default()),
+        )
+        .await
+        .unwrap();
+        holder.await.unwrap();
+        assert_eq!(out["launched"].as_array().map(Vec::len), Some(1), "{out}");
+        // A lease never given back (until its expiry): the request gives up after the wait.
+        assert!(ctx
+            .lease
+            .acquire(lease, "stuck", 300.0, onoff_fn_common::now())
+            .await
+            .unwrap());
+        let started = tokio::time::Instant::now();
+        let request = onoff_fn_common::scale_request("submit", onoff_fn_common::now());
+        let out = handle(
+            &*ctx,
+            &(),
+            LambdaEvent::new(request, lambda_runtime::Context::default()),
+        )
+        .await
+        .unwrap();
+        assert!(out.get("skipped").is_some(), "{out}");
+        let waited = started.elapsed().as_secs_f64();
+        assert!(
+            (SCALE_REQUEST_WAIT_S..SCALE_REQUEST_WAIT_S + 2.0).contains(&waited),
+            "{waited}"
+        );
     }
 }
