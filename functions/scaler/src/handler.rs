@@ -78,20 +78,28 @@ mod tests {
     use onoff_control::submit::{submit, Source};
     use onoff_fn_common::testing::fake_ctx;
 
+    /// `handle` on `payload`, with a default Lambda context.
+    async fn invoke(ctx: &onoff_fn_common::testing::FakeCtx, payload: serde_json::Value) -> serde_json::Value {
+        handle(ctx, &(), LambdaEvent::new(payload, lambda_runtime::Context::default()))
+            .await
+            .unwrap()
+    }
+
+    /// One 1-GPU job submitted now to a fake context; returns the time, unix seconds.
+    async fn one_job_queued(ctx: &onoff_fn_common::testing::FakeCtx) -> f64 {
+        let spec = r#"{"image":"i","command":["x"],"project":"p"}"#;
+        let t0 = onoff_fn_common::now();
+        let src = Source::Sqs { message_id: "m".into() };
+        submit(spec, &src, &["express", "standard"], t0, &ctx.jobs, &ctx.queues)
+            .await
+            .unwrap();
+        t0
+    }
+
     #[tokio::test]
     async fn the_alarm_sample_launches_for_the_backlog() {
         let ctx = fake_ctx();
-        let spec = r#"{"image":"i","command":["x"],"project":"p"}"#;
-        submit(
-            spec,
-            &Source::Sqs { message_id: "m".into() },
-            &["express", "standard"],
-            onoff_fn_common::now(),
-            &ctx.jobs,
-            &ctx.queues,
-        )
-        .await
-        .unwrap();
+        one_job_queued(&ctx).await;
         let text = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../events/queue-depth-alarm.json"
@@ -117,33 +125,14 @@ mod tests {
     #[tokio::test]
     async fn a_scale_request_a_later_run_decided_is_answered_without_a_run() {
         let ctx = fake_ctx();
-        let spec = r#"{"image":"i","command":["x"],"project":"p"}"#;
-        let t0 = onoff_fn_common::now();
-        submit(
-            spec,
-            &Source::Sqs { message_id: "m".into() },
-            &["express", "standard"],
-            t0,
-            &ctx.jobs,
-            &ctx.queues,
-        )
-        .await
-        .unwrap();
-        let ask = |payload: serde_json::Value| {
-            let ctx = &ctx;
-            async move {
-                handle(ctx, &(), LambdaEvent::new(payload, lambda_runtime::Context::default()))
-                    .await
-                    .unwrap()
-            }
-        };
+        let t0 = one_job_queued(&ctx).await;
         let request = |asked_at: f64| onoff_fn_common::scale_request("submit", asked_at);
         // Before any run: it runs, and launches for the job.
-        let out = ask(request(t0 - 60.0)).await;
+        let out = invoke(&ctx, request(t0 - 60.0)).await;
         assert_eq!(out["launched"].as_array().unwrap().len(), 1, "{out}");
         let acquired = ctx.lease.acquisitions().len();
         // Asked 60 s before that run started: decided by it, no run (no lease taken).
-        let out = ask(request(t0 - 60.0)).await;
+        let out = invoke(&ctx, request(t0 - 60.0)).await;
         assert_eq!(
             out["skipped"], "decided by a run that started after the request",
             "{out}"
@@ -157,7 +146,7 @@ mod tests {
             request(onoff_fn_common::now() + 1.0),
             serde_json::json!({ "source": "onoff.scale-request", "reason": "older asker" }),
         ] {
-            let out = ask(payload.clone()).await;
+            let out = invoke(&ctx, payload.clone()).await;
             assert!(out.get("skipped").is_none(), "{payload}: {out}");
         }
         assert_eq!(ctx.lease.acquisitions().len(), acquired + 3);
@@ -170,24 +159,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_scale_request_waits_for_the_run_holding_the_lease_then_runs() {
         let ctx = std::sync::Arc::new(fake_ctx());
-        let spec = r#"{"image":"i","command":["x"],"project":"p"}"#;
-        let t0 = onoff_fn_common::now();
-        submit(
-            spec,
-            &Source::Sqs { message_id: "m".into() },
-            &["express", "standard"],
-            t0,
-            &ctx.jobs,
-            &ctx.queues,
-        )
-        .await
-        .unwrap();
+        let t0 = one_job_queued(&ctx).await;
         let lease = onoff_control::reconcile::RECONCILE_LEASE;
         assert!(ctx.lease.acquire(lease, "reconciler-run", 300.0, t0).await.unwrap());
         let alarm = serde_json::json!({ "source": "test" });
-        let out = handle(&*ctx, &(), LambdaEvent::new(alarm, lambda_runtime::Context::default()))
-            .await
-            .unwrap();
+        let out = invoke(&ctx, alarm).await;
         assert!(out.get("skipped").is_some(), "no wait without a request: {out}");
         let holder = {
             let ctx = ctx.clone();
@@ -197,13 +173,7 @@ mod tests {
             })
         };
         let request = onoff_fn_common::scale_request("submit", t0);
-        let out = handle(
-            &*ctx,
-            &(),
-            LambdaEvent::new(request, lambda_runtime::Context::default()),
-        )
-        .await
-        .unwrap();
+        let out = invoke(&ctx, request).await;
         holder.await.unwrap();
         assert_eq!(out["launched"].as_array().map(Vec::len), Some(1), "{out}");
         // A lease never given back (until its expiry): the request gives up after the wait.
@@ -214,13 +184,7 @@ mod tests {
             .unwrap());
         let started = tokio::time::Instant::now();
         let request = onoff_fn_common::scale_request("submit", onoff_fn_common::now());
-        let out = handle(
-            &*ctx,
-            &(),
-            LambdaEvent::new(request, lambda_runtime::Context::default()),
-        )
-        .await
-        .unwrap();
+        let out = invoke(&ctx, request).await;
         assert!(out.get("skipped").is_some(), "{out}");
         let waited = started.elapsed().as_secs_f64();
         assert!(
