@@ -194,7 +194,7 @@ pub enum SessionError {
     /// packed size it holds policies to (`PackedPolicyTooLarge`, which "you could receive even
     /// though you meet other defined session policy limits", STS API Reference, AssumeRole), or
     /// malformed. The policy depends on the job alone, so no attempt can get a session: the job
-    /// fails for good, its attempts unspent.
+    /// fails for good at this attempt, whatever attempts it has left.
     #[error("{0}")]
     Refused(String),
     /// Anything else (throttling, the network, the role's trust): another attempt may succeed.
