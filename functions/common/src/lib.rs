@@ -373,10 +373,7 @@ where
     /// event's maximum age). `None`: not a scale request, one without `asked_at` (an older
     /// asker's), not decided yet, or the mark could not be read (the request then runs).
     pub async fn decided_already(&self, payload: &serde_json::Value) -> Option<f64> {
-        if payload.get("source").and_then(serde_json::Value::as_str) != Some("onoff.scale-request") {
-            return None;
-        }
-        let asked_at = payload.get("asked_at").and_then(serde_json::Value::as_f64)?;
+        let asked_at = scale_request_asked_at(payload)?;
         match self.lease.last_done(onoff_control::reconcile::RECONCILE_LEASE).await {
             Ok(Some(started_at)) if started_at >= asked_at + SCALE_REQUEST_MARGIN_S => Some(started_at),
             Ok(_) => None,
@@ -832,6 +829,17 @@ pub trait ScalerTrigger {
 #[must_use]
 pub fn scale_request(reason: &str, asked_at: f64) -> serde_json::Value {
     serde_json::json!({ "source": "onoff.scale-request", "reason": reason, "asked_at": asked_at })
+}
+
+/// When the scale request `payload` ([`scale_request`]) was asked for, unix seconds; `None` for
+/// any other payload (an alarm's, a direct invocation's) and for a request without the time (an
+/// older asker's).
+#[must_use]
+pub fn scale_request_asked_at(payload: &serde_json::Value) -> Option<f64> {
+    if payload.get("source").and_then(serde_json::Value::as_str) != Some("onoff.scale-request") {
+        return None;
+    }
+    payload.get("asked_at").and_then(serde_json::Value::as_f64)
 }
 
 /// Seconds by which a scale request must precede the start of a completed run for that run to

@@ -50,7 +50,7 @@ where
             tracing::info!(?trigger, "scaler invoked by another event kind; reconciling anyway");
         }
     }
-    let scale_request = event.payload.get("asked_at").is_some();
+    let scale_request = onoff_fn_common::scale_request_asked_at(&event.payload).is_some();
     let mut waited_s = 0.0;
     loop {
         let out = ctx.reconcile(onoff_fn_common::now(), false, &event.context).await?;
