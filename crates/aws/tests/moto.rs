@@ -831,6 +831,7 @@ async fn insufficient_capacity_on_the_first_offering_falls_back_to_the_next() {
                 min_gpu_memory_gib: 16.0,
                 capacity: CapacityPreference::SpotFirst,
                 runtime_s: 3600.0,
+                max_cost_usd: None,
             },
             project: None,
             job: None,

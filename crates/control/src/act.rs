@@ -7,7 +7,9 @@
 //! invalid parameter for that type, anything else), or leave the launch short, are marked
 //! unavailable for `offers.unavailable_ttl_s`, and the rest of the launch moves to the next best
 //! eligible offerings (fallback types), up to [`MAX_FALLBACKS`] times: one bad offering never
-//! blocks a lane. An offering refused for a full vCPU quota takes with it every offering of the
+//! blocks a lane. A fallback never costs more per job than the launch's `max_cost_usd` (what the
+//! job's wait is worth over the best offering); past it, the rest of the launch is left unlaunched
+//! and its jobs wait for capacity. An offering refused for a full vCPU quota takes with it every offering of the
 //! same quota bucket and capacity type at least as large ([`crate::quota`]), and the error names
 //! the quota to raise. A throttled call stops the launch; the next reconcile retries it.
 //!
@@ -382,7 +384,11 @@ where
             // target's; an override names none), and EC2 refuses a call with two overrides of one
             // instance type in one subnet ("duplicate instance pools"), which a spot-first
             // request's ranking of both capacity types could otherwise send.
-            let ranked = choice::top(ctx.offerings, &req, oc, &unavailable, ctx.now, oc.diversify as usize);
+            // Never dearer than the job's wait is worth (the launch's `max_cost_usd`).
+            let mut ranked = choice::top(ctx.offerings, &req, oc, &unavailable, ctx.now, oc.diversify as usize);
+            if let Some(max) = g.request.max_cost_usd {
+                ranked.retain(|&(_, c)| c <= max * (1.0 + 1e-9));
+            }
             let capacity = ranked.first().map(|(o, _)| o.key.capacity_type);
             offerings = choice::spread_pool(&ranked, oc)
                 .into_iter()

@@ -48,6 +48,7 @@ fn launch_plan(offering: OfferingKey, count: u32) -> Plan {
                 min_gpu_memory_gib: 16.0,
                 capacity: CapacityPreference::SpotFirst,
                 runtime_s: 3600.0,
+                max_cost_usd: None,
             },
             project: Some("p".into()),
             job: None,
@@ -142,6 +143,50 @@ fn when_no_offering_has_capacity_the_shortfall_is_reported_not_hidden() {
     assert!(out.launched.is_empty());
     assert_eq!(out.unlaunched, vec![(1, 2)]);
     assert_eq!(out.capacity_errors.len(), 3);
+}
+
+#[test]
+fn a_fallback_dearer_than_the_launchs_cost_ceiling_is_not_taken() {
+    // a.1 is out of capacity in both zones; b.1, at twice the price, has room. A launch without a
+    // ceiling falls back to b.1; one whose ceiling (what its jobs' wait is worth over a.1) is below
+    // b.1's cost for the job leaves its instances unlaunched, and the jobs wait for capacity.
+    let cfg = PolicyConfig::default();
+    let offs = offerings();
+    let cost = |ty: &str| {
+        let o = offs.iter().find(|o| o.key == key(ty, "z1")).unwrap();
+        onoff_policy::choice::expected_cost_per_job(o, 3600.0, 1, &cfg.offers)
+    };
+    for (ceiling, want_b) in [
+        (None, true),
+        (Some((cost("a.1") + cost("b.1")) / 2.0), false),
+        (Some(cost("b.1")), true),
+    ] {
+        let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+        fleet.set_no_capacity(key("a.1", "z1"));
+        fleet.set_no_capacity(key("a.1", "z2"));
+        let mut plan = launch_plan(key("a.1", "z1"), 2);
+        if let Action::Launch { request, .. } = &mut plan.actions[0] {
+            request.max_cost_usd = ceiling;
+        }
+        let ctx = ActContext {
+            cfg: &cfg,
+            offerings: &offs,
+            unavailable: &[],
+            now: 0.0,
+        };
+        let out = pollster::block_on(act(&plan, ctx, &fleet, &reg, &avail));
+        let tried_b = launched_offerings(&fleet).contains(&key("b.1", "z1"));
+        assert_eq!(tried_b, want_b, "ceiling {ceiling:?}");
+        if want_b {
+            assert_eq!(out.launched.len(), 2, "ceiling {ceiling:?}");
+            assert!(out.unlaunched.is_empty());
+        } else {
+            assert!(out.launched.is_empty());
+            assert_eq!(out.unlaunched, vec![(1, 2)]);
+            // The cheap offerings are still marked, so the next decisions know they are short.
+            assert_eq!(out.capacity_errors.len(), 2);
+        }
+    }
 }
 
 #[test]

@@ -92,6 +92,15 @@ pub enum Reason {
         /// Seconds the job has waited.
         waited_s: f64,
     },
+    /// The offerings worth a job's wait are out of capacity: each one left costs the job more
+    /// than the best offering (availability ignored) by more than its wait is worth so far
+    /// (see `decide::scale_up`'s cost ceiling). It waits for the cheaper ones to come back.
+    WaitingForCapacity {
+        /// Expected extra cost of the job on the best offering left over the best one, $.
+        premium_usd: f64,
+        /// Seconds the job has waited.
+        waited_s: f64,
+    },
 }
 
 impl std::fmt::Display for Reason {
@@ -133,6 +142,10 @@ impl std::fmt::Display for Reason {
                 f,
                 "waiting for spot: on-demand ${on_demand_premium_usd:.2} dearer, waited {waited_s:.0} s"
             ),
+            Reason::WaitingForCapacity { premium_usd, waited_s } => write!(
+                f,
+                "waiting for capacity: the offerings left are ${premium_usd:.2} dearer, waited {waited_s:.0} s"
+            ),
         }
     }
 }
@@ -148,6 +161,13 @@ pub struct LaunchShape {
     pub capacity: CapacityPreference,
     /// Expected job run time on the reference GPU, seconds (for ranking fallbacks).
     pub runtime_s: f64,
+    /// The most a fallback may cost, $ per instance of a job
+    /// (`choice::expected_cost_per_job` with one instance): the best offering's cost for the
+    /// job, availability ignored, plus what its wait is worth
+    /// (`wait_value_usd_per_h x (waited + unavailable_ttl_s) / 3600`), divided by its
+    /// instances. A fallback type dearer than that is not taken: the job waits for capacity
+    /// instead. `None`: no ceiling (warm capacity, a deadline at risk, the baselines).
+    pub max_cost_usd: Option<f64>,
 }
 
 /// One thing to do.

@@ -918,26 +918,114 @@ fn spot_only_while_on_demand_costs_more_than_the_wait_is_worth() {
 }
 
 #[test]
+fn a_fallback_dearer_than_the_wait_is_worth_waits_for_capacity() {
+    use CapacityType::{OnDemand, Spot};
+    // With g5.xlarge spot out of capacity, the next best is g6.xlarge spot (30 % dearer). For a
+    // ten-hour job that difference is worth more than a minute's wait at 1 $/h, so the job waits
+    // for g5 until it has waited long enough (the premium at the wait value, less the TTL); a
+    // one-minute job, or a deadline at risk, takes g6 at once.
+    let c = cfg();
+    let oc = &c.offers;
+    let cost = |ty: &str, runtime: f64| {
+        let o = offerings().into_iter().find(|o| o.key == key(ty, Spot)).unwrap();
+        choice::expected_cost_per_job(&o, runtime, 1, oc)
+    };
+    let long = 36_000.0;
+    let premium = cost(G6, long) - cost(G5, long);
+    let worth_after = |waited: f64| c.scale_down.wait_value_usd_per_h * (waited + oc.unavailable_ttl_s) / 3600.0;
+    let enough = premium * 3600.0 / c.scale_down.wait_value_usd_per_h - oc.unavailable_ttl_s + 1.0;
+    assert!(
+        premium > worth_after(60.0) && premium <= worth_after(enough),
+        "premium {premium}"
+    );
+    // (run time s, waited s, deadline from now, expected: launched type, capacity and cost ceiling,
+    // or None when held waiting for capacity)
+    type Row = (f64, f64, Option<f64>, Option<(&'static str, CapacityType, Option<f64>)>);
+    let rows: &[Row] = &[
+        (long, 60.0, None, None),
+        (
+            long,
+            enough,
+            None,
+            Some((G6, Spot, Some(cost(G5, long) + worth_after(enough)))),
+        ),
+        (
+            60.0,
+            60.0,
+            None,
+            Some((G6, Spot, Some(cost(G5, 60.0) + worth_after(60.0)))),
+        ),
+        // Its slack no longer covers an interruption: on-demand, whatever it costs.
+        (long, 60.0, Some(long + 600.0), Some((G5, OnDemand, None))),
+    ];
+    for &(runtime, waited, deadline, want) in rows {
+        let mut j = job("j", 1, NOW - waited);
+        j.est_runtime_s = Some(runtime);
+        j.deadline = deadline.map(|d| NOW + d);
+        let mut w = World::new(vec![j], vec![]);
+        w.unavailable = vec![UnavailableOffering {
+            key: key(G5, Spot),
+            until: NOW + 100.0,
+        }];
+        let plan = w.decide(&c, NOW);
+        let row = format!("run time {runtime}, waited {waited}, deadline {deadline:?}");
+        let got: Vec<_> = plan
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Launch { offering, request, .. } => Some((
+                    offering.instance_type.as_str(),
+                    offering.capacity_type,
+                    request.max_cost_usd,
+                )),
+                _ => None,
+            })
+            .collect();
+        match want {
+            Some((ty, cap, ceiling)) => {
+                assert_eq!(got.len(), 1, "{row}: {plan:#?}");
+                assert_eq!((got[0].0, got[0].1), (ty, cap), "{row}");
+                match (got[0].2, ceiling) {
+                    (Some(a), Some(b)) => assert!((a - b).abs() < 1e-9, "{row}: ceiling {a} against {b}"),
+                    (a, b) => assert_eq!(a, b, "{row}"),
+                }
+            }
+            None => {
+                assert!(got.is_empty(), "{row}: {plan:#?}");
+                assert_eq!(
+                    held_count(&plan, |r| matches!(r, Reason::WaitingForCapacity { premium_usd, .. }
+                        if (premium_usd - premium).abs() < 1e-9)),
+                    1,
+                    "{row}: {plan:#?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn unavailable_offerings_fall_back_to_the_next_best() {
     use CapacityType::{OnDemand, Spot};
     // A one-minute job: on-demand's premium is below what its wait is worth, so it may fall back
-    // to on-demand (see spot_only_while_on_demand_costs_more_than_the_wait_is_worth).
-    // (unavailable (type, capacity, until - now), expected offering or None)
+    // to on-demand (see spot_only_while_on_demand_costs_more_than_the_wait_is_worth), but not to
+    // g6.xlarge on-demand, 6.5 times g5 spot's price, which costs it more than its wait is worth
+    // (see a_fallback_dearer_than_the_wait_is_worth_waits_for_capacity).
+    // (unavailable (type, capacity, until - now), expected offering, or None with the reason held)
     type Row = (
         Vec<(&'static str, CapacityType, f64)>,
-        Option<(&'static str, CapacityType)>,
+        Result<(&'static str, CapacityType), &'static str>,
     );
     let rows: Vec<Row> = vec![
-        (vec![], Some((G5, Spot))),
-        (vec![(G5, Spot, 100.0)], Some((G6, Spot))),
-        (vec![(G5, Spot, 180.0)], Some((G6, Spot))),
-        (vec![(G5, Spot, -1.0)], Some((G5, Spot))), // expired: used again
-        (vec![(G5, Spot, 0.0)], Some((G5, Spot))),  // `until` is exclusive
-        (vec![(G5, OnDemand, 100.0)], Some((G5, Spot))),
-        (vec![(G5, Spot, 100.0), (G6, Spot, 100.0)], Some((G5, OnDemand))),
+        (vec![], Ok((G5, Spot))),
+        (vec![(G5, Spot, 100.0)], Ok((G6, Spot))),
+        (vec![(G5, Spot, 180.0)], Ok((G6, Spot))),
+        (vec![(G5, Spot, -1.0)], Ok((G5, Spot))), // expired: used again
+        (vec![(G5, Spot, 0.0)], Ok((G5, Spot))),  // `until` is exclusive
+        (vec![(G5, OnDemand, 100.0)], Ok((G5, Spot))),
+        (vec![(G5, Spot, 100.0), (G6, Spot, 100.0)], Ok((G5, OnDemand))),
         (
             vec![(G5, Spot, 100.0), (G6, Spot, 100.0), (G5, OnDemand, 100.0)],
-            Some((G6, OnDemand)),
+            Err("waiting for capacity"),
         ),
         (
             vec![
@@ -946,7 +1034,7 @@ fn unavailable_offerings_fall_back_to_the_next_best() {
                 (G5, OnDemand, 100.0),
                 (G6, OnDemand, 100.0),
             ],
-            None,
+            Err("no offering"),
         ),
     ];
     for (unavail, want) in rows {
@@ -963,10 +1051,15 @@ fn unavailable_offerings_fall_back_to_the_next_best() {
         let plan = w.decide(&cfg(), NOW);
         let got: Vec<_> = launch_list(&plan).iter().map(|l| (l.0.clone(), l.1)).collect();
         match want {
-            Some((t, c)) => assert_eq!(got, vec![(key(t, c), 1)], "{unavail:?}"),
-            None => {
+            Ok((t, c)) => assert_eq!(got, vec![(key(t, c), 1)], "{unavail:?}"),
+            Err(why) => {
                 assert!(got.is_empty(), "{unavail:?}");
-                assert_eq!(held_count(&plan, |r| r == &Reason::NoOffering { gpus: 1 }), 1);
+                let held = |r: &Reason| match r {
+                    Reason::NoOffering { gpus: 1 } => why == "no offering",
+                    Reason::WaitingForCapacity { .. } => why == "waiting for capacity",
+                    _ => false,
+                };
+                assert_eq!(held_count(&plan, held), 1, "{unavail:?}: {plan:#?}");
             }
         }
     }

@@ -238,6 +238,9 @@ pub struct RunReport {
     pub launches: u64,
     /// Instances launched per `type/capacity-type`.
     pub launches_by_offering: std::collections::BTreeMap<String, u64>,
+    /// What each `type/capacity-type` was billed, $ and instance-hours (booting, busy and idle
+    /// alike): where `total_usd` went.
+    pub spend_by_offering: std::collections::BTreeMap<String, OfferingSpend>,
     /// Launch calls that failed with a capacity error.
     pub capacity_errors: u64,
     /// Of `capacity_errors`, spot launches refused because the zone's measured series said spot
@@ -294,6 +297,29 @@ pub struct RunReport {
     /// Each started job's wait, in trace order, recorded with the timeline.
     #[serde(skip)]
     pub job_waits: Vec<JobWait>,
+}
+
+/// One offering's share of a run's bill.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct OfferingSpend {
+    /// Billed, $.
+    pub usd: f64,
+    /// Instance-hours billed.
+    pub instance_hours: f64,
+}
+
+/// Sums per `type/capacity-type` label from per-offering (index) sums of ($, seconds).
+fn spend_by_offering(labels: &[String], billed: &[(f64, f64)]) -> std::collections::BTreeMap<String, OfferingSpend> {
+    let mut out = std::collections::BTreeMap::<String, OfferingSpend>::new();
+    for (label, &(usd, s)) in labels.iter().zip(billed).filter(|(_, b)| b.1 > 0.0) {
+        let e = out.entry(label.clone()).or_insert(OfferingSpend {
+            usd: 0.0,
+            instance_hours: 0.0,
+        });
+        e.usd += usd;
+        e.instance_hours += s / 3600.0;
+    }
+    out
 }
 
 /// One job's wait from arrival to its first start (recorded with [`SimConfig::timeline`]).
@@ -472,6 +498,8 @@ struct World {
     boot_usd: f64,
     launches: u64,
     launches_by_offering: std::collections::BTreeMap<String, u64>,
+    /// Billed ($, seconds) per offering index.
+    billed_by_offering: Vec<(f64, f64)>,
     capacity_errors: u64,
     spot_unavailable_errors: u64,
     interruptions: u64,
@@ -765,6 +793,9 @@ impl World {
         let ws = &self.wsim[i];
         let billed = (self.now - w.launched_at).max(60.0);
         self.cost += w.price_usd_per_h * billed / 3600.0;
+        let spent = &mut self.billed_by_offering[ws.offering];
+        spent.0 += w.price_usd_per_h * billed / 3600.0;
+        spent.1 += billed;
         if self.completed as usize == self.jobs.len() {
             let from = self.last_completion;
             // What billing to `from` alone would have been (nothing for a worker launched after).
@@ -1321,6 +1352,7 @@ pub fn run(
         boot_usd: 0.0,
         launches: 0,
         launches_by_offering: Default::default(),
+        billed_by_offering: vec![(0.0, 0.0); offerings.len()],
         capacity_errors: 0,
         spot_unavailable_errors: 0,
         interruptions: 0,
@@ -1634,6 +1666,7 @@ pub fn run(
         boot_usd: w.boot_usd,
         launches: w.launches,
         launches_by_offering: std::mem::take(&mut w.launches_by_offering),
+        spend_by_offering: spend_by_offering(&w.offering_label, &w.billed_by_offering),
         capacity_errors: w.capacity_errors,
         spot_unavailable_errors: w.spot_unavailable_errors,
         wait_p50_s: pct(0.50),

@@ -167,6 +167,7 @@ fn launch(
             min_gpu_memory_gib: cfg.offers.min_gpu_memory_gib,
             capacity,
             runtime_s: cfg.offers.default_runtime_s,
+            max_cost_usd: None,
         },
         project: None,
         job: None,

@@ -187,6 +187,33 @@ fn a_job_runs_on_an_instance_with_enough_gpus() {
 }
 
 #[test]
+fn the_bill_is_split_per_offering_and_adds_up_to_the_total() {
+    // A 1-GPU job (one.gpu, $1/h) and a 3-GPU one (four.gpu, $4/h), apart: each worker is billed
+    // 300 s boot + 3600 s run + 600 s keep-alive.
+    let r = run_policy(
+        &trace(&[(0.0, 3600.0, 1), (0.0, 3600.0, 3)]),
+        policy(600.0),
+        &sim(300.0),
+    );
+    let spend: Vec<(&str, f64, f64)> = r
+        .spend_by_offering
+        .iter()
+        .map(|(k, s)| (k.as_str(), s.usd, s.instance_hours))
+        .collect();
+    assert_eq!(spend.len(), 2, "{spend:?}");
+    assert_eq!((spend[0].0, spend[1].0), ("four.gpu/on-demand", "one.gpu/on-demand"));
+    assert!(
+        close(spend[0].1, 4.0 * 4500.0 / 3600.0) && close(spend[0].2, 4500.0 / 3600.0),
+        "{spend:?}"
+    );
+    assert!(
+        close(spend[1].1, 4500.0 / 3600.0) && close(spend[1].2, 4500.0 / 3600.0),
+        "{spend:?}"
+    );
+    assert!(close(spend.iter().map(|s| s.1).sum::<f64>(), r.total_usd));
+}
+
+#[test]
 fn a_job_of_a_size_the_catalogue_lacks_runs_on_the_next_size_up() {
     // 2 GPUs, and this world has 1- and 4-GPU types only: the fit rule alone (a 2-GPU job on at
     // most 2-GPU instances) would leave it waiting for ever; it runs on the 4-GPU type ($4/h), 300 s

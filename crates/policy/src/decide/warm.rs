@@ -279,7 +279,7 @@ fn shape_capacity(
             target: launch_target,
             ready: idle + pending,
         };
-        push_launches_booked(plan, lane, &ranked, &req, n, None, None, reason, oc);
+        push_launches_booked(plan, lane, &ranked, &req, n, None, None, reason, None, oc);
         fleet.book(lane, n, price * n as f64);
     }
     ws
