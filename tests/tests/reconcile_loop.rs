@@ -46,6 +46,7 @@ fn views(reg: &FakeRegistry, cfg: &PolicyConfig) -> Vec<WorkerView> {
             job_type: None,
             busy_until: None,
             pinned_job: r.pinned_job.clone(),
+            spot_price_usd_per_h: r.spot_price_usd_per_h,
         })
         .collect()
 }

@@ -1102,14 +1102,40 @@ fn the_workers_user_data_sets_what_the_agent_requires_as_the_functions_have_it()
     let f = functions(&t).into_iter().next().expect("a function");
     let env = stack.eval(&f.props["Environment"]["Variables"]);
     for (name, value) in &set {
-        if let Some(fv) = env.get(*name) {
-            assert_eq!(
-                scalar_text(fv),
-                *value,
-                "{name}: the workers and the functions disagree"
-            );
+        let Some(fv) = env.get(*name) else { continue };
+        if *name == "ONOFF_POLICY" {
+            // The workers get the figures the agent reads, in one line (an env file has no
+            // newlines); those must be the functions' figures.
+            let parse = |text: &str| onoff_policy::PolicyConfig::from_toml_str(text).expect("a policy");
+            let (agent, functions) = (parse(value), parse(&scalar_text(fv)));
+            let read = |c: &onoff_policy::PolicyConfig| {
+                (
+                    c.scale_down.wait_value_usd_per_h,
+                    c.offers.boot_estimate_s,
+                    c.offers.checkpoint_interval_s,
+                    c.offers.default_runtime_s,
+                    c.limits.deadline_margin_s,
+                )
+            };
+            assert_eq!(read(&agent), read(&functions), "ONOFF_POLICY: the agent's figures");
+            continue;
         }
+        assert_eq!(
+            scalar_text(fv),
+            *value,
+            "{name}: the workers and the functions disagree"
+        );
     }
+    // The wait value is a parameter: the workers follow it.
+    let stack = Stack::new(&t, &[("WaitValueUsdPerHour", "7.5")]);
+    let user_data = scalar_text(&stack.eval(&lt["Properties"]["LaunchTemplateData"]["UserData"]));
+    let policy = user_data
+        .lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix("ONOFF_POLICY="))
+        .expect("the workers get a policy");
+    let policy = onoff_policy::PolicyConfig::from_toml_str(policy).unwrap();
+    assert_eq!(policy.scale_down.wait_value_usd_per_h, 7.5);
     assert_eq!(set["ONOFF_WORKER_IMAGE"], REQUIRED_PARAMETERS[0].1);
 }
 

@@ -132,6 +132,7 @@ fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<WorkerReco
         heartbeat_at: num("heartbeat_at"),
         pinned_job: text("pinned_job"),
         hold_until: num("hold_until"),
+        spot_price_usd_per_h: num("spot_price_usd_per_h"),
     })
 }
 
@@ -156,6 +157,9 @@ impl WorkerRegistry for DynamoWorkers {
         }
         if let Some(j) = &r.pinned_job {
             req = req.item("pinned_job", s(j));
+        }
+        if let Some(p) = r.spot_price_usd_per_h {
+            req = req.item("spot_price_usd_per_h", n(p));
         }
         match req.send().await {
             Ok(_) => Ok(()),

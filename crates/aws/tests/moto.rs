@@ -584,11 +584,13 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
     .unwrap();
     assert_eq!(reg.get(&rec.id).await.unwrap(), Some(rec.clone()));
     // A launch pinned to a job (a deadline at risk on spot) keeps the job on the row, for the
-    // worker's agent (which claims it first) and the reconciler (which counts the worker for it).
+    // worker's agent (which claims it first) and the reconciler (which counts the worker for it);
+    // an on-demand worker of a spot-first lane keeps the spot price it is weighed against.
     let pinned = WorkerRecord {
         id: "i-0ccccccccccccccc3".into(),
         offering: key("g5.xlarge", "us-east-1a", CapacityType::OnDemand),
         pinned_job: Some("job-due".into()),
+        spot_price_usd_per_h: Some(0.4375),
         ..rec.clone()
     };
     reg.register_launch(pinned.clone()).await.unwrap();
@@ -596,6 +598,8 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
     let live = reg.list_live().await.unwrap().items;
     let listed = live.iter().find(|w| w.id == pinned.id).expect("listed");
     assert_eq!(listed.pinned_job.as_deref(), Some("job-due"));
+    assert_eq!(listed.spot_price_usd_per_h, Some(0.4375));
+    assert_eq!(live.iter().find(|w| w.id == rec.id).unwrap().spot_price_usd_per_h, None);
     // The row's key is the instance's ARN (the worker role may write only the row whose leading
     // key is its own ec2:SourceInstanceARN).
     let raw = c

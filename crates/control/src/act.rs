@@ -43,6 +43,17 @@ struct LaunchGroup<'a> {
 /// Offerings tried after the first one fails.
 pub const MAX_FALLBACKS: usize = 4;
 
+/// For a worker of `offering` in lane `lane`: the best spot price for its shape when the offering
+/// is on-demand and the lane may use spot ([`WorkerRecord::spot_price_usd_per_h`]), else `None`.
+fn spot_reference(ctx: ActContext<'_>, lane: usize, offering: &OfferingKey) -> Option<f64> {
+    let spot_lane = ctx.cfg.lanes.get(lane).is_some_and(|l| l.capacity.may_use_spot());
+    if !spot_lane || offering.capacity_type != onoff_policy::CapacityType::OnDemand {
+        return None;
+    }
+    let o = ctx.offerings.iter().find(|o| o.key == *offering)?;
+    choice::best_spot_price_usd_per_h(ctx.offerings, o.gpus, o.gpu_memory_gib, &ctx.cfg.offers)
+}
+
 /// A worker launched by [`act`], with the reason of its launch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LaunchedWorker {
@@ -56,6 +67,9 @@ pub struct LaunchedWorker {
     pub job: Option<String>,
     /// Price, $/h.
     pub price_usd_per_h: f64,
+    /// On-demand in a lane that may use spot: the best spot price for its shape, $/h
+    /// ([`WorkerRecord::spot_price_usd_per_h`]).
+    pub spot_price_usd_per_h: Option<f64>,
     /// Why it was launched.
     pub reason: Reason,
 }
@@ -67,6 +81,7 @@ impl LaunchedWorker {
         WorkerRecord {
             project: self.project.clone(),
             pinned_job: self.job.clone(),
+            spot_price_usd_per_h: self.spot_price_usd_per_h,
             ..WorkerRecord::launched(
                 &self.launched.instance_id,
                 lane_name,
@@ -229,7 +244,9 @@ where
                                     .map(|o| o.price_usd_per_h)
                             })
                             .unwrap_or(0.0);
+                        let spot_price_usd_per_h = spot_reference(ctx, g.lane, &l.offering);
                         let worker = LaunchedWorker {
+                            spot_price_usd_per_h,
                             launched: l,
                             lane: g.lane,
                             project: g.project.clone(),

@@ -288,13 +288,19 @@ pub struct WorkerRecord {
     /// ([`crate::reconcile::renew_holds`]): its agent does not end itself for its idle timeout
     /// before then. `None` when never held.
     pub hold_until: Option<f64>,
+    /// For an on-demand worker of a lane that may use spot: the best spot price for its shape
+    /// when it was launched, $/h ([`onoff_policy::choice::best_spot_price_usd_per_h`]). Its agent
+    /// runs a job only while the on-demand premium is worth it
+    /// ([`onoff_policy::choice::worth_an_on_demand_worker`]), and the policy counts it so.
+    /// `None` otherwise (and for rows written before it existed).
+    pub spot_price_usd_per_h: Option<f64>,
 }
 
 impl WorkerRecord {
     /// A worker as registered at its launch: state Pending, launched at `launched_at` (unix
     /// seconds), billed `price_usd_per_h` ($/h; 0 when its agent registers it, see
     /// [`WorkerRegistry::set_price_if_unpriced`]), with no project, idle time, heartbeat, pinned
-    /// job or hold. Set those with struct update syntax.
+    /// job, hold or spot reference. Set those with struct update syntax.
     pub fn launched(
         id: impl Into<String>,
         lane: impl Into<String>,
@@ -314,6 +320,7 @@ impl WorkerRecord {
             heartbeat_at: None,
             pinned_job: None,
             hold_until: None,
+            spot_price_usd_per_h: None,
         }
     }
 }

@@ -586,6 +586,7 @@ where
                 job_type: None,
                 busy_until: busy_until.get(w.id.as_str()).copied(),
                 pinned_job: w.pinned_job.clone(),
+                spot_price_usd_per_h: w.spot_price_usd_per_h,
             })
         })
         .collect();

@@ -17,6 +17,33 @@ fn key(ty: &str, zone: &str) -> OfferingKey {
     }
 }
 
+/// The context of a decision at time 0 with nothing unavailable.
+fn at_zero<'a>(cfg: &'a PolicyConfig, offerings: &'a [Offering]) -> ActContext<'a> {
+    ActContext {
+        cfg,
+        offerings,
+        unavailable: &[],
+        now: 0.0,
+    }
+}
+
+/// `k` on on-demand.
+fn on_demand(k: OfferingKey) -> OfferingKey {
+    OfferingKey {
+        capacity_type: CapacityType::OnDemand,
+        ..k
+    }
+}
+
+/// An offering like `o` (its GPUs and memory) under another key and price ($/h).
+fn like(o: &Offering, key: OfferingKey, price_usd_per_h: f64) -> Offering {
+    Offering {
+        key,
+        price_usd_per_h,
+        ..o.clone()
+    }
+}
+
 fn offerings() -> Vec<Offering> {
     [("a.1", "z1", 0.10), ("a.1", "z2", 0.10), ("b.1", "z1", 0.20)]
         .into_iter()
@@ -168,13 +195,7 @@ fn a_fallback_dearer_than_the_launchs_cost_ceiling_is_not_taken() {
         if let Action::Launch { request, .. } = &mut plan.actions[0] {
             request.max_cost_usd = ceiling;
         }
-        let ctx = ActContext {
-            cfg: &cfg,
-            offerings: &offs,
-            unavailable: &[],
-            now: 0.0,
-        };
-        let out = pollster::block_on(act(&plan, ctx, &fleet, &reg, &avail));
+        let out = pollster::block_on(act(&plan, at_zero(&cfg, &offs), &fleet, &reg, &avail));
         let tried_b = launched_offerings(&fleet).contains(&key("b.1", "z1"));
         assert_eq!(tried_b, want_b, "ceiling {ceiling:?}");
         if want_b {
@@ -186,6 +207,34 @@ fn a_fallback_dearer_than_the_launchs_cost_ceiling_is_not_taken() {
             // The cheap offerings are still marked, so the next decisions know they are short.
             assert_eq!(out.capacity_errors.len(), 2);
         }
+    }
+}
+
+#[test]
+fn an_on_demand_worker_of_a_spot_first_lane_records_the_spot_price_it_is_weighed_against() {
+    // a.1 on-demand at 0.30 $/h; the best spot price for its shape (1 GPU, 24 GiB) is b.1's
+    // 0.08 $/h, a.1's own 0.10 $/h is dearer. Recorded for an on-demand worker of the spot-first
+    // lane (1, standard) only: not for a spot worker, nor in the on-demand lane (0, express).
+    let od = on_demand(key("a.1", "z1"));
+    let mut offs = offerings();
+    offs.push(like(&offs[0], od.clone(), 0.30));
+    offs.push(like(&offs[0], key("b.1", "z2"), 0.08));
+    let cfg = PolicyConfig::default();
+    for (lane, offering, want) in [
+        (1, od.clone(), Some(0.08)),
+        (1, key("a.1", "z1"), None),
+        (0, od.clone(), None),
+    ] {
+        let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+        let mut plan = launch_plan(offering.clone(), 1);
+        if let Action::Launch { lane: l, .. } = &mut plan.actions[0] {
+            *l = lane;
+        }
+        let out = pollster::block_on(act(&plan, at_zero(&cfg, &offs), &fleet, &reg, &avail));
+        assert_eq!(out.launched.len(), 1, "{lane} {offering}");
+        let recs = reg.records();
+        let rec = recs.values().next().unwrap();
+        assert_eq!(rec.spot_price_usd_per_h, want, "lane {lane}, {offering}");
     }
 }
 
@@ -246,14 +295,7 @@ fn any_non_throttling_launch_error_skips_the_offering_for_a_while_and_falls_back
 fn a_fallback_never_mixes_capacity_types_or_names_one_pool_twice() {
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
     let mut offs = offerings();
-    offs.push(Offering {
-        key: OfferingKey {
-            capacity_type: CapacityType::OnDemand,
-            ..key("b.1", "z1")
-        },
-        price_usd_per_h: 0.205,
-        ..offs[2].clone()
-    });
+    offs.push(like(&offs[2], on_demand(key("b.1", "z1")), 0.205));
     // The a.1 offerings have no capacity: the fallback reaches b.1 in z1, spot and on-demand.
     fleet.set_no_capacity(key("a.1", "z1"));
     fleet.set_no_capacity(key("a.1", "z2"));

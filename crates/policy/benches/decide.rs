@@ -74,6 +74,7 @@ fn setup() -> (
                 job_type: None,
                 busy_until: None,
                 pinned_job: None,
+                spot_price_usd_per_h: None,
             }
         })
         .collect();

@@ -42,6 +42,55 @@ fn cost_of(usd_per_s: f64, speed: f64, loss: f64, boot_s: f64, runtime_s: f64, i
     usd_per_s * (boot_s + work) * instances as f64
 }
 
+/// Whether a job of a spot-first lane may run on an on-demand worker already up (or booting), $
+/// figures per hour and instance: `price_usd_per_h` the worker's, `spot_usd_per_h` the best spot
+/// price for its shape (`WorkerView::spot_price_usd_per_h`).
+///
+/// Taking it costs the job `(price - spot) x instances x runtime / 3600` more than spot; it saves
+/// the cold start of a spot launch, billed (`spot x instances x boot / 3600`) and waited
+/// (`wait_value_usd_per_h x (waited + boot) / 3600`, `boot` = `offers.boot_estimate_s`). A job
+/// takes it while the premium is no more than what it saves: a short job, or one that has waited
+/// long. Without this an on-demand worker launched for one such job took every job of its shape
+/// from the queue, at the on-demand price, for as long as the queue lasted (41 h per instance on
+/// the busy week with measured preemptions, README "Against issue 12's targets"). A job whose
+/// deadline is at risk on spot is apart: it takes on-demand workers whatever this says.
+pub fn worth_an_on_demand_worker(
+    price_usd_per_h: f64,
+    spot_usd_per_h: f64,
+    instances: u32,
+    runtime_s: f64,
+    waited_s: f64,
+    cfg: &crate::PolicyConfig,
+) -> bool {
+    let n = f64::from(instances.max(1));
+    let boot = cfg.offers.boot_estimate_s;
+    let premium = (price_usd_per_h - spot_usd_per_h) * n * runtime_s;
+    let saved = cfg.scale_down.wait_value_usd_per_h * (waited_s + boot) + spot_usd_per_h * n * boot;
+    premium <= saved
+}
+
+/// The lowest spot price of an offering with `gpus` GPUs of at least `gpu_memory_gib` GiB each
+/// that passes the configured filters (allowed types, price and interruption caps), availability
+/// ignored, $/h; `None` when there is none. What an on-demand worker of that shape is compared
+/// with (`WorkerView::spot_price_usd_per_h`, [`worth_an_on_demand_worker`]). O(offerings).
+pub fn best_spot_price_usd_per_h(
+    offerings: &[Offering],
+    gpus: u32,
+    gpu_memory_gib: f64,
+    cfg: &OfferConfig,
+) -> Option<f64> {
+    offerings
+        .iter()
+        .filter(|o| {
+            o.key.capacity_type == CapacityType::Spot
+                && o.gpus == gpus
+                && o.gpu_memory_gib + 1e-9 >= gpu_memory_gib
+                && passes_configured_filters(o, cfg)
+        })
+        .map(|o| o.price_usd_per_h)
+        .min_by(f64::total_cmp)
+}
+
 /// Filter for one request shape.
 #[derive(Debug, Clone, Copy)]
 pub struct Request {

@@ -107,6 +107,12 @@ pub struct WorkerView {
     /// job's capacity, not its lane's; its agent claims that job first.
     #[serde(default)]
     pub pinned_job: Option<String>,
+    /// For an on-demand worker of a spot-first lane: the best spot price for its shape when it
+    /// was launched, $/h per instance (availability ignored); `None` otherwise. A job takes such
+    /// a worker only while its premium there is worth less than the launch and wait it saves
+    /// ([`crate::choice::worth_an_on_demand_worker`]).
+    #[serde(default)]
+    pub spot_price_usd_per_h: Option<f64>,
 }
 
 impl WorkerState {

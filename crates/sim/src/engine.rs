@@ -29,7 +29,7 @@ use onoff_control::ports::{
     StoreError, WorkerRecord, WorkerRegistry,
 };
 use onoff_control::{act, handle_interruption_notice, ActContext};
-use onoff_policy::choice::{fits, speed};
+use onoff_policy::choice::{self, fits, speed, worth_an_on_demand_worker};
 use onoff_policy::deadline::keeps_off_spot;
 use onoff_policy::{
     CapacityType, DemandWindows, FleetHint, LaneObservation, Observation, Offering, OfferingKey, PendingJob, Plan,
@@ -512,6 +512,12 @@ struct World {
     running_jobs: u32,
     /// The strategy's workers run onoff's agent ([`Strategy::runs_onoff_agent`]).
     onoff_agent: bool,
+    /// Per offering: for an on-demand one, the best spot price for its shape
+    /// ([`onoff_policy::choice::best_spot_price_usd_per_h`]); what its workers record in a lane
+    /// that may use spot, when they run onoff's agent (`WorkerView::spot_price_usd_per_h`).
+    spot_reference: Vec<Option<f64>>,
+    /// Per lane: it may use spot.
+    lane_spot: Vec<bool>,
     /// Booted workers held for the multi-instance job they were launched for, by job index.
     reserved: HashMap<usize, Vec<u64>>,
     /// The fleet figures `decide` reads, kept as workers change ([`FleetIndex`]): every change
@@ -659,6 +665,9 @@ impl World {
                 job_type: None,
                 busy_until: None,
                 pinned_job: pinned.map(job_id),
+                // Only onoff's agent weighs it (a baseline's workers take any job).
+                spot_price_usd_per_h: self.spot_reference[oi]
+                    .filter(|_| self.onoff_agent && self.lane_spot.get(lane).copied().unwrap_or(false)),
             });
             self.wsim.push(WorkerSim {
                 num,
@@ -919,9 +928,28 @@ impl World {
                 qi += 1;
                 continue;
             }
-            let chosen = self.smallest_idle(lane, job_gpus, min_mem, need, pcfg.offers.max_gpu_oversize, spot_ok);
+            // An on-demand worker of a spot-first lane takes the job only while its premium there
+            // is worth it, as its agent does ([`onoff_policy::choice::worth_an_on_demand_worker`]);
+            // a job whose deadline is at risk on spot takes it whatever it costs.
+            let waited = self.now - pj.enqueued_at;
+            let instances = pj.instances;
+            let worth = |price: f64, spot: f64| {
+                !spot_ok || worth_an_on_demand_worker(price, spot, instances, runtime, waited, pcfg)
+            };
+            let (chosen, passed_dear) = self.smallest_idle(
+                lane,
+                job_gpus,
+                min_mem,
+                need,
+                pcfg.offers.max_gpu_oversize,
+                spot_ok,
+                worth,
+            );
             if chosen.len() < need {
-                no_fit.push(shape);
+                // A job that waited longer may yet take a worker this one passed over for its price.
+                if !passed_dear {
+                    no_fit.push(shape);
+                }
                 qi += 1;
                 continue;
             }
@@ -935,9 +963,12 @@ impl World {
     }
 
     /// Up to `need` idle workers of `lane` that fit the shape (on-demand ones only unless
-    /// `spot_ok`), smallest first (fewest GPUs, then the oldest), as worker indices. Walks the idle set in (GPUs, number) order from the job's
+    /// `spot_ok`; an on-demand one with a spot reference only when `worth(its price, the
+    /// reference)`), smallest first (fewest GPUs, then the oldest), as worker indices, and whether
+    /// a worker was passed over for its price. Walks the idle set in (GPUs, number) order from the job's
     /// GPUs, skipping whole GPU counts that cannot fit; entries of workers no longer idle are
     /// dropped on the way. O(log n) per GPU count looked at, plus the entries passed over.
+    #[allow(clippy::too_many_arguments)]
     fn smallest_idle(
         &mut self,
         lane: usize,
@@ -946,7 +977,9 @@ impl World {
         need: usize,
         oversize: u32,
         spot_ok: bool,
-    ) -> smallvec::SmallVec<[usize; 8]> {
+        worth: impl Fn(f64, f64) -> bool,
+    ) -> (smallvec::SmallVec<[usize; 8]>, bool) {
+        let mut passed_dear = false;
         let mut chosen = smallvec::SmallVec::with_capacity(need);
         let mut stale = Vec::new();
         let mut from = (job_gpus, 0u64);
@@ -970,7 +1003,14 @@ impl World {
                         && (spot_ok || !self.wsim[i].spot)
                         && fits(w.gpus, w.gpu_memory_gib, job_gpus, min_mem, oversize)
                     {
-                        chosen.push(i);
+                        let dear = !self.wsim[i].spot
+                            && w.spot_price_usd_per_h
+                                .is_some_and(|spot| !worth(w.price_usd_per_h, spot));
+                        if dear {
+                            passed_dear = true;
+                        } else {
+                            chosen.push(i);
+                        }
                     }
                 }
                 Some(i) => {
@@ -983,7 +1023,7 @@ impl World {
         for k in stale {
             self.idle_set.remove(&k);
         }
-        chosen
+        (chosen, passed_dear)
     }
 
     /// Worker `i` just booted: if it was launched for a job still queued, it is that job's (the
@@ -1365,6 +1405,15 @@ pub fn run(
         fleet_index: FleetIndex::default(),
         fleet_hint: FleetHint::default(),
         onoff_agent: strategy.runs_onoff_agent(),
+        spot_reference: offerings
+            .iter()
+            .map(|o| {
+                (o.key.capacity_type == CapacityType::OnDemand)
+                    .then(|| choice::best_spot_price_usd_per_h(offerings, o.gpus, o.gpu_memory_gib, &pcfg.offers))
+                    .flatten()
+            })
+            .collect(),
+        lane_spot: pcfg.lanes.iter().map(|l| l.capacity.may_use_spot()).collect(),
         reserved: HashMap::new(),
     };
     // Arrivals are fed from the (sorted) trace as the clock reaches them, so the agenda stays

@@ -214,6 +214,7 @@ mod tests {
             job_type: None,
             busy_until,
             pinned_job: None,
+            spot_price_usd_per_h: None,
         }
     }
 

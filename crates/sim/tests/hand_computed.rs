@@ -540,6 +540,36 @@ fn the_policy_sees_deadlines_and_all_on_demand_prices_what_spot_saved() {
 }
 
 #[test]
+fn an_idle_on_demand_worker_of_a_spot_first_lane_takes_only_the_jobs_its_premium_is_worth() {
+    // As below: A (0 s, 10,000 s) runs on spot; B (10,400 s, 1,600 s), its deadline at risk,
+    // gets an on-demand worker of its own, idle from 12,300 s (keep-alive 10,000 s). A's spot
+    // worker is released at about 20,300 s. C (21,000 s, 10,000 s; 5,000 s of slack, not at
+    // risk) finds only the on-demand worker idle: on it C would pay $1.94 more than on spot, far
+    // more than a spot launch's boot and wait are worth (about $0.14), so it waits 300 s for a
+    // spot worker of its own, as onoff's agent on that worker would hand it back.
+    let offs = spot_and_on_demand();
+    let t = trace(&[(0.0, 10_000.0, 1), (10_400.0, 1_600.0, 1), (21_000.0, 10_000.0, 1)]);
+    let s = SimConfig {
+        deadline_fraction: 1.0,
+        deadline_slack: 1.5,
+        ..sim(300.0)
+    };
+    let mut st = PolicyStrategy::new("onoff", policy(10_000.0));
+    let r = run(&t, &offs, &mut st, &s, &mut |_| {});
+    assert_eq!((r.jobs_completed, r.deadlines_missed), (3, 0));
+    let launched: Vec<(&str, u64)> = r.launches_by_offering.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    assert_eq!(launched, [("one.gpu/on-demand", 1), ("one.gpu/spot", 2)]);
+    assert!(
+        close(r.wait_p99_s, 300.0) && close(r.wait_p50_s, 300.0),
+        "C waited {} s",
+        r.wait_p99_s
+    );
+    // The on-demand worker ran B alone: billed from 10,400 s to its release after its keep-alive.
+    let od = r.spend_by_offering["one.gpu/on-demand"];
+    assert!(od.instance_hours < 12_000.0 / 3600.0, "{od:?}");
+}
+
+#[test]
 fn a_job_whose_deadline_is_at_risk_waits_for_on_demand_rather_than_an_idle_spot_worker() {
     // Deadlines at 1.5 x the run time. A (0 s, 10,000 s) has 5,000 s of slack, over the policy's
     // 1,980 s threshold: it runs on spot (boot 300 s) until 10,300 s, and its worker stays up

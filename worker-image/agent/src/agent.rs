@@ -23,6 +23,7 @@ use onoff_control::job::{bounded_reason, parse_s3_uri, AttemptEnd, AttemptRecord
 use onoff_control::ports::{
     checkpoint_prefix, wake, CheckpointStore, Claim, JobRecord, JobStore, StoreError, WakeUp, WorkerRecord,
 };
+use onoff_policy::choice::worth_an_on_demand_worker;
 use onoff_policy::deadline::{keeps_off_spot, spot_start_slack_s};
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 use tokio::sync::watch;
@@ -165,7 +166,8 @@ pub struct AgentReport {
     /// (the message says: [`onoff_control::ports::WakeUp`]).
     pub passed_on: u32,
     /// Jobs given back unrun because this spot worker would put their deadline at risk
-    /// (`onoff_policy::deadline::keeps_off_spot`).
+    /// (`onoff_policy::deadline::keeps_off_spot`), or because this on-demand worker costs them
+    /// more than the wait for spot is worth (`onoff_policy::choice::worth_an_on_demand_worker`).
     pub deferred: u32,
     /// The job this worker was launched for (its row's `pinned_job`), when it claimed it by id.
     pub pinned_claimed: Option<String>,
@@ -348,6 +350,9 @@ struct Worker<'a, M, Q, J, R, C, O, I, L> {
     price_usd_per_h: std::cell::Cell<f64>,
     /// The job the scaler launched this worker for, claimed before the first poll.
     pinned: Option<String>,
+    /// On-demand in a spot-first lane: the best spot price for its shape, $/h, as its row has
+    /// it ([`WorkerRecord::spot_price_usd_per_h`]).
+    spot_price_usd_per_h: Option<f64>,
     report: AgentReport,
 }
 
@@ -379,8 +384,8 @@ where
     };
     let me = deps.metadata.identity().await.map_err(AgentError::Metadata)?;
     let record = deps.registry.get(&me.instance_id).await?;
-    let (lane, price, pinned) = match record {
-        Some(r) => (r.lane, r.price_usd_per_h, r.pinned_job),
+    let (lane, price, pinned, spot_price_usd_per_h) = match record {
+        Some(r) => (r.lane, r.price_usd_per_h, r.pinned_job, r.spot_price_usd_per_h),
         None => {
             let lane = cfg.lanes.first().cloned().unwrap_or_else(|| "standard".into());
             let capacity_type = if me.lifecycle == "spot" {
@@ -402,7 +407,7 @@ where
                 ))
                 .await?;
             tracing::warn!(instance = %me.instance_id, "not registered by the control plane: registered with price 0");
-            (lane, 0.0, None)
+            (lane, 0.0, None, None)
         }
     };
     let lanes = if cfg.lanes.is_empty() {
@@ -419,6 +424,7 @@ where
         lanes,
         price_usd_per_h: std::cell::Cell::new(price),
         pinned,
+        spot_price_usd_per_h,
         report: AgentReport {
             exit: ExitReason::Shutdown,
             jobs: Vec::new(),
@@ -1540,15 +1546,30 @@ where
 
     /// Why this worker must not run `job` now, if it must not: a spot worker and a job whose
     /// deadline it would put at risk ([`keeps_off_spot`] with the job's declared run time, or the
-    /// policy's default, and its creation as the time it queued, as the reconciler sees it).
+    /// policy's default, and its creation as the time it queued, as the reconciler sees it); or an
+    /// on-demand worker of a spot-first lane and a job whose on-demand premium here is worth more
+    /// than the spot launch and the wait it saves ([`worth_an_on_demand_worker`]), unless its
+    /// deadline is at risk on spot or this worker was launched for it.
     fn keeps_off_this_worker(&self, job: &JobRecord) -> Option<String> {
-        if self.me.lifecycle != "spot" {
-            return None;
-        }
         let p = &self.cfg.policy;
         let runtime = job.spec.est_runtime_s.unwrap_or(p.offers.default_runtime_s);
         let now = self.clock.now();
-        keeps_off_spot(job.spec.deadline, runtime, now, job.created_at, p).then(|| {
+        let at_risk = keeps_off_spot(job.spec.deadline, runtime, now, job.created_at, p);
+        if self.me.lifecycle != "spot" {
+            let spot = self.spot_price_usd_per_h?;
+            let price = self.price_usd_per_h.get();
+            let waited = now - job.created_at;
+            let mine = self.report.pinned_claimed.as_deref() == Some(job.id.as_str());
+            if at_risk || mine || worth_an_on_demand_worker(price, spot, 1, runtime, waited, p) {
+                return None;
+            }
+            return Some(format!(
+                "waiting for spot: on-demand worker {} costs ${:.2} more for its {runtime:.0} s than spot                  ({price:.3} against {spot:.3} $/h), more than the launch and the wait it saves",
+                self.id(),
+                (price - spot) * runtime / 3600.0
+            ));
+        }
+        at_risk.then(|| {
             let slack = job.spec.deadline.unwrap_or(now) - now - runtime;
             format!(
                 "deadline at risk on spot: {slack:.0} s of slack, under {:.0} s; worker {} is spot",
@@ -1558,8 +1579,8 @@ where
         })
     }
 
-    /// Give a job back unrun for on-demand capacity (not counted, not bounded): a fresh wake-up
-    /// message after the retry delay. This worker stays idle.
+    /// Give a job back unrun, for on-demand capacity or for spot (not counted, not bounded): a
+    /// fresh wake-up message after the retry delay. This worker stays idle.
     async fn defer(&mut self, job: &JobRecord, why: String) {
         tracing::info!(job = %job.id, reason = %why, "job deferred");
         self.report.deferred += 1;

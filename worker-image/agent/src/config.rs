@@ -63,7 +63,11 @@ pub struct AgentConfig {
     /// `ONOFF_POLICY` (the functions' policy TOML; default `PolicyConfig::default()`): the agent
     /// reads only the deadline rule's figures (`offers.boot_estimate_s`,
     /// `offers.checkpoint_interval_s`, `limits.deadline_margin_s`): a spot worker hands back a
-    /// job whose deadline they put at risk on spot (`onoff_policy::deadline::keeps_off_spot`).
+    /// job whose deadline they put at risk on spot (`onoff_policy::deadline::keeps_off_spot`);
+    /// and, on an on-demand worker of a spot-first lane, `scale_down.wait_value_usd_per_h`,
+    /// `offers.boot_estimate_s` and `offers.default_runtime_s`: it hands back a job whose premium
+    /// there is worth more than the wait for spot (`onoff_policy::choice::worth_an_on_demand_worker`).
+    /// The template's user data sets the wait value only, as one dotted TOML line.
     pub policy: onoff_policy::PolicyConfig,
 }
 
@@ -257,6 +261,13 @@ mod tests {
         })
         .unwrap();
         assert_eq!(c.policy.offers.boot_estimate_s, 200.0);
+        // The template's user data: one line (an env file has no newlines), the rest defaults.
+        let c = AgentConfig::from_lookup(|k| {
+            (k == "ONOFF_POLICY").then(|| "scale_down.wait_value_usd_per_h = 2.5".to_string())
+        })
+        .unwrap();
+        assert_eq!(c.policy.scale_down.wait_value_usd_per_h, 2.5);
+        assert_eq!(c.policy.offers.boot_estimate_s, 390.0);
         let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_POLICY").then(|| "[offers\n".to_string())).unwrap_err();
         assert_eq!(bad.name, "ONOFF_POLICY");
     }

@@ -1465,6 +1465,53 @@ async fn a_spot_worker_defers_a_job_whose_deadline_is_at_risk_and_an_on_demand_o
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_on_demand_worker_of_a_spot_first_lane_runs_only_the_jobs_its_premium_is_worth() {
+    // i-od: a g5.xlarge on-demand at 1.006 $/h whose row records the best spot price for its
+    // shape, 0.36 $/h. A ten-hour job would cost $6.46 more there, far more than a spot launch's
+    // billed boot and the wait it saves at 1 $/h (about $0.15): handed back, uncounted. A 30 s
+    // job, or the same ten-hour job after eight hours in the queue, runs.
+    for (id, runtime, waited, runs) in [
+        ("job-long", 36_000.0, 0.0, false),
+        ("job-short", 30.0, 0.0, true),
+        ("job-waited", 36_000.0, 8.0 * 3600.0, true),
+    ] {
+        let dir = tempdir(id);
+        let w = World::default();
+        let offering = OfferingKey {
+            instance_type: "g5.xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity_type: CapacityType::OnDemand,
+        };
+        pollster::block_on(w.registry.register_launch(WorkerRecord {
+            spot_price_usd_per_h: Some(0.36),
+            ..WorkerRecord::launched("i-od", "standard", offering, 1.006, T0)
+        }))
+        .unwrap();
+        script(&w, "p", 30);
+        submit(&w, id, "p", 1, 600.0);
+        let mut rec = job(&w, id);
+        rec.spec.est_runtime_s = Some(runtime);
+        rec.created_at = T0 - waited;
+        w.jobs.put(rec);
+        let r = on_demand_agent(&w, "i-od", dir.path()).await;
+        if runs {
+            assert_eq!((r.jobs.len(), r.deferred), (1, 0), "{id}");
+            assert_eq!(job(&w, id).state, JobState::Succeeded, "{id}");
+        } else {
+            assert!(r.jobs.is_empty() && r.deferred >= 1, "{id}: {r:?}");
+            let rec = job(&w, id);
+            assert_ne!(rec.state, JobState::Succeeded, "{id}");
+            assert_eq!(rec.hand_backs, 0, "{id}: deferrals are not counted");
+            assert_eq!(
+                r.exit,
+                ExitReason::IdleTimeout,
+                "{id}: it stayed idle until its timeout"
+            );
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_worker_launched_for_a_job_claims_that_job_first_and_its_message_is_dropped_later() {
     // The queue holds another job's message first; the worker the scaler launched for job-due
     // (its row's pinned_job) claims job-due by id before it polls, then serves the queue: the

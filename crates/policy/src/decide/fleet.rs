@@ -112,10 +112,10 @@ impl<'a> Fleet<'a> {
         };
         let classes = &mut self.free[w.lane];
         let spot = w.offering.capacity_type == CapacityType::Spot;
-        match classes
-            .iter_mut()
-            .find(|c| c.gpus == w.gpus && c.mem == w.gpu_memory_gib && c.spot == spot)
-        {
+        let on_demand_of_spot = on_demand_of_spot(w);
+        match classes.iter_mut().find(|c| {
+            c.gpus == w.gpus && c.mem == w.gpu_memory_gib && c.spot == spot && c.on_demand_of_spot == on_demand_of_spot
+        }) {
             Some(c) => {
                 c.idle += idle;
                 c.pending += pending;
@@ -125,12 +125,21 @@ impl<'a> Fleet<'a> {
                 gpus: w.gpus,
                 mem: w.gpu_memory_gib,
                 spot,
+                on_demand_of_spot,
                 idle,
                 pending,
                 credit,
             }),
         }
     }
+}
+
+/// An on-demand worker of a spot-first lane: (its price, the best spot price for its shape), $/h
+/// ([`super::FreeClass::on_demand_of_spot`]).
+pub(crate) fn on_demand_of_spot(w: &WorkerView) -> Option<(f64, f64)> {
+    w.spot_price_usd_per_h
+        .filter(|_| w.offering.capacity_type == CapacityType::OnDemand)
+        .map(|spot| (w.price_usd_per_h, spot))
 }
 
 /// [`fill`] into a new fleet (the tests' way to get the figures).
@@ -403,6 +412,7 @@ mod tests {
             job_type: None,
             busy_until: None,
             pinned_job: None,
+            spot_price_usd_per_h: None,
             seq: 0,
             offering: crate::offering::OfferingKey {
                 instance_type: "g5.xlarge".into(),

@@ -1,5 +1,6 @@
 //! Phase 2: queued jobs matched to free capacity.
 
+use crate::choice::worth_an_on_demand_worker;
 use crate::config::PolicyConfig;
 use crate::deadline::keeps_off_spot;
 use crate::observation::{Observation, PendingJob};
@@ -94,8 +95,18 @@ pub(crate) fn match_jobs<'a>(
             // take the oldest message), so it gets capacity launched for it instead (pinned).
             let runtime = job.est_runtime_s.unwrap_or(oc.default_runtime_s);
             let off_spot = spot_lane && keeps_off_spot(job.deadline, runtime, now, job.enqueued_at, cfg);
+            let waited = now - job.enqueued_at;
+            // An on-demand worker of a spot-first lane only while its premium is worth it.
+            let worth = |c: &FreeClass| {
+                off_spot
+                    || c.on_demand_of_spot.is_none_or(|(price, spot)| {
+                        worth_an_on_demand_worker(price, spot, job.instances, runtime, waited, cfg)
+                    })
+            };
             let fit = |c: &FreeClass| {
-                !(off_spot && c.spot) && fits(c.gpus, c.mem, job.gpus_per_instance, min_mem, oc.max_gpu_oversize)
+                !(off_spot && c.spot)
+                    && fits(c.gpus, c.mem, job.gpus_per_instance, min_mem, oc.max_gpu_oversize)
+                    && worth(c)
             };
             let free = &mut fleet.free[lane];
             let short = short_runtime(job, oc).filter(|_| !off_spot);
@@ -184,6 +195,7 @@ mod tests {
             job_type: None,
             busy_until: None,
             pinned_job: None,
+            spot_price_usd_per_h: None,
         }
     }
 
@@ -399,6 +411,42 @@ mod tests {
                 unmet(workers, jobs),
                 want.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
                 "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_on_demand_worker_of_a_spot_first_lane_counts_only_for_jobs_its_premium_is_worth() {
+        // An idle on-demand worker at 1.006 $/h whose best spot price is 0.36 $/h (now is 0). A
+        // ten-hour job would pay $6.46 more there; the spot launch it would save is worth about
+        // $0.15 at 1 $/h: unmet (a spot launch for it). A 30 s job, the same job after eight hours
+        // queued, and one whose deadline is at risk on spot count it. So does every job on an
+        // on-demand worker without a spot price (an on-demand lane's).
+        let dear = WorkerView {
+            price_usd_per_h: 1.006,
+            spot_price_usd_per_h: Some(0.36),
+            ..on_demand("od", WorkerState::Idle, 1)
+        };
+        let plain = WorkerView {
+            spot_price_usd_per_h: None,
+            ..dear.clone()
+        };
+        let long = 36_000.0;
+        for (what, j, on_dear) in [
+            ("a long job", job("j", 1, 0.0, long, None), false),
+            ("a short job", job("j", 1, 0.0, 30.0, None), true),
+            ("a long job queued 8 h", job("j", 1, -8.0 * 3600.0, long, None), true),
+            ("a deadline at risk", job("j", 1, 0.0, long, Some(long + 600.0)), true),
+        ] {
+            let want: Vec<String> = if on_dear { vec![] } else { vec!["j".to_string()] };
+            assert_eq!(
+                unmet(std::slice::from_ref(&dear), std::slice::from_ref(&j)),
+                want,
+                "{what}"
+            );
+            assert!(
+                unmet(std::slice::from_ref(&plain), &[j]).is_empty(),
+                "{what}, no spot price"
             );
         }
     }

@@ -35,6 +35,9 @@ pub(crate) struct FreeClass {
     pub(crate) mem: f64,
     /// Spot workers (a job whose deadline is at risk on spot does not count them).
     pub(crate) spot: bool,
+    /// On-demand workers of a spot-first lane: (their price, the best spot price for their
+    /// shape), $/h; a job takes them only when [`crate::choice::worth_an_on_demand_worker`].
+    pub(crate) on_demand_of_spot: Option<(f64, f64)>,
     pub(crate) idle: u32,
     pub(crate) pending: u32,
     /// Seconds of short-job work the workers already taken from this class can still absorb.

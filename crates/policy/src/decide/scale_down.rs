@@ -10,6 +10,10 @@ use super::fleet::Fleet;
 use super::warm::Warm;
 use super::FreeClass;
 
+/// A free class's key: GPUs, memory bits, spot, and an on-demand worker's (price, spot price)
+/// bits ([`FreeClass`]).
+type ClassKey = (u32, u64, bool, Option<(u64, u64)>);
+
 /// Drop, per class, the idle workers that matching consumed (the first ones of each class in
 /// `idle`, which is sorted most recently idle first); `after` is the free capacity left.
 pub(crate) fn skip_consumed<'a>(
@@ -27,9 +31,10 @@ pub(crate) fn skip_consumed<'a>(
             w.gpus,
             w.gpu_memory_gib.to_bits(),
             w.offering.capacity_type == CapacityType::Spot,
+            super::fleet::on_demand_of_spot(w).map(|(p, s)| (p.to_bits(), s.to_bits())),
         )
     };
-    let mut to_skip: Vec<((u32, u64, bool), u32)> = Vec::new();
+    let mut to_skip: Vec<(ClassKey, u32)> = Vec::new();
     for w in idle {
         let k = class(w);
         match to_skip.iter_mut().find(|e| e.0 == k) {
@@ -40,7 +45,12 @@ pub(crate) fn skip_consumed<'a>(
     for (k, n) in &mut to_skip {
         let left = after
             .iter()
-            .find(|c| c.gpus == k.0 && c.mem.to_bits() == k.1 && c.spot == k.2)
+            .find(|c| {
+                c.gpus == k.0
+                    && c.mem.to_bits() == k.1
+                    && c.spot == k.2
+                    && c.on_demand_of_spot.map(|(p, s)| (p.to_bits(), s.to_bits())) == k.3
+            })
             .map_or(0, |c| c.idle);
         *n = n.saturating_sub(left);
     }

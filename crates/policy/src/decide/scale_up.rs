@@ -473,31 +473,23 @@ fn scale_up_lane<'a>(
             }),
         }
     }
-    for Group {
-        key,
-        worth,
-        project,
-        req,
-        instances,
-        max_cost,
-    } in groups
-    {
+    for g in groups {
         // jobs_per_worker jobs share one worker (1 by default); the spare bookings are handed back.
-        let workers = instances.div_ceil(lc.jobs_per_worker);
-        let spare = instances - workers;
+        let workers = g.instances.div_ceil(lc.jobs_per_worker);
+        let spare = g.instances - workers;
         b.live_total -= spare;
         b.lane_live[lane] -= spare;
-        let ranked = &ranked_cache[&key][..worth];
+        let ranked = &ranked_cache[&g.key][..g.worth];
         push_launches_booked(
             plan,
             lane,
             ranked,
-            &req,
+            &g.req,
             workers,
-            Some(project),
+            Some(g.project),
             None,
             reason.clone(),
-            max_cost.is_finite().then_some(max_cost),
+            g.max_cost.is_finite().then_some(g.max_cost),
             oc,
         );
     }

@@ -94,6 +94,7 @@ pub fn worker(
         job_type: None,
         busy_until: None,
         pinned_job: None,
+        spot_price_usd_per_h: None,
     }
 }
 
