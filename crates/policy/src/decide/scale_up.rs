@@ -118,10 +118,17 @@ pub(crate) fn on_demand_premium_usd(obs: &Observation<'_>, table: &PriceTable, r
     (spot.is_finite() && od.is_finite()).then_some(od - spot)
 }
 
+/// What a job that has waited `waited_s` would save by launching now rather than after the
+/// offerings it waits for are back, $: `wait_value_usd_per_h x (waited + unavailable_ttl_s) /
+/// 3600`. Both [`waits_for_spot`] and [`cost_ceiling_usd`] weigh a premium against it.
+fn wait_worth_usd(cfg: &PolicyConfig, waited_s: f64) -> f64 {
+    cfg.scale_down.wait_value_usd_per_h * (waited_s + cfg.offers.unavailable_ttl_s) / 3600.0
+}
+
 /// Whether a job that has waited `waited_s` with on-demand `premium_usd` dearer than spot stays on
 /// spot (see [`on_demand_premium_usd`]).
 pub(crate) fn waits_for_spot(cfg: &PolicyConfig, premium_usd: f64, waited_s: f64) -> bool {
-    premium_usd > cfg.scale_down.wait_value_usd_per_h * (waited_s + cfg.offers.unavailable_ttl_s) / 3600.0
+    premium_usd > wait_worth_usd(cfg, waited_s)
 }
 
 /// The best expected cost per job, $, of a request whose capacity preference is `capacity`, from
@@ -145,10 +152,10 @@ fn best_cost_usd((spot, on_demand): (f64, f64), capacity: CapacityPreference) ->
 /// the job the wait until the cheaper ones are back, so it is taken only while that wait, at the
 /// user's wait value, is worth more than the difference: the rule [`waits_for_spot`] applies to
 /// on-demand, applied to every fallback. On the busy week with measured preemptions, where spot
-/// capacity is short most of the time, it took onoff from 1.276 to 1.172 x the lower bound at the
+/// capacity is short most of the time, it took onoff from 1.276 to 1.139 x the lower bound at the
 /// same waits (README, "Measured preemptions").
 pub(crate) fn cost_ceiling_usd(cfg: &PolicyConfig, best_usd: f64, waited_s: f64) -> f64 {
-    best_usd + cfg.scale_down.wait_value_usd_per_h * (waited_s + cfg.offers.unavailable_ttl_s) / 3600.0
+    best_usd + wait_worth_usd(cfg, waited_s)
 }
 
 /// How many of `ranked` (best first, with expected costs per job) cost no more than `ceiling_usd`.
@@ -379,20 +386,18 @@ fn scale_up_lane<'a>(
             .or_insert_with(|| table.top(obs.offerings, &req, obs.unavailable, now, oc.diversify as usize));
         // Fallback types dearer than the job's wait is worth are not taken (a deadline at risk
         // takes what there is).
+        let best = *best_cache
+            .entry(key)
+            .or_insert_with(|| best_cost_usd(table.cheapest_by_capacity(obs.offerings, &req, now), req.capacity));
         let ceiling = match at_risk {
             Some(_) => f64::INFINITY,
-            None => {
-                let best = *best_cache.entry(key).or_insert_with(|| {
-                    best_cost_usd(table.cheapest_by_capacity(obs.offerings, &req, now), req.capacity)
-                });
-                cost_ceiling_usd(cfg, best, waited)
-            }
+            None => cost_ceiling_usd(cfg, best, waited),
         };
         let worth = within_ceiling(ranked, ceiling);
         if worth == 0 {
             let reason = match (ranked.first(), spot_premium) {
                 (Some(&(_, cost)), _) => Reason::WaitingForCapacity {
-                    premium_usd: cost - best_cache[&key],
+                    premium_usd: cost - best,
                     waited_s: waited,
                 },
                 (None, Some(premium)) => Reason::WaitingForSpot {
