@@ -1564,7 +1564,8 @@ where
                 return None;
             }
             return Some(format!(
-                "waiting for spot: on-demand worker {} costs ${:.2} more for its {runtime:.0} s than spot                  ({price:.3} against {spot:.3} $/h), more than the launch and the wait it saves",
+                "waiting for spot: on-demand worker {} costs ${:.2} more for its {runtime:.0} s than spot \
+                 ({price:.3} against {spot:.3} $/h), more than the launch and the wait it saves",
                 self.id(),
                 (price - spot) * runtime / 3600.0
             ));

@@ -1503,6 +1503,14 @@ async fn an_on_demand_worker_of_a_spot_first_lane_runs_only_the_jobs_its_premium
             assert_ne!(rec.state, JobState::Succeeded, "{id}");
             assert_eq!(rec.hand_backs, 0, "{id}: deferrals are not counted");
             assert_eq!(
+                rec.reason.as_deref(),
+                Some(
+                    "deferred: waiting for spot: on-demand worker i-od costs $6.46 more for its 36000 s than \
+                     spot (1.006 against 0.360 $/h), more than the launch and the wait it saves"
+                ),
+                "{id}"
+            );
+            assert_eq!(
                 r.exit,
                 ExitReason::IdleTimeout,
                 "{id}: it stayed idle until its timeout"
