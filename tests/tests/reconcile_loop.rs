@@ -47,6 +47,7 @@ fn views(reg: &FakeRegistry, cfg: &PolicyConfig) -> Vec<WorkerView> {
             busy_until: None,
             pinned_job: r.pinned_job.clone(),
             spot_price_usd_per_h: r.spot_price_usd_per_h,
+            stopped_until: None,
         })
         .collect()
 }

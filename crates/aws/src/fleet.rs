@@ -180,8 +180,8 @@ impl Ec2Fleet {
     }
 
     /// Every instance of this deployment (tag `onoff:managed` = the deployment name, and, when
-    /// the launch template is given by id, launched from it) that is pending or running, across
-    /// all pages.
+    /// the launch template is given by id, launched from it) that is pending, running, stopping
+    /// or stopped, across all pages.
     ///
     /// # Errors
     /// EC2 failures, classified.
@@ -284,14 +284,21 @@ impl Ec2Fleet {
     }
 }
 
-/// DescribeInstances filter for instances that may still bill: pending or running.
+/// DescribeInstances filter for instances that may still bill: pending or running, and stopping
+/// or stopped (a stopped worker's volume bills, and a start brings it back).
 fn live_states() -> aws_sdk_ec2::types::Filter {
     aws_sdk_ec2::types::Filter::builder()
         .name("instance-state-name")
         .values("pending")
         .values("running")
+        .values("stopping")
+        .values("stopped")
         .build()
 }
+
+/// EC2 error codes StopInstances and StartInstances answer for an instance already where the call
+/// would take it, or on its way (stopping a stopped instance, starting a running one): done.
+const ALREADY_THERE: &[&str] = &["IncorrectInstanceState", "IncorrectState"];
 
 /// For emulators only: what EC2 does and moto 5.2.5 does not. EC2 tags every instance launched
 /// from a launch template `aws:ec2launchtemplate:id` ([`TAG_LAUNCH_TEMPLATE`]); moto tags those of
@@ -543,6 +550,43 @@ impl Fleet for Ec2Fleet {
         // An `instant` fleet leaves no request behind to cancel: a launch still booting is an
         // instance in `pending`, and terminating it is how it is cancelled.
         self.terminate_ids(instance_ids).await
+    }
+
+    /// One StopInstances per instance: EC2 refuses a call whole for one instance it will not stop
+    /// (a spot instance of a one-time request: `UnsupportedOperation`), and the others must still
+    /// stop. A stopping or stopped instance is done; the rest are refused with their error
+    /// (not-found included: the caller terminates them, which is idempotent).
+    async fn stop(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
+        let mut refused = Vec::new();
+        for id in instance_ids {
+            if let Err(e) = self.client.stop_instances().instance_ids(id).send().await {
+                let err = fleet_error(&e);
+                if err.kind == FleetErrorKind::Throttled {
+                    return Err(err);
+                }
+                if !ALREADY_THERE.iter().any(|c| err.message.starts_with(c)) {
+                    refused.push((id.clone(), err));
+                }
+            }
+        }
+        Ok(refused)
+    }
+
+    /// One StartInstances per instance, so that one without capacity (`InsufficientInstanceCapacity`:
+    /// its type has none in its zone now; it stays stopped) does not hold the others back. An
+    /// instance already pending or running is done (EC2 answers a start of one with its state).
+    async fn start(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
+        let mut refused = Vec::new();
+        for id in instance_ids {
+            if let Err(e) = self.client.start_instances().instance_ids(id).send().await {
+                let err = fleet_error(&e);
+                if err.kind == FleetErrorKind::Throttled {
+                    return Err(err);
+                }
+                refused.push((id.clone(), err));
+            }
+        }
+        Ok(refused)
     }
 }
 

@@ -30,6 +30,7 @@ pub fn state_name(state: WorkerState) -> &'static str {
         WorkerState::Idle => "Idle",
         WorkerState::Draining => "Draining",
         WorkerState::Terminating => "Terminating",
+        WorkerState::Stopped => "Stopped",
     }
 }
 
@@ -41,6 +42,7 @@ pub fn parse_state(name: &str) -> Option<WorkerState> {
         "Idle" => WorkerState::Idle,
         "Draining" => WorkerState::Draining,
         "Terminating" => WorkerState::Terminating,
+        "Stopped" => WorkerState::Stopped,
         _ => return None,
     })
 }
@@ -255,6 +257,64 @@ impl WorkerRegistry for DynamoWorkers {
         .await
     }
 
+    async fn mark_stopped(&self, id: &str, at: f64, until: f64) -> Result<bool, StoreError> {
+        let stopped = state_name(WorkerState::Stopped);
+        let req = self
+            .update_if(id)
+            .update_expression("SET #s = :stopped, idle_since = :at, hold_until = :u")
+            .condition_expression("attribute_exists(instance_id) AND #s = :idle")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":stopped", s(stopped))
+            .expression_attribute_values(":idle", s(state_name(WorkerState::Idle)))
+            .expression_attribute_values(":at", n(at))
+            .expression_attribute_values(":u", n(until));
+        // Already Stopped is done.
+        written_or_done(req, id, "mark worker stopped", |row| {
+            row.get("state").and_then(|v| v.as_s().ok()).map(String::as_str) == Some(stopped)
+        })
+        .await
+    }
+
+    async fn mark_started(
+        &self,
+        id: &str,
+        at: f64,
+        project: Option<&str>,
+        job: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let pending = state_name(WorkerState::Pending);
+        let mut set = vec!["#s = :pending", "launched_at = :at"];
+        let mut remove = vec!["idle_since", "hold_until", "heartbeat_at"];
+        let mut req = self
+            .update_if(id)
+            .condition_expression("attribute_exists(instance_id) AND #s = :stopped")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":pending", s(pending))
+            .expression_attribute_values(":stopped", s(state_name(WorkerState::Stopped)))
+            .expression_attribute_values(":at", n(at));
+        match project {
+            Some(p) => {
+                set.push("project = :p");
+                req = req.expression_attribute_values(":p", s(p));
+            }
+            None => remove.push("project"),
+        }
+        match job {
+            Some(j) => {
+                set.push("pinned_job = :j");
+                req = req.expression_attribute_values(":j", s(j));
+            }
+            None => remove.push("pinned_job"),
+        }
+        let req = req.update_expression(format!("SET {} REMOVE {}", set.join(", "), remove.join(", ")));
+        // Pending since this very start is done (the write's own retry).
+        written_or_done(req, id, "mark worker started", |row| {
+            row.get("state").and_then(|v| v.as_s().ok()).map(String::as_str) == Some(pending)
+                && number(row, "launched_at") == Some(at)
+        })
+        .await
+    }
+
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
         self.get_record(id).await
     }
@@ -347,9 +407,9 @@ impl DynamoWorkers {
     }
 
     /// What the agent writes when it takes a job: `SET state = Running, heartbeat_at = now REMOVE
-    /// idle_since`, only if the state is not Draining or Terminating. `Ok(false)` when refused: the
-    /// control plane is retiring the worker (a scale-down, or an interruption notice), so the agent
-    /// must not claim. One conditional write, so a scale-down ([`WorkerRegistry::set_state_if`]
+    /// idle_since`, only if the state is not Draining, Terminating or Stopped. `Ok(false)` when
+    /// refused: the control plane is retiring the worker (a scale-down, a stop, or an interruption
+    /// notice), so the agent must not claim. One conditional write, so a scale-down ([`WorkerRegistry::set_state_if`]
     /// from Idle) and a claim never both win.
     ///
     /// # Errors
@@ -358,25 +418,26 @@ impl DynamoWorkers {
         let req = self
             .update_if(id)
             .update_expression("SET #s = :run, heartbeat_at = :h REMOVE idle_since")
-            .condition_expression("attribute_exists(instance_id) AND NOT (#s IN (:d, :t))")
+            .condition_expression("attribute_exists(instance_id) AND NOT (#s IN (:d, :t, :st))")
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":run", s(state_name(WorkerState::Running)))
             .expression_attribute_values(":d", s(state_name(WorkerState::Draining)))
             .expression_attribute_values(":t", s(state_name(WorkerState::Terminating)))
+            .expression_attribute_values(":st", s(state_name(WorkerState::Stopped)))
             .expression_attribute_values(":h", n(now));
         written(req, id, "mark worker busy").await
     }
 
     /// What the agent's heartbeat writes: state, idle-since and heartbeat time (the worker must
     /// exist). The state is written only while the control plane is not retiring the worker: a
-    /// row it marked Draining or Terminating keeps its state (an agent heartbeat never revives
-    /// it), and only `heartbeat_at` is written, so the reaper still sees the agent alive while it
-    /// finishes its job. The agent itself may write Draining (it saw a notice).
+    /// row it marked Draining, Terminating or Stopped keeps its state (an agent heartbeat never
+    /// revives it), and only `heartbeat_at` is written, so the reaper still sees the agent alive
+    /// while it finishes its job. The agent itself may write Draining (it saw a notice).
     ///
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown worker; [`StoreError::Conflict`] when the row is
-    /// Draining or Terminating and the agent asked for another state (`heartbeat_at` was written);
-    /// store failures.
+    /// Draining, Terminating or Stopped and the agent asked for another state (`heartbeat_at` was
+    /// written); store failures.
     pub async fn heartbeat(
         &self,
         id: &str,
@@ -389,11 +450,12 @@ impl DynamoWorkers {
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":s", s(state_name(state)))
             .expression_attribute_values(":h", n(now))
-            .expression_attribute_values(":t", s(state_name(WorkerState::Terminating)));
+            .expression_attribute_values(":t", s(state_name(WorkerState::Terminating)))
+            .expression_attribute_values(":st", s(state_name(WorkerState::Stopped)));
         req = if state == WorkerState::Draining {
-            req.condition_expression("attribute_exists(instance_id) AND #s <> :t")
+            req.condition_expression("attribute_exists(instance_id) AND NOT (#s IN (:t, :st))")
         } else {
-            req.condition_expression("attribute_exists(instance_id) AND NOT (#s IN (:d, :t))")
+            req.condition_expression("attribute_exists(instance_id) AND NOT (#s IN (:d, :t, :st))")
                 .expression_attribute_values(":d", s(state_name(WorkerState::Draining)))
         };
         req = match idle_since {
@@ -419,7 +481,7 @@ impl DynamoWorkers {
                     .await
                     .map_err(|e| store_error("heartbeat", &e))?;
                 Err(StoreError::Conflict(format!(
-                    "{id} is being retired by the control plane (Draining or Terminating)"
+                    "{id} is being retired by the control plane (Draining, Terminating or Stopped)"
                 )))
             }
         }

@@ -650,11 +650,11 @@ fn write_out(dir: &Path, c: &Comparison) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join("comparison.json"), serde_json::to_string_pretty(c)?)?;
     for p in &c.policies {
-        let mut s = String::from("minute,backlog,running_jobs,pending,busy,idle,draining,usd_per_h\n");
+        let mut s = String::from("minute,backlog,running_jobs,pending,busy,idle,draining,stopped,usd_per_h\n");
         for r in &p.timeline {
             s.push_str(&format!(
-                "{},{},{},{},{},{},{},{:.4}\n",
-                r.minute, r.backlog, r.running_jobs, r.pending, r.busy, r.idle, r.draining, r.usd_per_h
+                "{},{},{},{},{},{},{},{},{:.4}\n",
+                r.minute, r.backlog, r.running_jobs, r.pending, r.busy, r.idle, r.draining, r.stopped, r.usd_per_h
             ));
         }
         std::fs::write(dir.join(format!("timeline-{}.csv", p.name)), s)?;

@@ -105,6 +105,10 @@ pub struct ActOutcome {
     pub unlaunched: Vec<(usize, u32)>,
     /// Workers whose termination was requested.
     pub terminated: Vec<String>,
+    /// Idle workers stopped (kept as stopped capacity).
+    pub stopped: Vec<String>,
+    /// Stopped workers started again.
+    pub started: Vec<String>,
     /// Launches cancelled.
     pub cancelled: Vec<String>,
     /// Workers the plan would terminate or cancel that were left alone: they were no longer in
@@ -143,8 +147,9 @@ where
     // simulator runs this on every decision of a replay that changes the fleet).
     let mut unavailable: Cow<'_, [UnavailableOffering]> = Cow::Borrowed(ctx.unavailable);
     let oc = &ctx.cfg.offers;
-    let mut to_terminate = Vec::new();
+    let mut to_terminate: Vec<String> = Vec::new();
     let mut to_cancel = Vec::new();
+    let mut to_stop = Vec::new();
     // Consecutive launches that differ only in their offering (the policy's spread) become one
     // call with an override per offering.
     let mut groups: Vec<LaunchGroup<'_>> = Vec::new();
@@ -186,8 +191,12 @@ where
             }
             Action::Terminate { worker, .. } => to_terminate.push(worker.clone()),
             Action::CancelLaunch { worker, .. } => to_cancel.push(worker.clone()),
+            Action::Stop { worker, keep_s, .. } => to_stop.push((worker.clone(), ctx.now + keep_s)),
+            Action::Start { .. } => {}
         }
     }
+    // Stopped workers started first: a start that fails becomes a launch of its own.
+    groups.extend(start_stopped(plan, ctx, fleet, registry, avail, &mut unavailable, &mut out).await);
     // The decision's id for the launches' idempotency tokens: now in whole milliseconds, so a
     // retry of the same decision (same time, same plan) sends the same tokens. A launch's id is
     // `decision/group/attempt`, hashed from its parts (`with_token_for_parts`).
@@ -199,13 +208,6 @@ where
             .get(g.lane)
             .map_or("standard", |l| l.name.as_str())
             .to_string();
-        let req = Request {
-            gpus: g.request.gpus,
-            min_mem_gib: g.request.min_gpu_memory_gib,
-            capacity: g.request.capacity,
-            instances: 1,
-            runtime_s: g.request.runtime_s,
-        };
         let mut remaining = g.count;
         let mut offerings = g.offerings.clone();
         for attempt in 0..=MAX_FALLBACKS {
@@ -396,22 +398,7 @@ where
             if attempt == MAX_FALLBACKS {
                 break;
             }
-            // The next best, spread as the policy spreads: within the cost tolerance of the best,
-            // and of the best's capacity type only. One fleet call launches one capacity type (its
-            // target's; an override names none), and EC2 refuses a call with two overrides of one
-            // instance type in one subnet ("duplicate instance pools"), which a spot-first
-            // request's ranking of both capacity types could otherwise send.
-            // Never dearer than the job's wait is worth (the launch's `max_cost_usd`).
-            let mut ranked = choice::top(ctx.offerings, &req, oc, &unavailable, ctx.now, oc.diversify as usize);
-            if let Some(max) = g.request.max_cost_usd {
-                ranked.retain(|&(_, c)| c <= max * (1.0 + 1e-9));
-            }
-            let capacity = ranked.first().map(|(o, _)| o.key.capacity_type);
-            offerings = choice::spread_pool(&ranked, oc)
-                .into_iter()
-                .filter(|o| Some(o.key.capacity_type) == capacity)
-                .map(|o| (o.key.clone(), o.price_usd_per_h))
-                .collect();
+            offerings = next_offerings(ctx, g.request, &unavailable);
             if offerings.is_empty() {
                 break;
             }
@@ -420,13 +407,57 @@ where
             out.unlaunched.push((g.lane, remaining));
         }
     }
+    // Idle workers stopped: the row first (Idle -> Stopped, one conditional write, so an agent
+    // that took a job meanwhile keeps it), then the instance. One the provider refuses to stop (a
+    // spot instance of a one-time request) is terminated instead.
+    let mut stop_ids = Vec::new();
+    for (id, until) in to_stop {
+        match registry.mark_stopped(&id, ctx.now, until).await {
+            Ok(true) | Err(crate::ports::StoreError::NotFound(_)) => stop_ids.push(id),
+            Ok(false) => out.skipped.push(id),
+            Err(e) => out.errors.push(format!("mark {id} stopped: {e}")),
+        }
+    }
+    if !stop_ids.is_empty() {
+        match fleet.stop(&stop_ids).await {
+            Ok(refused) => {
+                for (id, e) in &refused {
+                    out.errors.push(format!("stop {id}: {e} (terminated instead)"));
+                    match registry
+                        .set_state_if(id, WorkerState::Terminating, &[WorkerState::Stopped])
+                        .await
+                    {
+                        Ok(true) | Err(crate::ports::StoreError::NotFound(_)) => to_terminate.push(id.clone()),
+                        Ok(false) => out.skipped.push(id.clone()),
+                        Err(e) => out.errors.push(format!("mark {id} terminating: {e}")),
+                    }
+                }
+                out.stopped
+                    .extend(stop_ids.into_iter().filter(|id| !refused.iter().any(|(r, _)| r == id)));
+            }
+            Err(e) => {
+                // Nothing stopped: the rows go back to Idle, and the next decision releases them
+                // again.
+                out.errors.push(format!("stop {stop_ids:?}: {e}"));
+                for id in &stop_ids {
+                    if let Err(e) = registry
+                        .set_state_if(id, WorkerState::Idle, &[WorkerState::Stopped])
+                        .await
+                    {
+                        out.errors.push(format!("mark {id} idle again: {e}"));
+                    }
+                }
+            }
+        }
+    }
     for (planned, cancel) in [(to_terminate, false), (to_cancel, true)] {
-        // The policy releases Idle workers and cancels Pending launches; a worker whose agent has
-        // taken a job since (Running) must not be terminated under it.
+        // The policy releases Idle and Stopped workers (and those just refused a stop, already
+        // Terminating) and cancels Pending launches; a worker whose agent has taken a job since
+        // (Running) must not be terminated under it.
         let from: &[WorkerState] = if cancel {
             &[WorkerState::Pending]
         } else {
-            &[WorkerState::Idle]
+            &[WorkerState::Idle, WorkerState::Stopped]
         };
         let mut ids = Vec::new();
         for id in planned {
@@ -460,6 +491,152 @@ where
         }
     }
     out
+}
+
+/// The offerings a launch for `request` falls back to, with their prices: the best eligible ones
+/// (availability as `unavailable` says), spread as the policy spreads (within the cost tolerance
+/// of the best) and of the best's capacity type only. One fleet call launches one capacity type
+/// (its target's; an override names none), and EC2 refuses a call with two overrides of one
+/// instance type in one subnet ("duplicate instance pools"), which a spot-first request's ranking
+/// of both capacity types could otherwise send. Never dearer than the job's wait is worth (the
+/// launch's `max_cost_usd`). Empty when nothing is left.
+fn next_offerings(
+    ctx: ActContext<'_>,
+    request: &onoff_policy::LaunchShape,
+    unavailable: &[UnavailableOffering],
+) -> Vec<(OfferingKey, f64)> {
+    let oc = &ctx.cfg.offers;
+    let req = Request {
+        gpus: request.gpus,
+        min_mem_gib: request.min_gpu_memory_gib,
+        capacity: request.capacity,
+        instances: 1,
+        runtime_s: request.runtime_s,
+    };
+    let mut ranked = choice::top(ctx.offerings, &req, oc, unavailable, ctx.now, oc.diversify as usize);
+    if let Some(max) = request.max_cost_usd {
+        ranked.retain(|&(_, c)| c <= max * (1.0 + 1e-9));
+    }
+    let capacity = ranked.first().map(|(o, _)| o.key.capacity_type);
+    choice::spread_pool(&ranked, oc)
+        .into_iter()
+        .filter(|o| Some(o.key.capacity_type) == capacity)
+        .map(|o| (o.key.clone(), o.price_usd_per_h))
+        .collect()
+}
+
+/// Carry out the plan's starts of stopped workers: each row first (Stopped -> Pending for its
+/// project and pinned job, one conditional write), then one start call. A worker that does not
+/// start (no capacity for its type in its zone: its offering is marked unavailable; any other
+/// error; a row no longer Stopped) goes back to Stopped, and its capacity is launched instead:
+/// returned as launch groups of one instance each, from the next best offerings.
+async fn start_stopped<'p, F, R, A>(
+    plan: &'p Plan,
+    ctx: ActContext<'_>,
+    fleet: &F,
+    registry: &R,
+    avail: &A,
+    unavailable: &mut Cow<'_, [UnavailableOffering]>,
+    out: &mut ActOutcome,
+) -> Vec<LaunchGroup<'p>>
+where
+    F: Fleet,
+    R: WorkerRegistry,
+    A: OfferingAvailability,
+{
+    let mut starting: Vec<&'p Action> = Vec::new();
+    let mut failed: Vec<&'p Action> = Vec::new();
+    for a in &plan.actions {
+        if let Action::Start {
+            worker, project, job, ..
+        } = a
+        {
+            match registry
+                .mark_started(worker, ctx.now, project.as_deref(), job.as_deref())
+                .await
+            {
+                Ok(true) => starting.push(a),
+                Ok(false) | Err(crate::ports::StoreError::NotFound(_)) => {
+                    out.skipped.push(worker.clone());
+                    failed.push(a);
+                }
+                Err(e) => {
+                    out.errors.push(format!("mark {worker} started: {e}"));
+                    failed.push(a);
+                }
+            }
+        }
+    }
+    let id_of = |a: &Action| match a {
+        Action::Start { worker, .. } => worker.clone(),
+        _ => String::new(),
+    };
+    if !starting.is_empty() {
+        let ids: Vec<String> = starting.iter().map(|a| id_of(a)).collect();
+        let refused = match fleet.start(&ids).await {
+            Ok(refused) => refused,
+            Err(e) => ids.iter().map(|id| (id.clone(), e.clone())).collect(),
+        };
+        let until = ctx.now + ctx.cfg.offers.unavailable_ttl_s;
+        for a in starting {
+            let Action::Start { worker, offering, .. } = a else {
+                continue;
+            };
+            let Some((_, e)) = refused.iter().find(|(id, _)| id == worker) else {
+                out.started.push(worker.clone());
+                continue;
+            };
+            if let Err(e) = registry
+                .set_state_if(worker, WorkerState::Stopped, &[WorkerState::Pending])
+                .await
+            {
+                out.errors.push(format!("mark {worker} stopped again: {e}"));
+            }
+            if e.kind == FleetErrorKind::InsufficientCapacity {
+                if let Err(e) = avail.mark_unavailable(offering, until).await {
+                    out.errors.push(format!("mark unavailable {offering}: {e}"));
+                }
+                unavailable.to_mut().push(UnavailableOffering {
+                    key: offering.clone(),
+                    until,
+                });
+                out.capacity_errors.push(offering.clone());
+            } else {
+                out.errors.push(format!("start {worker}: {e} (launching instead)"));
+            }
+            failed.push(a);
+        }
+    }
+    failed
+        .into_iter()
+        .filter_map(|a| {
+            let Action::Start {
+                lane,
+                request,
+                project,
+                job,
+                reason,
+                ..
+            } = a
+            else {
+                return None;
+            };
+            let offerings = next_offerings(ctx, request, unavailable);
+            if offerings.is_empty() {
+                out.unlaunched.push((*lane, 1));
+                return None;
+            }
+            Some(LaunchGroup {
+                lane: *lane,
+                offerings,
+                count: 1,
+                request,
+                project,
+                job,
+                reason,
+            })
+        })
+        .collect()
 }
 
 /// Handle a spot interruption notice or rebalance recommendation for a worker: mark it Draining

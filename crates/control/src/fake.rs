@@ -26,6 +26,10 @@ pub enum FleetCall {
     Terminate(Vec<String>),
     /// `cancel_launch`.
     Cancel(Vec<String>),
+    /// `stop`.
+    Stop(Vec<String>),
+    /// `start`.
+    Start(Vec<String>),
 }
 
 /// A fleet in memory.
@@ -42,6 +46,10 @@ struct FleetInner {
     calls: Vec<FleetCall>,
     next_id: u64,
     running: BTreeMap<String, OfferingKey>,
+    /// Instances stopped, with their offering (out of `running`).
+    stopped: BTreeMap<String, OfferingKey>,
+    /// Instances EC2 refuses to stop (a spot instance of a one-time request).
+    unstoppable: std::collections::BTreeSet<String>,
     no_capacity: Vec<OfferingKey>,
     /// Offerings whose launches fail with this error (any kind).
     failing: BTreeMap<OfferingKey, FleetError>,
@@ -95,7 +103,19 @@ impl FakeFleet {
         Self::default()
     }
 
-    /// Every launch of `key` fails with InsufficientCapacity.
+    /// Stopping instance `id` is refused with `UnsupportedOperation`, as EC2 refuses to stop a
+    /// spot instance of a one-time request.
+    pub fn set_unstoppable(&self, id: &str) {
+        self.inner.lock().expect("lock").unstoppable.insert(id.to_string());
+    }
+
+    /// Instances stopped (stopped and not started or terminated since), with their offering.
+    pub fn stopped(&self) -> BTreeMap<String, OfferingKey> {
+        self.inner.lock().expect("lock").stopped.clone()
+    }
+
+    /// Every launch of `key` fails with InsufficientCapacity, and so does every start of a
+    /// stopped instance of it.
     pub fn set_no_capacity(&self, key: OfferingKey) {
         self.inner.lock().expect("lock").no_capacity.push(key);
     }
@@ -260,6 +280,7 @@ impl Fleet for FakeFleet {
         }
         for id in instance_ids {
             s.running.remove(id);
+            s.stopped.remove(id);
         }
         Ok(())
     }
@@ -275,6 +296,76 @@ impl Fleet for FakeFleet {
         }
         Ok(())
     }
+
+    async fn stop(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
+        let mut s = self.inner.lock().expect("lock");
+        s.calls.push(FleetCall::Stop(instance_ids.to_vec()));
+        if let Some(e) = s.one_shot.pop_front() {
+            return Err(e);
+        }
+        let mut refused = Vec::new();
+        for id in instance_ids {
+            if s.unstoppable.contains(id) {
+                refused.push((
+                    id.clone(),
+                    FleetError {
+                        kind: FleetErrorKind::Other,
+                        message: format!(
+                            "UnsupportedOperation: You can't stop the Spot Instance '{id}' because it is associated \
+                             with a one-time Spot Instance request."
+                        ),
+                    },
+                ));
+            } else if let Some(k) = s.running.remove(id) {
+                s.stopped.insert(id.clone(), k);
+            } else if !s.stopped.contains_key(id) {
+                refused.push((
+                    id.clone(),
+                    FleetError {
+                        kind: FleetErrorKind::NotFound,
+                        message: format!("InvalidInstanceID.NotFound: {id}"),
+                    },
+                ));
+            }
+        }
+        Ok(refused)
+    }
+
+    async fn start(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
+        let mut s = self.inner.lock().expect("lock");
+        s.calls.push(FleetCall::Start(instance_ids.to_vec()));
+        if let Some(e) = s.one_shot.pop_front() {
+            return Err(e);
+        }
+        let mut refused = Vec::new();
+        for id in instance_ids {
+            let Some(k) = s.stopped.get(id).cloned() else {
+                if !s.running.contains_key(id) {
+                    refused.push((
+                        id.clone(),
+                        FleetError {
+                            kind: FleetErrorKind::NotFound,
+                            message: format!("InvalidInstanceID.NotFound: {id}"),
+                        },
+                    ));
+                }
+                continue;
+            };
+            if s.no_capacity.contains(&k) {
+                refused.push((
+                    id.clone(),
+                    FleetError {
+                        kind: FleetErrorKind::InsufficientCapacity,
+                        message: format!("InsufficientInstanceCapacity: no capacity to start {id} ({k})"),
+                    },
+                ));
+                continue;
+            }
+            s.stopped.remove(id);
+            s.running.insert(id.clone(), k);
+        }
+        Ok(refused)
+    }
 }
 
 impl<F: crate::ports::FleetLister> crate::ports::FleetLister for FaultyFleet<F> {
@@ -286,8 +377,10 @@ impl<F: crate::ports::FleetLister> crate::ports::FleetLister for FaultyFleet<F> 
 impl crate::ports::FleetLister for FakeFleet {
     async fn list_managed(&self) -> Result<Vec<crate::ports::FleetInstance>, FleetError> {
         let s = self.inner.lock().expect("lock");
+        // Stopped instances too, as EC2 lists them (stopping or stopped).
         Ok(s.running
             .iter()
+            .chain(&s.stopped)
             .map(|(id, offering)| {
                 let (lane, project, job, launched_at) = s.tags.get(id).cloned().unwrap_or((None, None, None, 0.0));
                 crate::ports::FleetInstance {
@@ -374,15 +467,20 @@ impl FakeRegistry {
     }
 
     /// What an agent writes when it takes a job: state Running, heartbeat `now`, no idle-since;
-    /// refused (`Ok(false)`) while the worker is Draining or Terminating, so a worker the control
-    /// plane is retiring takes no new work. As `DynamoWorkers::mark_busy`.
+    /// refused (`Ok(false)`) while the worker is Draining, Terminating or Stopped, so a worker the
+    /// control plane is retiring takes no new work. As `DynamoWorkers::mark_busy`.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown worker; an injected failure.
     pub fn mark_busy(&self, id: &str, now: f64) -> Result<bool, StoreError> {
         self.write_if(
             id,
-            |w| !matches!(w.state, WorkerState::Draining | WorkerState::Terminating),
+            |w| {
+                !matches!(
+                    w.state,
+                    WorkerState::Draining | WorkerState::Terminating | WorkerState::Stopped
+                )
+            },
             |w| {
                 w.state = WorkerState::Running;
                 w.heartbeat_at = Some(now);
@@ -433,6 +531,42 @@ impl WorkerRegistry for FakeRegistry {
             id,
             |w| w.state == WorkerState::Idle && w.hold_until.is_none_or(|h| h <= until),
             |w| w.hold_until = Some(until),
+        )
+    }
+
+    async fn mark_stopped(&self, id: &str, at: f64, until: f64) -> Result<bool, StoreError> {
+        self.write_if(
+            id,
+            |w| matches!(w.state, WorkerState::Idle | WorkerState::Stopped),
+            |w| {
+                if w.state != WorkerState::Stopped {
+                    w.state = WorkerState::Stopped;
+                    w.idle_since = Some(at);
+                    w.hold_until = Some(until);
+                }
+            },
+        )
+    }
+
+    async fn mark_started(
+        &self,
+        id: &str,
+        at: f64,
+        project: Option<&str>,
+        job: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        self.write_if(
+            id,
+            |w| w.state == WorkerState::Stopped || (w.state == WorkerState::Pending && w.launched_at == at),
+            |w| {
+                w.state = WorkerState::Pending;
+                w.launched_at = at;
+                w.project = project.map(str::to_string);
+                w.pinned_job = job.map(str::to_string);
+                w.idle_since = None;
+                w.hold_until = None;
+                w.heartbeat_at = None;
+            },
         )
     }
 
@@ -603,6 +737,20 @@ impl<F: Fleet> Fleet for FaultyFleet<F> {
         match self.injected() {
             Some(e) => Err(e),
             None => self.inner.cancel_launch(instance_ids).await,
+        }
+    }
+
+    async fn stop(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
+        match self.injected() {
+            Some(e) => Err(e),
+            None => self.inner.stop(instance_ids).await,
+        }
+    }
+
+    async fn start(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
+        match self.injected() {
+            Some(e) => Err(e),
+            None => self.inner.start(instance_ids).await,
         }
     }
 }

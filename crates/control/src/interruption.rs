@@ -8,8 +8,9 @@
 //! elsewhere. Neither terminates the worker nor re-queues its job: after the two-minute spot
 //! warning the agent checkpoints and releases its job and AWS reclaims the instance; after a
 //! rebalance recommendation (often not followed by an interruption) the job runs on and the
-//! worker only stops taking new work. A terminated or stopping instance is marked Terminating.
-//! Instances onoff does not know are a no-op.
+//! worker only stops taking new work. A terminated instance is marked Terminating, and so is a
+//! stopping or stopped one onoff did not stop (its row is not Stopped, and the event is not from
+//! before its last start). Instances onoff does not know are a no-op.
 
 use onoff_policy::{PolicyConfig, WorkerState};
 
@@ -100,11 +101,41 @@ where
             handle_interruption_notice(registry, avail, cfg, &worker.id, &worker.offering, now).await?;
             Handled::Rebalanced { worker: worker.id }
         }
-        Trigger::StateChange { state, .. }
-            if matches!(state.as_str(), "shutting-down" | "terminated" | "stopping" | "stopped") =>
-        {
+        Trigger::StateChange { state, .. } if matches!(state.as_str(), "shutting-down" | "terminated") => {
             match registry.set_state(&worker.id, WorkerState::Terminating).await {
                 Ok(()) | Err(StoreError::NotFound(_)) => Handled::Terminated { worker: worker.id },
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // Stopped by onoff (the row is Stopped since before the call): a stopped worker.
+        Trigger::StateChange { state, .. }
+            if matches!(state.as_str(), "stopping" | "stopped") && worker.state == WorkerState::Stopped =>
+        {
+            return Ok(Handled::NoOp(format!("{instance} is {state}: stopped by onoff")));
+        }
+        // A stop from before the worker's last start (the event came late): nothing now.
+        Trigger::StateChange { state, .. }
+            if matches!(state.as_str(), "stopping" | "stopped")
+                && event_time(&env.time).is_some_and(|t| t < worker.launched_at) =>
+        {
+            return Ok(Handled::NoOp(format!(
+                "{instance} was {state} at {} before its start at {}",
+                env.time, worker.launched_at
+            )));
+        }
+        // Stopped by anyone else (EC2 stopping a spot instance it interrupts, an instance shut
+        // down from inside): it runs nothing, and the reaper terminates what is Terminating.
+        Trigger::StateChange { state, .. } if matches!(state.as_str(), "stopping" | "stopped") => {
+            let from = [
+                WorkerState::Pending,
+                WorkerState::Running,
+                WorkerState::Idle,
+                WorkerState::Draining,
+            ];
+            match registry.set_state_if(&worker.id, WorkerState::Terminating, &from).await {
+                Ok(true) | Err(StoreError::NotFound(_)) => Handled::Terminated { worker: worker.id },
+                // Stopped by onoff meanwhile, or already Terminating.
+                Ok(false) => return Ok(Handled::NoOp(format!("{instance} is {state}"))),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -116,4 +147,12 @@ where
     // the same idempotent work.
     log.first_time(&env.id, now).await?;
     Ok(handled)
+}
+
+/// An event's time (RFC 3339, as EventBridge writes it) in unix seconds; `None` when it does not
+/// parse (then it is taken as current).
+fn event_time(time: &str) -> Option<f64> {
+    chrono::DateTime::parse_from_rfc3339(time)
+        .ok()
+        .map(|t| t.timestamp_millis() as f64 / 1000.0)
 }

@@ -245,6 +245,24 @@ pub trait Fleet {
     /// # Errors
     /// Provider failures other than not-found.
     async fn cancel_launch(&self, instance_ids: &[String]) -> Result<(), FleetError>;
+
+    /// Stop idle instances, keeping their volumes (EC2: StopInstances). Idempotent: an instance
+    /// already stopping or stopped is not an error. Returns the instances the provider refused
+    /// to stop (EC2: a spot instance of a one-time request, `UnsupportedOperation`; one gone),
+    /// each with its error: the caller terminates those instead.
+    ///
+    /// # Errors
+    /// Provider failures of the call as a whole (throttling after retries).
+    async fn stop(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError>;
+
+    /// Start stopped instances again (EC2: StartInstances). Returns the instances that did not
+    /// start, each with its error ([`FleetErrorKind::InsufficientCapacity`] when their type has
+    /// no capacity in their zone now: they stay stopped). Idempotent: an instance already
+    /// pending or running is not an error.
+    ///
+    /// # Errors
+    /// Provider failures of the call as a whole (throttling after retries).
+    async fn start(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError>;
 }
 
 /// The spot prices a provider charges now ([`crate::catalog::SpotQuote`]; EC2:
@@ -286,7 +304,8 @@ pub struct WorkerRecord {
     pub pinned_job: Option<String>,
     /// Until when the control plane holds this idle worker, unix seconds
     /// ([`crate::reconcile::renew_holds`]): its agent does not end itself for its idle timeout
-    /// before then. `None` when never held.
+    /// before then. For a Stopped worker: until when it is kept stopped
+    /// ([`WorkerRegistry::mark_stopped`]). `None` when never held.
     pub hold_until: Option<f64>,
     /// For an on-demand worker of a lane that may use spot: the best spot price for its shape
     /// when it was launched, $/h ([`onoff_policy::choice::best_spot_price_usd_per_h`]). Its agent
@@ -410,6 +429,33 @@ pub trait WorkerRegistry {
     /// # Errors
     /// [`StoreError::NotFound`] when the worker is unknown; store failures.
     async fn hold_idle(&self, id: &str, until: f64) -> Result<bool, StoreError>;
+
+    /// Record that an Idle worker is being stopped: state Stopped, `idle_since` = `at` (unix
+    /// seconds, when it was stopped), `hold_until` = `until` (unix seconds: kept stopped until
+    /// then, the policy's stopped keep-alive). One conditional write on the state being Idle:
+    /// `Ok(true)` when written or the row already is Stopped (the write's own retry), `Ok(false)`
+    /// when it is in another state (its agent took a job first: it is not stopped).
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the worker is unknown; store failures.
+    async fn mark_stopped(&self, id: &str, at: f64, until: f64) -> Result<bool, StoreError>;
+
+    /// Record that a Stopped worker is being started: state Pending, launched at `at` (unix
+    /// seconds: its boot and heartbeat deadlines count from the start), for `project` and pinned
+    /// to `job` as a launch would be, `idle_since`, the hold and the last heartbeat removed (the
+    /// agent's from before the stop would read as a dead worker). One conditional write on the state
+    /// being Stopped: `Ok(true)` when written or the row already is Pending since `at` (the
+    /// write's own retry), `Ok(false)` when it is in another state.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the worker is unknown; store failures.
+    async fn mark_started(
+        &self,
+        id: &str,
+        at: f64,
+        project: Option<&str>,
+        job: Option<&str>,
+    ) -> Result<bool, StoreError>;
 
     /// One worker's record; `None` when unknown (not an onoff worker, or its row expired).
     ///
@@ -742,7 +788,8 @@ pub struct FleetInstance {
 /// Listing the fleet's instances.
 #[allow(async_fn_in_trait)]
 pub trait FleetLister {
-    /// Every pending or running instance onoff launched (tagged `onoff:managed`).
+    /// Every instance onoff launched (tagged `onoff:managed`) that is pending, running, stopping
+    /// or stopped (a stopped worker is kept, not gone).
     ///
     /// # Errors
     /// Provider failures.

@@ -464,7 +464,9 @@ where
                 lost.insert(w.id.clone());
             }
         }
+        // A stopped worker runs no agent: no heartbeat is due from it.
         let stale = |w: &WorkerRecord| match w.heartbeat_at {
+            _ if w.state == WorkerState::Stopped => false,
             Some(h) => now - h > opts.heartbeat_timeout_s,
             None => now - w.launched_at > opts.boot_timeout_s,
         };
@@ -587,6 +589,8 @@ where
                 busy_until: busy_until.get(w.id.as_str()).copied(),
                 pinned_job: w.pinned_job.clone(),
                 spot_price_usd_per_h: w.spot_price_usd_per_h,
+                // A stopped worker's hold is its stopped keep-alive.
+                stopped_until: w.hold_until.filter(|_| w.state == WorkerState::Stopped),
             })
         })
         .collect();
@@ -611,17 +615,10 @@ where
         now,
     };
     report.acted = act(&report.plan, ctx, fleet, workers, avail).await;
-    // Every worker the plan releases, whether or not its termination went through: a worker
-    // whose termination keeps failing is left to its agent's idle exit, never held.
-    let ended: Vec<&str> = report
-        .plan
-        .actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Terminate { worker, .. } | Action::CancelLaunch { worker, .. } => Some(worker.as_str()),
-            Action::Launch { .. } => None,
-        })
-        .collect();
+    // Every worker the plan releases (terminated, cancelled or stopped), whether or not that went
+    // through: a worker whose termination keeps failing is left to its agent's idle exit, never
+    // held.
+    let ended: Vec<&str> = report.plan.releases().collect();
     let (held, errors) = renew_holds(&live, &ended, workers, now, opts.hold_s).await;
     report.workers = workers_after(live, &report, &ended, &held, cfg, now, opts.hold_s);
     report.workers_held = held;
@@ -641,10 +638,44 @@ fn workers_after(
     now: f64,
     hold_s: f64,
 ) -> Vec<WorkerRecord> {
-    let released = |id: &str| ended.contains(&id) && !report.acted.skipped.iter().any(|s| s == id);
+    let acted = &report.acted;
+    // Released (terminated or cancelled, or stopped: a stop the provider refused was terminated
+    // instead), but for the workers an agent took a job for first.
+    let released = |id: &str| {
+        ended.contains(&id) && !acted.skipped.iter().any(|s| s == id) && !acted.stopped.iter().any(|s| s == id)
+    };
     let mut after: Vec<WorkerRecord> = live.into_iter().filter(|w| !released(&w.id)).collect();
-    for w in after.iter_mut().filter(|w| held.contains(&w.id)) {
-        w.hold_until = Some(now + hold_s);
+    for w in after.iter_mut() {
+        if held.contains(&w.id) {
+            w.hold_until = Some(now + hold_s);
+        }
+        // As `act` wrote them (WorkerRegistry::mark_stopped, mark_started, a start refused).
+        for a in &report.plan.actions {
+            match a {
+                Action::Stop { worker, keep_s, .. } if *worker == w.id && acted.stopped.contains(worker) => {
+                    w.state = WorkerState::Stopped;
+                    w.idle_since = Some(now);
+                    w.hold_until = Some(now + keep_s);
+                }
+                Action::Start {
+                    worker, project, job, ..
+                } if *worker == w.id && !acted.skipped.contains(worker) && w.state == WorkerState::Stopped => {
+                    let started = acted.started.contains(worker);
+                    w.state = if started {
+                        WorkerState::Pending
+                    } else {
+                        WorkerState::Stopped
+                    };
+                    w.launched_at = now;
+                    w.project = project.clone();
+                    w.pinned_job = job.clone();
+                    w.idle_since = None;
+                    w.hold_until = None;
+                    w.heartbeat_at = None;
+                }
+                _ => {}
+            }
+        }
     }
     after.extend(
         report

@@ -865,3 +865,188 @@ fn a_full_vcpu_quota_skips_its_whole_bucket_and_names_the_quota() {
         .collect();
     assert_eq!(others, ["quota:g-vt:32"], "{marked:?}");
 }
+
+/// A plan that stops `id`, kept stopped for `keep_s`.
+fn stop_plan(id: &str, keep_s: f64) -> Plan {
+    Plan {
+        actions: vec![Action::Stop {
+            worker: id.into(),
+            keep_s,
+            reason: Reason::KeepAliveExpired {
+                idle_s: 900.0,
+                keep_alive_s: 600.0,
+            },
+        }],
+        ..Plan::default()
+    }
+}
+
+/// A plan that starts stopped `id` of offering `offering` for project `p`, pinned to `job`.
+fn start_plan(id: &str, offering: OfferingKey, job: Option<&str>) -> Plan {
+    Plan {
+        actions: vec![Action::Start {
+            worker: id.into(),
+            lane: 1,
+            offering,
+            price_usd_per_h: 0.10,
+            request: LaunchShape {
+                gpus: 1,
+                min_gpu_memory_gib: 16.0,
+                capacity: CapacityPreference::SpotFirst,
+                runtime_s: 3600.0,
+                max_cost_usd: None,
+            },
+            project: Some("p".into()),
+            job: job.map(str::to_string),
+            reason: Reason::UnmetBacklog { unmet_jobs: 1 },
+        }],
+        ..Plan::default()
+    }
+}
+
+/// The context of a decision at `now` with nothing unavailable.
+fn at<'a>(cfg: &'a PolicyConfig, offerings: &'a [Offering], now: f64) -> ActContext<'a> {
+    ActContext {
+        now,
+        ..at_zero(cfg, offerings)
+    }
+}
+
+#[test]
+fn a_stop_marks_the_row_stopped_first_and_the_worker_comes_back_on_a_start() {
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    let cfg = PolicyConfig::default();
+    let offs = offerings();
+    let ids = idle_and_booting(&fleet, &reg, &avail, &cfg);
+    let out = pollster::block_on(act(
+        &stop_plan(&ids[0], 3600.0),
+        at(&cfg, &offs, 100.0),
+        &fleet,
+        &reg,
+        &avail,
+    ));
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(out.stopped, vec![ids[0].clone()]);
+    assert!(out.terminated.is_empty());
+    let row = reg.records()[&ids[0]].clone();
+    // Stopped since now, kept until now + its keep; the instance stopped, not gone.
+    assert_eq!(
+        (row.state, row.idle_since, row.hold_until),
+        (WorkerState::Stopped, Some(100.0), Some(3700.0))
+    );
+    assert!(fleet.stopped().contains_key(&ids[0]) && !fleet.running().contains_key(&ids[0]));
+    // Its agent, about to take a job, is refused: the worker is on its way out.
+    assert_eq!(reg.mark_busy(&ids[0], 101.0), Ok(false));
+    // Started again for a job: Pending since the start, for the job's project, pinned, its old
+    // heartbeat gone (its boot deadline counts from the start).
+    let out = pollster::block_on(act(
+        &start_plan(&ids[0], key("a.1", "z1"), Some("j-1")),
+        at(&cfg, &offs, 500.0),
+        &fleet,
+        &reg,
+        &avail,
+    ));
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(out.started, vec![ids[0].clone()]);
+    assert!(out.launched.is_empty());
+    let row = reg.records()[&ids[0]].clone();
+    assert_eq!(row.state, WorkerState::Pending);
+    assert_eq!(row.launched_at, 500.0);
+    assert_eq!(
+        (row.project.as_deref(), row.pinned_job.as_deref()),
+        (Some("p"), Some("j-1"))
+    );
+    assert_eq!((row.idle_since, row.hold_until, row.heartbeat_at), (None, None, None));
+    assert!(fleet.running().contains_key(&ids[0]));
+    assert_eq!(
+        fleet
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, FleetCall::Start(_)))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn a_stop_the_provider_refuses_terminates_the_worker_and_one_racing_a_claim_is_left_alone() {
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    let cfg = PolicyConfig::default();
+    let offs = offerings();
+    let ids = idle_and_booting(&fleet, &reg, &avail, &cfg);
+    // A spot instance of a one-time request: EC2 will not stop it.
+    fleet.set_unstoppable(&ids[0]);
+    let out = pollster::block_on(act(
+        &stop_plan(&ids[0], 3600.0),
+        at(&cfg, &offs, 100.0),
+        &fleet,
+        &reg,
+        &avail,
+    ));
+    assert_eq!(out.terminated, vec![ids[0].clone()]);
+    assert!(out.stopped.is_empty());
+    assert_eq!(out.errors.len(), 1, "the refusal is named: {:?}", out.errors);
+    assert!(out.errors[0].contains("UnsupportedOperation"), "{:?}", out.errors);
+    assert_eq!(reg.records()[&ids[0]].state, WorkerState::Terminating);
+    assert!(!fleet.running().contains_key(&ids[0]) && !fleet.stopped().contains_key(&ids[0]));
+    // The second took a job since the decision: not stopped under it.
+    reg.set_agent_view(&ids[1], WorkerState::Idle, Some(10.0), Some(10.0));
+    assert_eq!(reg.mark_busy(&ids[1], 120.0), Ok(true));
+    let before = fleet.calls().len();
+    let out = pollster::block_on(act(
+        &stop_plan(&ids[1], 3600.0),
+        at(&cfg, &offs, 130.0),
+        &fleet,
+        &reg,
+        &avail,
+    ));
+    assert_eq!(out.skipped, vec![ids[1].clone()]);
+    assert_eq!(fleet.calls().len(), before, "no stop call");
+    assert_eq!(reg.records()[&ids[1]].state, WorkerState::Running);
+}
+
+#[test]
+fn a_start_without_capacity_leaves_the_worker_stopped_marks_its_offering_and_launches_instead() {
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    let cfg = PolicyConfig::default();
+    let offs = offerings();
+    let ids = idle_and_booting(&fleet, &reg, &avail, &cfg);
+    pollster::block_on(act(
+        &stop_plan(&ids[0], 3600.0),
+        at(&cfg, &offs, 100.0),
+        &fleet,
+        &reg,
+        &avail,
+    ));
+    // No capacity for its type in its zone now: the start fails as a launch there would.
+    fleet.set_no_capacity(key("a.1", "z1"));
+    let out = pollster::block_on(act(
+        &start_plan(&ids[0], key("a.1", "z1"), None),
+        at(&cfg, &offs, 500.0),
+        &fleet,
+        &reg,
+        &avail,
+    ));
+    assert!(out.started.is_empty());
+    assert_eq!(out.capacity_errors, vec![key("a.1", "z1")]);
+    assert_eq!(
+        avail.marked().get(&key("a.1", "z1")),
+        Some(&(500.0 + cfg.offers.unavailable_ttl_s))
+    );
+    assert_eq!(reg.records()[&ids[0]].state, WorkerState::Stopped);
+    assert!(fleet.stopped().contains_key(&ids[0]));
+    // Its capacity is launched from the next offering instead, for the same project.
+    assert_eq!(out.launched.len(), 1, "{out:?}");
+    assert_eq!(out.launched[0].launched.offering, key("a.1", "z2"));
+    assert_eq!(out.launched[0].project.as_deref(), Some("p"));
+    // A start of a worker that is gone (its row too) launches instead as well.
+    let out = pollster::block_on(act(
+        &start_plan("i-gone", key("a.1", "z2"), None),
+        at(&cfg, &offs, 600.0),
+        &fleet,
+        &reg,
+        &avail,
+    ));
+    assert_eq!(out.skipped, vec!["i-gone".to_string()]);
+    assert_eq!(out.launched.len(), 1, "{out:?}");
+}

@@ -169,3 +169,63 @@ fn a_rebalance_drains_the_worker_without_stopping_it_and_never_revives_a_termina
         assert_eq!(reg.records()[WORKER].state, WorkerState::Terminating, "{name}");
     }
 }
+
+/// The state-change sample for `state`, at `time` (RFC 3339).
+fn state_change(state: &str, time: &str, id: &str) -> serde_json::Value {
+    let mut v = sample("instance-state-change.json");
+    v["detail"]["state"] = state.into();
+    v["time"] = time.into();
+    v["id"] = id.into();
+    v
+}
+
+#[test]
+fn a_stop_onoff_made_is_not_a_loss_but_a_stop_by_anyone_else_is() {
+    let cfg = PolicyConfig::default();
+    // NOW is 2023-11-14T22:13:20Z; the worker was launched an hour before.
+    let after_launch = "2023-11-14T22:13:00Z";
+    let before_launch = "2023-11-14T21:00:00Z";
+    for state in ["stopping", "stopped"] {
+        // Stopped by onoff: its row says so; nothing changes.
+        let (reg, avail, log) = (registry(), FakeAvailability::default(), FakeEventLog::default());
+        pollster::block_on(reg.set_state(WORKER, WorkerState::Stopped)).unwrap();
+        let h = pollster::block_on(handle_event(
+            &state_change(state, after_launch, "e1"),
+            &cfg,
+            &reg,
+            &avail,
+            &log,
+            NOW,
+        ))
+        .unwrap();
+        assert!(matches!(h, Handled::NoOp(_)), "{state}: {h:?}");
+        assert_eq!(reg.records()[WORKER].state, WorkerState::Stopped);
+        // A stop from before its last start (the event came late): nothing either.
+        let (reg, avail, log) = (registry(), FakeAvailability::default(), FakeEventLog::default());
+        let h = pollster::block_on(handle_event(
+            &state_change(state, before_launch, "e2"),
+            &cfg,
+            &reg,
+            &avail,
+            &log,
+            NOW,
+        ))
+        .unwrap();
+        assert!(matches!(h, Handled::NoOp(_)), "{state}: {h:?}");
+        assert_eq!(reg.records()[WORKER].state, WorkerState::Running);
+        // Stopped by EC2 or from inside while it ran: it runs nothing now, so it is Terminating
+        // (the reaper terminates it and requeues its job).
+        let (reg, avail, log) = (registry(), FakeAvailability::default(), FakeEventLog::default());
+        let h = pollster::block_on(handle_event(
+            &state_change(state, after_launch, "e3"),
+            &cfg,
+            &reg,
+            &avail,
+            &log,
+            NOW,
+        ))
+        .unwrap();
+        assert_eq!(h, Handled::Terminated { worker: WORKER.into() }, "{state}");
+        assert_eq!(reg.records()[WORKER].state, WorkerState::Terminating);
+    }
+}

@@ -41,6 +41,16 @@ fn cfg() -> PolicyConfig {
     };
     cfg.scale_down.mode = onoff_policy::KeepAliveMode::Fixed;
     cfg.scale_down.fixed_idle_timeout_s = 600.0;
+    // Idle workers terminated at the timeout; the stopped workers' tests stop them
+    // (`stopping_cfg`).
+    cfg.scale_down.stop_idle = onoff_policy::StopIdle::Never;
+    cfg
+}
+
+/// [`cfg`] with idle workers stopped at the timeout, as the default configuration stops them.
+fn stopping_cfg() -> PolicyConfig {
+    let mut cfg = cfg();
+    cfg.scale_down.stop_idle = onoff_policy::StopIdle::SpotAndOnDemand;
     cfg
 }
 
@@ -50,6 +60,7 @@ struct World {
     jobs: FakeJobs,
     fleet: FakeFleet,
     avail: FakeAvailability,
+    cfg: PolicyConfig,
 }
 
 impl World {
@@ -60,6 +71,15 @@ impl World {
             jobs: FakeJobs::default(),
             fleet: FakeFleet::new(),
             avail: FakeAvailability::default(),
+            cfg: cfg(),
+        }
+    }
+
+    /// A world whose policy stops idle workers ([`stopping_cfg`]).
+    fn stopping() -> Self {
+        Self {
+            cfg: stopping_cfg(),
+            ..Self::new()
         }
     }
 
@@ -119,7 +139,7 @@ impl World {
     /// decision (`acted.skipped`, left as listed).
     fn reconcile_opts(&self, offerings: &[Offering], opts: &ReconcileOptions, now: f64) -> ReconcileReport {
         let r = pollster::block_on(reconcile(
-            &cfg(),
+            &self.cfg,
             offerings,
             opts,
             now,
@@ -847,4 +867,56 @@ fn with_no_spot_quota_jobs_run_on_demand_from_the_next_run_and_the_quota_is_name
     }
     assert_eq!(w.fleet.running().len(), 2, "{:?}", w.fleet.calls());
     assert_eq!(spot_calls(), 1, "{:?}", w.fleet.calls());
+}
+
+#[test]
+fn an_idle_worker_is_stopped_kept_through_the_reaper_and_started_again_for_the_next_job() {
+    let w = World::stopping();
+    let id = w.one_job_done(NOW + 400.0);
+    w.workers
+        .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_150.0));
+    // Idle 660 s > 600 s: stopped, not terminated.
+    let r = w.reconcile(NOW + 1_160.0, true);
+    assert_eq!(r.acted.stopped, vec![id.clone()], "{:?}", r.plan);
+    assert!(r.acted.terminated.is_empty());
+    let row = w.workers.records()[&id].clone();
+    assert_eq!((row.state, row.idle_since), (WorkerState::Stopped, Some(NOW + 1_160.0)));
+    assert!(row.hold_until.is_some_and(|h| h > NOW + 1_160.0));
+    assert!(w.fleet.stopped().contains_key(&id));
+    // Hours later, with no heartbeat since: the reaper neither terminates it as lost nor as gone
+    // (a stopped instance is listed), nor is it held as an idle worker.
+    let r = w.reconcile(NOW + 5_000.0, true);
+    assert!(r.workers_lost.is_empty() && r.workers_gone.is_empty(), "{r:?}");
+    assert!(r.orphans_terminated.is_empty() && r.workers_held.is_empty(), "{r:?}");
+    assert_eq!(w.workers.records()[&id].state, WorkerState::Stopped);
+    // A new job: the stopped worker is started for it rather than a launch.
+    w.submit_timed("next", 3600.0);
+    let r = w.reconcile(NOW + 5_060.0, true);
+    assert_eq!(r.acted.started, vec![id.clone()], "{:?}", r.plan);
+    assert!(r.acted.launched.is_empty(), "{:?}", r.plan);
+    let row = w.workers.records()[&id].clone();
+    assert_eq!(
+        (row.state, row.launched_at, row.heartbeat_at),
+        (WorkerState::Pending, NOW + 5_060.0, None)
+    );
+    assert!(w.fleet.running().contains_key(&id));
+    // Booting now: its boot deadline counts from the start, not from its first launch.
+    let r = w.reconcile(NOW + 5_300.0, true);
+    assert!(r.workers_lost.is_empty(), "{r:?}");
+}
+
+#[test]
+fn a_stopped_worker_is_terminated_when_its_keep_ends() {
+    let w = World::stopping();
+    let id = w.one_job_done(NOW + 400.0);
+    w.workers
+        .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_150.0));
+    w.reconcile(NOW + 1_160.0, true);
+    let until = w.workers.records()[&id].hold_until.unwrap();
+    let r = w.reconcile(until - 1.0, true);
+    assert!(r.acted.terminated.is_empty(), "{:?}", r.plan);
+    let r = w.reconcile(until + 1.0, true);
+    assert_eq!(r.acted.terminated, vec![id.clone()], "{:?}", r.plan);
+    assert_eq!(w.workers.records()[&id].state, WorkerState::Terminating);
+    assert!(w.fleet.stopped().is_empty() && w.fleet.running().is_empty());
 }

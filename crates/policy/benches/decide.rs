@@ -75,6 +75,7 @@ fn setup() -> (
                 busy_until: None,
                 pinned_job: None,
                 spot_price_usd_per_h: None,
+                stopped_until: None,
             }
         })
         .collect();

@@ -123,7 +123,7 @@ pub fn eligible(o: &Offering, req: &Request, cfg: &OfferConfig, unavailable: &[U
 
 /// Whether a request preferring `pref` may take capacity of type `ct`.
 #[inline]
-fn capacity_ok(pref: CapacityPreference, ct: CapacityType) -> bool {
+pub(crate) fn capacity_ok(pref: CapacityPreference, ct: CapacityType) -> bool {
     match pref {
         CapacityPreference::SpotFirst => true,
         CapacityPreference::SpotOnly => ct == CapacityType::Spot,
@@ -238,6 +238,9 @@ struct Row {
 #[derive(Debug)]
 pub struct PriceTable {
     rows: Vec<Row>,
+    /// Index of each offering by key, built at the first [`PriceTable::restart_cost`] (a
+    /// stopped worker's offering; most tables never need it).
+    by_key: std::sync::OnceLock<std::collections::HashMap<OfferingKey, usize>>,
     /// (GPUs per instance, indices of the offerings with that many, ascending), GPUs ascending.
     by_gpus: Vec<(u32, Vec<usize>)>,
     boot_s: f64,
@@ -270,6 +273,7 @@ impl PriceTable {
         by_gpus.sort_by_key(|(g, _)| *g);
         Self {
             rows,
+            by_key: std::sync::OnceLock::new(),
             by_gpus,
             boot_s: cfg.boot_estimate_s,
             max_oversize: cfg.max_gpu_oversize,
@@ -318,6 +322,26 @@ impl PriceTable {
     fn cost(&self, i: usize, runtime_s: f64, instances: u32) -> f64 {
         let r = &self.rows[i];
         cost_of(r.usd_per_s, r.speed, r.loss, self.boot_s, runtime_s, instances)
+    }
+
+    /// The expected cost per job of `runtime_s` on a stopped worker of offering `key`, started
+    /// again: [`expected_cost_per_job`] with `offers.restart_estimate_s` in place of the cold
+    /// start, $ per instance. `None` for an offering not in the catalogue, or one the configured
+    /// filters (allowed types, price and interruption caps) now exclude.
+    /// `offerings` is the catalogue the table was built from.
+    pub fn restart_cost(
+        &self,
+        offerings: &[Offering],
+        key: &OfferingKey,
+        runtime_s: f64,
+        cfg: &OfferConfig,
+    ) -> Option<f64> {
+        let by_key = self
+            .by_key
+            .get_or_init(|| offerings.iter().enumerate().map(|(i, o)| (o.key.clone(), i)).collect());
+        let r = &self.rows[*by_key.get(key)?];
+        r.allowed
+            .then(|| cost_of(r.usd_per_s, r.speed, r.loss, cfg.restart_estimate_s, runtime_s, 1))
     }
 
     /// [`top`] over `offerings`, the catalogue the table was built from (debug builds check its

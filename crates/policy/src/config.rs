@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::offering::InterruptionBucket;
+use crate::offering::{CapacityType, InterruptionBucket};
 
 /// How far back a lane's recent arrivals reach, seconds (6 h: the longest predictive look-back a
 /// lane may configure; `LaneObservation::recent_arrivals` keeps this much).
@@ -145,6 +145,30 @@ pub enum KeepAliveMode {
     Fixed,
 }
 
+/// Which idle workers are stopped, not terminated, when their keep-alive runs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StopIdle {
+    /// None: every idle worker past its keep-alive is terminated.
+    Never,
+    /// On-demand workers only (any EBS-backed on-demand instance can be stopped).
+    OnDemand,
+    /// Spot and on-demand workers: spot workers are launched from persistent spot requests that
+    /// stop on interruption, the only spot instances EC2 lets you stop (default).
+    SpotAndOnDemand,
+}
+
+impl StopIdle {
+    /// Whether a worker of capacity type `ct` is stopped rather than terminated.
+    pub fn covers(self, ct: CapacityType) -> bool {
+        match self {
+            StopIdle::Never => false,
+            StopIdle::OnDemand => ct == CapacityType::OnDemand,
+            StopIdle::SpotAndOnDemand => true,
+        }
+    }
+}
+
 /// Scale-down settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -177,6 +201,19 @@ pub struct ScaleDownConfig {
     pub min_keep_alive_s: f64,
     /// Upper bound of the adaptive keep-alive, seconds. Default 3600 s.
     pub max_keep_alive_s: f64,
+    /// Which idle workers are stopped instead of terminated when their keep-alive runs out (the
+    /// running / stopped / terminated multislope ski rental, FIELD.md): a stopped worker costs
+    /// its volume only (`stopped_usd_per_h`) and starts again in `offers.restart_estimate_s`
+    /// instead of a cold start. It is kept stopped while its volume costs less than the cold
+    /// start it may save (`keepalive::stopped_keep_s`), then terminated. Default
+    /// `spot-and-on-demand`.
+    pub stop_idle: StopIdle,
+    /// A stopped worker's cost, $/h: its EBS volume. Default 0.011 $/h: the stack's 100 GiB gp3
+    /// root volume (`WorkerRootVolumeGiB`) at $0.08 per GB-month (Amazon EBS pricing, us-east-1)
+    /// over 730 hours a month.
+    pub stopped_usd_per_h: f64,
+    /// Upper bound of a stopped worker's keep, seconds. Default 86,400 s (one day).
+    pub max_stopped_s: f64,
 }
 
 impl Default for ScaleDownConfig {
@@ -191,6 +228,9 @@ impl Default for ScaleDownConfig {
             min_gap_samples: 20,
             min_keep_alive_s: 60.0,
             max_keep_alive_s: 3600.0,
+            stop_idle: StopIdle::SpotAndOnDemand,
+            stopped_usd_per_h: 100.0 * 0.08 / 730.0,
+            max_stopped_s: 86_400.0,
         }
     }
 }
@@ -259,6 +299,11 @@ pub struct OfferConfig {
     /// Expected cold start of a GPU worker (boot, image pull, model load), seconds. Default 390 s,
     /// the middle of the seed's "3-10 minutes".
     pub boot_estimate_s: f64,
+    /// Expected start of a stopped worker until it can take a job, seconds: EC2's start, the OS
+    /// and the agent, the model loaded from the volume it kept (no image pull, no model
+    /// download). Default 120 s, an assumption: the middle of 60-180 s, a third of the cold
+    /// start's middle (the simulator draws restarts from `--restart-min-s`/`--restart-max-s`).
+    pub restart_estimate_s: f64,
     /// Checkpoint interval assumed for jobs, seconds; an interruption loses half of it on average.
     /// Default 600 s.
     pub checkpoint_interval_s: f64,
@@ -286,6 +331,7 @@ impl Default for OfferConfig {
             diversify_tolerance: 0.15,
             unavailable_ttl_s: 180.0,
             boot_estimate_s: 390.0,
+            restart_estimate_s: 120.0,
             checkpoint_interval_s: 600.0,
             default_runtime_s: 3600.0,
             short_job_horizon_s: 120.0,
@@ -506,6 +552,8 @@ impl PolicyConfig {
             ("scale_down.wait_value_usd_per_h", s.wait_value_usd_per_h),
             ("scale_down.min_keep_alive_s", s.min_keep_alive_s),
             ("scale_down.max_keep_alive_s", s.max_keep_alive_s),
+            ("scale_down.stopped_usd_per_h", s.stopped_usd_per_h),
+            ("scale_down.max_stopped_s", s.max_stopped_s),
             (
                 "anti_thrash.scale_down_delay_after_scale_up_s",
                 self.anti_thrash.scale_down_delay_after_scale_up_s,
@@ -516,6 +564,7 @@ impl PolicyConfig {
             ("offers.diversify_tolerance", self.offers.diversify_tolerance),
             ("offers.unavailable_ttl_s", self.offers.unavailable_ttl_s),
             ("offers.boot_estimate_s", self.offers.boot_estimate_s),
+            ("offers.restart_estimate_s", self.offers.restart_estimate_s),
             ("offers.checkpoint_interval_s", self.offers.checkpoint_interval_s),
             ("offers.short_job_horizon_s", self.offers.short_job_horizon_s),
             ("limits.deadline_margin_s", self.limits.deadline_margin_s),

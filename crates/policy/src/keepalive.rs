@@ -76,6 +76,73 @@ pub fn keep_alive_with_curve_s(
     }
 }
 
+/// Whether an idle worker of capacity type `capacity`, billed `price_usd_per_h`, is stopped
+/// rather than terminated when its keep-alive runs out: `scale_down.stop_idle` covers its
+/// capacity type and a stop saves anything (a start is shorter than a cold start:
+/// [`stopped_break_even_s`] is positive).
+pub fn stops(capacity: crate::offering::CapacityType, price_usd_per_h: f64, cfg: &crate::PolicyConfig) -> bool {
+    cfg.scale_down.stop_idle.covers(capacity) && stopped_break_even_s(price_usd_per_h, cfg) > 0.0
+}
+
+/// Stopped seconds a stopped worker billed `price_usd_per_h` (when running) is worth: the second
+/// slope of the multislope ski rental (running, stopped, terminated; Lotker et al., FIELD.md).
+/// Kept stopped, it costs its volume, `scale_down.stopped_usd_per_h`; terminated, the next
+/// arrival it would have served waits a cold start instead of a start, which costs
+/// `(boot - restart) x (price + wait value) / 3600` $ more (the billed boot and the wait, with
+/// `offers.boot_estimate_s` and `offers.restart_estimate_s`). The break-even is that difference
+/// over the volume's rate: `(boot - restart) x (price + wait value) / stopped_usd_per_h`
+/// seconds (8.2 h for a 0.20 $/h GPU at the defaults). 0 when a start saves nothing; infinite
+/// for a volume that costs nothing.
+pub fn stopped_break_even_s(price_usd_per_h: f64, cfg: &crate::PolicyConfig) -> f64 {
+    let saved_s = (cfg.offers.boot_estimate_s - cfg.offers.restart_estimate_s).max(0.0);
+    let saved_usd_h = saved_s * (price_usd_per_h.max(0.0) + cfg.scale_down.wait_value_usd_per_h);
+    if saved_usd_h <= 0.0 {
+        0.0
+    } else {
+        saved_usd_h / cfg.scale_down.stopped_usd_per_h.max(0.0)
+    }
+}
+
+/// How long a stopped worker billed `price_usd_per_h` (when running) is kept stopped, seconds,
+/// before it is terminated: the second slope of the keep-alive's ski rental. The break-even is
+/// [`stopped_break_even_s`] (the cold start a start saves, over the volume's rate). With trusted
+/// gaps of the shapes the worker serves, for its place in line: it is needed after
+/// `arrivals_until_needed` (n) arrivals the workers ahead of it do not take.
+///
+/// - The timeout with the least expected cost when the wait is n times a gap, as for an idle
+///   worker ([`GapCurve::timeout_s`]).
+/// - For n >= 2 at most the sum of n gaps' likely bound, `n x mean + 3 x sqrt(n) x sd` (the
+///   central limit: the sum spreads far less than n times one gap, which kept a stopped worker
+///   behind a stream of one-second items, n = 241, for 17 hours). At the minimum when
+///   `n x mean` exceeds the break-even: it would cost more stopped than the cold start it saves.
+/// - Without gaps: the break-even (2-competitive whatever the arrivals).
+///
+/// Clamped to `[min_keep_alive_s, max_stopped_s]`.
+pub fn stopped_keep_s(
+    curve: Option<&GapCurve>,
+    arrivals_until_needed: f64,
+    price_usd_per_h: f64,
+    cfg: &crate::PolicyConfig,
+) -> f64 {
+    let sd = &cfg.scale_down;
+    let be = stopped_break_even_s(price_usd_per_h, cfg);
+    let (lo, hi) = (sd.min_keep_alive_s.min(sd.max_stopped_s), sd.max_stopped_s);
+    let n = arrivals_until_needed.max(1.0);
+    match curve {
+        Some(c) if n >= 2.0 && n * c.mean_s() > be => lo,
+        Some(c) => {
+            // A volume that costs nothing has an infinite break-even: kept to the bound.
+            let t = c.timeout_s(n, be.min(hi * 1e6), lo, hi);
+            if n >= 2.0 {
+                t.min((n * c.mean_s() + 3.0 * n.sqrt() * c.sd_s()).max(lo))
+            } else {
+                t
+            }
+        }
+        None => be.clamp(lo, hi),
+    }
+}
+
 /// Arrivals it takes before the idle worker with `rank` workers ahead of it in line (0 = the most
 /// recently idle, which the next arrival takes) is needed, when an arrival brings `mean_units`
 /// workers' worth of demand (1 for jobs longer than the short-job horizon, less for short ones
@@ -162,6 +229,17 @@ impl GapCurve {
     /// Mean gap, seconds (bucket midpoints).
     pub fn mean_s(&self) -> f64 {
         self.cum_idle[GAP_BUCKETS - 1]
+    }
+
+    /// Standard deviation of the gaps, seconds (each bucket's mass uniform over it). O(buckets).
+    pub fn sd_s(&self) -> f64 {
+        let mut second = 0.0;
+        for i in 0..GAP_BUCKETS {
+            let (lo, hi) = (if i == 0 { 0.0 } else { self.edges[i - 1] }, self.edges[i]);
+            second += self.mass[i] * (lo * lo + lo * hi + hi * hi) / 3.0;
+        }
+        let mean = self.mean_s();
+        (second - mean * mean).max(0.0).sqrt()
     }
 
     /// Expected cost, idle-seconds, of timeout `t` for gaps scaled by `scale`: the buckets wholly

@@ -29,7 +29,7 @@ pub mod shape;
 pub use choice::{PriceTable, RankMemo};
 pub use config::{
     AntiThrashConfig, CapacityPreference, ConfigError, ConfigProblem, KeepAliveMode, LaneConfig, LimitsConfig,
-    OfferConfig, PolicyConfig, ProjectQuota, ScaleDownConfig, WarmWindow,
+    OfferConfig, PolicyConfig, ProjectQuota, ScaleDownConfig, StopIdle, WarmWindow,
 };
 pub use decide::{decide, decide_with_memo};
 pub use observation::{

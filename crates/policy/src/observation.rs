@@ -68,6 +68,12 @@ pub enum WorkerState {
     Draining,
     /// Termination requested.
     Terminating,
+    /// Stopped by the policy when its keep-alive ran out: the instance is not billed, its volume
+    /// (the worker image and the model it loaded) is kept, and a start brings it back in about
+    /// `offers.restart_estimate_s` instead of a cold start (`Action::Start`). Not live: it
+    /// counts toward no limit until it is started. The second slope of the keep-alive's ski
+    /// rental (`keepalive::stopped_keep_s`).
+    Stopped,
 }
 
 /// One worker as the policy sees it.
@@ -89,9 +95,9 @@ pub struct WorkerView {
     pub price_usd_per_h: f64,
     /// Current state.
     pub state: WorkerState,
-    /// When the instance was launched, seconds.
+    /// When the instance was launched, or last started from Stopped, seconds.
     pub launched_at: f64,
-    /// When the worker last became idle (Idle state only), seconds.
+    /// When the worker last became idle (Idle state), or was stopped (Stopped state), seconds.
     pub idle_since: Option<f64>,
     /// Project of the job it runs, or the project it was launched for while Pending.
     pub project: Option<String>,
@@ -113,12 +119,21 @@ pub struct WorkerView {
     /// ([`crate::choice::worth_an_on_demand_worker`]).
     #[serde(default)]
     pub spot_price_usd_per_h: Option<f64>,
+    /// For a stopped worker: until when it is kept stopped, seconds (set when the policy stopped
+    /// it, `Action::Stop`'s `keep_s` after its stop); then it is terminated. `None` otherwise, or
+    /// for a stopped worker whose keep is not recorded (the break-even from its stop applies).
+    #[serde(default)]
+    pub stopped_until: Option<f64>,
 }
 
 impl WorkerState {
     /// Pending, running or idle: billed and not on its way out, so it counts toward the fleet.
+    /// A stopped worker is not live until it is started.
     pub fn is_live(self) -> bool {
-        !matches!(self, WorkerState::Draining | WorkerState::Terminating)
+        !matches!(
+            self,
+            WorkerState::Draining | WorkerState::Terminating | WorkerState::Stopped
+        )
     }
 }
 
@@ -635,8 +650,9 @@ pub struct FleetHint {
     pub now: f64,
     /// The short-job horizon it was made with (`offers.short_job_horizon_s`), seconds.
     pub horizon_s: f64,
-    /// Indices into `workers`, ascending: every idle or booting worker and every running one whose
-    /// job is expected to end within `horizon_s` of `now` (more may be named: `decide` checks each).
+    /// Indices into `workers`, ascending: every idle, booting or stopped worker and every running
+    /// one whose job is expected to end within `horizon_s` of `now` (more may be named: `decide`
+    /// checks each).
     pub visit: Vec<usize>,
     /// Per lane index: the live workers (pending, running, idle) and the latest launch among them
     /// (unix seconds; negative infinity when none).

@@ -42,6 +42,14 @@ pub enum Reason {
         /// The keep-alive in force, seconds.
         keep_alive_s: f64,
     },
+    /// A stopped worker outlived its stopped keep-alive: its volume costs more than the cold
+    /// starts it may still save ([`crate::keepalive::stopped_keep_s`]).
+    StoppedKeepAliveExpired {
+        /// Seconds the worker has been stopped.
+        stopped_s: f64,
+        /// The stopped keep-alive in force, seconds.
+        keep_s: f64,
+    },
     /// Cooldown with decay released this worker at a decay step.
     DecayStep {
         /// Seconds the worker has been idle.
@@ -114,6 +122,9 @@ impl std::fmt::Display for Reason {
             }
             Reason::KeepAliveExpired { idle_s, keep_alive_s } => {
                 write!(f, "idle {idle_s:.0} s > keep-alive {keep_alive_s:.0} s")
+            }
+            Reason::StoppedKeepAliveExpired { stopped_s, keep_s } => {
+                write!(f, "stopped {stopped_s:.0} s > stopped keep-alive {keep_s:.0} s")
             }
             Reason::DecayStep { idle_s, step_s } => {
                 write!(f, "cooldown decay step at {step_s:.0} s (idle {idle_s:.0} s)")
@@ -194,7 +205,40 @@ pub enum Action {
         /// Why.
         reason: Reason,
     },
-    /// Terminate an idle worker.
+    /// Start a stopped worker again for `lane`: capacity as a launch would give it, in about
+    /// `offers.restart_estimate_s` instead of a cold start. When the start fails (no capacity
+    /// for its type in its zone), `control::act` marks its offering unavailable and launches one
+    /// instance for `request` instead, as it falls back from a launch.
+    Start {
+        /// Worker id (EC2 instance id).
+        worker: String,
+        /// Lane it serves.
+        lane: LaneId,
+        /// Its offering.
+        offering: OfferingKey,
+        /// The price it was launched at, $/h.
+        price_usd_per_h: f64,
+        /// What the capacity is for (the fallback launch's shape and cost ceiling).
+        request: LaunchShape,
+        /// Project the capacity is for, if any.
+        project: Option<String>,
+        /// The job it is pinned to (a deadline at risk on spot), if any.
+        job: Option<String>,
+        /// Why.
+        reason: Reason,
+    },
+    /// Stop an idle worker whose keep-alive ran out instead of terminating it: it costs its
+    /// volume only, and a start brings it back faster than a launch.
+    Stop {
+        /// Worker id.
+        worker: String,
+        /// How long to keep it stopped, seconds: then it is terminated
+        /// ([`crate::keepalive::stopped_keep_s`] for its place in line when stopped).
+        keep_s: f64,
+        /// Why.
+        reason: Reason,
+    },
+    /// Terminate an idle or stopped worker.
     Terminate {
         /// Worker id.
         worker: String,
@@ -214,9 +258,11 @@ impl Action {
     /// The reason attached to the action.
     pub fn reason(&self) -> &Reason {
         match self {
-            Action::Launch { reason, .. } | Action::Terminate { reason, .. } | Action::CancelLaunch { reason, .. } => {
-                reason
-            }
+            Action::Launch { reason, .. }
+            | Action::Start { reason, .. }
+            | Action::Stop { reason, .. }
+            | Action::Terminate { reason, .. }
+            | Action::CancelLaunch { reason, .. } => reason,
         }
     }
 }
@@ -267,11 +313,21 @@ impl Plan {
             .sum()
     }
 
-    /// Worker ids the plan terminates or cancels.
+    /// Worker ids the plan terminates, cancels or stops: idle or booting workers it gives up.
     pub fn releases(&self) -> impl Iterator<Item = &str> {
         self.actions.iter().filter_map(|a| match a {
-            Action::Terminate { worker, .. } | Action::CancelLaunch { worker, .. } => Some(worker.as_str()),
-            Action::Launch { .. } => None,
+            Action::Terminate { worker, .. } | Action::CancelLaunch { worker, .. } | Action::Stop { worker, .. } => {
+                Some(worker.as_str())
+            }
+            Action::Launch { .. } | Action::Start { .. } => None,
         })
+    }
+
+    /// Stopped workers the plan starts.
+    pub fn starts(&self) -> u32 {
+        self.actions
+            .iter()
+            .filter(|a| matches!(a, Action::Start { .. }))
+            .count() as u32
     }
 }

@@ -8,20 +8,21 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use common::*;
 use onoff_policy::{
     decide, keepalive, Action, CapacityPreference, CapacityType, DemandWindows, KeepAliveMode, LaneConfig,
-    LaneObservation, Observation, Offering, PendingJob, Plan, PolicyConfig, ProjectQuota, Reason, UnavailableOffering,
-    WarmWindow, WorkerState, WorkerView,
+    LaneObservation, Observation, Offering, PendingJob, Plan, PolicyConfig, ProjectQuota, Reason, StopIdle,
+    UnavailableOffering, WarmWindow, WorkerState, WorkerView,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
 const PROJECTS: [&str; 4] = ["p0", "p1", "p2", "p3"];
 const TYPES: [&str; 2] = ["t0", "t1"];
-const STATES: [WorkerState; 5] = [
+const STATES: [WorkerState; 6] = [
     WorkerState::Pending,
     WorkerState::Running,
     WorkerState::Idle,
     WorkerState::Draining,
     WorkerState::Terminating,
+    WorkerState::Stopped,
 ];
 
 /// The test catalogue plus a 2-GPU type (so every job shape has an offering).
@@ -222,6 +223,9 @@ fn build(l: Limits, raw_jobs: Vec<RawJob>, raw_workers: Vec<RawWorker>, world: R
         ..Default::default()
     };
     cfg.scale_down.mode = l.mode;
+    // Idle workers stopped or terminated: a third of the cases each way (the workers are spot).
+    cfg.scale_down.stop_idle =
+        [StopIdle::Never, StopIdle::OnDemand, StopIdle::SpotAndOnDemand][l.max_total as usize % 3];
     cfg.anti_thrash.scale_up_unmet_jobs = l.band;
     cfg.anti_thrash.min_runtime_s = l.min_runtime;
     cfg.anti_thrash.scale_down_delay_after_scale_up_s = l.delay;
@@ -270,8 +274,13 @@ fn build(l: Limits, raw_jobs: Vec<RawJob>, raw_workers: Vec<RawWorker>, world: R
         .enumerate()
         .map(|(i, (ls, s, gpus, launched_ago, idle_share, p, t))| {
             let state = STATES[s];
-            let idle_since = (state == WorkerState::Idle).then_some(now - launched_ago * idle_share);
+            let idle_since =
+                matches!(state, WorkerState::Idle | WorkerState::Stopped).then_some(now - launched_ago * idle_share);
             let mut w = worker(&format!("w{i}"), i as u64, state, gpus, now - launched_ago, idle_since);
+            // Half the stopped workers have their keep recorded: up to an hour after their stop.
+            if state == WorkerState::Stopped && i % 2 == 0 {
+                w.stopped_until = idle_since.map(|t| t + 3600.0 * idle_share);
+            }
             w.lane = ls as usize % nl;
             w.project = p.map(|p| PROJECTS[p as usize].to_string());
             w.job_type = t.map(|t| TYPES[t as usize].to_string());
@@ -346,6 +355,19 @@ fn launch_rows<'a>(plan: &'a Plan, offerings: &'a [Offering]) -> Result<Vec<Laun
             prop_assert!(o.is_some(), "launch of an unknown offering {offering}");
             v.push((*lane, o.unwrap(), *count, project.as_deref(), reason));
         }
+        // A stopped worker started: one instance of its offering.
+        if let Action::Start {
+            lane,
+            offering,
+            project,
+            reason,
+            ..
+        } = a
+        {
+            let o = offerings.iter().find(|o| &o.key == offering);
+            prop_assert!(o.is_some(), "start of a worker of an unknown offering {offering}");
+            v.push((*lane, o.unwrap(), 1, project.as_deref(), reason));
+        }
     }
     Ok(v)
 }
@@ -364,17 +386,62 @@ fn check_invariants(c: &Case, plan: &Plan) -> Result<(), TestCaseError> {
     let spend: f64 = c
         .workers
         .iter()
-        .filter(|w| w.state != WorkerState::Terminating)
-        .map(|w| w.price_usd_per_h)
+        .map(|w| match w.state {
+            WorkerState::Terminating => 0.0,
+            WorkerState::Stopped => cfg.scale_down.stopped_usd_per_h,
+            _ => w.price_usd_per_h,
+        })
         .sum();
     let breaker = cfg.limits.max_usd_per_h.is_some_and(|cap| spend > cap);
     let mut released = HashSet::new();
     for a in &plan.actions {
-        match a {
+        // A stop is a release as a termination is, for the same reasons.
+        let (a, stop_keep) = match a {
+            Action::Stop { worker, keep_s, reason } => (
+                Action::Terminate {
+                    worker: worker.clone(),
+                    reason: reason.clone(),
+                },
+                Some(*keep_s),
+            ),
+            a => (a.clone(), None),
+        };
+        match &a {
+            Action::Terminate { worker, reason }
+                if by_id
+                    .get(worker.as_str())
+                    .is_some_and(|w| w.state == WorkerState::Stopped) =>
+            {
+                // A stopped worker is terminated once its keep is over, for that reason only.
+                let w = by_id[worker.as_str()];
+                prop_assert!(stop_keep.is_none(), "stops the stopped {worker}");
+                let since = w.idle_since.unwrap_or(w.launched_at);
+                let until = w
+                    .stopped_until
+                    .unwrap_or_else(|| since + keepalive::stopped_keep_s(None, 1.0, w.price_usd_per_h, cfg));
+                prop_assert!(now >= until, "terminates stopped {worker} before its keep ends");
+                prop_assert!(
+                    matches!(reason, Reason::StoppedKeepAliveExpired { stopped_s, keep_s } if stopped_s >= keep_s),
+                    "{reason:?}"
+                );
+                prop_assert!(released.insert(worker.clone()), "{worker} released twice");
+            }
             Action::Terminate { worker, reason } => {
                 let w = by_id.get(worker.as_str());
                 prop_assert!(w.is_some(), "terminates unknown {worker}");
                 let w = w.unwrap();
+                if let Some(keep) = stop_keep {
+                    prop_assert!(
+                        keepalive::stops(w.offering.capacity_type, w.price_usd_per_h, cfg),
+                        "stops {worker}, which the configuration terminates"
+                    );
+                    prop_assert!(keep.is_finite() && keep >= 0.0 && keep <= cfg.scale_down.max_stopped_s);
+                } else {
+                    prop_assert!(
+                        !keepalive::stops(w.offering.capacity_type, w.price_usd_per_h, cfg),
+                        "terminates idle {worker}, which the configuration stops"
+                    );
+                }
                 prop_assert_eq!(
                     w.state,
                     WorkerState::Idle,
@@ -426,14 +493,30 @@ fn check_invariants(c: &Case, plan: &Plan) -> Result<(), TestCaseError> {
                 );
                 prop_assert!(released.insert(worker.clone()), "{worker} released twice");
             }
-            Action::Launch { .. } => {}
+            Action::Start { worker, job, .. } => {
+                let w = by_id.get(worker.as_str());
+                prop_assert!(w.is_some(), "starts unknown {worker}");
+                prop_assert_eq!(w.unwrap().state, WorkerState::Stopped, "starts {} not stopped", worker);
+                prop_assert!(
+                    released.insert(worker.clone()),
+                    "{worker} started twice or released too"
+                );
+                prop_assert!(
+                    !cfg.limits.frozen && !breaker,
+                    "starts {worker} while frozen or over budget"
+                );
+                if let Some(j) = job {
+                    prop_assert!(c.jobs.iter().any(|q| &q.id == j), "start pinned to unknown job {j}");
+                }
+            }
+            Action::Launch { .. } | Action::Stop { .. } => {}
         }
     }
 
     // Launches.
     let rows = launch_rows(plan, &c.offerings)?;
     let total_launched: u32 = rows.iter().map(|r| r.2).sum();
-    prop_assert_eq!(total_launched, plan.launches());
+    prop_assert_eq!(total_launched, plan.launches() + plan.starts());
     for (lane, o, count, _, _) in &rows {
         prop_assert!(*lane < nl);
         prop_assert!(*count > 0, "empty launch");
@@ -675,9 +758,12 @@ fn generator_reaches_every_branch() {
                     Reason::KeepAliveExpired { .. } => "terminate keep-alive",
                     Reason::DecayStep { .. } => "terminate decay",
                     Reason::BudgetBreaker { .. } => "terminate breaker",
+                    Reason::StoppedKeepAliveExpired { .. } => "terminate stopped",
                     _ => "terminate other",
                 },
                 Action::CancelLaunch { .. } => "cancel",
+                Action::Stop { .. } => "stop",
+                Action::Start { .. } => "start",
             };
             *seen.entry(k).or_default() += 1;
         }
@@ -702,7 +788,10 @@ fn generator_reaches_every_branch() {
         "terminate keep-alive",
         "terminate decay",
         "terminate breaker",
+        "terminate stopped",
         "cancel",
+        "stop",
+        "start",
         "held max workers",
         "held quota",
         "held type cap",

@@ -2201,3 +2201,255 @@ fn deadline_jobs_and_gangs_never_ride_along() {
     let plan = World::new(js, vec![]).decide(&cfg, NOW);
     assert_eq!(plan.launches(), 3, "deadline jobs: {plan:#?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Stopped workers: the keep-alive's second slope.
+
+/// A stopped 1-GPU worker (g5.xlarge spot, $0.10/h), stopped `stopped_for` seconds before
+/// [`NOW`], kept stopped until `until`.
+fn stopped(id: &str, seq: u64, stopped_for: f64, until: Option<f64>) -> onoff_policy::WorkerView {
+    let mut w = worker(id, seq, WorkerState::Stopped, 1, NOW - 7200.0, Some(NOW - stopped_for));
+    w.stopped_until = until;
+    w
+}
+
+/// What the stopped break-even is for a $0.10/h worker at the defaults: the 270 s a start saves
+/// over a cold start, at its price plus the wait value, over a 100 GiB gp3 volume's $/h.
+const G5_STOPPED_BREAK_EVEN_S: f64 = 270.0 * (0.10 + 1.0) / (100.0 * 0.08 / 730.0);
+
+fn stops(plan: &onoff_policy::Plan) -> Vec<(&str, f64)> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Stop { worker, keep_s, .. } => Some((worker.as_str(), *keep_s)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn starts(plan: &onoff_policy::Plan) -> Vec<(&str, Option<&str>, &Reason)> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Start {
+                worker, job, reason, ..
+            } => Some((worker.as_str(), job.as_deref(), reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_idle_worker_past_its_keep_alive_is_stopped_not_terminated() {
+    let cfg = stopping_cfg();
+    assert!((G5_STOPPED_BREAK_EVEN_S - 27_101.25).abs() < 1e-6);
+    assert!((keepalive::stopped_break_even_s(0.10, &cfg) - G5_STOPPED_BREAK_EVEN_S).abs() < 1e-6);
+    // Released, it comes back in a start (120 s), not a cold start (390 s): its keep-alive is
+    // priced against that, 120 x (1 + 1 / 0.10) = 1,320 s, not 3,600 s.
+    // (idle for, stopped)
+    for (idle_for, want) in [(1300.0, false), (1321.0, true)] {
+        let plan = World::new(vec![], vec![idle("w", 0, idle_for)]).decide(&cfg, NOW);
+        assert!(terminated(&plan).is_empty(), "idle {idle_for}: {plan:#?}");
+        if want {
+            let s = stops(&plan);
+            assert_eq!(s.len(), 1, "idle {idle_for}: {plan:#?}");
+            // No gaps: kept stopped for the break-even.
+            assert_eq!(s[0].0, "w");
+            assert!((s[0].1 - G5_STOPPED_BREAK_EVEN_S).abs() < 1e-6, "{s:?}");
+            assert!(
+                matches!(plan.actions[0].reason(), Reason::KeepAliveExpired { keep_alive_s, .. }
+                if (keep_alive_s - 1320.0).abs() < 1e-6)
+            );
+        } else {
+            assert!(plan.actions.is_empty(), "idle {idle_for}: {plan:#?}");
+        }
+    }
+    // Terminated where the configuration does not stop it (the worker is spot), or where a start
+    // saves nothing over a cold start; then the keep-alive is priced against a cold start.
+    for (mode, restart, idle_for, expect_release) in [
+        (onoff_policy::StopIdle::OnDemand, 120.0, 1321.0, false),
+        (onoff_policy::StopIdle::OnDemand, 120.0, 3601.0, true),
+        (onoff_policy::StopIdle::Never, 120.0, 3601.0, true),
+        (onoff_policy::StopIdle::SpotAndOnDemand, 390.0, 3601.0, true),
+    ] {
+        let mut cfg = stopping_cfg();
+        cfg.scale_down.stop_idle = mode;
+        cfg.offers.restart_estimate_s = restart;
+        let plan = World::new(vec![], vec![idle("w", 0, idle_for)]).decide(&cfg, NOW);
+        let row = format!("{mode:?}, restart {restart}, idle {idle_for}");
+        assert!(stops(&plan).is_empty(), "{row}: {plan:#?}");
+        assert_eq!(terminated(&plan) == vec!["w"], expect_release, "{row}: {plan:#?}");
+    }
+}
+
+#[test]
+fn a_stopped_worker_is_kept_for_its_place_in_line() {
+    // Gaps of 120 s, 20 of them (trusted): the stopped worker first in line is needed at the
+    // next arrival the idle workers do not take, so it is kept to the gaps' top bucket edge; the
+    // one behind it (a worker stopped already is ahead) twice that.
+    let mut lo = LaneObservation::default();
+    for k in 0..=20 {
+        lo.record_arrival(1, NOW - 20_000.0 + 120.0 * k as f64);
+    }
+    let top = lo.gaps_for(1, 1).unwrap().hist.quantile(1.0).unwrap();
+    let cfg = stopping_cfg();
+    // (workers stopped already, expected keep of the one stopped now)
+    for (ahead, want) in [(0usize, top), (1, 2.0 * top)] {
+        let mut ws = vec![idle("w", 0, 3000.0)];
+        ws.extend((0..ahead).map(|i| stopped(&format!("s{i}"), 10 + i as u64, 60.0, Some(NOW + 3600.0))));
+        let mut w = World::new(vec![], ws);
+        w.lanes = vec![lo.clone()];
+        let plan = w.decide(&cfg, NOW);
+        let s = stops(&plan);
+        assert_eq!(s.len(), 1, "{ahead} ahead: {plan:#?}");
+        assert!(
+            (s[0].1 - want).abs() < 1e-6,
+            "{ahead} ahead: keep {} against {want}",
+            s[0].1
+        );
+    }
+}
+
+#[test]
+fn a_stopped_worker_is_terminated_when_its_keep_ends() {
+    // (stopped for, kept until, terminated)
+    let rows: &[(f64, Option<f64>, bool)] = &[
+        (600.0, Some(NOW + 1.0), false),
+        (600.0, Some(NOW), true),
+        (600.0, Some(NOW - 1.0), true),
+        // No keep recorded: the break-even from its stop.
+        (G5_STOPPED_BREAK_EVEN_S - 1.0, None, false),
+        (G5_STOPPED_BREAK_EVEN_S + 1.0, None, true),
+    ];
+    for &(stopped_for, until, want) in rows {
+        let plan = World::new(vec![], vec![stopped("s", 0, stopped_for, until)]).decide(&stopping_cfg(), NOW);
+        let row = format!("stopped {stopped_for} s, until {until:?}");
+        assert_eq!(terminated(&plan) == vec!["s"], want, "{row}: {plan:#?}");
+        if want {
+            assert!(
+                matches!(plan.actions[0].reason(), Reason::StoppedKeepAliveExpired { stopped_s, keep_s }
+                    if *stopped_s == stopped_for && stopped_s >= keep_s),
+                "{row}: {plan:#?}"
+            );
+        }
+    }
+    // Whatever the configuration says of idle workers now: a stopped worker is not kept forever.
+    let mut cfg = stopping_cfg();
+    cfg.scale_down.stop_idle = onoff_policy::StopIdle::Never;
+    let plan = World::new(vec![], vec![stopped("s", 0, 600.0, Some(NOW - 1.0))]).decide(&cfg, NOW);
+    assert_eq!(terminated(&plan), vec!["s"]);
+}
+
+#[test]
+fn unmet_jobs_start_stopped_workers_before_launching() {
+    // Three 1-GPU jobs; two stopped 1-GPU workers and a stopped 4-GPU one (too big: no job runs
+    // on twice the GPUs it needs): two starts and one launch.
+    let ws = vec![
+        stopped("s1", 1, 600.0, Some(NOW + 3600.0)),
+        stopped("s2", 2, 60.0, Some(NOW + 3600.0)),
+        worker("big", 3, WorkerState::Stopped, 4, NOW - 7200.0, Some(NOW - 600.0)),
+    ];
+    let plan = World::new(jobs("j", 3), ws).decide(&stopping_cfg(), NOW);
+    let s = starts(&plan);
+    // The most recently stopped first among equals; as a launch, for the lane's activation.
+    assert_eq!(s.iter().map(|x| x.0).collect::<Vec<_>>(), vec!["s2", "s1"], "{plan:#?}");
+    assert!(s
+        .iter()
+        .all(|x| x.1.is_none() && *x.2 == Reason::Activation { backlog: 3 }));
+    assert_eq!(plan.launches(), 1, "{plan:#?}");
+    assert_eq!(plan.starts(), 2);
+    // Started workers are capacity like booting ones: nothing is started twice, nothing stopped.
+    assert!(stops(&plan).is_empty() && terminated(&plan).is_empty(), "{plan:#?}");
+}
+
+#[test]
+fn a_stopped_worker_is_started_only_where_a_launch_would_be_worth_it() {
+    let mut unavailable = World::new(jobs("j", 1), vec![stopped("s", 1, 60.0, None)]);
+    unavailable.unavailable = vec![UnavailableOffering {
+        key: key(G5, CapacityType::Spot),
+        until: NOW + 100.0,
+    }];
+    let mut long_job = job("long", 1, NOW - 60.0);
+    long_job.est_runtime_s = Some(36_000.0);
+    let g6 = worker("s6", 1, WorkerState::Stopped, 1, NOW - 7200.0, Some(NOW - 60.0));
+    let g6 = onoff_policy::WorkerView {
+        offering: key(G6, CapacityType::Spot),
+        price_usd_per_h: 0.13,
+        ..g6
+    };
+    let mut short_job = job("short", 1, NOW - 60.0);
+    short_job.est_runtime_s = Some(3600.0);
+    let mut frozen = stopping_cfg();
+    frozen.limits.frozen = true;
+    // (world, config, started)
+    let rows: Vec<(&str, World, onoff_policy::PolicyConfig, bool)> = vec![
+        // Its type just failed a launch in its zone: a start would fail the same.
+        ("unavailable", unavailable, stopping_cfg(), false),
+        // A g6 (30 % dearer) for a 10-hour job: started, it costs about $0.29 more than a g5
+        // launch, more than the start's 270 s and the launch's wait are worth ($0.125).
+        (
+            "dearer for a long job",
+            World::new(vec![long_job], vec![g6.clone()]),
+            stopping_cfg(),
+            false,
+        ),
+        // For a one-hour job the difference, about $0.02, is worth it.
+        (
+            "dearer for a short job",
+            World::new(vec![short_job], vec![g6]),
+            stopping_cfg(),
+            true,
+        ),
+        (
+            "frozen",
+            World::new(jobs("j", 1), vec![stopped("s", 1, 60.0, None)]),
+            frozen,
+            false,
+        ),
+    ];
+    for (row, w, cfg, want) in rows {
+        let plan = w.decide(&cfg, NOW);
+        assert_eq!(!starts(&plan).is_empty(), want, "{row}: {plan:#?}");
+        if !cfg.limits.frozen {
+            assert_eq!(
+                plan.launches() + plan.starts(),
+                1,
+                "{row}: one worker either way: {plan:#?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_deadline_at_risk_starts_a_stopped_on_demand_worker_pinned_to_it() {
+    let mut j = job("d", 1, NOW - 60.0);
+    j.est_runtime_s = Some(3600.0);
+    j.deadline = Some(NOW + 3600.0 + 1000.0);
+    let od = onoff_policy::WorkerView {
+        offering: key(G5, CapacityType::OnDemand),
+        price_usd_per_h: 0.50,
+        ..worker("od", 1, WorkerState::Stopped, 1, NOW - 7200.0, Some(NOW - 60.0))
+    };
+    // A stopped spot worker is no use to it; the on-demand one is started for it alone.
+    let plan = World::new(vec![j], vec![stopped("spot", 2, 60.0, None), od]).decide(&stopping_cfg(), NOW);
+    let s = starts(&plan);
+    assert_eq!(s.len(), 1, "{plan:#?}");
+    assert_eq!((s[0].0, s[0].1), ("od", Some("d")));
+    assert!(matches!(s[0].2, Reason::DeadlineAtRisk { job, .. } if job == "d"));
+    assert_eq!(plan.launches(), 0, "{plan:#?}");
+}
+
+#[test]
+fn the_warm_pool_starts_stopped_workers_before_launching() {
+    let mut cfg = stopping_cfg();
+    cfg.lanes[0].warm_pool = vec![WarmWindow {
+        start_hour: 0,
+        end_hour: 24,
+        size: 2,
+    }];
+    let plan = World::new(vec![], vec![stopped("s", 1, 60.0, None)]).decide(&cfg, NOW);
+    let s = starts(&plan);
+    assert_eq!(s.len(), 1, "{plan:#?}");
+    assert!(matches!(s[0].2, Reason::WarmPool { target: 2, ready: 0 }));
+    assert_eq!(plan.launches(), 1, "{plan:#?}");
+}

@@ -101,7 +101,20 @@ pub struct SimConfig {
     pub boot_min_s: f64,
     /// Longest cold start, seconds; boot times are uniform between the two. Default 600 s.
     pub boot_max_s: f64,
-    /// Probability that one launch call fails with InsufficientCapacity. Default 0.02 (assumption).
+    /// Shortest start of a stopped worker until it takes a job, seconds: no image pull and no model
+    /// download, the volume kept both. Default 60 s (an assumption: EC2's start of a stopped
+    /// instance, the OS and the agent, the model loaded from the volume).
+    pub restart_min_s: f64,
+    /// Longest start of a stopped worker, seconds; starts are uniform between the two. Default
+    /// 180 s (an assumption, as `restart_min_s`; `onoff simulate --restart-min-s/--restart-max-s`
+    /// replays other figures).
+    pub restart_max_s: f64,
+    /// What a stopped worker costs, $/h: its EBS volume, billed from its stop to its start or
+    /// termination. Default 0.011 $/h: a 100 GiB gp3 volume at $0.08 per GB-month (Amazon EBS
+    /// pricing, us-east-1) over 730 hours.
+    pub stopped_usd_per_h: f64,
+    /// Probability that one launch call fails with InsufficientCapacity (and that one start of
+    /// a stopped worker does). Default 0.02 (assumption).
     pub capacity_error_rate: f64,
     /// Spot interruptions (either model). Default true. With `false` and measured preemptions,
     /// spot launches are still refused while a zone's series says unavailable.
@@ -140,6 +153,9 @@ impl Default for SimConfig {
             seed: 1,
             boot_min_s: 180.0,
             boot_max_s: 600.0,
+            restart_min_s: 60.0,
+            restart_max_s: 180.0,
+            stopped_usd_per_h: 100.0 * 0.08 / 730.0,
             capacity_error_rate: 0.02,
             interruptions: true,
             interruption_rate_factor: 1.0,
@@ -208,6 +224,8 @@ pub struct TimelineRow {
     pub idle: u32,
     /// Workers draining.
     pub draining: u32,
+    /// Workers stopped (their volumes kept).
+    pub stopped: u32,
     /// Spend rate, $/h.
     pub usd_per_h: f64,
 }
@@ -236,6 +254,10 @@ pub struct RunReport {
     pub boot_usd: f64,
     /// Instances launched.
     pub launches: u64,
+    /// Stopped workers started again (not counted in `launches`).
+    pub restarts: u64,
+    /// Part of `total_usd` billed for stopped workers' volumes, $.
+    pub stopped_usd: f64,
     /// Instances launched per `type/capacity-type`.
     pub launches_by_offering: std::collections::BTreeMap<String, u64>,
     /// What each `type/capacity-type` was billed, $ and instance-hours (booting, busy and idle
@@ -437,8 +459,11 @@ struct WorkerSim {
     listed: bool,
     /// The job it was launched for (a deadline at risk on spot), claimed first at boot.
     pinned: Option<usize>,
-    /// Its drawn interruption (notice, end) on the agenda, cancelled when it is removed.
+    /// Its drawn interruption (notice, end) on the agenda, cancelled when it is removed or
+    /// stopped.
     timers: Option<[agenda::Key; 2]>,
+    /// When it was stopped (Stopped state): its volume is billed from then.
+    stopped_from: Option<f64>,
 }
 
 /// One simulated zone's place in its measured series.
@@ -497,6 +522,9 @@ struct World {
     boot_gpu_s: f64,
     boot_usd: f64,
     launches: u64,
+    /// Stopped workers started again, and the volume they and the others cost while stopped.
+    restarts: u64,
+    stopped_usd: f64,
     launches_by_offering: std::collections::BTreeMap<String, u64>,
     /// Billed ($, seconds) per offering index.
     billed_by_offering: Vec<(f64, f64)>,
@@ -520,6 +548,9 @@ struct World {
     lane_spot: Vec<bool>,
     /// Booted workers held for the multi-instance job they were launched for, by job index.
     reserved: HashMap<usize, Vec<u64>>,
+    /// Stopped workers being started by `act`: the project and pinned job each is started for
+    /// (recorded by the registry's `mark_started`, read by the fleet's `start`).
+    starting: HashMap<String, (Option<String>, Option<usize>)>,
     /// The fleet figures `decide` reads, kept as workers change ([`FleetIndex`]): every change
     /// to a worker's state or `busy_until` goes through [`World::change_worker`].
     fleet_index: FleetIndex,
@@ -588,28 +619,9 @@ impl World {
                     message: format!("unknown offering {k}"),
                 });
             };
-            let spot = k.capacity_type == CapacityType::Spot;
-            if spot && self.zones.get(self.offering_zone[o]).is_some_and(|z| z.unavailable) {
-                self.capacity_errors += 1;
-                self.spot_unavailable_errors += 1;
-                res.short.push((
-                    k.clone(),
-                    FleetError {
-                        kind: FleetErrorKind::InsufficientCapacity,
-                        message: format!("InsufficientInstanceCapacity (measured: no spot in {})", k.zone),
-                    },
-                ));
-            } else if self.rng.random::<f64>() < self.cfg.capacity_error_rate {
-                self.capacity_errors += 1;
-                res.short.push((
-                    k.clone(),
-                    FleetError {
-                        kind: FleetErrorKind::InsufficientCapacity,
-                        message: format!("InsufficientInstanceCapacity (simulated) for {k}"),
-                    },
-                ));
-            } else {
-                ok.push(o);
+            match self.capacity_error(o) {
+                Some(e) => res.short.push((k.clone(), e)),
+                None => ok.push(o),
             }
         }
         if ok.is_empty() {
@@ -668,6 +680,7 @@ impl World {
                 // Only onoff's agent weighs it (a baseline's workers take any job).
                 spot_price_usd_per_h: self.spot_reference[oi]
                     .filter(|_| self.onoff_agent && self.lane_spot.get(lane).copied().unwrap_or(false)),
+                stopped_until: None,
             });
             self.wsim.push(WorkerSim {
                 num,
@@ -681,24 +694,15 @@ impl World {
                 listed: false,
                 pinned,
                 timers: None,
+                stopped_from: None,
             });
             debug_assert_eq!(self.by_num.len() as u64, num);
             self.by_num.push((self.workers.len() - 1) as u32);
             self.fleet_index
                 .add(self.workers.len() - 1, &self.workers[self.workers.len() - 1]);
             self.push(self.now + boot, Ev::BootDone(num));
-            if spot && self.cfg.interruptions && self.measured.is_none() {
-                let rate = rate * self.cfg.interruption_rate_factor;
-                if rate > 0.0 {
-                    let u: f64 = self.rng.random::<f64>().max(1e-300);
-                    let t = -u.ln() / rate;
-                    let at = self.now + t;
-                    let notice_at = (at - self.cfg.notice_s).max(self.now);
-                    let notice = self.agenda.push_cancellable(notice_at, Ev::Notice(num));
-                    let end = self.agenda.push_cancellable(at, Ev::Interrupt(num));
-                    let i = self.workers.len() - 1;
-                    self.wsim[i].timers = Some([notice, end]);
-                }
+            if spot {
+                self.draw_interruption(self.workers.len() - 1, rate);
             }
             self.launches += 1;
             let label = &self.offering_label[oi];
@@ -714,6 +718,115 @@ impl World {
             });
         }
         out
+    }
+
+    /// A spot worker `i` (just launched or started) at interruption rate `rate` (per second):
+    /// its interruption drawn (advisor model), the notice and the end put on the agenda.
+    fn draw_interruption(&mut self, i: usize, rate: f64) {
+        if !(self.cfg.interruptions && self.measured.is_none()) {
+            return;
+        }
+        let rate = rate * self.cfg.interruption_rate_factor;
+        if rate > 0.0 {
+            let num = self.wsim[i].num;
+            let u: f64 = self.rng.random::<f64>().max(1e-300);
+            let t = -u.ln() / rate;
+            let at = self.now + t;
+            let notice_at = (at - self.cfg.notice_s).max(self.now);
+            let notice = self.agenda.push_cancellable(notice_at, Ev::Notice(num));
+            let end = self.agenda.push_cancellable(at, Ev::Interrupt(num));
+            self.wsim[i].timers = Some([notice, end]);
+        }
+    }
+
+    /// Whether a spot launch or start of offering `o` fails with a capacity error now: its zone's
+    /// measured series says unavailable, or the drawn 2 % (`capacity_error_rate`). `Some` with
+    /// EC2's message when it does (counted).
+    fn capacity_error(&mut self, o: usize) -> Option<FleetError> {
+        let k = &self.offerings[o].key;
+        let spot = k.capacity_type == CapacityType::Spot;
+        if spot && self.zones.get(self.offering_zone[o]).is_some_and(|z| z.unavailable) {
+            self.capacity_errors += 1;
+            self.spot_unavailable_errors += 1;
+            Some(FleetError {
+                kind: FleetErrorKind::InsufficientCapacity,
+                message: format!("InsufficientInstanceCapacity (measured: no spot in {})", k.zone),
+            })
+        } else if self.rng.random::<f64>() < self.cfg.capacity_error_rate {
+            self.capacity_errors += 1;
+            Some(FleetError {
+                kind: FleetErrorKind::InsufficientCapacity,
+                message: format!("InsufficientInstanceCapacity (simulated) for {k}"),
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Stop idle worker `i`: its running time billed, its drawn interruption dropped, its volume
+    /// billed from now on.
+    fn stop_worker(&mut self, i: usize) {
+        self.bill_run(i);
+        for key in self.wsim[i].timers.take().into_iter().flatten() {
+            self.agenda.cancel(key);
+        }
+        let now = self.now;
+        self.wsim[i].stopped_from = Some(now);
+        self.wsim[i].idle_from = None;
+        self.wsim[i].doomed = false;
+        self.change_worker(i, |w| {
+            w.state = WorkerState::Stopped;
+            w.idle_since = Some(now);
+            w.busy_until = None;
+        });
+    }
+
+    /// Start stopped worker `i` again: a capacity error as a launch of its offering would meet,
+    /// else booting for a drawn start (`restart_min_s`..`restart_max_s`), billed as a launch from
+    /// now (60-second minimum), its volume up to now billed, a spot worker's interruption drawn
+    /// afresh.
+    fn start_worker(&mut self, i: usize, project: Option<String>, pinned: Option<usize>) -> Result<(), FleetError> {
+        let oi = self.wsim[i].offering;
+        if let Some(e) = self.capacity_error(oi) {
+            return Err(e);
+        }
+        self.bill_stopped(i);
+        let now = self.now;
+        let boot = self
+            .rng
+            .random_range(self.cfg.restart_min_s..=self.cfg.restart_max_s.max(self.cfg.restart_min_s));
+        let num = self.wsim[i].num;
+        self.wsim[i].ready_at = now + boot;
+        self.wsim[i].pinned = pinned;
+        self.wsim[i].doomed = false;
+        self.change_worker(i, |w| {
+            w.state = WorkerState::Pending;
+            w.launched_at = now;
+            w.idle_since = None;
+            w.stopped_until = None;
+            w.project = project;
+            w.pinned_job = pinned.map(job_id);
+        });
+        self.push(now + boot, Ev::BootDone(num));
+        if self.wsim[i].spot {
+            let rate = self.offerings[oi].interruption_rate_per_s();
+            self.draw_interruption(i, rate);
+        }
+        self.restarts += 1;
+        Ok(())
+    }
+
+    /// Bill stopped worker `i`'s volume up to now (nothing when it is not stopped).
+    fn bill_stopped(&mut self, i: usize) {
+        if let Some(from) = self.wsim[i].stopped_from.take() {
+            let usd = (self.now - from).max(0.0) * self.cfg.stopped_usd_per_h / 3600.0;
+            self.cost += usd;
+            self.stopped_usd += usd;
+            if self.completed as usize == self.jobs.len() {
+                let after = (self.now - from.max(self.last_completion)).max(0.0);
+                self.tail_usd += after * self.cfg.stopped_usd_per_h / 3600.0;
+            }
+        }
     }
 
     /// Worker `i` turned idle: list it for `dispatch` (once).
@@ -777,7 +890,7 @@ impl World {
             let doomed: Vec<u64> = self
                 .wsim
                 .iter_mut()
-                .filter(|w| w.zone == z && w.spot && !w.doomed)
+                .filter(|w| w.zone == z && w.spot && !w.doomed && w.stopped_from.is_none())
                 .map(|w| {
                     w.doomed = true;
                     w.num
@@ -798,6 +911,42 @@ impl World {
     /// Remove a worker: bill it, requeue its job if it had one.
     fn remove_worker(&mut self, num: u64, interrupted: bool) {
         let Some(i) = self.worker_idx(num) else { return };
+        if self.wsim[i].stopped_from.is_some() {
+            self.bill_stopped(i);
+        } else {
+            self.bill_run(i);
+        }
+        let ws = &self.wsim[i];
+        if let Some(job) = ws.job {
+            if !interrupted {
+                self.busy_terminations += 1;
+            }
+            self.preempt_job(job, false);
+        }
+        for key in self.wsim[i].timers.into_iter().flatten() {
+            self.agenda.cancel(key);
+        }
+        self.fleet_index.remove(i, &self.workers[i]);
+        self.by_num[num as usize] = NO_WORKER;
+        self.workers.swap_remove(i);
+        self.wsim.swap_remove(i);
+        if i < self.workers.len() {
+            self.fleet_index.moved(self.workers.len(), i, &self.workers[i]);
+            let moved = self.wsim[i].num;
+            self.by_num[moved as usize] = i as u32;
+        }
+        debug_assert!(
+            self.agenda.cancellable().all(|ev| match *ev {
+                Ev::Notice(n) | Ev::Interrupt(n) => self.worker_idx(n).is_some(),
+                _ => false,
+            }),
+            "a timer outlived its worker"
+        );
+    }
+
+    /// Bill worker `i`'s run from its launch (or start) to now: per second with the 60-second
+    /// minimum, its boot and its idle time counted.
+    fn bill_run(&mut self, i: usize) {
         let w = &self.workers[i];
         let ws = &self.wsim[i];
         let billed = (self.now - w.launched_at).max(60.0);
@@ -825,31 +974,6 @@ impl World {
             self.idle_gpu_s += (self.now - from) * w.gpus as f64;
             self.idle_usd += (self.now - from) * w.price_usd_per_h / 3600.0;
         }
-        if let Some(job) = ws.job {
-            if !interrupted {
-                self.busy_terminations += 1;
-            }
-            self.preempt_job(job, false);
-        }
-        for key in self.wsim[i].timers.into_iter().flatten() {
-            self.agenda.cancel(key);
-        }
-        self.fleet_index.remove(i, &self.workers[i]);
-        self.by_num[num as usize] = NO_WORKER;
-        self.workers.swap_remove(i);
-        self.wsim.swap_remove(i);
-        if i < self.workers.len() {
-            self.fleet_index.moved(self.workers.len(), i, &self.workers[i]);
-            let moved = self.wsim[i].num;
-            self.by_num[moved as usize] = i as u32;
-        }
-        debug_assert!(
-            self.agenda.cancellable().all(|ev| match *ev {
-                Ev::Notice(n) | Ev::Interrupt(n) => self.worker_idx(n).is_some(),
-                _ => false,
-            }),
-            "a timer outlived its worker"
-        );
     }
 
     /// Stop a running job (notice or lost worker): keep the checkpointed work, requeue the rest.
@@ -1135,16 +1259,21 @@ impl World {
             busy: 0,
             idle: 0,
             draining: 0,
+            stopped: 0,
             usd_per_h: 0.0,
         };
         for w in &self.workers {
-            r.usd_per_h += w.price_usd_per_h;
             match w.state {
                 WorkerState::Pending => r.pending += 1,
                 WorkerState::Running => r.busy += 1,
                 WorkerState::Idle => r.idle += 1,
                 WorkerState::Draining | WorkerState::Terminating => r.draining += 1,
+                WorkerState::Stopped => r.stopped += 1,
             }
+            r.usd_per_h += match w.state {
+                WorkerState::Stopped => self.cfg.stopped_usd_per_h,
+                _ => w.price_usd_per_h,
+            };
         }
         r
     }
@@ -1174,6 +1303,32 @@ impl Fleet for SimPorts<'_> {
     async fn cancel_launch(&self, ids: &[String]) -> Result<(), FleetError> {
         self.terminate(ids).await
     }
+    async fn stop(&self, ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
+        let mut w = self.0.borrow_mut();
+        for id in ids {
+            if let Some(i) = w.worker_by_id(id).filter(|&i| w.workers[i].state == WorkerState::Idle) {
+                w.stop_worker(i);
+            }
+        }
+        Ok(Vec::new())
+    }
+    async fn start(&self, ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
+        let mut w = self.0.borrow_mut();
+        let mut refused = Vec::new();
+        for id in ids {
+            let Some(i) = w
+                .worker_by_id(id)
+                .filter(|&i| w.workers[i].state == WorkerState::Stopped)
+            else {
+                continue;
+            };
+            let (project, pinned) = w.starting.remove(id).unwrap_or_default();
+            if let Err(e) = w.start_worker(i, project, pinned) {
+                refused.push((id.clone(), e));
+            }
+        }
+        Ok(refused)
+    }
 }
 
 impl WorkerRegistry for SimPorts<'_> {
@@ -1199,6 +1354,34 @@ impl WorkerRegistry for SimPorts<'_> {
     async fn set_price_if_unpriced(&self, _id: &str, _price_usd_per_h: f64) -> Result<bool, StoreError> {
         // Every simulated worker is priced at its launch.
         Ok(false)
+    }
+    async fn mark_stopped(&self, id: &str, _at: f64, until: f64) -> Result<bool, StoreError> {
+        // The simulated fleet's `stop` moves the worker (and bills it); here the check, and the
+        // keep recorded on its view.
+        let mut w = self.0.borrow_mut();
+        let i = w.worker_by_id(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        if !matches!(w.workers[i].state, WorkerState::Idle | WorkerState::Stopped) {
+            return Ok(false);
+        }
+        w.workers[i].stopped_until = Some(until);
+        Ok(true)
+    }
+    async fn mark_started(
+        &self,
+        id: &str,
+        _at: f64,
+        project: Option<&str>,
+        job: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        // The simulated fleet's `start` moves the worker; what it is started for is kept for it.
+        let mut w = self.0.borrow_mut();
+        let i = w.worker_by_id(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        if w.workers[i].state != WorkerState::Stopped {
+            return Ok(false);
+        }
+        let pinned = job.and_then(job_index).filter(|&j| j < w.jobs.len());
+        w.starting.insert(id.to_string(), (project.map(str::to_string), pinned));
+        Ok(true)
     }
     async fn hold_idle(&self, _id: &str, _until: f64) -> Result<bool, StoreError> {
         // Simulated workers end only as the policy says (the functions renew every idle worker's
@@ -1391,6 +1574,8 @@ pub fn run(
         boot_gpu_s: 0.0,
         boot_usd: 0.0,
         launches: 0,
+        restarts: 0,
+        stopped_usd: 0.0,
         launches_by_offering: Default::default(),
         billed_by_offering: vec![(0.0, 0.0); offerings.len()],
         capacity_errors: 0,
@@ -1415,6 +1600,7 @@ pub fn run(
             .collect(),
         lane_spot: pcfg.lanes.iter().map(|l| l.capacity.may_use_spot()).collect(),
         reserved: HashMap::new(),
+        starting: HashMap::new(),
     };
     // Arrivals are fed from the (sorted) trace as the clock reaches them, so the agenda stays
     // small; at equal times an arrival goes first, as if it had been queued first. A hand-made
@@ -1599,7 +1785,7 @@ pub fn run(
                     let until = now + pcfg.offers.short_job_horizon_s + 1.0;
                     let named: Vec<usize> = (0..w.workers.len())
                         .filter(|&i| match (w.workers[i].state, w.workers[i].busy_until) {
-                            (WorkerState::Idle | WorkerState::Pending, _) => true,
+                            (WorkerState::Idle | WorkerState::Pending | WorkerState::Stopped, _) => true,
                             (WorkerState::Running, Some(t)) => t < until,
                             _ => false,
                         })
@@ -1651,10 +1837,17 @@ pub fn run(
         w.now = end + tail_s;
     }
     let nums: Vec<u64> = w.wsim.iter().map(|s| s.num).collect();
+    let retire_at = w.now;
     for num in nums {
         if let Some(i) = w.worker_idx(num) {
             // A job still running at the end is lost, not preempted.
             w.wsim[i].job = None;
+            // A stopped worker's volume bills until the policy would terminate it: its stopped
+            // keep-alive (hours) is not replayed tick by tick after the last job.
+            w.now = match (w.wsim[i].stopped_from, w.workers[i].stopped_until) {
+                (Some(_), Some(until)) => until.max(retire_at),
+                _ => retire_at,
+            };
         }
         w.remove_worker(num, true);
     }
@@ -1714,6 +1907,8 @@ pub fn run(
         keep_alive_tail_usd: w.tail_usd,
         boot_usd: w.boot_usd,
         launches: w.launches,
+        restarts: w.restarts,
+        stopped_usd: w.stopped_usd,
         launches_by_offering: std::mem::take(&mut w.launches_by_offering),
         spend_by_offering: spend_by_offering(&w.offering_label, &w.billed_by_offering),
         capacity_errors: w.capacity_errors,

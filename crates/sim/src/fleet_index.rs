@@ -62,7 +62,7 @@ pub(crate) struct FleetIndex {
     launched: Vec<Floats>,
     /// Per (GPUs, GPU memory bits): prices of the live workers, $/h.
     prices: Vec<((u32, u64), Floats)>,
-    /// Indices of the idle and booting workers.
+    /// Indices of the idle, booting and stopped workers.
     awake: BTreeSet<usize>,
     /// (`busy_until` as [`ordered`], index) of the running workers with an expected end.
     running: BTreeSet<(u64, usize)>,
@@ -101,8 +101,8 @@ impl FleetIndex {
         self.mark(to, brief(w), true);
     }
 
-    /// The worker `w` at index `i` changed from `before`. Its lane, shape, price and launch
-    /// time never change.
+    /// The worker `w` at index `i` changed from `before`. Its lane, shape and price never change,
+    /// nor its launch time but while it is not live (a stopped worker started again).
     pub(crate) fn change(&mut self, i: usize, before: Brief, w: &WorkerView) {
         match (before.0.is_live(), w.is_live()) {
             (false, true) => self.count(w, true),
@@ -138,7 +138,7 @@ impl FleetIndex {
     /// Name (or stop naming) index `i` among the workers a decision may visit.
     fn mark(&mut self, i: usize, (state, busy_until): Brief, on: bool) {
         match (state, busy_until) {
-            (WorkerState::Idle | WorkerState::Pending, _) => {
+            (WorkerState::Idle | WorkerState::Pending | WorkerState::Stopped, _) => {
                 if on {
                     self.awake.insert(i);
                 } else {
@@ -215,6 +215,7 @@ mod tests {
             busy_until,
             pinned_job: None,
             spot_price_usd_per_h: None,
+            stopped_until: None,
         }
     }
 

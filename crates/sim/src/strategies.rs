@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use onoff_policy::choice::{self, Request};
 use onoff_policy::{
     decide_with_memo, Action, CapacityPreference, KeepAliveMode, LaunchShape, Observation, Offering, PendingJob, Plan,
-    PolicyConfig, RankMemo, Reason, WorkerState, WorkerView,
+    PolicyConfig, RankMemo, Reason, StopIdle, WorkerState, WorkerView,
 };
 
 use crate::engine::Strategy;
@@ -47,11 +47,13 @@ impl PolicyStrategy {
         }
     }
 
-    /// `fixed-idle-10m`: `cfg` with a fixed 600 s idle timeout and no warm pool (scheduled or
-    /// predictive).
+    /// `fixed-idle-10m`: `cfg` with a fixed 600 s idle timeout, no warm pool (scheduled or
+    /// predictive) and no stopped workers (an idle worker is terminated, as a fixed idle timeout
+    /// does elsewhere).
     pub fn fixed_idle_10m(mut cfg: PolicyConfig) -> Self {
         cfg.scale_down.mode = KeepAliveMode::Fixed;
         cfg.scale_down.fixed_idle_timeout_s = 600.0;
+        cfg.scale_down.stop_idle = StopIdle::Never;
         for l in &mut cfg.lanes {
             l.warm_pool.clear();
             l.predictive_max = 0;

@@ -339,6 +339,8 @@ mod tests {
         let mut base = PolicyConfig::default();
         base.lanes.iter_mut().for_each(|l| l.predictive_max = 0);
         base.scale_down.mode = onoff_policy::KeepAliveMode::Fixed;
+        // Released workers terminated (the billing below is hand-computed for that).
+        base.scale_down.stop_idle = onoff_policy::StopIdle::Never;
         base.anti_thrash.scale_down_delay_after_scale_up_s = 0.0;
         base.offers.min_gpu_memory_gib = 0.0;
         let sim = SimConfig {

@@ -64,7 +64,8 @@ fn sim(boot_s: f64) -> SimConfig {
     }
 }
 
-/// One lane, fixed idle timeout of `idle_s`.
+/// One lane, fixed idle timeout of `idle_s`, idle workers terminated at it (not stopped: the
+/// stopped workers' own test below turns that on).
 fn policy(idle_s: f64) -> PolicyConfig {
     // No warm pool (the predictive one off): the sums below follow the keep-alive alone.
     let lane = LaneConfig {
@@ -77,6 +78,7 @@ fn policy(idle_s: f64) -> PolicyConfig {
     };
     cfg.scale_down.mode = KeepAliveMode::Fixed;
     cfg.scale_down.fixed_idle_timeout_s = idle_s;
+    cfg.scale_down.stop_idle = onoff_policy::StopIdle::Never;
     cfg.offers.min_gpu_memory_gib = 0.0;
     cfg
 }
@@ -107,6 +109,46 @@ fn one_job_pays_boot_plus_run_and_waits_for_the_boot() {
     );
     assert!(close(r.boot_usd, 300.0 / 3600.0), "boot {}", r.boot_usd);
     assert!(close(r.wait_p50_s, 300.0));
+}
+
+#[test]
+fn a_stopped_worker_bills_its_volume_and_starts_again_in_the_restart_time() {
+    // A (0 s, 3,600 s): boot 300 s, runs to 3,900 s, idle 600 s: stopped at the tick of 4,500 s
+    // (instance billed 0..4,500 s). B arrives at 10,000 s: the stopped worker is started (100 s,
+    // not a 300 s cold start), runs B 10,100..10,700 s, idles 600 s and is stopped at the tick of
+    // 11,340 s (billed 10,000..11,340 s). Two arrivals are too few gaps to trust: it is kept
+    // stopped for the break-even, 270 s saved x ($1/h + $1/h of waiting) / $0.011/h (the
+    // policy's 100 GiB gp3 volume). The volume, $0.01/h here, bills while stopped: 4,500..10,000 s
+    // and from 11,340 s to the end of that keep (the replay ends a keep-alive after the last job
+    // and bills a stopped worker to its keep, as the policy would terminate it then).
+    let mut cfg = policy(600.0);
+    cfg.scale_down.stop_idle = onoff_policy::StopIdle::SpotAndOnDemand;
+    let s = SimConfig {
+        restart_min_s: 100.0,
+        restart_max_s: 100.0,
+        stopped_usd_per_h: 0.01,
+        ..sim(300.0)
+    };
+    let r = run_policy(&trace(&[(0.0, 3600.0, 1), (10_000.0, 600.0, 1)]), cfg, &s);
+    assert_eq!((r.jobs_completed, r.launches, r.restarts), (2, 1, 1));
+    // Waits: 300 s for A's cold start, 100 s for B's start.
+    assert!(close(r.wait_p99_s, 300.0) && close(r.wait_mean_s, 200.0), "{r:?}");
+    let keep: f64 = 270.0 * 2.0 / (100.0 * 0.08 / 730.0);
+    let ended = 11_340.0 + keep;
+    let stopped_s = (10_000.0 - 4_500.0) + (ended - 11_340.0);
+    assert!(
+        close(r.stopped_usd, stopped_s * 0.01 / 3600.0),
+        "stopped {} over {stopped_s} s",
+        r.stopped_usd
+    );
+    let run_s = 4_500.0 + (11_340.0 - 10_000.0);
+    assert!(
+        close(r.total_usd, run_s / 3600.0 + stopped_s * 0.01 / 3600.0),
+        "total {}",
+        r.total_usd
+    );
+    // Boots billed: 300 s cold, 100 s started.
+    assert!(close(r.boot_usd, 400.0 / 3600.0), "boot {}", r.boot_usd);
 }
 
 #[test]
@@ -281,7 +323,10 @@ fn after_the_last_job_each_worker_is_billed_until_its_keep_alive_releases_it() {
     let s = sim(15.0);
     let fixed = run_policy(&t, policy(600.0), &s);
     let mut adaptive = policy(600.0);
-    adaptive.scale_down = onoff_policy::ScaleDownConfig::default();
+    adaptive.scale_down = onoff_policy::ScaleDownConfig {
+        stop_idle: onoff_policy::StopIdle::Never,
+        ..Default::default()
+    };
     let adaptive = run_policy(&t, adaptive, &s);
     for r in [&fixed, &adaptive] {
         assert_eq!((r.jobs_completed, r.launches), (180, 1), "{r:?}");
@@ -312,7 +357,10 @@ fn a_warm_pool_held_past_the_last_job_is_billed_to_the_longest_keep_alive_and_no
     // decision interval (60 s), and retires it there. One job (0 s, 600 s), boots of 300 s: the
     // worker launched for it is the one the pool holds.
     let mut cfg = policy(600.0);
-    cfg.scale_down = onoff_policy::ScaleDownConfig::default();
+    cfg.scale_down = onoff_policy::ScaleDownConfig {
+        stop_idle: onoff_policy::StopIdle::Never,
+        ..Default::default()
+    };
     cfg.lanes[0].warm_pool = vec![onoff_policy::WarmWindow {
         start_hour: 0,
         end_hour: 24,

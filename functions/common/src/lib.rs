@@ -441,9 +441,14 @@ where
         // The fleet as the run left it: no second listing of the workers table per invocation.
         let workers = &report.workers;
         let count = |st: WorkerState| workers.iter().filter(|w| w.state == st).count() as f64;
+        // A stopped worker bills its volume only.
+        let stopped_usd_per_h = self.settings.policy.scale_down.stopped_usd_per_h;
         let spend: f64 = workers
             .iter()
-            .map(|w| onoff_control::reconcile::worker_price_usd_per_h(w, offerings))
+            .map(|w| match w.state {
+                WorkerState::Stopped => stopped_usd_per_h,
+                _ => onoff_control::reconcile::worker_price_usd_per_h(w, offerings),
+            })
             .sum();
         let idle_max = idle_seconds_max(workers, now);
         emf::emit(&emf::line(
@@ -455,9 +460,12 @@ where
                 ("WorkersRunning", count(WorkerState::Running), "Count"),
                 ("WorkersIdle", count(WorkerState::Idle), "Count"),
                 ("WorkersDraining", count(WorkerState::Draining), "Count"),
+                ("WorkersStopped", count(WorkerState::Stopped), "Count"),
                 ("SpendUsdPerHour", spend, "None"),
                 ("IdleSecondsMax", idle_max, "Seconds"),
                 ("Launches", report.acted.launched.len() as f64, "Count"),
+                ("Starts", report.acted.started.len() as f64, "Count"),
+                ("Stops", report.acted.stopped.len() as f64, "Count"),
                 ("LaunchesRefusedByQuota", report.acted.quotas_full.len() as f64, "Count"),
                 ("JobsRequeued", report.jobs_requeued.len() as f64, "Count"),
                 ("JobsWoken", report.jobs_woken.len() as f64, "Count"),
@@ -473,6 +481,8 @@ fn action_name(a: &Action) -> &'static str {
         Action::Launch { .. } => "launch",
         Action::Terminate { .. } => "terminate",
         Action::CancelLaunch { .. } => "cancel_launch",
+        Action::Stop { .. } => "stop",
+        Action::Start { .. } => "start",
     }
 }
 

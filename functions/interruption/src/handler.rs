@@ -228,8 +228,8 @@ mod tests {
         // ...but still running, and its job still held by it: only the spot warning stops it.
         assert!(ctx.fleet.running().contains_key(id));
         assert!(!ctx.fleet.calls().iter().any(|c| match c {
-            FleetCall::Terminate(ids) | FleetCall::Cancel(ids) => ids.iter().any(|i| i == id),
-            FleetCall::Launch(_) => false,
+            FleetCall::Terminate(ids) | FleetCall::Cancel(ids) | FleetCall::Stop(ids) => ids.iter().any(|i| i == id),
+            FleetCall::Launch(_) | FleetCall::Start(_) => false,
         }));
         let rec = &ctx.jobs.records()[&job];
         assert_eq!((rec.state, rec.lease_owner.as_deref()), (JobState::Running, Some(id)));

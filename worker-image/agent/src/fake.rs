@@ -316,8 +316,11 @@ impl Registry for FakeRegistry {
         let retiring = match state {
             // Deregistering: always (the DynamoDB adapter's agent registry writes it unconditionally).
             WorkerState::Terminating => false,
-            WorkerState::Draining => row.state == WorkerState::Terminating,
-            _ => matches!(row.state, WorkerState::Draining | WorkerState::Terminating),
+            WorkerState::Draining => matches!(row.state, WorkerState::Terminating | WorkerState::Stopped),
+            _ => matches!(
+                row.state,
+                WorkerState::Draining | WorkerState::Terminating | WorkerState::Stopped
+            ),
         };
         if retiring {
             self.set_agent_view(id, row.state, row.idle_since, Some(now));

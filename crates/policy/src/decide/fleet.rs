@@ -81,6 +81,8 @@ pub(crate) struct Fleet<'a> {
     pub(crate) idle: PerLane<Workers<'a>>,
     /// Booting workers per lane.
     pub(crate) pending: PerLane<Workers<'a>>,
+    /// Stopped workers per lane (not live: a start makes them capacity again).
+    pub(crate) stopped: PerLane<Workers<'a>>,
     /// The budget cap, when the spend is over it (no launches, idle workers released).
     pub(crate) breaker: Option<f64>,
     /// Cheapest price of a live worker per (GPUs, GPU memory bits), $/h: what the warm pool of a
@@ -197,6 +199,7 @@ impl<'a> Fleet<'a> {
             free_before: PerLane::new(),
             idle: PerLane::new(),
             pending: PerLane::new(),
+            stopped: PerLane::new(),
             breaker: None,
             cheapest: SmallVec::new(),
             pinned_met: Vec::new(),
@@ -206,15 +209,20 @@ impl<'a> Fleet<'a> {
             f.free.push(Classes::new());
             f.idle.push(Workers::new());
             f.pending.push(Workers::new());
+            f.stopped.push(Workers::new());
         }
         f
     }
 
     /// Worker `w`'s part in the free capacity: set aside when pinned to a job (booting or idle),
-    /// else counted when idle, booting or ending its job within the short-job horizon. Most
-    /// workers run a long job: no free capacity, and no call.
+    /// else counted when idle, booting or ending its job within the short-job horizon; a stopped
+    /// worker is listed as such. Most workers run a long job: no free capacity, and no call.
     #[inline]
     fn visit(&mut self, w: &'a WorkerView, pinned: &mut Vec<&'a WorkerView>, cfg: &PolicyConfig, now: f64) {
+        if w.state == WorkerState::Stopped {
+            self.stopped[w.lane].push(w);
+            return;
+        }
         if w.pinned_job.is_some() && matches!(w.state, WorkerState::Pending | WorkerState::Idle) {
             pinned.push(w);
             return;
@@ -278,6 +286,7 @@ impl<'a> Fleet<'a> {
         (
             (self.spend, self.live_total, &self.lane_live, &self.last_launch),
             (&self.free, &self.free_before, ids(&self.idle), ids(&self.pending)),
+            ids(&self.stopped),
             (self.breaker, cheapest, &self.pinned_met),
         )
     }
@@ -331,8 +340,12 @@ fn fill_by_pass<'a>(f: &mut Fleet<'a>, obs: &Observation<'a>, cfg: &PolicyConfig
     };
     let budget = cfg.limits.max_usd_per_h.is_some();
     for w in obs.workers.iter().filter(|w| w.lane < nl) {
-        if budget && w.state != WorkerState::Terminating {
-            f.spend += w.price_usd_per_h;
+        if budget {
+            f.spend += match w.state {
+                WorkerState::Terminating => 0.0,
+                WorkerState::Stopped => cfg.scale_down.stopped_usd_per_h,
+                _ => w.price_usd_per_h,
+            };
         }
         if w.is_live() {
             let (k, price) = ((w.gpus, w.gpu_memory_gib.to_bits()), w.price_usd_per_h);
@@ -413,6 +426,7 @@ mod tests {
             busy_until: None,
             pinned_job: None,
             spot_price_usd_per_h: None,
+            stopped_until: None,
             seq: 0,
             offering: crate::offering::OfferingKey {
                 instance_type: "g5.xlarge".into(),

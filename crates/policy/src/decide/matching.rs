@@ -196,6 +196,7 @@ mod tests {
             busy_until: None,
             pinned_job: None,
             spot_price_usd_per_h: None,
+            stopped_until: None,
         }
     }
 

@@ -91,10 +91,98 @@ struct Line {
     cut: Option<f64>,
 }
 
+/// The stopped workers of one GPU count in a lane, in line for the stopped keep-alive: the new
+/// ones join the back of the line.
+struct StopLine {
+    gpus: u32,
+    /// Workers in line: stopped already (scale-up did not start them), and stopped by this plan.
+    len: u32,
+    /// The gaps' curve of the shapes they serve, if trusted.
+    curve: Option<Box<keepalive::GapCurve>>,
+    /// Mean worker units an arrival of those shapes brings.
+    units: f64,
+}
+
+/// Release idle worker `w` of `lane` for `reason`: stopped when `scale_down.stop_idle` covers it
+/// and a start saves anything over a cold start ([`keepalive::stops`]), kept stopped for its
+/// place at the back of its size's line of stopped workers (`lines`, built as needed from
+/// `stopped`; [`keepalive::stopped_keep_s`]); else terminated.
+#[allow(clippy::too_many_arguments)]
+fn release(
+    obs: &Observation<'_>,
+    cfg: &PolicyConfig,
+    lane: LaneId,
+    stopped: &[&WorkerView],
+    lines: &mut smallvec::SmallVec<[StopLine; 4]>,
+    w: &WorkerView,
+    reason: Reason,
+) -> Action {
+    let worker = w.id.clone();
+    if !keepalive::stops(w.offering.capacity_type, w.price_usd_per_h, cfg) {
+        return Action::Terminate { worker, reason };
+    }
+    let oc = &cfg.offers;
+    let li = match lines.iter().position(|l| l.gpus == w.gpus) {
+        Some(i) => i,
+        None => {
+            let shape = obs
+                .lanes
+                .get(lane)
+                .and_then(|o| o.gaps_for(w.gpus, oc.max_gpu_oversize));
+            lines.push(StopLine {
+                gpus: w.gpus,
+                len: stopped.iter().filter(|s| s.gpus == w.gpus).count() as u32,
+                curve: shape
+                    .filter(|s| keepalive::trusted(&s.hist, &cfg.scale_down))
+                    .map(|s| Box::new(keepalive::GapCurve::new(&s.hist))),
+                units: shape.map_or(1.0, |s| {
+                    s.mean_worker_units(oc.short_job_horizon_s, oc.default_runtime_s)
+                }),
+            });
+            lines.len() - 1
+        }
+    };
+    let line = &mut lines[li];
+    let until_needed = keepalive::arrivals_until_needed(line.len, line.units);
+    line.len += 1;
+    let keep_s = keepalive::stopped_keep_s(line.curve.as_deref(), until_needed, w.price_usd_per_h, cfg);
+    Action::Stop { worker, keep_s, reason }
+}
+
+/// Terminate `lane`'s stopped workers (those scale-up did not start) once their stopped keep-alive
+/// is over: `stopped_until`, set when they were stopped ([`release`]); for a stopped worker
+/// without one, the break-even from its stop ([`keepalive::stopped_keep_s`] without gaps).
+fn release_stopped(cfg: &PolicyConfig, now: f64, stopped: &[&WorkerView], plan: &mut Plan) {
+    // Stopped since its stop (a failed start leaves it stopped since that start's time).
+    let since = |w: &WorkerView| w.idle_since.unwrap_or(w.launched_at);
+    let mut expired: smallvec::SmallVec<[(&WorkerView, f64); 4]> = stopped
+        .iter()
+        .filter_map(|&w| {
+            let until = w
+                .stopped_until
+                .unwrap_or_else(|| since(w) + keepalive::stopped_keep_s(None, 1.0, w.price_usd_per_h, cfg));
+            (now >= until).then_some((w, until))
+        })
+        .collect();
+    // In the order of their ids: the plan never depends on the order the workers came in.
+    expired.sort_unstable_by(|a, b| a.0.id.cmp(&b.0.id));
+    for (w, until) in expired {
+        plan.actions.push(Action::Terminate {
+            worker: w.id.clone(),
+            reason: Reason::StoppedKeepAliveExpired {
+                stopped_s: now - since(w),
+                keep_s: until - since(w),
+            },
+        });
+    }
+}
+
 /// Release `lane`'s idle workers nobody matched once their keep-alive ran out (the most recently
 /// idle ones of the warm shape form the warm pool and stay; the keep-alive of the others depends
 /// on their place in line, see [`keepalive::keep_alive_s`]); over the budget cap, every idle
-/// worker past the minimum run time goes. Nothing is released within the delay after a scale-up
+/// worker past the minimum run time goes. A released worker is stopped or terminated
+/// ([`release`]); stopped workers past their stopped keep-alive are terminated
+/// ([`release_stopped`]). Nothing is released within the delay after a scale-up
 /// or while the backlog is over `scale_down_max_backlog`. Booting workers are cancelled only when
 /// the lane has no queued job at all (`queue_empty`), the warm pool's share excepted.
 #[allow(clippy::too_many_arguments)]
@@ -124,19 +212,21 @@ pub(crate) fn scale_down(
             .then(b.seq.cmp(&a.seq))
     });
     let idle_free = skip_consumed(idle, &fleet.free[lane], consumed_idle);
+    let stopped = &fleet.stopped[lane];
+    release_stopped(cfg, now, stopped, plan);
+    let mut stop_lines: smallvec::SmallVec<[StopLine; 4]> = smallvec::SmallVec::new();
 
     if let Some(cap) = fleet.breaker {
         for w in idle_free
             .iter()
             .filter(|w| now - w.launched_at >= cfg.anti_thrash.min_runtime_s)
         {
-            plan.actions.push(Action::Terminate {
-                worker: w.id.clone(),
-                reason: Reason::BudgetBreaker {
-                    spend_usd_per_h: fleet.spend,
-                    cap_usd_per_h: cap,
-                },
-            });
+            let reason = Reason::BudgetBreaker {
+                spend_usd_per_h: fleet.spend,
+                cap_usd_per_h: cap,
+            };
+            plan.actions
+                .push(release(obs, cfg, lane, stopped, &mut stop_lines, w, reason));
         }
         return;
     }
@@ -220,10 +310,17 @@ pub(crate) fn scale_down(
                     }
                     None => keepalive::arrivals_until_needed(rank, *units),
                 };
+                // Released, a worker that is stopped comes back in a start, not a cold start: its
+                // keep-alive is priced against that (the multislope ski rental's first slope).
+                let release_boot = if keepalive::stops(w.offering.capacity_type, w.price_usd_per_h, cfg) {
+                    oc.restart_estimate_s
+                } else {
+                    oc.boot_estimate_s
+                };
                 let own = keepalive::keep_alive_with_curve_s(
                     curve.as_ref(),
                     until_needed,
-                    oc.boot_estimate_s,
+                    release_boot,
                     w.price_usd_per_h,
                     &cfg.scale_down,
                 );
@@ -258,10 +355,8 @@ pub(crate) fn scale_down(
             }
         };
         if let Some(reason) = reason {
-            plan.actions.push(Action::Terminate {
-                worker: w.id.clone(),
-                reason,
-            });
+            plan.actions
+                .push(release(obs, cfg, lane, stopped, &mut stop_lines, w, reason));
         }
     }
     // Booting workers nothing needs: only when the lane has no queued job at all.

@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::choice::{self, PriceTable, RankMemo, Request};
 use crate::config::{CapacityPreference, PolicyConfig};
-use crate::observation::{LaneId, Observation, PendingJob};
-use crate::offering::Offering;
+use crate::observation::{LaneId, Observation, PendingJob, WorkerView};
+use crate::offering::{Offering, OfferingKey};
 use crate::plan::{Action, Held, LaunchShape, Plan, Reason};
 
 use super::fleet::Fleet;
@@ -445,12 +445,30 @@ fn scale_up_lane<'a>(
                 job: job.id.clone(),
                 slack_s: slack,
             };
+            let starts = StartFor {
+                lane,
+                req: &req,
+                project: Some(project),
+                job: Some(&job.id),
+                reason: &reason,
+            };
+            let started = push_starts(
+                plan,
+                &mut b.stopped[lane],
+                obs,
+                table,
+                now,
+                &starts,
+                instances,
+                f64::INFINITY,
+                cfg,
+            );
             push_launches_booked(
                 plan,
                 lane,
                 ranked,
                 &req,
-                instances,
+                instances - started,
                 Some(project),
                 Some(&job.id),
                 reason,
@@ -485,12 +503,30 @@ fn scale_up_lane<'a>(
         b.live_total -= spare;
         b.lane_live[lane] -= spare;
         let ranked = &ranked_cache[&g.key][..g.worth];
+        let starts = StartFor {
+            lane,
+            req: &g.req,
+            project: Some(g.project),
+            job: None,
+            reason: &reason,
+        };
+        let started = push_starts(
+            plan,
+            &mut b.stopped[lane],
+            obs,
+            table,
+            now,
+            &starts,
+            workers,
+            g.max_cost,
+            cfg,
+        );
         push_launches_booked(
             plan,
             lane,
             ranked,
             &g.req,
-            workers,
+            workers - started,
             Some(g.project),
             None,
             reason.clone(),
@@ -501,6 +537,116 @@ fn scale_up_lane<'a>(
     for (_, (count, reason)) in held {
         plan.held.push(Held { lane, count, reason });
     }
+}
+
+/// What capacity started from stopped workers is for.
+pub(crate) struct StartFor<'r> {
+    pub(crate) lane: LaneId,
+    pub(crate) req: &'r Request,
+    pub(crate) project: Option<&'r str>,
+    /// The job it is pinned to (a deadline at risk on spot).
+    pub(crate) job: Option<&'r str>,
+    pub(crate) reason: &'r Reason,
+}
+
+/// Start up to `n` of a lane's stopped workers (`stopped`; the ones started are taken out of
+/// it) for `for_.req` instead of launching, the cheapest per job first; returns how many were
+/// started. A stopped worker is started when it fits the request (GPUs, memory, capacity type),
+/// its offering is available and still allowed, and its expected cost per job started
+/// ([`PriceTable::restart_cost`]), less the wait a start saves over a cold start
+/// (`wait value x (boot - restart) / 3600`), is at most `max_cost_usd` (per instance: the launch's
+/// cost ceiling, infinite for none).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn push_starts(
+    plan: &mut Plan,
+    stopped: &mut super::fleet::Workers<'_>,
+    obs: &Observation<'_>,
+    table: &PriceTable,
+    now: f64,
+    for_: &StartFor<'_>,
+    n: u32,
+    max_cost_usd: f64,
+    cfg: &PolicyConfig,
+) -> u32 {
+    if n == 0 || stopped.is_empty() {
+        return 0;
+    }
+    let oc = &cfg.offers;
+    let req = for_.req;
+    let saved_usd =
+        cfg.scale_down.wait_value_usd_per_h * (oc.boot_estimate_s - oc.restart_estimate_s).max(0.0) / 3600.0;
+    // The offerings the lane's stopped workers are of are few: each one's availability and cost
+    // for the request worked out once.
+    let mut priced: smallvec::SmallVec<[(&OfferingKey, Option<f64>); 8]> = smallvec::SmallVec::new();
+    let mut fit: Vec<(usize, f64)> = Vec::new();
+    for (i, w) in stopped.iter().enumerate() {
+        if !(choice::capacity_ok(req.capacity, w.offering.capacity_type)
+            && choice::fits(w.gpus, w.gpu_memory_gib, req.gpus, req.min_mem_gib, oc.max_gpu_oversize))
+        {
+            continue;
+        }
+        let cost = match priced.iter().find(|p| *p.0 == w.offering) {
+            Some(p) => p.1,
+            None => {
+                let available = !obs.unavailable.iter().any(|u| u.until > now && u.key == w.offering);
+                let cost = table
+                    .restart_cost(obs.offerings, &w.offering, req.runtime_s, oc)
+                    .filter(|_| available)
+                    .map(|c| c - saved_usd)
+                    .filter(|c| *c <= max_cost_usd * (1.0 + 1e-9));
+                priced.push((&w.offering, cost));
+                cost
+            }
+        };
+        if let Some(c) = cost {
+            fit.push((i, c));
+        }
+    }
+    if fit.is_empty() {
+        return 0;
+    }
+    // Cheapest first; among equals the most recently stopped (its volume the freshest), then by
+    // launch sequence and id: never by the order the workers were listed in.
+    let since = |w: &WorkerView| w.idle_since.unwrap_or(w.launched_at);
+    let order = |a: &(usize, f64), b: &(usize, f64)| {
+        let (wa, wb) = (stopped[a.0], stopped[b.0]);
+        a.1.total_cmp(&b.1)
+            .then(since(wb).total_cmp(&since(wa)))
+            .then(wb.seq.cmp(&wa.seq))
+            .then_with(|| wa.id.cmp(&wb.id))
+    };
+    let n = (n as usize).min(fit.len());
+    if n < fit.len() {
+        fit.select_nth_unstable_by(n, order);
+        fit.truncate(n);
+    }
+    fit.sort_unstable_by(order);
+    let max_cost = max_cost_usd.is_finite().then_some(max_cost_usd);
+    for &(i, _) in &fit {
+        let w = stopped[i];
+        plan.actions.push(Action::Start {
+            worker: w.id.clone(),
+            lane: for_.lane,
+            offering: w.offering.clone(),
+            price_usd_per_h: w.price_usd_per_h,
+            request: LaunchShape {
+                gpus: req.gpus,
+                min_gpu_memory_gib: req.min_mem_gib,
+                capacity: req.capacity,
+                runtime_s: req.runtime_s,
+                max_cost_usd: max_cost,
+            },
+            project: for_.project.map(str::to_string),
+            job: for_.job.map(str::to_string),
+            reason: for_.reason.clone(),
+        });
+    }
+    let mut taken: Vec<usize> = fit.iter().map(|f| f.0).collect();
+    taken.sort_unstable();
+    for i in taken.into_iter().rev() {
+        stopped.remove(i);
+    }
+    fit.len() as u32
 }
 
 /// Push launch actions for capacity already booked in the fleet's budget.

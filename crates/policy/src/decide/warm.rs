@@ -11,7 +11,7 @@ use crate::plan::{Held, Plan, Reason};
 use crate::shape::fits;
 
 use super::fleet::Fleet;
-use super::scale_up::push_launches_booked;
+use super::scale_up::{push_launches_booked, push_starts, StartFor};
 
 /// What phase 4 decided for a lane, for phase 5: the warm pool per job shape.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -250,6 +250,37 @@ fn shape_capacity(
         (true, None) => memo.top(obs.offerings, &req, oc, obs.unavailable, now, k),
         (_, r) => r.unwrap_or_default(),
     };
+    let reason = Reason::WarmPool {
+        target: launch_target,
+        ready: idle + pending,
+    };
+    if n > 0 && !fleet.stopped[lane].is_empty() {
+        // Stopped workers first: no dearer per job than the launch they stand for.
+        let table = memo.table(obs.offerings, oc);
+        let starts = StartFor {
+            lane,
+            req: &req,
+            project: None,
+            job: None,
+            reason: &reason,
+        };
+        let max_cost = ranked.first().map_or(f64::INFINITY, |r| r.1);
+        let started = push_starts(
+            plan,
+            &mut fleet.stopped[lane],
+            obs,
+            table,
+            now,
+            &starts,
+            n,
+            max_cost,
+            cfg,
+        );
+        if started > 0 {
+            fleet.book(lane, started, choice::spread_max_price(&ranked, oc) * started as f64);
+            n -= started;
+        }
+    }
     if n > 0 && ranked.is_empty() {
         plan.held.push(Held {
             lane,
@@ -275,10 +306,6 @@ fn shape_capacity(
         }
     }
     if n > 0 {
-        let reason = Reason::WarmPool {
-            target: launch_target,
-            ready: idle + pending,
-        };
         push_launches_booked(plan, lane, &ranked, &req, n, None, None, reason, None, oc);
         fleet.book(lane, n, price * n as f64);
     }

@@ -95,6 +95,7 @@ pub fn worker(
         busy_until: None,
         pinned_job: None,
         spot_price_usd_per_h: None,
+        stopped_until: None,
     }
 }
 
@@ -129,8 +130,18 @@ pub fn jobs(prefix: &str, n: usize) -> Vec<PendingJob> {
     (0..n).map(|i| job(&format!("{prefix}{i}"), 1, NOW - 60.0)).collect()
 }
 
-/// A config with the one lane "standard" (default lane settings) and every other knob at its default.
+/// A config with the one lane "standard" (default lane settings) and every other knob at its
+/// default, but idle workers terminated, not stopped (`scale_down.stop_idle = never`): most
+/// tables are of the keep-alive's first slope; the stopped workers' own tests
+/// ([`stopping_cfg`]) turn stopping on.
 pub fn cfg() -> PolicyConfig {
+    let mut c = stopping_cfg();
+    c.scale_down.stop_idle = onoff_policy::StopIdle::Never;
+    c
+}
+
+/// [`cfg`] with idle workers stopped as the default configuration stops them.
+pub fn stopping_cfg() -> PolicyConfig {
     PolicyConfig {
         lanes: vec![LaneConfig {
             name: "standard".into(),
