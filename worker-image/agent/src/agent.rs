@@ -72,6 +72,10 @@ pub enum ExitReason {
     /// scale-down, or an interruption notice): it takes no new work, deregistered and terminated
     /// its instance.
     Drained,
+    /// The control plane stopped this worker's instance (its row is Stopped: kept, to be started
+    /// again): it took no new work and waited for the shutdown the stop brings; its row stays
+    /// Stopped and its instance is neither deregistered nor terminated.
+    Stopped,
 }
 
 /// How one job attempt on this worker ended.
@@ -437,7 +441,18 @@ where
         },
     };
     let mut shutdown: Pin<Box<dyn Future<Output = ()> + Send + '_>> = Box::pin(shutdown);
-    let exit = w.serve(shutdown.as_mut()).await;
+    let exit = loop {
+        let exit = w.serve(shutdown.as_mut()).await;
+        if exit != ExitReason::Drained {
+            break exit;
+        }
+        // Refused work: retired (Draining, Terminating), or being stopped (Stopped), when the
+        // instance goes down with the stop and must not be terminated.
+        match w.while_stopped(shutdown.as_mut()).await {
+            Some(exit) => break exit,
+            None => tracing::info!("the stop did not happen: serving again"),
+        }
+    };
     w.leave(&exit).await;
     w.report.exit = exit;
     Ok(w.report)
@@ -571,6 +586,30 @@ where
                 return ExitReason::Drained;
             }
             next_heartbeat = Instant::now() + secs(self.cfg.heartbeat_s);
+        }
+    }
+
+    /// After this worker was refused work: `Some(Drained)` when the control plane is retiring it
+    /// (its row is not Stopped); while the row is Stopped (the control plane is stopping this
+    /// instance), wait for the shutdown the stop brings (`Some(Stopped)`), reading the row every
+    /// heartbeat interval: back to Idle (the stop failed and was undone) is `None`, serve again;
+    /// any other state is `Some(Drained)`. A failed read counts as retired.
+    async fn while_stopped(&self, mut shutdown: Shutdown<'_>) -> Option<ExitReason> {
+        loop {
+            match self.deps.registry.get(self.id()).await {
+                Ok(Some(r)) if r.state == WorkerState::Stopped => {}
+                Ok(Some(r)) if r.state == WorkerState::Idle => return None,
+                Ok(_) => return Some(ExitReason::Drained),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading this worker's row");
+                    return Some(ExitReason::Drained);
+                }
+            }
+            tracing::info!("the control plane is stopping this instance: waiting for its shutdown");
+            tokio::select! {
+                () = &mut shutdown => return Some(ExitReason::Stopped),
+                () = tokio::time::sleep(secs(self.cfg.heartbeat_s)) => {}
+            }
         }
     }
 
@@ -1625,8 +1664,13 @@ where
         }
     }
 
-    /// Deregister, and terminate the instance when the exit calls for it.
+    /// Deregister, and terminate the instance when the exit calls for it; a stopped worker does
+    /// neither (its row stays Stopped for a start).
     async fn leave(&self, exit: &ExitReason) {
+        if *exit == ExitReason::Stopped {
+            let _ = std::fs::remove_file(self.cfg.health_file());
+            return;
+        }
         if let Err(e) = self
             .deps
             .registry

@@ -313,8 +313,13 @@ impl Registry for FakeRegistry {
             return Err(StoreError::NotFound(id.into()));
         };
         // As the DynamoDB adapter: a row the control plane is retiring keeps its state.
+        // Deregistering leaves a Stopped row as it is (no error), as the DynamoDB adapter's agent
+        // registry does: the control plane stopped the instance and will start it again.
+        if state == WorkerState::Terminating && row.state == WorkerState::Stopped {
+            return Ok(());
+        }
         let retiring = match state {
-            // Deregistering: always (the DynamoDB adapter's agent registry writes it unconditionally).
+            // Deregistering: otherwise always.
             WorkerState::Terminating => false,
             WorkerState::Draining => matches!(row.state, WorkerState::Terminating | WorkerState::Stopped),
             _ => matches!(

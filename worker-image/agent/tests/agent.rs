@@ -1554,3 +1554,44 @@ async fn a_worker_launched_for_a_job_claims_that_job_first_and_its_message_is_dr
     assert!(r.jobs.is_empty());
     assert_eq!(r.exit, ExitReason::IdleTimeout);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_whose_instance_the_control_plane_stops_takes_no_job_and_leaves_its_row_stopped() {
+    let dir = tempdir("stopped");
+    let c = cfg(dir.path());
+    let w = World::default();
+    register(&w, "i-s");
+    script_train_300(&w);
+    // The control plane stops the idle worker at +30 s (its row first, as `act` does); a job
+    // comes at +40 s; the stop's shutdown reaches the agent at +100 s.
+    let control_plane = async {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(w.registry.mark_stopped("i-s", T0 + 30.0, T0 + 3600.0).await.unwrap());
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        submit(&w, "job-1", "train", 3, 600.0);
+    };
+    let (r, terminated) = tokio::join!(
+        agent_until(&w, "i-s", &c, tokio::time::sleep(Duration::from_secs(100)), None),
+        control_plane
+    )
+    .0;
+    assert_eq!(r.exit, ExitReason::Stopped);
+    assert!(r.jobs.is_empty(), "{r:?}");
+    // Not terminated, not deregistered: the row stays Stopped, kept until its hold.
+    assert!(terminated.is_empty(), "{terminated:?}");
+    let row = w.registry.records()["i-s"].clone();
+    assert_eq!((row.state, row.hold_until), (WorkerState::Stopped, Some(T0 + 3600.0)));
+    // The job waits for another worker, its message still there.
+    assert_eq!(job(&w, "job-1").state, JobState::Queued);
+    assert_eq!(w.inbox.remaining().len(), 1);
+
+    // Started again (its row Pending, as `act` writes it), the agent serves the queue.
+    assert!(w
+        .registry
+        .mark_started("i-s", T0 + 200.0, Some("p"), None)
+        .await
+        .unwrap());
+    let (r, _) = agent_until(&w, "i-s", &c, tokio::time::sleep(Duration::from_secs(1_000)), None).await;
+    assert_eq!(r.jobs.len(), 1, "{r:?}");
+    assert_eq!(job(&w, "job-1").state, JobState::Succeeded);
+}
