@@ -1,6 +1,8 @@
 //! The [`Fleet`] port on EC2: CreateFleet `instant` from the workers' launch template, tagged
 //! instances, with the request's idempotency token as `ClientToken` (a retried call launches
-//! once), TerminateInstances, and a tag-filtered, paginated DescribeInstances.
+//! once); stoppable spot workers by RunInstances from persistent spot requests
+//! ([`Ec2Fleet::with_stoppable_spot`]); StopInstances and StartInstances; TerminateInstances (a
+//! persistent spot request cancelled first); and a tag-filtered, paginated DescribeInstances.
 
 use aws_sdk_ec2::types::{
     DefaultTargetCapacityType, FleetLaunchTemplateConfigRequest, FleetLaunchTemplateOverridesRequest,
@@ -60,6 +62,11 @@ pub struct Ec2Fleet {
     /// `subnets` with every zone known (looked up once, at the first launch).
     placed: std::sync::Arc<tokio::sync::OnceCell<Vec<(String, String)>>>,
     deployment: String,
+    /// Spot launches from persistent requests that stop on interruption (RunInstances), so the
+    /// policy can stop them ([`Ec2Fleet::with_stoppable_spot`]).
+    stoppable_spot: bool,
+    /// The workers' security group, for a RunInstances network interface into a subnet.
+    security_group: Option<String>,
 }
 
 impl Ec2Fleet {
@@ -73,7 +80,27 @@ impl Ec2Fleet {
             subnets: Vec::new(),
             placed: std::sync::Arc::default(),
             deployment: "onoff".into(),
+            stoppable_spot: false,
+            security_group: None,
         }
+    }
+
+    /// Launch spot workers so that they can be stopped (`stoppable`): EC2 stops only spot
+    /// instances of persistent requests ("You can't stop the Spot Instance ... because it is
+    /// associated with a one-time Spot Instance request"), and an instant fleet makes one-time
+    /// requests. So each spot offering of a launch is one RunInstances with a persistent spot
+    /// request whose interruption behaviour is `stop` (for RunInstances, persistent requests are
+    /// "only supported when the instance interruption behavior is either hibernate or stop", EC2
+    /// API reference, SpotMarketOptions), from the same launch template, MinCount = MaxCount (all
+    /// of the offering's share or none, as the fallback expects), tagged as a fleet's instances
+    /// and their requests. Terminating such a worker cancels its request first: a persistent
+    /// request whose instance is terminated opens again and launches another. On-demand launches
+    /// stay one CreateFleet. `security_group`: the workers' group, named again on the network
+    /// interface into a subnet (it replaces the launch template's interface).
+    pub fn with_stoppable_spot(mut self, stoppable: bool, security_group: Option<String>) -> Self {
+        self.stoppable_spot = stoppable;
+        self.security_group = security_group;
+        self
     }
 
     fn launch_template_id(&self) -> Option<&str> {
@@ -243,9 +270,164 @@ impl Ec2Fleet {
         Ok(out)
     }
 
+    /// One RunInstances per offering of `req` (all spot), each for its round-robin share of the
+    /// count, from persistent spot requests that stop on interruption
+    /// ([`Ec2Fleet::with_stoppable_spot`]). An offering whose call fails is in
+    /// [`LaunchResult::short`] with its error, as an instant fleet's override would be; a
+    /// throttled call, or an account's limit, stops the launch.
+    async fn launch_stoppable_spot(&self, req: &LaunchRequest) -> Result<LaunchResult, FleetError> {
+        use aws_sdk_ec2::types::{
+            InstanceInterruptionBehavior, InstanceMarketOptionsRequest, InstanceNetworkInterfaceSpecification,
+            LaunchTemplateSpecification, MarketType, Placement, SpotInstanceType, SpotMarketOptions,
+        };
+        let subnets = self.placed_subnets().await?;
+        let mut out = LaunchResult::default();
+        let n = req.offerings.len() as u32;
+        let spec = LaunchTemplateSpecification::builder().version("$Latest");
+        let spec = match self.launch_template_id() {
+            Some(id) => spec.launch_template_id(id),
+            None => spec.launch_template_name(&self.launch_template),
+        }
+        .build();
+        let market = InstanceMarketOptionsRequest::builder()
+            .market_type(MarketType::Spot)
+            .spot_options(
+                SpotMarketOptions::builder()
+                    .spot_instance_type(SpotInstanceType::Persistent)
+                    .instance_interruption_behavior(InstanceInterruptionBehavior::Stop)
+                    .build(),
+            )
+            .build();
+        for (i, key) in req.offerings.iter().enumerate() {
+            let count = req.count / n + u32::from((i as u32) < req.count % n);
+            if count == 0 {
+                continue;
+            }
+            let mut call = self
+                .client
+                .run_instances()
+                .launch_template(spec.clone())
+                .instance_type(InstanceType::from(key.instance_type.as_str()))
+                .min_count(count as i32)
+                .max_count(count as i32)
+                .instance_market_options(market.clone())
+                .tag_specifications(self.tags(ResourceType::Instance, req))
+                .tag_specifications(self.tags(ResourceType::SpotInstancesRequest, req));
+            call = match subnets.iter().find(|(z, _)| *z == key.zone) {
+                Some((_, subnet)) => call.network_interfaces(
+                    InstanceNetworkInterfaceSpecification::builder()
+                        .device_index(0)
+                        .subnet_id(subnet)
+                        .set_groups(self.security_group.clone().map(|g| vec![g]))
+                        .associate_public_ip_address(false)
+                        .delete_on_termination(true)
+                        .build(),
+                ),
+                None if subnets.is_empty() => call.placement(Placement::builder().availability_zone(&key.zone).build()),
+                None => {
+                    out.short.push((key.clone(), no_subnet(&key.zone, subnets)));
+                    continue;
+                }
+            };
+            if !req.client_token.is_empty() {
+                // One token per offering's call (EC2 takes 64 ASCII characters; this is 40 or so).
+                call = call.client_token(format!("{}-{i}", req.client_token));
+            }
+            match call.send().await {
+                Ok(resp) => out.launched.extend(resp.instances().iter().filter_map(|i| {
+                    Some(Launched {
+                        instance_id: i.instance_id()?.to_string(),
+                        offering: key.clone(),
+                    })
+                })),
+                Err(e) => {
+                    let err = fleet_error(&e);
+                    if matches!(err.kind, FleetErrorKind::Throttled | FleetErrorKind::AccountLimit) {
+                        if out.launched.is_empty() {
+                            return Err(err);
+                        }
+                        out.short.push((key.clone(), err));
+                        break;
+                    }
+                    out.short.push((key.clone(), err));
+                }
+            }
+        }
+        if out.launched.is_empty() && out.short.len() == 1 {
+            // Nothing launched, one reason: the call's error, as an instant fleet's.
+            return Err(out.short.swap_remove(0).1);
+        }
+        Ok(out)
+    }
+
+    /// Tags of `resource` launched for `req`: the deployment, the lane, the project and the job.
+    fn tags(&self, resource: ResourceType, req: &LaunchRequest) -> TagSpecification {
+        let mut tags = TagSpecification::builder()
+            .resource_type(resource)
+            .tags(tag(TAG_MANAGED, &self.deployment))
+            .tags(tag(TAG_LANE, &req.lane));
+        if let Some(p) = &req.project {
+            tags = tags.tags(tag(TAG_PROJECT, p));
+        }
+        if let Some(j) = &req.job {
+            tags = tags.tags(tag(TAG_JOB, j));
+        }
+        tags.build()
+    }
+
+    /// Cancel the persistent spot requests of `ids` (those that have one): a persistent request
+    /// whose instance is terminated opens again and launches another ("To ensure that no new
+    /// Spot Instance is launched, you must first cancel the Spot request", EC2 User Guide,
+    /// "Terminate a Spot Instance"). Cancelling leaves the instances as they are. Not-found ids
+    /// are skipped.
+    async fn cancel_spot_requests(&self, ids: &[String]) -> Result<(), FleetError> {
+        let mut requests: Vec<String> = Vec::new();
+        for batch in ids.chunks(crate::limits::MAX_TERMINATE_IDS) {
+            let mut pages = self
+                .client
+                .describe_instances()
+                .filters(
+                    aws_sdk_ec2::types::Filter::builder()
+                        .name("instance-id")
+                        .set_values(Some(batch.to_vec()))
+                        .build(),
+                )
+                .into_paginator()
+                .send();
+            while let Some(page) = pages.next().await {
+                let page = page.map_err(|e| fleet_error(&e))?;
+                requests.extend(
+                    page.reservations()
+                        .iter()
+                        .flat_map(|r| r.instances())
+                        .filter_map(|i| i.spot_instance_request_id().map(str::to_string)),
+                );
+            }
+        }
+        for batch in requests.chunks(crate::limits::MAX_TERMINATE_IDS) {
+            if let Err(e) = self
+                .client
+                .cancel_spot_instance_requests()
+                .set_spot_instance_request_ids(Some(batch.to_vec()))
+                .send()
+                .await
+            {
+                let err = fleet_error(&e);
+                if err.kind != FleetErrorKind::NotFound {
+                    return Err(err);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Terminate `ids`, [`crate::limits::MAX_TERMINATE_IDS`] per call (EC2 refuses a longer
     /// list whole).
     async fn terminate_ids(&self, ids: &[String]) -> Result<(), FleetError> {
+        if self.stoppable_spot {
+            // Their persistent requests first, or EC2 launches them again.
+            self.cancel_spot_requests(ids).await?;
+        }
         for batch in ids.chunks(crate::limits::MAX_TERMINATE_IDS) {
             self.terminate_batch(batch).await?;
         }
@@ -416,6 +598,9 @@ impl Fleet for Ec2Fleet {
         if let Some(e) = onoff_control::ports::invalid_fleet_request(req) {
             return Err(e);
         }
+        if self.stoppable_spot && first.capacity_type == CapacityType::Spot {
+            return self.launch_stoppable_spot(req).await;
+        }
         let capacity = match first.capacity_type {
             CapacityType::Spot => DefaultTargetCapacityType::Spot,
             CapacityType::OnDemand => DefaultTargetCapacityType::OnDemand,
@@ -450,16 +635,6 @@ impl Fleet for Ec2Fleet {
         if placed == 0 {
             return Err(no_subnet(&first.zone, subnets));
         }
-        let mut tags = TagSpecification::builder()
-            .resource_type(ResourceType::Instance)
-            .tags(tag(TAG_MANAGED, &self.deployment))
-            .tags(tag(TAG_LANE, &req.lane));
-        if let Some(p) = &req.project {
-            tags = tags.tags(tag(TAG_PROJECT, p));
-        }
-        if let Some(j) = &req.job {
-            tags = tags.tags(tag(TAG_JOB, j));
-        }
         // Spread over the overrides (the policy chose them, all within its cost tolerance).
         let strategy = if req.offerings.len() > 1 {
             SpotAllocationStrategy::Diversified
@@ -477,7 +652,7 @@ impl Fleet for Ec2Fleet {
             .launch_template_configs(config.build())
             .target_capacity_specification(target)
             .spot_options(SpotOptionsRequest::builder().allocation_strategy(strategy).build())
-            .tag_specifications(tags.build())
+            .tag_specifications(self.tags(ResourceType::Instance, req))
             .send()
             .await
             .map_err(|e| fleet_error(&e))?;

@@ -331,6 +331,8 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
             bucket,
             launch_template,
             subnets,
+            // The emulator's default security group serves (moto checks none).
+            security_group: None,
             instance_arn_prefix: format!("arn:aws:ec2:{region}:{account}:instance/"),
         },
         dead_letter_queues,

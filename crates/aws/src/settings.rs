@@ -28,6 +28,11 @@ pub struct Resources {
     /// pair; as (zone, subnet id), the zone empty when not given. Launches in a zone go to its
     /// subnet.
     pub subnets: Vec<(String, String)>,
+    /// `ONOFF_SECURITY_GROUP` (optional): the workers' security group, by id. A spot launch that
+    /// can be stopped goes through RunInstances (persistent spot requests:
+    /// [`crate::fleet::Ec2Fleet::with_stoppable_spot`]), whose network interface into a subnet
+    /// must name the group again (it replaces the launch template's).
+    pub security_group: Option<String>,
     /// `ONOFF_INSTANCE_ARN_PREFIX`: `arn:<partition>:ec2:<region>:<account>:instance/`; worker
     /// rows are keyed by instance ARN.
     pub instance_arn_prefix: String,
@@ -112,6 +117,7 @@ impl Resources {
             control_table: need("ONOFF_CONTROL_TABLE")?,
             bucket: need("ONOFF_BUCKET")?,
             launch_template: need("ONOFF_LAUNCH_TEMPLATE")?,
+            security_group: get("ONOFF_SECURITY_GROUP").filter(|v| !v.trim().is_empty()),
             instance_arn_prefix,
         })
     }
@@ -141,6 +147,7 @@ impl Resources {
             ("ONOFF_BUCKET", self.bucket.clone()),
             ("ONOFF_LAUNCH_TEMPLATE", self.launch_template.clone()),
             ("ONOFF_SUBNETS", join(&self.subnets)),
+            ("ONOFF_SECURITY_GROUP", self.security_group.clone().unwrap_or_default()),
             ("ONOFF_INSTANCE_ARN_PREFIX", self.instance_arn_prefix.clone()),
         ]
     }

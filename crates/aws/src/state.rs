@@ -285,19 +285,21 @@ impl WorkerRegistry for DynamoWorkers {
         let pending = state_name(WorkerState::Pending);
         let mut set = vec!["#s = :pending", "launched_at = :at"];
         let mut remove = vec!["idle_since", "hold_until", "heartbeat_at"];
+        // `state` and `project` are DynamoDB reserved words: aliased.
         let mut req = self
             .update_if(id)
             .condition_expression("attribute_exists(instance_id) AND #s = :stopped")
             .expression_attribute_names("#s", "state")
+            .expression_attribute_names("#pr", "project")
             .expression_attribute_values(":pending", s(pending))
             .expression_attribute_values(":stopped", s(state_name(WorkerState::Stopped)))
             .expression_attribute_values(":at", n(at));
         match project {
             Some(p) => {
-                set.push("project = :p");
+                set.push("#pr = :p");
                 req = req.expression_attribute_values(":p", s(p));
             }
-            None => remove.push("project"),
+            None => remove.push("#pr"),
         }
         match job {
             Some(j) => {

@@ -2341,3 +2341,164 @@ async fn a_full_vcpu_quota_refuses_its_overrides_as_ec2_does() {
     assert_eq!(quotas.refused(), 2);
     assert_eq!(quotas.peaks(), [((QuotaBucket::GAndVt, CapacityType::Spot), 8, 8)]);
 }
+
+#[tokio::test]
+async fn a_stopped_worker_row_is_written_once_kept_from_its_agent_and_started_again() {
+    let c = clients().await;
+    let name = unique("workers");
+    table(&c, &name, onoff_aws::state::WORKER_KEY).await;
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &name, ARN_PREFIX);
+    let id = "i-0eeeeeeeeeeeeeee5";
+    let rec = WorkerRecord {
+        project: Some("p".into()),
+        pinned_job: Some("job-old".into()),
+        ..WorkerRecord::launched(
+            id,
+            "standard",
+            key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+            0.39,
+            1_700_000_000.0,
+        )
+    };
+    reg.register_launch(rec).await.unwrap();
+    // Only an Idle row is stopped.
+    assert!(
+        !reg.mark_stopped(id, 1_700_000_500.0, 1_700_010_000.0).await.unwrap(),
+        "Pending: not stopped"
+    );
+    reg.heartbeat(id, WorkerState::Idle, Some(1_700_000_400.0), 1_700_000_400.0)
+        .await
+        .unwrap();
+    assert!(reg.mark_stopped(id, 1_700_000_500.0, 1_700_010_000.0).await.unwrap());
+    // Its retry (an answer lost) is done, not refused.
+    assert!(reg.mark_stopped(id, 1_700_000_500.0, 1_700_010_000.0).await.unwrap());
+    let row = reg.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.idle_since, row.hold_until),
+        (WorkerState::Stopped, Some(1_700_000_500.0), Some(1_700_010_000.0))
+    );
+    // Its agent, going down with the instance, neither takes a job nor revives the row.
+    assert!(!reg.mark_busy(id, 1_700_000_510.0).await.unwrap());
+    assert!(reg
+        .heartbeat(id, WorkerState::Idle, Some(1_700_000_400.0), 1_700_000_510.0)
+        .await
+        .is_err());
+    assert_eq!(reg.get(id).await.unwrap().unwrap().state, WorkerState::Stopped);
+    // Started for another job (and no project): Pending since the start, the old job, idle time,
+    // hold and heartbeat gone; its retry done; a second start refused.
+    assert!(reg
+        .mark_started(id, 1_700_002_000.0, None, Some("job-new"))
+        .await
+        .unwrap());
+    assert!(reg
+        .mark_started(id, 1_700_002_000.0, None, Some("job-new"))
+        .await
+        .unwrap());
+    assert!(!reg.mark_started(id, 1_700_002_100.0, None, None).await.unwrap());
+    let row = reg.get(id).await.unwrap().unwrap();
+    assert_eq!((row.state, row.launched_at), (WorkerState::Pending, 1_700_002_000.0));
+    assert_eq!((row.project, row.pinned_job.as_deref()), (None, Some("job-new")));
+    assert_eq!((row.idle_since, row.hold_until, row.heartbeat_at), (None, None, None));
+    assert_eq!(
+        reg.mark_stopped("i-0bbbbbbbbbbbbbbb2", 1.0, 2.0).await,
+        Err(StoreError::NotFound("i-0bbbbbbbbbbbbbbb2".into()))
+    );
+}
+
+#[tokio::test]
+async fn stoppable_spot_launches_persistent_requests_that_stop_start_and_terminate() {
+    let c = clients().await;
+    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
+    let deployment = unique("deploy");
+    let sent = BodyLog::default();
+    let ec2 = aws_sdk_ec2::Client::from_conf(
+        aws_sdk_ec2::config::Builder::from(&conf().await)
+            .interceptor(sent.clone())
+            .interceptor(onoff_aws::limits::AwsLimits)
+            .build(),
+    );
+    let lt = launch_template(&c).await;
+    let fleet = Ec2Fleet::new(ec2, &lt)
+        .with_subnets(subnets)
+        .with_deployment(&deployment)
+        .with_stoppable_spot(true, None);
+    let lane = unique("lane");
+    let req = LaunchRequest {
+        lane: lane.clone(),
+        offerings: vec![
+            key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+            key("g5.xlarge", "us-east-1b", CapacityType::Spot),
+        ],
+        count: 3,
+        project: Some("vision".into()),
+        job: None,
+        client_token: String::new(),
+    }
+    .with_token_for(&unique("decision"));
+    let launched = fleet.launch(&req).await.unwrap().launched;
+    // Two of three on the first offering, one on the second: one RunInstances each, all or none.
+    let on = |z: &str| launched.iter().filter(|l| l.offering.zone == z).count();
+    assert_eq!((on("us-east-1a"), on("us-east-1b")), (2, 1), "{launched:?}");
+    let bodies = sent.0.lock().unwrap().clone();
+    let runs: Vec<&String> = bodies.iter().filter(|b| b.contains("Action=RunInstances")).collect();
+    assert_eq!(runs.len(), 2, "{bodies:?}");
+    for (i, body) in runs.iter().enumerate() {
+        for part in [
+            "InstanceMarketOptions.MarketType=spot",
+            "InstanceMarketOptions.SpotOptions.SpotInstanceType=persistent",
+            "InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior=stop",
+            "TagSpecification.2.ResourceType=spot-instances-request",
+            &format!("ClientToken={}-{i}", req.client_token),
+        ] {
+            assert!(body.contains(part), "{part} not in {body}");
+        }
+        assert!(
+            body.contains(if i == 0 { "MinCount=2" } else { "MinCount=1" }),
+            "{body}"
+        );
+    }
+    assert!(!bodies.iter().any(|b| b.contains("Action=CreateFleet")));
+    onoff_aws::fleet::tag_as_ec2_does(&c.ec2, &deployment, &lt).await;
+    async fn state(fleet: &Ec2Fleet, id: String) -> Option<String> {
+        fleet
+            .describe_managed()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|i| i.instance_id == id)
+            .map(|i| i.state)
+    }
+    let id = launched[0].instance_id.clone();
+    // Stopped, it is still listed (the reaper must not take it for gone); started, it runs.
+    let refused = fleet.stop(std::slice::from_ref(&id)).await.unwrap();
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_eq!(state(&fleet, id.clone()).await.as_deref(), Some("stopped"));
+    let listed = onoff_control::ports::FleetLister::list_managed(&fleet).await.unwrap();
+    assert!(listed.iter().any(|i| i.instance_id == id));
+    // A stop of a stopped instance is done, not refused.
+    assert!(fleet.stop(std::slice::from_ref(&id)).await.unwrap().is_empty());
+    let refused = fleet.start(std::slice::from_ref(&id)).await.unwrap();
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_eq!(state(&fleet, id.clone()).await.as_deref(), Some("running"));
+    // An unknown instance is refused with not-found (the caller terminates it instead).
+    let gone = "i-00000000000000000".to_string();
+    let refused = fleet.stop(std::slice::from_ref(&gone)).await.unwrap();
+    assert_eq!(refused.len(), 1);
+    assert_eq!(
+        refused[0].1.kind,
+        onoff_control::ports::FleetErrorKind::NotFound,
+        "{refused:?}"
+    );
+    // Terminated: each instance's persistent request is looked up first (and cancelled where EC2
+    // names one; moto's RunInstances records none), then the instances go.
+    let ids: Vec<String> = launched.iter().map(|l| l.instance_id.clone()).collect();
+    let before = sent.0.lock().unwrap().len();
+    fleet.terminate(&ids).await.unwrap();
+    let after: Vec<String> = sent.0.lock().unwrap()[before..].to_vec();
+    let describe = after.iter().position(|b| b.contains("Action=DescribeInstances"));
+    let terminate = after.iter().position(|b| b.contains("Action=TerminateInstances"));
+    assert!(describe.is_some() && describe < terminate, "{after:?}");
+    for id in ids {
+        assert_eq!(state(&fleet, id).await, None, "terminated: not listed");
+    }
+}

@@ -279,11 +279,11 @@ pub fn requests(call: &Call, stack: &Stack, world: &World) -> Result<Vec<Request
                 | "DescribeLaunchTemplates"
                 | "DescribeImages"
                 | "DescribeSpotPriceHistory" => Ok(vec![Request::new(&format!("ec2:{op}"), "*")]),
-                "TerminateInstances" => Ok(params
+                "TerminateInstances" | "StopInstances" | "StartInstances" => Ok(params
                     .iter()
                     .filter(|(k, _)| k.starts_with("InstanceId."))
                     .map(|(_, id)| {
-                        let mut r = Request::new("ec2:TerminateInstances", &instance(id));
+                        let mut r = Request::new(&format!("ec2:{op}"), &instance(id));
                         for (k, v) in world.instance_tags.get(id).into_iter().flatten() {
                             r = r.with(&format!("ec2:ResourceTag/{k}"), v);
                             r = r.with(&format!("aws:ResourceTag/{k}"), v);
@@ -314,21 +314,45 @@ pub fn requests(call: &Call, stack: &Stack, world: &World) -> Result<Vec<Request
                             &format!("arn:{partition}:ec2:{region}:{account}:subnet/{subnet}"),
                         ));
                     }
-                    // Tags of the instances: TagSpecification.N.ResourceType=instance, .Tag.M.Key/Value.
-                    let mut tags = Vec::new();
-                    for (k, kind) in params.iter().filter(|(k, _)| k.ends_with(".ResourceType")) {
-                        if kind != "instance" {
-                            continue;
+                    // The workers' security group named on a network interface (RunInstances).
+                    for (_, group) in params.iter().filter(|(k, _)| k.contains(".SecurityGroupId.")) {
+                        out.push(Request::new(
+                            &action,
+                            &format!("arn:{partition}:ec2:{region}:{account}:security-group/{group}"),
+                        ));
+                    }
+                    // Tags of each resource type: TagSpecification.N.ResourceType, .Tag.M.Key/Value.
+                    let tags_of = |kind: &str| -> Vec<(String, String)> {
+                        let mut tags = Vec::new();
+                        for (k, _) in params.iter().filter(|(k, v)| k.ends_with(".ResourceType") && v == kind) {
+                            let spec = k.trim_end_matches(".ResourceType");
+                            for m in 1.. {
+                                let (Some(key), value) = (
+                                    get(&format!("{spec}.Tag.{m}.Key")),
+                                    get(&format!("{spec}.Tag.{m}.Value")),
+                                ) else {
+                                    break;
+                                };
+                                tags.push((key, value.unwrap_or_default()));
+                            }
                         }
-                        let spec = k.trim_end_matches(".ResourceType");
-                        for m in 1.. {
-                            let (Some(key), value) = (
-                                get(&format!("{spec}.Tag.{m}.Key")),
-                                get(&format!("{spec}.Tag.{m}.Value")),
-                            ) else {
-                                break;
-                            };
-                            tags.push((key, value.unwrap_or_default()));
+                        tags
+                    };
+                    let tags = tags_of("instance");
+                    // A spot launch by RunInstances creates a spot request (a resource of its own,
+                    // tagged with its own TagSpecification).
+                    if op == "RunInstances" && get("InstanceMarketOptions.MarketType").as_deref() == Some("spot") {
+                        let requests = format!("arn:{partition}:ec2:{region}:{account}:spot-instances-request/*");
+                        let request_tags = tags_of("spot-instances-request");
+                        let mut r = Request::new(&action, &requests);
+                        let mut tag_req = Request::new("ec2:CreateTags", &requests).with("ec2:CreateAction", op);
+                        for (k, v) in &request_tags {
+                            r = r.with(&format!("aws:RequestTag/{k}"), v);
+                            tag_req = tag_req.with(&format!("aws:RequestTag/{k}"), v);
+                        }
+                        out.push(r);
+                        if !request_tags.is_empty() {
+                            out.push(tag_req);
                         }
                     }
                     let mut inst = Request::new(&action, &format!("arn:{partition}:ec2:{region}:{account}:instance/*"));
@@ -361,6 +385,18 @@ pub fn requests(call: &Call, stack: &Stack, world: &World) -> Result<Vec<Request
                     }
                     Ok(out)
                 }
+                // Authorized per request (tags unknown to this evaluator: a policy conditioned on
+                // them denies, as it would without the tag).
+                "CancelSpotInstanceRequests" => Ok(params
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("SpotInstanceRequestId."))
+                    .map(|(_, id)| {
+                        Request::new(
+                            "ec2:CancelSpotInstanceRequests",
+                            &format!("arn:{partition}:ec2:{region}:{account}:spot-instances-request/{id}"),
+                        )
+                    })
+                    .collect()),
                 _ => Err(unknown()),
             }
         }
@@ -592,6 +628,53 @@ mod tests {
         let r = requests(&c, &stack(), &world).unwrap();
         assert_eq!(r[0].resource, "arn:aws:ec2:us-east-1:123456789012:instance/i-9");
         assert_eq!(r[0].context["ec2:ResourceTag/onoff:managed"], Value::One("st".into()));
+        // A stop and a start are authorized the same way, each under its own action.
+        for op in ["StopInstances", "StartInstances"] {
+            let c = call("ec2", op, "http://h/", &format!("Action={op}&InstanceId.1=i-9"));
+            let r = requests(&c, &stack(), &world).unwrap();
+            assert_eq!(r[0].action, format!("ec2:{op}"));
+            assert_eq!(r[0].context["ec2:ResourceTag/onoff:managed"], Value::One("st".into()));
+        }
+    }
+
+    #[test]
+    fn a_stoppable_spot_launch_is_also_a_tagged_spot_request_and_a_cancel_names_each_request() {
+        let body = "Action=RunInstances&LaunchTemplate.LaunchTemplateId=lt-1&MinCount=1&MaxCount=1\
+            &InstanceMarketOptions.MarketType=spot&NetworkInterface.1.SubnetId=subnet-0a\
+            &NetworkInterface.1.SecurityGroupId.1=sg-1&TagSpecification.1.ResourceType=instance\
+            &TagSpecification.1.Tag.1.Key=onoff%3Amanaged&TagSpecification.1.Tag.1.Value=st\
+            &TagSpecification.2.ResourceType=spot-instances-request\
+            &TagSpecification.2.Tag.1.Key=onoff%3Amanaged&TagSpecification.2.Tag.1.Value=st";
+        let r = requests(
+            &call("ec2", "RunInstances", "http://h/", body),
+            &stack(),
+            &World::default(),
+        )
+        .unwrap();
+        let arn = |kind: &str| format!("arn:aws:ec2:us-east-1:123456789012:{kind}");
+        let request = r
+            .iter()
+            .find(|x| x.action == "ec2:RunInstances" && x.resource == arn("spot-instances-request/*"))
+            .expect("the spot request");
+        assert_eq!(request.context["aws:RequestTag/onoff:managed"], Value::One("st".into()));
+        assert!(r
+            .iter()
+            .any(|x| x.action == "ec2:CreateTags" && x.resource == arn("spot-instances-request/*")));
+        assert!(r
+            .iter()
+            .any(|x| x.action == "ec2:RunInstances" && x.resource == arn("security-group/sg-1")));
+        assert!(r
+            .iter()
+            .any(|x| x.action == "ec2:RunInstances" && x.resource == arn("subnet/subnet-0a")));
+        let c = call(
+            "ec2",
+            "CancelSpotInstanceRequests",
+            "http://h/",
+            "Action=CancelSpotInstanceRequests&SpotInstanceRequestId.1=sir-1&SpotInstanceRequestId.2=sir-2",
+        );
+        let r = requests(&c, &stack(), &World::default()).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[1].resource, arn("spot-instances-request/sir-2"));
     }
 
     #[test]

@@ -512,6 +512,60 @@ fn the_reaper_terminates_only_instances_of_the_worker_launch_template() {
 }
 
 #[test]
+fn only_the_scaler_and_reaper_stop_start_and_cancel_and_only_this_stacks_workers() {
+    let a = authorizer();
+    let ours = |action: &str| {
+        Request::new(action, &instance("i-1"))
+            .with("ec2:ResourceTag/onoff:managed", "st")
+            .with("ec2:ResourceTag/aws:ec2launchtemplate:id", LT)
+    };
+    let request = |tag: Option<&str>| {
+        let r = Request::new(
+            "ec2:CancelSpotInstanceRequests",
+            &format!("arn:aws:ec2:us-east-1:{ACCOUNT}:spot-instances-request/sir-1"),
+        );
+        match tag {
+            Some(t) => r.with("ec2:ResourceTag/onoff:managed", t),
+            None => r,
+        }
+    };
+    // A stoppable spot launch tags its request, at launch only.
+    let tag_request = |action: &str| {
+        Request::new(
+            "ec2:CreateTags",
+            &format!("arn:aws:ec2:us-east-1:{ACCOUNT}:spot-instances-request/*"),
+        )
+        .with("ec2:CreateAction", action)
+    };
+    for p in [Principal::Scaler, Principal::Reconciler] {
+        let c = a.caller(p).unwrap();
+        for action in ["ec2:StopInstances", "ec2:StartInstances"] {
+            assert_allowed(&a, &c, ours(action));
+            // Carries the tag, launched some other way.
+            let tagged = Request::new(action, &instance("i-2")).with("ec2:ResourceTag/onoff:managed", "st");
+            assert_denied(&a, &c, tagged);
+        }
+        assert_allowed(&a, &c, request(Some("st")));
+        assert_denied(&a, &c, request(Some("other-stack")));
+        assert_denied(&a, &c, request(None));
+        assert_allowed(&a, &c, tag_request("RunInstances"));
+        assert_denied(&a, &c, tag_request("CreateTags"));
+    }
+    for p in [
+        Principal::Submit,
+        Principal::Interruption,
+        Principal::Worker,
+        Principal::Job,
+    ] {
+        let c = a.caller(p).unwrap();
+        for action in ["ec2:StopInstances", "ec2:StartInstances"] {
+            assert_denied(&a, &c, ours(action));
+        }
+        assert_denied(&a, &c, request(Some("st")));
+    }
+}
+
+#[test]
 fn submit_and_interruption_may_ask_only_the_scaler() {
     let a = authorizer();
     let f = |n: &str| format!("arn:aws:lambda:us-east-1:{ACCOUNT}:function:st-{n}");

@@ -203,17 +203,28 @@ pub struct ScaleDownConfig {
     pub max_keep_alive_s: f64,
     /// Which idle workers are stopped instead of terminated when their keep-alive runs out (the
     /// running / stopped / terminated multislope ski rental, FIELD.md): a stopped worker costs
-    /// its volume only (`stopped_usd_per_h`) and starts again in `offers.restart_estimate_s`
-    /// instead of a cold start. It is kept stopped while its volume costs less than the cold
-    /// start it may save (`keepalive::stopped_keep_s`), then terminated. Default
-    /// `spot-and-on-demand`.
+    /// its volume only ([`ScaleDownConfig::stopped_usd_per_h`]) and starts again in
+    /// `offers.restart_estimate_s` instead of a cold start. It is kept stopped while its volume
+    /// costs less than the cold start it may save (`keepalive::stopped_keep_s`), then terminated.
+    /// Default `spot-and-on-demand`.
     pub stop_idle: StopIdle,
-    /// A stopped worker's cost, $/h: its EBS volume. Default 0.011 $/h: the stack's 100 GiB gp3
-    /// root volume (`WorkerRootVolumeGiB`) at $0.08 per GB-month (Amazon EBS pricing, us-east-1)
-    /// over 730 hours a month.
-    pub stopped_usd_per_h: f64,
+    /// The GiB of a worker's EBS volume, which a stopped worker keeps and is billed for. Default
+    /// 100 GiB: the stack's root volume (`WorkerRootVolumeGiB`, which template.yaml sets here).
+    pub stopped_volume_gib: f64,
+    /// What the volume costs, $ per GB-month. Default $0.08: gp3 in us-east-1 (Amazon EBS
+    /// pricing), the stack's volume type.
+    pub volume_usd_per_gb_month: f64,
     /// Upper bound of a stopped worker's keep, seconds. Default 86,400 s (one day).
     pub max_stopped_s: f64,
+}
+
+impl ScaleDownConfig {
+    /// What a stopped worker costs, $/h: its volume, `stopped_volume_gib x
+    /// volume_usd_per_gb_month / 730` (EBS bills per GB-month, 730 hours; 0.011 $/h at the
+    /// defaults).
+    pub fn stopped_usd_per_h(&self) -> f64 {
+        self.stopped_volume_gib * self.volume_usd_per_gb_month / 730.0
+    }
 }
 
 impl Default for ScaleDownConfig {
@@ -229,7 +240,8 @@ impl Default for ScaleDownConfig {
             min_keep_alive_s: 60.0,
             max_keep_alive_s: 3600.0,
             stop_idle: StopIdle::SpotAndOnDemand,
-            stopped_usd_per_h: 100.0 * 0.08 / 730.0,
+            stopped_volume_gib: 100.0,
+            volume_usd_per_gb_month: 0.08,
             max_stopped_s: 86_400.0,
         }
     }
@@ -552,7 +564,8 @@ impl PolicyConfig {
             ("scale_down.wait_value_usd_per_h", s.wait_value_usd_per_h),
             ("scale_down.min_keep_alive_s", s.min_keep_alive_s),
             ("scale_down.max_keep_alive_s", s.max_keep_alive_s),
-            ("scale_down.stopped_usd_per_h", s.stopped_usd_per_h),
+            ("scale_down.stopped_volume_gib", s.stopped_volume_gib),
+            ("scale_down.volume_usd_per_gb_month", s.volume_usd_per_gb_month),
             ("scale_down.max_stopped_s", s.max_stopped_s),
             (
                 "anti_thrash.scale_down_delay_after_scale_up_s",

@@ -86,11 +86,11 @@ pub fn stops(capacity: crate::offering::CapacityType, price_usd_per_h: f64, cfg:
 
 /// Stopped seconds a stopped worker billed `price_usd_per_h` (when running) is worth: the second
 /// slope of the multislope ski rental (running, stopped, terminated; Lotker et al., FIELD.md).
-/// Kept stopped, it costs its volume, `scale_down.stopped_usd_per_h`; terminated, the next
+/// Kept stopped, it costs its volume, `ScaleDownConfig::stopped_usd_per_h`; terminated, the next
 /// arrival it would have served waits a cold start instead of a start, which costs
 /// `(boot - restart) x (price + wait value) / 3600` $ more (the billed boot and the wait, with
 /// `offers.boot_estimate_s` and `offers.restart_estimate_s`). The break-even is that difference
-/// over the volume's rate: `(boot - restart) x (price + wait value) / stopped_usd_per_h`
+/// over the volume's rate: `(boot - restart) x (price + wait value) / stopped_usd_per_h()`
 /// seconds (8.2 h for a 0.20 $/h GPU at the defaults). 0 when a start saves nothing; infinite
 /// for a volume that costs nothing.
 pub fn stopped_break_even_s(price_usd_per_h: f64, cfg: &crate::PolicyConfig) -> f64 {
@@ -99,7 +99,7 @@ pub fn stopped_break_even_s(price_usd_per_h: f64, cfg: &crate::PolicyConfig) -> 
     if saved_usd_h <= 0.0 {
         0.0
     } else {
-        saved_usd_h / cfg.scale_down.stopped_usd_per_h.max(0.0)
+        saved_usd_h / cfg.scale_down.stopped_usd_per_h().max(0.0)
     }
 }
 

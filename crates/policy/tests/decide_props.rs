@@ -388,7 +388,7 @@ fn check_invariants(c: &Case, plan: &Plan) -> Result<(), TestCaseError> {
         .iter()
         .map(|w| match w.state {
             WorkerState::Terminating => 0.0,
-            WorkerState::Stopped => cfg.scale_down.stopped_usd_per_h,
+            WorkerState::Stopped => cfg.scale_down.stopped_usd_per_h(),
             _ => w.price_usd_per_h,
         })
         .sum();

@@ -257,11 +257,14 @@ pub async fn aws_ctx(settings: Settings) -> (AwsCtx, onoff_aws::settings::Client
 }
 
 /// The fleet adapter of `settings` over `c`'s EC2 client: the launch template, the subnets and
-/// the deployment tag of the settings.
+/// the deployment tag of the settings; spot launched stoppable when the policy stops spot workers
+/// (`scale_down.stop_idle = spot-and-on-demand`, the default).
 pub fn fleet_of(settings: &Settings, c: &onoff_aws::settings::Clients) -> onoff_aws::fleet::Ec2Fleet {
+    let stoppable = settings.policy.scale_down.stop_idle == onoff_policy::StopIdle::SpotAndOnDemand;
     onoff_aws::fleet::Ec2Fleet::new(c.ec2.clone(), &settings.resources.launch_template)
         .with_subnets(settings.resources.subnets.clone())
         .with_deployment(&settings.deployment)
+        .with_stoppable_spot(stoppable, settings.resources.security_group.clone())
 }
 
 /// The context over already built clients (`onoff local` builds them for its emulator).
@@ -442,7 +445,7 @@ where
         let workers = &report.workers;
         let count = |st: WorkerState| workers.iter().filter(|w| w.state == st).count() as f64;
         // A stopped worker bills its volume only.
-        let stopped_usd_per_h = self.settings.policy.scale_down.stopped_usd_per_h;
+        let stopped_usd_per_h = self.settings.policy.scale_down.stopped_usd_per_h();
         let spend: f64 = workers
             .iter()
             .map(|w| match w.state {

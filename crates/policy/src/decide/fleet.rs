@@ -343,7 +343,7 @@ fn fill_by_pass<'a>(f: &mut Fleet<'a>, obs: &Observation<'a>, cfg: &PolicyConfig
         if budget {
             f.spend += match w.state {
                 WorkerState::Terminating => 0.0,
-                WorkerState::Stopped => cfg.scale_down.stopped_usd_per_h,
+                WorkerState::Stopped => cfg.scale_down.stopped_usd_per_h(),
                 _ => w.price_usd_per_h,
             };
         }
