@@ -778,6 +778,7 @@ impl onoff_control::ports::FleetLister for Ec2Fleet {
                 lane: i.lane,
                 project: i.project,
                 job: i.job,
+                stopped: matches!(i.state.as_str(), "stopping" | "stopped"),
             })
             .collect())
     }

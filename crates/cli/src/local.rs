@@ -64,6 +64,10 @@ pub struct LocalArgs {
     /// Wall seconds from launch until the instance's agent starts (the boot).
     #[arg(long, default_value_t = 2.0)]
     boot_s: f64,
+    /// Wall seconds from the start of a stopped instance until its agent starts again (no
+    /// image pull or model download: shorter than the boot).
+    #[arg(long, default_value_t = 1.0)]
+    restart_s: f64,
     /// Reconciler schedule period, wall seconds (deployed: 60).
     #[arg(long, default_value_t = 5.0)]
     tick_s: f64,
@@ -155,6 +159,7 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         ("--kill-workers", a.kill_workers.unwrap_or(0.0)),
         ("--notice-lead-s", a.notice_lead_s),
         ("--boot-s", a.boot_s),
+        ("--restart-s", a.restart_s),
         ("--drain-s", a.drain_s),
     ] {
         if !(v.is_finite() && v >= 0.0) {
@@ -180,6 +185,7 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         vcpu_quotas: a.vcpu_quotas.iter().cloned().collect(),
         notice_lead_s: a.notice_lead_s,
         boot_s: a.boot_s,
+        restart_s: a.restart_s,
         tick_s: a.tick_s,
         agent_idle_timeout_s: a.agent_idle_timeout_s,
         max_workers: a.max_workers,
@@ -405,8 +411,8 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         }
     );
     println!(
-        "  instances  {} launched, {} left running at the end",
-        r.instances_launched, r.instances_left_running
+        "  instances  {} launched, {} stopped and {} started again, {} left running at the end",
+        r.instances_launched, r.instances_stopped, r.instances_started, r.instances_left_running
     );
     for q in &r.vcpu_quotas {
         println!(

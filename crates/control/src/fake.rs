@@ -390,6 +390,7 @@ impl crate::ports::FleetLister for FakeFleet {
                     lane,
                     project,
                     job,
+                    stopped: s.stopped.contains_key(id),
                 }
             })
             .collect())
@@ -397,6 +398,15 @@ impl crate::ports::FleetLister for FakeFleet {
 }
 
 impl FakeFleet {
+    /// Stop instance `id` as EC2 does on its own (a spot interruption that stops, a start that
+    /// found no capacity): not through [`Fleet::stop`], no call recorded.
+    pub fn stop_behind_the_back(&self, id: &str) {
+        let mut s = self.inner.lock().expect("lock");
+        if let Some(k) = s.running.remove(id) {
+            s.stopped.insert(id.to_string(), k);
+        }
+    }
+
     /// An instance that exists in the fleet without onoff having launched it through this fake
     /// (an orphan, for reaper tests).
     pub fn add_instance(&self, id: &str, offering: OfferingKey) {

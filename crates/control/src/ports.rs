@@ -783,6 +783,8 @@ pub struct FleetInstance {
     pub project: Option<String>,
     /// The job the launch was pinned to (EC2: its `onoff:job` tag), if any.
     pub job: Option<String>,
+    /// Stopping or stopped (EC2's state), not pending or running.
+    pub stopped: bool,
 }
 
 /// Listing the fleet's instances.

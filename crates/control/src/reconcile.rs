@@ -463,6 +463,30 @@ where
                 report.workers_gone.push(w.id.clone());
                 lost.insert(w.id.clone());
             }
+            // A worker onoff did not stop whose instance is stopped (EC2 stopped it: a spot
+            // interruption stops a persistent request's instance; a start that found no
+            // capacity left it stopped) runs nothing: lost, its jobs re-queued, its instance
+            // terminated below, without waiting for its heartbeat or boot to time out.
+            let stopped: BTreeSet<&str> = instances
+                .iter()
+                .filter(|i| i.stopped)
+                .map(|i| i.instance_id.as_str())
+                .collect();
+            let stopped_under: Vec<String> = live
+                .iter()
+                .filter(|w| w.state != WorkerState::Stopped && stopped.contains(w.id.as_str()))
+                .filter(|w| now - w.launched_at >= opts.launch_grace_s)
+                .map(|w| w.id.clone())
+                .collect();
+            if !stopped_under.is_empty() {
+                match fleet.terminate(&stopped_under).await {
+                    Ok(()) => {
+                        report.workers_lost.extend(stopped_under.iter().cloned());
+                        lost.extend(stopped_under);
+                    }
+                    Err(e) => report.errors.push(format!("terminate stopped workers: {e}")),
+                }
+            }
         }
         // A stopped worker runs no agent: no heartbeat is due from it.
         let stale = |w: &WorkerRecord| match w.heartbeat_at {

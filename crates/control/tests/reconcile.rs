@@ -920,3 +920,21 @@ fn a_stopped_worker_is_terminated_when_its_keep_ends() {
     assert_eq!(w.workers.records()[&id].state, WorkerState::Terminating);
     assert!(w.fleet.stopped().is_empty() && w.fleet.running().is_empty());
 }
+
+#[test]
+fn a_worker_whose_instance_ec2_stopped_under_it_is_lost_and_its_job_requeued() {
+    let w = World::stopping();
+    let ids = w.submit(1);
+    w.reconcile(NOW + 1.0, false);
+    let id = w.workers.records().keys().next().unwrap().clone();
+    pollster::block_on(w.jobs.claim(&ids[0], &id, NOW + 10_000.0, NOW + 300.0)).unwrap();
+    w.workers
+        .set_agent_view(&id, WorkerState::Running, None, Some(NOW + 300.0));
+    // EC2 stops it (an interruption of a persistent spot request), the event missed.
+    w.fleet.stop_behind_the_back(&id);
+    let r = w.reconcile(NOW + 320.0, true);
+    assert_eq!(r.workers_lost, vec![id.clone()], "{r:?}");
+    assert_eq!(w.workers.records()[&id].state, WorkerState::Terminating);
+    assert!(w.fleet.stopped().is_empty() && !w.fleet.running().contains_key(&id));
+    assert!(r.jobs_requeued.contains(&ids[0]), "{r:?}");
+}

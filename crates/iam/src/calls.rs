@@ -278,7 +278,8 @@ pub fn requests(call: &Call, stack: &Stack, world: &World) -> Result<Vec<Request
                 | "DescribeSubnets"
                 | "DescribeLaunchTemplates"
                 | "DescribeImages"
-                | "DescribeSpotPriceHistory" => Ok(vec![Request::new(&format!("ec2:{op}"), "*")]),
+                | "DescribeSpotPriceHistory"
+                | "DescribeSpotInstanceRequests" => Ok(vec![Request::new(&format!("ec2:{op}"), "*")]),
                 "TerminateInstances" | "StopInstances" | "StartInstances" => Ok(params
                     .iter()
                     .filter(|(k, _)| k.starts_with("InstanceId."))

@@ -404,6 +404,22 @@ fn a_worker_terminates_only_itself() {
         &worker,
         Request::new("ec2:TerminateInstances", &instance("i-2")).with("ec2:ResourceTag/onoff:managed", "st"),
     );
+    // Ending itself, a stoppable spot worker cancels its persistent request first: this stack's
+    // requests only. It stops and starts nothing.
+    let request = |stack: &str| {
+        Request::new(
+            "ec2:CancelSpotInstanceRequests",
+            &format!("arn:aws:ec2:us-east-1:{ACCOUNT}:spot-instances-request/sir-1"),
+        )
+        .with("ec2:ResourceTag/onoff:managed", stack)
+    };
+    assert_allowed(&a, &worker, Request::new("ec2:DescribeSpotInstanceRequests", "*"));
+    assert_allowed(&a, &worker, request("st"));
+    assert_denied(&a, &worker, request("other-stack"));
+    for action in ["ec2:StopInstances", "ec2:StartInstances"] {
+        let own = Request::new(action, &instance("i-1")).with("ec2:ResourceTag/onoff:managed", "st");
+        assert_denied(&a, &worker, own);
+    }
 }
 
 #[test]
@@ -512,7 +528,7 @@ fn the_reaper_terminates_only_instances_of_the_worker_launch_template() {
 }
 
 #[test]
-fn only_the_scaler_and_reaper_stop_start_and_cancel_and_only_this_stacks_workers() {
+fn only_the_scaler_and_reaper_stop_and_start_and_only_this_stacks_workers() {
     let a = authorizer();
     let ours = |action: &str| {
         Request::new(action, &instance("i-1"))
@@ -561,7 +577,10 @@ fn only_the_scaler_and_reaper_stop_start_and_cancel_and_only_this_stacks_workers
         for action in ["ec2:StopInstances", "ec2:StartInstances"] {
             assert_denied(&a, &c, ours(action));
         }
-        assert_denied(&a, &c, request(Some("st")));
+        // A worker cancels its own request as it ends itself (a_worker_terminates_only_itself).
+        if p != Principal::Worker {
+            assert_denied(&a, &c, request(Some("st")));
+        }
     }
 }
 

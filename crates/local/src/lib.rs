@@ -139,6 +139,9 @@ pub struct LocalOptions {
     pub notice_lead_s: f64,
     /// Seconds from launch to the agent's start (the boot).
     pub boot_s: f64,
+    /// Seconds from the start of a stopped instance to its agent's start (no image pull, no
+    /// model download: shorter than `boot_s`).
+    pub restart_s: f64,
     /// Reconciler schedule period, seconds.
     pub tick_s: f64,
     /// Idle timeout of the agents, seconds.
@@ -198,6 +201,11 @@ pub struct LocalReport {
     /// The zones they were launched in, each once: only zones with a subnet of the stack's
     /// ([`LOCAL_ZONES`]); an instance elsewhere would, on AWS, be outside the workers' VPC.
     pub zones_launched_in: Vec<String>,
+    /// Idle workers the control plane stopped (their instances kept), and stopped ones it started
+    /// again.
+    pub instances_stopped: usize,
+    /// See [`LocalReport::instances_stopped`].
+    pub instances_started: usize,
     /// Instances still running when the run ended (before the final cleanup terminated them).
     pub instances_left_running: usize,
     /// Spot interruption notices injected.
@@ -321,8 +329,15 @@ struct Inst {
     zone: String,
     capacity: CapacityType,
     lane: String,
+    /// When it was seen launched, or started again after a stop: its boot runs from here.
     seen_at: Instant,
     ended_at: Option<Instant>,
+    /// Stopped since (EC2 says stopping or stopped): its agent was shut down with it.
+    stopped_at: Option<Instant>,
+    /// Started again after a stop: its boot is a restart (`LocalOptions::restart_s`).
+    restarted: bool,
+    /// Seconds it ran (billed) before its current run, over its earlier starts.
+    billed_s: f64,
     agent: Option<Agent>,
     imds: Option<ImdsServer>,
     faulted: bool,
@@ -330,6 +345,24 @@ struct Inst {
 }
 
 impl Inst {
+    /// Shut its agent down as a stop does (SIGTERM to its process group: the OS's shutdown stops
+    /// the agent's container, which may release a job first).
+    fn stop(&mut self) {
+        if let Some(pg) = self.agent.as_ref().and_then(|a| a.pgid) {
+            let _ = killpg(Pid::from_raw(pg), Signal::SIGTERM);
+        }
+        self.imds = None;
+    }
+
+    /// Seconds billed up to `now`: its earlier runs and the current one (none while stopped).
+    fn billed_s(&self, now: Instant) -> f64 {
+        let current = match (self.stopped_at, self.ended_at) {
+            (Some(_), _) => 0.0,
+            (None, end) => (end.unwrap_or(now) - self.seen_at).as_secs_f64(),
+        };
+        self.billed_s + current
+    }
+
     fn kill(&mut self) {
         if let Some(a) = &mut self.agent {
             if let Some(pg) = a.pgid {
@@ -901,6 +934,37 @@ async fn run_with(
                     );
                 }
                 let present_ids: BTreeSet<String> = present.iter().map(|i| i.instance_id.clone()).collect();
+                // Stops and starts, as the machine sees them: a stop shuts its agent down (and EC2
+                // tells the interruption handler), a start boots it again.
+                for i in &present {
+                    let Some(inst) = instances.get_mut(&i.instance_id).filter(|x| x.ended_at.is_none()) else {
+                        continue;
+                    };
+                    let stopped = matches!(i.state.as_str(), "stopping" | "stopped");
+                    if stopped && inst.stopped_at.is_none() {
+                        inst.stop();
+                        inst.billed_s += (now - inst.seen_at).as_secs_f64();
+                        inst.stopped_at = Some(now);
+                        events.push_back(ec2_event(
+                            STATE_CHANGE,
+                            &i.instance_id,
+                            &[("state", "stopped")],
+                            event_n,
+                        ));
+                        event_n += 1;
+                        report.instances_stopped += 1;
+                    } else if !stopped && inst.stopped_at.is_some() {
+                        inst.stopped_at = None;
+                        inst.seen_at = now;
+                        inst.restarted = true;
+                        if let Some(mut a) = inst.agent.take() {
+                            // Down with the stop; reaped before its successor starts.
+                            let _ = a.child.start_kill();
+                            let _ = a.child.wait().await;
+                        }
+                        report.instances_started += 1;
+                    }
+                }
                 for i in &present {
                     instances.entry(i.instance_id.clone()).or_insert_with(|| Inst {
                         instance_type: i.instance_type.clone(),
@@ -909,6 +973,9 @@ async fn run_with(
                         lane: i.lane.clone().unwrap_or_else(|| lane.clone()),
                         seen_at: now,
                         ended_at: None,
+                        stopped_at: None,
+                        restarted: false,
+                        billed_s: 0.0,
                         agent: None,
                         imds: None,
                         faulted: false,
@@ -927,7 +994,11 @@ async fn run_with(
                         event_n += 1;
                         continue;
                     }
-                    if inst.agent.is_none() && now - inst.seen_at >= Duration::from_secs_f64(opts.boot_s) {
+                    let boot_s = if inst.restarted { opts.restart_s } else { opts.boot_s };
+                    if inst.agent.is_none()
+                        && inst.stopped_at.is_none()
+                        && now - inst.seen_at >= Duration::from_secs_f64(boot_s)
+                    {
                         let imds = ImdsExtras {
                             gpus: gpus_of.get(&inst.instance_type).copied(),
                             credentials: sessions
@@ -1296,8 +1367,7 @@ async fn cost<W: WorkerRegistry>(instances: &BTreeMap<String, Inst>, workers: &W
             Ok(Some(w)) => w.price_usd_per_h,
             _ => 0.0,
         };
-        let life = (i.ended_at.unwrap_or(now) - i.seen_at).as_secs_f64();
-        usd += price * life * compress / 3600.0;
+        usd += price * i.billed_s(now) * compress / 3600.0;
     }
     usd
 }
@@ -1419,7 +1489,11 @@ async fn start_agent(
     .await?;
     let work = run_dir.join("workers").join(id);
     std::fs::create_dir_all(&work)?;
-    let log = std::fs::File::create(run_dir.join("workers").join(format!("{id}.log")))?;
+    // Appended to: a stopped instance's agent starts again, and its earlier log stays.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(run_dir.join("workers").join(format!("{id}.log")))?;
     let mut cmd = tokio::process::Command::new(bin);
     if let Some(g) = extras.gpus {
         cmd.env("ONOFF_GPUS", g.to_string());

@@ -385,8 +385,60 @@ pub struct Ec2Instance {
     pub mode: ShutdownMode,
 }
 
+impl Ec2Instance {
+    /// Cancel the persistent spot request this instance was launched from, if any: terminated
+    /// (or shut down) with its request open, EC2 would launch another in its place ("If you
+    /// terminate a running or stopped Spot Instance that was launched by a persistent Spot
+    /// Instance request, the Spot Instance request transitions to the open state so that a new
+    /// Spot Instance can be launched", EC2 User Guide), and with the control plane gone nobody
+    /// would end that one. A one-time or on-demand instance has none.
+    async fn cancel_own_spot_request(&self, id: &str) -> Result<(), String> {
+        let requests: Vec<String> = self
+            .client
+            .describe_spot_instance_requests()
+            .filters(
+                aws_sdk_ec2::types::Filter::builder()
+                    .name("instance-id")
+                    .values(id)
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(|e| {
+                format!(
+                    "DescribeSpotInstanceRequests {id}: {}",
+                    aws_sdk_ec2::error::DisplayErrorContext(e)
+                )
+            })?
+            .spot_instance_requests()
+            .iter()
+            .filter_map(|r| r.spot_instance_request_id().map(str::to_string))
+            .collect();
+        if requests.is_empty() {
+            return Ok(());
+        }
+        self.client
+            .cancel_spot_instance_requests()
+            .set_spot_instance_request_ids(Some(requests.clone()))
+            .send()
+            .await
+            .map(|_| tracing::info!(?requests, "cancelled this instance's persistent spot request"))
+            .map_err(|e| {
+                format!(
+                    "CancelSpotInstanceRequests {requests:?}: {}",
+                    aws_sdk_ec2::error::DisplayErrorContext(e)
+                )
+            })
+    }
+}
+
 impl Instance for Ec2Instance {
     async fn terminate_self(&self, id: &str) -> Result<(), String> {
+        if let Err(e) = self.cancel_own_spot_request(id).await {
+            // Terminated all the same: an idle instance left running costs more for certain than
+            // a replacement EC2 may launch, whose own agent ends it again.
+            tracing::error!(error = %e, "cancel this instance's spot request");
+        }
         let api = self
             .client
             .terminate_instances()
