@@ -139,6 +139,15 @@ struct SimulateArgs {
     /// Longest GPU cold start, seconds.
     #[arg(long, default_value_t = 600.0)]
     boot_max_s: f64,
+    /// Shortest start of a stopped worker, seconds (starts are uniform between min and max: no
+    /// image pull, no model download; an assumption, replay your own figures). Default a third
+    /// of --boot-min-s (60 s).
+    #[arg(long)]
+    restart_min_s: Option<f64>,
+    /// Longest start of a stopped worker, seconds. Default 30 % of --boot-max-s (180 s): a start
+    /// scales with the cold start it stands for.
+    #[arg(long)]
+    restart_max_s: Option<f64>,
     /// Probability that a launch call fails with InsufficientCapacity.
     #[arg(long, default_value_t = 0.02)]
     capacity_error_rate: f64,
@@ -309,6 +318,11 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     if !(a.boot_min_s >= 0.0 && a.boot_max_s >= a.boot_min_s) {
         bail!("--boot-min-s must be >= 0 and <= --boot-max-s");
     }
+    let restart_min_s = a.restart_min_s.unwrap_or(a.boot_min_s / 3.0);
+    let restart_max_s = a.restart_max_s.unwrap_or(a.boot_max_s * 0.3).max(restart_min_s);
+    if !(restart_min_s >= 0.0 && a.restart_max_s.is_none_or(|m| m >= restart_min_s)) {
+        bail!("--restart-min-s must be >= 0 and <= --restart-max-s");
+    }
     if !(0.0..=1.0).contains(&a.capacity_error_rate) {
         bail!("--capacity-error-rate must be within 0..=1");
     }
@@ -323,6 +337,10 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         seed: a.seed,
         boot_min_s: a.boot_min_s,
         boot_max_s: a.boot_max_s,
+        restart_min_s,
+        restart_max_s,
+        // A stopped worker's volume bills what the policy's configuration says it is.
+        stopped_usd_per_h: cfg.scale_down.stopped_usd_per_h(),
         capacity_error_rate: a.capacity_error_rate,
         interruptions: a.interruption_rate_factor > 0.0,
         interruption_rate_factor: a.interruption_rate_factor,
@@ -529,13 +547,14 @@ fn print_table(c: &Comparison) {
         );
     }
     print!(
-        "{:<15} {:>12} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>9} {:>6}",
+        "{:<15} {:>12} {:>8} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9} {:>9} {:>7} {:>6} {:>9} {:>6}",
         "policy",
         "total $",
         "x bound",
         "$/job",
         "idle GPUh",
         "launches",
+        "starts",
         "wait p50",
         "wait p95",
         "wait p99",
@@ -550,13 +569,14 @@ fn print_table(c: &Comparison) {
     println!();
     for p in &c.policies {
         print!(
-            "{:<15} {:>12.2} {:>8.3} {:>9.3} {:>9.1} {:>9} {:>8.0}s {:>8.0}s {:>8.0}s {:>7} {:>6} {:>9.2} {:>6.1}",
+            "{:<15} {:>12.2} {:>8.3} {:>9.3} {:>9.1} {:>9} {:>8} {:>8.0}s {:>8.0}s {:>8.0}s {:>7} {:>6} {:>9.2} {:>6.1}",
             p.name,
             p.total_usd,
             p.total_usd / c.lower_bound_usd,
             p.usd_per_job,
             p.idle_gpu_hours,
             p.launches,
+            p.restarts,
             p.wait_p50_s,
             p.wait_p95_s,
             p.wait_p99_s,

@@ -38,6 +38,8 @@ fn simulate_json_has_every_policy_and_field() {
             "usd_per_job",
             "idle_gpu_hours",
             "launches",
+            "restarts",
+            "stopped_usd",
             "wait_p50_s",
             "wait_p95_s",
             "wait_p99_s",
@@ -58,6 +60,11 @@ fn simulate_json_has_every_policy_and_field() {
             200
         );
         assert_eq!(p["jobs_lost"].as_u64(), Some(0));
+        // Only onoff stops idle workers (and all-on-demand, its policy on on-demand): the
+        // baselines' workers are terminated.
+        if p["name"] != "onoff" {
+            assert_eq!((p["restarts"].as_u64(), p["stopped_usd"].as_f64()), (Some(0), Some(0.0)), "{}", p["name"]);
+        }
         assert!(p["total_usd"].as_f64().unwrap() >= lb * 0.999);
     }
 }
