@@ -71,4 +71,7 @@ WantedBy=multi-user.target
 UNIT
 
 systemctl daemon-reload
+# Enabled: user data runs at the first boot only, and a worker the control plane stopped and
+# started again must boot into its agent (the image is on its volume already).
+systemctl enable onoff-agent.service
 systemctl start --no-block onoff-agent.service

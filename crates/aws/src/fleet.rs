@@ -733,11 +733,11 @@ impl Fleet for Ec2Fleet {
     /// (not-found included: the caller terminates them, which is idempotent).
     async fn stop(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
         let mut refused = Vec::new();
-        for id in instance_ids {
+        for (i, id) in instance_ids.iter().enumerate() {
             if let Err(e) = self.client.stop_instances().instance_ids(id).send().await {
                 let err = fleet_error(&e);
                 if err.kind == FleetErrorKind::Throttled {
-                    return Err(err);
+                    return throttled_from(instance_ids, i, refused, err);
                 }
                 if !ALREADY_THERE.iter().any(|c| err.message.starts_with(c)) {
                     refused.push((id.clone(), err));
@@ -752,17 +752,34 @@ impl Fleet for Ec2Fleet {
     /// instance already pending or running is done (EC2 answers a start of one with its state).
     async fn start(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
         let mut refused = Vec::new();
-        for id in instance_ids {
+        for (i, id) in instance_ids.iter().enumerate() {
             if let Err(e) = self.client.start_instances().instance_ids(id).send().await {
                 let err = fleet_error(&e);
                 if err.kind == FleetErrorKind::Throttled {
-                    return Err(err);
+                    return throttled_from(instance_ids, i, refused, err);
                 }
                 refused.push((id.clone(), err));
             }
         }
         Ok(refused)
     }
+}
+
+/// EC2 throttled the per-instance call for `instance_ids[at]` (after the SDK's retries). Before
+/// anything was done, the whole call failed: `Err`. After some calls went through, those stand
+/// (an instance started must be reported started, or its row would say stopped while it runs,
+/// billed): the rest are refused with the throttle error, with the ones `refused` already.
+fn throttled_from(
+    instance_ids: &[String],
+    at: usize,
+    mut refused: Vec<(String, FleetError)>,
+    err: FleetError,
+) -> Result<Vec<(String, FleetError)>, FleetError> {
+    if at == 0 {
+        return Err(err);
+    }
+    refused.extend(instance_ids[at..].iter().map(|id| (id.clone(), err.clone())));
+    Ok(refused)
 }
 
 impl onoff_control::ports::FleetLister for Ec2Fleet {

@@ -15,12 +15,21 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Serve `status` and `body` to every request on a local port; the requests' bodies are kept.
 async fn ec2_answering(status: u16, body: String) -> (String, Arc<Mutex<Vec<String>>>) {
+    ec2_answering_in_turn(vec![(status, body)]).await
+}
+
+/// Serve `replies` in turn, one a request, the last to every request after; the requests'
+/// bodies are kept.
+async fn ec2_answering_in_turn(replies: Vec<(u16, String)>) -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let seen = Arc::new(Mutex::new(Vec::new()));
     let kept = seen.clone();
     tokio::spawn(async move {
+        let mut served = 0;
         while let Ok((mut sock, _)) = listener.accept().await {
+            let (status, body) = &replies[served.min(replies.len() - 1)];
+            served += 1;
             let mut buf = Vec::new();
             let mut chunk = [0u8; 8192];
             // Headers, then as many body bytes as Content-Length says.
@@ -229,4 +238,63 @@ async fn the_accounts_fleet_limit_is_the_calls_error_not_an_offerings() {
     let (url, _) = ec2_answering(200, body).await;
     let e = fleet(&url).launch(&request()).await.expect_err("the call's error");
     assert_eq!(e.kind, FleetErrorKind::AccountLimit, "{e:?}");
+}
+
+/// StartInstances' answer for one instance (EC2 API Reference, StartInstances).
+fn started(id: &str) -> String {
+    format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<StartInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000010</requestId><instancesSet><item><instanceId>{id}</instanceId><currentState><code>0</code><name>pending</name></currentState><previousState><code>80</code><name>stopped</name></previousState></item></instancesSet></StartInstancesResponse>"#
+    )
+}
+
+/// EC2's throttling answer (HTTP 503, `RequestLimitExceeded`).
+const THROTTLED: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
+<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>7a3ba8b4-0000-0000-0000-000000000011</RequestID></Response>"#;
+
+/// The fleet with no retries: a throttle is final at once (the SDK's retries would only repeat it).
+fn fleet_no_retries(url: &str) -> Ec2Fleet {
+    let conf = aws_sdk_ec2::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("AKIDTEST", "secret", None, None, "test"))
+        .endpoint_url(url)
+        .retry_config(aws_sdk_ec2::config::retry::RetryConfig::disabled())
+        .build();
+    Ec2Fleet::new(aws_sdk_ec2::Client::from_conf(conf), "lt-0123456789abcdef0").with_deployment("wire")
+}
+
+#[tokio::test]
+async fn a_start_throttled_midway_reports_the_instances_it_started() {
+    let ids: Vec<String> = ["i-1", "i-2", "i-3"].iter().map(|s| s.to_string()).collect();
+    // The first instance starts; EC2 throttles the rest. i-1 runs now: it must not come back
+    // refused, or its row would go back to Stopped while it runs, billed.
+    let (url, seen) = ec2_answering_in_turn(vec![(200, started("i-1")), (503, THROTTLED.to_string())]).await;
+    let refused = fleet_no_retries(&url).start(&ids).await.expect("partly done");
+    let refused_ids: Vec<&str> = refused.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(refused_ids, ["i-2", "i-3"], "{refused:?}");
+    assert!(
+        refused.iter().all(|(_, e)| e.kind == FleetErrorKind::Throttled),
+        "{refused:?}"
+    );
+    // It stopped calling at the throttle: one call for i-1, one throttled.
+    assert_eq!(seen.lock().unwrap().len(), 2);
+    // Throttled before anything started: the call failed whole.
+    let (url, _) = ec2_answering(503, THROTTLED.to_string()).await;
+    let e = fleet_no_retries(&url).start(&ids).await.expect_err("nothing done");
+    assert_eq!(e.kind, FleetErrorKind::Throttled, "{e:?}");
+}
+
+#[tokio::test]
+async fn a_stop_throttled_midway_reports_the_instances_it_stopped() {
+    let ids: Vec<String> = ["i-1", "i-2"].iter().map(|s| s.to_string()).collect();
+    let stopped = r#"<?xml version="1.0" encoding="UTF-8"?>
+<StopInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000012</requestId><instancesSet><item><instanceId>i-1</instanceId><currentState><code>64</code><name>stopping</name></currentState><previousState><code>16</code><name>running</name></previousState></item></instancesSet></StopInstancesResponse>"#;
+    let (url, _) = ec2_answering_in_turn(vec![(200, stopped.to_string()), (503, THROTTLED.to_string())]).await;
+    let refused = fleet_no_retries(&url).stop(&ids).await.expect("partly done");
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(
+        (refused[0].0.as_str(), refused[0].1.kind),
+        ("i-2", FleetErrorKind::Throttled)
+    );
 }

@@ -1767,6 +1767,9 @@ async fn deployment(c: &Clients, idle_timeout_s: f64) -> Deployment {
     cfg.scale_down.mode = onoff_policy::KeepAliveMode::Fixed;
     cfg.scale_down.fixed_idle_timeout_s = idle_timeout_s;
     cfg.anti_thrash.scale_down_delay_after_scale_up_s = 0.0;
+    // The fleet below launches spot by CreateFleet (one-time requests), whose instances EC2
+    // refuses to stop: as `onoff_fn_common::fleet_of` pairs them, only on-demand is stopped.
+    cfg.scale_down.stop_idle = onoff_policy::StopIdle::OnDemand;
     Deployment {
         queues: SqsQueues::new(c.sqs.clone(), vec![(lane.clone(), url)]),
         lane,
@@ -2340,6 +2343,55 @@ async fn a_full_vcpu_quota_refuses_its_overrides_as_ec2_does() {
     assert_eq!(fleet.launch(&ask(vec![od], 1)).await.unwrap().launched.len(), 1);
     assert_eq!(quotas.refused(), 2);
     assert_eq!(quotas.peaks(), [((QuotaBucket::GAndVt, CapacityType::Spot), 8, 8)]);
+}
+
+#[tokio::test]
+async fn a_full_vcpu_quota_refuses_a_stoppable_spot_run_instances_whole_as_ec2_does() {
+    use onoff_aws::faults::VcpuQuotas;
+    use onoff_control::ports::FleetErrorKind;
+    use onoff_control::quota::QuotaBucket;
+    // 8 vCPUs of G spot instances: two g5.xlarge (4 vCPUs each). Stoppable spot launches by
+    // RunInstances, MinCount = MaxCount: all or none.
+    let quotas = VcpuQuotas::new(
+        [((QuotaBucket::GAndVt, CapacityType::Spot), 8)].into_iter().collect(),
+        [("g5.xlarge".to_string(), 4)].into_iter().collect(),
+    );
+    let c = clients().await.with_vcpu_quotas(quotas.clone());
+    let fleet = own_fleet(&c).await.with_stoppable_spot(true, None);
+    let a = key("g5.xlarge", "us-east-1a", CapacityType::Spot);
+    let ask = |count: u32| {
+        LaunchRequest {
+            lane: "standard".into(),
+            offerings: vec![a.clone()],
+            count,
+            project: None,
+            job: None,
+            client_token: String::new(),
+        }
+        .with_token_for(&unique("decision"))
+    };
+    let live = || async { fleet.describe_managed().await.unwrap().len() };
+    // Three do not fit: nothing launched; the one offering's refusal is the launch's error, as a
+    // CreateFleet refused whole.
+    let e = fleet.launch(&ask(3)).await.expect_err("refused");
+    assert_eq!(e.kind, FleetErrorKind::QuotaExceeded, "{e:?}");
+    assert!(e.message.starts_with("MaxSpotInstanceCountExceeded"), "{e:?}");
+    assert_eq!(live().await, 0);
+    // Two fit.
+    assert_eq!(fleet.launch(&ask(2)).await.unwrap().launched.len(), 2);
+    quotas.set_live(
+        fleet
+            .describe_managed()
+            .await
+            .unwrap()
+            .iter()
+            .map(|i| ("g5.xlarge", i.capacity_type)),
+    );
+    // Full: one more is refused.
+    let e = fleet.launch(&ask(1)).await.expect_err("full");
+    assert_eq!(e.kind, FleetErrorKind::QuotaExceeded, "{e:?}");
+    assert_eq!(live().await, 2);
+    assert_eq!(quotas.refused(), 2);
 }
 
 #[tokio::test]

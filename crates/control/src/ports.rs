@@ -252,7 +252,8 @@ pub trait Fleet {
     /// each with its error: the caller terminates those instead.
     ///
     /// # Errors
-    /// Provider failures of the call as a whole (throttling after retries).
+    /// Provider failures of the call as a whole (throttling after retries) before any instance
+    /// was stopped; once some were, the rest are returned refused with that error.
     async fn stop(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError>;
 
     /// Start stopped instances again (EC2: StartInstances). Returns the instances that did not
@@ -261,7 +262,8 @@ pub trait Fleet {
     /// pending or running is not an error.
     ///
     /// # Errors
-    /// Provider failures of the call as a whole (throttling after retries).
+    /// Provider failures of the call as a whole (throttling after retries) before any instance
+    /// was started; once some were, the rest are returned refused with that error.
     async fn start(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError>;
 }
 

@@ -2381,6 +2381,15 @@ fn a_stopped_worker_is_started_only_where_a_launch_would_be_worth_it() {
     short_job.est_runtime_s = Some(3600.0);
     let mut frozen = stopping_cfg();
     frozen.limits.frozen = true;
+    // Launched in a spot price spike: it bills 0.40 $/h until it ends, four times a launch now.
+    let spiked = || {
+        vec![onoff_policy::WorkerView {
+            price_usd_per_h: 0.40,
+            ..stopped("s", 1, 60.0, None)
+        }]
+    };
+    let mut budget = stopping_cfg();
+    budget.limits.max_usd_per_h = Some(100.0);
     // (world, config, started)
     let rows: Vec<(&str, World, onoff_policy::PolicyConfig, bool)> = vec![
         // Its type just failed a launch in its zone: a start would fail the same.
@@ -2406,6 +2415,15 @@ fn a_stopped_worker_is_started_only_where_a_launch_would_be_worth_it() {
             frozen,
             false,
         ),
+        // A start is priced per job from today's offering price, so it is started...
+        (
+            "spiked, no budget",
+            World::new(jobs("j", 1), spiked()),
+            stopping_cfg(),
+            true,
+        ),
+        // ...but under a $/h cap the budget booked a launch's price, which it would exceed.
+        ("spiked, budget", World::new(jobs("j", 1), spiked()), budget, false),
     ];
     for (row, w, cfg, want) in rows {
         let plan = w.decide(&cfg, NOW);

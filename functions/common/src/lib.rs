@@ -507,6 +507,8 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
     serde_json::json!({
         "launched": r.acted.launched.iter().map(|l| &l.launched.instance_id).collect::<Vec<_>>(),
         "terminated": r.acted.terminated,
+        "stopped": r.acted.stopped,
+        "started": r.acted.started,
         "cancelled": r.acted.cancelled,
         "scale_down_skipped": r.acted.skipped,
         "orphans_terminated": r.orphans_terminated,

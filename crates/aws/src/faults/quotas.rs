@@ -1,5 +1,6 @@
 //! EC2's vCPU quotas, which moto does not enforce: [`VcpuQuotas`] refuses a CreateFleet's
-//! overrides whose quota bucket has no room left, as EC2 does.
+//! overrides whose quota bucket has no room left, and a RunInstances (stoppable spot workers
+//! launch by RunInstances) over its quota, as EC2 does.
 //!
 //! EC2 counts the vCPUs of the running (on-demand) or requested (spot) instances of a bucket of
 //! families per region against one quota each (EC2 User Guide, "Amazon EC2 instance type
@@ -13,7 +14,10 @@
 //! is full are dropped from it and its target capacity is cut to what the quota leaves; a call
 //! with nothing left is sent as a dry run (moto then launches nothing and answers
 //! `DryRunOperation`). The answer, once read, gets a `CreateFleetError` per refused override (a
-//! dry run's becomes an instant fleet's answer with no instances and those errors).
+//! dry run's becomes an instant fleet's answer with no instances and those errors). A
+//! RunInstances whose `MinCount` instances do not fit is sent as a dry run too, and its answer
+//! becomes EC2's refusal of the whole call (HTTP 400, `MaxSpotInstanceCountExceeded` for spot,
+//! `VcpuLimitExceeded` for on-demand).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -21,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::context::{
-    BeforeTransmitInterceptorContextMut, FinalizerInterceptorContextMut,
+    BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextMut, FinalizerInterceptorContextMut,
 };
 use aws_smithy_runtime_api::client::interceptors::Intercept;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
@@ -44,7 +48,8 @@ struct Counts {
     peak: BTreeMap<QuotaKey, u32>,
 }
 
-/// Refuses CreateFleet overrides over a vCPU quota, as EC2 does (module docs). Clones share
+/// Refuses CreateFleet overrides and RunInstances calls over a vCPU quota, as EC2 does (module
+/// docs). Clones share
 /// their counts. Given to the control plane's EC2 client of a local run
 /// ([`crate::settings::Clients::with_vcpu_quotas`]); the run tells it the live instances.
 #[derive(Debug, Clone)]
@@ -136,6 +141,52 @@ pub fn read_ask(params: &[(String, String)]) -> Option<FleetAsk> {
         count,
         overrides,
     })
+}
+
+/// Read a RunInstances' form body as a fleet of one override (its instance type, `MinCount`
+/// instances; spot when `InstanceMarketOptions.MarketType` says so): `None` without a type or a
+/// count (one from the launch template alone is never refused).
+#[must_use]
+pub fn read_run(params: &[(String, String)]) -> Option<FleetAsk> {
+    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let instance_type = get("InstanceType")?.to_string();
+    let count = get("MinCount")?.parse().ok()?;
+    let capacity = match get("InstanceMarketOptions.MarketType") {
+        Some("spot") => CapacityType::Spot,
+        _ => CapacityType::OnDemand,
+    };
+    Some(FleetAsk {
+        capacity,
+        count,
+        overrides: vec![AskedOverride {
+            config: 1,
+            index: 1,
+            instance_type,
+            fields: BTreeMap::new(),
+        }],
+    })
+}
+
+/// EC2's answer to a RunInstances over a vCPU quota: the call refused whole (HTTP 400), with
+/// the code an instant fleet's `errorSet` gives for the same capacity type.
+fn run_refusal_body(capacity: CapacityType, limit: u32) -> String {
+    let (code, message) = match capacity {
+        CapacityType::Spot => (
+            "MaxSpotInstanceCountExceeded",
+            "Max spot instance count exceeded".to_string(),
+        ),
+        CapacityType::OnDemand => (
+            "VcpuLimitExceeded",
+            format!(
+                "You have requested more vCPU capacity than your current vCPU limit of {limit} allows for the \
+                 instance bucket that the specified instance type belongs to. Please visit \
+                 http://aws.amazon.com/contact-us/ec2-request to request an adjustment to this limit."
+            ),
+        ),
+    };
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors><RequestID>00000000-0000-0000-0000-0000000000q1</RequestID></Response>"
+    )
 }
 
 /// `LaunchTemplateConfigs.<c>.Overrides.<i>.<Field>` -> (c, i, Field).
@@ -306,6 +357,16 @@ impl Storable for Refusal {
     type Storer = StoreReplace<Self>;
 }
 
+/// A RunInstances refused whole: the body of EC2's answer, from the call's request to its answer.
+#[derive(Debug, Clone)]
+struct RunRefusal {
+    body: String,
+}
+
+impl Storable for RunRefusal {
+    type Storer = StoreReplace<Self>;
+}
+
 impl VcpuQuotas {
     /// Quotas of `limits` vCPUs each, for the instance types of `vcpus_of` (vCPUs per type:
     /// types not listed are never refused).
@@ -348,7 +409,7 @@ impl VcpuQuotas {
             .collect()
     }
 
-    /// CreateFleet calls refused or cut so far.
+    /// CreateFleet calls refused or cut, and RunInstances calls refused, so far.
     #[must_use]
     pub fn refused(&self) -> u32 {
         self.refused.load(Ordering::Relaxed)
@@ -366,25 +427,36 @@ impl Intercept for VcpuQuotas {
         _rc: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        if cfg.load::<Metadata>().map(Metadata::name) != Some("CreateFleet") {
-            return Ok(());
-        }
+        let run = match cfg.load::<Metadata>().map(Metadata::name) {
+            Some("CreateFleet") => false,
+            Some("RunInstances") => true,
+            _ => return Ok(()),
+        };
         let request = context.request_mut();
         let Some(body) = request.body().bytes() else {
             return Ok(());
         };
         let params: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
-        let Some(ask) = read_ask(&params) else {
+        let Some(ask) = (if run { read_run(&params) } else { read_ask(&params) }) else {
             return Ok(());
         };
         let verdict = {
             let mut c = self.counts.lock().expect("quota counts");
-            let v = judge(
+            let mut v = judge(
                 &ask,
                 &self.limits,
                 |k| c.live.get(&k).copied().unwrap_or(0) + c.since.get(&k).copied().unwrap_or(0),
                 |t| self.vcpus_of.get(t).copied(),
             );
+            if run && v.count < ask.count {
+                // RunInstances launches `MinCount` or none.
+                let key = (QuotaBucket::of(&ask.overrides[0].instance_type), ask.capacity);
+                v = Verdict {
+                    kept: Vec::new(),
+                    count: 0,
+                    refused: vec![(0, self.limits.get(&key).copied().unwrap_or(0))],
+                };
+            }
             // Counted as if every instance took the largest kept type of its quota.
             let mut largest: BTreeMap<QuotaKey, u32> = BTreeMap::new();
             for &i in &v.kept {
@@ -400,6 +472,30 @@ impl Intercept for VcpuQuotas {
             v
         };
         if verdict.is_pass(&ask) {
+            return Ok(());
+        }
+        if run {
+            // `MinCount` instances or none (onoff asks MinCount = MaxCount): refused whole, as a
+            // dry run, which moto answers without launching; the answer is EC2's refusal.
+            let limit = verdict.refused.first().map_or(0, |r| r.1);
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                instance_type = %ask.overrides[0].instance_type,
+                asked = ask.count,
+                "emulated vCPU quota: RunInstances refused"
+            );
+            let mut out = params.clone();
+            out.push(("DryRun".into(), "true".into()));
+            let new_body = form_urlencoded::Serializer::new(String::new())
+                .extend_pairs(out)
+                .finish();
+            request
+                .headers_mut()
+                .insert("content-length", new_body.len().to_string());
+            *request.body_mut() = aws_smithy_types::body::SdkBody::from(new_body);
+            cfg.interceptor_state().store_put(RunRefusal {
+                body: run_refusal_body(ask.capacity, limit),
+            });
             return Ok(());
         }
         let errors = refusal_errors(&ask, &verdict, &params);
@@ -418,6 +514,23 @@ impl Intercept for VcpuQuotas {
             .insert("content-length", new_body.len().to_string());
         *request.body_mut() = aws_smithy_types::body::SdkBody::from(new_body);
         cfg.interceptor_state().store_put(Refusal { errors });
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut BeforeDeserializationInterceptorContextMut<'_>,
+        _rc: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let Some(RunRefusal { body }) = cfg.load::<RunRefusal>().cloned() else {
+            return Ok(());
+        };
+        cfg.interceptor_state().unset::<RunRefusal>();
+        let response = context.response_mut();
+        *response.status_mut() = 400u16.try_into().map_err(|e| Box::new(e) as BoxError)?;
+        response.headers_mut().remove("content-length");
+        *response.body_mut() = aws_smithy_types::body::SdkBody::from(body);
         Ok(())
     }
 

@@ -42,7 +42,7 @@ pub struct WorkerLine {
     pub instance_type: String,
     pub zone: String,
     pub capacity_type: &'static str,
-    /// The workers table's state: Pending, Running, Idle or Draining.
+    /// The workers table's state: Pending, Running, Idle, Draining or Stopped.
     pub state: &'static str,
     /// Catalogue price the worker is billed at, $/h (0 until the control plane priced it).
     pub price_usd_per_h: f64,
@@ -54,7 +54,8 @@ pub struct WorkerLine {
     pub idle_s: Option<f64>,
     /// Seconds since its agent's last heartbeat (`None` before the agent started).
     pub heartbeat_age_s: Option<f64>,
-    /// Until when the control plane holds it (an idle worker kept warm), unix seconds.
+    /// Until when the control plane holds it (an idle worker kept warm; a stopped worker's
+    /// keep, after which it is terminated), unix seconds.
     pub hold_until: Option<f64>,
     /// EC2's state of its instance (`pending`, `running`); `None` when EC2 lists no pending or
     /// running instance for it (the reconciler will find it gone), or when EC2 was not read.
@@ -102,10 +103,11 @@ pub struct FullQuota {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WorkersReport {
     pub workers: Vec<WorkerLine>,
-    /// Workers per state, in the order Pending, Running, Idle, Draining.
+    /// Workers per state, in the order Pending, Running, Idle, Draining, Stopped.
     pub counts: Vec<(&'static str, usize)>,
-    /// $/h of the live workers and the unregistered instances priced as their rows would be
-    /// (launch prices: catalogue on-demand, spot as EC2 quoted it to the launching function).
+    /// $/h of the live workers (launch prices: catalogue on-demand, spot as EC2 quoted it to the
+    /// launching function; a stopped worker at its volume's rate, the policy's
+    /// `ScaleDownConfig::stopped_usd_per_h`).
     pub usd_per_h: f64,
     pub unregistered: Vec<UnregisteredInstance>,
     /// Why EC2 was not read, when it was not (the rest still shows).
@@ -123,9 +125,10 @@ fn capacity(c: CapacityType) -> &'static str {
     }
 }
 
-/// The report from what was read: `live` worker rows, `instances` (EC2's pending and running
-/// instances of the stack; `Err` when EC2 could not be read), the `jobs` rows, the `unavailable`
-/// marks (offerings and quotas), at `now` (unix seconds). Workers sorted by lane, then launch.
+/// The report from what was read: `live` worker rows, `instances` (EC2's instances of the stack,
+/// stopped ones included; `Err` when EC2 could not be read), the `jobs` rows, the `unavailable`
+/// marks (offerings and quotas), at `now` (unix seconds), a stopped worker billed
+/// `stopped_usd_per_h` ($/h, its volume). Workers sorted by lane, then launch.
 pub fn report(
     live: Vec<WorkerRecord>,
     instances: Result<Vec<ManagedInstance>, String>,
@@ -133,6 +136,7 @@ pub fn report(
     unavailable: Vec<UnavailableOffering>,
     lane: Option<&str>,
     now: f64,
+    stopped_usd_per_h: f64,
 ) -> WorkersReport {
     let mut live: Vec<WorkerRecord> = live.into_iter().filter(|w| lane.is_none_or(|l| w.lane == l)).collect();
     live.sort_by(|a, b| a.lane.cmp(&b.lane).then(a.launched_at.total_cmp(&b.launched_at)));
@@ -187,6 +191,7 @@ pub fn report(
         WorkerState::Running,
         WorkerState::Idle,
         WorkerState::Draining,
+        WorkerState::Stopped,
     ]
     .into_iter()
     .map(|s| (state_name(s), live.iter().filter(|w| w.state == s).count()))
@@ -217,7 +222,13 @@ pub fn report(
         .collect();
     WorkersReport {
         // A fold from +0: an empty f64 sum is -0, printed "-0.0000".
-        usd_per_h: live.iter().fold(0.0, |a, w| a + w.price_usd_per_h),
+        usd_per_h: live.iter().fold(0.0, |a, w| {
+            a + if w.state == WorkerState::Stopped {
+                stopped_usd_per_h
+            } else {
+                w.price_usd_per_h
+            }
+        }),
         workers,
         counts,
         unregistered,
@@ -252,6 +263,11 @@ pub fn render(r: &WorkersReport, now: f64) -> String {
         for w in &r.workers {
             let doing = match (&w.job, w.idle_s) {
                 (Some(j), _) => j.clone(),
+                (None, _) if w.state == "Stopped" => format!(
+                    "stopped{}",
+                    w.hold_until
+                        .map_or_else(String::new, |t| format!(", kept {} more", span(t - now)))
+                ),
                 (None, Some(s)) => format!(
                     "idle {}{}",
                     span(s),
@@ -379,7 +395,15 @@ pub async fn workers(a: WorkersArgs) -> Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("reading the unavailable offerings: {e}"))?;
     let instances = ctx.fleet.describe_managed().await.map_err(|e| e.to_string());
-    let mut r = report(listed.items, instances, &jobs, unavailable, a.lane.as_deref(), now);
+    let mut r = report(
+        listed.items,
+        instances,
+        &jobs,
+        unavailable,
+        a.lane.as_deref(),
+        now,
+        ops.settings.policy.scale_down.stopped_usd_per_h(),
+    );
     r.unreadable = listed.unreadable;
     if ops.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
@@ -432,6 +456,13 @@ mod tests {
             ..WorkerRecord::launched("i-idle", "standard", spot.clone(), 0.25, 50.0)
         };
         let gone = WorkerRecord::launched("i-gone", "express", spot.clone(), 1.0, 200.0);
+        // Stopped: billed its volume (0.01 $/h here), not its instance's 0.40 $/h.
+        let stopped = WorkerRecord {
+            state: WorkerState::Stopped,
+            idle_since: Some(400.0),
+            hold_until: Some(now + 3.0 * 3600.0),
+            ..WorkerRecord::launched("i-stop", "standard", spot.clone(), 0.40, 20.0)
+        };
         let spec: onoff_control::job::JobSpec =
             serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p"}"#).unwrap();
         let mut job = JobRecord::new("job-1".into(), spec.clone(), "test".into(), 10.0);
@@ -461,32 +492,46 @@ mod tests {
             },
         ];
         let r = report(
-            vec![gone, idle, busy],
+            vec![gone, idle, busy, stopped],
             Ok(vec![
                 instance("i-busy", "running"),
                 instance("i-idle", "running"),
+                instance("i-stop", "stopped"),
                 instance("i-stray", "pending"),
             ]),
             &[job, done],
             marks,
             None,
             now,
+            0.01,
         );
         let ids: Vec<&str> = r.workers.iter().map(|w| w.instance_id.as_str()).collect();
-        assert_eq!(ids, ["i-gone", "i-idle", "i-busy"], "by lane, then launch");
-        let busy = &r.workers[2];
+        assert_eq!(ids, ["i-gone", "i-stop", "i-idle", "i-busy"], "by lane, then launch");
+        let busy = &r.workers[3];
         assert_eq!(busy.job.as_deref(), Some("job-1"));
         assert_eq!(
             (busy.state, busy.up_s, busy.heartbeat_age_s),
             ("Running", 900.0, Some(10.0))
         );
-        let idle = &r.workers[1];
+        let idle = &r.workers[2];
+        let stopped = &r.workers[1];
+        assert_eq!((stopped.state, stopped.idle_s), ("Stopped", None));
+        assert_eq!(stopped.ec2_state.as_deref(), Some("stopped"));
         assert_eq!(idle.job, None, "a finished job's lease owner is not its worker's job");
         assert_eq!((idle.idle_s, idle.hold_until), (Some(60.0), Some(1300.0)));
         assert_eq!(r.workers[0].ec2_state, None, "no instance backs i-gone");
         assert_eq!(busy.ec2_state.as_deref(), Some("running"));
-        assert_eq!(r.counts, [("Pending", 1), ("Running", 1), ("Idle", 1), ("Draining", 0)]);
-        assert!((r.usd_per_h - 1.75).abs() < 1e-12);
+        assert_eq!(
+            r.counts,
+            [
+                ("Pending", 1),
+                ("Running", 1),
+                ("Idle", 1),
+                ("Draining", 0),
+                ("Stopped", 1)
+            ]
+        );
+        assert!((r.usd_per_h - 1.76).abs() < 1e-12, "{}", r.usd_per_h);
         assert_eq!(r.unregistered.len(), 1);
         assert_eq!(r.unregistered[0].instance_id, "i-stray");
         assert_eq!(r.unavailable_offerings.len(), 1, "the expired mark is left out");
@@ -495,8 +540,9 @@ mod tests {
         assert_eq!(r.full_quotas[0].code, Some("L-3819A6DF"));
         let text = render(&r, now);
         for needle in [
-            "3 worker(s) (1 pending, 1 running, 1 idle): $1.7500/h",
+            "4 worker(s) (1 pending, 1 running, 1 idle, 1 stopped): $1.7600/h",
             "idle 60s, held 5m00s more",
+            "stopped, kept 3h00m more",
             "gone: EC2 lists no pending or running instance",
             "instance i-stray (g5.xlarge us-east-1a spot, pending, up 100s) has no worker row",
             "All G and VT Spot Instance Requests",
@@ -513,6 +559,7 @@ mod tests {
             Vec::new(),
             Some("express"),
             now,
+            0.01,
         );
         assert_eq!(express.workers.len(), 1);
         assert!(express.unregistered.is_empty(), "i-stray is the standard lane's");
@@ -520,7 +567,7 @@ mod tests {
 
     #[test]
     fn no_workers_cost_nothing() {
-        let r = report(Vec::new(), Ok(Vec::new()), &[], Vec::new(), None, 10.0);
+        let r = report(Vec::new(), Ok(Vec::new()), &[], Vec::new(), None, 10.0, 0.01);
         let text = render(&r, 10.0);
         assert!(text.starts_with("no live workers\n"), "{text}");
         assert!(text.contains("0 worker(s): $0.0000/h"), "{text}");
@@ -542,6 +589,7 @@ mod tests {
             Vec::new(),
             None,
             10.0,
+            0.01,
         );
         assert_eq!(r.workers[0].ec2_state, None);
         let text = render(&r, 10.0);

@@ -2,7 +2,8 @@
 //! function of its own with its own table tests:
 //!
 //! 1. `fleet::fill`: what the fleet is now: spend, live workers per lane, free capacity per
-//!    lane by worker class (idle and booting), idle and booting workers, the budget breaker.
+//!    lane by worker class (idle and booting), idle, booting and stopped workers, the budget
+//!    breaker.
 //! 2. `matching::match_jobs`: queued jobs, per lane most urgent first, matched to free capacity
 //!    (idle workers first, then booting ones: a booting worker counts as capacity, so a 3-10
 //!    minute GPU cold start causes no duplicate launch); short jobs queue behind each other on one
@@ -10,12 +11,15 @@
 //! 3. `scale_up::scale_up`: launches for the unmet jobs, lanes by priority (activation 0 -> 1
 //!    apart from the 1 -> N target), with weighted fair share between projects, project quotas,
 //!    job-type caps, max workers, the budget breaker and the freeze; a job whose deadline spot
-//!    capacity can no longer meet gets on-demand capacity of its own.
+//!    capacity can no longer meet gets on-demand capacity of its own. Stopped workers that fit
+//!    are started before anything is launched (`scale_up::push_starts`).
 //! 4. `warm::warm_capacity`: ready workers to hold for arrivals not yet here: the scheduled warm
-//!    pool, and the predictive one where it pays for itself.
+//!    pool, and the predictive one where it pays for itself (stopped workers started first).
 //! 5. `scale_down::scale_down`: idle workers past their keep-alive (or at the decay steps),
 //!    never busy ones, never within the delay after a scale-up or the minimum run time; booting
-//!    workers nothing needs are cancelled.
+//!    workers nothing needs are cancelled. A released worker is stopped where
+//!    `scale_down.stop_idle` covers it (kept stopped for its place in line, then terminated),
+//!    else terminated.
 
 mod fleet;
 mod matching;

@@ -451,6 +451,7 @@ fn scale_up_lane<'a>(
                 project: Some(project),
                 job: Some(&job.id),
                 reason: &reason,
+                max_price_usd_per_h: cfg.limits.max_usd_per_h.map(|_| price / instances as f64),
             };
             let started = push_starts(
                 plan,
@@ -509,6 +510,7 @@ fn scale_up_lane<'a>(
             project: Some(g.project),
             job: None,
             reason: &reason,
+            max_price_usd_per_h: cfg.limits.max_usd_per_h.map(|_| choice::spread_max_price(ranked, oc)),
         };
         let started = push_starts(
             plan,
@@ -547,6 +549,10 @@ pub(crate) struct StartFor<'r> {
     /// The job it is pinned to (a deadline at risk on spot).
     pub(crate) job: Option<&'r str>,
     pub(crate) reason: &'r Reason,
+    /// With `limits.max_usd_per_h` set: the $/h per instance the budget booked for the capacity
+    /// (the launch's dearest spread price); a stopped worker billing more per hour is not started,
+    /// so the cap holds.
+    pub(crate) max_price_usd_per_h: Option<f64>,
 }
 
 /// Start up to `n` of a lane's stopped workers (`stopped`; the ones started are taken out of
@@ -555,7 +561,8 @@ pub(crate) struct StartFor<'r> {
 /// its offering is available and still allowed, and its expected cost per job started
 /// ([`PriceTable::restart_cost`]), less the wait a start saves over a cold start
 /// (`wait value x (boot - restart) / 3600`), is at most `max_cost_usd` (per instance: the launch's
-/// cost ceiling, infinite for none).
+/// cost ceiling, infinite for none), and, under a $/h budget, it bills no more per hour than the
+/// launch the budget booked (`StartFor::max_price_usd_per_h`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn push_starts(
     plan: &mut Plan,
@@ -581,7 +588,10 @@ pub(crate) fn push_starts(
     let mut fit: Vec<(usize, f64)> = Vec::new();
     for (i, w) in stopped.iter().enumerate() {
         if !(choice::capacity_ok(req.capacity, w.offering.capacity_type)
-            && choice::fits(w.gpus, w.gpu_memory_gib, req.gpus, req.min_mem_gib, oc.max_gpu_oversize))
+            && choice::fits(w.gpus, w.gpu_memory_gib, req.gpus, req.min_mem_gib, oc.max_gpu_oversize)
+            && for_
+                .max_price_usd_per_h
+                .is_none_or(|m| w.price_usd_per_h <= m * (1.0 + 1e-9)))
         {
             continue;
         }

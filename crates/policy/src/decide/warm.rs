@@ -263,6 +263,7 @@ fn shape_capacity(
             project: None,
             job: None,
             reason: &reason,
+            max_price_usd_per_h: cfg.limits.max_usd_per_h.map(|_| choice::spread_max_price(&ranked, oc)),
         };
         let max_cost = ranked.first().map_or(f64::INFINITY, |r| r.1);
         let started = push_starts(
