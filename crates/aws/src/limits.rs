@@ -16,6 +16,14 @@
 //!
 //! Limits moto already enforces (SQS receive, visibility and delay bounds, message size, and
 //! DynamoDB's item size) are left to it.
+//!
+//! [`OneTimeSpotStops`] holds one of EC2's rules that needs what an earlier call launched: EC2
+//! refuses StopInstances on a spot instance of a one-time request ("You can't stop the Spot
+//! Instance ... because it is associated with a one-time Spot Instance request. You can only
+//! stop Spot Instances associated with persistent Spot Instance requests.",
+//! `UnsupportedOperation`; EC2 User Guide, "Stop a Spot Instance"), and an instant EC2 Fleet's
+//! spot instances are of one-time requests. moto stops them. The interceptor answers such a call
+//! with EC2's refusal, so the caller's error path runs as on AWS.
 
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::context::{BeforeSerializationInterceptorContextRef, Input};
@@ -164,6 +172,154 @@ impl Intercept for AwsLimits {
         _cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         check(context.input())
+    }
+}
+
+/// The spot instances of one-time requests this process saw launched (by CreateFleet, or by
+/// RunInstances without a persistent spot request): instance ids are unique per emulator, so one
+/// set serves every client of the process.
+fn one_time_spot() -> &'static std::sync::Mutex<std::collections::HashSet<String>> {
+    static SET: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> = std::sync::OnceLock::new();
+    SET.get_or_init(Default::default)
+}
+
+/// Refuses StopInstances on a spot instance of a one-time request as EC2 does (module docs).
+/// Add it to an EC2 client against an emulator (`.interceptor(OneTimeSpotStops)`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OneTimeSpotStops;
+
+/// What a launch call was, from its request to its answer: spot of one-time requests or not.
+#[derive(Debug, Clone)]
+struct LaunchKind {
+    one_time_spot: bool,
+}
+
+impl aws_smithy_types::config_bag::Storable for LaunchKind {
+    type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
+}
+
+/// A StopInstances to answer with EC2's refusal: the body.
+#[derive(Debug, Clone)]
+struct StopRefusal {
+    body: String,
+}
+
+impl aws_smithy_types::config_bag::Storable for StopRefusal {
+    type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
+}
+
+/// EC2's answer to a StopInstances naming `id`, a spot instance of a one-time request.
+fn stop_refusal_body(id: &str) -> String {
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>UnsupportedOperation</Code>\
+         <Message>You can't stop the Spot Instance '{id}' because it is associated with a one-time Spot Instance \
+         request. You can only stop Spot Instances associated with persistent Spot Instance requests.</Message>\
+         </Error></Errors><RequestID>00000000-0000-0000-0000-0000000000s1</RequestID></Response>"
+    )
+}
+
+impl Intercept for OneTimeSpotStops {
+    fn name(&self) -> &'static str {
+        "onoff-one-time-spot-stops"
+    }
+
+    fn modify_before_serialization(
+        &self,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextMut<
+            '_,
+        >,
+        _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        use aws_sdk_ec2::operation as ec2;
+        use aws_sdk_ec2::types::{DefaultTargetCapacityType, MarketType, SpotInstanceType};
+        let input = context.input_mut();
+        if let Some(i) = input.downcast_ref::<ec2::create_fleet::CreateFleetInput>() {
+            let spot = i
+                .target_capacity_specification()
+                .and_then(|t| t.default_target_capacity_type())
+                == Some(&DefaultTargetCapacityType::Spot);
+            cfg.interceptor_state().store_put(LaunchKind { one_time_spot: spot });
+        } else if let Some(i) = input.downcast_ref::<ec2::run_instances::RunInstancesInput>() {
+            let m = i.instance_market_options();
+            let spot = m.and_then(|m| m.market_type()) == Some(&MarketType::Spot);
+            let persistent = m.and_then(|m| m.spot_options()).and_then(|o| o.spot_instance_type())
+                == Some(&SpotInstanceType::Persistent);
+            cfg.interceptor_state().store_put(LaunchKind {
+                one_time_spot: spot && !persistent,
+            });
+        } else if let Some(i) = input.downcast_mut::<ec2::stop_instances::StopInstancesInput>() {
+            let set = one_time_spot().lock().expect("one-time spot set");
+            let refused = i
+                .instance_ids
+                .iter()
+                .flatten()
+                .find(|id| set.contains(id.as_str()))
+                .cloned();
+            drop(set);
+            if let Some(id) = refused {
+                // Sent as a dry run (moto stops nothing), answered as EC2 refuses it.
+                i.dry_run = Some(true);
+                cfg.interceptor_state().store_put(StopRefusal {
+                    body: stop_refusal_body(&id),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextMut<
+            '_,
+        >,
+        _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let Some(StopRefusal { body }) = cfg.load::<StopRefusal>().cloned() else {
+            return Ok(());
+        };
+        let response = context.response_mut();
+        *response.status_mut() = 400u16.try_into().map_err(|e| Box::new(e) as BoxError)?;
+        response.headers_mut().remove("content-length");
+        *response.body_mut() = aws_smithy_types::body::SdkBody::from(body);
+        Ok(())
+    }
+
+    fn read_after_deserialization(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::AfterDeserializationInterceptorContextRef<'_>,
+        _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        use aws_sdk_ec2::operation as ec2;
+        use aws_sdk_ec2::types::InstanceLifecycle;
+        let Some(kind) = cfg.load::<LaunchKind>().cloned() else {
+            return Ok(());
+        };
+        let Ok(out) = context.output_or_error() else {
+            return Ok(());
+        };
+        let mut ids: Vec<String> = Vec::new();
+        if let Some(o) = out.downcast_ref::<ec2::create_fleet::CreateFleetOutput>() {
+            for i in o.instances() {
+                let spot = match i.lifecycle() {
+                    Some(l) => *l == InstanceLifecycle::Spot,
+                    None => kind.one_time_spot,
+                };
+                if spot && kind.one_time_spot {
+                    ids.extend(i.instance_ids().iter().cloned());
+                }
+            }
+        } else if let Some(o) = out.downcast_ref::<ec2::run_instances::RunInstancesOutput>() {
+            if kind.one_time_spot {
+                ids.extend(o.instances().iter().filter_map(|i| i.instance_id().map(str::to_string)));
+            }
+        }
+        if !ids.is_empty() {
+            one_time_spot().lock().expect("one-time spot set").extend(ids);
+        }
+        Ok(())
     }
 }
 

@@ -2395,6 +2395,63 @@ async fn a_full_vcpu_quota_refuses_a_stoppable_spot_run_instances_whole_as_ec2_d
 }
 
 #[tokio::test]
+async fn a_one_time_spot_instance_is_refused_a_stop_as_ec2_refuses_it() {
+    // moto stops any instance; EC2 refuses to stop a spot instance of a one-time request (an
+    // instant fleet's), and the emulator's clients hold that (`onoff_aws::limits::OneTimeSpotStops`).
+    let c = clients().await;
+    let fleet = own_fleet(&c).await;
+    let launch = |f: &Ec2Fleet, k: OfferingKey| {
+        let req = LaunchRequest {
+            lane: "standard".into(),
+            offerings: vec![k],
+            count: 1,
+            project: None,
+            job: None,
+            client_token: String::new(),
+        }
+        .with_token_for(&unique("decision"));
+        let f = f.clone();
+        async move { f.launch(&req).await.unwrap().launched[0].instance_id.clone() }
+    };
+    let one_time = launch(&fleet, key("g5.xlarge", "us-east-1a", CapacityType::Spot)).await;
+    let od = launch(&fleet, key("g5.xlarge", "us-east-1a", CapacityType::OnDemand)).await;
+    let stoppable = fleet.clone().with_stoppable_spot(true, None);
+    let persistent = launch(&stoppable, key("g5.xlarge", "us-east-1b", CapacityType::Spot)).await;
+    let refused = fleet
+        .stop(&[one_time.clone(), od.clone(), persistent.clone()])
+        .await
+        .unwrap();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].0, one_time);
+    assert!(
+        refused[0]
+            .1
+            .message
+            .starts_with("UnsupportedOperation: You can't stop the Spot Instance"),
+        "{refused:?}"
+    );
+    let state = |id: String| {
+        let fleet = fleet.clone();
+        async move {
+            fleet
+                .describe_managed()
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|i| i.instance_id == id)
+                .map(|i| i.state)
+        }
+    };
+    assert_eq!(state(one_time).await.as_deref(), Some("running"), "nothing was stopped");
+    for id in [od, persistent] {
+        assert!(
+            matches!(state(id.clone()).await.as_deref(), Some("stopping" | "stopped")),
+            "{id}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_stopped_worker_row_is_written_once_kept_from_its_agent_and_started_again() {
     let c = clients().await;
     let name = unique("workers");
