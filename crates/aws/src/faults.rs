@@ -107,14 +107,35 @@ impl Intercept for LoseAnswers {
         if !(self.armed.swap(false, Ordering::SeqCst) || due) {
             return Ok(());
         }
-        *response.status_mut() = 500u16.try_into().map_err(|e| Box::new(e) as BoxError)?;
-        response.headers_mut().remove("x-amz-crc32");
-        response.headers_mut().remove("content-length");
-        *response.body_mut() = aws_smithy_types::body::SdkBody::from(
-            r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"onoff: the answer of an applied write was lost (injected)"}"#,
-        );
+        answer_instead(
+            response,
+            500,
+            r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"onoff: the answer of an applied write was lost (injected)"}"#.to_string(),
+        )?;
         self.lost.fetch_add(1, Ordering::Relaxed);
         tracing::info!(operation = %op, "injected: the answer of an applied DynamoDB write was lost");
         Ok(())
     }
+}
+
+/// Replace the emulator's answer with `status` and `body`, an answer AWS would give: the SDK
+/// reads it as it reads AWS's (its length and DynamoDB's checksum header dropped).
+pub(crate) fn answer_instead(
+    response: &mut aws_smithy_runtime_api::http::Response,
+    status: u16,
+    body: String,
+) -> Result<(), BoxError> {
+    *response.status_mut() = status.try_into().map_err(|e| Box::new(e) as BoxError)?;
+    response.headers_mut().remove("x-amz-crc32");
+    response.headers_mut().remove("content-length");
+    *response.body_mut() = aws_smithy_types::body::SdkBody::from(body);
+    Ok(())
+}
+
+/// EC2's error answer (query protocol: `Response/Errors/Error`, EC2 API Reference, "Error codes")
+/// with `code` and `message`.
+pub(crate) fn ec2_error_body(code: &str, message: &str) -> String {
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors><RequestID>00000000-0000-0000-0000-000000000000</RequestID></Response>"
+    )
 }

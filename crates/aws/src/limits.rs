@@ -210,11 +210,12 @@ impl aws_smithy_types::config_bag::Storable for StopRefusal {
 
 /// EC2's answer to a StopInstances naming `id`, a spot instance of a one-time request.
 fn stop_refusal_body(id: &str) -> String {
-    format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>UnsupportedOperation</Code>\
-         <Message>You can't stop the Spot Instance '{id}' because it is associated with a one-time Spot Instance \
-         request. You can only stop Spot Instances associated with persistent Spot Instance requests.</Message>\
-         </Error></Errors><RequestID>00000000-0000-0000-0000-0000000000s1</RequestID></Response>"
+    crate::faults::ec2_error_body(
+        "UnsupportedOperation",
+        &format!(
+            "You can't stop the Spot Instance '{id}' because it is associated with a one-time Spot Instance \
+             request. You can only stop Spot Instances associated with persistent Spot Instance requests."
+        ),
     )
 }
 
@@ -279,11 +280,8 @@ impl Intercept for OneTimeSpotStops {
         let Some(StopRefusal { body }) = cfg.load::<StopRefusal>().cloned() else {
             return Ok(());
         };
-        let response = context.response_mut();
-        *response.status_mut() = 400u16.try_into().map_err(|e| Box::new(e) as BoxError)?;
-        response.headers_mut().remove("content-length");
-        *response.body_mut() = aws_smithy_types::body::SdkBody::from(body);
-        Ok(())
+        cfg.interceptor_state().unset::<StopRefusal>();
+        crate::faults::answer_instead(context.response_mut(), 400, body)
     }
 
     fn read_after_deserialization(
@@ -302,12 +300,12 @@ impl Intercept for OneTimeSpotStops {
         };
         let mut ids: Vec<String> = Vec::new();
         if let Some(o) = out.downcast_ref::<ec2::create_fleet::CreateFleetOutput>() {
+            // Every spot instance of an instant fleet is of a one-time request; an instance
+            // without a lifecycle is of the fleet's default capacity type.
             for i in o.instances() {
-                let spot = match i.lifecycle() {
-                    Some(l) => *l == InstanceLifecycle::Spot,
-                    None => kind.one_time_spot,
-                };
-                if spot && kind.one_time_spot {
+                if i.lifecycle()
+                    .map_or(kind.one_time_spot, |l| *l == InstanceLifecycle::Spot)
+                {
                     ids.extend(i.instance_ids().iter().cloned());
                 }
             }

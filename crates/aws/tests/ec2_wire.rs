@@ -67,11 +67,16 @@ async fn ec2_answering_in_turn(replies: Vec<(u16, String)>) -> (String, Arc<Mute
 }
 
 fn fleet(url: &str) -> Ec2Fleet {
+    fleet_retrying(url, aws_sdk_ec2::config::retry::RetryConfig::standard())
+}
+
+fn fleet_retrying(url: &str, retry: aws_sdk_ec2::config::retry::RetryConfig) -> Ec2Fleet {
     let conf = aws_sdk_ec2::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new("AKIDTEST", "secret", None, None, "test"))
         .endpoint_url(url)
+        .retry_config(retry)
         .build();
     Ec2Fleet::new(aws_sdk_ec2::Client::from_conf(conf), "lt-0123456789abcdef0").with_deployment("wire")
 }
@@ -254,14 +259,7 @@ const THROTTLED: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
 
 /// The fleet with no retries: a throttle is final at once (the SDK's retries would only repeat it).
 fn fleet_no_retries(url: &str) -> Ec2Fleet {
-    let conf = aws_sdk_ec2::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("AKIDTEST", "secret", None, None, "test"))
-        .endpoint_url(url)
-        .retry_config(aws_sdk_ec2::config::retry::RetryConfig::disabled())
-        .build();
-    Ec2Fleet::new(aws_sdk_ec2::Client::from_conf(conf), "lt-0123456789abcdef0").with_deployment("wire")
+    fleet_retrying(url, aws_sdk_ec2::config::retry::RetryConfig::disabled())
 }
 
 #[tokio::test]

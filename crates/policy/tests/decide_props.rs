@@ -627,7 +627,8 @@ fn check_invariants(c: &Case, plan: &Plan) -> Result<(), TestCaseError> {
             let launched_usd: f64 = rows.iter().map(|r| r.1.price_usd_per_h * r.2 as f64).sum();
             prop_assert!(
                 spend + launched_usd <= cap + 1e-6,
-                "spend {spend} + launched {launched_usd} > cap {cap}"
+                "spend {spend} + launched {launched_usd} > cap {cap}: {:?}",
+                plan.actions
             );
         }
     }

@@ -184,9 +184,7 @@ fn run_refusal_body(capacity: CapacityType, limit: u32) -> String {
             ),
         ),
     };
-    format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors><RequestID>00000000-0000-0000-0000-0000000000q1</RequestID></Response>"
-    )
+    super::ec2_error_body(code, &message)
 }
 
 /// `LaunchTemplateConfigs.<c>.Overrides.<i>.<Field>` -> (c, i, Field).
@@ -527,11 +525,7 @@ impl Intercept for VcpuQuotas {
             return Ok(());
         };
         cfg.interceptor_state().unset::<RunRefusal>();
-        let response = context.response_mut();
-        *response.status_mut() = 400u16.try_into().map_err(|e| Box::new(e) as BoxError)?;
-        response.headers_mut().remove("content-length");
-        *response.body_mut() = aws_smithy_types::body::SdkBody::from(body);
-        Ok(())
+        super::answer_instead(context.response_mut(), 400, body)
     }
 
     fn modify_before_attempt_completion(

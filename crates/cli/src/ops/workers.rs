@@ -263,7 +263,7 @@ pub fn render(r: &WorkersReport, now: f64) -> String {
         for w in &r.workers {
             let doing = match (&w.job, w.idle_s) {
                 (Some(j), _) => j.clone(),
-                (None, _) if w.state == "Stopped" => format!(
+                (None, _) if w.state == state_name(WorkerState::Stopped) => format!(
                     "stopped{}",
                     w.hold_until
                         .map_or_else(String::new, |t| format!(", kept {} more", span(t - now)))

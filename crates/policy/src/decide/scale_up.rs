@@ -561,8 +561,8 @@ pub(crate) struct StartFor<'r> {
 /// its offering is available and still allowed, and its expected cost per job started
 /// ([`PriceTable::restart_cost`]), less the wait a start saves over a cold start
 /// (`wait value x (boot - restart) / 3600`), is at most `max_cost_usd` (per instance: the launch's
-/// cost ceiling, infinite for none), and, under a $/h budget, it bills no more per hour than the
-/// launch the budget booked (`StartFor::max_price_usd_per_h`).
+/// cost ceiling, infinite for none), and, under a $/h budget, neither its row's price nor its
+/// offering's price now is above the launch the budget booked (`StartFor::max_price_usd_per_h`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn push_starts(
     plan: &mut Plan,
@@ -599,9 +599,17 @@ pub(crate) fn push_starts(
             Some(p) => p.1,
             None => {
                 let available = !obs.unavailable.iter().any(|u| u.until > now && u.key == w.offering);
+                // Under a budget, the offering's price now (what a started instance bills) is
+                // held to the booked price too.
+                let within_budget = for_.max_price_usd_per_h.is_none_or(|m| {
+                    obs.offerings
+                        .iter()
+                        .find(|o| o.key == w.offering)
+                        .is_some_and(|o| o.price_usd_per_h <= m * (1.0 + 1e-9))
+                });
                 let cost = table
                     .restart_cost(obs.offerings, &w.offering, req.runtime_s, oc)
-                    .filter(|_| available)
+                    .filter(|_| available && within_budget)
                     .map(|c| c - saved_usd)
                     .filter(|c| *c <= max_cost_usd * (1.0 + 1e-9));
                 priced.push((&w.offering, cost));

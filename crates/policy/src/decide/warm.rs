@@ -254,43 +254,7 @@ fn shape_capacity(
         target: launch_target,
         ready: idle + pending,
     };
-    if n > 0 && !fleet.stopped[lane].is_empty() {
-        // Stopped workers first: no dearer per job than the launch they stand for.
-        let table = memo.table(obs.offerings, oc);
-        let starts = StartFor {
-            lane,
-            req: &req,
-            project: None,
-            job: None,
-            reason: &reason,
-            max_price_usd_per_h: cfg.limits.max_usd_per_h.map(|_| choice::spread_max_price(&ranked, oc)),
-        };
-        let max_cost = ranked.first().map_or(f64::INFINITY, |r| r.1);
-        let started = push_starts(
-            plan,
-            &mut fleet.stopped[lane],
-            obs,
-            table,
-            now,
-            &starts,
-            n,
-            max_cost,
-            cfg,
-        );
-        if started > 0 {
-            fleet.book(lane, started, choice::spread_max_price(&ranked, oc) * started as f64);
-            n -= started;
-        }
-    }
-    if n > 0 && ranked.is_empty() {
-        plan.held.push(Held {
-            lane,
-            count: n,
-            reason: Reason::NoOffering { gpus },
-        });
-        n = 0;
-    }
-    // The budget cap holds for the warm pool too.
+    // The budget cap holds for the warm pool too, starts included (booked at the launch's price).
     let price = choice::spread_max_price(&ranked, oc);
     if let (Some(cap), true) = (cfg.limits.max_usd_per_h, n > 0 && price > 0.0) {
         let fit = ((cap - fleet.spend) / price).floor().max(0.0) as u32;
@@ -305,6 +269,42 @@ fn shape_capacity(
             });
             n = fit;
         }
+    }
+    if n > 0 && !fleet.stopped[lane].is_empty() {
+        // Stopped workers first: no dearer per job than the launch they stand for.
+        let table = memo.table(obs.offerings, oc);
+        let starts = StartFor {
+            lane,
+            req: &req,
+            project: None,
+            job: None,
+            reason: &reason,
+            max_price_usd_per_h: cfg.limits.max_usd_per_h.map(|_| price),
+        };
+        let max_cost = ranked.first().map_or(f64::INFINITY, |r| r.1);
+        let started = push_starts(
+            plan,
+            &mut fleet.stopped[lane],
+            obs,
+            table,
+            now,
+            &starts,
+            n,
+            max_cost,
+            cfg,
+        );
+        if started > 0 {
+            fleet.book(lane, started, price * started as f64);
+            n -= started;
+        }
+    }
+    if n > 0 && ranked.is_empty() {
+        plan.held.push(Held {
+            lane,
+            count: n,
+            reason: Reason::NoOffering { gpus },
+        });
+        n = 0;
     }
     if n > 0 {
         push_launches_booked(plan, lane, &ranked, &req, n, None, None, reason, None, oc);
