@@ -57,6 +57,22 @@ pub struct Deps<M, Q, J, R, C, O, I, L> {
     pub launcher: L,
 }
 
+/// Seconds an agent whose row is Stopped waits for the shutdown the control plane's
+/// StopInstances brings before it ends its instance itself. EC2 begins a stop by shutting the OS
+/// down, which reaches the agent within seconds ("Stop and start Amazon EC2 instances", EC2 User
+/// Guide); ten minutes covers a slow stop many times over (an assumption, not an EC2 figure).
+pub const STOP_WAIT_S: f64 = 600.0;
+
+/// What an idle worker's row says at its idle timeout (`Worker::hold`).
+enum Hold {
+    /// Held by the control plane until this unix time.
+    Until(f64),
+    /// Its row is Stopped: the control plane is stopping the instance.
+    Stopping,
+    /// Not held: the idle timeout ends the instance.
+    None,
+}
+
 /// Why the agent stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExitReason {
@@ -538,8 +554,8 @@ where
             }
             let idle_for = idle_at.elapsed().as_secs_f64();
             if idle_for >= self.cfg.idle_timeout_s && Instant::now() >= held {
-                match self.held_until().await {
-                    Some(until) => {
+                match self.hold().await {
+                    Hold::Until(until) => {
                         tracing::info!(
                             idle_s = idle_for,
                             hold_until = until,
@@ -547,7 +563,17 @@ where
                         );
                         held = Instant::now() + secs(until - self.clock.now());
                     }
-                    None => {
+                    Hold::Stopping => {
+                        // The control plane released this worker by a stop a moment ago (its
+                        // row turned Stopped since the last heartbeat): terminating now would
+                        // lose the volume the stop keeps. Wait for the stop (`while_stopped`).
+                        tracing::info!(
+                            idle_s = idle_for,
+                            "idle timeout while the control plane stops this instance"
+                        );
+                        return ExitReason::Drained;
+                    }
+                    Hold::None => {
                         tracing::info!(idle_s = idle_for, "idle timeout");
                         return ExitReason::IdleTimeout;
                     }
@@ -589,12 +615,17 @@ where
         }
     }
 
-    /// After this worker was refused work: `Some(Drained)` when the control plane is retiring it
-    /// (its row is not Stopped); while the row is Stopped (the control plane is stopping this
-    /// instance), wait for the shutdown the stop brings (`Some(Stopped)`), reading the row every
-    /// heartbeat interval: back to Idle (the stop failed and was undone) is `None`, serve again;
-    /// any other state is `Some(Drained)`. A failed read counts as retired.
+    /// After this worker was refused work, or its idle timeout found its row Stopped:
+    /// `Some(Drained)` when the control plane is retiring it (its row is not Stopped); while the
+    /// row is Stopped (the control plane is stopping this instance), wait for the shutdown the
+    /// stop brings (`Some(Stopped)`), reading the row every heartbeat interval: back to Idle (the
+    /// stop failed and was undone) is `None`, serve again; any other state is `Some(Drained)`. A
+    /// failed read counts as retired. No shutdown within [`STOP_WAIT_S`] of the first read is
+    /// `Some(IdleTimeout)`: the stop never came (the control plane died between its row write
+    /// and StopInstances), and the idle timeout's safety net ends the instance, which would
+    /// otherwise run, billed, until its stopped keep ran out.
     async fn while_stopped(&self, mut shutdown: Shutdown<'_>) -> Option<ExitReason> {
+        let give_up = Instant::now() + secs(STOP_WAIT_S);
         loop {
             match self.deps.registry.get(self.id()).await {
                 Ok(Some(r)) if r.state == WorkerState::Stopped => {}
@@ -605,26 +636,38 @@ where
                     return Some(ExitReason::Drained);
                 }
             }
+            if Instant::now() >= give_up {
+                tracing::warn!(
+                    waited_s = STOP_WAIT_S,
+                    "the control plane's stop of this instance never came: ending it"
+                );
+                return Some(ExitReason::IdleTimeout);
+            }
             tracing::info!("the control plane is stopping this instance: waiting for its shutdown");
             tokio::select! {
                 () = &mut shutdown => return Some(ExitReason::Stopped),
-                () = tokio::time::sleep(secs(self.cfg.heartbeat_s)) => {}
+                () = tokio::time::sleep_until(give_up.min(Instant::now() + secs(self.cfg.heartbeat_s))) => {}
             }
         }
     }
 
-    /// Until when (unix seconds) the control plane holds this idle worker past its idle timeout:
-    /// the `hold_until` of its row (`onoff_control::reconcile::renew_holds`), while that is still
-    /// ahead and the row is Idle. `None` (end the instance) when there is no hold, it has passed,
-    /// or the row cannot be read: the idle timeout is the safety net for a control plane that is
-    /// gone, so a failed read never keeps a worker.
-    async fn held_until(&self) -> Option<f64> {
+    /// What this idle worker's row says at its idle timeout: held until a time (unix seconds) by
+    /// the control plane, the `hold_until` of its Idle row while that is still ahead
+    /// (`onoff_control::reconcile::renew_holds`); being stopped (its row is Stopped); or neither
+    /// (end the instance: no hold, it has passed, another state, or the row cannot be read; the
+    /// idle timeout is the safety net for a control plane that is gone, so a failed read never
+    /// keeps a worker).
+    async fn hold(&self) -> Hold {
         match self.deps.registry.get(self.id()).await {
-            Ok(Some(r)) if r.state == WorkerState::Idle => r.hold_until.filter(|h| *h > self.clock.now()),
-            Ok(_) => None,
+            Ok(Some(r)) if r.state == WorkerState::Idle => r
+                .hold_until
+                .filter(|h| *h > self.clock.now())
+                .map_or(Hold::None, Hold::Until),
+            Ok(Some(r)) if r.state == WorkerState::Stopped => Hold::Stopping,
+            Ok(_) => Hold::None,
             Err(e) => {
                 tracing::warn!(error = %e, "reading this worker's hold");
-                None
+                Hold::None
             }
         }
     }

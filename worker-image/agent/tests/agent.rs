@@ -1595,3 +1595,56 @@ async fn an_agent_whose_instance_the_control_plane_stops_takes_no_job_and_leaves
     assert_eq!(r.jobs.len(), 1, "{r:?}");
     assert_eq!(job(&w, "job-1").state, JobState::Succeeded);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_timeout_that_finds_its_row_stopped_waits_for_the_stop_and_keeps_the_instance() {
+    let dir = tempdir("stopped-at-timeout");
+    let c = cfg(dir.path());
+    let w = World::default();
+    register(&w, "i-s");
+    // The control plane stops the idle worker at +115 s, after its last heartbeat (+90 s) and
+    // just before its idle timeout (+120 s); the stop's shutdown reaches the agent at +150 s.
+    let control_plane = async {
+        tokio::time::sleep(Duration::from_secs(115)).await;
+        assert!(w.registry.mark_stopped("i-s", T0 + 115.0, T0 + 3600.0).await.unwrap());
+    };
+    let (r, terminated) = tokio::join!(
+        agent_until(&w, "i-s", &c, tokio::time::sleep(Duration::from_secs(150)), None),
+        control_plane
+    )
+    .0;
+    // Before: the timeout read a row that was not Idle, ended the instance and lost the volume
+    // the stop was to keep.
+    assert_eq!(r.exit, ExitReason::Stopped);
+    assert!(terminated.is_empty(), "{terminated:?}");
+    let row = w.registry.records()["i-s"].clone();
+    assert_eq!((row.state, row.hold_until), (WorkerState::Stopped, Some(T0 + 3600.0)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_that_never_comes_ends_the_instance_after_the_stop_wait() {
+    let dir = tempdir("stop-never-came");
+    let c = cfg(dir.path());
+    let w = World::default();
+    register(&w, "i-s");
+    // The row turns Stopped at +115 s, but no StopInstances follows (the control plane died
+    // between the two): no shutdown reaches the agent.
+    let control_plane = async {
+        tokio::time::sleep(Duration::from_secs(115)).await;
+        assert!(w.registry.mark_stopped("i-s", T0 + 115.0, T0 + 86_400.0).await.unwrap());
+    };
+    let started = tokio::time::Instant::now();
+    let (r, terminated) = tokio::join!(
+        agent_until(&w, "i-s", &c, tokio::time::sleep(Duration::from_secs(86_400)), None),
+        control_plane
+    )
+    .0;
+    let waited = started.elapsed().as_secs_f64();
+    assert_eq!(r.exit, ExitReason::IdleTimeout);
+    assert_eq!(terminated, ["i-s"]);
+    // At the idle timeout (+120 s) plus the stop wait, not before and not at the day-long keep.
+    assert!(
+        (120.0 + onoff_agent::agent::STOP_WAIT_S..120.0 + onoff_agent::agent::STOP_WAIT_S + 60.0).contains(&waited),
+        "ended after {waited} s"
+    );
+}

@@ -634,11 +634,18 @@ pub(crate) fn push_starts(
             .then_with(|| wa.id.cmp(&wb.id))
     };
     let n = (n as usize).min(fit.len());
-    if n < fit.len() {
-        fit.select_nth_unstable_by(n, order);
-        fit.truncate(n);
+    if n == 1 {
+        // The common case (one warm worker or one job short): the first in order, in one pass.
+        let best = fit.iter().copied().min_by(order).expect("fit is not empty");
+        fit.clear();
+        fit.push(best);
+    } else {
+        if n < fit.len() {
+            fit.select_nth_unstable_by(n, order);
+            fit.truncate(n);
+        }
+        fit.sort_unstable_by(order);
     }
-    fit.sort_unstable_by(order);
     let max_cost = max_cost_usd.is_finite().then_some(max_cost_usd);
     for &(i, _) in &fit {
         let w = stopped[i];
