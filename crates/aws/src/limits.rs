@@ -24,6 +24,15 @@
 //! `UnsupportedOperation`; EC2 User Guide, "Stop a Spot Instance"), and an instant EC2 Fleet's
 //! spot instances are of one-time requests. moto stops them. The interceptor answers such a call
 //! with EC2's refusal, so the caller's error path runs as on AWS.
+//!
+//! [`StoppingInstances`] holds another: EC2 stops an instance in steps (the OS shut down, then
+//! the instance released), "stopping" for what its User Guide calls several minutes ("Stop and
+//! start Amazon EC2 instances"), and StartInstances on an instance not yet stopped is refused
+//! (`IncorrectInstanceState`, "The instance ... is not in a state from which it can be
+//! started."). moto stops an instance at once. The interceptor refuses a StartInstances naming
+//! an instance stopped less than [`STOPPING_S`] ago (or what [`set_stopping_s`] set) through the
+//! process's clients, so a start soon after a stop fails locally as it would on AWS
+//! (`control::act` launches instead).
 
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::context::{BeforeSerializationInterceptorContextRef, Input};
@@ -316,6 +325,135 @@ impl Intercept for OneTimeSpotStops {
         }
         if !ids.is_empty() {
             one_time_spot().lock().expect("one-time spot set").extend(ids);
+        }
+        Ok(())
+    }
+}
+
+/// Seconds an instance stays "stopping" after a StopInstances, for [`StoppingInstances`]: an
+/// assumption at the short end of EC2's "several minutes" (EC2 User Guide, "Stop and start
+/// Amazon EC2 instances").
+pub const STOPPING_S: u64 = 60;
+
+/// When each instance was last stopped through this process's clients (instance ids are unique
+/// per emulator, so one map serves every client of the process).
+fn stopped_at() -> &'static std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>> {
+    static MAP: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>> =
+        std::sync::OnceLock::new();
+    MAP.get_or_init(Default::default)
+}
+
+/// The stop's length [`StoppingInstances::default`] holds, milliseconds ([`set_stopping_s`]).
+static STOPPING_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(STOPPING_S * 1000);
+
+/// Set how long an instance stays stopping for this process's emulator clients, seconds
+/// (default [`STOPPING_S`]): `onoff local`, whose boots and starts last seconds of wall time,
+/// scales it down with them (`--stopping-s`).
+pub fn set_stopping_s(s: f64) {
+    let ms = (s.max(0.0) * 1000.0).round() as u64;
+    STOPPING_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Refuses StartInstances on an instance still stopping, as EC2 does (module docs): one stopped
+/// through this process's clients less than `window` ago. Add it to an EC2 client against an
+/// emulator (`.interceptor(StoppingInstances::default())`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoppingInstances {
+    /// How long an instance stays stopping after its StopInstances; `None`: the process's
+    /// setting ([`set_stopping_s`], default [`STOPPING_S`]).
+    pub window: Option<std::time::Duration>,
+}
+
+/// The instances of a StopInstances on its way, recorded as stopping once it is answered.
+#[derive(Debug, Clone)]
+struct Stopping(Vec<String>);
+
+impl aws_smithy_types::config_bag::Storable for Stopping {
+    type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
+}
+
+/// A StartInstances to answer with EC2's refusal: the body.
+#[derive(Debug, Clone)]
+struct StartRefusal(String);
+
+impl aws_smithy_types::config_bag::Storable for StartRefusal {
+    type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
+}
+
+impl Intercept for StoppingInstances {
+    fn name(&self) -> &'static str {
+        "onoff-stopping-instances"
+    }
+
+    fn modify_before_serialization(
+        &self,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextMut<
+            '_,
+        >,
+        _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        use aws_sdk_ec2::operation as ec2;
+        let input = context.input_mut();
+        if let Some(i) = input.downcast_ref::<ec2::stop_instances::StopInstancesInput>() {
+            if i.dry_run != Some(true) {
+                cfg.interceptor_state().store_put(Stopping(i.instance_ids().to_vec()));
+            }
+        } else if let Some(i) = input.downcast_mut::<ec2::start_instances::StartInstancesInput>() {
+            let window = self.window.unwrap_or_else(|| {
+                std::time::Duration::from_millis(STOPPING_MS.load(std::sync::atomic::Ordering::Relaxed))
+            });
+            let map = stopped_at().lock().expect("stopped-at map");
+            let stopping = i
+                .instance_ids
+                .iter()
+                .flatten()
+                .find(|id| map.get(id.as_str()).is_some_and(|at| at.elapsed() < window))
+                .cloned();
+            drop(map);
+            if let Some(id) = stopping {
+                // Sent as a dry run (moto starts nothing), answered as EC2 refuses it.
+                i.dry_run = Some(true);
+                cfg.interceptor_state()
+                    .store_put(StartRefusal(crate::faults::ec2_error_body(
+                        "IncorrectInstanceState",
+                        &format!("The instance '{id}' is not in a state from which it can be started."),
+                    )));
+            }
+        }
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextMut<
+            '_,
+        >,
+        _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let Some(StartRefusal(body)) = cfg.load::<StartRefusal>().cloned() else {
+            return Ok(());
+        };
+        cfg.interceptor_state().unset::<StartRefusal>();
+        crate::faults::answer_instead(context.response_mut(), 400, body)
+    }
+
+    fn read_after_deserialization(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::AfterDeserializationInterceptorContextRef<'_>,
+        _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let Some(Stopping(ids)) = cfg.load::<Stopping>().cloned() else {
+            return Ok(());
+        };
+        if context.output_or_error().is_ok() {
+            let now = std::time::Instant::now();
+            let mut map = stopped_at().lock().expect("stopped-at map");
+            for id in ids {
+                map.insert(id, now);
+            }
         }
         Ok(())
     }

@@ -211,7 +211,9 @@ impl Clients {
             (s3, sqs, ec2, sts) = (
                 s3.interceptor(l),
                 sqs.interceptor(l),
-                ec2.interceptor(l).interceptor(crate::limits::OneTimeSpotStops),
+                ec2.interceptor(l)
+                    .interceptor(crate::limits::OneTimeSpotStops)
+                    .interceptor(crate::limits::StoppingInstances::default()),
                 sts.interceptor(l),
             );
             // And lose the answers of applied writes, when asked to ([`crate::faults`]).

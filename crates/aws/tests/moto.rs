@@ -2452,6 +2452,67 @@ async fn a_one_time_spot_instance_is_refused_a_stop_as_ec2_refuses_it() {
 }
 
 #[tokio::test]
+async fn an_instance_still_stopping_is_refused_a_start_as_ec2_refuses_it() {
+    // moto stops an instance at once; EC2 takes minutes, and refuses StartInstances until the
+    // instance is stopped. The emulator's clients hold that for `limits::STOPPING_S` after a stop
+    // (`onoff_aws::limits::StoppingInstances`).
+    let c = clients().await;
+    let fleet = own_fleet(&c).await.with_stoppable_spot(true, None);
+    let req = LaunchRequest {
+        lane: "standard".into(),
+        offerings: vec![key("g5.xlarge", "us-east-1a", CapacityType::Spot)],
+        count: 1,
+        project: None,
+        job: None,
+        client_token: String::new(),
+    }
+    .with_token_for(&unique("decision"));
+    let id = fleet.launch(&req).await.unwrap().launched[0].instance_id.clone();
+    assert!(fleet.stop(std::slice::from_ref(&id)).await.unwrap().is_empty());
+    let refused = fleet.start(std::slice::from_ref(&id)).await.unwrap();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0].1.message.starts_with(&format!(
+            "IncorrectInstanceState: The instance '{id}' is not in a state from which it can be started"
+        )),
+        "{refused:?}"
+    );
+    // Not a capacity error: the caller launches instead, the offering stays available.
+    assert_eq!(
+        refused[0].1.kind,
+        onoff_control::ports::FleetErrorKind::Other,
+        "{refused:?}"
+    );
+    let state = |fleet: Ec2Fleet, id: String| async move {
+        fleet
+            .describe_managed()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|i| i.instance_id == id)
+            .map(|i| i.state)
+    };
+    assert_eq!(
+        state(fleet.clone(), id.clone()).await.as_deref(),
+        Some("stopped"),
+        "nothing started"
+    );
+    // Once it has stopped (here a client that takes a stop to last 200 ms), it starts.
+    let quick = aws_sdk_ec2::Client::from_conf(
+        aws_sdk_ec2::config::Builder::from(&conf().await)
+            .interceptor(onoff_aws::limits::StoppingInstances {
+                window: Some(std::time::Duration::from_millis(200)),
+            })
+            .build(),
+    );
+    let quick = Ec2Fleet::new(quick, launch_template_name(&c).await);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(quick.start(std::slice::from_ref(&id)).await.unwrap().is_empty());
+    assert_eq!(state(fleet.clone(), id.clone()).await.as_deref(), Some("running"));
+    fleet.terminate(&[id]).await.unwrap();
+}
+
+#[tokio::test]
 async fn a_stopped_worker_row_is_written_once_kept_from_its_agent_and_started_again() {
     let c = clients().await;
     let name = unique("workers");

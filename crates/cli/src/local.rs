@@ -68,6 +68,11 @@ pub struct LocalArgs {
     /// image pull or model download: shorter than the boot).
     #[arg(long, default_value_t = 1.0)]
     restart_s: f64,
+    /// Wall seconds a stopped instance stays "stopping": the emulator refuses its start until
+    /// then, as EC2 does (EC2 takes minutes: `onoff_aws::limits::STOPPING_S` against emulators
+    /// elsewhere; scaled down here with the boot).
+    #[arg(long, default_value_t = 0.5)]
+    stopping_s: f64,
     /// Reconciler schedule period, wall seconds (deployed: 60).
     #[arg(long, default_value_t = 5.0)]
     tick_s: f64,
@@ -160,6 +165,7 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         ("--notice-lead-s", a.notice_lead_s),
         ("--boot-s", a.boot_s),
         ("--restart-s", a.restart_s),
+        ("--stopping-s", a.stopping_s),
         ("--drain-s", a.drain_s),
     ] {
         if !(v.is_finite() && v >= 0.0) {
@@ -186,6 +192,7 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         notice_lead_s: a.notice_lead_s,
         boot_s: a.boot_s,
         restart_s: a.restart_s,
+        stopping_s: a.stopping_s,
         tick_s: a.tick_s,
         agent_idle_timeout_s: a.agent_idle_timeout_s,
         max_workers: a.max_workers,

@@ -148,6 +148,11 @@ struct SimulateArgs {
     /// scales with the cold start it stands for.
     #[arg(long)]
     restart_max_s: Option<f64>,
+    /// Seconds a stopped worker's instance stays stopping: a start within them is refused, as
+    /// EC2 refuses it, and a launch made instead. EC2 takes minutes to stop an instance; 0 (the
+    /// default, as the README's figures were measured) is an instant stop.
+    #[arg(long, default_value_t = 0.0)]
+    stopping_s: f64,
     /// Probability that a launch call fails with InsufficientCapacity.
     #[arg(long, default_value_t = 0.02)]
     capacity_error_rate: f64,
@@ -323,6 +328,9 @@ fn simulate(a: SimulateArgs) -> Result<()> {
     if !(restart_min_s >= 0.0 && a.restart_max_s.is_none_or(|m| m >= restart_min_s)) {
         bail!("--restart-min-s must be >= 0 and <= --restart-max-s");
     }
+    if !(a.stopping_s.is_finite() && a.stopping_s >= 0.0) {
+        bail!("--stopping-s must be a number >= 0");
+    }
     if !(0.0..=1.0).contains(&a.capacity_error_rate) {
         bail!("--capacity-error-rate must be within 0..=1");
     }
@@ -339,6 +347,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         boot_max_s: a.boot_max_s,
         restart_min_s,
         restart_max_s,
+        stopping_s: a.stopping_s,
         // A stopped worker's volume bills what the policy's configuration says it is.
         stopped_usd_per_h: cfg.scale_down.stopped_usd_per_h(),
         capacity_error_rate: a.capacity_error_rate,

@@ -142,6 +142,9 @@ pub struct LocalOptions {
     /// Seconds from the start of a stopped instance to its agent's start (no image pull, no
     /// model download: shorter than `boot_s`).
     pub restart_s: f64,
+    /// Seconds a stopped instance stays stopping: its start is refused until then, as EC2 does
+    /// (`onoff_aws::limits::StoppingInstances`).
+    pub stopping_s: f64,
     /// Reconciler schedule period, seconds.
     pub tick_s: f64,
     /// Idle timeout of the agents, seconds.
@@ -470,6 +473,8 @@ async fn run_with(
         ))
         .load()
         .await;
+    // EC2's stop, at this run's scale.
+    onoff_aws::limits::set_stopping_s(opts.stopping_s);
     // The setup's clients: IAM is not enforced yet.
     let setup = Clients::from_conf_recorded(&conf, None);
     // Clients with a session's credentials, recording their calls if a recorder is given.

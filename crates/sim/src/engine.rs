@@ -109,6 +109,13 @@ pub struct SimConfig {
     /// 180 s (an assumption, as `restart_min_s`; `onoff simulate --restart-min-s/--restart-max-s`
     /// replays other figures).
     pub restart_max_s: f64,
+    /// Seconds a stopped worker's instance stays stopping: a start within them is refused as EC2
+    /// refuses StartInstances on an instance not yet stopped (`IncorrectInstanceState`; not a
+    /// capacity error), and `control::act` launches instead. EC2 takes what its User Guide calls
+    /// several minutes to stop an instance (docs/control-plane.md, "A stop takes time"). Default
+    /// 0: a stop is instant, as the README's figures were measured; `onoff simulate
+    /// --stopping-s` replays another figure.
+    pub stopping_s: f64,
     /// What a stopped worker costs, $/h: its EBS volume, billed from its stop to its start or
     /// termination. Default 0.011 $/h: a 100 GiB gp3 volume at $0.08 per GB-month (Amazon EBS
     /// pricing, us-east-1) over 730 hours.
@@ -155,6 +162,7 @@ impl Default for SimConfig {
             boot_max_s: 600.0,
             restart_min_s: 60.0,
             restart_max_s: 180.0,
+            stopping_s: 0.0,
             stopped_usd_per_h: 100.0 * 0.08 / 730.0,
             capacity_error_rate: 0.02,
             interruptions: true,
@@ -781,12 +789,24 @@ impl World {
         });
     }
 
-    /// Start stopped worker `i` again: a capacity error as a launch of its offering would meet,
-    /// else booting for a drawn start (`restart_min_s`..`restart_max_s`), billed as a launch from
+    /// Start stopped worker `i` again: refused while it is still stopping (`stopping_s` after its
+    /// stop), a capacity error as a launch of its offering would meet, else booting for a drawn start (`restart_min_s`..`restart_max_s`), billed as a launch from
     /// now (60-second minimum), its volume up to now billed, a spot worker's interruption drawn
     /// afresh.
     fn start_worker(&mut self, i: usize, project: Option<String>, pinned: Option<usize>) -> Result<(), FleetError> {
         let oi = self.wsim[i].offering;
+        if self.wsim[i]
+            .stopped_from
+            .is_some_and(|t| self.now - t < self.cfg.stopping_s)
+        {
+            return Err(FleetError {
+                kind: FleetErrorKind::Other,
+                message: format!(
+                    "IncorrectInstanceState: The instance '{}' is not in a state from which it can be started.",
+                    self.workers[i].id
+                ),
+            });
+        }
         if let Some(e) = self.capacity_error(oi) {
             return Err(e);
         }

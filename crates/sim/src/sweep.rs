@@ -207,10 +207,21 @@ pub fn run_sweep(
     let lower = crate::lower_bound_usd(trace, offerings, base, sim)
         .map_err(|g| format!("no offering in the catalogue has {g} GPUs with the configured filters"))?;
     let mut points = Vec::new();
+    // A stopped worker's volume bills what the policy's configuration says (`onoff simulate`
+    // ties the two): a swept volume size or price is billed at each value's rate.
+    let tied = (sim.stopped_usd_per_h - base.scale_down.stopped_usd_per_h()).abs() < 1e-12;
     for (i, v) in sweep.values.iter().enumerate() {
         let cfg = sweep.apply(base, v)?;
+        let sim = SimConfig {
+            stopped_usd_per_h: if tied {
+                cfg.scale_down.stopped_usd_per_h()
+            } else {
+                sim.stopped_usd_per_h
+            },
+            ..sim.clone()
+        };
         let mut s = PolicyStrategy::new("onoff", cfg);
-        let r = run(trace, offerings, &mut s, sim, &mut |p| progress(i, p));
+        let r = run(trace, offerings, &mut s, &sim, &mut |p| progress(i, p));
         points.push(SweepPoint {
             value: v.clone(),
             total_usd: r.total_usd,
@@ -351,7 +362,16 @@ mod tests {
             ..SimConfig::default()
         };
         let sweep = Sweep::parse("fixed_idle_timeout_s=60,3600", &base).unwrap();
-        let r = run_sweep("t", &trace, &[offering], &base, &sim, &sweep, &mut |_, _| {}).unwrap();
+        let r = run_sweep(
+            "t",
+            &trace,
+            std::slice::from_ref(&offering),
+            &base,
+            &sim,
+            &sweep,
+            &mut |_, _| {},
+        )
+        .unwrap();
         assert_eq!(r.key, "scale_down.fixed_idle_timeout_s");
         assert_eq!(r.points.len(), 2);
         let (short, long) = (&r.points[0], &r.points[1]);
@@ -369,5 +389,23 @@ mod tests {
         assert_eq!((long.wait_p50_s, long.wait_p95_s), (0.0, 300.0));
         // Same p95, the short timeout cheaper: it alone is on the (cost, p95) frontier.
         assert!(short.on_frontier && !long.on_frontier);
+
+        // Stopped instead of terminated: a swept volume bills at each value's rate (before, at
+        // the base's: ten times the volume billed less, kept a tenth as long).
+        base.scale_down.stop_idle = onoff_policy::StopIdle::SpotAndOnDemand;
+        let sim = SimConfig {
+            stopped_usd_per_h: base.scale_down.stopped_usd_per_h(),
+            ..sim
+        };
+        let sweep = Sweep::parse("stopped_volume_gib=100,1000", &base).unwrap();
+        let r = run_sweep("t", &trace, &[offering], &base, &sim, &sweep, &mut |_, _| {}).unwrap();
+        let (small, big) = (&r.points[0].report, &r.points[1].report);
+        assert_eq!((small.restarts, big.restarts), (1, 1), "{small:?} {big:?}");
+        assert!(
+            big.stopped_usd > small.stopped_usd && small.stopped_usd > 0.0,
+            "{} against {}",
+            big.stopped_usd,
+            small.stopped_usd
+        );
     }
 }

@@ -152,6 +152,38 @@ fn a_stopped_worker_bills_its_volume_and_starts_again_in_the_restart_time() {
 }
 
 #[test]
+fn a_worker_still_stopping_is_not_started_and_a_launch_is_made_instead() {
+    // A (0 s, 3,600 s) runs 300..3,900 s and is stopped at the tick of 4,500 s. EC2 takes
+    // `stopping_s` (120 s here) to stop it: B arriving 20 s after the stop gets a cold start
+    // (the start refused, a launch instead); B arriving 200 s after gets the stopped worker.
+    let mut cfg = policy(600.0);
+    cfg.scale_down.stop_idle = onoff_policy::StopIdle::SpotAndOnDemand;
+    let s = SimConfig {
+        restart_min_s: 100.0,
+        restart_max_s: 100.0,
+        stopping_s: 120.0,
+        ..sim(300.0)
+    };
+    let soon = run_policy(&trace(&[(0.0, 3600.0, 1), (4_520.0, 600.0, 1)]), cfg.clone(), &s);
+    assert_eq!(
+        (soon.jobs_completed, soon.launches, soon.restarts),
+        (2, 2, 0),
+        "{soon:?}"
+    );
+    assert!(close(soon.wait_p99_s, 300.0), "B waits a cold start: {soon:?}");
+    let later = run_policy(&trace(&[(0.0, 3600.0, 1), (4_700.0, 600.0, 1)]), cfg.clone(), &s);
+    assert_eq!(
+        (later.jobs_completed, later.launches, later.restarts),
+        (2, 1, 1),
+        "{later:?}"
+    );
+    // Instant stops (the default): B 20 s after the stop is served by a start.
+    let instant = SimConfig { stopping_s: 0.0, ..s };
+    let r = run_policy(&trace(&[(0.0, 3600.0, 1), (4_520.0, 600.0, 1)]), cfg, &instant);
+    assert_eq!((r.launches, r.restarts), (1, 1), "{r:?}");
+}
+
+#[test]
 fn a_warm_worker_is_reused_within_the_idle_timeout() {
     // A: 0..600 s of work (runs 300..900), B arrives at 1200: the worker idled 300 s < 600 s.
     let r = run_policy(
