@@ -207,14 +207,28 @@ impl aws_smithy_types::config_bag::Storable for LaunchKind {
     type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
 }
 
-/// A StopInstances to answer with EC2's refusal: the body.
+/// A call to answer with EC2's refusal (it was sent as a dry run, so the emulator did nothing):
+/// the error body.
 #[derive(Debug, Clone)]
-struct StopRefusal {
+struct Refusal {
     body: String,
 }
 
-impl aws_smithy_types::config_bag::Storable for StopRefusal {
+impl aws_smithy_types::config_bag::Storable for Refusal {
     type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
+}
+
+/// Answer the call with the [`Refusal`] stored for it, if any (HTTP 400, EC2's body), and forget
+/// it.
+fn answer_refusal(
+    context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextMut<'_>,
+    cfg: &mut ConfigBag,
+) -> Result<(), BoxError> {
+    let Some(Refusal { body }) = cfg.load::<Refusal>().cloned() else {
+        return Ok(());
+    };
+    cfg.interceptor_state().unset::<Refusal>();
+    crate::faults::answer_instead(context.response_mut(), 400, body)
 }
 
 /// EC2's answer to a StopInstances naming `id`, a spot instance of a one-time request.
@@ -270,7 +284,7 @@ impl Intercept for OneTimeSpotStops {
             if let Some(id) = refused {
                 // Sent as a dry run (moto stops nothing), answered as EC2 refuses it.
                 i.dry_run = Some(true);
-                cfg.interceptor_state().store_put(StopRefusal {
+                cfg.interceptor_state().store_put(Refusal {
                     body: stop_refusal_body(&id),
                 });
             }
@@ -286,11 +300,7 @@ impl Intercept for OneTimeSpotStops {
         _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        let Some(StopRefusal { body }) = cfg.load::<StopRefusal>().cloned() else {
-            return Ok(());
-        };
-        cfg.interceptor_state().unset::<StopRefusal>();
-        crate::faults::answer_instead(context.response_mut(), 400, body)
+        answer_refusal(context, cfg)
     }
 
     fn read_after_deserialization(
@@ -372,14 +382,6 @@ impl aws_smithy_types::config_bag::Storable for Stopping {
     type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
 }
 
-/// A StartInstances to answer with EC2's refusal: the body.
-#[derive(Debug, Clone)]
-struct StartRefusal(String);
-
-impl aws_smithy_types::config_bag::Storable for StartRefusal {
-    type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
-}
-
 impl Intercept for StoppingInstances {
     fn name(&self) -> &'static str {
         "onoff-stopping-instances"
@@ -414,11 +416,12 @@ impl Intercept for StoppingInstances {
             if let Some(id) = stopping {
                 // Sent as a dry run (moto starts nothing), answered as EC2 refuses it.
                 i.dry_run = Some(true);
-                cfg.interceptor_state()
-                    .store_put(StartRefusal(crate::faults::ec2_error_body(
+                cfg.interceptor_state().store_put(Refusal {
+                    body: crate::faults::ec2_error_body(
                         "IncorrectInstanceState",
                         &format!("The instance '{id}' is not in a state from which it can be started."),
-                    )));
+                    ),
+                });
             }
         }
         Ok(())
@@ -432,11 +435,7 @@ impl Intercept for StoppingInstances {
         _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        let Some(StartRefusal(body)) = cfg.load::<StartRefusal>().cloned() else {
-            return Ok(());
-        };
-        cfg.interceptor_state().unset::<StartRefusal>();
-        crate::faults::answer_instead(context.response_mut(), 400, body)
+        answer_refusal(context, cfg)
     }
 
     fn read_after_deserialization(

@@ -159,6 +159,18 @@ async fn own_fleet(c: &Clients) -> Ec2Fleet {
         .with_deployment(unique("deploy"))
 }
 
+/// The EC2 state of `fleet`'s instance `id` as the fleet lists it; `None` when not listed
+/// (terminated).
+async fn state_of(fleet: &Ec2Fleet, id: &str) -> Option<String> {
+    fleet
+        .describe_managed()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|i| i.instance_id == id)
+        .map(|i| i.state)
+}
+
 /// Submit a 1-GPU job of project `p` through SQS as message `token` (also its client token) to
 /// the `standard` lane at `now`; its id.
 async fn new_job(jobs: &onoff_aws::jobs::DynamoJobs, queue: &SqsQueues, token: &str, now: f64) -> String {
@@ -2430,22 +2442,14 @@ async fn a_one_time_spot_instance_is_refused_a_stop_as_ec2_refuses_it() {
             .starts_with("UnsupportedOperation: You can't stop the Spot Instance"),
         "{refused:?}"
     );
-    let state = |id: String| {
-        let fleet = fleet.clone();
-        async move {
-            fleet
-                .describe_managed()
-                .await
-                .unwrap()
-                .into_iter()
-                .find(|i| i.instance_id == id)
-                .map(|i| i.state)
-        }
-    };
-    assert_eq!(state(one_time).await.as_deref(), Some("running"), "nothing was stopped");
+    assert_eq!(
+        state_of(&fleet, &one_time).await.as_deref(),
+        Some("running"),
+        "nothing was stopped"
+    );
     for id in [od, persistent] {
         assert!(
-            matches!(state(id.clone()).await.as_deref(), Some("stopping" | "stopped")),
+            matches!(state_of(&fleet, &id).await.as_deref(), Some("stopping" | "stopped")),
             "{id}"
         );
     }
@@ -2483,17 +2487,8 @@ async fn an_instance_still_stopping_is_refused_a_start_as_ec2_refuses_it() {
         onoff_control::ports::FleetErrorKind::Other,
         "{refused:?}"
     );
-    let state = |fleet: Ec2Fleet, id: String| async move {
-        fleet
-            .describe_managed()
-            .await
-            .unwrap()
-            .into_iter()
-            .find(|i| i.instance_id == id)
-            .map(|i| i.state)
-    };
     assert_eq!(
-        state(fleet.clone(), id.clone()).await.as_deref(),
+        state_of(&fleet, &id).await.as_deref(),
         Some("stopped"),
         "nothing started"
     );
@@ -2508,7 +2503,7 @@ async fn an_instance_still_stopping_is_refused_a_start_as_ec2_refuses_it() {
     let quick = Ec2Fleet::new(quick, launch_template_name(&c).await);
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(quick.start(std::slice::from_ref(&id)).await.unwrap().is_empty());
-    assert_eq!(state(fleet.clone(), id.clone()).await.as_deref(), Some("running"));
+    assert_eq!(state_of(&fleet, &id).await.as_deref(), Some("running"));
     fleet.terminate(&[id]).await.unwrap();
 }
 
@@ -2629,27 +2624,18 @@ async fn stoppable_spot_launches_persistent_requests_that_stop_start_and_termina
     }
     assert!(!bodies.iter().any(|b| b.contains("Action=CreateFleet")));
     onoff_aws::fleet::tag_as_ec2_does(&c.ec2, &deployment, &lt).await;
-    async fn state(fleet: &Ec2Fleet, id: String) -> Option<String> {
-        fleet
-            .describe_managed()
-            .await
-            .unwrap()
-            .into_iter()
-            .find(|i| i.instance_id == id)
-            .map(|i| i.state)
-    }
     let id = launched[0].instance_id.clone();
     // Stopped, it is still listed (the reaper must not take it for gone); started, it runs.
     let refused = fleet.stop(std::slice::from_ref(&id)).await.unwrap();
     assert!(refused.is_empty(), "{refused:?}");
-    assert_eq!(state(&fleet, id.clone()).await.as_deref(), Some("stopped"));
+    assert_eq!(state_of(&fleet, &id).await.as_deref(), Some("stopped"));
     let listed = onoff_control::ports::FleetLister::list_managed(&fleet).await.unwrap();
     assert!(listed.iter().any(|i| i.instance_id == id));
     // A stop of a stopped instance is done, not refused.
     assert!(fleet.stop(std::slice::from_ref(&id)).await.unwrap().is_empty());
     let refused = fleet.start(std::slice::from_ref(&id)).await.unwrap();
     assert!(refused.is_empty(), "{refused:?}");
-    assert_eq!(state(&fleet, id.clone()).await.as_deref(), Some("running"));
+    assert_eq!(state_of(&fleet, &id).await.as_deref(), Some("running"));
     // An unknown instance is refused with not-found (the caller terminates it instead).
     let gone = "i-00000000000000000".to_string();
     let refused = fleet.stop(std::slice::from_ref(&gone)).await.unwrap();
@@ -2669,6 +2655,6 @@ async fn stoppable_spot_launches_persistent_requests_that_stop_start_and_termina
     let terminate = after.iter().position(|b| b.contains("Action=TerminateInstances"));
     assert!(describe.is_some() && describe < terminate, "{after:?}");
     for id in ids {
-        assert_eq!(state(&fleet, id).await, None, "terminated: not listed");
+        assert_eq!(state_of(&fleet, &id).await, None, "terminated: not listed");
     }
 }
