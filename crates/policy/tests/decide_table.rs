@@ -2471,3 +2471,73 @@ fn the_warm_pool_starts_stopped_workers_before_launching() {
     assert!(matches!(s[0].2, Reason::WarmPool { target: 2, ready: 0 }));
     assert_eq!(plan.launches(), 1, "{plan:#?}");
 }
+
+#[test]
+fn a_job_waiting_for_capacity_starts_a_stopped_worker_within_its_ceiling() {
+    // A 10-hour job with g5.xlarge spot out of capacity. A g6.xlarge spot launch costs $0.303
+    // more per job than g5 spot (the best, availability ignored); a start of a stopped g6.xlarge
+    // about $0.085 less than that launch: the 270 s of wait a start saves over a cold start
+    // ($0.075 at 1 $/h) and the boot it does not bill. At 1 $/h the job's wait is worth
+    // (waited + 180 s) / 3600 $: a launch is worth it from about 912 s of wait, a start from
+    // about 607 s. Until a launch is, the job is held waiting for capacity; a stopped worker
+    // within its ceiling is started for it meanwhile.
+    // (waited s, with a stopped g6.xlarge, expected: "held", "start" or "launch")
+    let rows: &[(f64, bool, &str)] = &[
+        (600.0, false, "held"),
+        (600.0, true, "held"),
+        (650.0, false, "held"),
+        (650.0, true, "start"),
+        (900.0, false, "held"),
+        (900.0, true, "start"),
+        (950.0, false, "launch"),
+        (950.0, true, "start"),
+    ];
+    for &(waited, with_stopped, want) in rows {
+        let mut j = job("long", 1, NOW - waited);
+        j.est_runtime_s = Some(36_000.0);
+        let g6 = onoff_policy::WorkerView {
+            offering: key(G6, CapacityType::Spot),
+            price_usd_per_h: 0.13,
+            ..worker("s6", 1, WorkerState::Stopped, 1, NOW - 7200.0, Some(NOW - 60.0))
+        };
+        let mut w = World::new(vec![j], if with_stopped { vec![g6] } else { vec![] });
+        w.unavailable = vec![UnavailableOffering {
+            key: key(G5, CapacityType::Spot),
+            until: NOW + 100.0,
+        }];
+        let plan = w.decide(&stopping_cfg(), NOW);
+        let row = format!("waited {waited} s, stopped worker {with_stopped}");
+        let got = match (plan.launches(), plan.starts()) {
+            (0, 0) => "held",
+            (0, 1) => "start",
+            (1, 0) => "launch",
+            _ => panic!("{row}: {plan:#?}"),
+        };
+        assert_eq!(got, want, "{row}: {plan:#?}");
+        let waiting = held_count(&plan, |r| matches!(r, Reason::WaitingForCapacity { .. }));
+        assert_eq!(waiting, u32::from(got == "held"), "{row}: {plan:#?}");
+        if got == "start" {
+            let s = starts(&plan);
+            assert_eq!(s[0].0, "s6");
+            // Not pinned: the job may take the worker or any other that comes up.
+            assert_eq!(s[0].1, None);
+        }
+    }
+    // A job on two instances, with a stopped g6.xlarge and a stopped g5.xlarge (its offering out
+    // of capacity, so not startable): not started on one instance and held for the other.
+    let mut pair = job("pair", 1, NOW - 1700.0);
+    pair.est_runtime_s = Some(36_000.0);
+    pair.instances = 2;
+    let g6 = onoff_policy::WorkerView {
+        offering: key(G6, CapacityType::Spot),
+        price_usd_per_h: 0.13,
+        ..worker("s6", 1, WorkerState::Stopped, 1, NOW - 7200.0, Some(NOW - 60.0))
+    };
+    let mut w = World::new(vec![pair], vec![g6, stopped("s5", 2, 60.0, None)]);
+    w.unavailable = vec![UnavailableOffering {
+        key: key(G5, CapacityType::Spot),
+        until: NOW + 100.0,
+    }];
+    let plan = w.decide(&stopping_cfg(), NOW);
+    assert_eq!((plan.launches(), plan.starts()), (0, 0), "{plan:#?}");
+}

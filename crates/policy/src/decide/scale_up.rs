@@ -395,6 +395,15 @@ fn scale_up_lane<'a>(
         };
         let worth = within_ceiling(ranked, ceiling);
         if worth == 0 {
+            // No launch is worth it now, but a stopped worker may be: a start bills no boot and
+            // saves the wait a cold start would add, so its cost per job can be under the ceiling
+            // where every offering's launch is over it.
+            if start_whole(obs, cfg, table, now, lane, &req, project, &reason, b, plan, ceiling) {
+                if let Some(t) = &job.job_type {
+                    b.type_jobs.add(t, 1);
+                }
+                continue;
+            }
             let reason = match (ranked.first(), spot_premium) {
                 (Some(&(_, cost)), _) => Reason::WaitingForCapacity {
                     premium_usd: cost - best,
@@ -452,6 +461,7 @@ fn scale_up_lane<'a>(
                 job: Some(&job.id),
                 reason: &reason,
                 max_price_usd_per_h: cfg.limits.max_usd_per_h.map(|_| price / instances as f64),
+                whole: false,
             };
             let started = push_starts(
                 plan,
@@ -511,6 +521,7 @@ fn scale_up_lane<'a>(
             job: None,
             reason: &reason,
             max_price_usd_per_h: cfg.limits.max_usd_per_h.map(|_| choice::spread_max_price(ranked, oc)),
+            whole: false,
         };
         let started = push_starts(
             plan,
@@ -541,6 +552,65 @@ fn scale_up_lane<'a>(
     }
 }
 
+/// Start `req.instances` of `lane`'s stopped workers for one job of `project` whose launch is
+/// held (no offering's launch is within its cost ceiling, `ceiling_usd`, $ for the whole job),
+/// all or none, each at most `ceiling_usd / instances` per job (see [`push_starts`]); under a $/h
+/// budget, each at most the room left under the cap per instance. Books the started workers in the
+/// fleet (spend at their rows' prices, live counts, the project's GPUs) and returns whether it
+/// started them.
+#[allow(clippy::too_many_arguments)]
+fn start_whole<'a>(
+    obs: &Observation<'_>,
+    cfg: &PolicyConfig,
+    table: &PriceTable,
+    now: f64,
+    lane: LaneId,
+    req: &Request,
+    project: &'a str,
+    reason: &Reason,
+    b: &mut Fleet<'a>,
+    plan: &mut Plan,
+    ceiling_usd: f64,
+) -> bool {
+    let n = req.instances.max(1);
+    if (b.stopped[lane].len() as u32) < n {
+        return false;
+    }
+    let for_ = StartFor {
+        lane,
+        req,
+        project: Some(project),
+        job: None,
+        reason,
+        max_price_usd_per_h: cfg.limits.max_usd_per_h.map(|cap| (cap - b.spend) / n as f64),
+        whole: true,
+    };
+    let first = plan.actions.len();
+    let started = push_starts(
+        plan,
+        &mut b.stopped[lane],
+        obs,
+        table,
+        now,
+        &for_,
+        n,
+        ceiling_usd / n as f64,
+        cfg,
+    );
+    if started == 0 {
+        return false;
+    }
+    for a in &plan.actions[first..] {
+        if let Action::Start { price_usd_per_h, .. } = a {
+            b.spend += price_usd_per_h;
+        }
+    }
+    b.live_total += n;
+    b.lane_live[lane] += n;
+    b.project_gpus.add(project, req.gpus * n);
+    true
+}
+
 /// What capacity started from stopped workers is for.
 pub(crate) struct StartFor<'r> {
     pub(crate) lane: LaneId,
@@ -553,6 +623,8 @@ pub(crate) struct StartFor<'r> {
     /// (the launch's dearest spread price); a stopped worker billing more per hour is not started,
     /// so the cap holds.
     pub(crate) max_price_usd_per_h: Option<f64>,
+    /// All `n` workers or none: a job on several instances is not started on some of them.
+    pub(crate) whole: bool,
 }
 
 /// Start up to `n` of a lane's stopped workers (`stopped`; the ones started are taken out of
@@ -633,6 +705,9 @@ pub(crate) fn push_starts(
             .then(wb.seq.cmp(&wa.seq))
             .then_with(|| wa.id.cmp(&wb.id))
     };
+    if for_.whole && fit.len() < n as usize {
+        return 0;
+    }
     let n = (n as usize).min(fit.len());
     if n == 1 {
         // The common case (one warm worker or one job short): the first in order, in one pass.

@@ -280,6 +280,7 @@ fn shape_capacity(
             job: None,
             reason: &reason,
             max_price_usd_per_h: cfg.limits.max_usd_per_h.map(|_| price),
+            whole: false,
         };
         let max_cost = ranked.first().map_or(f64::INFINITY, |r| r.1);
         let started = push_starts(
