@@ -353,6 +353,20 @@ fn stopped_at() -> &'static std::sync::Mutex<std::collections::HashMap<String, s
     MAP.get_or_init(Default::default)
 }
 
+/// Record `ids` as stopped at `now` in `map` ([`stopped_at`]'s), first dropping the stops older
+/// than `keep`: they refuse no start any more.
+fn record_stops(
+    map: &mut std::collections::HashMap<String, std::time::Instant>,
+    ids: Vec<String>,
+    now: std::time::Instant,
+    keep: std::time::Duration,
+) {
+    map.retain(|_, at| now.saturating_duration_since(*at) < keep);
+    for id in ids {
+        map.insert(id, now);
+    }
+}
+
 /// The stop's length [`StoppingInstances::default`] holds, milliseconds ([`set_stopping_s`]).
 static STOPPING_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(STOPPING_S * 1000);
 
@@ -378,6 +392,14 @@ pub struct StoppingInstances {
 #[derive(Debug, Clone)]
 struct Stopping(Vec<String>);
 
+impl StoppingInstances {
+    /// How long an instance stays stopping: `window`, else the process's setting.
+    fn window(&self) -> std::time::Duration {
+        self.window
+            .unwrap_or_else(|| std::time::Duration::from_millis(STOPPING_MS.load(std::sync::atomic::Ordering::Relaxed)))
+    }
+}
+
 impl aws_smithy_types::config_bag::Storable for Stopping {
     type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
 }
@@ -402,9 +424,7 @@ impl Intercept for StoppingInstances {
                 cfg.interceptor_state().store_put(Stopping(i.instance_ids().to_vec()));
             }
         } else if let Some(i) = input.downcast_mut::<ec2::start_instances::StartInstancesInput>() {
-            let window = self.window.unwrap_or_else(|| {
-                std::time::Duration::from_millis(STOPPING_MS.load(std::sync::atomic::Ordering::Relaxed))
-            });
+            let window = self.window();
             let map = stopped_at().lock().expect("stopped-at map");
             let stopping = i
                 .instance_ids
@@ -449,10 +469,10 @@ impl Intercept for StoppingInstances {
         };
         if context.output_or_error().is_ok() {
             let now = std::time::Instant::now();
-            let mut map = stopped_at().lock().expect("stopped-at map");
-            for id in ids {
-                map.insert(id, now);
-            }
+            // Stops past every window in use (this client's and the process's) refuse nothing:
+            // dropped, so a long `onoff local --serve` keeps only the instances still stopping.
+            let keep = self.window().max(StoppingInstances::default().window());
+            record_stops(&mut stopped_at().lock().expect("stopped-at map"), ids, now, keep);
         }
         Ok(())
     }
@@ -464,6 +484,20 @@ mod tests {
 
     fn refused(input: Input) -> Option<String> {
         check(&input).err().map(|e| e.to_string())
+    }
+
+    #[test]
+    fn stops_past_the_window_are_dropped_when_a_stop_is_recorded() {
+        use std::time::{Duration, Instant};
+        let now = Instant::now() + Duration::from_secs(120);
+        let mut map = std::collections::HashMap::new();
+        map.insert("i-old".to_string(), now - Duration::from_secs(61));
+        map.insert("i-recent".to_string(), now - Duration::from_secs(59));
+        record_stops(&mut map, vec!["i-new".to_string()], now, Duration::from_secs(60));
+        let mut kept: Vec<&str> = map.keys().map(String::as_str).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, vec!["i-new", "i-recent"]);
+        assert_eq!(map["i-new"], now);
     }
 
     #[test]
