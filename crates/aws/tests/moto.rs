@@ -861,6 +861,7 @@ async fn insufficient_capacity_on_the_first_offering_falls_back_to_the_next() {
         offerings: &offerings,
         unavailable: &[],
         now,
+        table: None,
     };
     let out = act(&plan, ctx, &fleet, &reg, &ctl).await;
     assert!(out.errors.is_empty(), "{:?}", out.errors);

@@ -132,6 +132,10 @@ pub struct ActContext<'a> {
     pub unavailable: &'a [UnavailableOffering],
     /// Now, unix seconds.
     pub now: f64,
+    /// The [`choice::PriceTable`] of `offerings` under `cfg.offers`, for a caller that keeps one
+    /// across calls (the simulator, over a replay); `None`: [`act`] builds one when a fallback
+    /// first needs it.
+    pub table: Option<&'a choice::PriceTable>,
 }
 
 /// Execute `plan` through the ports. Never fails as a whole: per-action errors are collected in
@@ -143,6 +147,11 @@ where
     A: OfferingAvailability,
 {
     let mut out = ActOutcome::default();
+    let own_table = std::cell::OnceCell::new();
+    let table = || match ctx.table {
+        Some(t) => t,
+        None => own_table.get_or_init(|| choice::PriceTable::new(ctx.offerings, &ctx.cfg.offers)),
+    };
     // Offerings unavailable, plus those this call finds short: copied only when one is (the
     // simulator runs this on every decision of a replay that changes the fleet).
     let mut unavailable: Cow<'_, [UnavailableOffering]> = Cow::Borrowed(ctx.unavailable);
@@ -196,7 +205,7 @@ where
         }
     }
     // Stopped workers started first: a start that fails becomes a launch of its own.
-    groups.extend(start_stopped(plan, ctx, fleet, registry, avail, &mut unavailable, &mut out).await);
+    groups.extend(start_stopped(plan, ctx, table, fleet, registry, avail, &mut unavailable, &mut out).await);
     // The decision's id for the launches' idempotency tokens: now in whole milliseconds, so a
     // retry of the same decision (same time, same plan) sends the same tokens. A launch's id is
     // `decision/group/attempt`, hashed from its parts (`with_token_for_parts`).
@@ -398,7 +407,7 @@ where
             if attempt == MAX_FALLBACKS {
                 break;
             }
-            offerings = next_offerings(ctx, g.request, &unavailable);
+            offerings = next_offerings(ctx, table(), g.request, &unavailable);
             if offerings.is_empty() {
                 break;
             }
@@ -502,6 +511,7 @@ where
 /// launch's `max_cost_usd`). Empty when nothing is left.
 fn next_offerings(
     ctx: ActContext<'_>,
+    table: &choice::PriceTable,
     request: &onoff_policy::LaunchShape,
     unavailable: &[UnavailableOffering],
 ) -> Vec<(OfferingKey, f64)> {
@@ -513,7 +523,7 @@ fn next_offerings(
         instances: 1,
         runtime_s: request.runtime_s,
     };
-    let mut ranked = choice::top(ctx.offerings, &req, oc, unavailable, ctx.now, oc.diversify as usize);
+    let mut ranked = table.top(ctx.offerings, &req, unavailable, ctx.now, oc.diversify as usize);
     if let Some(max) = request.max_cost_usd {
         ranked.retain(|&(_, c)| c <= max * (1.0 + 1e-9));
     }
@@ -530,9 +540,11 @@ fn next_offerings(
 /// start (no capacity for its type in its zone: its offering is marked unavailable; any other
 /// error; a row no longer Stopped) goes back to Stopped, and its capacity is launched instead:
 /// returned as launch groups of one instance each, from the next best offerings.
-async fn start_stopped<'p, F, R, A>(
+#[allow(clippy::too_many_arguments)]
+async fn start_stopped<'p, 't, F, R, A>(
     plan: &'p Plan,
     ctx: ActContext<'_>,
+    table: impl Fn() -> &'t choice::PriceTable,
     fleet: &F,
     registry: &R,
     avail: &A,
@@ -621,7 +633,7 @@ where
             else {
                 return None;
             };
-            let offerings = next_offerings(ctx, request, unavailable);
+            let offerings = next_offerings(ctx, table(), request, unavailable);
             if offerings.is_empty() {
                 out.unlaunched.push((*lane, 1));
                 return None;

@@ -637,6 +637,7 @@ where
         offerings: offerings_now,
         unavailable: &unavailable,
         now,
+        table: None,
     };
     report.acted = act(&report.plan, ctx, fleet, workers, avail).await;
     // Every worker the plan releases (terminated, cancelled or stopped), whether or not that went

@@ -24,6 +24,7 @@ fn at_zero<'a>(cfg: &'a PolicyConfig, offerings: &'a [Offering]) -> ActContext<'
         offerings,
         unavailable: &[],
         now: 0.0,
+        table: None,
     }
 }
 
@@ -110,6 +111,7 @@ fn capacity_error_falls_back_to_the_next_offering_and_marks_the_first_unavailabl
         offerings: &offs,
         unavailable: &[],
         now: 1000.0,
+        table: None,
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
     assert_eq!(out.launched.len(), 2);
@@ -141,6 +143,7 @@ fn partial_fulfilment_moves_the_rest_to_the_next_offering() {
         offerings: &offs,
         unavailable: &[],
         now: 0.0,
+        table: None,
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 3), ctx, &fleet, &reg, &avail));
     assert_eq!(out.launched.len(), 3);
@@ -165,6 +168,7 @@ fn when_no_offering_has_capacity_the_shortfall_is_reported_not_hidden() {
         offerings: &offs,
         unavailable: &[],
         now: 0.0,
+        table: None,
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
     assert!(out.launched.is_empty());
@@ -247,6 +251,7 @@ fn any_non_throttling_launch_error_skips_the_offering_for_a_while_and_falls_back
         offerings: &offs,
         unavailable: &[],
         now: 100.0,
+        table: None,
     };
     for kind in [FleetErrorKind::Other, FleetErrorKind::NotFound] {
         // The whole call fails (EC2: an instant fleet with one override and an Unsupported or
@@ -305,6 +310,7 @@ fn a_fallback_never_mixes_capacity_types_or_names_one_pool_twice() {
         offerings: &offs,
         unavailable: &[],
         now: 100.0,
+        table: None,
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
     assert_eq!(out.launched.len(), 2, "{out:?}");
@@ -354,6 +360,7 @@ fn throttled_or_over_an_account_limit(kind: FleetErrorKind, code: &str) {
         offerings: &offs,
         unavailable: &[],
         now: 0.0,
+        table: None,
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 1), ctx, &fleet, &reg, &avail));
     assert_eq!(out.errors.len(), 1);
@@ -384,6 +391,7 @@ fn each_launch_carries_an_idempotency_token_stable_for_its_decision() {
         offerings: &offs,
         unavailable: &[],
         now,
+        table: None,
     };
     let plan = launch_plan(key("a.1", "z1"), 2);
     let tokens = |now| {
@@ -499,6 +507,7 @@ fn terminate_and_cancel_go_to_their_own_calls_and_mark_terminating() {
         offerings: &offs,
         unavailable: &[],
         now: 0.0,
+        table: None,
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
     let ids: Vec<String> = out.launched.iter().map(|l| l.launched.instance_id.clone()).collect();
@@ -546,6 +555,7 @@ fn idle_and_booting(
         offerings: &offs,
         unavailable: &[],
         now: 0.0,
+        table: None,
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, fleet, reg, avail));
     let ids: Vec<String> = out.launched.iter().map(|l| l.launched.instance_id.clone()).collect();
@@ -587,6 +597,7 @@ fn scale_down_leaves_alone_a_worker_whose_agent_took_a_job_first() {
         offerings: &offs,
         unavailable: &[],
         now: 21.0,
+        table: None,
     };
     let before = fleet.calls().len();
     let out = pollster::block_on(act(&release(&ids), ctx, &fleet, &reg, &avail));
@@ -608,6 +619,7 @@ fn after_scale_down_marks_a_worker_terminating_its_agent_cannot_take_a_job() {
         offerings: &offs,
         unavailable: &[],
         now: 21.0,
+        table: None,
     };
     let out = pollster::block_on(act(&release(&ids), ctx, &fleet, &reg, &avail));
     assert_eq!(out.terminated, vec![ids[0].clone()]);
@@ -638,6 +650,7 @@ fn a_cancel_is_only_for_a_launch_still_booting_and_a_failed_mark_keeps_the_worke
         offerings: &offs,
         unavailable: &[],
         now: 21.0,
+        table: None,
     };
     let out = pollster::block_on(act(&release(&ids), ctx, &fleet, &reg, &avail));
     assert_eq!(out.skipped, vec![ids[1].clone()]);
@@ -657,6 +670,7 @@ fn an_interruption_notice_drains_the_worker_and_marks_its_offering() {
         offerings: &offs,
         unavailable: &[],
         now: 0.0,
+        table: None,
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 1), ctx, &fleet, &reg, &avail));
     let id = out.launched[0].launched.instance_id.clone();
@@ -711,6 +725,7 @@ fn the_spread_of_one_decision_is_one_call_with_an_override_per_offering() {
         offerings: &offs,
         unavailable: &[],
         now: 0.0,
+        table: None,
     };
     let out = pollster::block_on(act(&plan, ctx, &fleet, &reg, &avail));
     let calls: Vec<_> = fleet
@@ -782,6 +797,7 @@ fn a_full_vcpu_quota_skips_its_whole_bucket_and_names_the_quota() {
         offerings: &offs,
         unavailable: &[],
         now: 100.0,
+        table: None,
     };
     // A new account: no G and VT spot quota at all.
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());

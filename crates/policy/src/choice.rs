@@ -3,6 +3,7 @@
 use crate::config::{CapacityPreference, OfferConfig};
 use crate::observation::UnavailableOffering;
 use crate::offering::{CapacityType, Offering, OfferingKey};
+use smallvec::SmallVec;
 
 pub use crate::shape::fits;
 
@@ -227,6 +228,9 @@ struct Row {
     loss: f64,
 }
 
+/// [`PriceTable`]'s index of offerings by key.
+type ByKey = std::collections::HashMap<OfferingKey, usize, foldhash::fast::FixedState>;
+
 /// [`eligible`] and [`expected_cost_per_job`] over one catalogue and configuration, with what
 /// depends on neither the request nor the time computed once: each offering's price per second,
 /// GPU speed (a map lookup by model name), interruption loss and configured filters, and the
@@ -239,8 +243,10 @@ struct Row {
 pub struct PriceTable {
     rows: Vec<Row>,
     /// Index of each offering by key, built at the first [`PriceTable::restart_cost`] (a
-    /// stopped worker's offering; most tables never need it).
-    by_key: std::sync::OnceLock<std::collections::HashMap<OfferingKey, usize>>,
+    /// stopped worker's offering) or ranking with offerings unavailable. foldhash, not the
+    /// default SipHash: with measured preemptions each ranking looks up every offering marked
+    /// unavailable, and SipHash was a seventh of a replay's instructions (`callgrind`).
+    by_key: std::sync::OnceLock<ByKey>,
     /// (GPUs per instance, indices of the offerings with that many, ascending), GPUs ascending.
     by_gpus: Vec<(u32, Vec<usize>)>,
     boot_s: f64,
@@ -300,21 +306,42 @@ impl PriceTable {
             .flat_map(|(_, v)| v.iter().copied())
     }
 
-    /// [`eligible`] for the offering at `i` of `offerings`, the catalogue the table was built from.
+    /// [`eligible`] for the offering at `i` of the table's catalogue, with `blocked` the offerings
+    /// marked unavailable now ([`PriceTable::blocked`]).
     #[inline]
-    fn eligible(
-        &self,
-        offerings: &[Offering],
-        i: usize,
-        req: &Request,
-        unavailable: &[UnavailableOffering],
-        now: f64,
-    ) -> bool {
+    fn eligible(&self, i: usize, req: &Request, blocked: &[usize]) -> bool {
         let r = &self.rows[i];
         capacity_ok(req.capacity, r.capacity_type)
             && r.allowed
             && fits(r.gpus, r.mem_gib, req.gpus, req.min_mem_gib, self.max_oversize)
-            && !unavailable.iter().any(|u| u.until > now && u.key == offerings[i].key)
+            && blocked.binary_search(&i).is_err()
+    }
+
+    /// Indices (ascending, once each) of the offerings `unavailable` marks unavailable at `now`;
+    /// entries for offerings not in the catalogue are left out. Worked out once per ranking: with
+    /// measured preemptions hundreds of offerings may be marked, and comparing each candidate's
+    /// key with each mark was three fifths of a replay's instructions (`callgrind`).
+    fn blocked(&self, offerings: &[Offering], unavailable: &[UnavailableOffering], now: f64) -> SmallVec<[usize; 16]> {
+        let mut out = SmallVec::new();
+        if unavailable.iter().all(|u| u.until <= now) {
+            return out;
+        }
+        let by_key = self.by_key(offerings);
+        out.extend(
+            unavailable
+                .iter()
+                .filter(|u| u.until > now)
+                .filter_map(|u| by_key.get(&u.key).copied()),
+        );
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Index of each offering of `offerings` (the table's catalogue) by key, built once.
+    fn by_key(&self, offerings: &[Offering]) -> &ByKey {
+        self.by_key
+            .get_or_init(|| offerings.iter().enumerate().map(|(i, o)| (o.key.clone(), i)).collect())
     }
 
     /// [`expected_cost_per_job`] of the offering at `i`, $.
@@ -336,10 +363,7 @@ impl PriceTable {
         runtime_s: f64,
         cfg: &OfferConfig,
     ) -> Option<f64> {
-        let by_key = self
-            .by_key
-            .get_or_init(|| offerings.iter().enumerate().map(|(i, o)| (o.key.clone(), i)).collect());
-        let r = &self.rows[*by_key.get(key)?];
+        let r = &self.rows[*self.by_key(offerings).get(key)?];
         r.allowed
             .then(|| cost_of(r.usd_per_s, r.speed, r.loss, cfg.restart_estimate_s, runtime_s, 1))
     }
@@ -377,8 +401,9 @@ impl PriceTable {
         // Candidates come in index order within a GPU count only: order by (cost, index), as a
         // scan in index order that keeps the first of equal costs would.
         let before = |a: (usize, f64), b: &(usize, f64)| a.1 < b.1 || (a.1 == b.1 && a.0 < b.0);
+        let blocked = self.blocked(offerings, unavailable, now);
         for i in self.candidates(req.gpus) {
-            if !self.eligible(offerings, i, req, unavailable, now) {
+            if !self.eligible(i, req, &blocked) {
                 continue;
             }
             let c = self.cost(i, req.runtime_s, req.instances);
@@ -394,14 +419,14 @@ impl PriceTable {
 
     /// The lowest expected cost per job of `req` on spot and on on-demand offerings, $ (infinite
     /// for a kind with none), with the request's capacity preference and availability ignored.
-    pub fn cheapest_by_capacity(&self, offerings: &[Offering], req: &Request, now: f64) -> (f64, f64) {
+    pub fn cheapest_by_capacity(&self, req: &Request) -> (f64, f64) {
         let any = Request {
             capacity: CapacityPreference::SpotFirst,
             ..*req
         };
         let (mut spot, mut od) = (f64::INFINITY, f64::INFINITY);
         for i in self.candidates(req.gpus) {
-            if !self.eligible(offerings, i, &any, &[], now) {
+            if !self.eligible(i, &any, &[]) {
                 continue;
             }
             let c = self.cost(i, req.runtime_s, req.instances);

@@ -1510,6 +1510,8 @@ pub fn run(
     let started = Instant::now();
     strategy.start_run();
     let pcfg = strategy.config().clone();
+    // `act`'s fallback rankings over the replay's one catalogue and configuration.
+    let act_table = onoff_policy::choice::PriceTable::new(offerings, &pcfg.offers);
     let lane_names: Vec<String> = pcfg.lanes.iter().map(|l| l.name.clone()).collect();
     let t0 = trace.start_unix_s;
     let deadlines = if cfg.deadline_fraction > 0.0 {
@@ -1834,6 +1836,7 @@ pub fn run(
                     offerings,
                     unavailable: &unavailable,
                     now,
+                    table: Some(&act_table),
                 };
                 let _ = pollster::block_on(act(&plan, ctx, &ports, &ports, &ports));
                 world.borrow_mut().dispatch(&pcfg);

@@ -112,9 +112,9 @@ type RankKey = (u32, u64, u32, u8, i32);
 /// $1/h of waiting it waits up to two hours per hour of run time); a short one, or one that has
 /// waited long, may take on-demand. Jobs whose deadline is at risk are apart: they go to
 /// on-demand whatever this says.
-/// `table` is the [`PriceTable`] of `obs.offerings` under `cfg.offers`.
-pub(crate) fn on_demand_premium_usd(obs: &Observation<'_>, table: &PriceTable, req: &Request, now: f64) -> Option<f64> {
-    let (spot, od) = table.cheapest_by_capacity(obs.offerings, req, now);
+/// `table` is the [`PriceTable`] of the decision's catalogue under `cfg.offers`.
+pub(crate) fn on_demand_premium_usd(table: &PriceTable, req: &Request) -> Option<f64> {
+    let (spot, od) = table.cheapest_by_capacity(req);
     (spot.is_finite() && od.is_finite()).then_some(od - spot)
 }
 
@@ -365,7 +365,7 @@ fn scale_up_lane<'a>(
             );
             (*premium_cache
                 .entry(pkey)
-                .or_insert_with(|| on_demand_premium_usd(obs, table, &req, now)))
+                .or_insert_with(|| on_demand_premium_usd(table, &req)))
             .filter(|p| waits_for_spot(cfg, *p, waited))
         } else {
             None
@@ -388,7 +388,7 @@ fn scale_up_lane<'a>(
         // takes what there is).
         let best = *best_cache
             .entry(key)
-            .or_insert_with(|| best_cost_usd(table.cheapest_by_capacity(obs.offerings, &req, now), req.capacity));
+            .or_insert_with(|| best_cost_usd(table.cheapest_by_capacity(&req), req.capacity));
         let ceiling = match at_risk {
             Some(_) => f64::INFINITY,
             None => cost_ceiling_usd(cfg, best, waited),
