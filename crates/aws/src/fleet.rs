@@ -421,6 +421,19 @@ impl Ec2Fleet {
         Ok(())
     }
 
+    /// The state of instance `id` as EC2 names it (`pending`, `running`, `stopping`, `stopped`,
+    /// `shutting-down`, `terminated`); `None` when EC2 does not list it or the call fails.
+    async fn state_of(&self, id: &str) -> Option<String> {
+        let out = self.client.describe_instances().instance_ids(id).send().await.ok()?;
+        out.reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .find(|i| i.instance_id() == Some(id))
+            .and_then(|i| i.state())
+            .and_then(|s| s.name())
+            .map(|n| n.as_str().to_string())
+    }
+
     /// Terminate `ids`, [`crate::limits::MAX_TERMINATE_IDS`] per call (EC2 refuses a longer
     /// list whole).
     async fn terminate_ids(&self, ids: &[String]) -> Result<(), FleetError> {
@@ -478,9 +491,10 @@ fn live_states() -> aws_sdk_ec2::types::Filter {
         .build()
 }
 
-/// EC2 error codes StopInstances and StartInstances answer for an instance already where the call
-/// would take it, or on its way (stopping a stopped instance, starting a running one): done.
-const ALREADY_THERE: &[&str] = &["IncorrectInstanceState", "IncorrectState"];
+/// The EC2 error code StopInstances answers for an instance in a state it cannot stop from:
+/// shutting down or terminated (an agent that shut its instance down at its idle timeout, as the
+/// scaler stopped it), or still pending. A stop of a stopping or stopped instance succeeds.
+const INCORRECT_STATE: &str = "IncorrectInstanceState";
 
 /// For emulators only: what EC2 does and moto 5.2.5 does not. EC2 tags every instance launched
 /// from a launch template `aws:ec2launchtemplate:id` ([`TAG_LAUNCH_TEMPLATE`]); moto tags those of
@@ -730,7 +744,8 @@ impl Fleet for Ec2Fleet {
     /// One StopInstances per instance: EC2 refuses a call whole for one instance it will not stop
     /// (a spot instance of a one-time request: `UnsupportedOperation`), and the others must still
     /// stop. A stopping or stopped instance is done; the rest are refused with their error
-    /// (not-found included: the caller terminates them, which is idempotent).
+    /// (not-found, and `IncorrectInstanceState` for one shutting down or terminated, included:
+    /// the caller terminates them, which is idempotent).
     async fn stop(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
         let mut refused = Vec::new();
         for (i, id) in instance_ids.iter().enumerate() {
@@ -739,9 +754,14 @@ impl Fleet for Ec2Fleet {
                 if err.kind == FleetErrorKind::Throttled {
                     return throttled_from(instance_ids, i, refused, err);
                 }
-                if !ALREADY_THERE.iter().any(|c| err.message.starts_with(c)) {
-                    refused.push((id.clone(), err));
+                // Refused for its state: done only if it is stopping or stopped after all (looked
+                // up: the code alone does not say); else it is gone or going, and refused.
+                if err.message.starts_with(INCORRECT_STATE)
+                    && matches!(self.state_of(id).await.as_deref(), Some("stopping" | "stopped"))
+                {
+                    continue;
                 }
+                refused.push((id.clone(), err));
             }
         }
         Ok(refused)

@@ -33,6 +33,14 @@
 //! an instance stopped less than [`STOPPING_S`] ago (or what [`set_stopping_s`] set) through the
 //! process's clients, so a start soon after a stop fails locally as it would on AWS
 //! (`control::act` launches instead).
+//!
+//! [`TerminatedInstances`] holds a third: EC2 refuses StopInstances and StartInstances on an
+//! instance shutting down or terminated (`IncorrectInstanceState`, "This instance ... is not in a
+//! state from which it can be stopped.", as EC2 answers an instance terminated minutes before;
+//! a terminated instance stays listed for about an hour). moto stops or starts it, and it is back.
+//! The race is a real one: a worker's agent shuts its instance down at its idle timeout (the
+//! launch template's shutdown behaviour is terminate) while the scaler stops it as idle. The
+//! interceptor refuses either call naming an instance terminated through the process's clients.
 
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::context::{BeforeSerializationInterceptorContextRef, Input};
@@ -473,6 +481,109 @@ impl Intercept for StoppingInstances {
             // dropped, so a long `onoff local --serve` keeps only the instances still stopping.
             let keep = self.window().max(StoppingInstances::default().window());
             record_stops(&mut stopped_at().lock().expect("stopped-at map"), ids, now, keep);
+        }
+        Ok(())
+    }
+}
+
+/// The instances terminated through this process's clients (instance ids are unique per
+/// emulator, so one set serves every client of the process).
+fn terminated() -> &'static std::sync::Mutex<std::collections::HashSet<String>> {
+    static SET: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> = std::sync::OnceLock::new();
+    SET.get_or_init(Default::default)
+}
+
+/// Refuses StopInstances and StartInstances on an instance terminated (or shutting down) as EC2
+/// does (module docs): one terminated through this process's clients. moto stops or starts it
+/// again, bringing it back. Add it to an EC2 client against an emulator
+/// (`.interceptor(TerminatedInstances)`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TerminatedInstances;
+
+/// The instances of a TerminateInstances on its way, recorded as terminated once it is answered.
+#[derive(Debug, Clone)]
+struct Terminating(Vec<String>);
+
+impl aws_smithy_types::config_bag::Storable for Terminating {
+    type Storer = aws_smithy_types::config_bag::StoreReplace<Self>;
+}
+
+/// EC2's answer to a StopInstances or StartInstances (`verb`: "stopped", "started") naming
+/// instance `id`, which is shutting down or terminated.
+fn ended_refusal_body(id: &str, verb: &str) -> String {
+    crate::faults::ec2_error_body(
+        "IncorrectInstanceState",
+        &format!("This instance '{id}' is not in a state from which it can be {verb}."),
+    )
+}
+
+impl Intercept for TerminatedInstances {
+    fn name(&self) -> &'static str {
+        "onoff-terminated-instances"
+    }
+
+    fn modify_before_serialization(
+        &self,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextMut<
+            '_,
+        >,
+        _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        use aws_sdk_ec2::operation as ec2;
+        let input = context.input_mut();
+        let ended = |ids: &Option<Vec<String>>| {
+            let set = terminated().lock().expect("terminated set");
+            ids.iter().flatten().find(|id| set.contains(id.as_str())).cloned()
+        };
+        let refusal = if let Some(i) = input.downcast_ref::<ec2::terminate_instances::TerminateInstancesInput>() {
+            if i.dry_run != Some(true) {
+                cfg.interceptor_state()
+                    .store_put(Terminating(i.instance_ids().to_vec()));
+            }
+            None
+        } else if let Some(i) = input.downcast_mut::<ec2::stop_instances::StopInstancesInput>() {
+            ended(&i.instance_ids).map(|id| {
+                i.dry_run = Some(true);
+                ended_refusal_body(&id, "stopped")
+            })
+        } else if let Some(i) = input.downcast_mut::<ec2::start_instances::StartInstancesInput>() {
+            ended(&i.instance_ids).map(|id| {
+                i.dry_run = Some(true);
+                ended_refusal_body(&id, "started")
+            })
+        } else {
+            None
+        };
+        if let Some(body) = refusal {
+            // Sent as a dry run (moto changes nothing), answered as EC2 refuses it.
+            cfg.interceptor_state().store_put(Refusal { body });
+        }
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextMut<
+            '_,
+        >,
+        _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        answer_refusal(context, cfg)
+    }
+
+    fn read_after_deserialization(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::AfterDeserializationInterceptorContextRef<'_>,
+        _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let Some(Terminating(ids)) = cfg.load::<Terminating>().cloned() else {
+            return Ok(());
+        };
+        if context.output_or_error().is_ok() {
+            terminated().lock().expect("terminated set").extend(ids);
         }
         Ok(())
     }

@@ -213,7 +213,8 @@ impl Clients {
                 sqs.interceptor(l),
                 ec2.interceptor(l)
                     .interceptor(crate::limits::OneTimeSpotStops)
-                    .interceptor(crate::limits::StoppingInstances::default()),
+                    .interceptor(crate::limits::StoppingInstances::default())
+                    .interceptor(crate::limits::TerminatedInstances),
                 sts.interceptor(l),
             );
             // And lose the answers of applied writes, when asked to ([`crate::faults`]).

@@ -2457,6 +2457,67 @@ async fn a_one_time_spot_instance_is_refused_a_stop_as_ec2_refuses_it() {
 }
 
 #[tokio::test]
+async fn a_terminated_instance_is_refused_a_stop_and_a_start_and_stays_terminated() {
+    // moto stops (and starts) a terminated instance, and it is back; EC2 refuses both
+    // (`IncorrectInstanceState`), and the emulator's clients hold that
+    // (`onoff_aws::limits::TerminatedInstances`). The race: an agent shuts its instance down at
+    // its idle timeout while the scaler stops it as idle. The stop must come back refused (the
+    // caller then terminates the row), not done (a row stopped for an instance that is gone).
+    let c = clients().await;
+    let fleet = own_fleet(&c).await.with_stoppable_spot(true, None);
+    let launch = |k: OfferingKey| {
+        let req = LaunchRequest {
+            lane: "standard".into(),
+            offerings: vec![k],
+            count: 1,
+            project: None,
+            job: None,
+            client_token: String::new(),
+        }
+        .with_token_for(&unique("decision"));
+        let f = fleet.clone();
+        async move { f.launch(&req).await.unwrap().launched[0].instance_id.clone() }
+    };
+    let gone = launch(key("g5.xlarge", "us-east-1a", CapacityType::OnDemand)).await;
+    let kept = launch(key("g5.xlarge", "us-east-1b", CapacityType::Spot)).await;
+    fleet.terminate(std::slice::from_ref(&gone)).await.unwrap();
+    let refused = fleet.stop(&[gone.clone(), kept.clone()]).await.unwrap();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].0, gone);
+    assert!(
+        refused[0].1.message.starts_with(&format!(
+            "IncorrectInstanceState: This instance '{gone}' is not in a state from which it can be stopped"
+        )),
+        "{refused:?}"
+    );
+    let refused = fleet.start(std::slice::from_ref(&gone)).await.unwrap();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0].1.message.starts_with("IncorrectInstanceState"),
+        "{refused:?}"
+    );
+    let state = c
+        .ec2
+        .describe_instances()
+        .instance_ids(&gone)
+        .send()
+        .await
+        .unwrap()
+        .reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .find_map(|i| i.state().and_then(|s| s.name()).map(|n| n.as_str().to_string()));
+    assert_eq!(state.as_deref(), Some("terminated"), "not brought back");
+    // The other one stopped, and a second stop of it is done, not refused.
+    assert!(matches!(
+        state_of(&fleet, &kept).await.as_deref(),
+        Some("stopping" | "stopped")
+    ));
+    assert!(fleet.stop(std::slice::from_ref(&kept)).await.unwrap().is_empty());
+    fleet.terminate(&[kept]).await.unwrap();
+}
+
+#[tokio::test]
 async fn an_instance_still_stopping_is_refused_a_start_as_ec2_refuses_it() {
     // moto stops an instance at once; EC2 takes minutes, and refuses StartInstances until the
     // instance is stopped. The emulator's clients hold that for `limits::STOPPING_S` after a stop
