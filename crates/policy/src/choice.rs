@@ -247,35 +247,84 @@ pub struct PriceTable {
     /// default SipHash: with measured preemptions each ranking looks up every offering marked
     /// unavailable, and SipHash was a seventh of a replay's instructions (`callgrind`).
     by_key: std::sync::OnceLock<ByKey>,
-    /// (GPUs per instance, indices of the offerings with that many, ascending), GPUs ascending.
-    by_gpus: Vec<(u32, Vec<usize>)>,
+    /// (GPUs per instance, the offerings with that many in [`Group`]s), GPUs ascending.
+    by_gpus: Vec<(u32, Vec<Group>)>,
     boot_s: f64,
     max_oversize: u32,
+}
+
+/// A set of a [`PriceTable`]'s offerings by index ([`PriceTable::blocked`]): one bit each.
+#[derive(Debug, Default)]
+pub(crate) struct Blocked(SmallVec<[u64; 8]>);
+
+impl Blocked {
+    /// Whether the offering at index `i` is in the set.
+    #[inline]
+    pub(crate) fn contains(&self, i: usize) -> bool {
+        self.0.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
+    }
+}
+
+/// Offerings of one [`PriceTable`] whose [`Row`]s are equal to the bit: the zones of one instance
+/// type and capacity type where their prices are the same (the simulator's catalogue has one
+/// price per type and region, in each of the region's zones). Whatever depends on the row alone
+/// (eligibility but for availability, the expected cost of a request) is worked out once per
+/// group: with measured preemptions a replay ranks the catalogue a few times per decision, and
+/// the per-offering work was half its instructions (`callgrind`, README "Replays with measured
+/// preemptions").
+#[derive(Debug)]
+struct Group {
+    /// The members' row.
+    row: Row,
+    /// Indices of the members, ascending.
+    members: Vec<usize>,
+}
+
+impl Row {
+    /// Whether two rows are equal to the bit (`f64`s by their bits).
+    fn same(&self, o: &Row) -> bool {
+        self.gpus == o.gpus
+            && self.mem_gib.to_bits() == o.mem_gib.to_bits()
+            && self.capacity_type == o.capacity_type
+            && self.allowed == o.allowed
+            && self.usd_per_s.to_bits() == o.usd_per_s.to_bits()
+            && self.speed.to_bits() == o.speed.to_bits()
+            && self.loss.to_bits() == o.loss.to_bits()
+    }
 }
 
 impl PriceTable {
     /// The table of `offerings` under `cfg`. O(offerings).
     pub fn new(offerings: &[Offering], cfg: &OfferConfig) -> Self {
-        let mut by_gpus: Vec<(u32, Vec<usize>)> = Vec::new();
-        let rows = offerings
+        let rows: Vec<Row> = offerings
             .iter()
-            .enumerate()
-            .map(|(i, o)| {
-                match by_gpus.iter_mut().find(|(g, _)| *g == o.gpus) {
-                    Some((_, v)) => v.push(i),
-                    None => by_gpus.push((o.gpus, vec![i])),
-                }
-                Row {
-                    gpus: o.gpus,
-                    mem_gib: o.gpu_memory_gib,
-                    capacity_type: o.key.capacity_type,
-                    allowed: passes_configured_filters(o, cfg),
-                    usd_per_s: o.price_usd_per_h / 3600.0,
-                    speed: speed(cfg, &o.gpu_model),
-                    loss: interruption_loss(o, cfg),
-                }
+            .map(|o| Row {
+                gpus: o.gpus,
+                mem_gib: o.gpu_memory_gib,
+                capacity_type: o.key.capacity_type,
+                allowed: passes_configured_filters(o, cfg),
+                usd_per_s: o.price_usd_per_h / 3600.0,
+                speed: speed(cfg, &o.gpu_model),
+                loss: interruption_loss(o, cfg),
             })
             .collect();
+        let mut by_gpus: Vec<(u32, Vec<Group>)> = Vec::new();
+        for (i, r) in rows.iter().enumerate() {
+            let groups = match by_gpus.iter_mut().find(|(g, _)| *g == r.gpus) {
+                Some((_, v)) => v,
+                None => {
+                    by_gpus.push((r.gpus, Vec::new()));
+                    &mut by_gpus.last_mut().expect("just pushed").1
+                }
+            };
+            match groups.iter_mut().find(|g| g.row.same(r)) {
+                Some(g) => g.members.push(i),
+                None => groups.push(Group {
+                    row: *r,
+                    members: vec![i],
+                }),
+            }
+        }
         by_gpus.sort_by_key(|(g, _)| *g);
         Self {
             rows,
@@ -296,46 +345,48 @@ impl PriceTable {
         self.rows.is_empty()
     }
 
-    /// Indices of the offerings whose GPU count the fit rule allows for `gpus` per instance:
-    /// ascending within a GPU count, not across counts.
-    fn candidates(&self, gpus: u32) -> impl Iterator<Item = usize> + '_ {
+    /// The groups of offerings whose GPU count the fit rule allows for `gpus` per instance.
+    fn candidates(&self, gpus: u32) -> impl Iterator<Item = &Group> + '_ {
         let bounds = crate::shape::gpu_bounds(gpus, self.max_oversize);
         self.by_gpus
             .iter()
             .filter(move |(g, _)| bounds.contains(g))
-            .flat_map(|(_, v)| v.iter().copied())
+            .flat_map(|(_, v)| v.iter())
     }
 
-    /// [`eligible`] for the offering at `i` of the table's catalogue, with `blocked` the offerings
-    /// marked unavailable now ([`PriceTable::blocked`]).
+    /// [`eligible`] but for availability, for an offering of row `r`.
     #[inline]
-    fn eligible(&self, i: usize, req: &Request, blocked: &[usize]) -> bool {
-        let r = &self.rows[i];
+    fn eligible(&self, r: &Row, req: &Request) -> bool {
         capacity_ok(req.capacity, r.capacity_type)
             && r.allowed
             && fits(r.gpus, r.mem_gib, req.gpus, req.min_mem_gib, self.max_oversize)
-            && blocked.binary_search(&i).is_err()
     }
 
-    /// Indices (ascending, once each) of the offerings `unavailable` marks unavailable at `now`;
-    /// entries for offerings not in the catalogue are left out. Worked out once per ranking: with
-    /// measured preemptions hundreds of offerings may be marked, and comparing each candidate's
-    /// key with each mark was three fifths of a replay's instructions (`callgrind`).
-    fn blocked(&self, offerings: &[Offering], unavailable: &[UnavailableOffering], now: f64) -> SmallVec<[usize; 16]> {
-        let mut out = SmallVec::new();
+    /// The offerings `unavailable` marks unavailable at `now`, as a set of the catalogue's
+    /// indices; entries for offerings not in the catalogue are left out. Worked out once per
+    /// ranking: with measured preemptions hundreds of offerings may be marked, and comparing each
+    /// candidate's key with each mark was three fifths of a replay's instructions (`callgrind`).
+    /// A bit set, not a sorted list: sorting the marks' indices was a twentieth.
+    pub(crate) fn blocked(&self, offerings: &[Offering], unavailable: &[UnavailableOffering], now: f64) -> Blocked {
+        let mut out = Blocked(SmallVec::new());
         if unavailable.iter().all(|u| u.until <= now) {
             return out;
         }
+        out.0.resize(self.rows.len().div_ceil(64), 0);
         let by_key = self.by_key(offerings);
-        out.extend(
-            unavailable
-                .iter()
-                .filter(|u| u.until > now)
-                .filter_map(|u| by_key.get(&u.key).copied()),
-        );
-        out.sort_unstable();
-        out.dedup();
+        for i in unavailable
+            .iter()
+            .filter(|u| u.until > now)
+            .filter_map(|u| by_key.get(&u.key).copied())
+        {
+            out.0[i / 64] |= 1 << (i % 64);
+        }
         out
+    }
+
+    /// The index of offering `key` in `offerings` (the table's catalogue), if it is there.
+    pub(crate) fn index_of(&self, offerings: &[Offering], key: &OfferingKey) -> Option<usize> {
+        self.by_key(offerings).get(key).copied()
     }
 
     /// Index of each offering of `offerings` (the table's catalogue) by key, built once.
@@ -344,10 +395,9 @@ impl PriceTable {
             .get_or_init(|| offerings.iter().enumerate().map(|(i, o)| (o.key.clone(), i)).collect())
     }
 
-    /// [`expected_cost_per_job`] of the offering at `i`, $.
+    /// [`expected_cost_per_job`] of an offering of row `r`, $.
     #[inline]
-    fn cost(&self, i: usize, runtime_s: f64, instances: u32) -> f64 {
-        let r = &self.rows[i];
+    fn cost(&self, r: &Row, runtime_s: f64, instances: u32) -> f64 {
         cost_of(r.usd_per_s, r.speed, r.loss, self.boot_s, runtime_s, instances)
     }
 
@@ -378,21 +428,26 @@ impl PriceTable {
         now: f64,
         k: usize,
     ) -> Vec<(&'a Offering, f64)> {
-        self.top_indices(offerings, req, unavailable, now, k)
+        self.top_in(offerings, req, &self.blocked(offerings, unavailable, now), k)
+    }
+
+    /// [`PriceTable::top`] with the offerings marked unavailable already looked up
+    /// ([`PriceTable::blocked`]).
+    pub(crate) fn top_in<'a>(
+        &self,
+        offerings: &'a [Offering],
+        req: &Request,
+        blocked: &Blocked,
+        k: usize,
+    ) -> Vec<(&'a Offering, f64)> {
+        self.top_indices(offerings, req, blocked, k)
             .into_iter()
             .map(|(i, c)| (&offerings[i], c))
             .collect()
     }
 
     /// [`top`] as (index into `offerings`, expected cost per job in $).
-    fn top_indices(
-        &self,
-        offerings: &[Offering],
-        req: &Request,
-        unavailable: &[UnavailableOffering],
-        now: f64,
-        k: usize,
-    ) -> Vec<(usize, f64)> {
+    fn top_indices(&self, offerings: &[Offering], req: &Request, blocked: &Blocked, k: usize) -> Vec<(usize, f64)> {
         debug_assert_eq!(offerings.len(), self.rows.len(), "PriceTable: another catalogue");
         let mut best: Vec<(usize, f64)> = Vec::with_capacity(k + 1);
         if k == 0 {
@@ -401,18 +456,27 @@ impl PriceTable {
         // Candidates come in index order within a GPU count only: order by (cost, index), as a
         // scan in index order that keeps the first of equal costs would.
         let before = |a: (usize, f64), b: &(usize, f64)| a.1 < b.1 || (a.1 == b.1 && a.0 < b.0);
-        let blocked = self.blocked(offerings, unavailable, now);
-        for i in self.candidates(req.gpus) {
-            if !self.eligible(i, req, &blocked) {
+        for g in self.candidates(req.gpus) {
+            if !self.eligible(&g.row, req) {
                 continue;
             }
-            let c = self.cost(i, req.runtime_s, req.instances);
-            if best.len() == k && !before((i, c), &best[k - 1]) {
+            let c = self.cost(&g.row, req.runtime_s, req.instances);
+            // Every member costs `c`: none comes before a full list's last at a higher cost.
+            if best.len() == k && c > best[k - 1].1 {
                 continue;
             }
-            let at = best.partition_point(|e| !before((i, c), e));
-            best.insert(at, (i, c));
-            best.truncate(k);
+            for &i in &g.members {
+                if blocked.contains(i) {
+                    continue;
+                }
+                if best.len() == k && !before((i, c), &best[k - 1]) {
+                    // Members ascend: the rest of the group comes after this one too.
+                    break;
+                }
+                let at = best.partition_point(|e| !before((i, c), e));
+                best.insert(at, (i, c));
+                best.truncate(k);
+            }
         }
         best
     }
@@ -425,12 +489,12 @@ impl PriceTable {
             ..*req
         };
         let (mut spot, mut od) = (f64::INFINITY, f64::INFINITY);
-        for i in self.candidates(req.gpus) {
-            if !self.eligible(i, &any, &[]) {
+        for g in self.candidates(req.gpus) {
+            if !self.eligible(&g.row, &any) {
                 continue;
             }
-            let c = self.cost(i, req.runtime_s, req.instances);
-            match self.rows[i].capacity_type {
+            let c = self.cost(&g.row, req.runtime_s, req.instances);
+            match g.row.capacity_type {
                 CapacityType::Spot => spot = spot.min(c),
                 CapacityType::OnDemand => od = od.min(c),
             }
@@ -510,10 +574,8 @@ impl RankMemo {
         if let Some((_, ranked)) = self.entries.iter().find(|(k, _)| *k == key) {
             return ranked.iter().map(|&(i, c)| (&offerings[i], c)).collect();
         }
-        let ranked = self
-            .table
-            .get_or_insert_with(|| PriceTable::new(offerings, cfg))
-            .top_indices(offerings, req, unavailable, now, k);
+        let table = self.table.get_or_insert_with(|| PriceTable::new(offerings, cfg));
+        let ranked = table.top_indices(offerings, req, &table.blocked(offerings, unavailable, now), k);
         if self.entries.len() >= Self::MAX_ENTRIES {
             self.entries.clear();
         }

@@ -3,7 +3,8 @@
 //! [`choice::expected_cost_per_job`], bit for bit, over random
 //! catalogues (1-8 GPUs, both capacity types, every interruption bucket, GPU models of several
 //! speeds, equal prices), configurations (price, interruption and type filters, oversize) and
-//! requests, with random offerings unavailable (and one the catalogue lacks).
+//! requests, with random offerings unavailable (and one the catalogue lacks), and each offering
+//! in one to three zones (the table prices equal offerings once).
 
 use onoff_policy::choice::{self, Request};
 use onoff_policy::{
@@ -31,12 +32,15 @@ const CAPACITY: [CapacityPreference; 3] = [
 /// equal costs are common).
 type RawOffering = (u32, usize, bool, usize, usize, u32);
 
-fn catalogue(raw: &[RawOffering]) -> Vec<Offering> {
+/// The offerings of `raw`, each in `zones` zones (its copies one after the other, equal but for
+/// the zone, as the simulator's catalogue has them).
+fn catalogue(raw: &[RawOffering], zones: usize) -> Vec<Offering> {
     raw.iter()
+        .flat_map(|r| std::iter::repeat_n(r, zones))
         .enumerate()
         .map(|(i, &(g, mem, spot, bucket, model, tenths))| Offering {
             key: OfferingKey {
-                instance_type: format!("t{}", i % 5),
+                instance_type: format!("t{}", (i / zones) % 5),
                 zone: format!("z{i}"),
                 capacity_type: if spot {
                     CapacityType::Spot
@@ -100,10 +104,11 @@ proptest! {
         raw in prop::collection::vec((0u32..4, 0usize..3, any::<bool>(), 0usize..6, 0usize..3, 1u32..30), 0..40),
         cfg in config(),
         req in request(),
-        gone in prop::collection::vec((0usize..40, 0.0f64..200.0), 0..6),
+        gone in prop::collection::vec((0usize..120, 0.0f64..200.0), 0..12),
         k in 0usize..6,
+        zones in 1usize..4,
     ) {
-        let offs = catalogue(&raw);
+        let offs = catalogue(&raw, zones);
         let now = 100.0;
         let mut unavailable: Vec<UnavailableOffering> = gone
             .iter()

@@ -102,6 +102,9 @@ pub(crate) fn scale_up<'a>(
 /// weighs boot against run time, so a long job may rank offerings differently from a short one.
 type RankKey = (u32, u64, u32, u8, i32);
 
+/// A per-decision cache of [`scale_up_lane`], keyed by small integers.
+type Cache<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
+
 /// The on-demand premium of a request, $: the best on-demand offering's expected cost per job less
 /// the best spot offering's, ignoring availability; `None` when either kind has no offering.
 ///
@@ -258,10 +261,13 @@ fn scale_up_lane<'a>(
     // Per-project FIFO queues (jobs are already most-urgent first).
     let mut queues = ProjectQueues::new(jobs);
     // Ranked offerings per request shape, computed once; likewise on-demand's premium over spot.
-    let mut ranked_cache: HashMap<RankKey, Vec<(&Offering, f64)>> = HashMap::new();
-    let mut premium_cache: HashMap<(u32, u64, u32, i32), Option<f64>> = HashMap::new();
+    // Looked up for every job of the backlog (three times), never iterated: foldhash, not the
+    // default SipHash, which was a twelfth of a replay's instructions with measured preemptions
+    // (`callgrind`, README "Replays with measured preemptions").
+    let mut ranked_cache: Cache<RankKey, Vec<(&Offering, f64)>> = Cache::default();
+    let mut premium_cache: Cache<(u32, u64, u32, i32), Option<f64>> = Cache::default();
     // The best expected cost per job of a request, availability ignored.
-    let mut best_cache: HashMap<RankKey, f64> = HashMap::new();
+    let mut best_cache: Cache<RankKey, f64> = Cache::default();
     // Jobs allocated per group (for aggregated launches), in allocation order.
     let mut groups: Vec<Group<'a>> = Vec::new();
     let mut held: BTreeMap<String, (u32, Reason)> = BTreeMap::new();
@@ -381,9 +387,12 @@ fn scale_up_lane<'a>(
             cap_code,
             runtime_bucket(runtime),
         );
-        let ranked = ranked_cache
-            .entry(key)
-            .or_insert_with(|| table.top(obs.offerings, &req, obs.unavailable, now, oc.diversify as usize));
+        let ranked = ranked_cache.entry(key).or_insert_with(|| {
+            let blocked = b
+                .blocked
+                .get_or_init(|| table.blocked(obs.offerings, obs.unavailable, now));
+            table.top_in(obs.offerings, &req, blocked, oc.diversify as usize)
+        });
         // Fallback types dearer than the job's wait is worth are not taken (a deadline at risk
         // takes what there is).
         let best = *best_cache
@@ -468,6 +477,7 @@ fn scale_up_lane<'a>(
                 &mut b.stopped[lane],
                 obs,
                 table,
+                &b.blocked,
                 now,
                 &starts,
                 instances,
@@ -528,6 +538,7 @@ fn scale_up_lane<'a>(
             &mut b.stopped[lane],
             obs,
             table,
+            &b.blocked,
             now,
             &starts,
             workers,
@@ -591,6 +602,7 @@ fn start_whole<'a>(
         &mut b.stopped[lane],
         obs,
         table,
+        &b.blocked,
         now,
         &for_,
         n,
@@ -641,6 +653,7 @@ pub(crate) fn push_starts(
     stopped: &mut super::fleet::Workers<'_>,
     obs: &Observation<'_>,
     table: &PriceTable,
+    blocked: &std::cell::OnceCell<crate::choice::Blocked>,
     now: f64,
     for_: &StartFor<'_>,
     n: u32,
@@ -670,7 +683,16 @@ pub(crate) fn push_starts(
         let cost = match priced.iter().find(|p| *p.0 == w.offering) {
             Some(p) => p.1,
             None => {
-                let available = !obs.unavailable.iter().any(|u| u.until > now && u.key == w.offering);
+                // An offering not in the catalogue has no restart cost: `None` below whatever its
+                // availability.
+                // The marks are looked up once per decision ([`Fleet::blocked`]): comparing each
+                // stopped worker's offering with each of hundreds of marks was a tenth of a
+                // replay's time with measured preemptions (`perf`).
+                let available = table.index_of(obs.offerings, &w.offering).is_some_and(|i| {
+                    !blocked
+                        .get_or_init(|| table.blocked(obs.offerings, obs.unavailable, now))
+                        .contains(i)
+                });
                 // Under a budget, the offering's price now (what a started instance bills) is
                 // held to the booked price too.
                 let within_budget = for_.max_price_usd_per_h.is_none_or(|m| {

@@ -288,6 +288,7 @@ fn shape_capacity(
             &mut fleet.stopped[lane],
             obs,
             table,
+            &fleet.blocked,
             now,
             &starts,
             n,
