@@ -193,6 +193,20 @@ async fn queue_with_dlq(c: &Clients, name: &str, max_receives: u32) -> (String, 
         .unwrap()
 }
 
+/// Launch one instance of offering `k` through `fleet` (lane `standard`, a fresh token); its id.
+async fn launch_one(fleet: &Ec2Fleet, k: OfferingKey) -> String {
+    let req = LaunchRequest {
+        lane: "standard".into(),
+        offerings: vec![k],
+        count: 1,
+        project: None,
+        job: None,
+        client_token: String::new(),
+    }
+    .with_token_for(&unique("decision"));
+    fleet.launch(&req).await.unwrap().launched[0].instance_id.clone()
+}
+
 fn key(ty: &str, zone: &str, cap: CapacityType) -> OfferingKey {
     OfferingKey {
         instance_type: ty.into(),
@@ -2413,23 +2427,10 @@ async fn a_one_time_spot_instance_is_refused_a_stop_as_ec2_refuses_it() {
     // instant fleet's), and the emulator's clients hold that (`onoff_aws::limits::OneTimeSpotStops`).
     let c = clients().await;
     let fleet = own_fleet(&c).await;
-    let launch = |f: &Ec2Fleet, k: OfferingKey| {
-        let req = LaunchRequest {
-            lane: "standard".into(),
-            offerings: vec![k],
-            count: 1,
-            project: None,
-            job: None,
-            client_token: String::new(),
-        }
-        .with_token_for(&unique("decision"));
-        let f = f.clone();
-        async move { f.launch(&req).await.unwrap().launched[0].instance_id.clone() }
-    };
-    let one_time = launch(&fleet, key("g5.xlarge", "us-east-1a", CapacityType::Spot)).await;
-    let od = launch(&fleet, key("g5.xlarge", "us-east-1a", CapacityType::OnDemand)).await;
+    let one_time = launch_one(&fleet, key("g5.xlarge", "us-east-1a", CapacityType::Spot)).await;
+    let od = launch_one(&fleet, key("g5.xlarge", "us-east-1a", CapacityType::OnDemand)).await;
     let stoppable = fleet.clone().with_stoppable_spot(true, None);
-    let persistent = launch(&stoppable, key("g5.xlarge", "us-east-1b", CapacityType::Spot)).await;
+    let persistent = launch_one(&stoppable, key("g5.xlarge", "us-east-1b", CapacityType::Spot)).await;
     let refused = fleet
         .stop(&[one_time.clone(), od.clone(), persistent.clone()])
         .await
@@ -2465,21 +2466,8 @@ async fn a_terminated_instance_is_refused_a_stop_and_a_start_and_stays_terminate
     // caller then terminates the row), not done (a row stopped for an instance that is gone).
     let c = clients().await;
     let fleet = own_fleet(&c).await.with_stoppable_spot(true, None);
-    let launch = |k: OfferingKey| {
-        let req = LaunchRequest {
-            lane: "standard".into(),
-            offerings: vec![k],
-            count: 1,
-            project: None,
-            job: None,
-            client_token: String::new(),
-        }
-        .with_token_for(&unique("decision"));
-        let f = fleet.clone();
-        async move { f.launch(&req).await.unwrap().launched[0].instance_id.clone() }
-    };
-    let gone = launch(key("g5.xlarge", "us-east-1a", CapacityType::OnDemand)).await;
-    let kept = launch(key("g5.xlarge", "us-east-1b", CapacityType::Spot)).await;
+    let gone = launch_one(&fleet, key("g5.xlarge", "us-east-1a", CapacityType::OnDemand)).await;
+    let kept = launch_one(&fleet, key("g5.xlarge", "us-east-1b", CapacityType::Spot)).await;
     fleet.terminate(std::slice::from_ref(&gone)).await.unwrap();
     let refused = fleet.stop(&[gone.clone(), kept.clone()]).await.unwrap();
     assert_eq!(refused.len(), 1, "{refused:?}");
@@ -2524,16 +2512,7 @@ async fn an_instance_still_stopping_is_refused_a_start_as_ec2_refuses_it() {
     // (`onoff_aws::limits::StoppingInstances`).
     let c = clients().await;
     let fleet = own_fleet(&c).await.with_stoppable_spot(true, None);
-    let req = LaunchRequest {
-        lane: "standard".into(),
-        offerings: vec![key("g5.xlarge", "us-east-1a", CapacityType::Spot)],
-        count: 1,
-        project: None,
-        job: None,
-        client_token: String::new(),
-    }
-    .with_token_for(&unique("decision"));
-    let id = fleet.launch(&req).await.unwrap().launched[0].instance_id.clone();
+    let id = launch_one(&fleet, key("g5.xlarge", "us-east-1a", CapacityType::Spot)).await;
     assert!(fleet.stop(std::slice::from_ref(&id)).await.unwrap().is_empty());
     let refused = fleet.start(std::slice::from_ref(&id)).await.unwrap();
     assert_eq!(refused.len(), 1, "{refused:?}");
