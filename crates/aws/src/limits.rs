@@ -493,8 +493,17 @@ fn terminated() -> &'static std::sync::Mutex<std::collections::HashSet<String>> 
     SET.get_or_init(Default::default)
 }
 
+/// Record `ids` as terminated for [`TerminatedInstances`]: for a caller that sees instances end
+/// by other means than this process's clients (`onoff local`, whose workers' agents terminate
+/// their own instances from their own processes, records each instance its listing no longer
+/// shows, within a listing period, 250 ms).
+pub fn record_terminated(ids: impl IntoIterator<Item = String>) {
+    terminated().lock().expect("terminated set").extend(ids);
+}
+
 /// Refuses StopInstances and StartInstances on an instance terminated (or shutting down) as EC2
-/// does (module docs): one terminated through this process's clients. moto stops or starts it
+/// does (module docs): one terminated through this process's clients, or recorded with
+/// [`record_terminated`]. moto stops or starts it
 /// again, bringing it back. Add it to an EC2 client against an emulator
 /// (`.interceptor(TerminatedInstances)`).
 #[derive(Debug, Clone, Copy, Default)]

@@ -992,7 +992,10 @@ async fn run_with(
                         continue;
                     }
                     if !present_ids.contains(id) {
-                        // Terminated in the emulator: the machine is gone, and EC2 says so.
+                        // Terminated in the emulator: the machine is gone, and EC2 says so. Its
+                        // agent may have ended it, from its own process: from now on a stop or
+                        // start of it is refused as EC2 refuses it (moto would bring it back).
+                        onoff_aws::limits::record_terminated([id.clone()]);
                         inst.kill();
                         inst.ended_at = Some(now);
                         events.push_back(ec2_event(STATE_CHANGE, id, &[("state", "terminated")], event_n));
