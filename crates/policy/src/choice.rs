@@ -414,7 +414,13 @@ impl PriceTable {
         runtime_s: f64,
         cfg: &OfferConfig,
     ) -> Option<f64> {
-        let r = &self.rows[*self.by_key(offerings).get(key)?];
+        self.restart_cost_at(self.index_of(offerings, key)?, runtime_s, cfg)
+    }
+
+    /// [`PriceTable::restart_cost`] of the offering at index `i` of the catalogue
+    /// ([`PriceTable::index_of`]).
+    pub(crate) fn restart_cost_at(&self, i: usize, runtime_s: f64, cfg: &OfferConfig) -> Option<f64> {
+        let r = &self.rows[i];
         r.allowed
             .then(|| cost_of(r.usd_per_s, r.speed, r.loss, cfg.restart_estimate_s, runtime_s, 1))
     }

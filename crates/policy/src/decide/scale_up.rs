@@ -683,12 +683,12 @@ pub(crate) fn push_starts(
         let cost = match priced.iter().find(|p| *p.0 == w.offering) {
             Some(p) => p.1,
             None => {
-                // An offering not in the catalogue has no restart cost: `None` below whatever its
-                // availability.
-                // The marks are looked up once per decision ([`Fleet::blocked`]): comparing each
-                // stopped worker's offering with each of hundreds of marks was a tenth of a
-                // replay's time with measured preemptions (`perf`).
-                let available = table.index_of(obs.offerings, &w.offering).is_some_and(|i| {
+                // An offering not in the catalogue has no restart cost. The marks are looked up
+                // once per decision ([`Fleet::blocked`]): comparing each stopped worker's
+                // offering with each of hundreds of marks was a tenth of a replay's time with
+                // measured preemptions (`perf`).
+                let at = table.index_of(obs.offerings, &w.offering);
+                let available = at.is_some_and(|i| {
                     !blocked
                         .get_or_init(|| table.blocked(obs.offerings, obs.unavailable, now))
                         .contains(i)
@@ -701,8 +701,8 @@ pub(crate) fn push_starts(
                         .find(|o| o.key == w.offering)
                         .is_some_and(|o| o.price_usd_per_h <= m * (1.0 + 1e-9))
                 });
-                let cost = table
-                    .restart_cost(obs.offerings, &w.offering, req.runtime_s, oc)
+                let cost = at
+                    .and_then(|i| table.restart_cost_at(i, req.runtime_s, oc))
                     .filter(|_| available && within_budget)
                     .map(|c| c - saved_usd)
                     .filter(|c| *c <= max_cost_usd * (1.0 + 1e-9));
