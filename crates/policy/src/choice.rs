@@ -365,7 +365,8 @@ impl PriceTable {
 
     /// The offerings `unavailable` marks unavailable at `now`, as a set of the catalogue's
     /// indices; entries for offerings not in the catalogue are left out. Worked out once per
-    /// ranking: with measured preemptions hundreds of offerings may be marked, and comparing each
+    /// ranking ([`PriceTable::top`]) or decision (`decide` shares one among its rankings and
+    /// starts): with measured preemptions hundreds of offerings may be marked, and comparing each
     /// candidate's key with each mark was three fifths of a replay's instructions (`callgrind`).
     /// A bit set, not a sorted list: sorting the marks' indices was a twentieth.
     pub(crate) fn blocked(&self, offerings: &[Offering], unavailable: &[UnavailableOffering], now: f64) -> Blocked {
