@@ -695,12 +695,9 @@ pub(crate) fn push_starts(
                 });
                 // Under a budget, the offering's price now (what a started instance bills) is
                 // held to the booked price too.
-                let within_budget = for_.max_price_usd_per_h.is_none_or(|m| {
-                    obs.offerings
-                        .iter()
-                        .find(|o| o.key == w.offering)
-                        .is_some_and(|o| o.price_usd_per_h <= m * (1.0 + 1e-9))
-                });
+                let within_budget = for_
+                    .max_price_usd_per_h
+                    .is_none_or(|m| at.is_some_and(|i| obs.offerings[i].price_usd_per_h <= m * (1.0 + 1e-9)));
                 let cost = at
                     .and_then(|i| table.restart_cost_at(i, req.runtime_s, oc))
                     .filter(|_| available && within_budget)
