@@ -422,16 +422,31 @@ impl Ec2Fleet {
     }
 
     /// The state of instance `id` as EC2 names it (`pending`, `running`, `stopping`, `stopped`,
-    /// `shutting-down`, `terminated`); `None` when EC2 does not list it or the call fails.
-    async fn state_of(&self, id: &str) -> Option<String> {
-        let out = self.client.describe_instances().instance_ids(id).send().await.ok()?;
-        out.reservations()
+    /// `shutting-down`, `terminated`); `Ok(None)` when EC2 does not list it (not-found included:
+    /// EC2 forgets a terminated instance after about an hour).
+    ///
+    /// # Errors
+    /// The DescribeInstances call's failures other than not-found, classified.
+    async fn state_of(&self, id: &str) -> Result<Option<String>, FleetError> {
+        let out = match self.client.describe_instances().instance_ids(id).send().await {
+            Ok(out) => out,
+            Err(e) => {
+                let err = fleet_error(&e);
+                return if err.kind == FleetErrorKind::NotFound {
+                    Ok(None)
+                } else {
+                    Err(err)
+                };
+            }
+        };
+        Ok(out
+            .reservations()
             .iter()
             .flat_map(|r| r.instances())
             .find(|i| i.instance_id() == Some(id))
             .and_then(|i| i.state())
             .and_then(|s| s.name())
-            .map(|n| n.as_str().to_string())
+            .map(|n| n.as_str().to_string()))
     }
 
     /// Terminate `ids`, [`crate::limits::MAX_TERMINATE_IDS`] per call (EC2 refuses a longer
@@ -494,6 +509,7 @@ fn live_states() -> aws_sdk_ec2::types::Filter {
 /// The EC2 error code StopInstances answers for an instance in a state it cannot stop from:
 /// shutting down or terminated (an agent that shut its instance down at its idle timeout, as the
 /// scaler stopped it), or still pending. A stop of a stopping or stopped instance succeeds.
+/// StartInstances answers it for an instance still stopping, shutting down or terminated.
 const INCORRECT_STATE: &str = "IncorrectInstanceState";
 
 /// For emulators only: what EC2 does and moto 5.2.5 does not. EC2 tags every instance launched
@@ -757,7 +773,7 @@ impl Fleet for Ec2Fleet {
                 // Refused for its state: done only if it is stopping or stopped after all (looked
                 // up: the code alone does not say); else it is gone or going, and refused.
                 if err.message.starts_with(INCORRECT_STATE)
-                    && matches!(self.state_of(id).await.as_deref(), Some("stopping" | "stopped"))
+                    && matches!(self.state_of(id).await, Ok(Some(s)) if s == "stopping" || s == "stopped")
                 {
                     continue;
                 }
@@ -770,13 +786,30 @@ impl Fleet for Ec2Fleet {
     /// One StartInstances per instance, so that one without capacity (`InsufficientInstanceCapacity`:
     /// its type has none in its zone now; it stays stopped) does not hold the others back. An
     /// instance already pending or running is done (EC2 answers a start of one with its state).
+    /// One refused for its state (`IncorrectInstanceState`) is looked up: shutting down,
+    /// terminated or no longer listed, it is refused as [`FleetErrorKind::NotFound`] (gone: the
+    /// caller retires its row); still stopping, it keeps the error as EC2 classed it (it stays a
+    /// stopped worker). If the lookup fails, EC2's error is kept as it was.
     async fn start(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
         let mut refused = Vec::new();
         for (i, id) in instance_ids.iter().enumerate() {
             if let Err(e) = self.client.start_instances().instance_ids(id).send().await {
-                let err = fleet_error(&e);
+                let mut err = fleet_error(&e);
                 if err.kind == FleetErrorKind::Throttled {
                     return throttled_from(instance_ids, i, refused, err);
+                }
+                if err.message.starts_with(INCORRECT_STATE) {
+                    match self.state_of(id).await {
+                        Ok(None) => {
+                            err.kind = FleetErrorKind::NotFound;
+                            err.message.push_str(" (the instance is no longer listed)");
+                        }
+                        Ok(Some(state)) if matches!(state.as_str(), "shutting-down" | "terminated") => {
+                            err.kind = FleetErrorKind::NotFound;
+                            err.message.push_str(&format!(" (the instance is {state})"));
+                        }
+                        _ => {}
+                    }
                 }
                 refused.push((id.clone(), err));
             }

@@ -2478,10 +2478,18 @@ async fn a_terminated_instance_is_refused_a_stop_and_a_start_and_stays_terminate
         )),
         "{refused:?}"
     );
+    // Its start is refused too, and reported gone (looked up: terminated), so the caller retires
+    // its row instead of keeping it as a stopped worker.
     let refused = fleet.start(std::slice::from_ref(&gone)).await.unwrap();
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert!(
-        refused[0].1.message.starts_with("IncorrectInstanceState"),
+        refused[0].1.message.starts_with("IncorrectInstanceState")
+            && refused[0].1.message.ends_with("(the instance is terminated)"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused[0].1.kind,
+        onoff_control::ports::FleetErrorKind::NotFound,
         "{refused:?}"
     );
     let state = c

@@ -205,7 +205,18 @@ where
         }
     }
     // Stopped workers started first: a start that fails becomes a launch of its own.
-    groups.extend(start_stopped(plan, ctx, table, fleet, registry, avail, &mut unavailable, &mut out).await);
+    groups.extend(
+        start_stopped(
+            plan,
+            ctx,
+            table,
+            (fleet, registry, avail),
+            &mut unavailable,
+            &mut to_terminate,
+            &mut out,
+        )
+        .await,
+    );
     // The decision's id for the launches' idempotency tokens: now in whole milliseconds, so a
     // retry of the same decision (same time, same plan) sends the same tokens. A launch's id is
     // `decision/group/attempt`, hashed from its parts (`with_token_for_parts`).
@@ -539,16 +550,17 @@ fn next_offerings(
 /// project and pinned job, one conditional write), then one start call. A worker that does not
 /// start (no capacity for its type in its zone: its offering is marked unavailable; any other
 /// error; a row no longer Stopped) goes back to Stopped, and its capacity is launched instead:
-/// returned as launch groups of one instance each, from the next best offerings.
-#[allow(clippy::too_many_arguments)]
+/// returned as launch groups of one instance each, from the next best offerings. One whose
+/// instance is gone ([`FleetErrorKind::NotFound`]: terminated, or shutting down) is also added to
+/// `to_terminate`, so its row is retired in this run instead of being offered to the next
+/// decision as a stopped worker.
 async fn start_stopped<'p, 't, F, R, A>(
     plan: &'p Plan,
     ctx: ActContext<'_>,
     table: impl Fn() -> &'t choice::PriceTable,
-    fleet: &F,
-    registry: &R,
-    avail: &A,
+    (fleet, registry, avail): (&F, &R, &A),
     unavailable: &mut Cow<'_, [UnavailableOffering]>,
+    to_terminate: &mut Vec<String>,
     out: &mut ActOutcome,
 ) -> Vec<LaunchGroup<'p>>
 where
@@ -613,6 +625,10 @@ where
                     until,
                 });
                 out.capacity_errors.push(offering.clone());
+            } else if e.kind == FleetErrorKind::NotFound {
+                out.errors
+                    .push(format!("start {worker}: {e} (terminated, launching instead)"));
+                to_terminate.push(worker.clone());
             } else {
                 out.errors.push(format!("start {worker}: {e} (launching instead)"));
             }

@@ -258,8 +258,9 @@ pub trait Fleet {
 
     /// Start stopped instances again (EC2: StartInstances). Returns the instances that did not
     /// start, each with its error ([`FleetErrorKind::InsufficientCapacity`] when their type has
-    /// no capacity in their zone now: they stay stopped). Idempotent: an instance already
-    /// pending or running is not an error.
+    /// no capacity in their zone now: they stay stopped; [`FleetErrorKind::NotFound`] when the
+    /// instance is gone, terminated or shutting down: the caller retires it). Idempotent: an
+    /// instance already pending or running is not an error.
     ///
     /// # Errors
     /// Provider failures of the call as a whole (throttling after retries) before any instance

@@ -1022,6 +1022,58 @@ fn a_stop_the_provider_refuses_terminates_the_worker_and_one_racing_a_claim_is_l
 }
 
 #[test]
+fn a_start_of_a_stopped_worker_whose_instance_is_gone_retires_the_row_and_launches_instead() {
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    let cfg = PolicyConfig::default();
+    let offs = offerings();
+    let ids = idle_and_booting(&fleet, &reg, &avail, &cfg);
+    pollster::block_on(act(
+        &stop_plan(&ids[0], 3600.0),
+        at(&cfg, &offs, 100.0),
+        &fleet,
+        &reg,
+        &avail,
+    ));
+    assert_eq!(reg.records()[&ids[0]].state, WorkerState::Stopped);
+    // Ended while stopped, by someone else than this decision (EC2 then refuses a start:
+    // `IncorrectInstanceState`, which the adapter reports as not-found once it sees it gone).
+    pollster::block_on(onoff_control::ports::Fleet::terminate(
+        &fleet,
+        std::slice::from_ref(&ids[0]),
+    ))
+    .unwrap();
+    let before = fleet.calls().len();
+    let out = pollster::block_on(act(
+        &start_plan(&ids[0], key("a.1", "z1"), Some("j-1")),
+        at(&cfg, &offs, 500.0),
+        &fleet,
+        &reg,
+        &avail,
+    ));
+    assert!(out.started.is_empty());
+    // Retired now, not left Stopped for the next decision to start again.
+    assert_eq!(reg.records()[&ids[0]].state, WorkerState::Terminating);
+    assert_eq!(out.terminated, vec![ids[0].clone()]);
+    assert!(
+        fleet.calls()[before..]
+            .iter()
+            .any(|c| matches!(c, FleetCall::Terminate(t) if t == &vec![ids[0].clone()])),
+        "{:?}",
+        fleet.calls()
+    );
+    // Not a capacity error: its offering stays available, and the job's capacity is launched there.
+    assert!(out.capacity_errors.is_empty() && avail.marked().is_empty(), "{out:?}");
+    assert_eq!(out.launched.len(), 1, "{out:?}");
+    assert_eq!(out.launched[0].launched.offering, key("a.1", "z1"));
+    assert_eq!(out.errors.len(), 1, "the refusal is named: {:?}", out.errors);
+    assert!(
+        out.errors[0].contains("terminated, launching instead"),
+        "{:?}",
+        out.errors
+    );
+}
+
+#[test]
 fn a_start_without_capacity_leaves_the_worker_stopped_marks_its_offering_and_launches_instead() {
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
     let cfg = PolicyConfig::default();

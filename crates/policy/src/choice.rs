@@ -243,7 +243,7 @@ type ByKey = std::collections::HashMap<OfferingKey, usize, foldhash::fast::Fixed
 #[derive(Debug)]
 pub struct PriceTable {
     rows: Vec<Row>,
-    /// Index of each offering by key, built at the first [`PriceTable::restart_cost`] (a
+    /// Index of each offering by key, built at the first [`PriceTable::index_of`] (a
     /// stopped worker's offering) or ranking with offerings unavailable. foldhash, not the
     /// default SipHash: with measured preemptions each ranking looks up every offering marked
     /// unavailable, and SipHash was a seventh of a replay's instructions (`callgrind`).
@@ -403,23 +403,11 @@ impl PriceTable {
         cost_of(r.usd_per_s, r.speed, r.loss, self.boot_s, runtime_s, instances)
     }
 
-    /// The expected cost per job of `runtime_s` on a stopped worker of offering `key`, started
-    /// again: [`expected_cost_per_job`] with `offers.restart_estimate_s` in place of the cold
-    /// start, $ per instance. `None` for an offering not in the catalogue, or one the configured
-    /// filters (allowed types, price and interruption caps) now exclude.
-    /// `offerings` is the catalogue the table was built from.
-    pub fn restart_cost(
-        &self,
-        offerings: &[Offering],
-        key: &OfferingKey,
-        runtime_s: f64,
-        cfg: &OfferConfig,
-    ) -> Option<f64> {
-        self.restart_cost_at(self.index_of(offerings, key)?, runtime_s, cfg)
-    }
-
-    /// [`PriceTable::restart_cost`] of the offering at index `i` of the catalogue
-    /// ([`PriceTable::index_of`]).
+    /// The expected cost per job of `runtime_s` on a stopped worker of the offering at index `i`
+    /// of the catalogue the table was built from ([`PriceTable::index_of`]), started again:
+    /// [`expected_cost_per_job`] with `offers.restart_estimate_s` in place of the cold start, $
+    /// per instance. `None` for an offering the configured filters (allowed types, price and
+    /// interruption caps) now exclude.
     pub(crate) fn restart_cost_at(&self, i: usize, runtime_s: f64, cfg: &OfferConfig) -> Option<f64> {
         let r = &self.rows[i];
         r.allowed

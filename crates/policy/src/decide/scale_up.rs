@@ -643,7 +643,7 @@ pub(crate) struct StartFor<'r> {
 /// it) for `for_.req` instead of launching, the cheapest per job first; returns how many were
 /// started. A stopped worker is started when it fits the request (GPUs, memory, capacity type),
 /// its offering is available and still allowed, and its expected cost per job started
-/// ([`PriceTable::restart_cost`]), less the wait a start saves over a cold start
+/// ([`PriceTable::restart_cost_at`]), less the wait a start saves over a cold start
 /// (`wait value x (boot - restart) / 3600`), is at most `max_cost_usd` (per instance: the launch's
 /// cost ceiling, infinite for none), and, under a $/h budget, neither its row's price nor its
 /// offering's price now is above the launch the budget booked (`StartFor::max_price_usd_per_h`).
