@@ -378,8 +378,9 @@ impl Ec2Fleet {
     /// Cancel the persistent spot requests of `ids` (those that have one): a persistent request
     /// whose instance is terminated opens again and launches another ("To ensure that no new
     /// Spot Instance is launched, you must first cancel the Spot request", EC2 User Guide,
-    /// "Terminate a Spot Instance"). Cancelling leaves the instances as they are. Not-found ids
-    /// are skipped.
+    /// "Terminate a Spot Instance"). Cancelling leaves the instances as they are. Not-found
+    /// requests are skipped, and the others of their batch still cancelled ([`without_gone`]:
+    /// before, one unknown request left its whole batch open, each to launch again).
     async fn cancel_spot_requests(&self, ids: &[String]) -> Result<(), FleetError> {
         let mut requests: Vec<String> = Vec::new();
         for batch in ids.chunks(crate::limits::MAX_TERMINATE_IDS) {
@@ -405,18 +406,16 @@ impl Ec2Fleet {
             }
         }
         for batch in requests.chunks(crate::limits::MAX_TERMINATE_IDS) {
-            if let Err(e) = self
-                .client
-                .cancel_spot_instance_requests()
-                .set_spot_instance_request_ids(Some(batch.to_vec()))
-                .send()
-                .await
-            {
-                let err = fleet_error(&e);
-                if err.kind != FleetErrorKind::NotFound {
-                    return Err(err);
-                }
-            }
+            without_gone(batch, "sir-", |ids| async move {
+                self.client
+                    .cancel_spot_instance_requests()
+                    .set_spot_instance_request_ids(Some(ids))
+                    .send()
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| fleet_error(&e))
+            })
+            .await?;
         }
         Ok(())
     }
@@ -462,36 +461,72 @@ impl Ec2Fleet {
         Ok(())
     }
 
+    /// One TerminateInstances for `ids` ([`without_gone`]: EC2 refuses the call whole when an
+    /// id does not exist, gone an hour or more after it terminated, and the rest go again). An
+    /// instance EC2 launched moments ago may answer not-found as well (eventual consistency) and
+    /// still run: its row is Terminating, and the reconciler's orphan pass terminates it again.
     async fn terminate_batch(&self, ids: &[String]) -> Result<(), FleetError> {
-        match self
-            .client
-            .terminate_instances()
-            .set_instance_ids(Some(ids.to_vec()))
-            .send()
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let err = fleet_error(&e);
-                if err.kind != FleetErrorKind::NotFound {
-                    return Err(err);
+        without_gone(ids, "i-", |ids| async move {
+            self.client
+                .terminate_instances()
+                .set_instance_ids(Some(ids))
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| fleet_error(&e))
+        })
+        .await
+    }
+}
+
+/// `call` for `ids`, an idempotent EC2 action that refuses a call whole when one of its ids does
+/// not exist (not-found, naming the ids it did not find: "The instance IDs 'i-1, i-2' do not
+/// exist", EC2's wording; moto 5.2.5 answers the same). Those are done, and the call goes again
+/// without them: a batch with gone ids takes two calls, not one per id (which EC2's request rate
+/// would throttle at hundreds). An answer that names none of the batch's ids (`prefix` and hex
+/// digits: `i-`, `sir-`) goes one by one, not-found counting as done.
+///
+/// # Errors
+/// The call's errors other than not-found.
+async fn without_gone<F, Fut>(ids: &[String], prefix: &str, call: F) -> Result<(), FleetError>
+where
+    F: Fn(Vec<String>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), FleetError>>,
+{
+    let mut left: Vec<String> = ids.to_vec();
+    // Each round drops at least one id, or goes one by one: at most `ids.len()` rounds.
+    while !left.is_empty() {
+        let err = match call(left.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(err) if err.kind == FleetErrorKind::NotFound => err,
+            Err(err) => return Err(err),
+        };
+        let before = left.len();
+        let named = named_ids(&err.message, prefix);
+        left.retain(|id| !named.contains(&id.as_str()));
+        if left.len() == before {
+            for id in left {
+                match call(vec![id]).await {
+                    Ok(()) => {}
+                    Err(err) if err.kind == FleetErrorKind::NotFound => {}
+                    Err(err) => return Err(err),
                 }
-                // One id of the batch is gone: the call failed as a whole, so go one by one and
-                // treat not-found as done (terminate is idempotent). An instance EC2 launched
-                // moments ago may answer not-found as well (eventual consistency) and still run:
-                // its row is Terminating, and the reconciler's orphan pass terminates it again.
-                for id in ids {
-                    if let Err(e) = self.client.terminate_instances().instance_ids(id).send().await {
-                        let err = fleet_error(&e);
-                        if err.kind != FleetErrorKind::NotFound {
-                            return Err(err);
-                        }
-                    }
-                }
-                Ok(())
             }
+            return Ok(());
         }
     }
+    Ok(())
+}
+
+/// The ids (`prefix` and hex digits) an EC2 error message names, in order.
+fn named_ids<'m>(message: &'m str, prefix: &str) -> Vec<&'m str> {
+    message
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|w| {
+            w.strip_prefix(prefix)
+                .is_some_and(|hex| !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+        })
+        .collect()
 }
 
 /// DescribeInstances filter for instances that may still bill: pending or running, and stopping
@@ -873,5 +908,38 @@ pub fn offering_of(i: &ManagedInstance) -> OfferingKey {
         instance_type: i.instance_type.clone(),
         zone: i.zone.clone(),
         capacity_type: i.capacity_type,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ids_a_not_found_error_names_are_read_in_both_wordings() {
+        assert_eq!(
+            named_ids(
+                "InvalidInstanceID.NotFound: The instance IDs 'i-0f5d8ccc56c69fae4, i-0eecca434287a1a33' do not exist",
+                "i-"
+            ),
+            ["i-0f5d8ccc56c69fae4", "i-0eecca434287a1a33"]
+        );
+        assert_eq!(
+            named_ids(
+                "InvalidInstanceID.NotFound: The instance ID 'i-02a1ecf35d5cae548' does not exist",
+                "i-"
+            ),
+            ["i-02a1ecf35d5cae548"]
+        );
+        assert_eq!(
+            named_ids(
+                "InvalidSpotInstanceRequestID.NotFound: The spot instance request ID 'sir-8f2a3b4c' does not exist",
+                "sir-"
+            ),
+            ["sir-8f2a3b4c"]
+        );
+        // Words that look like ids but are not, or ids of another kind: nothing.
+        assert!(named_ids("InvalidInstanceID.NotFound: i- is-not i-xyz instances", "i-").is_empty());
+        assert!(named_ids("The instance ID 'i-02a1' does not exist", "sir-").is_empty());
     }
 }

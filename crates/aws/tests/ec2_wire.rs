@@ -296,3 +296,102 @@ async fn a_stop_throttled_midway_reports_the_instances_it_stopped() {
         ("i-2", FleetErrorKind::Throttled)
     );
 }
+
+/// TerminateInstances' answer for `ids` (EC2 API Reference, TerminateInstances).
+fn terminated(ids: &[&str]) -> String {
+    let items: String = ids
+        .iter()
+        .map(|id| {
+            format!(
+                "<item><instanceId>{id}</instanceId><currentState><code>32</code><name>shutting-down</name></currentState><previousState><code>16</code><name>running</name></previousState></item>"
+            )
+        })
+        .collect();
+    format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<TerminateInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000013</requestId><instancesSet>{items}</instancesSet></TerminateInstancesResponse>"#
+    )
+}
+
+/// EC2's answer to a call naming instances that do not exist (HTTP 400,
+/// `InvalidInstanceID.NotFound`), with `message` as EC2 words it.
+fn instance_not_found(message: &str) -> String {
+    format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<Response><Errors><Error><Code>InvalidInstanceID.NotFound</Code><Message>{message}</Message></Error></Errors><RequestID>7a3ba8b4-0000-0000-0000-000000000014</RequestID></Response>"#
+    )
+}
+
+#[tokio::test]
+async fn a_terminate_naming_gone_instances_goes_again_without_the_ids_ec2_named() {
+    let ids: Vec<String> = ["i-1", "i-2", "i-3", "i-4"].iter().map(|s| s.to_string()).collect();
+    // EC2 refuses the call whole and names the two it does not know: the call goes again with
+    // the other two, and that is all (before: one call per instance).
+    let (url, seen) = ec2_answering_in_turn(vec![
+        (400, instance_not_found("The instance IDs 'i-2, i-3' do not exist")),
+        (200, terminated(&["i-1", "i-4"])),
+    ])
+    .await;
+    fleet_no_retries(&url).terminate(&ids).await.expect("done");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(
+        seen[1].contains("InstanceId.1=i-1")
+            && seen[1].contains("InstanceId.2=i-4")
+            && !seen[1].contains("InstanceId.3"),
+        "{seen:?}"
+    );
+    // An answer that names none of the batch: one call per instance, not-found counting as done.
+    let (url, seen) = ec2_answering(400, instance_not_found("The instance ID 'i-9' does not exist")).await;
+    fleet_no_retries(&url).terminate(&ids).await.expect("done");
+    assert_eq!(seen.lock().unwrap().len(), 1 + ids.len());
+    // Any other refusal is the call's error.
+    let (url, _) = ec2_answering(503, THROTTLED.to_string()).await;
+    let e = fleet_no_retries(&url).terminate(&ids).await.expect_err("throttled");
+    assert_eq!(e.kind, FleetErrorKind::Throttled, "{e:?}");
+}
+
+#[tokio::test]
+async fn a_cancel_naming_a_gone_spot_request_still_cancels_the_others_of_its_batch() {
+    // A stoppable spot fleet cancels its instances' persistent requests before terminating them.
+    // EC2 refuses a cancel whole for a request it does not know: the others must still be
+    // cancelled, or each launches again once its instance is gone.
+    let described = r#"<?xml version="1.0" encoding="UTF-8"?>
+<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000015</requestId><reservationSet><item><reservationId>r-1</reservationId><ownerId>123456789012</ownerId><instancesSet><item><instanceId>i-1</instanceId><spotInstanceRequestId>sir-0a1</spotInstanceRequestId><instanceState><code>16</code><name>running</name></instanceState></item><item><instanceId>i-2</instanceId><spotInstanceRequestId>sir-0a2</spotInstanceRequestId><instanceState><code>16</code><name>running</name></instanceState></item></instancesSet></item></reservationSet></DescribeInstancesResponse>"#;
+    let cancelled = r#"<?xml version="1.0" encoding="UTF-8"?>
+<CancelSpotInstanceRequestsResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000016</requestId><spotInstanceRequestSet><item><spotInstanceRequestId>sir-0a2</spotInstanceRequestId><state>cancelled</state></item></spotInstanceRequestSet></CancelSpotInstanceRequestsResponse>"#;
+    let gone = r#"<?xml version="1.0" encoding="UTF-8"?>
+<Response><Errors><Error><Code>InvalidSpotInstanceRequestID.NotFound</Code><Message>The spot instance request ID 'sir-0a1' does not exist</Message></Error></Errors><RequestID>7a3ba8b4-0000-0000-0000-000000000017</RequestID></Response>"#;
+    let (url, seen) = ec2_answering_in_turn(vec![
+        (200, described.to_string()),
+        (400, gone.to_string()),
+        (200, cancelled.to_string()),
+        (200, terminated(&["i-1", "i-2"])),
+    ])
+    .await;
+    let ids: Vec<String> = ["i-1", "i-2"].iter().map(|s| s.to_string()).collect();
+    fleet_no_retries(&url)
+        .with_stoppable_spot(true, None)
+        .terminate(&ids)
+        .await
+        .expect("done");
+    let seen = seen.lock().unwrap().clone();
+    let actions: Vec<&str> = seen
+        .iter()
+        .map(|b| b.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or(""))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            "DescribeInstances",
+            "CancelSpotInstanceRequests",
+            "CancelSpotInstanceRequests",
+            "TerminateInstances"
+        ],
+        "{seen:?}"
+    );
+    assert!(
+        seen[2].contains("SpotInstanceRequestId.1=sir-0a2") && !seen[2].contains("sir-0a1"),
+        "{seen:?}"
+    );
+}
