@@ -792,12 +792,33 @@ impl Fleet for Ec2Fleet {
         self.terminate_ids(instance_ids).await
     }
 
-    /// One StopInstances per instance: EC2 refuses a call whole for one instance it will not stop
-    /// (a spot instance of a one-time request: `UnsupportedOperation`), and the others must still
-    /// stop. A stopping or stopped instance is done; the rest are refused with their error
+    /// One StopInstances for all the instances; if EC2 refuses it (a call is refused whole for
+    /// one instance it will not stop: a spot instance of a one-time request,
+    /// `UnsupportedOperation`; one shutting down), one StopInstances per instance, so the others
+    /// still stop (a stop of an instance already stopping is done, so whatever the refused call
+    /// did, the second pass is safe). One call per instance from the start took a scaler that
+    /// stops a burst's hundred idle workers a hundred round trips, tens of seconds of its 60 s
+    /// timeout. A stopping or stopped instance is done; the rest are refused with their error
     /// (not-found, and `IncorrectInstanceState` for one shutting down or terminated, included:
     /// the caller terminates them, which is idempotent).
     async fn stop(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
+        if instance_ids.len() > 1 {
+            match self
+                .client
+                .stop_instances()
+                .set_instance_ids(Some(instance_ids.to_vec()))
+                .send()
+                .await
+            {
+                Ok(_) => return Ok(Vec::new()),
+                Err(e) => {
+                    let err = fleet_error(&e);
+                    if err.kind == FleetErrorKind::Throttled {
+                        return Err(err);
+                    }
+                }
+            }
+        }
         let mut refused = Vec::new();
         for (i, id) in instance_ids.iter().enumerate() {
             if let Err(e) = self.client.stop_instances().instance_ids(id).send().await {
@@ -818,14 +839,34 @@ impl Fleet for Ec2Fleet {
         Ok(refused)
     }
 
-    /// One StartInstances per instance, so that one without capacity (`InsufficientInstanceCapacity`:
-    /// its type has none in its zone now; it stays stopped) does not hold the others back. An
-    /// instance already pending or running is done (EC2 answers a start of one with its state).
+    /// One StartInstances for all the instances; if EC2 refuses it, one StartInstances per
+    /// instance, so that one without capacity (`InsufficientInstanceCapacity`: its type has none
+    /// in its zone now; it stays stopped) does not hold the others back (a start of an instance
+    /// already pending or running is done, so whatever the refused call did, the second pass is
+    /// safe). An instance already pending or running is done (EC2 answers a start of one with its
+    /// state).
     /// One refused for its state (`IncorrectInstanceState`) is looked up: shutting down,
     /// terminated or no longer listed, it is refused as [`FleetErrorKind::NotFound`] (gone: the
     /// caller retires its row); still stopping, it keeps the error as EC2 classed it (it stays a
     /// stopped worker). If the lookup fails, EC2's error is kept as it was.
     async fn start(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
+        if instance_ids.len() > 1 {
+            match self
+                .client
+                .start_instances()
+                .set_instance_ids(Some(instance_ids.to_vec()))
+                .send()
+                .await
+            {
+                Ok(_) => return Ok(Vec::new()),
+                Err(e) => {
+                    let err = fleet_error(&e);
+                    if err.kind == FleetErrorKind::Throttled {
+                        return Err(err);
+                    }
+                }
+            }
+        }
         let mut refused = Vec::new();
         for (i, id) in instance_ids.iter().enumerate() {
             if let Err(e) = self.client.start_instances().instance_ids(id).send().await {

@@ -262,12 +262,83 @@ fn fleet_no_retries(url: &str) -> Ec2Fleet {
     fleet_retrying(url, aws_sdk_ec2::config::retry::RetryConfig::disabled())
 }
 
+/// EC2's refusal of a start for capacity (HTTP 500, `InsufficientInstanceCapacity`), which
+/// refuses a call for several instances whole.
+const NO_CAPACITY: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
+<Response><Errors><Error><Code>InsufficientInstanceCapacity</Code><Message>We currently do not have sufficient g5.xlarge capacity in the Availability Zone you requested (us-east-1a).</Message></Error></Errors><RequestID>7a3ba8b4-0000-0000-0000-000000000018</RequestID></Response>"#;
+
+/// The `Action` and `InstanceId.N` values of each request body.
+fn calls(seen: &[String]) -> Vec<(String, Vec<String>)> {
+    seen.iter()
+        .map(|b| {
+            let kv: Vec<(&str, &str)> = b.split('&').filter_map(|kv| kv.split_once('=')).collect();
+            let action = kv.iter().find(|(k, _)| *k == "Action").map_or("", |(_, v)| v);
+            let ids = kv
+                .iter()
+                .filter(|(k, _)| k.starts_with("InstanceId."))
+                .map(|(_, v)| v.to_string())
+                .collect();
+            (action.to_string(), ids)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn stops_and_starts_go_out_as_one_call_and_one_per_instance_only_when_it_is_refused() {
+    let ids: Vec<String> = ["i-1", "i-2", "i-3"].iter().map(|s| s.to_string()).collect();
+    let stopping = r#"<?xml version="1.0" encoding="UTF-8"?>
+<StopInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000019</requestId><instancesSet></instancesSet></StopInstancesResponse>"#;
+    // Accepted whole: one round trip for the three.
+    let (url, seen) = ec2_answering(200, stopping.to_string()).await;
+    assert!(fleet_no_retries(&url).stop(&ids).await.unwrap().is_empty());
+    let (url, seen_start) = ec2_answering(200, started("i-1")).await;
+    assert!(fleet_no_retries(&url).start(&ids).await.unwrap().is_empty());
+    for (seen, action) in [(seen, "StopInstances"), (seen_start, "StartInstances")] {
+        assert_eq!(
+            calls(&seen.lock().unwrap()),
+            [(action.to_string(), ids.clone())],
+            "one call naming all three"
+        );
+    }
+    // Refused whole (one of them has no capacity): one call each, and only the one EC2 refuses
+    // again is refused.
+    let (url, seen) = ec2_answering_in_turn(vec![
+        (500, NO_CAPACITY.to_string()),
+        (200, started("i-1")),
+        (500, NO_CAPACITY.to_string()),
+        (200, started("i-3")),
+    ])
+    .await;
+    let refused = fleet_no_retries(&url).start(&ids).await.unwrap();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(
+        (refused[0].0.as_str(), refused[0].1.kind),
+        ("i-2", FleetErrorKind::InsufficientCapacity)
+    );
+    let sent: Vec<Vec<String>> = calls(&seen.lock().unwrap()).into_iter().map(|(_, ids)| ids).collect();
+    assert_eq!(
+        sent,
+        [ids.clone(), vec!["i-1".into()], vec!["i-2".into()], vec!["i-3".into()]]
+    );
+    // Throttled whole: nothing was done, the call's error.
+    let (url, seen) = ec2_answering(503, THROTTLED.to_string()).await;
+    let e = fleet_no_retries(&url).stop(&ids).await.expect_err("nothing done");
+    assert_eq!(e.kind, FleetErrorKind::Throttled, "{e:?}");
+    assert_eq!(seen.lock().unwrap().len(), 1, "no call per instance after a throttle");
+}
+
 #[tokio::test]
 async fn a_start_throttled_midway_reports_the_instances_it_started() {
     let ids: Vec<String> = ["i-1", "i-2", "i-3"].iter().map(|s| s.to_string()).collect();
-    // The first instance starts; EC2 throttles the rest. i-1 runs now: it must not come back
-    // refused, or its row would go back to Stopped while it runs, billed.
-    let (url, seen) = ec2_answering_in_turn(vec![(200, started("i-1")), (503, THROTTLED.to_string())]).await;
+    // The call for all three is refused; then the first instance starts, and EC2 throttles the
+    // rest. i-1 runs now: it must not come back refused, or its row would go back to Stopped
+    // while it runs, billed.
+    let (url, seen) = ec2_answering_in_turn(vec![
+        (500, NO_CAPACITY.to_string()),
+        (200, started("i-1")),
+        (503, THROTTLED.to_string()),
+    ])
+    .await;
     let refused = fleet_no_retries(&url).start(&ids).await.expect("partly done");
     let refused_ids: Vec<&str> = refused.iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(refused_ids, ["i-2", "i-3"], "{refused:?}");
@@ -275,8 +346,8 @@ async fn a_start_throttled_midway_reports_the_instances_it_started() {
         refused.iter().all(|(_, e)| e.kind == FleetErrorKind::Throttled),
         "{refused:?}"
     );
-    // It stopped calling at the throttle: one call for i-1, one throttled.
-    assert_eq!(seen.lock().unwrap().len(), 2);
+    // It stopped calling at the throttle: the refused call, one call for i-1, one throttled.
+    assert_eq!(seen.lock().unwrap().len(), 3);
     // Throttled before anything started: the call failed whole.
     let (url, _) = ec2_answering(503, THROTTLED.to_string()).await;
     let e = fleet_no_retries(&url).start(&ids).await.expect_err("nothing done");
@@ -288,7 +359,16 @@ async fn a_stop_throttled_midway_reports_the_instances_it_stopped() {
     let ids: Vec<String> = ["i-1", "i-2"].iter().map(|s| s.to_string()).collect();
     let stopped = r#"<?xml version="1.0" encoding="UTF-8"?>
 <StopInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000012</requestId><instancesSet><item><instanceId>i-1</instanceId><currentState><code>64</code><name>stopping</name></currentState><previousState><code>16</code><name>running</name></previousState></item></instancesSet></StopInstancesResponse>"#;
-    let (url, _) = ec2_answering_in_turn(vec![(200, stopped.to_string()), (503, THROTTLED.to_string())]).await;
+    // The call for both is refused (one is a spot instance of a one-time request), then i-1
+    // stops and EC2 throttles the rest.
+    let one_time = r#"<?xml version="1.0" encoding="UTF-8"?>
+<Response><Errors><Error><Code>UnsupportedOperation</Code><Message>You can't stop the Spot Instance 'i-2' because it is associated with a one-time Spot Instance request. You can only stop Spot Instances associated with persistent Spot Instance requests.</Message></Error></Errors><RequestID>7a3ba8b4-0000-0000-0000-000000000020</RequestID></Response>"#;
+    let (url, _) = ec2_answering_in_turn(vec![
+        (400, one_time.to_string()),
+        (200, stopped.to_string()),
+        (503, THROTTLED.to_string()),
+    ])
+    .await;
     let refused = fleet_no_retries(&url).stop(&ids).await.expect("partly done");
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert_eq!(
