@@ -797,7 +797,7 @@ impl Fleet for Ec2Fleet {
     /// `UnsupportedOperation`; one shutting down), one StopInstances per instance, so the others
     /// still stop (a stop of an instance already stopping is done, so whatever the refused call
     /// did, the second pass is safe). One call per instance from the start took a scaler that
-    /// stops a burst's hundred idle workers a hundred round trips, tens of seconds of its 60 s
+    /// stops a burst's hundred idle workers a hundred sequential round trips within its 60 s
     /// timeout. A stopping or stopped instance is done; the rest are refused with their error
     /// (not-found, and `IncorrectInstanceState` for one shutting down or terminated, included:
     /// the caller terminates them, which is idempotent).
