@@ -802,27 +802,21 @@ impl Fleet for Ec2Fleet {
     /// (not-found, and `IncorrectInstanceState` for one shutting down or terminated, included:
     /// the caller terminates them, which is idempotent).
     async fn stop(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
-        if instance_ids.len() > 1 {
-            match self
-                .client
+        let call = |ids: Vec<String>| async move {
+            self.client
                 .stop_instances()
-                .set_instance_ids(Some(instance_ids.to_vec()))
+                .set_instance_ids(Some(ids))
                 .send()
                 .await
-            {
-                Ok(_) => return Ok(Vec::new()),
-                Err(e) => {
-                    let err = fleet_error(&e);
-                    if err.kind == FleetErrorKind::Throttled {
-                        return Err(err);
-                    }
-                }
-            }
+                .map(|_| ())
+                .map_err(|e| fleet_error(&e))
+        };
+        if all_at_once(instance_ids, call).await? {
+            return Ok(Vec::new());
         }
         let mut refused = Vec::new();
         for (i, id) in instance_ids.iter().enumerate() {
-            if let Err(e) = self.client.stop_instances().instance_ids(id).send().await {
-                let err = fleet_error(&e);
+            if let Err(err) = call(vec![id.clone()]).await {
                 if err.kind == FleetErrorKind::Throttled {
                     return throttled_from(instance_ids, i, refused, err);
                 }
@@ -843,34 +837,26 @@ impl Fleet for Ec2Fleet {
     /// instance, so that one without capacity (`InsufficientInstanceCapacity`: its type has none
     /// in its zone now; it stays stopped) does not hold the others back (a start of an instance
     /// already pending or running is done, so whatever the refused call did, the second pass is
-    /// safe). An instance already pending or running is done (EC2 answers a start of one with its
-    /// state).
-    /// One refused for its state (`IncorrectInstanceState`) is looked up: shutting down,
+    /// safe: EC2 answers a start of one with its state). One refused for its state (`IncorrectInstanceState`) is looked up: shutting down,
     /// terminated or no longer listed, it is refused as [`FleetErrorKind::NotFound`] (gone: the
     /// caller retires its row); still stopping, it keeps the error as EC2 classed it (it stays a
     /// stopped worker). If the lookup fails, EC2's error is kept as it was.
     async fn start(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
-        if instance_ids.len() > 1 {
-            match self
-                .client
+        let call = |ids: Vec<String>| async move {
+            self.client
                 .start_instances()
-                .set_instance_ids(Some(instance_ids.to_vec()))
+                .set_instance_ids(Some(ids))
                 .send()
                 .await
-            {
-                Ok(_) => return Ok(Vec::new()),
-                Err(e) => {
-                    let err = fleet_error(&e);
-                    if err.kind == FleetErrorKind::Throttled {
-                        return Err(err);
-                    }
-                }
-            }
+                .map(|_| ())
+                .map_err(|e| fleet_error(&e))
+        };
+        if all_at_once(instance_ids, call).await? {
+            return Ok(Vec::new());
         }
         let mut refused = Vec::new();
         for (i, id) in instance_ids.iter().enumerate() {
-            if let Err(e) = self.client.start_instances().instance_ids(id).send().await {
-                let mut err = fleet_error(&e);
+            if let Err(mut err) = call(vec![id.clone()]).await {
                 if err.kind == FleetErrorKind::Throttled {
                     return throttled_from(instance_ids, i, refused, err);
                 }
@@ -891,6 +877,27 @@ impl Fleet for Ec2Fleet {
             }
         }
         Ok(refused)
+    }
+}
+
+/// `call` (StopInstances, StartInstances) for all of `ids` in one request, when they are more than
+/// one: `Ok(true)` when EC2 took it, `Ok(false)` when it refused it (or there was one id: the
+/// caller goes one by one, each refusal its own).
+///
+/// # Errors
+/// Throttling (after the SDK's retries): nothing was done.
+async fn all_at_once<F, Fut>(ids: &[String], call: F) -> Result<bool, FleetError>
+where
+    F: Fn(Vec<String>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), FleetError>>,
+{
+    if ids.len() < 2 {
+        return Ok(false);
+    }
+    match call(ids.to_vec()).await {
+        Ok(()) => Ok(true),
+        Err(err) if err.kind == FleetErrorKind::Throttled => Err(err),
+        Err(_) => Ok(false),
     }
 }
 

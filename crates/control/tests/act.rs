@@ -1021,19 +1021,31 @@ fn a_stop_the_provider_refuses_terminates_the_worker_and_one_racing_a_claim_is_l
     assert_eq!(reg.records()[&ids[1]].state, WorkerState::Running);
 }
 
+/// [`idle_and_booting`], the first (idle) worker then stopped at 100 s, kept 3,600 s.
+fn first_stopped(
+    fleet: &FakeFleet,
+    reg: &FakeRegistry,
+    avail: &FakeAvailability,
+    cfg: &PolicyConfig,
+    offs: &[Offering],
+) -> Vec<String> {
+    let ids = idle_and_booting(fleet, reg, avail, cfg);
+    pollster::block_on(act(
+        &stop_plan(&ids[0], 3600.0),
+        at(cfg, offs, 100.0),
+        fleet,
+        reg,
+        avail,
+    ));
+    ids
+}
+
 #[test]
 fn a_start_of_a_stopped_worker_whose_instance_is_gone_retires_the_row_and_launches_instead() {
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
     let cfg = PolicyConfig::default();
     let offs = offerings();
-    let ids = idle_and_booting(&fleet, &reg, &avail, &cfg);
-    pollster::block_on(act(
-        &stop_plan(&ids[0], 3600.0),
-        at(&cfg, &offs, 100.0),
-        &fleet,
-        &reg,
-        &avail,
-    ));
+    let ids = first_stopped(&fleet, &reg, &avail, &cfg, &offs);
     assert_eq!(reg.records()[&ids[0]].state, WorkerState::Stopped);
     // Ended while stopped, by someone else than this decision (EC2 then refuses a start:
     // `IncorrectInstanceState`, which the adapter reports as not-found once it sees it gone).
@@ -1078,14 +1090,7 @@ fn a_start_without_capacity_leaves_the_worker_stopped_marks_its_offering_and_lau
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
     let cfg = PolicyConfig::default();
     let offs = offerings();
-    let ids = idle_and_booting(&fleet, &reg, &avail, &cfg);
-    pollster::block_on(act(
-        &stop_plan(&ids[0], 3600.0),
-        at(&cfg, &offs, 100.0),
-        &fleet,
-        &reg,
-        &avail,
-    ));
+    let ids = first_stopped(&fleet, &reg, &avail, &cfg, &offs);
     // No capacity for its type in its zone now: the start fails as a launch there would.
     fleet.set_no_capacity(key("a.1", "z1"));
     let out = pollster::block_on(act(
