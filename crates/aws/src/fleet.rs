@@ -837,10 +837,11 @@ impl Fleet for Ec2Fleet {
     /// instance, so that one without capacity (`InsufficientInstanceCapacity`: its type has none
     /// in its zone now; it stays stopped) does not hold the others back (a start of an instance
     /// already pending or running is done, so whatever the refused call did, the second pass is
-    /// safe: EC2 answers a start of one with its state). One refused for its state (`IncorrectInstanceState`) is looked up: shutting down,
-    /// terminated or no longer listed, it is refused as [`FleetErrorKind::NotFound`] (gone: the
-    /// caller retires its row); still stopping, it keeps the error as EC2 classed it (it stays a
-    /// stopped worker). If the lookup fails, EC2's error is kept as it was.
+    /// safe: EC2 answers a start of one with its state). One refused for its state
+    /// (`IncorrectInstanceState`) is looked up: shutting down, terminated or no longer listed, it
+    /// is refused as [`FleetErrorKind::NotFound`] (gone: the caller retires its row); still
+    /// stopping, it keeps the error as EC2 classed it (it stays a stopped worker). If the lookup
+    /// fails, EC2's error is kept as it was.
     async fn start(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
         let call = |ids: Vec<String>| async move {
             self.client
