@@ -479,6 +479,85 @@ impl Ec2Fleet {
     }
 }
 
+/// A stop or a start of stopped instances ([`Ec2Fleet::stop_or_start`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transition {
+    Stop,
+    Start,
+}
+
+impl Ec2Fleet {
+    /// StopInstances or StartInstances for `ids`, classified.
+    async fn transition(&self, to: Transition, ids: Vec<String>) -> Result<(), FleetError> {
+        match to {
+            Transition::Stop => self
+                .client
+                .stop_instances()
+                .set_instance_ids(Some(ids))
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| fleet_error(&e)),
+            Transition::Start => self
+                .client
+                .start_instances()
+                .set_instance_ids(Some(ids))
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| fleet_error(&e)),
+        }
+    }
+
+    /// [`Fleet::stop`] and [`Fleet::start`]: one call for all of `ids`; if EC2 refuses it, one
+    /// call per instance, each refusal its own ([`Ec2Fleet::after_incorrect_state`] for one
+    /// refused for its state). Throttling stops the calls ([`throttled_from`]).
+    async fn stop_or_start(&self, to: Transition, ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
+        if all_at_once(ids, |batch| self.transition(to, batch)).await? {
+            return Ok(Vec::new());
+        }
+        let mut refused = Vec::new();
+        for (i, id) in ids.iter().enumerate() {
+            let Err(err) = self.transition(to, vec![id.clone()]).await else {
+                continue;
+            };
+            if err.kind == FleetErrorKind::Throttled {
+                return throttled_from(ids, i, refused, err);
+            }
+            let err = if err.message.starts_with(INCORRECT_STATE) {
+                self.after_incorrect_state(to, id, err).await
+            } else {
+                Some(err)
+            };
+            refused.extend(err.map(|e| (id.clone(), e)));
+        }
+        Ok(refused)
+    }
+
+    /// What an `IncorrectInstanceState` refusal of `id` means, looked up (the code alone does
+    /// not say). A stop: done (`None`) when the instance is stopping or stopped after all, else
+    /// refused as it was (gone or going: the caller terminates it). A start: refused as
+    /// [`FleetErrorKind::NotFound`] when the instance is shutting down, terminated or no longer
+    /// listed (gone: the caller retires its row), else as it was (still stopping: it stays a
+    /// stopped worker). If the lookup fails, the refusal stands as it was.
+    async fn after_incorrect_state(&self, to: Transition, id: &str, mut err: FleetError) -> Option<FleetError> {
+        let state = self.state_of(id).await;
+        match (to, state) {
+            (Transition::Stop, Ok(Some(s))) if s == "stopping" || s == "stopped" => return None,
+            (Transition::Start, Ok(None)) => {
+                err.kind = FleetErrorKind::NotFound;
+                err.message.push_str(" (the instance is no longer listed)");
+            }
+            (Transition::Start, Ok(Some(s))) if s == "shutting-down" || s == "terminated" => {
+                err.kind = FleetErrorKind::NotFound;
+                err.message.push_str(&format!(" (the instance is {s})"));
+            }
+            _ => {}
+        }
+        Some(err)
+    }
+}
+
 /// `call` for `ids`, an idempotent EC2 action that refuses a call whole when one of its ids does
 /// not exist (not-found, naming the ids it did not find: "The instance IDs 'i-1, i-2' do not
 /// exist", EC2's wording; moto 5.2.5 answers the same). Those are done, and the call goes again
@@ -802,35 +881,7 @@ impl Fleet for Ec2Fleet {
     /// (not-found, and `IncorrectInstanceState` for one shutting down or terminated, included:
     /// the caller terminates them, which is idempotent).
     async fn stop(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
-        let call = |ids: Vec<String>| async move {
-            self.client
-                .stop_instances()
-                .set_instance_ids(Some(ids))
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| fleet_error(&e))
-        };
-        if all_at_once(instance_ids, call).await? {
-            return Ok(Vec::new());
-        }
-        let mut refused = Vec::new();
-        for (i, id) in instance_ids.iter().enumerate() {
-            if let Err(err) = call(vec![id.clone()]).await {
-                if err.kind == FleetErrorKind::Throttled {
-                    return throttled_from(instance_ids, i, refused, err);
-                }
-                // Refused for its state: done only if it is stopping or stopped after all (looked
-                // up: the code alone does not say); else it is gone or going, and refused.
-                if err.message.starts_with(INCORRECT_STATE)
-                    && matches!(self.state_of(id).await, Ok(Some(s)) if s == "stopping" || s == "stopped")
-                {
-                    continue;
-                }
-                refused.push((id.clone(), err));
-            }
-        }
-        Ok(refused)
+        self.stop_or_start(Transition::Stop, instance_ids).await
     }
 
     /// One StartInstances for all the instances; if EC2 refuses it, one StartInstances per
@@ -843,41 +894,7 @@ impl Fleet for Ec2Fleet {
     /// stopping, it keeps the error as EC2 classed it (it stays a stopped worker). If the lookup
     /// fails, EC2's error is kept as it was.
     async fn start(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
-        let call = |ids: Vec<String>| async move {
-            self.client
-                .start_instances()
-                .set_instance_ids(Some(ids))
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| fleet_error(&e))
-        };
-        if all_at_once(instance_ids, call).await? {
-            return Ok(Vec::new());
-        }
-        let mut refused = Vec::new();
-        for (i, id) in instance_ids.iter().enumerate() {
-            if let Err(mut err) = call(vec![id.clone()]).await {
-                if err.kind == FleetErrorKind::Throttled {
-                    return throttled_from(instance_ids, i, refused, err);
-                }
-                if err.message.starts_with(INCORRECT_STATE) {
-                    match self.state_of(id).await {
-                        Ok(None) => {
-                            err.kind = FleetErrorKind::NotFound;
-                            err.message.push_str(" (the instance is no longer listed)");
-                        }
-                        Ok(Some(state)) if matches!(state.as_str(), "shutting-down" | "terminated") => {
-                            err.kind = FleetErrorKind::NotFound;
-                            err.message.push_str(&format!(" (the instance is {state})"));
-                        }
-                        _ => {}
-                    }
-                }
-                refused.push((id.clone(), err));
-            }
-        }
-        Ok(refused)
+        self.stop_or_start(Transition::Start, instance_ids).await
     }
 }
 
