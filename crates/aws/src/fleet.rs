@@ -509,12 +509,19 @@ impl Ec2Fleet {
         }
     }
 
-    /// [`Fleet::stop`] and [`Fleet::start`]: one call for all of `ids`; if EC2 refuses it, one
-    /// call per instance, each refusal its own ([`Ec2Fleet::after_incorrect_state`] for one
-    /// refused for its state). Throttling stops the calls ([`throttled_from`]).
+    /// [`Fleet::stop`] and [`Fleet::start`]: one call for all of `ids` (when more than one); if
+    /// EC2 refuses it, one call per instance, each refusal its own
+    /// ([`Ec2Fleet::after_incorrect_state`] for one refused for its state). A throttled call for
+    /// all is the call's error (nothing was done); a throttle midway stops the calls
+    /// ([`throttled_from`]).
     async fn stop_or_start(&self, to: Transition, ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
-        if all_at_once(ids, |batch| self.transition(to, batch)).await? {
-            return Ok(Vec::new());
+        if ids.len() > 1 {
+            match self.transition(to, ids.to_vec()).await {
+                Ok(()) => return Ok(Vec::new()),
+                // Nothing was done.
+                Err(err) if err.kind == FleetErrorKind::Throttled => return Err(err),
+                Err(_) => {}
+            }
         }
         let mut refused = Vec::new();
         for (i, id) in ids.iter().enumerate() {
@@ -895,27 +902,6 @@ impl Fleet for Ec2Fleet {
     /// fails, EC2's error is kept as it was.
     async fn start(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
         self.stop_or_start(Transition::Start, instance_ids).await
-    }
-}
-
-/// `call` (StopInstances, StartInstances) for all of `ids` in one request, when they are more than
-/// one: `Ok(true)` when EC2 took it, `Ok(false)` when it refused it (or there was one id: the
-/// caller goes one by one, each refusal its own).
-///
-/// # Errors
-/// Throttling (after the SDK's retries): nothing was done.
-async fn all_at_once<F, Fut>(ids: &[String], call: F) -> Result<bool, FleetError>
-where
-    F: Fn(Vec<String>) -> Fut,
-    Fut: std::future::Future<Output = Result<(), FleetError>>,
-{
-    if ids.len() < 2 {
-        return Ok(false);
-    }
-    match call(ids.to_vec()).await {
-        Ok(()) => Ok(true),
-        Err(err) if err.kind == FleetErrorKind::Throttled => Err(err),
-        Err(_) => Ok(false),
     }
 }
 

@@ -456,10 +456,7 @@ async fn a_cancel_naming_a_gone_spot_request_still_cancels_the_others_of_its_bat
         .await
         .expect("done");
     let seen = seen.lock().unwrap().clone();
-    let actions: Vec<&str> = seen
-        .iter()
-        .map(|b| b.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or(""))
-        .collect();
+    let actions: Vec<String> = calls(&seen).into_iter().map(|(action, _)| action).collect();
     assert_eq!(
         actions,
         [

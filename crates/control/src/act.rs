@@ -210,7 +210,9 @@ where
             plan,
             ctx,
             table,
-            (fleet, registry, avail),
+            fleet,
+            registry,
+            avail,
             &mut unavailable,
             &mut to_terminate,
             &mut out,
@@ -554,11 +556,14 @@ fn next_offerings(
 /// instance is gone ([`FleetErrorKind::NotFound`]: terminated, or shutting down) is also added to
 /// `to_terminate`, so its row is retired in this run instead of being offered to the next
 /// decision as a stopped worker.
+#[allow(clippy::too_many_arguments)]
 async fn start_stopped<'p, 't, F, R, A>(
     plan: &'p Plan,
     ctx: ActContext<'_>,
     table: impl Fn() -> &'t choice::PriceTable,
-    (fleet, registry, avail): (&F, &R, &A),
+    fleet: &F,
+    registry: &R,
+    avail: &A,
     unavailable: &mut Cow<'_, [UnavailableOffering]>,
     to_terminate: &mut Vec<String>,
     out: &mut ActOutcome,
