@@ -2037,6 +2037,58 @@ fn predictive_warm_pool_is_per_job_shape_and_leaves_short_jobs_to_the_keep_alive
 }
 
 #[test]
+fn a_burst_bigger_than_the_look_back_is_launched_ahead_for_when_asked() {
+    // Two long 1-GPU jobs in each of the 27 windows of the 3 h look-back, then twelve in the
+    // current one. The fractile (the 3rd largest of 27 windows at $0.10/h, 1 $/h of wait) holds 2;
+    // `predictive_burst` adds its multiple of the excess over the look-back's largest (12 - 2).
+    // (predictive_burst; lane max_workers; launches; held for the lane's cap)
+    let rows: &[(f64, u32, u32, u32)] = &[
+        (0.0, 32, 2, 0),  // off (the default): the fractile alone
+        (1.0, 32, 10, 0), // the excess, once
+        (2.0, 32, 20, 0), // twice
+        (2.0, 8, 8, 12),  // within the lane's cap: the rest held
+    ];
+    for &(factor, max_workers, want, held) in rows {
+        let mut cfg = cfg();
+        cfg.lanes[0].predictive_burst = factor;
+        cfg.lanes[0].max_workers = max_workers;
+        let mut w = World::new(vec![], vec![]);
+        let mut arrivals: Vec<f64> = (0..28)
+            .flat_map(|k| {
+                let n = if k == 0 { 12 } else { 2 };
+                (0..n).map(move |a| NOW - 390.0 * k as f64 - 10.0 - 10.0 * a as f64)
+            })
+            .collect();
+        arrivals.sort_by(f64::total_cmp);
+        for t in arrivals {
+            w.lanes[0].record_arrival(1, t);
+        }
+        let plan = w.decide(&cfg, NOW);
+        let row = format!("predictive_burst {factor}, max_workers {max_workers}");
+        assert_eq!(plan.launches(), want, "{row}: {plan:#?}");
+        assert_eq!(
+            held_count(&plan, |r| matches!(r, Reason::MaxWorkers { .. })),
+            held,
+            "{row}: {plan:#?}"
+        );
+        assert!(
+            launch_list(&plan)
+                .iter()
+                .all(|l| matches!(l.2, Reason::WarmPool { .. })),
+            "{row}"
+        );
+        // Launched ahead, it is speculative capacity: spot only in a spot-first lane.
+        for a in &plan.actions {
+            if let Action::Launch { request, .. } = a {
+                assert_eq!(request.capacity, CapacityPreference::SpotOnly, "{row}");
+            }
+        }
+    }
+    let bad = PolicyConfig::from_toml_str("[[lanes]]\nname = \"a\"\npredictive_burst = -1.0").unwrap_err();
+    assert!(bad.to_string().contains("predictive_burst"), "{bad}");
+}
+
+#[test]
 fn warm_pool_shapes_launch_in_gpu_order_with_the_scheduled_shape_in_its_place() {
     // Busy windows of two 4-GPU jobs each (the predictive pool holds two 4-GPU workers) and a
     // scheduled pool of two 1-GPU workers, which no arrival asked for: the 1-GPU launches come

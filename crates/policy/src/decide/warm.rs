@@ -121,6 +121,21 @@ impl Fractile {
     }
 }
 
+/// Workers to launch ahead of a burst bigger than the look-back saw
+/// ([`crate::config::LaneConfig::predictive_burst`]): `factor` times the excess of the current
+/// window's demand (`demand[0]`, windows most recent first) over every earlier window's, rounded
+/// down; 0 when some earlier window needed as many, or `factor` is 0.
+pub(crate) fn burst_ahead(demand: &[u32], factor: f64) -> u32 {
+    let Some((&now, before)) = demand.split_first() else {
+        return 0;
+    };
+    let seen = before.iter().copied().max().unwrap_or(0);
+    if factor <= 0.0 || now <= seen {
+        return 0;
+    }
+    (f64::from(now - seen) * factor) as u32
+}
+
 /// Per job shape, top up `lane`'s ready workers fitting it to the shape's target (for
 /// `warm_pool_gpus`, the scheduled size for this hour or the predictive pool, whichever is
 /// larger; for the other shapes the predictive pool), within the lane's and the fleet's caps and
@@ -222,6 +237,7 @@ fn shape_capacity(
             launch_target = launch_target.max(fractile.launch_target(cfg, lane, price));
         }
     }
+    launch_target = launch_target.max(burst_ahead(demand, lc.predictive_burst));
     let (idle, pending) = fleet.free[lane]
         .iter()
         .filter(|c| serves(c.gpus, c.mem))
@@ -313,4 +329,28 @@ fn shape_capacity(
         fleet.book(lane, n, price * n as f64);
     }
     ws
+}
+
+#[cfg(test)]
+mod tests {
+    use super::burst_ahead;
+
+    #[test]
+    fn a_burst_is_launched_ahead_for_only_by_its_excess_over_the_look_back() {
+        // (demand per window, the current one first; factor; workers launched ahead)
+        let rows: &[(&[u32], f64, u32)] = &[
+            (&[30, 0, 10, 2], 1.0, 20), // 20 more than any window before
+            (&[30, 0, 10, 2], 2.0, 40), // twice the excess
+            (&[30, 0, 10, 2], 0.5, 10), // half of it
+            (&[30, 0, 10, 2], 0.0, 0),  // off
+            (&[10, 0, 10, 2], 1.0, 0),  // the look-back saw as much: the fractile's to price
+            (&[3, 40, 10, 2], 1.0, 0),  // a burst on its way out
+            (&[7], 1.0, 7),             // nothing before it
+            (&[7, 6], 0.75, 0),         // an excess of 1 at 0.75: none
+            (&[], 1.0, 0),              // no arrivals
+        ];
+        for &(demand, factor, want) in rows {
+            assert_eq!(burst_ahead(demand, factor), want, "{demand:?} x {factor}");
+        }
+    }
 }
