@@ -1383,7 +1383,7 @@ impl WorkerRegistry for SimPorts<'_> {
         if !matches!(w.workers[i].state, WorkerState::Idle | WorkerState::Stopped) {
             return Ok(false);
         }
-        w.workers[i].stopped_until = Some(until);
+        w.change_worker(i, |w| w.stopped_until = Some(until));
         Ok(true)
     }
     async fn mark_started(
@@ -1807,12 +1807,16 @@ pub fn run(
                     let until = now + pcfg.offers.short_job_horizon_s + 1.0;
                     let named: Vec<usize> = (0..w.workers.len())
                         .filter(|&i| match (w.workers[i].state, w.workers[i].busy_until) {
-                            (WorkerState::Idle | WorkerState::Pending | WorkerState::Stopped, _) => true,
+                            (WorkerState::Idle | WorkerState::Pending, _) => true,
                             (WorkerState::Running, Some(t)) => t < until,
                             _ => false,
                         })
                         .collect();
                     assert_eq!(w.fleet_hint.visit, named, "visit list at {now}");
+                    let stopped: Vec<usize> = (0..w.workers.len())
+                        .filter(|&i| w.workers[i].state == WorkerState::Stopped)
+                        .collect();
+                    assert_eq!(w.fleet_hint.stopped, stopped, "stopped list at {now}");
                 }
                 let obs = Observation {
                     lanes: &w.lanes,

@@ -62,20 +62,28 @@ pub(crate) struct FleetIndex {
     launched: Vec<Floats>,
     /// Per (GPUs, GPU memory bits): prices of the live workers, $/h.
     prices: Vec<((u32, u64), Floats)>,
-    /// Indices of the idle, booting and stopped workers.
+    /// Indices of the idle and booting workers.
     awake: BTreeSet<usize>,
+    /// Indices of the stopped workers.
+    stopped: BTreeSet<usize>,
+    /// The stopped workers' `stopped_until`, and how many have none.
+    stopped_until: Floats,
+    stopped_unknown: u32,
+    /// `stopped` changed since the last hint listed it.
+    stopped_changed: bool,
     /// (`busy_until` as [`ordered`], index) of the running workers with an expected end.
     running: BTreeSet<(u64, usize)>,
     /// Scratch for [`FleetIndex::hint`].
     soon: Vec<usize>,
 }
 
-/// What [`FleetIndex`] reads of a worker that can change: its state and expected job end.
-pub(crate) type Brief = (WorkerState, Option<f64>);
+/// What [`FleetIndex`] reads of a worker that can change: its state, expected job end and end of
+/// its stopped keep-alive.
+pub(crate) type Brief = (WorkerState, Option<f64>, Option<f64>);
 
 /// `w`'s [`Brief`].
 pub(crate) fn brief(w: &WorkerView) -> Brief {
-    (w.state, w.busy_until)
+    (w.state, w.busy_until, w.stopped_until)
 }
 
 impl FleetIndex {
@@ -136,9 +144,23 @@ impl FleetIndex {
     }
 
     /// Name (or stop naming) index `i` among the workers a decision may visit.
-    fn mark(&mut self, i: usize, (state, busy_until): Brief, on: bool) {
+    fn mark(&mut self, i: usize, (state, busy_until, stopped_until): Brief, on: bool) {
         match (state, busy_until) {
-            (WorkerState::Idle | WorkerState::Pending | WorkerState::Stopped, _) => {
+            (WorkerState::Stopped, _) => {
+                self.stopped_changed = true;
+                match (stopped_until, on) {
+                    (Some(t), true) => self.stopped_until.insert(t),
+                    (Some(t), false) => self.stopped_until.remove(t),
+                    (None, true) => self.stopped_unknown += 1,
+                    (None, false) => self.stopped_unknown -= 1,
+                }
+                if on {
+                    self.stopped.insert(i);
+                } else {
+                    self.stopped.remove(&i);
+                }
+            }
+            (WorkerState::Idle | WorkerState::Pending, _) => {
                 if on {
                     self.awake.insert(i);
                 } else {
@@ -177,6 +199,15 @@ impl FleetIndex {
             hint.visit.push(i);
         }
         hint.visit.extend(soon);
+        if std::mem::take(&mut self.stopped_changed) || hint.stopped.len() != self.stopped.len() {
+            hint.stopped.clear();
+            hint.stopped.extend(self.stopped.iter().copied());
+        }
+        hint.stopped_due = match (self.stopped_unknown, self.stopped_until.min()) {
+            (0, Some(t)) => t,
+            (0, None) => f64::INFINITY,
+            _ => f64::NEG_INFINITY,
+        };
         hint.lane_live.clear();
         hint.lane_live.extend(
             self.launched
@@ -270,5 +301,51 @@ mod tests {
         assert_eq!(h.visit, vec![0, 2]);
         assert_eq!(h.lane_live, vec![(2, 400.0), (1, 300.0)]);
         assert_eq!(h.cheapest, vec![((1, 24f64.to_bits()), 0.5)]);
+    }
+
+    #[test]
+    fn stopped_workers_are_listed_apart_with_the_earliest_end_of_their_keep() {
+        let mut ix = FleetIndex::default();
+        let stopped = |until: Option<f64>| WorkerView {
+            stopped_until: until,
+            ..worker(WorkerState::Stopped, 0, 100.0, 1.0, None)
+        };
+        let ws = [
+            stopped(Some(5_000.0)),
+            worker(WorkerState::Idle, 0, 200.0, 0.8, None),
+            stopped(Some(3_000.0)),
+        ];
+        for (i, w) in ws.iter().enumerate() {
+            ix.add(i, w);
+        }
+        let mut h = FleetHint::default();
+        ix.hint(1_000.0, 120.0, &mut h);
+        assert_eq!(
+            (h.visit.clone(), h.stopped.clone(), h.stopped_due),
+            (vec![1], vec![0, 2], 3_000.0)
+        );
+        // Its keep set when it was stopped: a later one.
+        let kept = stopped(Some(8_000.0));
+        ix.change(2, brief(&ws[2]), &kept);
+        ix.hint(1_000.0, 120.0, &mut h);
+        assert_eq!((h.stopped.clone(), h.stopped_due), (vec![0, 2], 5_000.0));
+        // One without a keep: decide looks at each.
+        let unknown = stopped(None);
+        ix.change(0, brief(&ws[0]), &unknown);
+        ix.hint(1_000.0, 120.0, &mut h);
+        assert_eq!(h.stopped_due, f64::NEG_INFINITY);
+        // Started again: none stopped but the one, moved to index 1's place.
+        let started = worker(WorkerState::Pending, 0, 1_000.0, 1.0, None);
+        ix.change(0, brief(&unknown), &started);
+        ix.remove(1, &ws[1]);
+        ix.moved(2, 1, &kept);
+        ix.hint(1_000.0, 120.0, &mut h);
+        assert_eq!(
+            (h.visit.clone(), h.stopped.clone(), h.stopped_due),
+            (vec![0], vec![1], 8_000.0)
+        );
+        ix.remove(1, &kept);
+        ix.hint(1_000.0, 120.0, &mut h);
+        assert_eq!((h.stopped.clone(), h.stopped_due), (vec![], f64::INFINITY));
     }
 }

@@ -54,6 +54,38 @@ impl<'a> Tally<'a> {
     }
 }
 
+/// The stopped workers per lane, listed at first need when the caller's [`FleetHint`] names them
+/// apart ([`FleetHint::stopped`]): most decisions neither start nor release one.
+#[derive(Debug)]
+pub(crate) struct Stopped<'a> {
+    /// Per lane: listed (by the pass over the workers, or from `unlisted`).
+    lists: PerLane<Workers<'a>>,
+    /// The workers and the hint's indices of the stopped ones, not yet listed.
+    unlisted: Option<(&'a [WorkerView], &'a [usize])>,
+    /// Before this time (unix seconds) no stopped keep-alive has run out
+    /// ([`FleetHint::stopped_due`]); negative infinity: each is to be looked at.
+    pub(crate) due: f64,
+}
+
+impl<'a> Stopped<'a> {
+    /// Lane `lane`'s stopped workers (in the order of the workers), listed now if they were not.
+    pub(crate) fn of(&mut self, lane: usize) -> &mut Workers<'a> {
+        self.list();
+        &mut self.lists[lane]
+    }
+
+    /// List the hint's stopped workers, if not yet done.
+    fn list(&mut self) {
+        if let Some((workers, ids)) = self.unlisted.take() {
+            for w in ids.iter().filter_map(|&i| workers.get(i)) {
+                if let Some(l) = self.lists.get_mut(w.lane) {
+                    l.push(w);
+                }
+            }
+        }
+    }
+}
+
 /// The fleet, and the launches booked so far.
 #[derive(Debug)]
 pub(crate) struct Fleet<'a> {
@@ -82,7 +114,7 @@ pub(crate) struct Fleet<'a> {
     /// Booting workers per lane.
     pub(crate) pending: PerLane<Workers<'a>>,
     /// Stopped workers per lane (not live: a start makes them capacity again).
-    pub(crate) stopped: PerLane<Workers<'a>>,
+    pub(crate) stopped: Stopped<'a>,
     /// The budget cap, when the spend is over it (no launches, idle workers released).
     pub(crate) breaker: Option<f64>,
     /// Cheapest price of a live worker per (GPUs, GPU memory bits), $/h: what the warm pool of a
@@ -177,7 +209,18 @@ pub(crate) fn fill<'a>(f: &mut Fleet<'a>, obs: &Observation<'a>, cfg: &PolicyCon
             fill_from_hint(f, obs, cfg, now, h);
             #[cfg(debug_assertions)]
             {
+                f.stopped.list();
                 let pass = figures_by_pass(obs, cfg, now);
+                // Each stopped keep-alive run out is on or after the hint's due time.
+                for w in pass.stopped.lists.iter().flatten() {
+                    assert!(
+                        w.stopped_until.is_some_and(|t| t >= h.stopped_due) || h.stopped_due == f64::NEG_INFINITY,
+                        "the FleetHint disagrees with the workers at {now}: {} stopped until {:?}, due {}",
+                        w.id,
+                        w.stopped_until,
+                        h.stopped_due
+                    );
+                }
                 assert_eq!(
                     f.digest(),
                     pass.digest(),
@@ -203,7 +246,11 @@ impl<'a> Fleet<'a> {
             free_before: PerLane::new(),
             idle: PerLane::new(),
             pending: PerLane::new(),
-            stopped: PerLane::new(),
+            stopped: Stopped {
+                lists: PerLane::new(),
+                unlisted: None,
+                due: f64::NEG_INFINITY,
+            },
             breaker: None,
             cheapest: SmallVec::new(),
             pinned_met: Vec::new(),
@@ -214,7 +261,7 @@ impl<'a> Fleet<'a> {
             f.free.push(Classes::new());
             f.idle.push(Workers::new());
             f.pending.push(Workers::new());
-            f.stopped.push(Workers::new());
+            f.stopped.lists.push(Workers::new());
         }
         f
     }
@@ -225,7 +272,7 @@ impl<'a> Fleet<'a> {
     #[inline]
     fn visit(&mut self, w: &'a WorkerView, pinned: &mut Vec<&'a WorkerView>, cfg: &PolicyConfig, now: f64) {
         if w.state == WorkerState::Stopped {
-            self.stopped[w.lane].push(w);
+            self.stopped.lists[w.lane].push(w);
             return;
         }
         if w.pinned_job.is_some() && matches!(w.state, WorkerState::Pending | WorkerState::Idle) {
@@ -291,14 +338,14 @@ impl<'a> Fleet<'a> {
         (
             (self.spend, self.live_total, &self.lane_live, &self.last_launch),
             (&self.free, &self.free_before, ids(&self.idle), ids(&self.pending)),
-            ids(&self.stopped),
+            ids(&self.stopped.lists),
             (self.breaker, cheapest, &self.pinned_met),
         )
     }
 }
 
 /// [`fill`] from the caller's hint: only the workers it names are visited.
-fn fill_from_hint<'a>(f: &mut Fleet<'a>, obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, h: &FleetHint) {
+fn fill_from_hint<'a>(f: &mut Fleet<'a>, obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, h: &'a FleetHint) {
     let nl = cfg.lanes.len();
     for (lane, &(live, last)) in h.lane_live.iter().enumerate().take(nl) {
         if live > 0 {
@@ -308,6 +355,8 @@ fn fill_from_hint<'a>(f: &mut Fleet<'a>, obs: &Observation<'a>, cfg: &PolicyConf
         }
     }
     f.cheapest = h.cheapest.iter().copied().collect();
+    f.stopped.unlisted = Some((obs.workers, &h.stopped));
+    f.stopped.due = h.stopped_due;
     let mut pinned: Vec<&'a WorkerView> = Vec::new();
     for w in h
         .visit
@@ -518,6 +567,8 @@ mod tests {
             now: 1_000.0,
             horizon_s: PolicyConfig::default().offers.short_job_horizon_s,
             visit,
+            stopped: vec![],
+            stopped_due: f64::INFINITY,
             lane_live: vec![(5, 700.0)],
             cheapest: vec![((4, 24f64.to_bits()), 2.0), ((1, 24f64.to_bits()), 0.9)],
         }
@@ -552,6 +603,32 @@ mod tests {
         let (later, by_pass) = (figures(&obs, &cfg, 1_000.0), figures_by_pass(&obs, &cfg, 1_000.0));
         assert_eq!(later.digest(), by_pass.digest());
         assert_eq!(later.free_before[0], (2, 1));
+    }
+
+    #[test]
+    fn stopped_workers_named_apart_are_listed_at_first_need_as_the_pass_lists_them() {
+        let cfg = PolicyConfig::default();
+        let mut workers = mixed_fleet();
+        let mut g = worker("g", 0, WorkerState::Stopped, 1, 0.9);
+        g.stopped_until = Some(5_000.0);
+        workers.push(g);
+        let hint = FleetHint {
+            stopped: vec![6],
+            stopped_due: 5_000.0,
+            ..hint_of(vec![0, 1, 4, 5])
+        };
+        let mut obs = observe(&workers);
+        let pass = figures(&obs, &cfg, 1_000.0);
+        obs.fleet = Some(&hint);
+        let mut hinted = Fleet::empty(cfg.lanes.len());
+        fill_from_hint(&mut hinted, &obs, &cfg, 1_000.0, &hint);
+        assert!(hinted.stopped.lists[0].is_empty(), "not listed before it is asked for");
+        assert_eq!(hinted.stopped.due, 5_000.0);
+        let listed: Vec<&str> = hinted.stopped.of(0).iter().map(|w| w.id.as_str()).collect();
+        assert_eq!(listed, ["g"]);
+        assert_eq!(hinted.digest(), pass.digest());
+        // The pass lists them as it goes, and has no due time: each is looked at.
+        assert_eq!(pass.stopped.due, f64::NEG_INFINITY);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use crate::observation::{LaneId, Observation, WorkerState, WorkerView};
 use crate::offering::CapacityType;
 use crate::plan::{Action, Plan, Reason};
 
-use super::fleet::Fleet;
+use super::fleet::{Fleet, Stopped};
 use super::warm::Warm;
 use super::FreeClass;
 
@@ -106,13 +106,13 @@ struct StopLine {
 /// Release idle worker `w` of `lane` for `reason`: stopped when `scale_down.stop_idle` covers it
 /// and a start saves anything over a cold start ([`keepalive::stops`]), kept stopped for its
 /// place at the back of its size's line of stopped workers (`lines`, built as needed from
-/// `stopped`; [`keepalive::stopped_keep_s`]); else terminated.
+/// `stopped`, the lane's stopped workers; [`keepalive::stopped_keep_s`]); else terminated.
 #[allow(clippy::too_many_arguments)]
 fn release(
     obs: &Observation<'_>,
     cfg: &PolicyConfig,
     lane: LaneId,
-    stopped: &[&WorkerView],
+    stopped: &mut Stopped<'_>,
     lines: &mut smallvec::SmallVec<[StopLine; 4]>,
     w: &WorkerView,
     reason: Reason,
@@ -131,7 +131,7 @@ fn release(
                 .and_then(|o| o.gaps_for(w.gpus, oc.max_gpu_oversize));
             lines.push(StopLine {
                 gpus: w.gpus,
-                len: stopped.iter().filter(|s| s.gpus == w.gpus).count() as u32,
+                len: stopped.of(lane).iter().filter(|s| s.gpus == w.gpus).count() as u32,
                 curve: shape
                     .filter(|s| keepalive::trusted(&s.hist, &cfg.scale_down))
                     .map(|s| Box::new(keepalive::GapCurve::new(&s.hist))),
@@ -212,8 +212,10 @@ pub(crate) fn scale_down(
             .then(b.seq.cmp(&a.seq))
     });
     let idle_free = skip_consumed(idle, &fleet.free[lane], consumed_idle);
-    let stopped = &fleet.stopped[lane];
-    release_stopped(cfg, now, stopped, plan);
+    let stopped = &mut fleet.stopped;
+    if now >= stopped.due {
+        release_stopped(cfg, now, stopped.of(lane), plan);
+    }
     let mut stop_lines: smallvec::SmallVec<[StopLine; 4]> = smallvec::SmallVec::new();
 
     if let Some(cap) = fleet.breaker {
@@ -226,7 +228,7 @@ pub(crate) fn scale_down(
                 cap_usd_per_h: cap,
             };
             plan.actions
-                .push(release(obs, cfg, lane, stopped, &mut stop_lines, w, reason));
+                .push(release(obs, cfg, lane, &mut *stopped, &mut stop_lines, w, reason));
         }
         return;
     }
@@ -356,7 +358,7 @@ pub(crate) fn scale_down(
         };
         if let Some(reason) = reason {
             plan.actions
-                .push(release(obs, cfg, lane, stopped, &mut stop_lines, w, reason));
+                .push(release(obs, cfg, lane, &mut *stopped, &mut stop_lines, w, reason));
         }
     }
     // Booting workers nothing needs: only when the lane has no queued job at all.

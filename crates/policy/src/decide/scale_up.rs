@@ -474,7 +474,7 @@ fn scale_up_lane<'a>(
             };
             let started = push_starts(
                 plan,
-                &mut b.stopped[lane],
+                b.stopped.of(lane),
                 obs,
                 table,
                 &b.blocked,
@@ -535,7 +535,7 @@ fn scale_up_lane<'a>(
         };
         let started = push_starts(
             plan,
-            &mut b.stopped[lane],
+            b.stopped.of(lane),
             obs,
             table,
             &b.blocked,
@@ -584,7 +584,7 @@ fn start_whole<'a>(
     ceiling_usd: f64,
 ) -> bool {
     let n = req.instances.max(1);
-    if (b.stopped[lane].len() as u32) < n {
+    if (b.stopped.of(lane).len() as u32) < n {
         return false;
     }
     let for_ = StartFor {
@@ -599,7 +599,7 @@ fn start_whole<'a>(
     let first = plan.actions.len();
     let started = push_starts(
         plan,
-        &mut b.stopped[lane],
+        b.stopped.of(lane),
         obs,
         table,
         &b.blocked,

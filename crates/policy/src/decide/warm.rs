@@ -286,7 +286,7 @@ fn shape_capacity(
             n = fit;
         }
     }
-    if n > 0 && !fleet.stopped[lane].is_empty() {
+    if n > 0 && !fleet.stopped.of(lane).is_empty() {
         // Stopped workers first: no dearer per job than the launch they stand for.
         let table = memo.table(obs.offerings, oc);
         let starts = StartFor {
@@ -301,7 +301,7 @@ fn shape_capacity(
         let max_cost = ranked.first().map_or(f64::INFINITY, |r| r.1);
         let started = push_starts(
             plan,
-            &mut fleet.stopped[lane],
+            fleet.stopped.of(lane),
             obs,
             table,
             &fleet.blocked,
