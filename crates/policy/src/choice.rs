@@ -519,7 +519,14 @@ pub struct RankMemo {
     entries: Vec<(MemoKey, Vec<(usize, f64)>)>,
     /// Built on first use over the basis' catalogue and configuration.
     table: Option<PriceTable>,
+    /// The warm pool's fractile samples per (lane, job shape) with the window demand they were
+    /// taken from: the demand changes only as arrivals cross a window's edge, and `decide` runs
+    /// on every arrival and minute (`decide::warm::Fractile::memoised`).
+    pub(crate) fractiles: Vec<FractileEntry>,
 }
+
+/// (lane, GPUs of the job shape), the window demand, and the fractile's samples taken from it.
+pub(crate) type FractileEntry = ((usize, u32), Vec<u32>, smallvec::SmallVec<[u32; 32]>);
 
 /// The catalogue and configuration a memo's rankings and table were computed over.
 #[derive(Debug, PartialEq)]

@@ -92,6 +92,33 @@ impl Fractile {
         Self(d)
     }
 
+    /// [`Fractile::new`] for `lane`'s job shape of `gpus` GPUs, from `memo` while its demand is
+    /// what it was at the last decision that asked (rebuilding it was 3 % of a full Philly
+    /// replay's instructions, `callgrind`).
+    pub(crate) fn memoised(lane: LaneId, gpus: u32, demand: &[u32], memo: &mut RankMemo) -> Self {
+        /// Shapes kept; past that, emptied (a lane has a few).
+        const MAX_ENTRIES: usize = 32;
+        let kept = &mut memo.fractiles;
+        match kept.iter_mut().find(|(k, _, _)| *k == (lane, gpus)) {
+            Some((_, d, f)) if d.as_slice() == demand => Self(f.clone()),
+            Some((_, d, f)) => {
+                let new = Self::new(demand);
+                d.clear();
+                d.extend_from_slice(demand);
+                f.clone_from(&new.0);
+                new
+            }
+            None => {
+                let new = Self::new(demand);
+                if kept.len() >= MAX_ENTRIES {
+                    kept.clear();
+                }
+                kept.push(((lane, gpus), demand.to_vec(), new.0.clone()));
+                new
+            }
+        }
+    }
+
     /// The pool for workers billed `price_usd_per_h`.
     pub(crate) fn target(&self, cfg: &PolicyConfig, lane: LaneId, price_usd_per_h: f64) -> u32 {
         let be = keepalive::break_even_s(cfg.offers.boot_estimate_s, price_usd_per_h, &cfg.scale_down);
@@ -218,7 +245,7 @@ fn shape_capacity(
     let mut launch_target = scheduled;
     // The most the pool could be (a free worker's price: the smallest fractile): when that is
     // nothing, no price is needed.
-    let fractile = Fractile::new(demand);
+    let fractile = Fractile::memoised(lane, gpus, demand, memo);
     if fractile.target(cfg, lane, 0.0) > 0 {
         // Priced at the fitting live workers (the cheapest), else at the offering a launch would
         // take: ranking the offerings only when it must keeps decide() cheap.
