@@ -97,7 +97,8 @@ pub struct LaneConfig {
     /// fractile has nothing to go on), this many times the excess over the largest of them is
     /// launched ahead of the arrivals still to come, on the bet that the burst goes on for another
     /// window (a cold start). Spot only in a spot-first lane, within `max_workers`; not capped by
-    /// `predictive_max`. Default 0 (off): it buys a lower p95 wait with cost, and on the bursty
+    /// `predictive_max`, but read from the predictive pool's windows, so only while that pool is
+    /// on (`predictive_max` > 0). Default 0 (off): it buys a lower p95 wait with cost, and on the bursty
     /// synthetic trace more cost than issue 12's 1.10 x bound allows. 3, the least that brings the
     /// train half of Philly to p95 <= 240 s, gives the test half p95 220 s at 1.020 x the lower
     /// bound (334 s at 1.015 x off), but the bursty trace 1.124 x (1.099 x off); README "Launching
