@@ -545,8 +545,10 @@ impl Ec2Fleet {
     /// not say). A stop: done (`None`) when the instance is stopping or stopped after all, else
     /// refused as it was (gone or going: the caller terminates it). A start: refused as
     /// [`FleetErrorKind::NotFound`] when the instance is shutting down, terminated or no longer
-    /// listed (gone: the caller retires its row), else as it was (still stopping: it stays a
-    /// stopped worker). If the lookup fails, the refusal stands as it was.
+    /// listed (gone: the caller retires its row); as [`FleetErrorKind::Stopping`] when it is
+    /// stopping, or stopped by the time it was looked up (its stop was still under way when EC2
+    /// refused: it stays a stopped worker, and a start now would do); else as it was. If the
+    /// lookup fails, the refusal stands as it was.
     async fn after_incorrect_state(&self, to: Transition, id: &str, mut err: FleetError) -> Option<FleetError> {
         let state = self.state_of(id).await;
         match (to, state) {
@@ -557,6 +559,10 @@ impl Ec2Fleet {
             }
             (Transition::Start, Ok(Some(s))) if s == "shutting-down" || s == "terminated" => {
                 err.kind = FleetErrorKind::NotFound;
+                err.message.push_str(&format!(" (the instance is {s})"));
+            }
+            (Transition::Start, Ok(Some(s))) if s == "stopping" || s == "stopped" => {
+                err.kind = FleetErrorKind::Stopping;
                 err.message.push_str(&format!(" (the instance is {s})"));
             }
             _ => {}
@@ -898,8 +904,9 @@ impl Fleet for Ec2Fleet {
     /// safe: EC2 answers a start of one with its state). One refused for its state
     /// (`IncorrectInstanceState`) is looked up: shutting down, terminated or no longer listed, it
     /// is refused as [`FleetErrorKind::NotFound`] (gone: the caller retires its row); still
-    /// stopping, it keeps the error as EC2 classed it (it stays a stopped worker). If the lookup
-    /// fails, EC2's error is kept as it was.
+    /// stopping (or stopped by the lookup), as [`FleetErrorKind::Stopping`] (it stays a stopped
+    /// worker, and `control::act` may hold the start for the next decision). If the lookup fails,
+    /// EC2's error is kept as it was.
     async fn start(&self, instance_ids: &[String]) -> Result<Vec<(String, FleetError)>, FleetError> {
         self.stop_or_start(Transition::Start, instance_ids).await
     }

@@ -317,6 +317,49 @@ impl WorkerRegistry for DynamoWorkers {
         .await
     }
 
+    async fn mark_start_refused(
+        &self,
+        id: &str,
+        at: f64,
+        stopped_at: Option<f64>,
+        stopped_until: Option<f64>,
+    ) -> Result<bool, StoreError> {
+        let stopped = state_name(WorkerState::Stopped);
+        let mut set = vec!["#s = :stopped"];
+        let mut remove = Vec::new();
+        let mut req = self
+            .update_if(id)
+            .condition_expression("attribute_exists(instance_id) AND #s = :pending AND launched_at = :at")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":pending", s(state_name(WorkerState::Pending)))
+            .expression_attribute_values(":stopped", s(stopped))
+            .expression_attribute_values(":at", n(at));
+        match stopped_at {
+            Some(t) => {
+                set.push("idle_since = :i");
+                req = req.expression_attribute_values(":i", n(t));
+            }
+            None => remove.push("idle_since"),
+        }
+        match stopped_until {
+            Some(t) => {
+                set.push("hold_until = :h");
+                req = req.expression_attribute_values(":h", n(t));
+            }
+            None => remove.push("hold_until"),
+        }
+        let expr = match remove.is_empty() {
+            true => format!("SET {}", set.join(", ")),
+            false => format!("SET {} REMOVE {}", set.join(", "), remove.join(", ")),
+        };
+        // Stopped since that stop again is done (the write's own retry).
+        written_or_done(req.update_expression(expr), id, "mark worker start refused", |row| {
+            row.get("state").and_then(|v| v.as_s().ok()).map(String::as_str) == Some(stopped)
+                && number(row, "idle_since") == stopped_at
+        })
+        .await
+    }
+
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
         self.get_record(id).await
     }

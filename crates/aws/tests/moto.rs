@@ -2536,10 +2536,16 @@ async fn an_instance_still_stopping_is_refused_a_start_as_ec2_refuses_it() {
         )),
         "{refused:?}"
     );
-    // Not a capacity error: the caller launches instead, the offering stays available.
+    // Not a capacity error: classed as still stopping (looked up after the refusal; moto lists
+    // it stopped already), so the caller holds the start or launches, the offering stays
+    // available.
     assert_eq!(
         refused[0].1.kind,
-        onoff_control::ports::FleetErrorKind::Other,
+        onoff_control::ports::FleetErrorKind::Stopping,
+        "{refused:?}"
+    );
+    assert!(
+        refused[0].1.message.ends_with("(the instance is stopped)"),
         "{refused:?}"
     );
     assert_eq!(
@@ -2619,8 +2625,37 @@ async fn a_stopped_worker_row_is_written_once_kept_from_its_agent_and_started_ag
     assert_eq!((row.state, row.launched_at), (WorkerState::Pending, 1_700_002_000.0));
     assert_eq!((row.project, row.pinned_job.as_deref()), (None, Some("job-new")));
     assert_eq!((row.idle_since, row.hold_until, row.heartbeat_at), (None, None, None));
+    // EC2 refused that start (still stopping): put back as it was stopped, its retry done; a
+    // put-back for another start (not the row's) refused.
+    assert!(!reg
+        .mark_start_refused(id, 1_700_002_100.0, Some(1_700_000_500.0), Some(1_700_010_000.0))
+        .await
+        .unwrap());
+    for _ in 0..2 {
+        assert!(reg
+            .mark_start_refused(id, 1_700_002_000.0, Some(1_700_000_500.0), Some(1_700_010_000.0))
+            .await
+            .unwrap());
+    }
+    let row = reg.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.idle_since, row.hold_until),
+        (WorkerState::Stopped, Some(1_700_000_500.0), Some(1_700_010_000.0))
+    );
+    // Started again, refused again without a known stop: put back without one.
+    assert!(reg.mark_started(id, 1_700_003_000.0, None, None).await.unwrap());
+    assert!(reg.mark_start_refused(id, 1_700_003_000.0, None, None).await.unwrap());
+    let row = reg.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.idle_since, row.hold_until),
+        (WorkerState::Stopped, None, None)
+    );
     assert_eq!(
         reg.mark_stopped("i-0bbbbbbbbbbbbbbb2", 1.0, 2.0).await,
+        Err(StoreError::NotFound("i-0bbbbbbbbbbbbbbb2".into()))
+    );
+    assert_eq!(
+        reg.mark_start_refused("i-0bbbbbbbbbbbbbbb2", 1.0, None, None).await,
         Err(StoreError::NotFound("i-0bbbbbbbbbbbbbbb2".into()))
     );
 }

@@ -109,6 +109,11 @@ pub struct ActOutcome {
     pub stopped: Vec<String>,
     /// Stopped workers started again.
     pub started: Vec<String>,
+    /// Starts refused because the instance is still stopping ([`FleetErrorKind::Stopping`]),
+    /// held: nothing launched for them, the worker left stopped for the next decision to start
+    /// (the stop recent enough that a start after it still beats a cold start, see
+    /// [`onoff_policy::Action::Start`]'s `stopped_at`).
+    pub held: Vec<String>,
     /// Launches cancelled.
     pub cancelled: Vec<String>,
     /// Workers the plan would terminate or cancel that were left alone: they were no longer in
@@ -608,15 +613,24 @@ where
         };
         let until = ctx.now + ctx.cfg.offers.unavailable_ttl_s;
         for a in starting {
-            let Action::Start { worker, offering, .. } = a else {
+            let Action::Start {
+                worker,
+                offering,
+                job,
+                stopped_at,
+                stopped_until,
+                ..
+            } = a
+            else {
                 continue;
             };
             let Some((_, e)) = refused.iter().find(|(id, _)| id == worker) else {
                 out.started.push(worker.clone());
                 continue;
             };
+            // Stopped again, since its stop and kept as before the start.
             if let Err(e) = registry
-                .set_state_if(worker, WorkerState::Stopped, &[WorkerState::Pending])
+                .mark_start_refused(worker, ctx.now, *stopped_at, *stopped_until)
                 .await
             {
                 out.errors.push(format!("mark {worker} stopped again: {e}"));
@@ -634,6 +648,11 @@ where
                 out.errors
                     .push(format!("start {worker}: {e} (terminated, launching instead)"));
                 to_terminate.push(worker.clone());
+            } else if e.kind == FleetErrorKind::Stopping && holds_for_stop(ctx, job.as_deref(), *stopped_at) {
+                // Not an error: EC2 is still stopping it. The next decision starts it, sooner
+                // than a cold start would be up.
+                out.held.push(worker.clone());
+                continue;
             } else {
                 out.errors.push(format!("start {worker}: {e} (launching instead)"));
             }
@@ -670,6 +689,17 @@ where
             })
         })
         .collect()
+}
+
+/// Whether a start refused because its instance is still stopping is held rather than launched
+/// for: the start is not pinned to a job (a deadline at risk keeps its launch), and the worker
+/// was stopped at `stopped_at` less than `boot_estimate_s - restart_estimate_s` ago. Within
+/// that, a start once the stop is over still beats a cold start launched now, which also leaves
+/// the stopped worker unused; past it (EC2 stops for "several minutes" at times, and may be
+/// stuck) a launch is the faster bet. Unknown `stopped_at`: not held.
+fn holds_for_stop(ctx: ActContext<'_>, job: Option<&str>, stopped_at: Option<f64>) -> bool {
+    let oc = &ctx.cfg.offers;
+    job.is_none() && stopped_at.is_some_and(|t| ctx.now - t < oc.boot_estimate_s - oc.restart_estimate_s)
 }
 
 /// Handle a spot interruption notice or rebalance recommendation for a worker: mark it Draining

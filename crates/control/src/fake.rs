@@ -50,6 +50,8 @@ struct FleetInner {
     stopped: BTreeMap<String, OfferingKey>,
     /// Instances EC2 refuses to stop (a spot instance of a one-time request).
     unstoppable: std::collections::BTreeSet<String>,
+    /// Instances whose stop is not over yet: a start is refused.
+    still_stopping: std::collections::BTreeSet<String>,
     no_capacity: Vec<OfferingKey>,
     /// Offerings whose launches fail with this error (any kind).
     failing: BTreeMap<OfferingKey, FleetError>,
@@ -107,6 +109,17 @@ impl FakeFleet {
     /// spot instance of a one-time request.
     pub fn set_unstoppable(&self, id: &str) {
         self.inner.lock().expect("lock").unstoppable.insert(id.to_string());
+    }
+
+    /// Starting instance `id` is refused as EC2 refuses an instance still stopping
+    /// ([`FleetErrorKind::Stopping`]) until [`FakeFleet::set_stopped_fully`].
+    pub fn set_still_stopping(&self, id: &str) {
+        self.inner.lock().expect("lock").still_stopping.insert(id.to_string());
+    }
+
+    /// Instance `id`'s stop is over: it starts again.
+    pub fn set_stopped_fully(&self, id: &str) {
+        self.inner.lock().expect("lock").still_stopping.remove(id);
     }
 
     /// Instances stopped (stopped and not started or terminated since), with their offering.
@@ -351,6 +364,19 @@ impl Fleet for FakeFleet {
                 }
                 continue;
             };
+            if s.still_stopping.contains(id) {
+                refused.push((
+                    id.clone(),
+                    FleetError {
+                        kind: FleetErrorKind::Stopping,
+                        message: format!(
+                            "IncorrectInstanceState: The instance '{id}' is not in a state from which it can be \
+                             started. (the instance is stopping)"
+                        ),
+                    },
+                ));
+                continue;
+            }
             if s.no_capacity.contains(&k) {
                 refused.push((
                     id.clone(),
@@ -576,6 +602,27 @@ impl WorkerRegistry for FakeRegistry {
                 w.idle_since = None;
                 w.hold_until = None;
                 w.heartbeat_at = None;
+            },
+        )
+    }
+
+    async fn mark_start_refused(
+        &self,
+        id: &str,
+        at: f64,
+        stopped_at: Option<f64>,
+        stopped_until: Option<f64>,
+    ) -> Result<bool, StoreError> {
+        self.write_if(
+            id,
+            |w| {
+                (w.state == WorkerState::Pending && w.launched_at == at)
+                    || (w.state == WorkerState::Stopped && w.idle_since == stopped_at)
+            },
+            |w| {
+                w.state = WorkerState::Stopped;
+                w.idle_since = stopped_at;
+                w.hold_until = stopped_until;
             },
         )
     }

@@ -27,6 +27,13 @@ pub enum FleetErrorKind {
     /// stop for this run and nothing is marked: every other offering would be refused the same,
     /// and skipping them all would only leave the jobs waiting longer once the limit frees.
     AccountLimit,
+    /// A start refused because the instance is still stopping (EC2: `IncorrectInstanceState`,
+    /// "not in a state from which it can be started", for an instance EC2 lists stopping, or
+    /// stopped by the time it was looked up). EC2 stops an instance in steps, "stopping" for what
+    /// its User Guide calls several minutes ("Stop and start Amazon EC2 instances"); once stopped
+    /// it starts. Not a capacity error: the offering is not skipped, and [`crate::act::act`] holds
+    /// the start for the next decision instead of launching (while the stop is recent).
+    Stopping,
     /// Anything else.
     Other,
 }
@@ -259,8 +266,9 @@ pub trait Fleet {
     /// Start stopped instances again (EC2: StartInstances). Returns the instances that did not
     /// start, each with its error ([`FleetErrorKind::InsufficientCapacity`] when their type has
     /// no capacity in their zone now: they stay stopped; [`FleetErrorKind::NotFound`] when the
-    /// instance is gone, terminated or shutting down: the caller retires it). Idempotent: an
-    /// instance already pending or running is not an error.
+    /// instance is gone, terminated or shutting down: the caller retires it;
+    /// [`FleetErrorKind::Stopping`] when it is still stopping: it stays stopped, and starts once
+    /// it is). Idempotent: an instance already pending or running is not an error.
     ///
     /// # Errors
     /// Provider failures of the call as a whole (throttling after retries) before any instance
@@ -442,6 +450,24 @@ pub trait WorkerRegistry {
     /// # Errors
     /// [`StoreError::NotFound`] when the worker is unknown; store failures.
     async fn mark_stopped(&self, id: &str, at: f64, until: f64) -> Result<bool, StoreError>;
+
+    /// Put back a worker whose start at `at` the provider refused (it is still stopped): state
+    /// Stopped, `idle_since` = `stopped_at` and `hold_until` = `stopped_until` again (each removed
+    /// when `None`), as [`WorkerRegistry::mark_started`] found them; so it is kept stopped, and
+    /// a refused start held, by its stop as before the start. One conditional write on the row
+    /// being Pending since `at` (the refused start's own write): `Ok(true)` when written or the
+    /// row already is Stopped with `idle_since` = `stopped_at` (the write's own retry), `Ok(false)`
+    /// when it is in another state.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the worker is unknown; store failures.
+    async fn mark_start_refused(
+        &self,
+        id: &str,
+        at: f64,
+        stopped_at: Option<f64>,
+        stopped_until: Option<f64>,
+    ) -> Result<bool, StoreError>;
 
     /// Record that a Stopped worker is being started: state Pending, launched at `at` (unix
     /// seconds: its boot and heartbeat deadlines count from the start), for `project` and pinned

@@ -897,7 +897,11 @@ fn stop_plan(id: &str, keep_s: f64) -> Plan {
     }
 }
 
-/// A plan that starts stopped `id` of offering `offering` for project `p`, pinned to `job`.
+/// When [`first_stopped`] stops its worker, unix seconds.
+const STOPPED_AT: f64 = 100.0;
+
+/// A plan that starts stopped `id` of offering `offering` for project `p`, pinned to `job`; the
+/// worker stopped at [`STOPPED_AT`].
 fn start_plan(id: &str, offering: OfferingKey, job: Option<&str>) -> Plan {
     Plan {
         actions: vec![Action::Start {
@@ -914,6 +918,8 @@ fn start_plan(id: &str, offering: OfferingKey, job: Option<&str>) -> Plan {
             },
             project: Some("p".into()),
             job: job.map(str::to_string),
+            stopped_at: Some(STOPPED_AT),
+            stopped_until: Some(STOPPED_AT + 3600.0),
             reason: Reason::UnmetBacklog { unmet_jobs: 1 },
         }],
         ..Plan::default()
@@ -1032,12 +1038,94 @@ fn first_stopped(
     let ids = idle_and_booting(fleet, reg, avail, cfg);
     pollster::block_on(act(
         &stop_plan(&ids[0], 3600.0),
-        at(cfg, offs, 100.0),
+        at(cfg, offs, STOPPED_AT),
         fleet,
         reg,
         avail,
     ));
     ids
+}
+
+#[test]
+fn a_start_refused_while_the_instance_is_still_stopping_is_held_while_the_stop_is_recent() {
+    let cfg = PolicyConfig::default();
+    let offs = offerings();
+    // A start beats a cold start while the stop began less than boot - restart ago.
+    let hold_s = cfg.offers.boot_estimate_s - cfg.offers.restart_estimate_s;
+    assert!(hold_s > 60.0, "{hold_s}");
+    // A worker stopped at STOPPED_AT whose start (pinned to `job`) EC2 refuses at `now`.
+    let refused_at = |fleet: &FakeFleet, job: Option<&str>, now: f64| {
+        let (reg, avail) = (FakeRegistry::default(), FakeAvailability::default());
+        let ids = first_stopped(fleet, &reg, &avail, &cfg, &offs);
+        fleet.set_still_stopping(&ids[0]);
+        let plan = start_plan(&ids[0], key("a.1", "z1"), job);
+        let out = pollster::block_on(act(&plan, at(&cfg, &offs, now), fleet, &reg, &avail));
+        (ids, out, reg, avail)
+    };
+    // Refused 60 s after the stop: held. Nothing launched, no error, the offering not marked,
+    // the row Stopped again for the next decision to start.
+    let fleet = FakeFleet::new();
+    let (ids, out, reg, avail) = refused_at(&fleet, None, STOPPED_AT + 60.0);
+    assert_eq!(out.held, vec![ids[0].clone()], "{out:?}");
+    assert!(out.launched.is_empty() && out.started.is_empty(), "{out:?}");
+    assert!(out.errors.is_empty() && out.capacity_errors.is_empty(), "{out:?}");
+    assert!(avail.marked().is_empty());
+    // Stopped since its stop and kept as before, so the next refusal is held by the same stop.
+    let row = reg.records()[&ids[0]].clone();
+    assert_eq!(
+        (row.state, row.idle_since, row.hold_until),
+        (WorkerState::Stopped, Some(STOPPED_AT), Some(STOPPED_AT + 3600.0))
+    );
+    assert!(fleet.stopped().contains_key(&ids[0]));
+    let out = pollster::block_on(act(
+        &start_plan(&ids[0], key("a.1", "z1"), None),
+        at(&cfg, &offs, STOPPED_AT + 120.0),
+        &fleet,
+        &reg,
+        &avail,
+    ));
+    assert_eq!(out.held, vec![ids[0].clone()], "{out:?}");
+    assert!(out.launched.is_empty(), "{out:?}");
+    // Its stop over, the next decision's start goes through.
+    fleet.set_stopped_fully(&ids[0]);
+    let out = pollster::block_on(act(
+        &start_plan(&ids[0], key("a.1", "z1"), None),
+        at(&cfg, &offs, STOPPED_AT + 180.0),
+        &fleet,
+        &reg,
+        &avail,
+    ));
+    assert_eq!(out.started, vec![ids[0].clone()], "{out:?}");
+    assert!(out.launched.is_empty() && out.held.is_empty(), "{out:?}");
+    // Refused once the stop is older than boot - restart: a launch now is the faster bet.
+    let fleet = FakeFleet::new();
+    let (ids, out, reg, _) = refused_at(&fleet, None, STOPPED_AT + hold_s + 1.0);
+    assert!(out.held.is_empty(), "{out:?}");
+    assert_eq!(out.launched.len(), 1, "{out:?}");
+    let row = reg.records()[&ids[0]].clone();
+    assert_eq!(
+        (row.state, row.idle_since, row.hold_until),
+        (WorkerState::Stopped, Some(STOPPED_AT), Some(STOPPED_AT + 3600.0))
+    );
+    // A start pinned to a job (a deadline at risk) keeps its launch, however recent the stop.
+    let fleet = FakeFleet::new();
+    let (_, out, _, avail) = refused_at(&fleet, Some("j-1"), STOPPED_AT + 60.0);
+    assert!(out.held.is_empty(), "{out:?}");
+    assert_eq!(out.launched.len(), 1, "{out:?}");
+    assert_eq!(out.launched[0].job.as_deref(), Some("j-1"));
+    assert!(avail.marked().is_empty(), "not a capacity error");
+    // So does a start whose stop time is unknown (a row a refused start already cleared).
+    let fleet = FakeFleet::new();
+    let (reg, avail) = (FakeRegistry::default(), FakeAvailability::default());
+    let ids = first_stopped(&fleet, &reg, &avail, &cfg, &offs);
+    fleet.set_still_stopping(&ids[0]);
+    let mut plan = start_plan(&ids[0], key("a.1", "z1"), None);
+    if let Some(Action::Start { stopped_at, .. }) = plan.actions.first_mut() {
+        *stopped_at = None;
+    }
+    let out = pollster::block_on(act(&plan, at(&cfg, &offs, STOPPED_AT + 60.0), &fleet, &reg, &avail));
+    assert!(out.held.is_empty(), "{out:?}");
+    assert_eq!(out.launched.len(), 1, "{out:?}");
 }
 
 #[test]

@@ -208,7 +208,9 @@ pub enum Action {
     /// Start a stopped worker again for `lane`: capacity as a launch would give it, in about
     /// `offers.restart_estimate_s` instead of a cold start. When the start fails (no capacity
     /// for its type in its zone), `control::act` marks its offering unavailable and launches one
-    /// instance for `request` instead, as it falls back from a launch.
+    /// instance for `request` instead, as it falls back from a launch; when it is refused because
+    /// the instance is still stopping, `control::act` launches nothing while the stop is recent
+    /// (the next decision starts it, see `stopped_at`).
     Start {
         /// Worker id (EC2 instance id).
         worker: String,
@@ -224,6 +226,16 @@ pub enum Action {
         project: Option<String>,
         /// The job it is pinned to (a deadline at risk on spot), if any.
         job: Option<String>,
+        /// When the worker was stopped (its [`crate::observation::WorkerView::idle_since`]), unix
+        /// seconds, if known. A start refused because the instance is still stopping is held
+        /// (nothing launched for it) while less than `offers.boot_estimate_s -
+        /// offers.restart_estimate_s` has passed since: a start after the stop still comes sooner
+        /// than a cold start would.
+        stopped_at: Option<f64>,
+        /// Until when it was to be kept stopped (its [`crate::observation::WorkerView::stopped_until`]),
+        /// unix seconds, if known: a start that fails puts it back on the worker with `stopped_at`,
+        /// so the worker is kept, and held for, as before the start.
+        stopped_until: Option<f64>,
         /// Why.
         reason: Reason,
     },

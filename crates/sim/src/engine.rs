@@ -790,7 +790,9 @@ impl World {
     }
 
     /// Start stopped worker `i` again: refused while it is still stopping (`stopping_s` after its
-    /// stop), a capacity error as a launch of its offering would meet, else booting for a drawn start (`restart_min_s`..`restart_max_s`), billed as a launch from
+    /// stop; [`FleetErrorKind::Stopping`]), a capacity error as a launch of its offering would
+    /// meet (either refusal leaves it as it was, as `control::act` puts the functions' row
+    /// back), else booting for a drawn start (`restart_min_s`..`restart_max_s`), billed as a launch from
     /// now (60-second minimum), its volume up to now billed, a spot worker's interruption drawn
     /// afresh.
     fn start_worker(&mut self, i: usize, project: Option<String>, pinned: Option<usize>) -> Result<(), FleetError> {
@@ -800,9 +802,10 @@ impl World {
             .is_some_and(|t| self.now - t < self.cfg.stopping_s)
         {
             return Err(FleetError {
-                kind: FleetErrorKind::Other,
+                kind: FleetErrorKind::Stopping,
                 message: format!(
-                    "IncorrectInstanceState: The instance '{}' is not in a state from which it can be started.",
+                    "IncorrectInstanceState: The instance '{}' is not in a state from which it can be started. \
+                     (the instance is stopping)",
                     self.workers[i].id
                 ),
             });
@@ -1370,6 +1373,19 @@ impl WorkerRegistry for SimPorts<'_> {
         }
         w.change_worker(i, |w| w.state = to);
         Ok(true)
+    }
+    async fn mark_start_refused(
+        &self,
+        id: &str,
+        _at: f64,
+        _stopped_at: Option<f64>,
+        _stopped_until: Option<f64>,
+    ) -> Result<bool, StoreError> {
+        // A refused start leaves the simulated worker as it was (`start_worker`): stopped, with
+        // its stop time and keep, which is what this write puts back on the functions' row.
+        let w = self.0.borrow();
+        let i = w.worker_by_id(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        Ok(w.workers[i].state == WorkerState::Stopped)
     }
     async fn set_price_if_unpriced(&self, _id: &str, _price_usd_per_h: f64) -> Result<bool, StoreError> {
         // Every simulated worker is priced at its launch.

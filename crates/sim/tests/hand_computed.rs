@@ -152,10 +152,12 @@ fn a_stopped_worker_bills_its_volume_and_starts_again_in_the_restart_time() {
 }
 
 #[test]
-fn a_worker_still_stopping_is_not_started_and_a_launch_is_made_instead() {
+fn a_worker_still_stopping_is_started_once_stopped_unless_a_launch_comes_sooner() {
     // A (0 s, 3,600 s) runs 300..3,900 s and is stopped at the tick of 4,500 s. EC2 takes
-    // `stopping_s` (120 s here) to stop it: B arriving 20 s after the stop gets a cold start
-    // (the start refused, a launch instead); B arriving 200 s after gets the stopped worker.
+    // `stopping_s` (120 s here) to stop it. B arriving 20 s after the stop: its start is refused
+    // at 4,520 s and at the tick of 4,560 s, held both times (the stop is less than boot -
+    // restart, 390 - 120 s, old), and goes through at the tick of 4,620 s: B waits 200 s, not a
+    // 300 s cold start. B arriving 200 s after the stop gets the stopped worker at once.
     let mut cfg = policy(600.0);
     cfg.scale_down.stop_idle = onoff_policy::StopIdle::SpotAndOnDemand;
     let s = SimConfig {
@@ -164,13 +166,30 @@ fn a_worker_still_stopping_is_not_started_and_a_launch_is_made_instead() {
         stopping_s: 120.0,
         ..sim(300.0)
     };
+    assert_eq!(
+        (cfg.offers.boot_estimate_s, cfg.offers.restart_estimate_s),
+        (390.0, 120.0)
+    );
     let soon = run_policy(&trace(&[(0.0, 3600.0, 1), (4_520.0, 600.0, 1)]), cfg.clone(), &s);
     assert_eq!(
         (soon.jobs_completed, soon.launches, soon.restarts),
-        (2, 2, 0),
+        (2, 1, 1),
         "{soon:?}"
     );
-    assert!(close(soon.wait_p99_s, 300.0), "B waits a cold start: {soon:?}");
+    // A waits its cold start (300 s), B the stop and a start (200 s).
+    assert!(
+        close(soon.wait_p50_s, 200.0) && close(soon.wait_mean_s, 250.0),
+        "B waits the stop and a start: {soon:?}"
+    );
+    // A stop that outlasts boot - restart: the start held while the stop is recent, then a
+    // launch (at the tick of 4,800 s, 300 s after the stop).
+    let slow = SimConfig {
+        stopping_s: 1_000.0,
+        ..s.clone()
+    };
+    let r = run_policy(&trace(&[(0.0, 3600.0, 1), (4_520.0, 600.0, 1)]), cfg.clone(), &slow);
+    assert_eq!((r.jobs_completed, r.launches, r.restarts), (2, 2, 0), "{r:?}");
+    assert!(close(r.wait_p99_s, 4_800.0 + 300.0 - 4_520.0), "{r:?}");
     let later = run_policy(&trace(&[(0.0, 3600.0, 1), (4_700.0, 600.0, 1)]), cfg.clone(), &s);
     assert_eq!(
         (later.jobs_completed, later.launches, later.restarts),

@@ -758,6 +758,8 @@ pub(crate) fn push_starts(
             },
             project: for_.project.map(str::to_string),
             job: for_.job.map(str::to_string),
+            stopped_at: w.idle_since,
+            stopped_until: w.stopped_until,
             reason: for_.reason.clone(),
         });
     }
