@@ -283,8 +283,10 @@ impl WorkerRegistry for DynamoWorkers {
         job: Option<&str>,
     ) -> Result<bool, StoreError> {
         let pending = state_name(WorkerState::Pending);
-        let mut set = vec!["#s = :pending", "launched_at = :at"];
-        let mut remove = vec!["idle_since", "hold_until", "heartbeat_at"];
+        let mut u = Update {
+            set: vec!["#s = :pending".into(), "launched_at = :at".into()],
+            remove: vec!["idle_since", "hold_until", "heartbeat_at"],
+        };
         // `state` and `project` are DynamoDB reserved words: aliased.
         let mut req = self
             .update_if(id)
@@ -294,21 +296,9 @@ impl WorkerRegistry for DynamoWorkers {
             .expression_attribute_values(":pending", s(pending))
             .expression_attribute_values(":stopped", s(state_name(WorkerState::Stopped)))
             .expression_attribute_values(":at", n(at));
-        match project {
-            Some(p) => {
-                set.push("#pr = :p");
-                req = req.expression_attribute_values(":p", s(p));
-            }
-            None => remove.push("#pr"),
-        }
-        match job {
-            Some(j) => {
-                set.push("pinned_job = :j");
-                req = req.expression_attribute_values(":j", s(j));
-            }
-            None => remove.push("pinned_job"),
-        }
-        let req = req.update_expression(format!("SET {} REMOVE {}", set.join(", "), remove.join(", ")));
+        req = u.set_or_remove(req, "#pr", project.map(s));
+        req = u.set_or_remove(req, "pinned_job", job.map(s));
+        let req = req.update_expression(u.expression());
         // Pending since this very start is done (the write's own retry).
         written_or_done(req, id, "mark worker started", |row| {
             row.get("state").and_then(|v| v.as_s().ok()).map(String::as_str) == Some(pending)
@@ -325,8 +315,10 @@ impl WorkerRegistry for DynamoWorkers {
         stopped_until: Option<f64>,
     ) -> Result<bool, StoreError> {
         let stopped = state_name(WorkerState::Stopped);
-        let mut set = vec!["#s = :stopped"];
-        let mut remove = Vec::new();
+        let mut u = Update {
+            set: vec!["#s = :stopped".into()],
+            remove: Vec::new(),
+        };
         let mut req = self
             .update_if(id)
             .condition_expression("attribute_exists(instance_id) AND #s = :pending AND launched_at = :at")
@@ -334,29 +326,18 @@ impl WorkerRegistry for DynamoWorkers {
             .expression_attribute_values(":pending", s(state_name(WorkerState::Pending)))
             .expression_attribute_values(":stopped", s(stopped))
             .expression_attribute_values(":at", n(at));
-        match stopped_at {
-            Some(t) => {
-                set.push("idle_since = :i");
-                req = req.expression_attribute_values(":i", n(t));
-            }
-            None => remove.push("idle_since"),
-        }
-        match stopped_until {
-            Some(t) => {
-                set.push("hold_until = :h");
-                req = req.expression_attribute_values(":h", n(t));
-            }
-            None => remove.push("hold_until"),
-        }
-        let expr = match remove.is_empty() {
-            true => format!("SET {}", set.join(", ")),
-            false => format!("SET {} REMOVE {}", set.join(", "), remove.join(", ")),
-        };
+        req = u.set_or_remove(req, "idle_since", stopped_at.map(n));
+        req = u.set_or_remove(req, "hold_until", stopped_until.map(n));
         // Stopped since that stop again is done (the write's own retry).
-        written_or_done(req.update_expression(expr), id, "mark worker start refused", |row| {
-            row.get("state").and_then(|v| v.as_s().ok()).map(String::as_str) == Some(stopped)
-                && number(row, "idle_since") == stopped_at
-        })
+        written_or_done(
+            req.update_expression(u.expression()),
+            id,
+            "mark worker start refused",
+            |row| {
+                row.get("state").and_then(|v| v.as_s().ok()).map(String::as_str) == Some(stopped)
+                    && number(row, "idle_since") == stopped_at
+            },
+        )
         .await
     }
 
@@ -432,6 +413,43 @@ async fn written_or_done(
             Some(UpdateItemError::ConditionalCheckFailedException(c)) if c.item().is_some_and(done) => Ok(true),
             _ => refused_or_missing(id, what, &e),
         },
+    }
+}
+
+/// An UpdateItem's expression built attribute by attribute: `SET` clauses, `REMOVE`d names.
+struct Update {
+    set: Vec<String>,
+    remove: Vec<&'static str>,
+}
+
+impl Update {
+    /// `SET name = :value` with `value` bound on `req` (the placeholder is `name` without a
+    /// leading `#`), or `REMOVE name` without one.
+    fn set_or_remove(
+        &mut self,
+        req: UpdateItemFluentBuilder,
+        name: &'static str,
+        value: Option<AttributeValue>,
+    ) -> UpdateItemFluentBuilder {
+        match value {
+            Some(v) => {
+                let placeholder = format!(":{}", name.trim_start_matches('#'));
+                self.set.push(format!("{name} = {placeholder}"));
+                req.expression_attribute_values(placeholder, v)
+            }
+            None => {
+                self.remove.push(name);
+                req
+            }
+        }
+    }
+
+    /// `SET a = :a, ... [REMOVE b, ...]`.
+    fn expression(&self) -> String {
+        match self.remove.is_empty() {
+            true => format!("SET {}", self.set.join(", ")),
+            false => format!("SET {} REMOVE {}", self.set.join(", "), self.remove.join(", ")),
+        }
     }
 }
 
