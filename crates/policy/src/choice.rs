@@ -523,7 +523,17 @@ pub struct RankMemo {
     /// taken from: the demand changes only as arrivals cross a window's edge, and `decide` runs
     /// on every arrival and minute (`decide::warm::Fractile::memoised`).
     pub(crate) fractiles: Vec<FractileEntry>,
+    /// The keep-alive's facts per (lane, worker GPUs): the gap curve and mean worker units of the
+    /// job shape those workers serve, with that shape's [`crate::observation::ShapeGaps::stamp`]
+    /// (`decide::scale_down`): they change only with an arrival of the shape, and `decide` runs
+    /// on every arrival and minute.
+    pub(crate) shape_facts: Vec<ShapeFactsEntry>,
 }
+
+/// (lane, worker GPUs), the stamp of the shape's statistics and the (horizon, default run
+/// time) bits the units were taken for, and the facts: the gap curve (all gaps, trusted or
+/// not) and the mean worker units of an arrival.
+pub(crate) type ShapeFactsEntry = ((usize, u32), [u64; 8], std::sync::Arc<crate::keepalive::GapCurve>, f64);
 
 /// (lane, GPUs of the job shape), the window demand, and the fractile's samples taken from it.
 pub(crate) type FractileEntry = ((usize, u32), Vec<u32>, smallvec::SmallVec<[u32; 32]>);

@@ -188,7 +188,7 @@ pub fn cost_optimal_timeout_s(gaps: &GapHistogram, scale: f64, break_even_s: f64
 
 /// A gap histogram's cumulative sums, built once per decision so that each idle worker's
 /// cost-optimal timeout costs O(buckets) arithmetic (fixed-size arrays: no allocation).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GapCurve {
     /// Upper edge of each bucket, seconds.
     edges: [f64; GAP_BUCKETS],

@@ -332,6 +332,16 @@ pub struct ShapeGaps {
 }
 
 impl ShapeGaps {
+    /// What tells these statistics apart from their earlier states: every
+    /// [`GapHistogram::record`] (the only change a [`LaneObservation`] makes) adds a sample and a
+    /// weight, so two states with the same stamp hold the same gaps and run times. The memo of
+    /// the keep-alive's curve is keyed by it.
+    pub(crate) fn stamp(&self) -> [u64; 6] {
+        let h = |g: &GapHistogram| [g.samples, g.total_weight.to_bits(), g.epoch.to_bits()];
+        let (a, b) = (h(&self.hist), h(&self.runtimes));
+        [a[0], a[1], a[2], b[0], b[1], b[2]]
+    }
+
     /// Mean [`worker_units`] of an arrival of this shape, from the run-time histogram (bucket
     /// midpoints); `default_runtime_s`'s when no run time was declared.
     pub fn mean_worker_units(&self, horizon_s: f64, default_runtime_s: f64) -> f64 {

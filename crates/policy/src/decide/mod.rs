@@ -95,7 +95,17 @@ pub fn decide_with_memo<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64,
     for (lane, lane_plan) in lanes.iter_mut().enumerate() {
         let warm = warm::warm_capacity(obs, cfg, now, lane, &mut fleet, &mut plan, memo);
         lane_plan.warm_target = warm.target();
-        scale_down::scale_down(obs, cfg, now, lane, &warm, queue_empty[lane], &mut fleet, &mut plan);
+        scale_down::scale_down(
+            obs,
+            cfg,
+            now,
+            lane,
+            &warm,
+            queue_empty[lane],
+            &mut fleet,
+            &mut plan,
+            memo,
+        );
     }
     plan.lanes = lanes;
     plan

@@ -1,5 +1,8 @@
 //! Phase 5: release idle workers past their keep-alive, cancel booting workers nothing needs.
 
+use std::sync::Arc;
+
+use crate::choice::RankMemo;
 use crate::config::{KeepAliveMode, PolicyConfig};
 use crate::keepalive;
 use crate::observation::{LaneId, Observation, WorkerState, WorkerView};
@@ -76,7 +79,67 @@ const ARRIVALS_CAP: f64 = 1e6;
 /// What a line's keep-alives read, built at first need: the gap curve of the shapes its workers
 /// serve (if trusted), the mean worker units of an arrival, and when the lane's running workers of
 /// its size end their jobs (seconds from now, any order).
-type LineFacts = (Option<keepalive::GapCurve>, f64, Vec<f64>);
+type LineFacts = (Option<Arc<keepalive::GapCurve>>, f64, Vec<f64>);
+
+/// The gap curve of the job shape a worker of `gpus` GPUs in `lane` serves
+/// ([`crate::observation::LaneObservation::gaps_for`]), if its gaps are trusted, and the mean
+/// worker units of an arrival of it (1 without statistics). Kept in `memo` while the shape's
+/// statistics are what they were ([`crate::observation::ShapeGaps::stamp`]): building the curve
+/// and the units was 2.6 % of a full Philly replay's instructions (`callgrind`), and most
+/// decisions (the minute's) see no new arrival. Debug builds check a kept curve against a new one.
+fn shape_facts(
+    obs: &Observation<'_>,
+    cfg: &PolicyConfig,
+    lane: LaneId,
+    gpus: u32,
+    memo: &mut RankMemo,
+) -> (Option<Arc<keepalive::GapCurve>>, f64) {
+    /// Entries kept; past that, emptied (a lane has a few worker sizes).
+    const MAX_ENTRIES: usize = 32;
+    let oc = &cfg.offers;
+    let Some(shape) = obs.lanes.get(lane).and_then(|o| o.gaps_for(gpus, oc.max_gpu_oversize)) else {
+        return (None, 1.0);
+    };
+    let trusted = keepalive::trusted(&shape.hist, &cfg.scale_down);
+    let s = shape.stamp();
+    let stamp = [
+        s[0],
+        s[1],
+        s[2],
+        s[3],
+        s[4],
+        s[5],
+        oc.short_job_horizon_s.to_bits(),
+        oc.default_runtime_s.to_bits(),
+    ];
+    let kept = &mut memo.shape_facts;
+    let (curve, units) = match kept.iter().position(|(k, _, _, _)| *k == (lane, gpus)) {
+        Some(i) if kept[i].1 == stamp => {
+            debug_assert!(
+                *kept[i].2 == keepalive::GapCurve::new(&shape.hist)
+                    && kept[i].3 == shape.mean_worker_units(oc.short_job_horizon_s, oc.default_runtime_s),
+                "kept keep-alive facts differ from the statistics' own"
+            );
+            (kept[i].2.clone(), kept[i].3)
+        }
+        at => {
+            let curve = Arc::new(keepalive::GapCurve::new(&shape.hist));
+            let units = shape.mean_worker_units(oc.short_job_horizon_s, oc.default_runtime_s);
+            let entry = ((lane, gpus), stamp, curve.clone(), units);
+            match at {
+                Some(i) => kept[i] = entry,
+                None => {
+                    if kept.len() >= MAX_ENTRIES {
+                        kept.clear();
+                    }
+                    kept.push(entry);
+                }
+            }
+            (curve, units)
+        }
+    };
+    (trusted.then_some(curve), units)
+}
 
 /// The idle workers of one GPU count, in line for the keep-alive (the most recently idle first).
 struct Line {
@@ -98,7 +161,7 @@ struct StopLine {
     /// Workers in line: stopped already (scale-up did not start them), and stopped by this plan.
     len: u32,
     /// The gaps' curve of the shapes they serve, if trusted.
-    curve: Option<Box<keepalive::GapCurve>>,
+    curve: Option<Arc<keepalive::GapCurve>>,
     /// Mean worker units an arrival of those shapes brings.
     units: f64,
 }
@@ -116,28 +179,21 @@ fn release(
     lines: &mut smallvec::SmallVec<[StopLine; 4]>,
     w: &WorkerView,
     reason: Reason,
+    memo: &mut RankMemo,
 ) -> Action {
     let worker = w.id.clone();
     if !keepalive::stops(w.offering.capacity_type, w.price_usd_per_h, cfg) {
         return Action::Terminate { worker, reason };
     }
-    let oc = &cfg.offers;
     let li = match lines.iter().position(|l| l.gpus == w.gpus) {
         Some(i) => i,
         None => {
-            let shape = obs
-                .lanes
-                .get(lane)
-                .and_then(|o| o.gaps_for(w.gpus, oc.max_gpu_oversize));
+            let (curve, units) = shape_facts(obs, cfg, lane, w.gpus, memo);
             lines.push(StopLine {
                 gpus: w.gpus,
                 len: stopped.of(lane).iter().filter(|s| s.gpus == w.gpus).count() as u32,
-                curve: shape
-                    .filter(|s| keepalive::trusted(&s.hist, &cfg.scale_down))
-                    .map(|s| Box::new(keepalive::GapCurve::new(&s.hist))),
-                units: shape.map_or(1.0, |s| {
-                    s.mean_worker_units(oc.short_job_horizon_s, oc.default_runtime_s)
-                }),
+                curve,
+                units,
             });
             lines.len() - 1
         }
@@ -195,6 +251,7 @@ pub(crate) fn scale_down(
     queue_empty: bool,
     fleet: &mut Fleet<'_>,
     plan: &mut Plan,
+    memo: &mut RankMemo,
 ) {
     let oc = &cfg.offers;
     let lane_obs = obs.lanes.get(lane);
@@ -228,7 +285,7 @@ pub(crate) fn scale_down(
                 cap_usd_per_h: cap,
             };
             plan.actions
-                .push(release(obs, cfg, lane, &mut *stopped, &mut stop_lines, w, reason));
+                .push(release(obs, cfg, lane, &mut *stopped, &mut stop_lines, w, reason, memo));
         }
         return;
     }
@@ -278,13 +335,7 @@ pub(crate) fn scale_down(
             cut => {
                 let gpus = line.gpus;
                 let (curve, units, ends) = &**line.curve.get_or_insert_with(|| {
-                    let shape = lane_obs.and_then(|o| o.gaps_for(w.gpus, oc.max_gpu_oversize));
-                    let curve = shape
-                        .filter(|s| keepalive::trusted(&s.hist, &cfg.scale_down))
-                        .map(|s| keepalive::GapCurve::new(&s.hist));
-                    let units = shape.map_or(1.0, |s| {
-                        s.mean_worker_units(oc.short_job_horizon_s, oc.default_runtime_s)
-                    });
+                    let (curve, units) = shape_facts(obs, cfg, lane, w.gpus, memo);
                     // Only the adaptive keep-alive reads them.
                     let adaptive = cfg.scale_down.mode == KeepAliveMode::Adaptive;
                     let ends: Vec<f64> = match curve {
@@ -320,7 +371,7 @@ pub(crate) fn scale_down(
                     oc.boot_estimate_s
                 };
                 let own = keepalive::keep_alive_with_curve_s(
-                    curve.as_ref(),
+                    curve.as_deref(),
                     until_needed,
                     release_boot,
                     w.price_usd_per_h,
@@ -358,7 +409,7 @@ pub(crate) fn scale_down(
         };
         if let Some(reason) = reason {
             plan.actions
-                .push(release(obs, cfg, lane, &mut *stopped, &mut stop_lines, w, reason));
+                .push(release(obs, cfg, lane, &mut *stopped, &mut stop_lines, w, reason, memo));
         }
     }
     // Booting workers nothing needs: only when the lane has no queued job at all.
@@ -378,5 +429,66 @@ pub(crate) fn scale_down(
                 reason: Reason::PendingNotNeeded,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::shape_facts;
+    use crate::choice::RankMemo;
+    use crate::config::PolicyConfig;
+    use crate::keepalive::GapCurve;
+    use crate::observation::{LaneObservation, Observation};
+
+    fn observe(lanes: &[LaneObservation]) -> Observation<'_> {
+        Observation {
+            lanes,
+            jobs: &[],
+            workers: &[],
+            offerings: &[],
+            unavailable: &[],
+            fleet: None,
+        }
+    }
+
+    #[test]
+    fn the_keep_alive_facts_are_kept_while_the_shape_sees_no_arrival_and_rebuilt_after_one() {
+        let cfg = PolicyConfig::default();
+        let mut lane = LaneObservation::default();
+        // Enough 1-GPU gaps to be trusted, a minute apart, each job an hour long.
+        let n = cfg.scale_down.min_gap_samples + 1;
+        for i in 0..=n {
+            lane.record_arrival_with_runtime(1, 1_000.0 + 60.0 * i as f64, Some(3600.0));
+        }
+        let mut memo = RankMemo::default();
+        let lanes = [lane];
+        let (first, units) = shape_facts(&observe(&lanes), &cfg, 0, 1, &mut memo);
+        let first = first.expect("trusted gaps");
+        assert_eq!(*first, GapCurve::new(&lanes[0].gaps[&1].hist));
+        assert_eq!(units, 1.0, "hour-long jobs: a worker each");
+        // No arrival since: the same curve, not a new one.
+        let (again, _) = shape_facts(&observe(&lanes), &cfg, 0, 1, &mut memo);
+        assert!(Arc::ptr_eq(&first, &again.expect("trusted")));
+        assert_eq!(memo.shape_facts.len(), 1);
+        // An arrival of the shape (a 30 s gap, 5-second job): rebuilt, as the statistics say.
+        let [mut lane] = lanes;
+        lane.record_arrival_with_runtime(1, 1_000.0 + 60.0 * n as f64 + 30.0, Some(5.0));
+        let lanes = [lane];
+        let (after, units) = shape_facts(&observe(&lanes), &cfg, 0, 1, &mut memo);
+        let after = after.expect("trusted");
+        assert!(!Arc::ptr_eq(&first, &after));
+        assert_eq!(*after, GapCurve::new(&lanes[0].gaps[&1].hist));
+        assert_ne!(*after, *first);
+        assert!(units < 1.0, "a short job shares a worker: {units}");
+        assert_eq!(memo.shape_facts.len(), 1, "the entry replaced");
+        // Another lane's shape of the same size has an entry of its own; a lane without
+        // statistics has no curve and a worker per arrival.
+        let lanes = [LaneObservation::default(), lanes.into_iter().next().unwrap()];
+        let (other, units) = shape_facts(&observe(&lanes), &cfg, 1, 1, &mut memo);
+        assert!(other.is_some() && units < 1.0);
+        assert_eq!(shape_facts(&observe(&lanes), &cfg, 0, 1, &mut memo), (None, 1.0));
+        assert_eq!(memo.shape_facts.len(), 2);
     }
 }
