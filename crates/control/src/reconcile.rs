@@ -674,7 +674,8 @@ fn workers_after(
         if held.contains(&w.id) {
             w.hold_until = Some(now + hold_s);
         }
-        // As `act` wrote them (WorkerRegistry::mark_stopped, mark_started, a start refused).
+        // As `act` wrote them (WorkerRegistry::mark_stopped, mark_started, and for a start
+        // refused mark_start_refused after it).
         for a in &report.plan.actions {
             match a {
                 Action::Stop { worker, keep_s, .. } if *worker == w.id && acted.stopped.contains(worker) => {
@@ -683,20 +684,27 @@ fn workers_after(
                     w.hold_until = Some(now + keep_s);
                 }
                 Action::Start {
-                    worker, project, job, ..
+                    worker,
+                    project,
+                    job,
+                    stopped_at,
+                    stopped_until,
+                    ..
                 } if *worker == w.id && !acted.skipped.contains(worker) && w.state == WorkerState::Stopped => {
                     let started = acted.started.contains(worker);
-                    w.state = if started {
-                        WorkerState::Pending
-                    } else {
-                        WorkerState::Stopped
-                    };
                     w.launched_at = now;
                     w.project = project.clone();
                     w.pinned_job = job.clone();
-                    w.idle_since = None;
-                    w.hold_until = None;
                     w.heartbeat_at = None;
+                    if started {
+                        w.state = WorkerState::Pending;
+                        w.idle_since = None;
+                        w.hold_until = None;
+                    } else {
+                        w.state = WorkerState::Stopped;
+                        w.idle_since = *stopped_at;
+                        w.hold_until = *stopped_until;
+                    }
                 }
                 _ => {}
             }

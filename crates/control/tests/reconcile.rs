@@ -906,6 +906,61 @@ fn an_idle_worker_is_stopped_kept_through_the_reaper_and_started_again_for_the_n
 }
 
 #[test]
+fn a_job_arriving_while_ec2_still_stops_the_idle_worker_waits_for_it_rather_than_a_launch() {
+    let w = World::stopping();
+    let id = w.one_job_done(NOW + 400.0);
+    w.workers
+        .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_150.0));
+    let r = w.reconcile(NOW + 1_160.0, true);
+    assert_eq!(r.acted.stopped, vec![id.clone()], "{:?}", r.plan);
+    let stopped = w.workers.records()[&id].clone();
+    // EC2 takes its time: the instance is still stopping when the next job comes 40 s later.
+    w.fleet.set_still_stopping(&id);
+    w.submit_timed("next", 3600.0);
+    let r = w.reconcile(NOW + 1_200.0, true);
+    // The start is refused and held: nothing launched, no error, the offering still available,
+    // and the row as the stop left it (its stop time and keep), the job still queued.
+    assert_eq!(r.acted.held, vec![id.clone()], "{:?} {:?}", r.plan, r.acted);
+    assert!(
+        r.acted.launched.is_empty() && r.acted.started.is_empty(),
+        "{:?}",
+        r.acted
+    );
+    assert!(
+        r.acted.errors.is_empty() && r.acted.capacity_errors.is_empty(),
+        "{:?}",
+        r.acted
+    );
+    assert!(w.avail.marked().is_empty());
+    let row = w.workers.records()[&id].clone();
+    assert_eq!(
+        (row.state, row.idle_since, row.hold_until),
+        (WorkerState::Stopped, stopped.idle_since, stopped.hold_until)
+    );
+    // The reaper, a minute on, finds nothing wrong; the stop is over and the start goes through.
+    w.fleet.set_stopped_fully(&id);
+    let r = w.reconcile(NOW + 1_260.0, true);
+    assert!(r.workers_lost.is_empty() && r.workers_gone.is_empty(), "{r:?}");
+    assert_eq!(r.acted.started, vec![id.clone()], "{:?}", r.plan);
+    assert!(r.acted.launched.is_empty(), "{:?}", r.acted);
+    assert!(w.fleet.running().contains_key(&id));
+    // Had EC2 still been stopping it past boot - restart after the stop, a launch would have
+    // gone instead: the same world, refused later.
+    let w = World::stopping();
+    let id = w.one_job_done(NOW + 400.0);
+    w.workers
+        .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_150.0));
+    w.reconcile(NOW + 1_160.0, true);
+    w.fleet.set_still_stopping(&id);
+    w.submit_timed("next", 3600.0);
+    let late = NOW + 1_160.0 + w.cfg.offers.boot_estimate_s - w.cfg.offers.restart_estimate_s;
+    let r = w.reconcile(late, true);
+    assert!(r.acted.held.is_empty(), "{:?}", r.acted);
+    assert_eq!(r.acted.launched.len(), 1, "{:?}", r.acted);
+    assert_eq!(w.workers.records()[&id].state, WorkerState::Stopped);
+}
+
+#[test]
 fn a_stopped_worker_is_terminated_when_its_keep_ends() {
     let w = World::stopping();
     let id = w.one_job_done(NOW + 400.0);
