@@ -67,8 +67,10 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
 
 /// [`decide`], for a caller that decides many times over one catalogue (the simulator): `memo`
 /// keeps the warm pool's offering rankings from one decision to the next while the catalogue, the
-/// configuration and the unavailable offerings stay the same ([`RankMemo`]). The plan is the one
-/// [`decide`] returns for the same inputs.
+/// configuration and the unavailable offerings stay the same, the warm pool's fractile per job
+/// shape while its window demand does, and the keep-alive's gap curve per worker size while the
+/// shape's arrival statistics do ([`RankMemo`]). The plan is the one [`decide`] returns for the
+/// same inputs.
 pub fn decide_with_memo<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, memo: &mut RankMemo) -> Plan {
     let nl = cfg.lanes.len();
     let mut plan = Plan::default();
