@@ -122,6 +122,17 @@ impl World {
         id
     }
 
+    /// [`World::one_job_done`], its worker idle from `NOW + 500` (heartbeat at `NOW + 1,150`),
+    /// and the reconcile at `NOW + 1,160`, 660 s idle, past the 600 s timeout: with
+    /// [`stopping_cfg`] it stops the worker. Returns the worker's id and that reconcile's report.
+    fn idle_worker_released(&self) -> (String, ReconcileReport) {
+        let id = self.one_job_done(NOW + 400.0);
+        self.workers
+            .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_150.0));
+        let r = self.reconcile(NOW + 1_160.0, true);
+        (id, r)
+    }
+
     fn reconcile(&self, now: f64, reap: bool) -> ReconcileReport {
         self.reconcile_with(&offerings(), now, reap)
     }
@@ -872,11 +883,8 @@ fn with_no_spot_quota_jobs_run_on_demand_from_the_next_run_and_the_quota_is_name
 #[test]
 fn an_idle_worker_is_stopped_kept_through_the_reaper_and_started_again_for_the_next_job() {
     let w = World::stopping();
-    let id = w.one_job_done(NOW + 400.0);
-    w.workers
-        .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_150.0));
     // Idle 660 s > 600 s: stopped, not terminated.
-    let r = w.reconcile(NOW + 1_160.0, true);
+    let (id, r) = w.idle_worker_released();
     assert_eq!(r.acted.stopped, vec![id.clone()], "{:?}", r.plan);
     assert!(r.acted.terminated.is_empty());
     let row = w.workers.records()[&id].clone();
@@ -908,10 +916,7 @@ fn an_idle_worker_is_stopped_kept_through_the_reaper_and_started_again_for_the_n
 #[test]
 fn a_job_arriving_while_ec2_still_stops_the_idle_worker_waits_for_it_rather_than_a_launch() {
     let w = World::stopping();
-    let id = w.one_job_done(NOW + 400.0);
-    w.workers
-        .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_150.0));
-    let r = w.reconcile(NOW + 1_160.0, true);
+    let (id, r) = w.idle_worker_released();
     assert_eq!(r.acted.stopped, vec![id.clone()], "{:?}", r.plan);
     let stopped = w.workers.records()[&id].clone();
     // EC2 takes its time: the instance is still stopping when the next job comes 40 s later.
@@ -947,10 +952,7 @@ fn a_job_arriving_while_ec2_still_stops_the_idle_worker_waits_for_it_rather_than
     // Had EC2 still been stopping it past boot - restart after the stop, a launch would have
     // gone instead: the same world, refused later.
     let w = World::stopping();
-    let id = w.one_job_done(NOW + 400.0);
-    w.workers
-        .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_150.0));
-    w.reconcile(NOW + 1_160.0, true);
+    let (id, _) = w.idle_worker_released();
     w.fleet.set_still_stopping(&id);
     w.submit_timed("next", 3600.0);
     let late = NOW + 1_160.0 + w.cfg.offers.boot_estimate_s - w.cfg.offers.restart_estimate_s;
@@ -963,10 +965,7 @@ fn a_job_arriving_while_ec2_still_stops_the_idle_worker_waits_for_it_rather_than
 #[test]
 fn a_stopped_worker_is_terminated_when_its_keep_ends() {
     let w = World::stopping();
-    let id = w.one_job_done(NOW + 400.0);
-    w.workers
-        .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_150.0));
-    w.reconcile(NOW + 1_160.0, true);
+    let (id, _) = w.idle_worker_released();
     let until = w.workers.records()[&id].hold_until.unwrap();
     let r = w.reconcile(until - 1.0, true);
     assert!(r.acted.terminated.is_empty(), "{:?}", r.plan);

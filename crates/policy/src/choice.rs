@@ -530,13 +530,48 @@ pub struct RankMemo {
     pub(crate) shape_facts: Vec<ShapeFactsEntry>,
 }
 
-/// (lane, worker GPUs), the stamp of the shape's statistics and the (horizon, default run
-/// time) bits the units were taken for, and the facts: the gap curve (all gaps, trusted or
-/// not) and the mean worker units of an arrival.
-pub(crate) type ShapeFactsEntry = ((usize, u32), [u64; 8], std::sync::Arc<crate::keepalive::GapCurve>, f64);
+/// (lane, worker GPUs); the stamp of the shape's statistics and the (horizon, default run time)
+/// bits the units were taken for; the facts: the gap curve (all gaps, trusted or not) and the
+/// mean worker units of an arrival.
+pub(crate) type ShapeFactsEntry = (
+    (usize, u32),
+    ([u64; 6], u64, u64),
+    (std::sync::Arc<crate::keepalive::GapCurve>, f64),
+);
 
 /// (lane, GPUs of the job shape), the window demand, and the fractile's samples taken from it.
 pub(crate) type FractileEntry = ((usize, u32), Vec<u32>, smallvec::SmallVec<[u32; 32]>);
+
+/// The value kept in `entries` under `key` while `fresh` holds for the stamp it was kept with;
+/// else `refresh`'s, which writes the new stamp over the old (a kept stamp's buffer is reused)
+/// and returns the value to keep with it. At most 32 entries (a lane has a few job shapes and
+/// worker sizes): past that, emptied. The memos of [`RankMemo`] that follow the arrivals (the
+/// warm pool's fractile, the keep-alive's gap curve).
+pub(crate) fn kept<K: PartialEq, S: Default, V>(
+    entries: &mut Vec<(K, S, V)>,
+    key: K,
+    fresh: impl FnOnce(&S) -> bool,
+    refresh: impl FnOnce(&mut S) -> V,
+) -> &V {
+    const MAX_KEPT: usize = 32;
+    let at = match entries.iter().position(|e| e.0 == key) {
+        Some(i) if fresh(&entries[i].1) => i,
+        Some(i) => {
+            entries[i].2 = refresh(&mut entries[i].1);
+            i
+        }
+        None => {
+            if entries.len() >= MAX_KEPT {
+                entries.clear();
+            }
+            let mut stamp = S::default();
+            let value = refresh(&mut stamp);
+            entries.push((key, stamp, value));
+            entries.len() - 1
+        }
+    };
+    &entries[at].2
+}
 
 /// The catalogue and configuration a memo's rankings and table were computed over.
 #[derive(Debug, PartialEq)]

@@ -337,9 +337,15 @@ impl ShapeGaps {
     /// weight, so two states with the same stamp hold the same gaps and run times. The memo of
     /// the keep-alive's curve is keyed by it.
     pub(crate) fn stamp(&self) -> [u64; 6] {
-        let h = |g: &GapHistogram| [g.samples, g.total_weight.to_bits(), g.epoch.to_bits()];
-        let (a, b) = (h(&self.hist), h(&self.runtimes));
-        [a[0], a[1], a[2], b[0], b[1], b[2]]
+        let (h, r) = (&self.hist, &self.runtimes);
+        [
+            h.samples,
+            h.total_weight.to_bits(),
+            h.epoch.to_bits(),
+            r.samples,
+            r.total_weight.to_bits(),
+            r.epoch.to_bits(),
+        ]
     }
 
     /// Mean [`worker_units`] of an arrival of this shape, from the run-time histogram (bucket

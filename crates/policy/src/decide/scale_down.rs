@@ -94,51 +94,31 @@ fn shape_facts(
     gpus: u32,
     memo: &mut RankMemo,
 ) -> (Option<Arc<keepalive::GapCurve>>, f64) {
-    /// Entries kept; past that, emptied (a lane has a few worker sizes).
-    const MAX_ENTRIES: usize = 32;
     let oc = &cfg.offers;
     let Some(shape) = obs.lanes.get(lane).and_then(|o| o.gaps_for(gpus, oc.max_gpu_oversize)) else {
         return (None, 1.0);
     };
-    let trusted = keepalive::trusted(&shape.hist, &cfg.scale_down);
-    let s = shape.stamp();
-    let stamp = [
-        s[0],
-        s[1],
-        s[2],
-        s[3],
-        s[4],
-        s[5],
+    let units_of = || shape.mean_worker_units(oc.short_job_horizon_s, oc.default_runtime_s);
+    let stamp = (
+        shape.stamp(),
         oc.short_job_horizon_s.to_bits(),
         oc.default_runtime_s.to_bits(),
-    ];
-    let kept = &mut memo.shape_facts;
-    let (curve, units) = match kept.iter().position(|(k, _, _, _)| *k == (lane, gpus)) {
-        Some(i) if kept[i].1 == stamp => {
-            debug_assert!(
-                *kept[i].2 == keepalive::GapCurve::new(&shape.hist)
-                    && kept[i].3 == shape.mean_worker_units(oc.short_job_horizon_s, oc.default_runtime_s),
-                "kept keep-alive facts differ from the statistics' own"
-            );
-            (kept[i].2.clone(), kept[i].3)
-        }
-        at => {
-            let curve = Arc::new(keepalive::GapCurve::new(&shape.hist));
-            let units = shape.mean_worker_units(oc.short_job_horizon_s, oc.default_runtime_s);
-            let entry = ((lane, gpus), stamp, curve.clone(), units);
-            match at {
-                Some(i) => kept[i] = entry,
-                None => {
-                    if kept.len() >= MAX_ENTRIES {
-                        kept.clear();
-                    }
-                    kept.push(entry);
-                }
-            }
-            (curve, units)
-        }
-    };
-    (trusted.then_some(curve), units)
+    );
+    let (curve, units) = crate::choice::kept(
+        &mut memo.shape_facts,
+        (lane, gpus),
+        |kept| *kept == stamp,
+        |kept| {
+            *kept = stamp;
+            (Arc::new(keepalive::GapCurve::new(&shape.hist)), units_of())
+        },
+    );
+    debug_assert!(
+        **curve == keepalive::GapCurve::new(&shape.hist) && *units == units_of(),
+        "kept keep-alive facts differ from the statistics' own"
+    );
+    let trusted = keepalive::trusted(&shape.hist, &cfg.scale_down);
+    (trusted.then(|| curve.clone()), *units)
 }
 
 /// The idle workers of one GPU count, in line for the keep-alive (the most recently idle first).

@@ -96,27 +96,17 @@ impl Fractile {
     /// what it was at the last decision that asked (rebuilding it was 3 % of a full Philly
     /// replay's instructions, `callgrind`).
     pub(crate) fn memoised(lane: LaneId, gpus: u32, demand: &[u32], memo: &mut RankMemo) -> Self {
-        /// Shapes kept; past that, emptied (a lane has a few).
-        const MAX_ENTRIES: usize = 32;
-        let kept = &mut memo.fractiles;
-        match kept.iter_mut().find(|(k, _, _)| *k == (lane, gpus)) {
-            Some((_, d, f)) if d.as_slice() == demand => Self(f.clone()),
-            Some((_, d, f)) => {
-                let new = Self::new(demand);
-                d.clear();
-                d.extend_from_slice(demand);
-                f.clone_from(&new.0);
-                new
-            }
-            None => {
-                let new = Self::new(demand);
-                if kept.len() >= MAX_ENTRIES {
-                    kept.clear();
-                }
-                kept.push(((lane, gpus), demand.to_vec(), new.0.clone()));
-                new
-            }
-        }
+        let samples = crate::choice::kept(
+            &mut memo.fractiles,
+            (lane, gpus),
+            |kept_demand| kept_demand.as_slice() == demand,
+            |kept_demand| {
+                kept_demand.clear();
+                kept_demand.extend_from_slice(demand);
+                Self::new(demand).0
+            },
+        );
+        Self(samples.clone())
     }
 
     /// The pool for workers billed `price_usd_per_h`.
