@@ -815,11 +815,13 @@ proptest! {
 
     /// The window demand kept arrival by arrival is the one scanned from the recent arrivals,
     /// at every decision: arrivals of mixed shapes and run times (some short, some with none
-    /// declared, some at the same second), decisions in between at times that never go back.
+    /// declared, some at the same second), decisions in between at times that never go back,
+    /// some of them with no arrival since the last (the windows move on the clock alone, or
+    /// wait for the next crossing), some on a window boundary to the second.
     #[test]
     fn demand_windows_kept_incrementally_equal_the_scan(
         steps in prop::collection::vec(
-            (0.0f64..900.0, 1u32..4, prop::option::of(0.0f64..400.0), any::<bool>()),
+            (0.0f64..900.0, 1u32..4, prop::option::of(0.0f64..400.0), any::<bool>(), 0u8..4),
             1..400,
         ),
         window_s in prop::sample::select(vec![60.0, 390.0, 1_200.0]),
@@ -831,10 +833,24 @@ proptest! {
             ..Default::default()
         };
         let mut now = NOW;
-        for (gap, gpus, runtime, decide_now) in steps {
+        let mut last_arrival = NOW;
+        for (gap, gpus, runtime, decide_now, kind) in steps {
             // A gap under a second is a burst: same-second arrivals.
             now += if gap < 1.0 { 0.0 } else { gap };
-            lane.record_arrival_with_runtime(gpus, now, runtime);
+            match kind {
+                // A decision with no arrival.
+                0 => {}
+                // A decision on the boundary the last arrival crosses next, or just short of it
+                // (when that is not back in time).
+                1 => {
+                    let edge = last_arrival + window_s * (1.0 + ((now - last_arrival) / window_s).floor());
+                    now = now.max(edge - if gpus == 1 { 1e-3 } else { 0.0 });
+                }
+                _ => {
+                    lane.record_arrival_with_runtime(gpus, now, runtime);
+                    last_arrival = now;
+                }
+            }
             let at = if decide_now { now + gap / 3.0 } else { now };
             if decide_now {
                 now = at;

@@ -20,26 +20,37 @@ pub(crate) type Workers<'a> = SmallVec<[&'a WorkerView; 16]>;
 pub(crate) type Classes = SmallVec<[FreeClass; 4]>;
 
 /// Counts per name for the few projects / job types of a fleet: a linear list beats hashing here
-/// (`decide` runs on every submission). Each entry keeps a cheap key (length and first 8 bytes)
-/// so a lookup compares whole names only where the keys match: on full Philly (14 projects) the
-/// name comparisons were 10 % of fixed-idle-10m's replay profile.
+/// (`decide` runs on every submission). Each entry keeps a cheap key (length and first 7 bytes,
+/// [`name_key`]) so a lookup compares whole names only where the keys match and the names are
+/// longer than the key tells apart: on full Philly (14 projects) the name comparisons were 10 %
+/// of fixed-idle-10m's replay profile, and building the key and comparing the (6-byte) names a
+/// further 5 % (`callgrind`).
 #[derive(Debug, Default)]
 pub(crate) struct Tally<'a>(Vec<(u64, &'a str, u32)>);
 
-/// Length and first bytes of `name`, as one word.
+/// Length and first 7 bytes of `name`, as one word: the low 7 bytes hold the name's first bytes
+/// (zero past its end), the top byte its length (capped at 255). Two names shorter than 8 bytes
+/// have the same key only when they are the same name.
 pub(crate) fn name_key(name: &str) -> u64 {
     let b = name.as_bytes();
-    let mut head = [0u8; 8];
-    let n = b.len().min(7);
-    head[..n].copy_from_slice(&b[..n]);
-    head[7] = b.len().min(255) as u8;
-    u64::from_le_bytes(head)
+    let head = match b.first_chunk::<8>() {
+        Some(first) => u64::from_le_bytes(*first) & 0x00ff_ffff_ffff_ffff,
+        // Shifted in byte by byte: `copy_from_slice` of a variable length is a `memcpy` call.
+        None => b.iter().rev().fold(0, |h, &c| (h << 8) | u64::from(c)),
+    };
+    head | ((b.len().min(255) as u64) << 56)
+}
+
+/// Whether the entry (`k`, `s`) is `name`, whose key is `key`.
+#[inline]
+pub(crate) fn same_name(k: u64, s: &str, key: u64, name: &str) -> bool {
+    k == key && (name.len() < 8 || s == name)
 }
 
 impl<'a> Tally<'a> {
     pub(crate) fn add(&mut self, name: &'a str, n: u32) {
         let key = name_key(name);
-        match self.0.iter_mut().find(|(k, s, _)| *k == key && *s == name) {
+        match self.0.iter_mut().find(|(k, s, _)| same_name(*k, s, key, name)) {
             Some(e) => e.2 += n,
             None => self.0.push((key, name, n)),
         }
@@ -49,7 +60,7 @@ impl<'a> Tally<'a> {
         let key = name_key(name);
         self.0
             .iter()
-            .find(|(k, s, _)| *k == key && *s == name)
+            .find(|(k, s, _)| same_name(*k, s, key, name))
             .map_or(0, |e| e.2)
     }
 }
@@ -94,6 +105,10 @@ impl<'a> Stopped<'a> {
 
     /// Push each of `ids` (indices into `workers`) onto its lane's list.
     fn append(lists: &mut PerLane<Workers<'a>>, (workers, ids): (&'a [WorkerView], &'a [usize])) {
+        // One lane (most fleets): its list takes them all, sized once rather than grown.
+        if let [list] = lists.as_mut_slice() {
+            list.reserve(ids.len());
+        }
         for w in ids.iter().filter_map(|&i| workers.get(i)) {
             if let Some(l) = lists.get_mut(w.lane) {
                 l.push(w);
@@ -204,8 +219,9 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
     f
 }
 
-/// What the fleet is now, into `f` ([`Fleet::empty`] for the configured lanes; filled in place:
-/// the fleet is about a kilobyte, and `decide` runs on every submission and tick): spend, live
+/// What the fleet is now, into `f` ([`Fleet::unlisted`] with [`Fleet::list_lanes`] for the
+/// configured lanes; filled in place: the fleet is about 2 kB, and `decide` runs on every
+/// submission and tick): spend, live
 /// workers, free capacity per lane by class (running workers whose job ends within the short-job
 /// horizon give short jobs credit: the rest of the horizon), idle and booting workers per lane,
 /// the budget breaker. Workers pinned to a queued job (booting, or up and held for it), as many as
@@ -248,9 +264,19 @@ pub(crate) fn fill<'a>(f: &mut Fleet<'a>, obs: &Observation<'a>, cfg: &PolicyCon
 }
 
 impl<'a> Fleet<'a> {
-    /// No workers, for `nl` lanes.
+    /// No workers, for `nl` lanes (the tests' and the debug checks' way; `decide` builds its
+    /// fleet in place).
+    #[cfg(any(test, debug_assertions))]
     pub(crate) fn empty(nl: usize) -> Self {
-        let mut f = Fleet {
+        let mut f = Self::unlisted(nl);
+        f.list_lanes(nl);
+        f
+    }
+
+    /// [`Fleet::empty`] without its per-lane lists, which [`Fleet::list_lanes`] adds in place: the
+    /// fleet is about 2 kB, and returning it once filled copied it on every decision (`callgrind`).
+    pub(crate) fn unlisted(nl: usize) -> Self {
+        Fleet {
             spend: 0.0,
             live_total: 0,
             lane_live: smallvec![0; nl],
@@ -270,15 +296,18 @@ impl<'a> Fleet<'a> {
             cheapest: SmallVec::new(),
             pinned_met: Vec::new(),
             blocked: std::cell::OnceCell::new(),
-        };
+        }
+    }
+
+    /// Add the empty per-lane lists of `nl` lanes.
+    pub(crate) fn list_lanes(&mut self, nl: usize) {
         // Pushed in place: collecting built each list of lists aside and moved it in.
         for _ in 0..nl {
-            f.free.push(Classes::new());
-            f.idle.push(Workers::new());
-            f.pending.push(Workers::new());
-            f.stopped.lists.push(Workers::new());
+            self.free.push(Classes::new());
+            self.idle.push(Workers::new());
+            self.pending.push(Workers::new());
+            self.stopped.lists.push(Workers::new());
         }
-        f
     }
 
     /// Worker `w`'s part in the free capacity: set aside when pinned to a job (booting or idle),

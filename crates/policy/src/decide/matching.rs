@@ -6,7 +6,7 @@ use crate::deadline::keeps_off_spot;
 use crate::observation::{Observation, PendingJob};
 use crate::shape::fits;
 
-use super::fleet::Fleet;
+use super::fleet::{Fleet, PerLane};
 use super::{short_runtime, FreeClass};
 
 /// Queued jobs per lane, most urgent first: earliest deadline, then longest queued, then id.
@@ -19,13 +19,14 @@ pub(crate) fn queues<'a>(
     nl: usize,
     pinned_met: &[&str],
     unordered: impl Fn(usize) -> bool,
-) -> Vec<Vec<&'a PendingJob>> {
+) -> PerLane<Vec<&'a PendingJob>> {
     // Sized first: a backlog of thousands would otherwise grow each list by copying, every decision.
-    let mut sizes = vec![0usize; nl];
+    // The per-lane lists are inline ([`PerLane`]): no allocation for a lane with nothing queued.
+    let mut sizes: PerLane<usize> = smallvec::smallvec![0; nl];
     for j in obs.jobs.iter().filter(|j| j.lane < nl) {
         sizes[j.lane] += 1;
     }
-    let mut by_lane: Vec<Vec<&'a PendingJob>> = sizes.into_iter().map(Vec::with_capacity).collect();
+    let mut by_lane: PerLane<Vec<&'a PendingJob>> = sizes.into_iter().map(Vec::with_capacity).collect();
     for j in obs
         .jobs
         .iter()
@@ -55,11 +56,11 @@ pub(crate) fn queues<'a>(
 pub(crate) fn match_jobs<'a>(
     cfg: &PolicyConfig,
     now: f64,
-    queued: Vec<Vec<&'a PendingJob>>,
+    queued: PerLane<Vec<&'a PendingJob>>,
     fleet: &mut Fleet<'a>,
-) -> Vec<Vec<&'a PendingJob>> {
+) -> PerLane<Vec<&'a PendingJob>> {
     let oc = &cfg.offers;
-    let mut unmet: Vec<Vec<&'a PendingJob>> = vec![Vec::new(); queued.len()];
+    let mut unmet: PerLane<Vec<&'a PendingJob>> = smallvec::smallvec![Vec::new(); queued.len()];
     for (lane, jobs) in queued.into_iter().enumerate() {
         if fleet.free[lane].is_empty() {
             // No idle or booting worker, nor one ending soon: nothing to match (the usual case behind

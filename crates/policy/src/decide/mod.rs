@@ -74,7 +74,8 @@ pub fn decide<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -> Plan {
 pub fn decide_with_memo<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64, memo: &mut RankMemo) -> Plan {
     let nl = cfg.lanes.len();
     let mut plan = Plan::default();
-    let mut fleet = fleet::Fleet::empty(nl);
+    let mut fleet = fleet::Fleet::unlisted(nl);
+    fleet.list_lanes(nl);
     fleet::fill(&mut fleet, obs, cfg, now);
     // A lane with no free capacity to match and no room to launch in, and no quota or cap to
     // hold a job for first, holds every job for its limit: nothing reads its jobs' order, and the

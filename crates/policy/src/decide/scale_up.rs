@@ -19,7 +19,7 @@ pub(crate) fn scale_up<'a>(
     obs: &Observation<'a>,
     cfg: &PolicyConfig,
     now: f64,
-    mut unmet: Vec<Vec<&'a PendingJob>>,
+    mut unmet: super::fleet::PerLane<Vec<&'a PendingJob>>,
     fleet: &mut Fleet<'a>,
     plan: &mut Plan,
     memo: &mut RankMemo,
@@ -194,7 +194,7 @@ impl<'a> ProjectQueues<'a> {
         let mut queues: Vec<(u64, &'a str, VecDeque<&'a PendingJob>)> = Vec::new();
         for &j in jobs {
             let (key, name) = (super::fleet::name_key(&j.project), j.project.as_str());
-            match queues.iter_mut().find(|q| q.0 == key && q.1 == name) {
+            match queues.iter_mut().find(|q| super::fleet::same_name(q.0, q.1, key, name)) {
                 Some(q) => q.2.push_back(j),
                 None => queues.push((key, name, VecDeque::from([j]))),
             }

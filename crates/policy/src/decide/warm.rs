@@ -146,8 +146,12 @@ pub(crate) fn burst_ahead(demand: &[u32], factor: f64) -> u32 {
     let Some((&now, before)) = demand.split_first() else {
         return 0;
     };
+    // Off by default: no pass over the windows then (one ran per shape on every decision).
+    if factor <= 0.0 || now == 0 {
+        return 0;
+    }
     let seen = before.iter().copied().max().unwrap_or(0);
-    if factor <= 0.0 || now <= seen {
+    if now <= seen {
         return 0;
     }
     (f64::from(now - seen) * factor) as u32
@@ -194,7 +198,9 @@ pub(crate) fn warm_capacity(
     let mut warm = Warm::default();
     for (gpus, d) in demand[..at].iter().chain(&scheduled_shape).chain(&demand[at..]) {
         let scheduled = if *gpus == lc.warm_pool_gpus { scheduled } else { 0 };
-        if scheduled == 0 && d.iter().all(|x| *x == 0) {
+        // An OR over the windows rather than a search for the first non-zero one: no branch
+        // per window, and it runs per shape on every decision.
+        if scheduled == 0 && d.iter().fold(0, |any, x| any | x) == 0 {
             continue;
         }
         let ws = shape_capacity(obs, cfg, now, lane, *gpus, scheduled, d, fleet, plan, memo);
