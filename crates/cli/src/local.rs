@@ -302,8 +302,9 @@ fn progress_line(p: &Progress) -> String {
     )
 }
 
-/// Run `onoff local`. Fails (exit 1) when a job was lost or completed twice, or an instance was
-/// left running: the run's report is printed first either way.
+/// Run `onoff local`. Fails (exit 1) when a job was lost or completed twice, an instance was left
+/// running, IAM refused a call or the template's policies deny one, or an invocation ran past its
+/// function's `Timeout`: the run's report is printed first either way.
 pub fn run(a: LocalArgs) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -365,6 +366,12 @@ pub fn run(a: LocalArgs) -> Result<()> {
     if report.interrupted && !opts.serve {
         bad.push("interrupted (Ctrl-C or SIGTERM) before the end".to_string());
     }
+    if report.handler_timeouts > 0 {
+        bad.push(format!(
+            "{} invocation(s) ran past their function's Timeout (template.yaml), where Lambda ends them",
+            report.handler_timeouts
+        ));
+    }
     if report.jobs_lost > 0 {
         bad.push(format!("{} job(s) lost", report.jobs_lost));
     }
@@ -395,6 +402,25 @@ pub fn run(a: LocalArgs) -> Result<()> {
         bail!("{}", bad.join("; "));
     }
     Ok(())
+}
+
+/// Each function's invocations, the longest against its timeout, e.g. `scaler 41 runs, longest
+/// 1.2 s of 60 s`; the ones cut off at their deadline, if any.
+fn functions_line(runs: &[onoff_local::lambda::FunctionRuns]) -> String {
+    runs.iter()
+        .map(|f| {
+            let cut = if f.timed_out > 0 {
+                format!(", {} TIMED OUT", f.timed_out)
+            } else {
+                String::new()
+            };
+            format!(
+                "{} {} runs, longest {:.1} s of {:.0} s{cut}",
+                f.function, f.invocations, f.longest_s, f.timeout_s
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn print_report(r: &LocalReport, o: &LocalOptions) {
@@ -483,6 +509,7 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
             r.handler_errors
         );
     }
+    println!("  functions  {}", functions_line(&r.functions));
     if !r.rejected.is_empty() {
         println!(
             "  rejected   {} submission(s), each with an error record:",

@@ -453,6 +453,39 @@ pub fn managed_policy(template: &str, stack: &Stack, logical_id: &str) -> Result
     resolver(&t, stack).resolve(doc)
 }
 
+/// The `Timeout` of `p`'s function, seconds: its own, else `Globals.Function`'s, else Lambda's
+/// default of 3 s. Lambda ends an invocation at that deadline, wherever the handler is.
+///
+/// # Errors
+/// `p` has no function (the worker, a job), the template is not YAML, or the timeout is not a
+/// plain number (a `!Ref` is not resolved here).
+pub fn function_timeout_s(template: &str, p: Principal) -> Result<f64, Error> {
+    let logical_id = match p {
+        Principal::Scaler => "ScalerFunction",
+        Principal::Reconciler => "ReconcilerFunction",
+        Principal::Interruption => "InterruptionFunction",
+        Principal::Submit => "SubmitFunction",
+        Principal::Worker | Principal::Job => return Err(Error::Shape(format!("{} runs in no function", p.as_str()))),
+    };
+    let t: Y = serde_yaml::from_str(template)?;
+    let function = resources(&t)?
+        .get(logical_id)
+        .filter(|r| r.get("Type").and_then(Y::as_str) == Some("AWS::Serverless::Function"))
+        .ok_or_else(|| Error::Shape(format!("no function {logical_id}")))?;
+    let timeout = function.get("Properties").and_then(|p| p.get("Timeout")).or_else(|| {
+        t.get("Globals")
+            .and_then(|g| g.get("Function"))
+            .and_then(|f| f.get("Timeout"))
+    });
+    match timeout {
+        None => Ok(3.0),
+        Some(v) => v
+            .as_f64()
+            .filter(|s| *s > 0.0)
+            .ok_or_else(|| Error::Shape(format!("{logical_id}: Timeout {v:?} is not a number of seconds"))),
+    }
+}
+
 /// The logical id a `!Ref X` (or `{Ref: X}`) names.
 fn ref_name(v: &Y) -> Option<String> {
     match v {
@@ -534,6 +567,31 @@ pub fn moto_projection(doc: &J) -> J {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_function_timeout_is_its_own_else_the_globals_else_lambdas_default() {
+        use super::{function_timeout_s, Principal, TEMPLATE};
+        for p in [
+            Principal::Scaler,
+            Principal::Reconciler,
+            Principal::Interruption,
+            Principal::Submit,
+        ] {
+            assert_eq!(function_timeout_s(TEMPLATE, p).unwrap(), 60.0, "{}", p.as_str());
+        }
+        assert!(function_timeout_s(TEMPLATE, Principal::Worker).is_err());
+        let t = "Globals:\n  Function:\n    Timeout: 30\nResources:\n  ScalerFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      Timeout: 45\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n";
+        assert_eq!(function_timeout_s(t, Principal::Scaler).unwrap(), 45.0);
+        assert_eq!(function_timeout_s(t, Principal::Submit).unwrap(), 30.0);
+        let bare = "Resources:\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n";
+        assert_eq!(function_timeout_s(bare, Principal::Submit).unwrap(), 3.0);
+        assert!(function_timeout_s(bare, Principal::Scaler).is_err(), "no such function");
+        let r = "Resources:\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      Timeout: !Ref T\n";
+        assert!(
+            function_timeout_s(r, Principal::Submit).is_err(),
+            "a !Ref is not a number"
+        );
+    }
+
     use super::*;
 
     fn stack() -> Stack {

@@ -11,11 +11,13 @@
 //! - [`moto`]: the emulator process.
 //! - [`imds`]: a per-instance IMDSv2 endpoint.
 //! - [`replay`]: trace jobs as job specs.
+//! - [`lambda`]: the functions' invocations, each with its deadline and cut off there.
 //! - [`run_local`]: the run, its progress and its [`LocalReport`].
 #![warn(missing_docs)]
 
 pub mod iam;
 pub mod imds;
+pub mod lambda;
 pub mod moto;
 pub mod replay;
 
@@ -26,13 +28,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use aws_sdk_s3::primitives::{DateTime, DateTimeFormat};
-use lambda_runtime::LambdaEvent;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use onoff_aws::fleet::Ec2Fleet;
 use onoff_aws::settings::Clients;
 use onoff_control::job::JobState;
 use onoff_control::ports::WorkerRegistry;
+use onoff_iam::Principal;
 use onoff_policy::{CapacityType, PolicyConfig, WorkerState};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -40,6 +42,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::Instant;
 
 use crate::imds::{ImdsServer, ImdsState};
+use crate::lambda::{FunctionRuns, Lambda};
 use crate::moto::Moto;
 use crate::replay::ReplayJob;
 
@@ -233,8 +236,13 @@ pub struct LocalReport {
     pub wait_p50_s: f64,
     /// 95th percentile wait, trace seconds.
     pub wait_p95_s: f64,
-    /// Handler invocations that returned an error.
+    /// Handler invocations that returned an error (those cut off at their deadline included).
     pub handler_errors: usize,
+    /// Per function: its `Timeout` (template.yaml), invocations, the longest and those cut off at
+    /// their deadline ([`lambda`]).
+    pub functions: Vec<FunctionRuns>,
+    /// Invocations cut off at their deadline, as Lambda would have ended them. A green run has 0.
+    pub handler_timeouts: usize,
     /// IAM was enforced: every component (the four functions, each agent, each job) ran under its
     /// own role with the policies template.yaml gives it, as moto evaluates them
     /// ([`iam`](mod@iam)). False with `--no-iam`.
@@ -406,10 +414,6 @@ const ALARM: &str = include_str!("../../../events/queue-depth-alarm.json");
 const SCHEDULE: &str = include_str!("../../../events/schedule.json");
 const S3_PUT: &str = include_str!("../../../events/s3-object-created.json");
 
-fn lambda_event(v: serde_json::Value) -> LambdaEvent<serde_json::Value> {
-    LambdaEvent::new(v, lambda_runtime::Context::default())
-}
-
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -532,6 +536,8 @@ async fn run_with(
     settings.reconcile.resend_after_s = 20.0;
     // Holds of kept idle workers last three reconciler periods (deployed: 900 s).
     settings.reconcile.hold_s = 3.0 * opts.tick_s;
+    // The lease's TTL without a deadline; every local invocation has one (`lambda`), so the TTL
+    // is the deadline's plus the margin, as deployed.
     settings.lease_ttl_s = 10.0;
     // GPUs per instance type, for each agent's ONOFF_GPUS (on EC2 the user data counts them).
     let gpus_of: BTreeMap<String, u32> = settings
@@ -660,6 +666,7 @@ async fn run_with(
         asks: asks.clone(),
     };
     let mut ask_latencies: Vec<f64> = Vec::new();
+    let mut lambda = Lambda::from_template(onoff_iam::TEMPLATE).context("template.yaml's function timeouts")?;
     let ctx = onoff_fn_common::ctx_from_clients(settings, &clients);
     let fleet = Ec2Fleet::new(clients.ec2.clone(), &res.launch_template).with_deployment(&prefix);
 
@@ -805,7 +812,11 @@ async fn run_with(
                 let asked_at = onoff_fn_common::now() - first.elapsed().as_secs_f64();
                 let mut payload = onoff_fn_common::scale_request(&reasons.join("; "), asked_at);
                 payload["requests"] = requests.len().into();
-                let r = scaler::handler::handle(&scaler_ctx, &scaler_clients, lambda_event(payload)).await;
+                let r = lambda
+                    .invoke(Principal::Scaler, payload, |ev| {
+                        scaler::handler::handle(&scaler_ctx, &scaler_clients, ev)
+                    })
+                    .await;
                 ask_latencies.push(first.elapsed().as_secs_f64());
                 invoke_err("scaler", r, &mut report.handler_errors);
                 onoff_aws::fleet::tag_as_ec2_does(&clients.ec2, &prefix, &res.launch_template).await;
@@ -875,7 +886,11 @@ async fn run_with(
                         _ => serde_json::Value::Null,
                     };
                     let t = Instant::now();
-                    let r = submit::handler::handle(&submit_ctx, &submit_clients, lambda_event(ev)).await;
+                    let r = lambda
+                        .invoke(Principal::Submit, ev, |ev| {
+                            submit::handler::handle(&submit_ctx, &submit_clients, ev)
+                        })
+                        .await;
                     since_invocation_start(&asks, t);
                     serve_scale_requests!();
                     invoke_err("submit", r, &mut report.handler_errors);
@@ -897,7 +912,11 @@ async fn run_with(
                     event_n += 1;
                     ev["time"] = iso(unix_now()).into();
                     ev["detail"]["alarmName"] = format!("{prefix}-{l}-backlog").into();
-                    let r = scaler::handler::handle(&scaler_ctx, &scaler_clients, lambda_event(ev)).await;
+                    let r = lambda
+                        .invoke(Principal::Scaler, ev, |ev| {
+                            scaler::handler::handle(&scaler_ctx, &scaler_clients, ev)
+                        })
+                        .await;
                     invoke_err("scaler", r, &mut report.handler_errors);
                     onoff_aws::fleet::tag_as_ec2_does(&clients.ec2, &prefix, &res.launch_template).await;
                 }
@@ -910,7 +929,11 @@ async fn run_with(
             ev["id"] = format!("local-schedule-{event_n}").into();
             event_n += 1;
             ev["time"] = iso(unix_now()).into();
-            let r = reconciler::handler::handle(&reconciler_ctx, &reconciler_clients, lambda_event(ev)).await;
+            let r = lambda
+                .invoke(Principal::Reconciler, ev, |ev| {
+                    reconciler::handler::handle(&reconciler_ctx, &reconciler_clients, ev)
+                })
+                .await;
             if let Ok(summary) = &r {
                 report.wake_ups_resent += summary["jobs_woken"].as_array().map_or(0, Vec::len);
                 report.wake_ups_spared += summary["wake_ups_spared"].as_u64().unwrap_or(0) as usize;
@@ -921,7 +944,11 @@ async fn run_with(
         // EC2 events -> interruption.
         while let Some(ev) = events.pop_front() {
             let t = Instant::now();
-            let r = interruption::handler::handle(&interruption_ctx, &interruption_clients, lambda_event(ev)).await;
+            let r = lambda
+                .invoke(Principal::Interruption, ev, |ev| {
+                    interruption::handler::handle(&interruption_ctx, &interruption_clients, ev)
+                })
+                .await;
             since_invocation_start(&asks, t);
             invoke_err("interruption", r, &mut report.handler_errors);
             serve_scale_requests!();
@@ -1227,6 +1254,8 @@ async fn run_with(
     } else {
         0.0
     };
+    report.functions = lambda.runs();
+    report.handler_timeouts = lambda.timed_out();
     ask_latencies.sort_by(f64::total_cmp);
     report.scale_requests_served = ask_latencies.len();
     report.scale_request_latency_p50_s = percentile(&ask_latencies, 0.5);
