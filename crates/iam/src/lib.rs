@@ -90,6 +90,19 @@ impl Principal {
         }
     }
 
+    /// The logical id of its function in the template; `None` for the worker and a job, which
+    /// run in no function.
+    #[must_use]
+    pub fn function_logical_id(self) -> Option<&'static str> {
+        match self {
+            Principal::Scaler => Some("ScalerFunction"),
+            Principal::Reconciler => Some("ReconcilerFunction"),
+            Principal::Interruption => Some("InterruptionFunction"),
+            Principal::Submit => Some("SubmitFunction"),
+            Principal::Worker | Principal::Job => None,
+        }
+    }
+
     /// The logical id of its role in the template.
     #[must_use]
     pub fn role_logical_id(self) -> &'static str {
@@ -460,13 +473,9 @@ pub fn managed_policy(template: &str, stack: &Stack, logical_id: &str) -> Result
 /// `p` has no function (the worker, a job), the template is not YAML, or the timeout is not a
 /// plain number (a `!Ref` is not resolved here).
 pub fn function_timeout_s(template: &str, p: Principal) -> Result<f64, Error> {
-    let logical_id = match p {
-        Principal::Scaler => "ScalerFunction",
-        Principal::Reconciler => "ReconcilerFunction",
-        Principal::Interruption => "InterruptionFunction",
-        Principal::Submit => "SubmitFunction",
-        Principal::Worker | Principal::Job => return Err(Error::Shape(format!("{} runs in no function", p.as_str()))),
-    };
+    let logical_id = p
+        .function_logical_id()
+        .ok_or_else(|| Error::Shape(format!("{} runs in no function", p.as_str())))?;
     let t: Y = serde_yaml::from_str(template)?;
     let function = resources(&t)?
         .get(logical_id)
@@ -567,9 +576,10 @@ pub fn moto_projection(doc: &J) -> J {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_function_timeout_is_its_own_else_the_globals_else_lambdas_default() {
-        use super::{function_timeout_s, Principal, TEMPLATE};
         for p in [
             Principal::Scaler,
             Principal::Reconciler,
@@ -591,8 +601,6 @@ mod tests {
             "a !Ref is not a number"
         );
     }
-
-    use super::*;
 
     fn stack() -> Stack {
         let mut s = Stack {

@@ -33,7 +33,7 @@ pub struct FunctionRuns {
 /// The functions of a run, each with its timeout and what its invocations took.
 #[derive(Debug)]
 pub struct Lambda {
-    runs: Vec<(Principal, Duration, FunctionRuns)>,
+    runs: Vec<(Principal, FunctionRuns)>,
     next_request: u64,
 }
 
@@ -60,7 +60,7 @@ impl Lambda {
                     timeout_s,
                     ..FunctionRuns::default()
                 };
-                Ok((p, Duration::from_secs_f64(timeout_s), runs))
+                Ok((p, runs))
             })
             .collect::<Result<_, onoff_iam::Error>>()?;
         Ok(Self { runs, next_request: 0 })
@@ -82,19 +82,20 @@ impl Lambda {
         Fut: Future<Output = Result<serde_json::Value, HandlerError>>,
     {
         self.next_request += 1;
-        let (_, timeout, runs) = self
+        let (_, runs) = self
             .runs
             .iter_mut()
             .find(|r| r.0 == p)
             .unwrap_or_else(|| panic!("{} runs in no function", p.as_str()));
+        let timeout = Duration::from_secs_f64(runs.timeout_s);
         let mut cx = lambda_runtime::Context::default();
         cx.request_id = format!("local-{}-{}", p.as_str(), self.next_request);
-        let deadline = std::time::SystemTime::now() + *timeout;
+        let deadline = std::time::SystemTime::now() + timeout;
         cx.deadline = deadline
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let started = Instant::now();
-        let r = tokio::time::timeout(*timeout, handler(LambdaEvent::new(event, cx))).await;
+        let r = tokio::time::timeout(timeout, handler(LambdaEvent::new(event, cx))).await;
         runs.invocations += 1;
         runs.longest_s = runs.longest_s.max(started.elapsed().as_secs_f64());
         r.unwrap_or_else(|_| {
@@ -109,13 +110,13 @@ impl Lambda {
     /// Each function's invocations so far.
     #[must_use]
     pub fn runs(&self) -> Vec<FunctionRuns> {
-        self.runs.iter().map(|r| r.2.clone()).collect()
+        self.runs.iter().map(|r| r.1.clone()).collect()
     }
 
     /// Invocations cut off at their deadline, all functions.
     #[must_use]
     pub fn timed_out(&self) -> usize {
-        self.runs.iter().map(|r| r.2.timed_out).sum()
+        self.runs.iter().map(|r| r.1.timed_out).sum()
     }
 }
 

@@ -230,12 +230,12 @@ pub(crate) fn figures<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64) -
 
 /// What the fleet is now, into `f` ([`Fleet::unlisted`] with [`Fleet::list_lanes`] for the
 /// configured lanes; filled in place: the fleet is about 2 kB, and `decide` runs on every
-/// submission and tick): spend, live
-/// workers, free capacity per lane by class (running workers whose job ends within the short-job
-/// horizon give short jobs credit: the rest of the horizon), idle and booting workers per lane,
-/// the budget breaker. Workers pinned to a queued job (booting, or up and held for it), as many as
-/// it has instances, are that job's: neither free nor in the idle or booting lists (never
-/// cancelled or released while the job waits), the job in `pinned_met`. `now`: unix seconds.
+/// submission and tick): spend, live workers, free capacity per lane by class (running workers
+/// whose job ends within the short-job horizon give short jobs credit: the rest of the horizon),
+/// idle and booting workers per lane, the budget breaker. Workers pinned to a queued job
+/// (booting, or up and held for it), as many as it has instances, are that job's: neither free
+/// nor in the idle or booting lists (never cancelled or released while the job waits), the job in
+/// `pinned_met`. `now`: unix seconds.
 ///
 /// From the caller's [`FleetHint`] when it has one for this `now` and horizon (and no budget cap
 /// asks for the spend), else from one pass over the workers. Debug builds compute both and panic
