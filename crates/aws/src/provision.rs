@@ -1,5 +1,6 @@
 //! Create the resources `template.yaml` declares (a queue and dead-letter queue per lane, the
-//! jobs, workers and control tables, the bucket, the workers' launch template) through the SDK,
+//! functions' failed-events queue, the jobs, workers and control tables, the bucket, the
+//! workers' launch template) through the SDK,
 //! for a local emulator (`onoff local`) where `sam deploy` cannot run. Same key schemas, redrive
 //! policy and launch template settings as the template; names get a prefix so several runs can
 //! share one emulator.
@@ -51,6 +52,9 @@ pub struct Provisioned {
     pub resources: Resources,
     /// `(lane, dead-letter queue URL)`.
     pub dead_letter_queues: Vec<(String, String)>,
+    /// URL of `<prefix>-failed-events` (template.yaml `FailedEventsQueue`, 14 days): the
+    /// functions' dead-letter queue, where Lambda sends the events a function failed on.
+    pub failed_events_queue: String,
 }
 
 /// SQS's longest retention, seconds (14 days; SQS's default is 4 days). Every queue keeps
@@ -222,6 +226,12 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
         queue_urls.push((lane.clone(), url));
         dead_letter_queues.push((lane.clone(), dlq));
     }
+    let failed_events_queue = queue(
+        c,
+        &format!("{p}-failed-events"),
+        vec![(QueueAttributeName::MessageRetentionPeriod, MAX_RETENTION_S.to_string())],
+    )
+    .await?;
     let (jobs, workers, control) = (format!("{p}-jobs"), format!("{p}-worker-rows"), format!("{p}-control"));
     jobs_table(c, &jobs).await?;
     table(c, &workers, crate::state::WORKER_KEY).await?;
@@ -336,5 +346,6 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
             instance_arn_prefix: format!("arn:aws:ec2:{region}:{account}:instance/"),
         },
         dead_letter_queues,
+        failed_events_queue,
     })
 }

@@ -61,6 +61,16 @@ pub struct LocalArgs {
     /// Wall seconds from a spot notice to the reclaim (AWS gives 120; scaled down here).
     #[arg(long, default_value_t = 10.0)]
     notice_lead_s: f64,
+    /// Malformed EC2 events (a spot interruption warning naming no instance) delivered to the
+    /// interruption function at the start. Each must fail, be retried as Lambda retries an
+    /// asynchronous invocation, and land in the failed-events queue under the function's role;
+    /// the run checks it does. Default 1 (0 with --serve).
+    #[arg(long)]
+    malformed_events: Option<usize>,
+    /// Wall seconds Lambda waits before an asynchronous invocation's first and second retry, as
+    /// FIRST,SECOND (AWS waits 60 and 120; scaled down here, as the notice lead is).
+    #[arg(long, value_name = "FIRST,SECOND", value_delimiter = ',', default_values_t = [6.0, 12.0])]
+    retry_delays_s: Vec<f64>,
     /// Wall seconds from launch until the instance's agent starts (the boot).
     #[arg(long, default_value_t = 2.0)]
     boot_s: f64,
@@ -167,6 +177,14 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         ("--restart-s", a.restart_s),
         ("--stopping-s", a.stopping_s),
         ("--drain-s", a.drain_s),
+        (
+            "--retry-delays-s",
+            a.retry_delays_s
+                .iter()
+                .copied()
+                .find(|v| !(v.is_finite() && *v >= 0.0))
+                .unwrap_or(0.0),
+        ),
     ] {
         if !(v.is_finite() && v >= 0.0) {
             bail!("{name} must be >= 0 (got {v})");
@@ -175,6 +193,12 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
     if a.jobs == 0 {
         bail!("--jobs must be at least 1");
     }
+    let [first, second] = a.retry_delays_s[..] else {
+        bail!(
+            "--retry-delays-s takes two waits, FIRST,SECOND (got {:?})",
+            a.retry_delays_s
+        );
+    };
     Ok(LocalOptions {
         trace: a.trace.clone().unwrap_or_else(|| {
             let p = Path::new(crate::DATA_DIR).join("philly/philly-short.csv");
@@ -190,6 +214,8 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         lose_answers: a.lose_answers.unwrap_or(if a.serve { 0 } else { 20 }),
         vcpu_quotas: a.vcpu_quotas.iter().cloned().collect(),
         notice_lead_s: a.notice_lead_s,
+        malformed_events: a.malformed_events.unwrap_or(if a.serve { 0 } else { 1 }),
+        retry_delays_s: [first, second],
         boot_s: a.boot_s,
         restart_s: a.restart_s,
         stopping_s: a.stopping_s,
@@ -303,8 +329,9 @@ fn progress_line(p: &Progress) -> String {
 }
 
 /// Run `onoff local`. Fails (exit 1) when a job was lost or completed twice, an instance was left
-/// running, IAM refused a call or the template's policies deny one, or an invocation ran past its
-/// function's `Timeout`: the run's report is printed first either way.
+/// running, IAM refused a call or the template's policies deny one, an invocation ran past its
+/// function's `Timeout`, or the failed events are not what was injected ([`dead_letter_faults`]):
+/// the run's report is printed first either way.
 pub fn run(a: LocalArgs) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -372,6 +399,7 @@ pub fn run(a: LocalArgs) -> Result<()> {
             report.handler_timeouts
         ));
     }
+    bad.extend(dead_letter_faults(&report));
     if report.jobs_lost > 0 {
         bad.push(format!("{} job(s) lost", report.jobs_lost));
     }
@@ -404,16 +432,80 @@ pub fn run(a: LocalArgs) -> Result<()> {
     Ok(())
 }
 
+/// What went wrong with the events the functions failed on: a malformed event delivered and not
+/// dead-lettered, an event dead-lettered that was not one of them (a function failed on a real
+/// event past its retries), a dead-letter send that failed, a dead letter not read back from the
+/// failed-events queue, or a retry still pending at the end (unless the run was cut short).
+fn dead_letter_faults(r: &LocalReport) -> Vec<String> {
+    let mut bad = Vec::new();
+    let lettered: Vec<&str> = r.dead_letters.iter().filter_map(|d| d.event_id.as_deref()).collect();
+    let missing: Vec<&str> = r
+        .malformed_events_sent
+        .iter()
+        .map(String::as_str)
+        .filter(|id| !lettered.contains(id))
+        .collect();
+    if !missing.is_empty() && !r.interrupted {
+        bad.push(format!(
+            "malformed event(s) not in the failed-events queue: {}",
+            missing.join(", ")
+        ));
+    }
+    let others: Vec<String> = r
+        .dead_letters
+        .iter()
+        .filter(|d| {
+            !d.event_id
+                .as_ref()
+                .is_some_and(|id| r.malformed_events_sent.contains(id))
+        })
+        .map(|d| format!("{} {}: {}", d.function, d.request_id, d.error_message))
+        .collect();
+    if !others.is_empty() {
+        bad.push(format!(
+            "{} event(s) a function failed on past Lambda's retries: {}",
+            others.len(),
+            others.join("; ")
+        ));
+    }
+    if !r.dead_letter_errors.is_empty() {
+        bad.push(format!(
+            "dead-letter sends failed (the events would be lost): {}",
+            r.dead_letter_errors.join("; ")
+        ));
+    }
+    if r.failed_events_read_back != r.dead_letters.len() {
+        bad.push(format!(
+            "{} dead letter(s) sent, {} read back from the failed-events queue",
+            r.dead_letters.len(),
+            r.failed_events_read_back
+        ));
+    }
+    if r.retries_pending > 0 && !r.interrupted {
+        bad.push(format!(
+            "{} failed event(s) still waiting for Lambda's retry at the end (--drain-s)",
+            r.retries_pending
+        ));
+    }
+    bad
+}
+
 /// Each function's invocations, the longest against its timeout, e.g. `scaler 41 runs, longest
 /// 1.2 s of 60 s`; the ones cut off at their deadline, if any.
 fn functions_line(runs: &[onoff_local::lambda::FunctionRuns]) -> String {
     runs.iter()
         .map(|f| {
-            let cut = if f.timed_out > 0 {
+            let mut cut = if f.timed_out > 0 {
                 format!(", {} TIMED OUT", f.timed_out)
             } else {
                 String::new()
             };
+            if f.failed > 0 {
+                cut += &format!(
+                    ", {} failed, {} retried (of {} allowed), {} dead-lettered",
+                    f.failed, f.retries, f.max_retry_attempts, f.dead_lettered
+                );
+            }
             format!(
                 "{} {} runs, longest {:.1} s of {:.0} s{cut}",
                 f.function, f.invocations, f.longest_s, f.timeout_s
@@ -510,6 +602,17 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         );
     }
     println!("  functions  {}", functions_line(&r.functions));
+    println!(
+        "  failed     {} event(s) dead-lettered ({} malformed delivered), {} read back from the failed-events queue{}",
+        r.dead_letters.len(),
+        r.malformed_events_sent.len(),
+        r.failed_events_read_back,
+        if r.dead_letter_errors.is_empty() {
+            String::new()
+        } else {
+            format!("; {} send(s) FAILED", r.dead_letter_errors.len())
+        }
+    );
     if !r.rejected.is_empty() {
         println!(
             "  rejected   {} submission(s), each with an error record:",
@@ -530,6 +633,50 @@ mod tests {
     use super::*;
     use onoff_control::quota::QuotaBucket;
     use onoff_policy::CapacityType;
+
+    #[test]
+    fn a_run_is_green_only_when_the_failed_events_are_the_malformed_ones_delivered() {
+        let letter = |id: Option<&str>| onoff_local::DeadLettered {
+            function: "interruption".into(),
+            event_id: id.map(str::to_string),
+            request_id: format!("req-{}", id.unwrap_or("none")),
+            invocations: 3,
+            error_message: "malformed event".into(),
+        };
+        let green = LocalReport {
+            malformed_events_sent: vec!["m-0".into()],
+            dead_letters: vec![letter(Some("m-0"))],
+            failed_events_read_back: 1,
+            ..LocalReport::default()
+        };
+        assert!(
+            dead_letter_faults(&green).is_empty(),
+            "{:?}",
+            dead_letter_faults(&green)
+        );
+        let faults = |f: &dyn Fn(&mut LocalReport)| {
+            let mut r = green.clone();
+            f(&mut r);
+            dead_letter_faults(&r).join("; ")
+        };
+        assert!(faults(&|r| r.dead_letters.clear()).contains("not in the failed-events queue: m-0"));
+        assert!(faults(&|r| {
+            r.dead_letters.push(letter(None));
+            r.failed_events_read_back = 2;
+        })
+        .contains("1 event(s) a function failed on past Lambda's retries"));
+        assert!(faults(&|r| r.dead_letter_errors.push("AccessDenied".into())).contains("AccessDenied"));
+        assert!(faults(&|r| r.failed_events_read_back = 0).contains("1 dead letter(s) sent, 0 read back"));
+        assert!(faults(&|r| r.retries_pending = 1).contains("still waiting"));
+        // Cut short by Ctrl-C: what had no time to happen is no fault.
+        assert!(faults(&|r| {
+            r.interrupted = true;
+            r.dead_letters.clear();
+            r.failed_events_read_back = 0;
+            r.retries_pending = 1;
+        })
+        .is_empty());
+    }
 
     #[test]
     fn a_vcpu_quota_is_read_as_capacity_bucket_and_vcpus() {

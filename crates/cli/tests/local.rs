@@ -1,7 +1,8 @@
 //! `onoff local` end to end: its own moto server (IAM enforced: every component under the role
 //! template.yaml gives it), the control plane in process, real `onoff-agent` processes running the example
 //! workload, a slice of the real Philly trace, spot notices, worker kills and lost answers of
-//! applied DynamoDB writes injected; and, while
+//! applied DynamoDB writes injected, and malformed EC2 events that must reach the failed-events
+//! queue through Lambda's retries; and, while
 //! it runs, bad job specs put into its bucket by a real AWS client (boto3, from the `.venv` the
 //! test script installs).
 #![cfg(feature = "local")]
@@ -74,6 +75,12 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
             "10",
             "--notice-lead-s",
             "6",
+            // Each fails in the interruption function, is retried twice (3 s, then 6 s later)
+            // and is dead-lettered.
+            "--malformed-events",
+            "2",
+            "--retry-delays-s",
+            "3,6",
             "--seed",
             "3",
             "--timeout-s",
@@ -158,6 +165,29 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
         onoff_local::LOCAL_ZONES
     );
     assert_eq!(n("instances_left_running"), 0.0, "every worker terminated itself");
+    // The malformed events: each failed, was retried as Lambda retries an asynchronous
+    // invocation (the interruption function's MaximumRetryAttempts is 2), and was sent to the
+    // failed-events queue under the function's role, where the run read it back; no other event
+    // was given up on.
+    let dead = v["dead_letters"].as_array().expect("dead_letters in the report");
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    for d in dead {
+        assert_eq!(
+            (d["function"].as_str(), d["invocations"].as_u64()),
+            (Some("interruption"), Some(3)),
+            "{d}"
+        );
+        assert!(
+            d["error_message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("lacks detail.instance-id"),
+            "{d}"
+        );
+    }
+    assert_eq!(n("failed_events_read_back"), 2.0, "{v}");
+    assert_eq!(v["dead_letter_errors"], serde_json::json!([]));
+    assert_eq!(n("retries_pending"), 0.0);
     assert!(n("total_usd") > 0.0 && n("usd_per_job") > 0.0);
     assert!(n("wait_p95_s") >= n("wait_p50_s"));
     assert!(out.status.success(), "exit status {:?}; stderr:\n{stderr}", out.status);

@@ -49,7 +49,8 @@ pub enum Handled {
 /// Why handling failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum HandleError {
-    /// The event is malformed: log and drop it (retrying cannot help).
+    /// The event is malformed (retrying cannot help): the handler fails it, and Lambda sends it
+    /// to the function's dead-letter queue with the reason.
     #[error(transparent)]
     Malformed(#[from] EventError),
     /// A store failed: retry.
@@ -60,7 +61,7 @@ pub enum HandleError {
 /// Handle one EventBridge event (as JSON).
 ///
 /// # Errors
-/// [`HandleError::Malformed`] (drop), [`HandleError::Store`] (retry).
+/// [`HandleError::Malformed`] (dead-letter it), [`HandleError::Store`] (retry).
 pub async fn handle_event<R, A, L>(
     event: &serde_json::Value,
     cfg: &PolicyConfig,

@@ -473,26 +473,128 @@ pub fn managed_policy(template: &str, stack: &Stack, logical_id: &str) -> Result
 /// `p` has no function (the worker, a job), the template is not YAML, or the timeout is not a
 /// plain number (a `!Ref` is not resolved here).
 pub fn function_timeout_s(template: &str, p: Principal) -> Result<f64, Error> {
-    let logical_id = p
-        .function_logical_id()
-        .ok_or_else(|| Error::Shape(format!("{} runs in no function", p.as_str())))?;
     let t: Y = serde_yaml::from_str(template)?;
-    let function = resources(&t)?
-        .get(logical_id)
-        .filter(|r| r.get("Type").and_then(Y::as_str) == Some("AWS::Serverless::Function"))
-        .ok_or_else(|| Error::Shape(format!("no function {logical_id}")))?;
-    let timeout = function.get("Properties").and_then(|p| p.get("Timeout")).or_else(|| {
-        t.get("Globals")
-            .and_then(|g| g.get("Function"))
-            .and_then(|f| f.get("Timeout"))
-    });
-    match timeout {
+    let (logical_id, function) = function_resource(&t, p)?;
+    match function_property(&t, function, "Timeout") {
         None => Ok(3.0),
         Some(v) => v
             .as_f64()
             .filter(|s| *s > 0.0)
             .ok_or_else(|| Error::Shape(format!("{logical_id}: Timeout {v:?} is not a number of seconds"))),
     }
+}
+
+/// How Lambda treats `p`'s asynchronous invocations (EventBridge rules, schedules, S3
+/// notifications, an `Invoke` with `InvocationType: Event`): the function's `EventInvokeConfig`,
+/// else `Globals.Function`'s, else Lambda's defaults (2 retries, 6 hours; Lambda Developer Guide,
+/// "Configuring error handling settings for Lambda asynchronous invocations").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncInvokeConfig {
+    /// `MaximumRetryAttempts`: retries after a function error (0 to 2).
+    pub maximum_retry_attempts: u32,
+    /// `MaximumEventAgeInSeconds`: how long Lambda keeps an event for a retry, seconds (60 to
+    /// 21,600); an event older than this is discarded (to the dead-letter queue) untried.
+    pub maximum_event_age_s: u32,
+}
+
+impl Default for AsyncInvokeConfig {
+    fn default() -> Self {
+        Self {
+            maximum_retry_attempts: 2,
+            maximum_event_age_s: 21_600,
+        }
+    }
+}
+
+/// `p`'s function in the template: its logical id and its resource.
+fn function_resource(t: &Y, p: Principal) -> Result<(&'static str, &Y), Error> {
+    let logical_id = p
+        .function_logical_id()
+        .ok_or_else(|| Error::Shape(format!("{} runs in no function", p.as_str())))?;
+    let function = resources(t)?
+        .get(logical_id)
+        .filter(|r| r.get("Type").and_then(Y::as_str) == Some("AWS::Serverless::Function"))
+        .ok_or_else(|| Error::Shape(format!("no function {logical_id}")))?;
+    Ok((logical_id, function))
+}
+
+/// Property `key` of `p`'s function: its own, else `Globals.Function`'s.
+fn function_property<'a>(t: &'a Y, function: &'a Y, key: &str) -> Option<&'a Y> {
+    function.get("Properties").and_then(|p| p.get(key)).or_else(|| {
+        t.get("Globals")
+            .and_then(|g| g.get("Function"))
+            .and_then(|f| f.get(key))
+    })
+}
+
+/// [`AsyncInvokeConfig`] of `p`'s function in `template`.
+///
+/// # Errors
+/// `p` has no function, the template is not YAML, or a setting is not a plain number in
+/// Lambda's range (a `!Ref` is not resolved here).
+pub fn function_async_config(template: &str, p: Principal) -> Result<AsyncInvokeConfig, Error> {
+    let t: Y = serde_yaml::from_str(template)?;
+    let (logical_id, function) = function_resource(&t, p)?;
+    let mut c = AsyncInvokeConfig::default();
+    let Some(conf) = function_property(&t, function, "EventInvokeConfig") else {
+        return Ok(c);
+    };
+    let number = |key: &str, range: std::ops::RangeInclusive<u64>| -> Result<Option<u32>, Error> {
+        conf.get(key)
+            .map(|v| {
+                v.as_u64()
+                    .filter(|n| range.contains(n))
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| Error::Shape(format!("{logical_id}: {key} {v:?} is not in {range:?}")))
+            })
+            .transpose()
+    };
+    if let Some(n) = number("MaximumRetryAttempts", 0..=2)? {
+        c.maximum_retry_attempts = n;
+    }
+    if let Some(n) = number("MaximumEventAgeInSeconds", 60..=21_600)? {
+        c.maximum_event_age_s = n;
+    }
+    Ok(c)
+}
+
+/// The logical id of the queue `p`'s function sends the events it failed on to (its
+/// `DeadLetterQueue`, else `Globals.Function`'s, of `Type: SQS` and `TargetArn: !GetAtt X.Arn`);
+/// `None` when it has none (Lambda then discards them).
+///
+/// # Errors
+/// `p` has no function, the template is not YAML, or the dead-letter target is not an SQS
+/// queue's `!GetAtt X.Arn`.
+pub fn function_dead_letter_queue(template: &str, p: Principal) -> Result<Option<String>, Error> {
+    let t: Y = serde_yaml::from_str(template)?;
+    let (logical_id, function) = function_resource(&t, p)?;
+    let Some(dlq) = function_property(&t, function, "DeadLetterQueue") else {
+        return Ok(None);
+    };
+    let bad = || {
+        Error::Shape(format!(
+            "{logical_id}: DeadLetterQueue {dlq:?} is not an SQS queue's !GetAtt X.Arn"
+        ))
+    };
+    if dlq.get("Type").and_then(Y::as_str) != Some("SQS") {
+        return Err(bad());
+    }
+    let target = match dlq.get("TargetArn") {
+        Some(Y::Tagged(tv)) if tv.tag == "!GetAtt" => tv.value.as_str().map(str::to_string),
+        Some(Y::Mapping(m)) => m.get("Fn::GetAtt").and_then(|v| match v {
+            Y::String(s) => Some(s.clone()),
+            Y::Sequence(parts) => {
+                let parts: Vec<&str> = parts.iter().filter_map(Y::as_str).collect();
+                (parts.len() == 2).then(|| parts.join("."))
+            }
+            _ => None,
+        }),
+        _ => None,
+    };
+    target
+        .and_then(|t| t.strip_suffix(".Arn").map(str::to_string))
+        .map(Some)
+        .ok_or_else(bad)
 }
 
 /// The logical id a `!Ref X` (or `{Ref: X}`) names.
@@ -600,6 +702,77 @@ mod tests {
             function_timeout_s(r, Principal::Submit).is_err(),
             "a !Ref is not a number"
         );
+    }
+
+    #[test]
+    fn async_settings_are_the_functions_else_the_globals_else_lambdas_defaults() {
+        // The shipped template: each function's own EventInvokeConfig, and the ages Lambda
+        // keeps by default where it sets none (submit).
+        let got: Vec<(u32, u32)> = [
+            Principal::Scaler,
+            Principal::Reconciler,
+            Principal::Interruption,
+            Principal::Submit,
+        ]
+        .into_iter()
+        .map(|p| {
+            let c = function_async_config(TEMPLATE, p).unwrap();
+            (c.maximum_retry_attempts, c.maximum_event_age_s)
+        })
+        .collect();
+        assert_eq!(got, [(1, 300), (0, 120), (2, 3600), (2, 21_600)]);
+        let t = "Globals:\n  Function:\n    EventInvokeConfig:\n      MaximumRetryAttempts: 1\nResources:\n  ScalerFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      EventInvokeConfig:\n        MaximumEventAgeInSeconds: 600\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n";
+        let scaler = function_async_config(t, Principal::Scaler).unwrap();
+        assert_eq!(
+            (scaler.maximum_retry_attempts, scaler.maximum_event_age_s),
+            (2, 600),
+            "its own block, whole"
+        );
+        let submit = function_async_config(t, Principal::Submit).unwrap();
+        assert_eq!((submit.maximum_retry_attempts, submit.maximum_event_age_s), (1, 21_600));
+        let bare = "Resources:\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n";
+        assert_eq!(
+            function_async_config(bare, Principal::Submit).unwrap(),
+            AsyncInvokeConfig::default()
+        );
+        for bad in [
+            "MaximumRetryAttempts: 3",
+            "MaximumEventAgeInSeconds: 30",
+            "MaximumRetryAttempts: !Ref R",
+        ] {
+            let t = format!("Resources:\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      EventInvokeConfig:\n        {bad}\n");
+            assert!(function_async_config(&t, Principal::Submit).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_function_sends_what_it_failed_on_to_the_failed_events_queue() {
+        for p in [
+            Principal::Scaler,
+            Principal::Reconciler,
+            Principal::Interruption,
+            Principal::Submit,
+        ] {
+            assert_eq!(
+                function_dead_letter_queue(TEMPLATE, p).unwrap().as_deref(),
+                Some("FailedEventsQueue"),
+                "{}",
+                p.as_str()
+            );
+        }
+        let own = "Globals:\n  Function:\n    DeadLetterQueue:\n      Type: SQS\n      TargetArn: !GetAtt A.Arn\nResources:\n  ScalerFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      DeadLetterQueue:\n        Type: SQS\n        TargetArn: {\"Fn::GetAtt\": [B, Arn]}\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n";
+        assert_eq!(
+            function_dead_letter_queue(own, Principal::Scaler).unwrap().as_deref(),
+            Some("B")
+        );
+        assert_eq!(
+            function_dead_letter_queue(own, Principal::Submit).unwrap().as_deref(),
+            Some("A")
+        );
+        let none = "Resources:\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n";
+        assert_eq!(function_dead_letter_queue(none, Principal::Submit).unwrap(), None);
+        let sns = "Resources:\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      DeadLetterQueue:\n        Type: SNS\n        TargetArn: !Ref T\n";
+        assert!(function_dead_letter_queue(sns, Principal::Submit).is_err());
     }
 
     fn stack() -> Stack {

@@ -5,15 +5,35 @@
 //! `Context::default()` instead gave it no deadline at all: the reconcile lease fell back to a
 //! configured TTL, and a run slower than its function's timeout passed here where Lambda would
 //! have killed it half-way.
+//!
+//! Every invocation of a local run is asynchronous, as on AWS (EventBridge rules, the schedule,
+//! S3 notifications, the scale requests' `InvocationType: Event`), and a failed one is handled as
+//! Lambda handles it (Lambda Developer Guide, "How Lambda handles errors and retries with
+//! asynchronous invocation"): retried with the same request id after 1 and then 2 minutes, up to
+//! the function's `MaximumRetryAttempts`, while the event is younger than its
+//! `MaximumEventAgeInSeconds` (template.yaml `EventInvokeConfig`); then sent to the function's
+//! dead-letter queue ([`DeadLetter`]), body the event unchanged, under the function's own role.
+//! Before, a failed invocation was counted and dropped here: neither a handler's retry nor the
+//! dead-letter send (and the role's right to it) was ever exercised.
 
 use std::future::Future;
 use std::time::Duration;
 
 use lambda_runtime::LambdaEvent;
 use onoff_fn_common::HandlerError;
-use onoff_iam::Principal;
+use onoff_iam::{AsyncInvokeConfig, Principal};
 use serde::Serialize;
 use tokio::time::Instant;
+
+/// Lambda's waits before an asynchronous invocation's first and second retry, seconds (Lambda
+/// Developer Guide, "How Lambda handles errors and retries with asynchronous invocation": "a
+/// one-minute wait between the first two attempts, and two minutes between the second and
+/// third").
+pub const RETRY_DELAYS_S: [f64; 2] = [60.0, 120.0];
+
+/// The longest `ErrorMessage` attribute of a dead letter, bytes ("truncated to 1 KB", Lambda
+/// Developer Guide, "Dead-letter queues").
+pub const ERROR_MESSAGE_MAX_BYTES: usize = 1024;
 
 /// One function's invocations in a run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -22,23 +42,124 @@ pub struct FunctionRuns {
     pub function: String,
     /// Its `Timeout` in template.yaml, seconds.
     pub timeout_s: f64,
-    /// Invocations.
+    /// Its `EventInvokeConfig.MaximumRetryAttempts` (template.yaml; Lambda's default 2).
+    pub max_retry_attempts: u32,
+    /// Invocations, retries included.
     pub invocations: usize,
     /// The longest, wall seconds (a timed-out one counts its timeout).
     pub longest_s: f64,
     /// Invocations cut off at their deadline. A green run has 0.
     pub timed_out: usize,
+    /// Invocations that returned an error (those cut off included).
+    pub failed: usize,
+    /// Of the invocations, Lambda's retries of a failed event.
+    pub retries: usize,
+    /// Events given up on (retries spent, or too old for one): sent to the dead-letter queue.
+    pub dead_lettered: usize,
 }
 
-/// The functions of a run, each with its timeout and what its invocations took.
+/// An event that failed, waiting for Lambda's retry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Retry {
+    /// The function it is for.
+    pub function: Principal,
+    /// The event, as first delivered.
+    pub event: serde_json::Value,
+    /// The request id of its first invocation, kept by every retry.
+    pub request_id: String,
+    /// Retries so far, this one included (1 or 2).
+    pub attempt: u32,
+    /// When Lambda took the event in.
+    pub queued_at: Instant,
+    /// When the retry is due.
+    pub due: Instant,
+    /// The last attempt's error.
+    pub error: String,
+}
+
+/// An event Lambda gave up on, for the function's dead-letter queue: the body is the event
+/// unchanged, the attributes `RequestID` (String), `ErrorCode` (Number, the invoke's HTTP status:
+/// 200, the function ran and failed) and `ErrorMessage` (String, at most
+/// [`ERROR_MESSAGE_MAX_BYTES`]) (Lambda Developer Guide, "Dead-letter queues").
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadLetter {
+    /// The function that failed on it.
+    #[serde(serialize_with = "principal_name")]
+    pub function: Principal,
+    /// The event.
+    pub event: serde_json::Value,
+    /// Its request id.
+    pub request_id: String,
+    /// The last error, truncated to [`ERROR_MESSAGE_MAX_BYTES`].
+    pub error_message: String,
+    /// Invocations it had (1 + retries; fewer when it grew too old for a retry).
+    pub invocations: u32,
+}
+
+fn principal_name<S: serde::Serializer>(p: &Principal, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(p.as_str())
+}
+
+/// `m` cut to at most `max` bytes, on a character boundary.
+fn truncate(m: &str, max: usize) -> String {
+    let mut end = m.len().min(max);
+    while !m.is_char_boundary(end) {
+        end -= 1;
+    }
+    m[..end].to_string()
+}
+
+impl DeadLetter {
+    /// Send it to the dead-letter queue `queue_url` with `sqs`, the function's own client (on
+    /// AWS, Lambda sends it with the function's execution role, which needs `sqs:SendMessage` on
+    /// the queue).
+    ///
+    /// # Errors
+    /// The send failed (a denied role, a message over the queue's size limit): on AWS the event
+    /// is then lost, and Lambda counts it in the `DeadLetterErrors` metric.
+    pub async fn send(&self, sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Result<(), String> {
+        use aws_sdk_sqs::types::MessageAttributeValue;
+        let attr = |data_type: &str, value: &str| {
+            MessageAttributeValue::builder()
+                .data_type(data_type)
+                .string_value(value)
+                .build()
+                .map_err(|e| e.to_string())
+        };
+        sqs.send_message()
+            .queue_url(queue_url)
+            .message_body(self.event.to_string())
+            .message_attributes("RequestID", attr("String", &self.request_id)?)
+            .message_attributes("ErrorCode", attr("Number", "200")?)
+            .message_attributes("ErrorMessage", attr("String", &self.error_message)?)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())
+    }
+}
+
+/// A function of the run: its principal, async settings and invocations.
+#[derive(Debug)]
+struct Function {
+    p: Principal,
+    config: AsyncInvokeConfig,
+    runs: FunctionRuns,
+}
+
+/// The functions of a run, each with its timeout and retry settings, what its invocations took,
+/// the failed events waiting for a retry and those given up on.
 #[derive(Debug)]
 pub struct Lambda {
-    runs: Vec<(Principal, FunctionRuns)>,
+    functions: Vec<Function>,
     next_request: u64,
+    retry_delays: [Duration; 2],
+    retries: Vec<Retry>,
+    dead_letters: Vec<DeadLetter>,
 }
 
 /// The principals that run in a function.
-const FUNCTIONS: [Principal; 4] = [
+pub const FUNCTIONS: [Principal; 4] = [
     Principal::Scaler,
     Principal::Reconciler,
     Principal::Interruption,
@@ -46,29 +167,54 @@ const FUNCTIONS: [Principal; 4] = [
 ];
 
 impl Lambda {
-    /// The four functions with the timeouts `template` gives them.
+    /// The four functions with the timeouts and `EventInvokeConfig` `template` gives them, and
+    /// Lambda's retry delays ([`RETRY_DELAYS_S`]).
     ///
     /// # Errors
-    /// A function is missing from the template or its `Timeout` is not a number of seconds.
+    /// A function is missing from the template, or its `Timeout` or `EventInvokeConfig` is not
+    /// a number in Lambda's range.
     pub fn from_template(template: &str) -> Result<Self, onoff_iam::Error> {
-        let runs = FUNCTIONS
+        let functions = FUNCTIONS
             .into_iter()
             .map(|p| {
-                let timeout_s = onoff_iam::function_timeout_s(template, p)?;
+                let config = onoff_iam::function_async_config(template, p)?;
                 let runs = FunctionRuns {
                     function: p.as_str().to_string(),
-                    timeout_s,
+                    timeout_s: onoff_iam::function_timeout_s(template, p)?,
+                    max_retry_attempts: config.maximum_retry_attempts,
                     ..FunctionRuns::default()
                 };
-                Ok((p, runs))
+                Ok(Function { p, config, runs })
             })
             .collect::<Result<_, onoff_iam::Error>>()?;
-        Ok(Self { runs, next_request: 0 })
+        Ok(Self {
+            functions,
+            next_request: 0,
+            retry_delays: RETRY_DELAYS_S.map(Duration::from_secs_f64),
+            retries: Vec::new(),
+            dead_letters: Vec::new(),
+        })
     }
 
-    /// Invoke `p`'s `handler` with `event` as Lambda would: a fresh request id, the deadline of
-    /// its timeout, and the handler's future dropped at that deadline (an error, as Lambda reports
-    /// the invocation failed).
+    /// The same, with other waits before the first and second retry, seconds (a local run scales
+    /// Lambda's down, as it does EC2's notice lead).
+    #[must_use]
+    pub fn with_retry_delays(mut self, delays_s: [f64; 2]) -> Self {
+        self.retry_delays = delays_s.map(|d| Duration::from_secs_f64(d.max(0.0)));
+        self
+    }
+
+    fn function(&mut self, p: Principal) -> &mut Function {
+        self.functions
+            .iter_mut()
+            .find(|f| f.p == p)
+            .unwrap_or_else(|| panic!("{} runs in no function", p.as_str()))
+    }
+
+    /// Invoke `p`'s `handler` with `event` asynchronously, as Lambda would: a fresh request id,
+    /// the deadline of its timeout, and the handler's future dropped at that deadline (an error,
+    /// as Lambda reports the invocation failed). A failed event is kept for its retry
+    /// ([`Lambda::due`]) or, past its function's retries, given up on ([`Lambda::take_dead_letters`]).
     ///
     /// # Panics
     /// `p` is not one of the four functions.
@@ -82,14 +228,60 @@ impl Lambda {
         Fut: Future<Output = Result<serde_json::Value, HandlerError>>,
     {
         self.next_request += 1;
-        let (_, runs) = self
-            .runs
-            .iter_mut()
-            .find(|r| r.0 == p)
-            .unwrap_or_else(|| panic!("{} runs in no function", p.as_str()));
+        let request_id = format!("local-{}-{}", p.as_str(), self.next_request);
+        let queued_at = Instant::now();
+        let r = self.run(p, event.clone(), &request_id, handler).await;
+        if let Err(e) = &r {
+            self.failed(Retry {
+                function: p,
+                event,
+                request_id,
+                attempt: 0,
+                queued_at,
+                due: queued_at,
+                error: e.to_string(),
+            });
+        }
+        r
+    }
+
+    /// Run the retry `r` (from [`Lambda::due`]) with `handler`: the same event and request id,
+    /// a fresh deadline. Failed again, it waits for the next retry or is given up on.
+    ///
+    /// # Panics
+    /// `r` is for a principal that is not one of the four functions.
+    pub async fn retry<Fut>(
+        &mut self,
+        mut r: Retry,
+        handler: impl FnOnce(LambdaEvent<serde_json::Value>) -> Fut,
+    ) -> Result<serde_json::Value, HandlerError>
+    where
+        Fut: Future<Output = Result<serde_json::Value, HandlerError>>,
+    {
+        self.function(r.function).runs.retries += 1;
+        let out = self.run(r.function, r.event.clone(), &r.request_id, handler).await;
+        if let Err(e) = &out {
+            r.error = e.to_string();
+            self.failed(r);
+        }
+        out
+    }
+
+    /// One attempt: the invocation under its deadline, counted.
+    async fn run<Fut>(
+        &mut self,
+        p: Principal,
+        event: serde_json::Value,
+        request_id: &str,
+        handler: impl FnOnce(LambdaEvent<serde_json::Value>) -> Fut,
+    ) -> Result<serde_json::Value, HandlerError>
+    where
+        Fut: Future<Output = Result<serde_json::Value, HandlerError>>,
+    {
+        let runs = &mut self.function(p).runs;
         let timeout = Duration::from_secs_f64(runs.timeout_s);
         let mut cx = lambda_runtime::Context::default();
-        cx.request_id = format!("local-{}-{}", p.as_str(), self.next_request);
+        cx.request_id = request_id.to_string();
         let deadline = std::time::SystemTime::now() + timeout;
         cx.deadline = deadline
             .duration_since(std::time::UNIX_EPOCH)
@@ -98,25 +290,88 @@ impl Lambda {
         let r = tokio::time::timeout(timeout, handler(LambdaEvent::new(event, cx))).await;
         runs.invocations += 1;
         runs.longest_s = runs.longest_s.max(started.elapsed().as_secs_f64());
-        r.unwrap_or_else(|_| {
+        let r = r.unwrap_or_else(|_| {
             runs.timed_out += 1;
             Err(HandlerError::Retryable(format!(
                 "Task timed out after {:.2} seconds",
                 timeout.as_secs_f64()
             )))
-        })
+        });
+        if r.is_err() {
+            runs.failed += 1;
+        }
+        r
+    }
+
+    /// `r` failed its attempt `r.attempt`: due again after Lambda's wait while its function has
+    /// retries left, else given up on.
+    fn failed(&mut self, mut r: Retry) {
+        let retries = self.function(r.function).config.maximum_retry_attempts;
+        if r.attempt < retries {
+            let wait = self.retry_delays[(r.attempt as usize).min(1)];
+            r.attempt += 1;
+            r.due = Instant::now() + wait;
+            self.retries.push(r);
+        } else {
+            self.give_up(r);
+        }
+    }
+
+    fn give_up(&mut self, r: Retry) {
+        self.function(r.function).runs.dead_lettered += 1;
+        self.dead_letters.push(DeadLetter {
+            function: r.function,
+            error_message: truncate(&r.error, ERROR_MESSAGE_MAX_BYTES),
+            event: r.event,
+            request_id: r.request_id,
+            invocations: r.attempt + 1,
+        });
+    }
+
+    /// The retries due at `now`, oldest first, for the caller to run ([`Lambda::retry`]). An event
+    /// older than its function's `MaximumEventAgeInSeconds` is not retried: it is given up on.
+    pub fn due(&mut self, now: Instant) -> Vec<Retry> {
+        let (due, later): (Vec<Retry>, Vec<Retry>) = std::mem::take(&mut self.retries)
+            .into_iter()
+            .partition(|r| r.due <= now);
+        self.retries = later;
+        let mut run = Vec::new();
+        for mut r in due {
+            let max_age = f64::from(self.function(r.function).config.maximum_event_age_s);
+            if (now - r.queued_at).as_secs_f64() > max_age {
+                // The attempts it had: the retry that was due never ran.
+                r.attempt -= 1;
+                self.give_up(r);
+            } else {
+                run.push(r);
+            }
+        }
+        run.sort_by_key(|r| r.due);
+        run
+    }
+
+    /// Failed events waiting for a retry.
+    #[must_use]
+    pub fn pending_retries(&self) -> usize {
+        self.retries.len()
+    }
+
+    /// The events given up on since the last call, for the caller to send to the functions'
+    /// dead-letter queue ([`DeadLetter::send`]).
+    pub fn take_dead_letters(&mut self) -> Vec<DeadLetter> {
+        std::mem::take(&mut self.dead_letters)
     }
 
     /// Each function's invocations so far.
     #[must_use]
     pub fn runs(&self) -> Vec<FunctionRuns> {
-        self.runs.iter().map(|r| r.1.clone()).collect()
+        self.functions.iter().map(|f| f.runs.clone()).collect()
     }
 
     /// Invocations cut off at their deadline, all functions.
     #[must_use]
     pub fn timed_out(&self) -> usize {
-        self.runs.iter().map(|r| r.1.timed_out).sum()
+        self.functions.iter().map(|f| f.runs.timed_out).sum()
     }
 }
 
@@ -185,11 +440,163 @@ mod tests {
         assert!((reconciler.longest_s - 59.0).abs() < 0.01, "{}", reconciler.longest_s);
     }
 
+    /// A template whose interruption function keeps Lambda's defaults (2 retries), scaler has 1
+    /// retry and a 120 s event age, and reconciler none.
+    const RETRIES: &str = "Resources:\n  ScalerFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      EventInvokeConfig:\n        MaximumRetryAttempts: 2\n        MaximumEventAgeInSeconds: 120\n  ReconcilerFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      EventInvokeConfig:\n        MaximumRetryAttempts: 0\n  InterruptionFunction:\n    Type: AWS::Serverless::Function\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n";
+
+    async fn malformed(_: LambdaEvent<serde_json::Value>) -> Result<serde_json::Value, HandlerError> {
+        Err(HandlerError::NonRetryable("malformed event: no instance-id".into()))
+    }
+
+    fn runs_of(lambda: &Lambda, f: &str) -> FunctionRuns {
+        lambda.runs().into_iter().find(|r| r.function == f).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_event_is_retried_after_lambdas_waits_then_dead_lettered() {
+        let mut lambda = Lambda::from_template(RETRIES).unwrap();
+        let event = serde_json::json!({"id": "e-1", "source": "aws.ec2"});
+        let t0 = Instant::now();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = |seen: std::sync::Arc<std::sync::Mutex<Vec<(String, serde_json::Value)>>>| {
+            move |ev: LambdaEvent<serde_json::Value>| {
+                seen.lock()
+                    .unwrap()
+                    .push((ev.context.request_id.clone(), ev.payload.clone()));
+                malformed(ev)
+            }
+        };
+        assert!(lambda
+            .invoke(Principal::Interruption, event.clone(), record(seen.clone()))
+            .await
+            .is_err());
+        assert_eq!(lambda.pending_retries(), 1);
+        assert!(lambda.take_dead_letters().is_empty());
+        // Nothing before the first minute is up; the retry at one minute, the next two minutes
+        // after that.
+        assert!(lambda.due(t0 + Duration::from_secs(59)).is_empty());
+        let mut at = Vec::new();
+        for wait in [60, 120] {
+            tokio::time::advance(Duration::from_secs(wait)).await;
+            let due = lambda.due(Instant::now());
+            assert_eq!(due.len(), 1, "after {wait} s more");
+            at.push((Instant::now() - t0).as_secs());
+            let r = due.into_iter().next().unwrap();
+            assert!(lambda.retry(r, record(seen.clone())).await.is_err());
+            assert!(lambda.due(Instant::now()).is_empty(), "one retry at a time");
+        }
+        assert_eq!(at, [60, 180]);
+        // Each attempt saw the event unchanged, under the first attempt's request id.
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 3);
+        assert!(seen.iter().all(|(id, ev)| id == &seen[0].0 && ev == &event), "{seen:?}");
+        // Retries spent: given up on, with the last error.
+        assert_eq!(lambda.pending_retries(), 0);
+        let dead = lambda.take_dead_letters();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(
+            (
+                dead[0].function,
+                &dead[0].event,
+                &dead[0].request_id,
+                dead[0].invocations
+            ),
+            (Principal::Interruption, &event, &seen[0].0, 3)
+        );
+        assert_eq!(dead[0].error_message, "malformed event: no instance-id");
+        assert!(lambda.take_dead_letters().is_empty(), "taken once");
+        let runs = runs_of(&lambda, "interruption");
+        assert_eq!(
+            (
+                runs.invocations,
+                runs.failed,
+                runs.retries,
+                runs.dead_lettered,
+                runs.max_retry_attempts
+            ),
+            (3, 3, 2, 1, 2)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_that_succeeds_on_its_retry_is_not_dead_lettered() {
+        let mut lambda = Lambda::from_template(RETRIES).unwrap().with_retry_delays([6.0, 12.0]);
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let flaky = |calls: std::sync::Arc<std::sync::atomic::AtomicUsize>| {
+            move |_: LambdaEvent<serde_json::Value>| async move {
+                if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                    Err(HandlerError::Retryable("store: throttled".into()))
+                } else {
+                    Ok(serde_json::json!({"ok": true}))
+                }
+            }
+        };
+        assert!(lambda
+            .invoke(Principal::Submit, serde_json::json!({}), flaky(calls.clone()))
+            .await
+            .is_err());
+        tokio::time::advance(Duration::from_secs(6)).await;
+        let due = lambda.due(Instant::now());
+        assert_eq!(due.len(), 1, "the scaled-down first wait");
+        let out = lambda
+            .retry(due.into_iter().next().unwrap(), flaky(calls.clone()))
+            .await
+            .unwrap();
+        assert_eq!(out["ok"], true);
+        assert_eq!(lambda.pending_retries(), 0);
+        assert!(lambda.take_dead_letters().is_empty());
+        let runs = runs_of(&lambda, "submit");
+        assert_eq!(
+            (runs.invocations, runs.failed, runs.retries, runs.dead_lettered),
+            (2, 1, 1, 0)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_function_without_retries_dead_letters_at_once_and_an_old_event_is_not_retried() {
+        let mut lambda = Lambda::from_template(RETRIES).unwrap();
+        // MaximumRetryAttempts 0: given up on after its one attempt.
+        assert!(lambda
+            .invoke(Principal::Reconciler, serde_json::json!({"n": 1}), malformed)
+            .await
+            .is_err());
+        assert_eq!(lambda.pending_retries(), 0);
+        let dead = lambda.take_dead_letters();
+        assert_eq!((dead.len(), dead[0].invocations), (1, 1));
+        // The scaler keeps an event 120 s: its retry at 60 s runs, the one due at 180 s does not.
+        assert!(lambda
+            .invoke(Principal::Scaler, serde_json::json!({"n": 2}), malformed)
+            .await
+            .is_err());
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let due = lambda.due(Instant::now());
+        assert_eq!(due.len(), 1);
+        assert!(lambda.retry(due.into_iter().next().unwrap(), malformed).await.is_err());
+        tokio::time::advance(Duration::from_secs(120)).await;
+        assert!(lambda.due(Instant::now()).is_empty(), "too old for a retry");
+        let dead = lambda.take_dead_letters();
+        assert_eq!((dead.len(), dead[0].invocations), (1, 2));
+        assert_eq!(dead[0].event["n"], 2);
+        let runs = runs_of(&lambda, "scaler");
+        assert_eq!((runs.invocations, runs.retries, runs.dead_lettered), (2, 1, 1));
+    }
+
+    #[test]
+    fn an_error_message_is_cut_to_a_kilobyte_on_a_character_boundary() {
+        let long = "é".repeat(600);
+        let cut = truncate(&long, ERROR_MESSAGE_MAX_BYTES);
+        assert_eq!(cut.len(), 1024);
+        assert_eq!(truncate(&format!("x{long}"), ERROR_MESSAGE_MAX_BYTES).len(), 1023);
+        assert_eq!(truncate("short", ERROR_MESSAGE_MAX_BYTES), "short");
+    }
+
     #[test]
     fn the_shipped_template_gives_every_function_a_timeout() {
         let lambda = Lambda::from_template(onoff_iam::TEMPLATE).unwrap();
         let runs = lambda.runs();
         assert_eq!(runs.len(), 4);
         assert!(runs.iter().all(|r| r.timeout_s == 60.0), "{runs:?}");
+        let retries: Vec<u32> = runs.iter().map(|r| r.max_retry_attempts).collect();
+        assert_eq!(retries, [1, 0, 2, 2], "scaler, reconciler, interruption, submit");
     }
 }

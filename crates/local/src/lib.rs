@@ -140,6 +140,13 @@ pub struct LocalOptions {
     pub vcpu_quotas: BTreeMap<onoff_aws::faults::quotas::QuotaKey, u32>,
     /// Seconds from a spot notice to the reclaim (AWS: 120; scaled down by default).
     pub notice_lead_s: f64,
+    /// Malformed EC2 events (a spot interruption warning without its instance id) delivered to
+    /// the interruption function at the start: each must fail, be retried as Lambda retries it
+    /// and land in the failed-events queue ([`lambda`]).
+    pub malformed_events: usize,
+    /// Lambda's waits before an asynchronous invocation's first and second retry, seconds (AWS:
+    /// 60 and 120, [`lambda::RETRY_DELAYS_S`]; scaled down by default, as the notice lead is).
+    pub retry_delays_s: [f64; 2],
     /// Seconds from launch to the agent's start (the boot).
     pub boot_s: f64,
     /// Seconds from the start of a stopped instance to its agent's start (no image pull, no
@@ -243,6 +250,21 @@ pub struct LocalReport {
     pub functions: Vec<FunctionRuns>,
     /// Invocations cut off at their deadline, as Lambda would have ended them. A green run has 0.
     pub handler_timeouts: usize,
+    /// [`LocalOptions::malformed_events`] delivered, by event id.
+    pub malformed_events_sent: Vec<String>,
+    /// Events a function failed on that Lambda gave up on (retries spent, or too old for one),
+    /// each sent to the failed-events queue under the function's own role. A green run has the
+    /// malformed events sent, and no other.
+    pub dead_letters: Vec<DeadLettered>,
+    /// Dead-letter sends that failed (a denied role, say), each with its error: on AWS the event
+    /// would be lost (Lambda's `DeadLetterErrors` metric). A green run has none.
+    pub dead_letter_errors: Vec<String>,
+    /// Messages read back from the failed-events queue at the end, by their `RequestID`
+    /// attribute, each with its `ErrorCode` and `ErrorMessage` attributes and its body the event.
+    /// A green run reads back exactly [`LocalReport::dead_letters`].
+    pub failed_events_read_back: usize,
+    /// Failed events still waiting for a retry when the run ended.
+    pub retries_pending: usize,
     /// IAM was enforced: every component (the four functions, each agent, each job) ran under its
     /// own role with the policies template.yaml gives it, as moto evaluates them
     /// ([`iam`](mod@iam)). False with `--no-iam`.
@@ -285,6 +307,21 @@ pub struct LocalReport {
     /// Submissions the stack refused (specs put under `jobs/` by the replay or by any client),
     /// each with the error record's reason.
     pub rejected: Vec<Rejected>,
+}
+
+/// An event a function failed on and Lambda gave up on ([`lambda::DeadLetter`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DeadLettered {
+    /// `scaler`, `reconciler`, `interruption` or `submit`.
+    pub function: String,
+    /// The event's `id` (EventBridge events), if it has one.
+    pub event_id: Option<String>,
+    /// The invocations' request id.
+    pub request_id: String,
+    /// Invocations it had: 1 + the function's retries, fewer if it grew too old for one.
+    pub invocations: u32,
+    /// The `ErrorMessage` it was sent with.
+    pub error_message: String,
 }
 
 /// A submission the stack refused: its error record.
@@ -666,7 +703,21 @@ async fn run_with(
         asks: asks.clone(),
     };
     let mut ask_latencies: Vec<f64> = Vec::new();
-    let mut lambda = Lambda::from_template(onoff_iam::TEMPLATE).context("template.yaml's function timeouts")?;
+    let mut lambda = Lambda::from_template(onoff_iam::TEMPLATE)
+        .context("template.yaml's function timeouts and retry settings")?
+        .with_retry_delays(opts.retry_delays_s);
+    // Where Lambda sends the events a function failed on: each function's DeadLetterQueue in
+    // template.yaml, the failed-events queue provisioned as it declares.
+    for p in lambda::FUNCTIONS {
+        let dlq =
+            onoff_iam::function_dead_letter_queue(onoff_iam::TEMPLATE, p).context("template.yaml's DeadLetterQueue")?;
+        anyhow::ensure!(
+            dlq.as_deref() == Some("FailedEventsQueue"),
+            "template.yaml: the {} function's dead-letter queue is {dlq:?}, which a local run does not provision",
+            p.as_str()
+        );
+    }
+    let failed_events_url = provisioned.failed_events_queue.clone();
     let ctx = onoff_fn_common::ctx_from_clients(settings, &clients);
     let fleet = Ec2Fleet::new(clients.ec2.clone(), &res.launch_template).with_deployment(&prefix);
 
@@ -751,6 +802,18 @@ async fn run_with(
     let mut instances: BTreeMap<String, Inst> = BTreeMap::new();
     let mut events: VecDeque<serde_json::Value> = VecDeque::new();
     let mut event_n = 0usize;
+    // Malformed events: a spot interruption warning that names no instance.
+    let mut malformed_sent = Vec::new();
+    for i in 0..opts.malformed_events {
+        let mut ev = ec2_event(SPOT_WARNING, "i-malformed", &[], event_n);
+        event_n += 1;
+        ev["id"] = format!("local-malformed-{i}").into();
+        if let Some(d) = ev["detail"].as_object_mut() {
+            d.remove("instance-id");
+        }
+        malformed_sent.push(format!("local-malformed-{i}"));
+        events.push_back(ev);
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
     let mut report = LocalReport {
         jobs_submitted: 0,
@@ -952,6 +1015,69 @@ async fn run_with(
             since_invocation_start(&asks, t);
             invoke_err("interruption", r, &mut report.handler_errors);
             serve_scale_requests!();
+        }
+        // Lambda's retries of the events a function failed on, as they come due.
+        for r in lambda.due(Instant::now()) {
+            let (function, t) = (r.function, Instant::now());
+            let out = match function {
+                Principal::Scaler => {
+                    lambda
+                        .retry(r, |ev| scaler::handler::handle(&scaler_ctx, &scaler_clients, ev))
+                        .await
+                }
+                Principal::Reconciler => {
+                    lambda
+                        .retry(r, |ev| {
+                            reconciler::handler::handle(&reconciler_ctx, &reconciler_clients, ev)
+                        })
+                        .await
+                }
+                Principal::Interruption => {
+                    lambda
+                        .retry(r, |ev| {
+                            interruption::handler::handle(&interruption_ctx, &interruption_clients, ev)
+                        })
+                        .await
+                }
+                Principal::Submit => {
+                    lambda
+                        .retry(r, |ev| submit::handler::handle(&submit_ctx, &submit_clients, ev))
+                        .await
+                }
+                other => unreachable!("{} runs in no function", other.as_str()),
+            };
+            since_invocation_start(&asks, t);
+            invoke_err(function.as_str(), out, &mut report.handler_errors);
+            onoff_aws::fleet::tag_as_ec2_does(&clients.ec2, &prefix, &res.launch_template).await;
+            serve_scale_requests!();
+        }
+        // The events given up on: to the failed-events queue, sent with the function's own role.
+        for dead in lambda.take_dead_letters() {
+            let sqs = match dead.function {
+                Principal::Scaler => &scaler_clients.sqs,
+                Principal::Reconciler => &reconciler_clients.sqs,
+                Principal::Interruption => &interruption_clients.clients.sqs,
+                _ => &submit_clients.clients.sqs,
+            };
+            let function = dead.function.as_str().to_string();
+            match dead.send(sqs, &failed_events_url).await {
+                Ok(()) => {
+                    tracing::warn!(%function, request_id = %dead.request_id, error = %dead.error_message, "an event failed past its retries: sent to the failed-events queue");
+                    report.dead_letters.push(DeadLettered {
+                        function,
+                        event_id: dead.event["id"].as_str().map(str::to_string),
+                        request_id: dead.request_id,
+                        invocations: dead.invocations,
+                        error_message: dead.error_message,
+                    });
+                }
+                Err(e) => {
+                    tracing::error!(%function, request_id = %dead.request_id, error = %e, "the dead-letter send failed: the event is lost");
+                    report
+                        .dead_letter_errors
+                        .push(format!("{function} {}: {e}", dead.request_id));
+                }
+            }
         }
         // The instance runner.
         if now >= next_fleet {
@@ -1160,7 +1286,9 @@ async fn run_with(
                 break;
             }
             if let Some(d) = drain_started {
-                if live_instances == 0 || now - d >= Duration::from_secs_f64(opts.drain_s) {
+                // Done when no instance is left and Lambda holds no event for a retry.
+                let settled = live_instances == 0 && lambda.pending_retries() == 0;
+                if settled || now - d >= Duration::from_secs_f64(opts.drain_s) {
                     report.instances_left_running = live_instances;
                     break;
                 }
@@ -1256,6 +1384,18 @@ async fn run_with(
     };
     report.functions = lambda.runs();
     report.handler_timeouts = lambda.timed_out();
+    report.retries_pending = lambda.pending_retries();
+    report.malformed_events_sent = malformed_sent;
+    report.failed_events_read_back =
+        match read_dead_letters(&clients.sqs, &failed_events_url, &report.dead_letters).await {
+            Ok(n) => n,
+            Err(e) => {
+                report
+                    .dead_letter_errors
+                    .push(format!("reading the failed-events queue back: {e}"));
+                0
+            }
+        };
     ask_latencies.sort_by(f64::total_cmp);
     report.scale_requests_served = ask_latencies.len();
     report.scale_request_latency_p50_s = percentile(&ask_latencies, 0.5);
@@ -1411,6 +1551,58 @@ async fn cost<W: WorkerRegistry>(instances: &BTreeMap<String, Inst>, workers: &W
 
 /// State of each of `ids` in the jobs table (ids not yet written are absent).
 /// States of the jobs `ids` (every job when `ids` is empty: a serving stack's).
+/// Read the failed-events queue to its end: how many of `sent` it holds, each found by its
+/// `RequestID` attribute with `ErrorCode` 200, its `ErrorMessage` and a body that is its event's.
+///
+/// # Errors
+/// A receive failed, or the queue holds a message none of `sent` is, or one without the
+/// attributes Lambda sets.
+async fn read_dead_letters(sqs: &aws_sdk_sqs::Client, url: &str, sent: &[DeadLettered]) -> Result<usize, String> {
+    let mut found = BTreeSet::new();
+    loop {
+        let out = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .visibility_timeout(300)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?;
+        if out.messages().is_empty() {
+            return Ok(found.len());
+        }
+        for m in out.messages() {
+            let attr = |k: &str| {
+                m.message_attributes().and_then(|a| a.get(k)).map(|v| {
+                    (
+                        v.data_type().to_string(),
+                        v.string_value().unwrap_or_default().to_string(),
+                    )
+                })
+            };
+            let request_id = attr("RequestID").map(|a| a.1).unwrap_or_default();
+            let Some(d) = sent.iter().find(|d| d.request_id == request_id) else {
+                return Err(format!("a message no function sent: RequestID {request_id:?}"));
+            };
+            if attr("ErrorCode") != Some(("Number".into(), "200".into()))
+                || attr("ErrorMessage").map(|a| a.1).as_deref() != Some(d.error_message.as_str())
+            {
+                return Err(format!(
+                    "{request_id}: not the attributes Lambda sets: {:?}",
+                    m.message_attributes()
+                ));
+            }
+            let body: serde_json::Value = serde_json::from_str(m.body().unwrap_or_default())
+                .map_err(|e| format!("{request_id}: the body is not the event: {e}"))?;
+            if body["id"].as_str() != d.event_id.as_deref() {
+                return Err(format!("{request_id}: the body is not its event: {body}"));
+            }
+            found.insert(request_id);
+        }
+    }
+}
+
 async fn scan_jobs(
     clients: &Clients,
     table: &str,

@@ -670,3 +670,121 @@ async fn a_job_run_as_its_own_user_gets_nothing_from_the_instance_metadata_servi
         "the job's user must get no answer: {job_answer}"
     );
 }
+
+/// The events a function failed on, as a local run hands them to Lambda's dead-letter queue
+/// (`onoff_local::lambda::DeadLetter::send`): each function's role may send them to the
+/// failed-events queue (template.yaml's `FailedEvents` statement; on AWS Lambda sends them with
+/// the function's execution role), the worker role may not; what arrives is the event unchanged
+/// with Lambda's three attributes; and every send a function made is what template.yaml's
+/// policies allow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_functions_dead_letters_reach_the_failed_events_queue_under_its_role_only() {
+    use onoff_iam::Principal;
+    use onoff_local::lambda::DeadLetter;
+    let dir = std::env::temp_dir().join(format!("onoff-dead-letters-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (mut moto, setup, _, stack) = provisioned(&dir, "dl").await;
+    let endpoint = moto.endpoint.clone();
+    let url = setup
+        .sqs
+        .get_queue_url()
+        .queue_name(format!("{}-failed-events", stack.stack_name))
+        .send()
+        .await
+        .expect("provision creates the failed-events queue")
+        .queue_url
+        .unwrap();
+    let sessions = onoff_local::iam::setup(&endpoint, &stack).await.expect("IAM setup");
+    let log_path = dir.join("calls.jsonl");
+    let log = onoff_aws::record::CallLog::open(&log_path).unwrap();
+    let letter = |function: Principal| DeadLetter {
+        function,
+        event: serde_json::json!({"id": format!("e-{}", function.as_str()), "detail": {"n": 1}}),
+        request_id: format!("req-{}", function.as_str()),
+        error_message: format!("{} failed", function.as_str()),
+        invocations: 3,
+    };
+    let functions = [
+        Principal::Scaler,
+        Principal::Reconciler,
+        Principal::Interruption,
+        Principal::Submit,
+    ];
+    for p in functions {
+        let session = &sessions.functions[p.as_str()];
+        let c = clients(&endpoint, session.credentials(), Some(log.recorder(p.as_str()))).await;
+        letter(p)
+            .send(&c.sqs, &url)
+            .await
+            .unwrap_or_else(|e| panic!("{}'s role sends its dead letters: {e}", p.as_str()));
+    }
+    let worker = clients(&endpoint, sessions.worker.credentials(), None).await;
+    let refused = letter(Principal::Worker).send(&worker.sqs, &url).await.unwrap_err();
+    assert!(refused.contains("AccessDenied"), "the worker role may not: {refused}");
+
+    // What arrived (read by the runner's role, as IAM is now enforced): one message per
+    // function, the event its body, Lambda's attributes.
+    let runner = clients(&endpoint, sessions.runner.credentials(), None).await;
+    let mut got = std::collections::BTreeMap::new();
+    loop {
+        let out = runner
+            .sqs
+            .receive_message()
+            .queue_url(&url)
+            .max_number_of_messages(10)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .unwrap();
+        if out.messages().is_empty() {
+            break;
+        }
+        for m in out.messages() {
+            let attrs = m.message_attributes().unwrap();
+            let attr = |k: &str| {
+                let v = &attrs[k];
+                (v.data_type().to_string(), v.string_value().unwrap().to_string())
+            };
+            got.insert(
+                attr("RequestID").1,
+                (
+                    serde_json::from_str::<serde_json::Value>(m.body().unwrap()).unwrap(),
+                    attr("ErrorCode"),
+                    attr("ErrorMessage").1,
+                ),
+            );
+        }
+    }
+    assert_eq!(got.len(), 4, "{got:?}");
+    for p in functions {
+        let l = letter(p);
+        assert_eq!(
+            got[&l.request_id],
+            (l.event, ("Number".to_string(), "200".to_string()), l.error_message)
+        );
+    }
+    onoff_local::iam::enforce(&endpoint, false).await.unwrap();
+    moto.stop().await;
+
+    // Each send, put to template.yaml's full policies: allowed to its function's role.
+    let calls = onoff_iam::calls::parse_log(&std::fs::read_to_string(&log_path).unwrap());
+    let auth = onoff_iam::eval::Authorizer::for_template(onoff_iam::TEMPLATE, &stack).unwrap();
+    let world = onoff_iam::calls::World::default();
+    for p in functions {
+        let call = calls
+            .iter()
+            .find(|c| c.principal == p.as_str() && c.operation == "SendMessage")
+            .unwrap_or_else(|| panic!("{}'s send was recorded", p.as_str()));
+        let reqs = onoff_iam::calls::requests(call, &stack, &world).unwrap();
+        assert_eq!(reqs.len(), 1);
+        assert!(reqs[0].resource.ends_with("-failed-events"), "{}", reqs[0].resource);
+        let caller = auth.caller(p).unwrap();
+        assert!(auth.decide(&caller, &reqs[0]).unwrap().allowed(), "{}", p.as_str());
+        // No other role of the template has the grant: the worker's is denied.
+        assert!(!auth
+            .decide(&auth.caller(Principal::Worker).unwrap(), &reqs[0])
+            .unwrap()
+            .allowed());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

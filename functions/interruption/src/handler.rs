@@ -1,7 +1,9 @@
 //! Interruption: EC2 events from EventBridge (spot interruption warning, rebalance
 //! recommendation, state change). Idempotent by event id, recorded once the event's work is done
-//! (a retry after a failure does it); unknown kinds are a logged no-op; malformed events are logged
-//! and dropped. After a worker is drained it asks the scaler to run at once (an asynchronous
+//! (a retry after a failure does it); unknown kinds are a logged no-op; a malformed event is an
+//! error (`NonRetryable`), so Lambda, after its retries, sends it to the function's dead-letter
+//! queue (template.yaml: `FailedEventsQueue`) with the reason in its `ErrorMessage` attribute,
+//! where the dead-letter alarm tells the operator. After a worker is drained it asks the scaler to run at once (an asynchronous
 //! invoke: this function holds no launch rights), so replacement capacity is launched elsewhere
 //! when the backlog needs it; a failure of that request is logged, not retried (the event's own
 //! work is done and recorded; the schedule and the alarm catch up).
@@ -16,7 +18,8 @@ use onoff_fn_common::{Ctx, HandlerError, ScalerTrigger};
 /// Handle one EventBridge event.
 ///
 /// # Errors
-/// `Retryable` when a store failed (EventBridge retries).
+/// `Retryable` when a store failed; `NonRetryable` for a malformed event (Lambda retries both, up
+/// to `MaximumRetryAttempts`, then dead-letters the event).
 pub async fn handle<Q, W, J, F, A, E, L, C>(
     ctx: &Ctx<Q, W, J, F, A, E, L>,
     clients: &C,
@@ -74,8 +77,8 @@ where
         }
         Ok(Handled::Reconcile) => Ok(ask("interruption: capacity changed".into()).await),
         Err(HandleError::Malformed(e)) => {
-            tracing::warn!(error = %e, "dropping a malformed event");
-            Ok(serde_json::json!({ "dropped": e.to_string() }))
+            tracing::warn!(error = %e, "a malformed event: failing it to the dead-letter queue");
+            Err(HandlerError::NonRetryable(e.to_string()))
         }
         Err(HandleError::Store(e)) => Err(HandlerError::Retryable(e.to_string())),
     }
@@ -237,7 +240,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn every_ec2_sample_is_handled_and_malformed_events_are_dropped() {
+    async fn every_ec2_sample_is_handled_and_a_malformed_event_is_an_error() {
         let ctx = fake_ctx();
         for name in ["rebalance-recommendation.json", "instance-state-change.json"] {
             let out = handle(
@@ -252,16 +255,25 @@ mod tests {
                 "{name}: {out}"
             );
         }
-        let out = handle(
-            &ctx,
-            &FakeObjects::default(),
-            LambdaEvent::new(
-                serde_json::json!({"source": "aws.ec2"}),
-                lambda_runtime::Context::default(),
+        // An error, so that Lambda dead-letters it with the reason (a drop was a log line only).
+        for (event, why) in [
+            (serde_json::json!({"source": "aws.ec2"}), "missing field"),
+            (
+                serde_json::json!({"id": "e1", "source": "aws.ec2", "detail-type": "EC2 Spot Instance Interruption Warning", "time": "2026-11-30T00:00:00Z", "detail": {"instance-action": "terminate"}}),
+                "lacks detail.instance-id",
             ),
-        )
-        .await
-        .unwrap();
-        assert!(out["dropped"].is_string(), "{out}");
+        ] {
+            let err = handle(
+                &ctx,
+                &FakeObjects::default(),
+                LambdaEvent::new(event, lambda_runtime::Context::default()),
+            )
+            .await
+            .unwrap_err();
+            assert!(
+                matches!(&err, HandlerError::NonRetryable(m) if m.contains(why)),
+                "{err}"
+            );
+        }
     }
 }
