@@ -1,5 +1,5 @@
 //! Create the resources `template.yaml` declares (a queue and dead-letter queue per lane, the
-//! functions' failed-events queue, the jobs, workers and control tables, the bucket, the
+//! submission queue and its dead-letter queue, the functions' failed-events queue, the jobs, workers and control tables, the bucket, the
 //! workers' launch template) through the SDK,
 //! for a local emulator (`onoff local`) where `sam deploy` cannot run. Same key schemas, redrive
 //! policy and launch template settings as the template; names get a prefix so several runs can
@@ -21,6 +21,10 @@ pub struct ProvisionOptions {
     pub max_receive_count: u32,
     /// Default visibility timeout of the lane queues, seconds (template: 900).
     pub visibility_timeout_s: u32,
+    /// Visibility timeout of the submission queue, seconds (template: 360, six times the submit
+    /// function's timeout): how long a batch Lambda's SQS event source received stays hidden,
+    /// and so when a record the function reported failed comes back.
+    pub submission_visibility_timeout_s: u32,
     /// The workers' subnets (template: `WorkerSubnets`): the default subnet of each of these
     /// zones, as a user gives a subnet in some zones of a region and not all; empty: every
     /// zone's.
@@ -52,6 +56,9 @@ pub struct Provisioned {
     pub resources: Resources,
     /// `(lane, dead-letter queue URL)`.
     pub dead_letter_queues: Vec<(String, String)>,
+    /// URLs of `<prefix>-submissions` (template.yaml `SubmissionQueue`, redriven after
+    /// `max_receive_count` receives) and of its dead-letter queue `<prefix>-submissions-dlq`.
+    pub submission_queue: (String, String),
     /// URL of `<prefix>-failed-events` (template.yaml `FailedEventsQueue`, 14 days): the
     /// functions' dead-letter queue, where Lambda sends the events a function failed on.
     pub failed_events_queue: String,
@@ -226,6 +233,13 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
         queue_urls.push((lane.clone(), url));
         dead_letter_queues.push((lane.clone(), dlq));
     }
+    let submission_queue = queue_with_dlq(
+        c,
+        &format!("{p}-submissions"),
+        opts.max_receive_count,
+        opts.submission_visibility_timeout_s,
+    )
+    .await?;
     let failed_events_queue = queue(
         c,
         &format!("{p}-failed-events"),
@@ -346,6 +360,7 @@ pub async fn provision(c: &Clients, opts: &ProvisionOptions) -> Result<Provision
             instance_arn_prefix: format!("arn:aws:ec2:{region}:{account}:instance/"),
         },
         dead_letter_queues,
+        submission_queue,
         failed_events_queue,
     })
 }

@@ -71,6 +71,17 @@ pub struct LocalArgs {
     /// FIRST,SECOND (AWS waits 60 and 120; scaled down here, as the notice lead is).
     #[arg(long, value_name = "FIRST,SECOND", value_delimiter = ',', default_values_t = [6.0, 12.0])]
     retry_delays_s: Vec<f64>,
+    /// Every Nth replayed job is sent to the submission queue (which Lambda's SQS event source
+    /// polls for the submit function) instead of put under jobs/ in the bucket (0: none).
+    /// Default 4 (0 with --serve).
+    #[arg(long)]
+    via_queue_every: Option<usize>,
+    /// Messages that are no job spec sent to the submission queue at the start. Each must be
+    /// refused with an error record on every receive and be moved by SQS to the queue's
+    /// dead-letter queue after maxReceiveCount (5) receives; the run checks it is. Default 1 (0
+    /// with --serve).
+    #[arg(long)]
+    poison_messages: Option<usize>,
     /// Wall seconds from launch until the instance's agent starts (the boot).
     #[arg(long, default_value_t = 2.0)]
     boot_s: f64,
@@ -216,6 +227,8 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         notice_lead_s: a.notice_lead_s,
         malformed_events: a.malformed_events.unwrap_or(if a.serve { 0 } else { 1 }),
         retry_delays_s: [first, second],
+        via_queue_every: a.via_queue_every.unwrap_or(if a.serve { 0 } else { 4 }),
+        poison_messages: a.poison_messages.unwrap_or(if a.serve { 0 } else { 1 }),
         boot_s: a.boot_s,
         restart_s: a.restart_s,
         stopping_s: a.stopping_s,
@@ -435,7 +448,9 @@ pub fn run(a: LocalArgs) -> Result<()> {
 /// What went wrong with the events the functions failed on: a malformed event delivered and not
 /// dead-lettered, an event dead-lettered that was not one of them (a function failed on a real
 /// event past its retries), a dead-letter send that failed, a dead letter not read back from the
-/// failed-events queue, or a retry still pending at the end (unless the run was cut short).
+/// failed-events queue, a poison message without an error record or not in the submission
+/// queue's dead-letter queue, or a retry still pending at the end (unless the run was cut
+/// short).
 fn dead_letter_faults(r: &LocalReport) -> Vec<String> {
     let mut bad = Vec::new();
     let lettered: Vec<&str> = r.dead_letters.iter().filter_map(|d| d.event_id.as_deref()).collect();
@@ -479,6 +494,31 @@ fn dead_letter_faults(r: &LocalReport) -> Vec<String> {
             "{} dead letter(s) sent, {} read back from the failed-events queue",
             r.dead_letters.len(),
             r.failed_events_read_back
+        ));
+    }
+    let refused: Vec<&str> = r
+        .poison_messages_sent
+        .iter()
+        .map(String::as_str)
+        .filter(|id| !r.rejected.iter().any(|x| x.source == format!("sqs:{id}")))
+        .collect();
+    if !refused.is_empty() {
+        bad.push(format!(
+            "poison message(s) with no error record: {}",
+            refused.join(", ")
+        ));
+    }
+    if r.poison_messages_dead_lettered < r.poison_messages_sent.len() && !r.interrupted {
+        bad.push(format!(
+            "{} of {} poison message(s) in the submission queue's dead-letter queue",
+            r.poison_messages_dead_lettered,
+            r.poison_messages_sent.len()
+        ));
+    }
+    if r.submission_dead_letters > r.poison_messages_dead_lettered {
+        bad.push(format!(
+            "{} message(s) in the submission queue's dead-letter queue that were no poison message",
+            r.submission_dead_letters - r.poison_messages_dead_lettered
         ));
     }
     if r.retries_pending > 0 && !r.interrupted {
@@ -603,6 +643,15 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
     }
     println!("  functions  {}", functions_line(&r.functions));
     println!(
+        "  queue      {} job(s) sent to the submission queue; {} batch(es) handed to submit, {} record(s) deleted; {} poison message(s), {} in its dead-letter queue ({} there in all)",
+        r.jobs_via_queue,
+        r.submission_batches,
+        r.submission_records_deleted,
+        r.poison_messages_sent.len(),
+        r.poison_messages_dead_lettered,
+        r.submission_dead_letters
+    );
+    println!(
         "  failed     {} event(s) dead-lettered ({} malformed delivered), {} read back from the failed-events queue{}",
         r.dead_letters.len(),
         r.malformed_events_sent.len(),
@@ -668,6 +717,32 @@ mod tests {
         assert!(faults(&|r| r.dead_letter_errors.push("AccessDenied".into())).contains("AccessDenied"));
         assert!(faults(&|r| r.failed_events_read_back = 0).contains("1 dead letter(s) sent, 0 read back"));
         assert!(faults(&|r| r.retries_pending = 1).contains("still waiting"));
+        let poisoned = |r: &mut LocalReport| {
+            r.poison_messages_sent = vec!["p-1".into()];
+            r.poison_messages_dead_lettered = 1;
+            r.submission_dead_letters = 1;
+            r.rejected = vec![onoff_local::Rejected {
+                source: "sqs:p-1".into(),
+                reason: "expected value".into(),
+                after_s: None,
+            }];
+        };
+        assert_eq!(faults(&poisoned), "");
+        assert!(faults(&|r| {
+            poisoned(r);
+            r.submission_dead_letters = 3;
+        })
+        .contains("2 message(s) in the submission queue's dead-letter queue that were no poison"));
+        assert!(faults(&|r| {
+            poisoned(r);
+            r.poison_messages_dead_lettered = 0;
+        })
+        .contains("0 of 1 poison message(s)"));
+        assert!(faults(&|r| {
+            poisoned(r);
+            r.rejected.clear();
+        })
+        .contains("with no error record: p-1"));
         // Cut short by Ctrl-C: what had no time to happen is no fault.
         assert!(faults(&|r| {
             r.interrupted = true;

@@ -1,8 +1,9 @@
 //! `onoff local` end to end: its own moto server (IAM enforced: every component under the role
 //! template.yaml gives it), the control plane in process, real `onoff-agent` processes running the example
 //! workload, a slice of the real Philly trace, spot notices, worker kills and lost answers of
-//! applied DynamoDB writes injected, and malformed EC2 events that must reach the failed-events
-//! queue through Lambda's retries; and, while
+//! applied DynamoDB writes injected, malformed EC2 events that must reach the failed-events
+//! queue through Lambda's retries, every third job sent through the submission queue (Lambda's
+//! SQS event source) and a poison message that must end in its dead-letter queue; and, while
 //! it runs, bad job specs put into its bucket by a real AWS client (boto3, from the `.venv` the
 //! test script installs).
 #![cfg(feature = "local")]
@@ -81,6 +82,10 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
             "2",
             "--retry-delays-s",
             "3,6",
+            "--via-queue-every",
+            "3",
+            "--poison-messages",
+            "1",
             "--seed",
             "3",
             "--timeout-s",
@@ -188,6 +193,28 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
     assert_eq!(n("failed_events_read_back"), 2.0, "{v}");
     assert_eq!(v["dead_letter_errors"], serde_json::json!([]));
     assert_eq!(n("retries_pending"), 0.0);
+    // Every third job went through the submission queue, and was deleted there once submit took
+    // it (the submit role's sqs:DeleteMessage covers the event source's DeleteMessageBatch); the
+    // poison message was refused with an error record on each receive and SQS moved it to the
+    // dead-letter queue, the only message there.
+    assert_eq!(n("jobs_via_queue"), 4.0, "{v}");
+    assert!(n("submission_records_deleted") >= 4.0, "{v}");
+    let poison = v["poison_messages_sent"].as_array().expect("poison_messages_sent");
+    assert_eq!(poison.len(), 1);
+    assert_eq!(
+        (n("poison_messages_dead_lettered"), n("submission_dead_letters")),
+        (1.0, 1.0),
+        "{v}"
+    );
+    let source = format!("sqs:{}", poison[0].as_str().unwrap());
+    let record = v["rejected"]
+        .as_array()
+        .and_then(|r| r.iter().find(|x| x["source"] == source.as_str()))
+        .unwrap_or_else(|| panic!("no error record for the poison message {source}: {v}"));
+    assert!(
+        record["reason"].as_str().unwrap_or_default().contains("not valid JSON"),
+        "{record}"
+    );
     assert!(n("total_usd") > 0.0 && n("usd_per_job") > 0.0);
     assert!(n("wait_p95_s") >= n("wait_p50_s"));
     assert!(out.status.success(), "exit status {:?}; stderr:\n{stderr}", out.status);

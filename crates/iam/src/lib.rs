@@ -650,9 +650,15 @@ pub const MOTO_RESOURCE_SERVICES: [&str; 3] = ["s3", "sqs", "sts"];
 /// statement naming an ARN never matches, so such statements get `Resource: "*"` here);
 /// conditions never (moto passes no context values, so every condition holds). moto evaluates no
 /// resource-based policy and no session policy. What moto leaves out the policy-evaluation tests
-/// cover.
+/// cover. moto asks about an SQS batch call by its own name (`sqs:DeleteMessageBatch`), which
+/// IAM does not have: AWS authorizes `SendMessageBatch`, `DeleteMessageBatch` and
+/// `ChangeMessageVisibilityBatch` under `sqs:SendMessage`, `sqs:DeleteMessage` and
+/// `sqs:ChangeMessageVisibility` (Amazon SQS Developer Guide, "Amazon SQS batch actions"), so a
+/// statement granting one of those grants its batch name here too.
 #[must_use]
 pub fn moto_projection(doc: &J) -> J {
+    /// The SQS actions whose batch calls IAM authorizes under them.
+    const SQS_BATCHED: [&str; 3] = ["sqs:SendMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"];
     let mut out = doc.clone();
     let statements = match out.get_mut("Statement") {
         Some(J::Array(a)) => a.iter_mut().collect::<Vec<_>>(),
@@ -665,6 +671,16 @@ pub fn moto_projection(doc: &J) -> J {
             Some(J::Array(a)) => a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect(),
             _ => Vec::new(),
         };
+        let batches: Vec<J> = actions
+            .iter()
+            .filter(|a| SQS_BATCHED.contains(&a.as_str()))
+            .map(|a| J::String(format!("{a}Batch")))
+            .collect();
+        if !batches.is_empty() {
+            let mut all: Vec<J> = actions.iter().cloned().map(J::String).collect();
+            all.extend(batches);
+            st["Action"] = J::Array(all);
+        }
         let only_checked = !actions.is_empty()
             && actions
                 .iter()
@@ -873,6 +889,29 @@ mod tests {
             p["Statement"][2]["Resource"], "*",
             "a mixed statement must not lose its EC2 action"
         );
+    }
+
+    #[test]
+    fn moto_is_granted_the_sqs_batch_names_iam_authorizes_under_their_single_actions() {
+        let doc = serde_json::json!({"Statement": [
+            {"Effect": "Allow", "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage"], "Resource": "arn:aws:sqs:r:a:q"},
+            {"Effect": "Allow", "Action": "sqs:SendMessage", "Resource": "arn:aws:sqs:r:a:f"},
+            {"Effect": "Allow", "Action": "sqs:GetQueueAttributes", "Resource": "arn:aws:sqs:r:a:q"},
+        ]});
+        let p = moto_projection(&doc);
+        assert_eq!(
+            p["Statement"][0]["Action"],
+            serde_json::json!(["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:DeleteMessageBatch"])
+        );
+        assert_eq!(
+            p["Statement"][0]["Resource"], "arn:aws:sqs:r:a:q",
+            "still on its queue only"
+        );
+        assert_eq!(
+            p["Statement"][1]["Action"],
+            serde_json::json!(["sqs:SendMessage", "sqs:SendMessageBatch"])
+        );
+        assert_eq!(p["Statement"][2]["Action"], "sqs:GetQueueAttributes", "no batch form");
     }
 
     #[test]

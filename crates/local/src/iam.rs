@@ -396,8 +396,12 @@ pub async fn setup(endpoint: &str, stack: &onoff_iam::Stack) -> anyhow::Result<L
     let all = serde_json::json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]});
     let runner = create_role(endpoint, &format!("{}-runner", stack.stack_name), &[all]).await?;
     let bucket = stack.refs.get("Bucket").cloned().unwrap_or_default();
+    // A submitter puts job specs under jobs/ or sends them to the submission queue (on AWS the
+    // bucket's and the queue's policies name the submitter principals).
+    let submissions = stack.atts.get("SubmissionQueue.Arn").cloned().unwrap_or_default();
     let put_jobs = serde_json::json!({"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Action": "s3:PutObject", "Resource": format!("arn:aws:s3:::{bucket}/jobs/*")},
+        {"Effect": "Allow", "Action": "sqs:SendMessage", "Resource": submissions},
     ]});
     let (submitter, submitter_caller) = local_role(endpoint, stack, "submitter", put_jobs).await?;
     // The operator's role has what an operator's role on AWS is given: the template's managed

@@ -6,8 +6,10 @@
 //! configured TTL, and a run slower than its function's timeout passed here where Lambda would
 //! have killed it half-way.
 //!
-//! Every invocation of a local run is asynchronous, as on AWS (EventBridge rules, the schedule,
-//! S3 notifications, the scale requests' `InvocationType: Event`), and a failed one is handled as
+//! Every invocation of a local run but the submission queue's is asynchronous, as on AWS
+//! (EventBridge rules, the schedule, S3 notifications, the scale requests' `InvocationType:
+//! Event`; the SQS event source mapping invokes synchronously, [`Lambda::invoke_sync`]), and a
+//! failed one is handled as
 //! Lambda handles it (Lambda Developer Guide, "How Lambda handles errors and retries with
 //! asynchronous invocation"): retried with the same request id after 1 and then 2 minutes, up to
 //! the function's `MaximumRetryAttempts`, while the event is younger than its
@@ -243,6 +245,27 @@ impl Lambda {
             });
         }
         r
+    }
+
+    /// Invoke `p`'s `handler` with `event` synchronously, as Lambda's SQS event source mapping
+    /// does with a batch: a fresh request id and the deadline, and no retry or dead letter on a
+    /// failure (the batch's messages come back after their visibility timeout, and SQS moves one
+    /// to the queue's dead-letter queue after `maxReceiveCount` receives).
+    ///
+    /// # Panics
+    /// `p` is not one of the four functions.
+    pub async fn invoke_sync<Fut>(
+        &mut self,
+        p: Principal,
+        event: serde_json::Value,
+        handler: impl FnOnce(LambdaEvent<serde_json::Value>) -> Fut,
+    ) -> Result<serde_json::Value, HandlerError>
+    where
+        Fut: Future<Output = Result<serde_json::Value, HandlerError>>,
+    {
+        self.next_request += 1;
+        let request_id = format!("local-{}-{}", p.as_str(), self.next_request);
+        self.run(p, event, &request_id, handler).await
     }
 
     /// Run the retry `r` (from [`Lambda::due`]) with `handler`: the same event and request id,
@@ -579,6 +602,23 @@ mod tests {
         assert_eq!(dead[0].event["n"], 2);
         let runs = runs_of(&lambda, "scaler");
         assert_eq!((runs.invocations, runs.retries, runs.dead_lettered), (2, 1, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_synchronous_invocation_that_fails_is_neither_retried_nor_dead_lettered() {
+        let mut lambda = Lambda::from_template(RETRIES).unwrap();
+        assert!(lambda
+            .invoke_sync(Principal::Submit, serde_json::json!({}), malformed)
+            .await
+            .is_err());
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert!(lambda.due(Instant::now()).is_empty());
+        assert!(lambda.take_dead_letters().is_empty());
+        let runs = runs_of(&lambda, "submit");
+        assert_eq!(
+            (runs.invocations, runs.failed, runs.retries, runs.dead_lettered),
+            (1, 1, 0, 0)
+        );
     }
 
     #[test]

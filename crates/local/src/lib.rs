@@ -147,6 +147,14 @@ pub struct LocalOptions {
     /// Lambda's waits before an asynchronous invocation's first and second retry, seconds (AWS:
     /// 60 and 120, [`lambda::RETRY_DELAYS_S`]; scaled down by default, as the notice lead is).
     pub retry_delays_s: [f64; 2],
+    /// Every Nth replayed job is sent to the submission queue (template.yaml `SubmissionQueue`,
+    /// which Lambda's SQS event source mapping polls for submit) instead of put under `jobs/`;
+    /// 0: none.
+    pub via_queue_every: usize,
+    /// Messages that are no job spec sent to the submission queue at the start: each must be
+    /// refused with an error record on every receive and end in the queue's dead-letter queue
+    /// after `maxReceiveCount` receives, moved there by SQS.
+    pub poison_messages: usize,
     /// Seconds from launch to the agent's start (the boot).
     pub boot_s: f64,
     /// Seconds from the start of a stopped instance to its agent's start (no image pull, no
@@ -194,7 +202,8 @@ pub struct LocalOptions {
 /// What a run did. Dollar figures are in trace time: instance price × lifetime × `compress`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LocalReport {
-    /// Jobs put as S3 job specs.
+    /// Jobs submitted: put as S3 job specs, or sent to the submission queue
+    /// ([`LocalReport::jobs_via_queue`]).
     pub jobs_submitted: usize,
     /// Jobs that ended SUCCEEDED.
     pub jobs_succeeded: usize,
@@ -265,6 +274,24 @@ pub struct LocalReport {
     pub failed_events_read_back: usize,
     /// Failed events still waiting for a retry when the run ended.
     pub retries_pending: usize,
+    /// Replayed jobs sent to the submission queue instead of put as S3 job specs (counted in
+    /// [`LocalReport::jobs_submitted`] too).
+    pub jobs_via_queue: usize,
+    /// Batches Lambda's SQS event source mapping handed submit (synchronous invocations), and
+    /// the records it deleted after submit took them.
+    pub submission_batches: usize,
+    /// See [`LocalReport::submission_batches`].
+    pub submission_records_deleted: usize,
+    /// [`LocalOptions::poison_messages`] sent, by message id.
+    pub poison_messages_sent: Vec<String>,
+    /// Of them, those found in the submission queue's dead-letter queue at the end (SQS moved
+    /// them there after `maxReceiveCount` receives), each also with an error record naming it
+    /// (`sqs:<message id>` in [`LocalReport::rejected`]). A green run finds them all.
+    pub poison_messages_dead_lettered: usize,
+    /// Messages in the submission queue's dead-letter queue at the end, all told. A green run
+    /// has only the poison messages there: a job spec's message there is one the event source
+    /// could not delete after submit took it.
+    pub submission_dead_letters: usize,
     /// IAM was enforced: every component (the four functions, each agent, each job) ran under its
     /// own role with the policies template.yaml gives it, as moto evaluates them
     /// ([`iam`](mod@iam)). False with `--no-iam`.
@@ -447,6 +474,11 @@ fn ec2_event(sample: &str, instance_id: &str, extra: &[(&str, &str)], n: usize) 
 
 const SPOT_WARNING: &str = include_str!("../../../events/spot-interruption-warning.json");
 const STATE_CHANGE: &str = include_str!("../../../events/instance-state-change.json");
+/// Visibility timeout of a local run's submission queue, seconds (template.yaml: 360, six times
+/// the submit function's timeout; scaled down so that a refused message's five receives take
+/// seconds, not half an hour).
+pub const LOCAL_SUBMISSION_VISIBILITY_S: u32 = 3;
+
 const ALARM: &str = include_str!("../../../events/queue-depth-alarm.json");
 const SCHEDULE: &str = include_str!("../../../events/schedule.json");
 const S3_PUT: &str = include_str!("../../../events/s3-object-created.json");
@@ -552,6 +584,7 @@ async fn run_with(
             lanes: lanes.clone(),
             max_receive_count: 5,
             visibility_timeout_s: 30,
+            submission_visibility_timeout_s: LOCAL_SUBMISSION_VISIBILITY_S,
             zones: LOCAL_ZONES.iter().map(|z| (*z).to_string()).collect(),
         },
     )
@@ -718,6 +751,9 @@ async fn run_with(
         );
     }
     let failed_events_url = provisioned.failed_events_queue.clone();
+    let (submission_url, submission_dlq_url) = provisioned.submission_queue.clone();
+    // moto's account, as in the EC2 events' ARNs.
+    let submission_arn = format!("arn:aws:sqs:us-east-1:123456789012:{prefix}-submissions");
     let ctx = onoff_fn_common::ctx_from_clients(settings, &clients);
     let fleet = Ec2Fleet::new(clients.ec2.clone(), &res.launch_template).with_deployment(&prefix);
 
@@ -887,12 +923,51 @@ async fn run_with(
         };
     }
 
+    // Poison messages: bodies no submit can make a job of.
+    for i in 0..opts.poison_messages {
+        let out = submitter
+            .sqs
+            .send_message()
+            .queue_url(&submission_url)
+            .message_body(format!("poison message {i}: not a job spec"))
+            .send()
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "send to {submission_url}: {}",
+                    aws_sdk_sqs::error::DisplayErrorContext(e)
+                )
+            })?;
+        report.poison_messages_sent.push(out.message_id.unwrap_or_default());
+    }
+    let mut next_sqs = t0;
+
     loop {
         let now = Instant::now();
         let elapsed = (now - t0).as_secs_f64();
         // Replay: put job specs whose arrival has come.
         while pending.front().is_some_and(|j| j.at_s <= elapsed) {
             let j = pending.pop_front().expect("front exists");
+            if opts.via_queue_every > 0 && (report.jobs_submitted + 1).is_multiple_of(opts.via_queue_every) {
+                // As a client sends a job to the submission queue (`aws sqs send-message`).
+                submitter
+                    .sqs
+                    .send_message()
+                    .queue_url(&submission_url)
+                    .message_body(j.spec.to_string())
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "send to {submission_url}: {}",
+                            aws_sdk_sqs::error::DisplayErrorContext(e)
+                        )
+                    })?;
+                submitted_at.insert(j.job_id.clone(), unix_now());
+                report.jobs_submitted += 1;
+                report.jobs_via_queue += 1;
+                continue;
+            }
             let key = format!("jobs/{}.json", j.name);
             submitter
                 .s3
@@ -961,6 +1036,79 @@ async fn run_with(
             }
         }
         serve_scale_requests!();
+        // Lambda's SQS event source mapping on the submission queue: it polls with the
+        // function's role, hands submit a batch of up to 10 records (BatchSize) synchronously,
+        // and deletes the records submit did not report failed (ReportBatchItemFailures); a
+        // failed invocation deletes none. What it leaves comes back after the visibility
+        // timeout, and SQS moves a message to the dead-letter queue after maxReceiveCount.
+        if now >= next_sqs {
+            next_sqs = now + Duration::from_millis(500);
+            let sqs = &submit_clients.clients.sqs;
+            let received = sqs
+                .receive_message()
+                .queue_url(&submission_url)
+                .max_number_of_messages(10)
+                .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::All)
+                .message_attribute_names("All")
+                .send()
+                .await;
+            match received {
+                Ok(out) if !out.messages().is_empty() => {
+                    let records: Vec<serde_json::Value> =
+                        out.messages().iter().map(|m| sqs_record(m, &submission_arn)).collect();
+                    let t = Instant::now();
+                    let r = lambda
+                        .invoke_sync(Principal::Submit, serde_json::json!({ "Records": records }), |ev| {
+                            submit::handler::handle(&submit_ctx, &submit_clients, ev)
+                        })
+                        .await;
+                    since_invocation_start(&asks, t);
+                    report.submission_batches += 1;
+                    if let Ok(answer) = &r {
+                        let failed: BTreeSet<&str> = answer["batchItemFailures"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|f| f["itemIdentifier"].as_str())
+                            .collect();
+                        let done: Vec<_> = out
+                            .messages()
+                            .iter()
+                            .filter(|m| !failed.contains(m.message_id().unwrap_or_default()))
+                            .enumerate()
+                            .filter_map(|(i, m)| {
+                                aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+                                    .id(i.to_string())
+                                    .receipt_handle(m.receipt_handle().unwrap_or_default())
+                                    .build()
+                                    .ok()
+                            })
+                            .collect();
+                        if !done.is_empty() {
+                            let n = done.len();
+                            match sqs
+                                .delete_message_batch()
+                                .queue_url(&submission_url)
+                                .set_entries(Some(done))
+                                .send()
+                                .await
+                            {
+                                Ok(d) => report.submission_records_deleted += n - d.failed().len(),
+                                Err(e) => {
+                                    tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(e), "the event source's delete failed; the records come back")
+                                }
+                            }
+                        }
+                    }
+                    invoke_err("submit", r, &mut report.handler_errors);
+                    serve_scale_requests!();
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(e), "the event source's receive failed")
+                }
+            }
+        }
         // The queue-depth alarm: ALARM while a lane has visible messages; EventBridge delivers the
         // state change to the scaler.
         if now >= next_alarm {
@@ -1287,7 +1435,9 @@ async fn run_with(
             }
             if let Some(d) = drain_started {
                 // Done when no instance is left and Lambda holds no event for a retry.
-                let settled = live_instances == 0 && lambda.pending_retries() == 0;
+                let settled = live_instances == 0
+                    && lambda.pending_retries() == 0
+                    && queue_empty(&clients.sqs, &submission_url).await;
                 if settled || now - d >= Duration::from_secs_f64(opts.drain_s) {
                     report.instances_left_running = live_instances;
                     break;
@@ -1385,6 +1535,17 @@ async fn run_with(
     report.functions = lambda.runs();
     report.handler_timeouts = lambda.timed_out();
     report.retries_pending = lambda.pending_retries();
+    match read_message_ids(&clients.sqs, &submission_dlq_url).await {
+        Ok(ids) => {
+            report.submission_dead_letters = ids.len();
+            report.poison_messages_dead_lettered = report
+                .poison_messages_sent
+                .iter()
+                .filter(|id| ids.contains(*id))
+                .count();
+        }
+        Err(e) => tracing::warn!(error = %e, "reading the submission dead-letter queue"),
+    }
     report.malformed_events_sent = malformed_sent;
     report.failed_events_read_back =
         match read_dead_letters(&clients.sqs, &failed_events_url, &report.dead_letters).await {
@@ -1551,6 +1712,68 @@ async fn cost<W: WorkerRegistry>(instances: &BTreeMap<String, Inst>, workers: &W
 
 /// State of each of `ids` in the jobs table (ids not yet written are absent).
 /// States of the jobs `ids` (every job when `ids` is empty: a serving stack's).
+/// A record of Lambda's SQS event as the event source mapping builds it from a received message
+/// (events/sqs-submission-batch.json).
+fn sqs_record(m: &aws_sdk_sqs::types::Message, queue_arn: &str) -> serde_json::Value {
+    let attributes: serde_json::Map<String, serde_json::Value> = m
+        .attributes()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.as_str().to_string(), v.clone().into()))
+        .collect();
+    serde_json::json!({
+        "messageId": m.message_id(),
+        "receiptHandle": m.receipt_handle(),
+        "body": m.body(),
+        "attributes": attributes,
+        "messageAttributes": {},
+        "md5OfBody": m.md5_of_body(),
+        "eventSource": "aws:sqs",
+        "eventSourceARN": queue_arn,
+        "awsRegion": "us-east-1",
+    })
+}
+
+/// The queue holds no message, visible or in flight (`ApproximateNumberOfMessages` and
+/// `...NotVisible` both 0); false when it cannot be read.
+async fn queue_empty(sqs: &aws_sdk_sqs::Client, url: &str) -> bool {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let Ok(out) = sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(A::ApproximateNumberOfMessages)
+        .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+    else {
+        return false;
+    };
+    let n = |a: A| out.attributes().and_then(|m| m.get(&a)).map(String::as_str);
+    n(A::ApproximateNumberOfMessages) == Some("0") && n(A::ApproximateNumberOfMessagesNotVisible) == Some("0")
+}
+
+/// The ids of the messages in queue `url`, read to its end (each hidden for 5 minutes).
+///
+/// # Errors
+/// A receive failed.
+async fn read_message_ids(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<BTreeSet<String>, String> {
+    let mut ids = BTreeSet::new();
+    loop {
+        let out = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .visibility_timeout(300)
+            .send()
+            .await
+            .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?;
+        if out.messages().is_empty() {
+            return Ok(ids);
+        }
+        ids.extend(out.messages().iter().filter_map(|m| m.message_id().map(str::to_string)));
+    }
+}
+
 /// Read the failed-events queue to its end: how many of `sent` it holds, each found by its
 /// `RequestID` attribute with `ErrorCode` 200, its `ErrorMessage` and a body that is its event's.
 ///

@@ -72,6 +72,7 @@ async fn provisioned(
             lanes: vec!["standard".into()],
             max_receive_count: 5,
             visibility_timeout_s: 30,
+            submission_visibility_timeout_s: 360,
             zones: Vec::new(),
         },
     )
