@@ -206,6 +206,12 @@ impl Lambda {
         self
     }
 
+    /// A fresh request id for an invocation of `p`: `local-<function>-<n>`.
+    fn request_id(&mut self, p: Principal) -> String {
+        self.next_request += 1;
+        format!("local-{}-{}", p.as_str(), self.next_request)
+    }
+
     fn function(&mut self, p: Principal) -> &mut Function {
         self.functions
             .iter_mut()
@@ -229,8 +235,7 @@ impl Lambda {
     where
         Fut: Future<Output = Result<serde_json::Value, HandlerError>>,
     {
-        self.next_request += 1;
-        let request_id = format!("local-{}-{}", p.as_str(), self.next_request);
+        let request_id = self.request_id(p);
         let queued_at = Instant::now();
         let r = self.run(p, event.clone(), &request_id, handler).await;
         if let Err(e) = &r {
@@ -263,8 +268,7 @@ impl Lambda {
     where
         Fut: Future<Output = Result<serde_json::Value, HandlerError>>,
     {
-        self.next_request += 1;
-        let request_id = format!("local-{}-{}", p.as_str(), self.next_request);
+        let request_id = self.request_id(p);
         self.run(p, event, &request_id, handler).await
     }
 
