@@ -71,6 +71,12 @@ pub struct LocalArgs {
     /// FIRST,SECOND (AWS waits 60 and 120; scaled down here, as the notice lead is).
     #[arg(long, value_name = "FIRST,SECOND", value_delimiter = ',', default_values_t = [6.0, 12.0])]
     retry_delays_s: Vec<f64>,
+    /// Every Nth asynchronous event (EventBridge, the schedule, S3 notifications, scale
+    /// requests) is delivered twice, as Lambda's event queue and EventBridge deliver at least
+    /// once (0: none); every handler must take the second as a no-op. Default 10 (0 with
+    /// --serve).
+    #[arg(long)]
+    deliver_twice_every: Option<u64>,
     /// Every Nth replayed job is sent to the submission queue (which Lambda's SQS event source
     /// polls for the submit function) instead of put under jobs/ in the bucket (0: none).
     /// Default 4 (0 with --serve).
@@ -227,6 +233,7 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         notice_lead_s: a.notice_lead_s,
         malformed_events: a.malformed_events.unwrap_or(if a.serve { 0 } else { 1 }),
         retry_delays_s: [first, second],
+        deliver_twice_every: a.deliver_twice_every.unwrap_or(if a.serve { 0 } else { 10 }),
         via_queue_every: a.via_queue_every.unwrap_or(if a.serve { 0 } else { 4 }),
         poison_messages: a.poison_messages.unwrap_or(if a.serve { 0 } else { 1 }),
         boot_s: a.boot_s,
@@ -565,9 +572,10 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         r.jobs_succeeded, r.jobs_failed, r.jobs_rejected, r.jobs_lost, r.duplicate_completions, r.resumed_from_checkpoint
     );
     println!(
-        "  faults     {} spot interruption notices, {} workers killed without notice, {} write answers lost{}",
+        "  faults     {} spot interruption notices, {} workers killed without notice, {} events delivered twice, {} write answers lost{}",
         r.spot_notices_sent,
         r.workers_killed,
+        r.events_delivered_twice,
         r.answers_lost,
         if r.lose_answers_every > 0 {
             format!(" (every {}th applied)", r.lose_answers_every)

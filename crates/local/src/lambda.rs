@@ -58,6 +58,9 @@ pub struct FunctionRuns {
     pub retries: usize,
     /// Events given up on (retries spent, or too old for one): sent to the dead-letter queue.
     pub dead_lettered: usize,
+    /// Events delivered a second time (Lambda's asynchronous queue and EventBridge deliver at
+    /// least once; [`Lambda::with_duplicates`]).
+    pub delivered_twice: usize,
 }
 
 /// An event that failed, waiting for Lambda's retry.
@@ -155,6 +158,8 @@ struct Function {
 pub struct Lambda {
     functions: Vec<Function>,
     next_request: u64,
+    duplicate_every: u64,
+    async_events: u64,
     retry_delays: [Duration; 2],
     retries: Vec<Retry>,
     dead_letters: Vec<DeadLetter>,
@@ -192,6 +197,8 @@ impl Lambda {
         Ok(Self {
             functions,
             next_request: 0,
+            duplicate_every: 0,
+            async_events: 0,
             retry_delays: RETRY_DELAYS_S.map(Duration::from_secs_f64),
             retries: Vec::new(),
             dead_letters: Vec::new(),
@@ -212,6 +219,18 @@ impl Lambda {
         format!("local-{}-{}", p.as_str(), self.next_request)
     }
 
+    /// The same, delivering every `every`th asynchronous event twice (0: none), as Lambda's
+    /// asynchronous queue may even when the function succeeds ("it's possible for it to receive
+    /// the same event from Lambda multiple times because the queue itself is eventually
+    /// consistent", Lambda Developer Guide, "How Lambda handles errors and retries with
+    /// asynchronous invocation"); EventBridge and S3 notifications deliver at least once too. Each
+    /// handler must take a second delivery as a no-op.
+    #[must_use]
+    pub fn with_duplicates(mut self, every: u64) -> Self {
+        self.duplicate_every = every;
+        self
+    }
+
     fn function(&mut self, p: Principal) -> &mut Function {
         self.functions
             .iter_mut()
@@ -223,6 +242,8 @@ impl Lambda {
     /// the deadline of its timeout, and the handler's future dropped at that deadline (an error,
     /// as Lambda reports the invocation failed). A failed event is kept for its retry
     /// ([`Lambda::due`]) or, past its function's retries, given up on ([`Lambda::take_dead_letters`]).
+    /// Every `every`th event ([`Lambda::with_duplicates`]) is delivered a second time right
+    /// after, as a delivery of its own; the first delivery's answer is returned.
     ///
     /// # Panics
     /// `p` is not one of the four functions.
@@ -230,7 +251,28 @@ impl Lambda {
         &mut self,
         p: Principal,
         event: serde_json::Value,
-        handler: impl FnOnce(LambdaEvent<serde_json::Value>) -> Fut,
+        handler: impl Fn(LambdaEvent<serde_json::Value>) -> Fut,
+    ) -> Result<serde_json::Value, HandlerError>
+    where
+        Fut: Future<Output = Result<serde_json::Value, HandlerError>>,
+    {
+        self.async_events += 1;
+        let twice = self.duplicate_every > 0 && self.async_events.is_multiple_of(self.duplicate_every);
+        let first = self.deliver(p, event.clone(), &handler).await;
+        if twice {
+            self.function(p).runs.delivered_twice += 1;
+            let _ = self.deliver(p, event, &handler).await;
+        }
+        first
+    }
+
+    /// One delivery of an asynchronous event: a fresh request id; a failure kept for its retry
+    /// or given up on.
+    async fn deliver<Fut>(
+        &mut self,
+        p: Principal,
+        event: serde_json::Value,
+        handler: &impl Fn(LambdaEvent<serde_json::Value>) -> Fut,
     ) -> Result<serde_json::Value, HandlerError>
     where
         Fut: Future<Output = Result<serde_json::Value, HandlerError>>,
@@ -445,10 +487,13 @@ mod tests {
         let ran_on = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = ran_on.clone();
         let err = lambda
-            .invoke(Principal::Scaler, serde_json::json!({}), |_| async move {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                flag.store(true, std::sync::atomic::Ordering::SeqCst);
-                Ok(serde_json::Value::Null)
+            .invoke(Principal::Scaler, serde_json::json!({}), |_| {
+                let flag = flag.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                    Ok(serde_json::Value::Null)
+                }
             })
             .await
             .unwrap_err();
@@ -550,11 +595,14 @@ mod tests {
         let mut lambda = Lambda::from_template(RETRIES).unwrap().with_retry_delays([6.0, 12.0]);
         let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let flaky = |calls: std::sync::Arc<std::sync::atomic::AtomicUsize>| {
-            move |_: LambdaEvent<serde_json::Value>| async move {
-                if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-                    Err(HandlerError::Retryable("store: throttled".into()))
-                } else {
-                    Ok(serde_json::json!({"ok": true}))
+            move |_: LambdaEvent<serde_json::Value>| {
+                let calls = calls.clone();
+                async move {
+                    if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                        Err(HandlerError::Retryable("store: throttled".into()))
+                    } else {
+                        Ok(serde_json::json!({"ok": true}))
+                    }
                 }
             }
         };
@@ -623,6 +671,38 @@ mod tests {
             (runs.invocations, runs.failed, runs.retries, runs.dead_lettered),
             (1, 1, 0, 0)
         );
+    }
+
+    #[tokio::test]
+    async fn every_nth_event_is_delivered_twice_each_time_under_a_request_id_of_its_own() {
+        let mut lambda = Lambda::from_template(RETRIES).unwrap().with_duplicates(2);
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        for n in 0..4 {
+            let seen = seen.clone();
+            let out = lambda
+                .invoke(Principal::Interruption, serde_json::json!({ "n": n }), move |ev| {
+                    seen.lock()
+                        .unwrap()
+                        .push((ev.payload["n"].as_i64().unwrap(), ev.context.request_id));
+                    async { Ok(serde_json::json!({"ok": true})) }
+                })
+                .await;
+            assert!(out.is_ok());
+        }
+        let seen = seen.lock().unwrap().clone();
+        let events: Vec<i64> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(events, [0, 1, 1, 2, 3, 3], "the 2nd and 4th twice");
+        let ids: std::collections::BTreeSet<&str> = seen.iter().map(|s| s.1.as_str()).collect();
+        assert_eq!(ids.len(), 6, "each delivery its own request id");
+        let runs = runs_of(&lambda, "interruption");
+        assert_eq!((runs.invocations, runs.delivered_twice), (6, 2));
+        // Synchronous invocations are not the asynchronous queue's: never twice.
+        let mut lambda = Lambda::from_template(RETRIES).unwrap().with_duplicates(1);
+        let out = lambda.invoke_sync(Principal::Submit, serde_json::json!({}), |_| async {
+            Ok(serde_json::Value::Null)
+        });
+        assert!(out.await.is_ok());
+        assert_eq!(runs_of(&lambda, "submit").invocations, 1);
     }
 
     #[test]

@@ -147,6 +147,10 @@ pub struct LocalOptions {
     /// Lambda's waits before an asynchronous invocation's first and second retry, seconds (AWS:
     /// 60 and 120, [`lambda::RETRY_DELAYS_S`]; scaled down by default, as the notice lead is).
     pub retry_delays_s: [f64; 2],
+    /// Every Nth asynchronous event (EventBridge, the schedule, S3, a scale request) is delivered
+    /// a second time, as Lambda's asynchronous queue, EventBridge and S3 notifications may
+    /// deliver an event more than once ([`Lambda::with_duplicates`]); 0: none.
+    pub deliver_twice_every: u64,
     /// Every Nth replayed job is sent to the submission queue (template.yaml `SubmissionQueue`,
     /// which Lambda's SQS event source mapping polls for submit) instead of put under `jobs/`;
     /// 0: none.
@@ -274,6 +278,8 @@ pub struct LocalReport {
     pub failed_events_read_back: usize,
     /// Failed events still waiting for a retry when the run ended.
     pub retries_pending: usize,
+    /// Asynchronous events delivered a second time ([`LocalOptions::deliver_twice_every`]).
+    pub events_delivered_twice: usize,
     /// Replayed jobs sent to the submission queue instead of put as S3 job specs (counted in
     /// [`LocalReport::jobs_submitted`] too).
     pub jobs_via_queue: usize,
@@ -738,7 +744,8 @@ async fn run_with(
     let mut ask_latencies: Vec<f64> = Vec::new();
     let mut lambda = Lambda::from_template(onoff_iam::TEMPLATE)
         .context("template.yaml's function timeouts and retry settings")?
-        .with_retry_delays(opts.retry_delays_s);
+        .with_retry_delays(opts.retry_delays_s)
+        .with_duplicates(opts.deliver_twice_every);
     // Where Lambda sends the events a function failed on: each function's DeadLetterQueue in
     // template.yaml, the failed-events queue provisioned as it declares.
     for p in lambda::FUNCTIONS {
@@ -1535,6 +1542,7 @@ async fn run_with(
     report.functions = lambda.runs();
     report.handler_timeouts = lambda.timed_out();
     report.retries_pending = lambda.pending_retries();
+    report.events_delivered_twice = report.functions.iter().map(|f| f.delivered_twice).sum();
     match read_message_ids(&clients.sqs, &submission_dlq_url).await {
         Ok(ids) => {
             report.submission_dead_letters = ids.len();
