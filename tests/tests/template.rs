@@ -409,6 +409,53 @@ fn a_message_is_received_at_least_five_times_before_its_dead_letter_queue() {
 }
 
 #[test]
+fn every_sqs_event_source_may_poll_its_queue_and_hides_a_batch_six_function_timeouts() {
+    // Lambda refuses an SQS event source whose queue's visibility timeout is below the function's
+    // timeout, and advises six times it ("Configuring an Amazon SQS queue to use with Lambda");
+    // it polls with the function's execution role, which needs sqs:ReceiveMessage,
+    // sqs:DeleteMessage and sqs:GetQueueAttributes on the queue (its DeleteMessageBatch is
+    // authorized under sqs:DeleteMessage).
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    let mut seen = 0;
+    for f in functions(&t) {
+        let timeout: f64 = f
+            .props
+            .get("Timeout")
+            .map_or(3.0, |v| scalar_text(&stack.eval(v)).parse().expect("Timeout"));
+        for (name, e) in f.props["Events"].as_object().into_iter().flatten() {
+            if e["Type"] != "SQS" {
+                continue;
+            }
+            seen += 1;
+            let queue = e["Properties"]["Queue"]["Fn::GetAtt"][0]
+                .as_str()
+                .unwrap_or_else(|| panic!("{}.{name}: Queue is not !GetAtt X.Arn", f.logical_id));
+            let q = &t["Resources"][queue]["Properties"];
+            // SQS's default visibility timeout is 30 s.
+            let visibility: f64 = q
+                .get("VisibilityTimeout")
+                .map_or(30.0, |v| scalar_text(&stack.eval(v)).parse().expect("VisibilityTimeout"));
+            assert!(
+                visibility >= 6.0 * timeout,
+                "{}.{name}: {queue} hides a batch {visibility} s, under six times the function's {timeout} s",
+                f.logical_id
+            );
+            let role = f.props["Role"]["Fn::GetAtt"][0].as_str().expect("Role: !GetAtt R.Arn");
+            let statements = role_statements(&t, &stack, role);
+            let arn = scalar_text(&stack.eval(&e["Properties"]["Queue"]));
+            for action in ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"] {
+                assert!(
+                    allows(&statements, action, &arn),
+                    "{role} may not {action} on {queue}, which the event source polls with it"
+                );
+            }
+        }
+    }
+    assert_eq!(seen, 1, "the submission queue's event source");
+}
+
+#[test]
 fn the_reconciler_schedule_admits_only_periods_that_keep_idle_holds_renewed() {
     // A decision renews the hold on each idle worker it keeps once less than two thirds of
     // `hold_s` is left (`onoff_control::reconcile::renew_holds`), so a hold lapses between two
