@@ -16,7 +16,10 @@
 //! - every function's `Timeout` is covered by the reconcile lease the code takes for it
 //!   (`onoff_control::lease`), so the lease never expires while an invocation may still act;
 //! - the reconciler's schedule admits no period long enough for a hold on a kept idle worker
-//!   (`onoff_control::reconcile::renew_holds`) to lapse between runs.
+//!   (`onoff_control::reconcile::renew_holds`) to lapse between runs;
+//! - every SQS event source's queue hides a batch at least six times its function's timeout
+//!   (Lambda refuses one under once), and the function's role may receive, delete and read the
+//!   attributes of its messages, as the event source polls with that role.
 //!
 //! The template's intrinsic functions are evaluated for a stack called `onoff` in us-east-1 of
 //! account 123456789012 (the samples' values) with the parameters' defaults.
