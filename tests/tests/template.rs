@@ -436,9 +436,9 @@ fn every_sqs_event_source_may_poll_its_queue_and_hides_a_batch_six_function_time
                 .unwrap_or_else(|| panic!("{}.{name}: Queue is not !GetAtt X.Arn", f.logical_id));
             let q = &t["Resources"][queue]["Properties"];
             // SQS's default visibility timeout is 30 s.
-            let visibility: f64 = q
-                .get("VisibilityTimeout")
-                .map_or(30.0, |v| scalar_text(&stack.eval(v)).parse().expect("VisibilityTimeout"));
+            let visibility: f64 = q.get("VisibilityTimeout").map_or(30.0, |v| {
+                scalar_text(&stack.eval(v)).parse().expect("VisibilityTimeout")
+            });
             assert!(
                 visibility >= 6.0 * timeout,
                 "{}.{name}: {queue} hides a batch {visibility} s, under six times the function's {timeout} s",

@@ -298,9 +298,10 @@ fn announce(run_dir: &Path, bar: Option<&ProgressBar>) {
         return;
     };
     let text = format!(
-        "onoff local is serving (Ctrl-C stops it and cleans up)\n  endpoint     {}\n  bucket       {} (put job specs under jobs/)\n  jobs table   {}\n  log group    {}\n  stack file   {}\n  try          onoff submit --local -- python3 -c 'print(42)'  (in a checkout: scripts/run.sh submit ...)",
+        "onoff local is serving (Ctrl-C stops it and cleans up)\n  endpoint     {}\n  bucket       {} (put job specs under jobs/)\n  queue        {} (or send them here)\n  jobs table   {}\n  log group    {}\n  stack file   {}\n  try          onoff submit --local -- python3 -c 'print(42)'  (in a checkout: scripts/run.sh submit ...)",
         s.endpoint,
         s.bucket,
+        s.submission_queue,
         s.jobs_table,
         s.log_group,
         path.display()
@@ -644,8 +645,18 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         )
     );
     if r.handler_errors > 0 {
+        let injected: u32 = r
+            .dead_letters
+            .iter()
+            .filter(|d| {
+                d.event_id
+                    .as_ref()
+                    .is_some_and(|id| r.malformed_events_sent.contains(id))
+            })
+            .map(|d| d.invocations)
+            .sum();
         println!(
-            "  handlers   {} invocation(s) returned an error (see RUST_LOG=warn output above)",
+            "  handlers   {} invocation(s) returned an error, {injected} of them the malformed events' (RUST_LOG=warn shows each)",
             r.handler_errors
         );
     }

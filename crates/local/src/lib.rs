@@ -74,6 +74,10 @@ pub struct LocalStack {
     pub prefix: String,
     /// The bucket (job specs under `jobs/`, checkpoints, outputs).
     pub bucket: String,
+    /// The submission queue's URL: a job spec sent there is submitted too (Lambda's SQS event
+    /// source hands it to submit).
+    #[serde(default)]
+    pub submission_queue: String,
     /// The jobs table.
     pub jobs_table: String,
     /// The workers table.
@@ -84,7 +88,8 @@ pub struct LocalStack {
     pub functions_env: BTreeMap<String, String>,
     /// IAM was enforced.
     pub iam_enforced: bool,
-    /// A session that may put job specs under `jobs/` (`aws_access_key_id`, ...).
+    /// A session that may put job specs under `jobs/` and send them to the submission queue
+    /// (`aws_access_key_id`, ...).
     pub submitter: Option<serde_json::Value>,
     /// The operator CLI's session: the template's managed policy `OperatorAccess` and nothing
     /// more, as an operator's role on AWS has it.
@@ -673,6 +678,7 @@ async fn run_with(
         region: "us-east-1".into(),
         prefix: prefix.clone(),
         bucket: res.bucket.clone(),
+        submission_queue: provisioned.submission_queue.0.clone(),
         jobs_table: res.jobs_table.clone(),
         workers_table: res.workers_table.clone(),
         log_group: log_group.clone(),
