@@ -9,10 +9,9 @@
 //! Every invocation of a local run but the submission queue's is asynchronous, as on AWS
 //! (EventBridge rules, the schedule, S3 notifications, the scale requests' `InvocationType:
 //! Event`; the SQS event source mapping invokes synchronously, [`Lambda::invoke_sync`]), and a
-//! failed one is handled as
-//! Lambda handles it (Lambda Developer Guide, "How Lambda handles errors and retries with
-//! asynchronous invocation"): retried with the same request id after 1 and then 2 minutes, up to
-//! the function's `MaximumRetryAttempts`, while the event is younger than its
+//! failed one is handled as Lambda handles it (Lambda Developer Guide, "How Lambda handles errors
+//! and retries with asynchronous invocation"): retried with the same request id after 1 and then
+//! 2 minutes, up to the function's `MaximumRetryAttempts`, while the event is younger than its
 //! `MaximumEventAgeInSeconds` (template.yaml `EventInvokeConfig`); then sent to the function's
 //! dead-letter queue ([`DeadLetter`]), body the event unchanged, under the function's own role.
 //! Before, a failed invocation was counted and dropped here: neither a handler's retry nor the
@@ -83,9 +82,11 @@ pub struct Retry {
 }
 
 /// An event Lambda gave up on, for the function's dead-letter queue: the body is the event
-/// unchanged, the attributes `RequestID` (String), `ErrorCode` (Number, the invoke's HTTP status:
-/// 200, the function ran and failed) and `ErrorMessage` (String, at most
-/// [`ERROR_MESSAGE_MAX_BYTES`]) (Lambda Developer Guide, "Dead-letter queues").
+/// unchanged, the attributes `RequestID` (String), `ErrorCode` (Number, "3-digit HTTP error
+/// code") and `ErrorMessage` (String, at most [`ERROR_MESSAGE_MAX_BYTES`]) (Lambda Developer
+/// Guide, "Dead-letter queues"). The code is 200 for a function error: Lambda ran the function,
+/// and the error is the function's (the guide's "Retries on errors": "The status code is 200 for
+/// function errors").
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeadLetter {
     /// The function that failed on it.
