@@ -504,12 +504,13 @@ fn dead_letter_faults(r: &LocalReport) -> Vec<String> {
             r.failed_events_read_back
         ));
     }
-    let refused: Vec<&str> = r
-        .poison_messages_sent
-        .iter()
-        .map(String::as_str)
-        .filter(|id| !r.rejected.iter().any(|x| x.source == format!("sqs:{id}")))
-        .collect();
+    let unrecorded = |ids: &[String]| -> Vec<String> {
+        ids.iter()
+            .filter(|id| !r.rejected.iter().any(|x| x.source == format!("sqs:{id}")))
+            .cloned()
+            .collect()
+    };
+    let refused = unrecorded(&r.poison_messages_sent);
     if !refused.is_empty() {
         bad.push(format!(
             "poison message(s) with no error record: {}",
@@ -523,10 +524,13 @@ fn dead_letter_faults(r: &LocalReport) -> Vec<String> {
             r.poison_messages_sent.len()
         ));
     }
-    if r.submission_dead_letters > r.poison_messages_dead_lettered {
+    // A bad spec any client sent is refused with an error record and ends there too; a message
+    // without one is a job spec submit took and the event source failed to delete.
+    let taken = unrecorded(&r.submission_dead_letters);
+    if !taken.is_empty() {
         bad.push(format!(
-            "{} message(s) in the submission queue's dead-letter queue that were no poison message",
-            r.submission_dead_letters - r.poison_messages_dead_lettered
+            "message(s) in the submission queue's dead-letter queue with no error record: {}",
+            taken.join(", ")
         ));
     }
     if r.retries_pending > 0 && !r.interrupted {
@@ -668,7 +672,7 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         r.submission_records_deleted,
         r.poison_messages_sent.len(),
         r.poison_messages_dead_lettered,
-        r.submission_dead_letters
+        r.submission_dead_letters.len()
     );
     println!(
         "  failed     {} event(s) dead-lettered ({} malformed delivered), {} read back from the failed-events queue{}",
@@ -739,7 +743,7 @@ mod tests {
         let poisoned = |r: &mut LocalReport| {
             r.poison_messages_sent = vec!["p-1".into()];
             r.poison_messages_dead_lettered = 1;
-            r.submission_dead_letters = 1;
+            r.submission_dead_letters = vec!["p-1".into()];
             r.rejected = vec![onoff_local::Rejected {
                 source: "sqs:p-1".into(),
                 reason: "expected value".into(),
@@ -749,9 +753,22 @@ mod tests {
         assert_eq!(faults(&poisoned), "");
         assert!(faults(&|r| {
             poisoned(r);
-            r.submission_dead_letters = 3;
+            r.submission_dead_letters.push("job-1".into());
         })
-        .contains("2 message(s) in the submission queue's dead-letter queue that were no poison"));
+        .contains("dead-letter queue with no error record: job-1"));
+        // A bad spec a client sent, refused with its record, is no fault.
+        assert_eq!(
+            faults(&|r| {
+                poisoned(r);
+                r.submission_dead_letters.push("bad-1".into());
+                r.rejected.push(onoff_local::Rejected {
+                    source: "sqs:bad-1".into(),
+                    reason: "lane".into(),
+                    after_s: None,
+                });
+            }),
+            ""
+        );
         assert!(faults(&|r| {
             poisoned(r);
             r.poison_messages_dead_lettered = 0;

@@ -299,10 +299,10 @@ pub struct LocalReport {
     /// them there after `maxReceiveCount` receives), each also with an error record naming it
     /// (`sqs:<message id>` in [`LocalReport::rejected`]). A green run finds them all.
     pub poison_messages_dead_lettered: usize,
-    /// Messages in the submission queue's dead-letter queue at the end, all told. A green run
-    /// has only the poison messages there: a job spec's message there is one the event source
-    /// could not delete after submit took it.
-    pub submission_dead_letters: usize,
+    /// The ids of the messages in the submission queue's dead-letter queue at the end. A green
+    /// run has an error record for each (`sqs:<message id>` in [`LocalReport::rejected`]): one
+    /// without is a message submit took but the event source could not delete.
+    pub submission_dead_letters: Vec<String>,
     /// IAM was enforced: every component (the four functions, each agent, each job) ran under its
     /// own role with the policies template.yaml gives it, as moto evaluates them
     /// ([`iam`](mod@iam)). False with `--no-iam`.
@@ -1551,12 +1551,12 @@ async fn run_with(
     report.events_delivered_twice = report.functions.iter().map(|f| f.delivered_twice).sum();
     match read_message_ids(&clients.sqs, &submission_dlq_url).await {
         Ok(ids) => {
-            report.submission_dead_letters = ids.len();
             report.poison_messages_dead_lettered = report
                 .poison_messages_sent
                 .iter()
                 .filter(|id| ids.contains(*id))
                 .count();
+            report.submission_dead_letters = ids.into_iter().collect();
         }
         Err(e) => tracing::warn!(error = %e, "reading the submission dead-letter queue"),
     }
