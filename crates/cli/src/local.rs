@@ -461,7 +461,8 @@ pub fn run(a: LocalArgs) -> Result<()> {
 /// short).
 fn dead_letter_faults(r: &LocalReport) -> Vec<String> {
     let mut bad = Vec::new();
-    let lettered: Vec<&str> = r.dead_letters.iter().filter_map(|d| d.event_id.as_deref()).collect();
+    let injected = |d: &&onoff_local::lambda::DeadLetter| is_injected(r, d);
+    let lettered: Vec<&str> = r.dead_letters.iter().filter_map(|d| d.event_id()).collect();
     let missing: Vec<&str> = r
         .malformed_events_sent
         .iter()
@@ -477,12 +478,8 @@ fn dead_letter_faults(r: &LocalReport) -> Vec<String> {
     let others: Vec<String> = r
         .dead_letters
         .iter()
-        .filter(|d| {
-            !d.event_id
-                .as_ref()
-                .is_some_and(|id| r.malformed_events_sent.contains(id))
-        })
-        .map(|d| format!("{} {}: {}", d.function, d.request_id, d.error_message))
+        .filter(|d| !injected(d))
+        .map(|d| format!("{} {}: {}", d.function.as_str(), d.request_id, d.error_message))
         .collect();
     if !others.is_empty() {
         bad.push(format!(
@@ -517,11 +514,16 @@ fn dead_letter_faults(r: &LocalReport) -> Vec<String> {
             refused.join(", ")
         ));
     }
-    if r.poison_messages_dead_lettered < r.poison_messages_sent.len() && !r.interrupted {
+    let undelivered: Vec<&str> = r
+        .poison_messages_sent
+        .iter()
+        .filter(|id| !r.submission_dead_letters.contains(id))
+        .map(String::as_str)
+        .collect();
+    if !undelivered.is_empty() && !r.interrupted {
         bad.push(format!(
-            "{} of {} poison message(s) in the submission queue's dead-letter queue",
-            r.poison_messages_dead_lettered,
-            r.poison_messages_sent.len()
+            "poison message(s) not in the submission queue's dead-letter queue: {}",
+            undelivered.join(", ")
         ));
     }
     // A bad spec any client sent is refused with an error record and ends there too; a message
@@ -540,6 +542,12 @@ fn dead_letter_faults(r: &LocalReport) -> Vec<String> {
         ));
     }
     bad
+}
+
+/// `d` is one of the malformed events the run delivered.
+fn is_injected(r: &LocalReport, d: &onoff_local::lambda::DeadLetter) -> bool {
+    d.event_id()
+        .is_some_and(|id| r.malformed_events_sent.iter().any(|m| m == id))
 }
 
 /// Each function's invocations, the longest against its timeout, e.g. `scaler 41 runs, longest
@@ -652,11 +660,7 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         let injected: u32 = r
             .dead_letters
             .iter()
-            .filter(|d| {
-                d.event_id
-                    .as_ref()
-                    .is_some_and(|id| r.malformed_events_sent.contains(id))
-            })
+            .filter(|d| is_injected(r, d))
             .map(|d| d.invocations)
             .sum();
         println!(
@@ -671,7 +675,10 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         r.submission_batches,
         r.submission_records_deleted,
         r.poison_messages_sent.len(),
-        r.poison_messages_dead_lettered,
+        r.poison_messages_sent
+            .iter()
+            .filter(|id| r.submission_dead_letters.contains(id))
+            .count(),
         r.submission_dead_letters.len()
     );
     println!(
@@ -708,9 +715,9 @@ mod tests {
 
     #[test]
     fn a_run_is_green_only_when_the_failed_events_are_the_malformed_ones_delivered() {
-        let letter = |id: Option<&str>| onoff_local::DeadLettered {
-            function: "interruption".into(),
-            event_id: id.map(str::to_string),
+        let letter = |id: Option<&str>| onoff_local::lambda::DeadLetter {
+            function: onoff_local::lambda::Principal::Interruption,
+            event: id.map_or(serde_json::json!({}), |id| serde_json::json!({ "id": id })),
             request_id: format!("req-{}", id.unwrap_or("none")),
             invocations: 3,
             error_message: "malformed event".into(),
@@ -742,7 +749,6 @@ mod tests {
         assert!(faults(&|r| r.retries_pending = 1).contains("still waiting"));
         let poisoned = |r: &mut LocalReport| {
             r.poison_messages_sent = vec!["p-1".into()];
-            r.poison_messages_dead_lettered = 1;
             r.submission_dead_letters = vec!["p-1".into()];
             r.rejected = vec![onoff_local::Rejected {
                 source: "sqs:p-1".into(),
@@ -771,9 +777,9 @@ mod tests {
         );
         assert!(faults(&|r| {
             poisoned(r);
-            r.poison_messages_dead_lettered = 0;
+            r.submission_dead_letters.clear();
         })
-        .contains("0 of 1 poison message(s)"));
+        .contains("poison message(s) not in the submission queue's dead-letter queue: p-1"));
         assert!(faults(&|r| {
             poisoned(r);
             r.rejected.clear();

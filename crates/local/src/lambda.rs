@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use lambda_runtime::LambdaEvent;
 use onoff_fn_common::HandlerError;
-use onoff_iam::{AsyncInvokeConfig, Principal};
+use onoff_iam::AsyncInvokeConfig;
+/// The functions' principals, as [`DeadLetter::function`] names them.
+pub use onoff_iam::Principal;
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -116,6 +118,12 @@ fn truncate(m: &str, max: usize) -> String {
 }
 
 impl DeadLetter {
+    /// The event's `id` (EventBridge events have one).
+    #[must_use]
+    pub fn event_id(&self) -> Option<&str> {
+        self.event["id"].as_str()
+    }
+
     /// Send it to the dead-letter queue `queue_url` with `sqs`, the function's own client (on
     /// AWS, Lambda sends it with the function's execution role, which needs `sqs:SendMessage` on
     /// the queue).

@@ -42,7 +42,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::Instant;
 
 use crate::imds::{ImdsServer, ImdsState};
-use crate::lambda::{FunctionRuns, Lambda};
+use crate::lambda::{DeadLetter, FunctionRuns, Lambda};
 use crate::moto::Moto;
 use crate::replay::ReplayJob;
 
@@ -273,7 +273,7 @@ pub struct LocalReport {
     /// Events a function failed on that Lambda gave up on (retries spent, or too old for one),
     /// each sent to the failed-events queue under the function's own role. A green run has the
     /// malformed events sent, and no other.
-    pub dead_letters: Vec<DeadLettered>,
+    pub dead_letters: Vec<DeadLetter>,
     /// Dead-letter sends that failed (a denied role, say), each with its error: on AWS the event
     /// would be lost (Lambda's `DeadLetterErrors` metric). A green run has none.
     pub dead_letter_errors: Vec<String>,
@@ -295,12 +295,9 @@ pub struct LocalReport {
     pub submission_records_deleted: usize,
     /// [`LocalOptions::poison_messages`] sent, by message id.
     pub poison_messages_sent: Vec<String>,
-    /// Of them, those found in the submission queue's dead-letter queue at the end (SQS moved
-    /// them there after `maxReceiveCount` receives), each also with an error record naming it
-    /// (`sqs:<message id>` in [`LocalReport::rejected`]). A green run finds them all.
-    pub poison_messages_dead_lettered: usize,
-    /// The ids of the messages in the submission queue's dead-letter queue at the end. A green
-    /// run has an error record for each (`sqs:<message id>` in [`LocalReport::rejected`]): one
+    /// The ids of the messages in the submission queue's dead-letter queue at the end (SQS moves
+    /// one there after `maxReceiveCount` receives). A green run finds every poison message there
+    /// and has an error record for each (`sqs:<message id>` in [`LocalReport::rejected`]): one
     /// without is a message submit took but the event source could not delete.
     pub submission_dead_letters: Vec<String>,
     /// IAM was enforced: every component (the four functions, each agent, each job) ran under its
@@ -345,21 +342,6 @@ pub struct LocalReport {
     /// Submissions the stack refused (specs put under `jobs/` by the replay or by any client),
     /// each with the error record's reason.
     pub rejected: Vec<Rejected>,
-}
-
-/// An event a function failed on and Lambda gave up on ([`lambda::DeadLetter`]).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct DeadLettered {
-    /// `scaler`, `reconciler`, `interruption` or `submit`.
-    pub function: String,
-    /// The event's `id` (EventBridge events), if it has one.
-    pub event_id: Option<String>,
-    /// The invocations' request id.
-    pub request_id: String,
-    /// Invocations it had: 1 + the function's retries, fewer if it grew too old for one.
-    pub invocations: u32,
-    /// The `ErrorMessage` it was sent with.
-    pub error_message: String,
 }
 
 /// A submission the stack refused: its error record.
@@ -1218,19 +1200,14 @@ async fn run_with(
                 Principal::Scaler => &scaler_clients.sqs,
                 Principal::Reconciler => &reconciler_clients.sqs,
                 Principal::Interruption => &interruption_clients.clients.sqs,
-                _ => &submit_clients.clients.sqs,
+                Principal::Submit => &submit_clients.clients.sqs,
+                other => unreachable!("{} runs in no function", other.as_str()),
             };
-            let function = dead.function.as_str().to_string();
+            let function = dead.function.as_str();
             match dead.send(sqs, &failed_events_url).await {
                 Ok(()) => {
                     tracing::warn!(%function, request_id = %dead.request_id, error = %dead.error_message, "an event failed past its retries: sent to the failed-events queue");
-                    report.dead_letters.push(DeadLettered {
-                        function,
-                        event_id: dead.event["id"].as_str().map(str::to_string),
-                        request_id: dead.request_id,
-                        invocations: dead.invocations,
-                        error_message: dead.error_message,
-                    });
+                    report.dead_letters.push(dead);
                 }
                 Err(e) => {
                     tracing::error!(%function, request_id = %dead.request_id, error = %e, "the dead-letter send failed: the event is lost");
@@ -1549,13 +1526,12 @@ async fn run_with(
     report.handler_timeouts = lambda.timed_out();
     report.retries_pending = lambda.pending_retries();
     report.events_delivered_twice = report.functions.iter().map(|f| f.delivered_twice).sum();
-    match read_message_ids(&clients.sqs, &submission_dlq_url).await {
-        Ok(ids) => {
-            report.poison_messages_dead_lettered = report
-                .poison_messages_sent
+    match receive_all(&clients.sqs, &submission_dlq_url).await {
+        Ok(messages) => {
+            let ids: BTreeSet<String> = messages
                 .iter()
-                .filter(|id| ids.contains(*id))
-                .count();
+                .filter_map(|m| m.message_id().map(str::to_string))
+                .collect();
             report.submission_dead_letters = ids.into_iter().collect();
         }
         Err(e) => tracing::warn!(error = %e, "reading the submission dead-letter queue"),
@@ -1766,36 +1742,13 @@ async fn queue_empty(sqs: &aws_sdk_sqs::Client, url: &str) -> bool {
     n(A::ApproximateNumberOfMessages) == Some("0") && n(A::ApproximateNumberOfMessagesNotVisible) == Some("0")
 }
 
-/// The ids of the messages in queue `url`, read to its end (each hidden for 5 minutes).
+/// Every message in queue `url`, read to its end with its message attributes (each hidden for 5
+/// minutes, so none is read twice).
 ///
 /// # Errors
 /// A receive failed.
-async fn read_message_ids(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<BTreeSet<String>, String> {
-    let mut ids = BTreeSet::new();
-    loop {
-        let out = sqs
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(10)
-            .visibility_timeout(300)
-            .send()
-            .await
-            .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?;
-        if out.messages().is_empty() {
-            return Ok(ids);
-        }
-        ids.extend(out.messages().iter().filter_map(|m| m.message_id().map(str::to_string)));
-    }
-}
-
-/// Read the failed-events queue to its end: how many of `sent` it holds, each found by its
-/// `RequestID` attribute with `ErrorCode` 200, its `ErrorMessage` and a body that is its event's.
-///
-/// # Errors
-/// A receive failed, or the queue holds a message none of `sent` is, or one without the
-/// attributes Lambda sets.
-async fn read_dead_letters(sqs: &aws_sdk_sqs::Client, url: &str, sent: &[DeadLettered]) -> Result<usize, String> {
-    let mut found = BTreeSet::new();
+async fn receive_all(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<Vec<aws_sdk_sqs::types::Message>, String> {
+    let mut all = Vec::new();
     loop {
         let out = sqs
             .receive_message()
@@ -1807,37 +1760,49 @@ async fn read_dead_letters(sqs: &aws_sdk_sqs::Client, url: &str, sent: &[DeadLet
             .await
             .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?;
         if out.messages().is_empty() {
-            return Ok(found.len());
+            return Ok(all);
         }
-        for m in out.messages() {
-            let attr = |k: &str| {
-                m.message_attributes().and_then(|a| a.get(k)).map(|v| {
-                    (
-                        v.data_type().to_string(),
-                        v.string_value().unwrap_or_default().to_string(),
-                    )
-                })
-            };
-            let request_id = attr("RequestID").map(|a| a.1).unwrap_or_default();
-            let Some(d) = sent.iter().find(|d| d.request_id == request_id) else {
-                return Err(format!("a message no function sent: RequestID {request_id:?}"));
-            };
-            if attr("ErrorCode") != Some(("Number".into(), "200".into()))
-                || attr("ErrorMessage").map(|a| a.1).as_deref() != Some(d.error_message.as_str())
-            {
-                return Err(format!(
-                    "{request_id}: not the attributes Lambda sets: {:?}",
-                    m.message_attributes()
-                ));
-            }
-            let body: serde_json::Value = serde_json::from_str(m.body().unwrap_or_default())
-                .map_err(|e| format!("{request_id}: the body is not the event: {e}"))?;
-            if body["id"].as_str() != d.event_id.as_deref() {
-                return Err(format!("{request_id}: the body is not its event: {body}"));
-            }
-            found.insert(request_id);
-        }
+        all.extend(out.messages().iter().cloned());
     }
+}
+
+/// Read the failed-events queue to its end: how many of `sent` it holds, each found by its
+/// `RequestID` attribute with `ErrorCode` 200, its `ErrorMessage` and its event as the body.
+///
+/// # Errors
+/// A receive failed, or the queue holds a message none of `sent` is, or one without the
+/// attributes Lambda sets.
+async fn read_dead_letters(sqs: &aws_sdk_sqs::Client, url: &str, sent: &[DeadLetter]) -> Result<usize, String> {
+    let mut found = BTreeSet::new();
+    for m in receive_all(sqs, url).await? {
+        let attr = |k: &str| {
+            m.message_attributes().and_then(|a| a.get(k)).map(|v| {
+                (
+                    v.data_type().to_string(),
+                    v.string_value().unwrap_or_default().to_string(),
+                )
+            })
+        };
+        let request_id = attr("RequestID").map(|a| a.1).unwrap_or_default();
+        let Some(d) = sent.iter().find(|d| d.request_id == request_id) else {
+            return Err(format!("a message no function sent: RequestID {request_id:?}"));
+        };
+        if attr("ErrorCode") != Some(("Number".into(), "200".into()))
+            || attr("ErrorMessage").map(|a| a.1).as_deref() != Some(d.error_message.as_str())
+        {
+            return Err(format!(
+                "{request_id}: not the attributes Lambda sets: {:?}",
+                m.message_attributes()
+            ));
+        }
+        let body: serde_json::Value = serde_json::from_str(m.body().unwrap_or_default())
+            .map_err(|e| format!("{request_id}: the body is not the event: {e}"))?;
+        if body != d.event {
+            return Err(format!("{request_id}: the body is not its event: {body}"));
+        }
+        found.insert(request_id);
+    }
+    Ok(found.len())
 }
 
 async fn scan_jobs(
