@@ -535,6 +535,13 @@ fn dead_letter_faults(r: &LocalReport) -> Vec<String> {
             taken.join(", ")
         ));
     }
+    if !r.submission_batches_failed.is_empty() {
+        bad.push(format!(
+            "{} answer(s) of submit's that Lambda reads as a failure of the whole batch (nothing deleted): {}",
+            r.submission_batches_failed.len(),
+            r.submission_batches_failed.join("; ")
+        ));
+    }
     if r.retries_pending > 0 && !r.interrupted {
         bad.push(format!(
             "{} failed event(s) still waiting for Lambda's retry at the end (--drain-s)",
@@ -747,6 +754,10 @@ mod tests {
         assert!(faults(&|r| r.dead_letter_errors.push("AccessDenied".into())).contains("AccessDenied"));
         assert!(faults(&|r| r.failed_events_read_back = 0).contains("1 dead letter(s) sent, 0 read back"));
         assert!(faults(&|r| r.retries_pending = 1).contains("still waiting"));
+        assert!(faults(&|r| r
+            .submission_batches_failed
+            .push("an empty itemIdentifier".into()))
+        .contains("1 answer(s) of submit's that Lambda reads as a failure of the whole batch (nothing deleted): an empty itemIdentifier"));
         let poisoned = |r: &mut LocalReport| {
             r.poison_messages_sent = vec!["p-1".into()];
             r.submission_dead_letters = vec!["p-1".into()];

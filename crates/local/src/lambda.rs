@@ -453,9 +453,93 @@ impl Lambda {
     }
 }
 
+/// What Lambda's SQS event source mapping, with `ReportBatchItemFailures`, makes of a function's
+/// answer to a batch of messages `message_ids` (Lambda Developer Guide, "Handling errors for an
+/// SQS event source in Lambda", success and failure conditions): `Ok` with the ids reported
+/// failed, which stay in the queue (every other message is deleted); `Err` with the reason when
+/// Lambda takes the whole batch as failed and deletes none.
+///
+/// - A complete success: no `batchItemFailures` (a null or empty answer, an answer without the
+///   key) or an empty or null list.
+/// - A complete failure: `batchItemFailures` not a list; an entry whose `itemIdentifier` is
+///   missing (a misspelt key), null, not a string or empty; or one naming a message that is not
+///   in the batch (a receipt handle, say, in place of the message id).
+///
+/// # Errors
+/// The reason the whole batch counts as failed.
+pub fn sqs_batch_item_failures(
+    answer: &serde_json::Value,
+    message_ids: &[&str],
+) -> Result<std::collections::BTreeSet<String>, String> {
+    let failures = match answer.get("batchItemFailures") {
+        None | Some(serde_json::Value::Null) => return Ok(Default::default()),
+        Some(serde_json::Value::Array(a)) => a,
+        Some(other) => return Err(format!("batchItemFailures is not a list: {other}")),
+    };
+    failures
+        .iter()
+        .map(|f| match f.get("itemIdentifier") {
+            Some(serde_json::Value::String(id)) if id.is_empty() => Err("an empty itemIdentifier".to_string()),
+            Some(serde_json::Value::String(id)) if !message_ids.contains(&id.as_str()) => {
+                Err(format!("itemIdentifier {id:?} names no message of the batch"))
+            }
+            Some(serde_json::Value::String(id)) => Ok(id.clone()),
+            Some(other) => Err(format!("itemIdentifier {other} is not a message id")),
+            None => Err(format!("a batch item failure without itemIdentifier: {f}")),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_answer_is_read_as_lambdas_sqs_event_source_reads_it() {
+        let ids = ["m-1", "m-2", "m-3"];
+        let ok = |v: serde_json::Value| sqs_batch_item_failures(&v, &ids);
+        // Complete successes: nothing stays.
+        for answer in [
+            serde_json::Value::Null,
+            serde_json::json!({}),
+            serde_json::json!({ "batchItemFailures": null }),
+            serde_json::json!({ "batchItemFailures": [] }),
+        ] {
+            assert_eq!(ok(answer.clone()), Ok(Default::default()), "{answer}");
+        }
+        // A partial failure: the reported ones stay.
+        assert_eq!(
+            ok(serde_json::json!({ "batchItemFailures": [{ "itemIdentifier": "m-2" }, { "itemIdentifier": "m-3" }] })),
+            Ok(["m-2".to_string(), "m-3".to_string()].into_iter().collect())
+        );
+        // Complete failures: one bad entry fails the whole batch, the good ones beside it too.
+        for (answer, says) in [
+            (
+                serde_json::json!({ "batchItemFailures": [{ "itemIdentifier": "" }] }),
+                "empty",
+            ),
+            (
+                serde_json::json!({ "batchItemFailures": [{ "itemIdentifier": null }] }),
+                "not a message id",
+            ),
+            (
+                serde_json::json!({ "batchItemFailures": [{ "itemIdentifier": 7 }] }),
+                "not a message id",
+            ),
+            (
+                serde_json::json!({ "batchItemFailures": [{ "itemIdentifier": "m-1" }, { "messageId": "m-2" }] }),
+                "without itemIdentifier",
+            ),
+            (
+                serde_json::json!({ "batchItemFailures": [{ "itemIdentifier": "AQEB-receipt" }] }),
+                "names no message",
+            ),
+            (serde_json::json!({ "batchItemFailures": "m-1" }), "not a list"),
+        ] {
+            let got = ok(answer.clone());
+            assert!(got.as_ref().is_err_and(|e| e.contains(says)), "{answer}: {got:?}");
+        }
+    }
 
     const TEMPLATE: &str = "Globals:\n  Function:\n    Timeout: 60\nResources:\n  ScalerFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      Timeout: 1\n  ReconcilerFunction:\n    Type: AWS::Serverless::Function\n  InterruptionFunction:\n    Type: AWS::Serverless::Function\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n";
 

@@ -293,6 +293,10 @@ pub struct LocalReport {
     pub submission_batches: usize,
     /// See [`LocalReport::submission_batches`].
     pub submission_records_deleted: usize,
+    /// Batches whose answer Lambda's SQS event source reads as a failure of the whole batch
+    /// (`lambda::sqs_batch_item_failures`: an empty, missing or unknown `itemIdentifier`), each
+    /// with the reason; nothing of such a batch is deleted. A green run has none.
+    pub submission_batches_failed: Vec<String>,
     /// [`LocalOptions::poison_messages`] sent, by message id.
     pub poison_messages_sent: Vec<String>,
     /// The ids of the messages in the submission queue's dead-letter queue at the end (SQS moves
@@ -1059,13 +1063,17 @@ async fn run_with(
                         .await;
                     since_invocation_start(&asks, t);
                     report.submission_batches += 1;
-                    if let Ok(answer) = &r {
-                        let failed: BTreeSet<&str> = answer["batchItemFailures"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .filter_map(|f| f["itemIdentifier"].as_str())
-                            .collect();
+                    let ids: Vec<&str> = out.messages().iter().filter_map(|m| m.message_id()).collect();
+                    // A failed invocation, or an answer Lambda reads as a whole failure, deletes
+                    // nothing: every record comes back.
+                    let kept = match &r {
+                        Ok(answer) => lambda::sqs_batch_item_failures(answer, &ids).map_err(|e| {
+                            report.submission_batches_failed.push(e.clone());
+                            tracing::error!(error = %e, "submit's batch answer fails the whole batch, as Lambda reads it");
+                        }),
+                        Err(_) => Err(()),
+                    };
+                    if let Ok(failed) = kept {
                         let done: Vec<_> = out
                             .messages()
                             .iter()
