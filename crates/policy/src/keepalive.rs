@@ -161,14 +161,47 @@ pub fn arrivals_until_needed(rank: u32, mean_units: f64) -> f64 {
 /// then not needed within any keep-alive). Without ends (no declared run times) this is
 /// [`arrivals_until_needed`].
 pub fn arrivals_until_needed_after_ends(rank: u32, mean_units: f64, mean_gap_s: f64, ends_s: &[f64], cap: f64) -> f64 {
+    // A count per step, not a sort of the ends: this runs on most decisions, and sorting every
+    // running worker's end cost more than the steps.
+    arrivals_until_needed_freed(rank, mean_units, mean_gap_s, cap, |t| {
+        ends_s.iter().filter(|e| **e <= t).count()
+    })
+}
+
+/// [`arrivals_until_needed_after_ends`] with the ends given as absolute times `ends_at`, unix
+/// seconds, ascending and none before `now`: each count is a binary search. Gives exactly what
+/// [`arrivals_until_needed_after_ends`] gives for the ends `ends_at[i] - now`.
+pub fn arrivals_until_needed_after_sorted_ends(
+    rank: u32,
+    mean_units: f64,
+    mean_gap_s: f64,
+    now: f64,
+    ends_at: &[f64],
+    cap: f64,
+) -> f64 {
+    debug_assert!(ends_at.is_sorted() && ends_at.first().is_none_or(|e| *e >= now));
+    // `e - now` only grows with e (rounding keeps the order), so the ends within t are a prefix.
+    arrivals_until_needed_freed(rank, mean_units, mean_gap_s, cap, |t| {
+        ends_at.partition_point(|e| *e - now <= t)
+    })
+}
+
+/// The fluid estimate of [`arrivals_until_needed_after_ends`], `freed(t)` counting the running
+/// workers whose jobs end within t seconds.
+fn arrivals_until_needed_freed(
+    rank: u32,
+    mean_units: f64,
+    mean_gap_s: f64,
+    cap: f64,
+    freed: impl Fn(f64) -> usize,
+) -> f64 {
     let u = mean_units.max(1e-6);
     let mut n = arrivals_until_needed(rank, u);
     // freed(t) only grows with t, so n only grows: each step frees at least one more worker,
-    // and there are ends_s.len() of them. A count per step, not a sort of the ends: this runs
-    // on most decisions, and sorting every running worker's end cost more than the steps.
+    // and there are finitely many.
     loop {
         let t = n * mean_gap_s;
-        let freed = ends_s.iter().filter(|e| **e <= t).count();
+        let freed = freed(t);
         let next = 1.0 + (f64::from(rank) + freed as f64) / u;
         if next <= n {
             return n.min(cap);

@@ -641,6 +641,26 @@ proptest! {
         std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(256)
     ))]
 
+    /// The keep-alive's count of running workers freed ahead of an idle one gives the same from
+    /// absolute ends, sorted (the simulator's hint, a binary search per count) as from the ends
+    /// relative to now in any order (a pass over the workers), rounding included.
+    #[test]
+    fn arrivals_until_needed_count_the_same_from_sorted_absolute_ends(
+        rank in 0u32..60,
+        units in 0.01f64..2.0,
+        gap in 0.5f64..900.0,
+        now in 1.5e9f64..1.8e9,
+        offsets in prop::collection::vec(0.0f64..20_000.0, 0..80),
+        cap in prop::sample::select(vec![8.0, 1e6]),
+    ) {
+        let mut at: Vec<f64> = offsets.iter().map(|o| now + o).filter(|t| *t >= now).collect();
+        let relative: Vec<f64> = at.iter().map(|t| t - now).collect();
+        at.sort_unstable_by(f64::total_cmp);
+        let scanned = keepalive::arrivals_until_needed_after_ends(rank, units, gap, &relative, cap);
+        let sorted = keepalive::arrivals_until_needed_after_sorted_ends(rank, units, gap, now, &at, cap);
+        prop_assert_eq!(scanned.to_bits(), sorted.to_bits());
+    }
+
     #[test]
     fn decide_keeps_its_invariants(c in case()) {
         prop_assert!(c.cfg.validate().is_ok(), "{:?}", c.cfg.validate());

@@ -1833,6 +1833,28 @@ pub fn run(
                         .filter(|&i| w.workers[i].state == WorkerState::Stopped)
                         .collect();
                     assert_eq!(w.fleet_hint.stopped, stopped, "stopped list at {now}");
+                    for (shape, ends) in &w.fleet_hint.running_ends {
+                        let mut pass: Vec<f64> = w
+                            .workers
+                            .iter()
+                            .filter(|v| (v.lane, v.gpus) == *shape && v.state == WorkerState::Running)
+                            .filter_map(|v| v.busy_until)
+                            .collect();
+                        pass.sort_unstable_by(f64::total_cmp);
+                        assert_eq!(*ends, pass, "running ends of {shape:?} at {now}");
+                    }
+                    let shapes = w
+                        .workers
+                        .iter()
+                        .filter(|v| v.state == WorkerState::Running && v.busy_until.is_some());
+                    for v in shapes {
+                        assert!(
+                            w.fleet_hint.running_ends.iter().any(|(s, _)| *s == (v.lane, v.gpus)),
+                            "running ends of ({}, {}) missing at {now}",
+                            v.lane,
+                            v.gpus
+                        );
+                    }
                 }
                 let obs = Observation {
                     lanes: &w.lanes,

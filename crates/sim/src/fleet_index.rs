@@ -93,6 +93,9 @@ pub(crate) struct FleetIndex {
     stopped_changed: bool,
     /// (`busy_until` as [`ordered`], index) of the running workers with an expected end.
     running: BTreeSet<(u64, usize)>,
+    /// The same ends per (lane, GPUs), ascending ([`FleetHint::running_ends`]), and whether they
+    /// changed since the last hint copied them.
+    running_ends: Vec<((usize, u32), Vec<f64>, bool)>,
     /// Scratch for [`FleetIndex::hint`].
     soon: Vec<usize>,
 }
@@ -100,6 +103,11 @@ pub(crate) struct FleetIndex {
 /// What [`FleetIndex`] reads of a worker that can change: its state, expected job end and end of
 /// its stopped keep-alive.
 pub(crate) type Brief = (WorkerState, Option<f64>, Option<f64>);
+
+/// `w`'s lane and GPUs, which never change.
+fn shape(w: &WorkerView) -> (usize, u32) {
+    (w.lane, w.gpus)
+}
 
 /// `w`'s [`Brief`].
 pub(crate) fn brief(w: &WorkerView) -> Brief {
@@ -112,7 +120,7 @@ impl FleetIndex {
         if w.is_live() {
             self.count(w, true);
         }
-        self.mark(i, brief(w), true);
+        self.mark(i, shape(w), brief(w), true);
     }
 
     /// The worker at index `i` goes (before it is removed).
@@ -120,13 +128,13 @@ impl FleetIndex {
         if w.is_live() {
             self.count(w, false);
         }
-        self.mark(i, brief(w), false);
+        self.mark(i, shape(w), brief(w), false);
     }
 
     /// The worker `w`, at index `from`, moved to index `to` (a swap-remove filled a gap with it).
     pub(crate) fn moved(&mut self, from: usize, to: usize, w: &WorkerView) {
-        self.mark(from, brief(w), false);
-        self.mark(to, brief(w), true);
+        self.mark(from, shape(w), brief(w), false);
+        self.mark(to, shape(w), brief(w), true);
     }
 
     /// The worker `w` at index `i` changed from `before`. Its lane, shape and price never change,
@@ -137,8 +145,8 @@ impl FleetIndex {
             (true, false) => self.count(w, false),
             _ => {}
         }
-        self.mark(i, before, false);
-        self.mark(i, brief(w), true);
+        self.mark(i, shape(w), before, false);
+        self.mark(i, shape(w), brief(w), true);
     }
 
     /// Add (or take away) a live worker's launch time and price.
@@ -164,7 +172,7 @@ impl FleetIndex {
     }
 
     /// Name (or stop naming) index `i` among the workers a decision may visit.
-    fn mark(&mut self, i: usize, (state, busy_until, stopped_until): Brief, on: bool) {
+    fn mark(&mut self, i: usize, shape: (usize, u32), (state, busy_until, stopped_until): Brief, on: bool) {
         match (state, busy_until) {
             (WorkerState::Stopped, _) => {
                 self.stopped_changed = true;
@@ -188,10 +196,27 @@ impl FleetIndex {
                 }
             }
             (WorkerState::Running, Some(t)) => {
+                let at = match self.running_ends.iter().position(|e| e.0 == shape) {
+                    Some(at) => at,
+                    None => {
+                        self.running_ends.push((shape, Vec::new(), true));
+                        self.running_ends.len() - 1
+                    }
+                };
+                let (_, ends, changed) = &mut self.running_ends[at];
+                *changed = true;
+                // Among equal ends any one will do: they are the same value.
+                let pos = ends.partition_point(|e| e.total_cmp(&t).is_lt());
                 if on {
                     self.running.insert((ordered(t), i));
+                    ends.insert(pos, t);
                 } else {
                     self.running.remove(&(ordered(t), i));
+                    debug_assert!(
+                        ends.get(pos).is_some_and(|e| e.total_cmp(&t).is_eq()),
+                        "removing an end never added"
+                    );
+                    ends.remove(pos);
                 }
             }
             _ => {}
@@ -236,6 +261,27 @@ impl FleetIndex {
         hint.cheapest.clear();
         hint.cheapest
             .extend(self.prices.iter().filter_map(|(shape, p)| Some((*shape, p.min()?))));
+        // The pairs keep their places: a pair once seen stays (perhaps empty), so only the
+        // lists that changed are copied, into the hint's own buffers.
+        hint.running_ends.truncate(self.running_ends.len());
+        for (i, (shape, ends, changed)) in self.running_ends.iter_mut().enumerate() {
+            match hint.running_ends.get_mut(i) {
+                Some(h) if h.0 == *shape => {
+                    if std::mem::take(changed) {
+                        h.1.clone_from(ends);
+                    }
+                }
+                Some(h) => {
+                    *changed = false;
+                    h.0 = *shape;
+                    h.1.clone_from(ends);
+                }
+                None => {
+                    *changed = false;
+                    hint.running_ends.push((*shape, ends.clone()));
+                }
+            }
+        }
     }
 }
 
@@ -302,6 +348,7 @@ mod tests {
         assert_eq!(h.lane_live, vec![(2, 200.0), (2, 500.0)]);
         // The draining worker's 0.5 $/h is not a live price.
         assert_eq!(h.cheapest, vec![((1, 24f64.to_bits()), 0.8)]);
+        assert_eq!(h.running_ends, vec![((0, 1), vec![10_000.0]), ((1, 1), vec![1_050.0])]);
         // The idle worker starts a job ending far out; the booting one goes, and the last worker
         // (draining) takes its place.
         let started = worker(WorkerState::Running, 0, 200.0, 0.8, Some(9_000.0));
@@ -312,6 +359,19 @@ mod tests {
         ix.hint(1_000.0, 120.0, &mut h);
         assert_eq!(h.visit, vec![2]);
         assert_eq!(h.lane_live, vec![(1, 200.0), (1, 300.0)]);
+        // Lane 0's ends are the started job's only; lane 1's, unchanged, are kept as they were.
+        assert_eq!(h.running_ends, vec![((0, 1), vec![9_000.0]), ((1, 1), vec![1_050.0])]);
+        // Equal ends are both counted, and one goes when one of them does.
+        let twin = worker(WorkerState::Running, 0, 600.0, 0.8, Some(9_000.0));
+        let earlier = worker(WorkerState::Running, 0, 650.0, 0.8, Some(2_000.0));
+        ix.add(5, &twin);
+        ix.add(6, &earlier);
+        ix.hint(1_000.0, 120.0, &mut h);
+        assert_eq!(h.running_ends[0], ((0, 1), vec![2_000.0, 9_000.0, 9_000.0]));
+        ix.remove(5, &twin);
+        ix.remove(6, &earlier);
+        ix.hint(1_000.0, 120.0, &mut h);
+        assert_eq!(h.running_ends[0], ((0, 1), vec![9_000.0]));
         assert_eq!(h.cheapest, vec![((1, 24f64.to_bits()), 0.8)]);
         // The draining worker, now at 0, turns idle (as no worker does; the index still follows).
         let idle = worker(WorkerState::Idle, 0, 400.0, 0.5, None);

@@ -126,6 +126,9 @@ impl<'a> Stopped<'a> {
     }
 }
 
+/// Job ends per (lane, GPUs), as [`FleetHint::running_ends`] gives them.
+pub(crate) type RunningEnds = [((usize, u32), Vec<f64>)];
+
 /// The fleet, and the launches booked so far.
 #[derive(Debug)]
 pub(crate) struct Fleet<'a> {
@@ -168,6 +171,9 @@ pub(crate) struct Fleet<'a> {
     /// by every ranking and start of the decision: with measured preemptions hundreds are marked,
     /// and looking them up for each was a third of a replay's time (`perf`).
     pub(crate) blocked: std::cell::OnceCell<crate::choice::Blocked>,
+    /// The running workers' job ends per (lane, GPUs), ascending, when the caller's hint gave
+    /// them ([`FleetHint::running_ends`]); `None` from a pass (scale-down then scans the workers).
+    pub(crate) running_ends: Option<&'a RunningEnds>,
 }
 
 impl<'a> Fleet<'a> {
@@ -305,6 +311,7 @@ impl<'a> Fleet<'a> {
             cheapest: SmallVec::new(),
             pinned_met: Vec::new(),
             blocked: std::cell::OnceCell::new(),
+            running_ends: None,
         }
     }
 
@@ -410,6 +417,7 @@ fn fill_from_hint<'a>(f: &mut Fleet<'a>, obs: &Observation<'a>, cfg: &PolicyConf
     f.cheapest = h.cheapest.iter().copied().collect();
     f.stopped.unlisted = Some((obs.workers, &h.stopped));
     f.stopped.due = h.stopped_due;
+    f.running_ends = Some(&h.running_ends);
     let mut pinned: Vec<&'a WorkerView> = Vec::new();
     for w in h
         .visit
@@ -635,6 +643,7 @@ mod tests {
             stopped_due: f64::INFINITY,
             lane_live: vec![(5, 700.0)],
             cheapest: vec![((4, 24f64.to_bits()), 2.0), ((1, 24f64.to_bits()), 0.9)],
+            running_ends: vec![],
         }
     }
 

@@ -79,7 +79,33 @@ const ARRIVALS_CAP: f64 = 1e6;
 /// What a line's keep-alives read, built at first need: the gap curve of the shapes its workers
 /// serve (if trusted), the mean worker units of an arrival, and when the lane's running workers of
 /// its size end their jobs (seconds from now, any order).
-type LineFacts = (Option<Arc<keepalive::GapCurve>>, f64, Vec<f64>);
+type LineFacts<'h> = (Option<Arc<keepalive::GapCurve>>, f64, Ends<'h>);
+
+/// The expected job ends of a line's running workers, which the keep-alive counts
+/// ([`keepalive::arrivals_until_needed_after_ends`]).
+enum Ends<'h> {
+    /// Seconds from now, in any order, from a pass over the workers ([`running_ends_from`]).
+    Scanned(Vec<f64>),
+    /// Unix seconds, ascending, none before now: from the caller's [`crate::FleetHint`].
+    Sorted(&'h [f64]),
+}
+
+/// The running workers of `lane` with `gpus` GPUs whose job is expected to end at or after `now`,
+/// seconds from `now`, in the workers' order (a job past its declared run time ends at an unknown
+/// time: not counted).
+fn running_ends_from(obs: &Observation<'_>, lane: LaneId, gpus: u32, now: f64) -> Vec<f64> {
+    // Sized for every worker: growing it cost more than the pass.
+    let mut ends = Vec::with_capacity(obs.workers.len());
+    ends.extend(
+        obs.workers
+            .iter()
+            .filter(|r| r.lane == lane && r.gpus == gpus && r.state == WorkerState::Running)
+            .filter_map(|r| r.busy_until)
+            .filter(|t| *t >= now)
+            .map(|t| t - now),
+    );
+    ends
+}
 
 /// The gap curve of the job shape a worker of `gpus` GPUs in `lane` serves
 /// ([`crate::observation::LaneObservation::gaps_for`]), if its gaps are trusted, and the mean
@@ -122,12 +148,12 @@ fn shape_facts(
 }
 
 /// The idle workers of one GPU count, in line for the keep-alive (the most recently idle first).
-struct Line {
+struct Line<'h> {
     gpus: u32,
     /// Workers seen so far: the next one's rank.
     len: u32,
     /// Boxed: a curve is 1.5 kB, and a line is moved about on every decision.
-    curve: Option<Box<LineFacts>>,
+    curve: Option<Box<LineFacts<'h>>>,
     /// The keep-alive a worker ahead in line was released at: the workers behind it (idle
     /// longer, needed only after it) go at that keep-alive too, so a line never keeps its back
     /// while releasing its front.
@@ -234,6 +260,7 @@ pub(crate) fn scale_down(
     memo: &mut RankMemo,
 ) {
     let oc = &cfg.offers;
+    let running_ends = fleet.running_ends;
     let lane_obs = obs.lanes.get(lane);
     let free_idle: u32 = fleet.free[lane].iter().map(|c| c.idle).sum();
     let free_pending: u32 = fleet.free[lane].iter().map(|c| c.pending).sum();
@@ -318,30 +345,44 @@ pub(crate) fn scale_down(
                     let (curve, units) = shape_facts(obs, cfg, lane, w.gpus, memo);
                     // Only the adaptive keep-alive reads them.
                     let adaptive = cfg.scale_down.mode == KeepAliveMode::Adaptive;
-                    let ends: Vec<f64> = match curve {
-                        Some(_) if adaptive => {
-                            // Sized for every worker: growing it cost more than the pass.
-                            let mut ends = Vec::with_capacity(obs.workers.len());
-                            ends.extend(
-                                obs.workers
-                                    .iter()
-                                    .filter(|r| r.lane == lane && r.gpus == gpus && r.state == WorkerState::Running)
-                                    .filter_map(|r| r.busy_until)
-                                    // A job past its declared run time ends at an unknown time: not counted.
-                                    .filter(|t| *t >= now)
-                                    .map(|t| t - now),
-                            );
-                            ends
+                    let ends = match (curve.is_some() && adaptive, running_ends) {
+                        (false, _) => Ends::Scanned(Vec::new()),
+                        (true, Some(hinted)) => {
+                            let at = hinted
+                                .iter()
+                                .find(|(k, _)| *k == (lane, gpus))
+                                .map_or(&[][..], |(_, e)| e.as_slice());
+                            // A job past its declared run time ends at an unknown time: not counted.
+                            let at = &at[at.partition_point(|t| *t < now)..];
+                            #[cfg(debug_assertions)]
+                            {
+                                let mut scanned = running_ends_from(obs, lane, gpus, now);
+                                scanned.sort_unstable_by(f64::total_cmp);
+                                let hinted: Vec<f64> = at.iter().map(|t| t - now).collect();
+                                assert_eq!(
+                                    hinted, scanned,
+                                    "the FleetHint's running ends disagree with the workers at {now}"
+                                );
+                            }
+                            Ends::Sorted(at)
                         }
-                        _ => Vec::new(),
+                        (true, None) => Ends::Scanned(running_ends_from(obs, lane, gpus, now)),
                     };
                     Box::new((curve, units, ends))
                 });
-                let until_needed = match curve {
-                    Some(c) => {
+                let until_needed = match (curve, ends) {
+                    (Some(c), Ends::Scanned(ends)) => {
                         keepalive::arrivals_until_needed_after_ends(rank, *units, c.mean_s(), ends, ARRIVALS_CAP)
                     }
-                    None => keepalive::arrivals_until_needed(rank, *units),
+                    (Some(c), Ends::Sorted(at)) => keepalive::arrivals_until_needed_after_sorted_ends(
+                        rank,
+                        *units,
+                        c.mean_s(),
+                        now,
+                        at,
+                        ARRIVALS_CAP,
+                    ),
+                    (None, _) => keepalive::arrivals_until_needed(rank, *units),
                 };
                 // Released, a worker that is stopped comes back in a start, not a cold start: its
                 // keep-alive is priced against that (the multislope ski rental's first slope).
