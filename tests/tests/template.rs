@@ -412,7 +412,7 @@ fn a_message_is_received_at_least_five_times_before_its_dead_letter_queue() {
 }
 
 #[test]
-fn every_sqs_event_source_may_poll_its_queue_and_hides_a_batch_six_function_timeouts() {
+fn every_sqs_event_source_may_poll_its_queue_hides_a_batch_six_function_timeouts_and_reads_batch_item_failures() {
     // Lambda refuses an SQS event source whose queue's visibility timeout is below the function's
     // timeout, and advises six times it ("Configuring an Amazon SQS queue to use with Lambda");
     // it polls with the function's execution role, which needs sqs:ReceiveMessage,
@@ -442,6 +442,17 @@ fn every_sqs_event_source_may_poll_its_queue_and_hides_a_batch_six_function_time
             assert!(
                 visibility >= 6.0 * timeout,
                 "{}.{name}: {queue} hides a batch {visibility} s, under six times the function's {timeout} s",
+                f.logical_id
+            );
+            // The function reports the records it failed on (a spec it refused, a write throttled
+            // past its retries). Without ReportBatchItemFailures Lambda ignores that answer and
+            // deletes the whole batch: a throttled job would be lost, a refused spec would never
+            // reach the dead-letter queue ("Handling errors for an SQS event source in Lambda").
+            assert!(
+                e["Properties"]["FunctionResponseTypes"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|v| v == "ReportBatchItemFailures")),
+                "{}.{name}: no ReportBatchItemFailures, so Lambda would delete the records the function failed on",
                 f.logical_id
             );
             let role = f.props["Role"]["Fn::GetAtt"][0].as_str().expect("Role: !GetAtt R.Arn");

@@ -579,9 +579,14 @@ pub fn function_dead_letter_queue(template: &str, p: Principal) -> Result<Option
     if dlq.get("Type").and_then(Y::as_str) != Some("SQS") {
         return Err(bad());
     }
-    let target = match dlq.get("TargetArn") {
-        Some(Y::Tagged(tv)) if tv.tag == "!GetAtt" => tv.value.as_str().map(str::to_string),
-        Some(Y::Mapping(m)) => m.get("Fn::GetAtt").and_then(|v| match v {
+    dlq.get("TargetArn").and_then(arn_of).map(Some).ok_or_else(bad)
+}
+
+/// The logical id X of `v` when it is `!GetAtt X.Arn` (either form); `None` otherwise.
+fn arn_of(v: &Y) -> Option<String> {
+    let target = match v {
+        Y::Tagged(tv) if tv.tag == "!GetAtt" => tv.value.as_str().map(str::to_string),
+        Y::Mapping(m) => m.get("Fn::GetAtt").and_then(|v| match v {
             Y::String(s) => Some(s.clone()),
             Y::Sequence(parts) => {
                 let parts: Vec<&str> = parts.iter().filter_map(Y::as_str).collect();
@@ -591,10 +596,73 @@ pub fn function_dead_letter_queue(template: &str, p: Principal) -> Result<Option
         }),
         _ => None,
     };
-    target
-        .and_then(|t| t.strip_suffix(".Arn").map(str::to_string))
-        .map(Some)
-        .ok_or_else(bad)
+    target.and_then(|t| t.strip_suffix(".Arn").map(str::to_string))
+}
+
+/// An SQS event source mapping of a function (an `Events` entry of `Type: SQS`), as Lambda runs
+/// it (Lambda Developer Guide, "Using Lambda with Amazon SQS").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqsEventSource {
+    /// The event's name in the function's `Events`.
+    pub name: String,
+    /// The logical id of the queue it polls (`Queue: !GetAtt X.Arn`).
+    pub queue: String,
+    /// `BatchSize`: records per invocation at most (1 to 10,000; default 10).
+    pub batch_size: u32,
+    /// `FunctionResponseTypes` holds `ReportBatchItemFailures`: the records the function reports
+    /// in `batchItemFailures` stay in the queue and the others are deleted. Without it Lambda
+    /// ignores the answer: a batch the function returns from is deleted whole, failures
+    /// reported or not.
+    pub report_batch_item_failures: bool,
+}
+
+/// The SQS event source of `p`'s function in `template`, `None` when it has none (no queue
+/// invokes it).
+///
+/// # Errors
+/// `p` has no function, the template is not YAML, the function has more than one SQS event, its
+/// queue is not `!GetAtt X.Arn`, or `BatchSize` is not a plain number from 1 to 10,000.
+pub fn function_sqs_event_source(template: &str, p: Principal) -> Result<Option<SqsEventSource>, Error> {
+    let t: Y = serde_yaml::from_str(template)?;
+    let (logical_id, function) = function_resource(&t, p)?;
+    let events = function
+        .get("Properties")
+        .and_then(|p| p.get("Events"))
+        .and_then(Y::as_mapping)
+        .into_iter()
+        .flatten()
+        .filter(|(_, e)| e.get("Type").and_then(Y::as_str) == Some("SQS"));
+    let mut found = None;
+    for (name, e) in events {
+        let name = name.as_str().unwrap_or_default().to_string();
+        if found.is_some() {
+            return Err(Error::Shape(format!("{logical_id}: more than one SQS event")));
+        }
+        let props = e.get("Properties");
+        let queue = props
+            .and_then(|p| p.get("Queue"))
+            .and_then(arn_of)
+            .ok_or_else(|| Error::Shape(format!("{logical_id}.{name}: Queue is not !GetAtt X.Arn")))?;
+        let batch_size = match props.and_then(|p| p.get("BatchSize")) {
+            None => 10,
+            Some(v) => v
+                .as_u64()
+                .filter(|n| (1..=10_000).contains(n))
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| Error::Shape(format!("{logical_id}.{name}: BatchSize {v:?} is not in 1..=10000")))?,
+        };
+        let report_batch_item_failures = props
+            .and_then(|p| p.get("FunctionResponseTypes"))
+            .and_then(Y::as_sequence)
+            .is_some_and(|s| s.iter().any(|v| v.as_str() == Some("ReportBatchItemFailures")));
+        found = Some(SqsEventSource {
+            name,
+            queue,
+            batch_size,
+            report_batch_item_failures,
+        });
+    }
+    Ok(found)
 }
 
 /// The logical id a `!Ref X` (or `{Ref: X}`) names.
@@ -789,6 +857,45 @@ mod tests {
         assert_eq!(function_dead_letter_queue(none, Principal::Submit).unwrap(), None);
         let sns = "Resources:\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      DeadLetterQueue:\n        Type: SNS\n        TargetArn: !Ref T\n";
         assert!(function_dead_letter_queue(sns, Principal::Submit).is_err());
+    }
+
+    #[test]
+    fn submits_queue_is_read_as_lambdas_sqs_event_source() {
+        assert_eq!(
+            function_sqs_event_source(TEMPLATE, Principal::Submit).unwrap(),
+            Some(SqsEventSource {
+                name: "SubmissionQueue".into(),
+                queue: "SubmissionQueue".into(),
+                batch_size: 10,
+                report_batch_item_failures: true,
+            })
+        );
+        for p in [Principal::Scaler, Principal::Reconciler, Principal::Interruption] {
+            assert_eq!(function_sqs_event_source(TEMPLATE, p).unwrap(), None, "{}", p.as_str());
+        }
+        let f = |events: &str| {
+            format!("Resources:\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      Events:\n{events}")
+        };
+        // Lambda's defaults: 10 records, and the answer ignored.
+        let bare = f("        Q:\n          Type: SQS\n          Properties:\n            Queue: {\"Fn::GetAtt\": [Jobs, Arn]}\n");
+        assert_eq!(
+            function_sqs_event_source(&bare, Principal::Submit).unwrap(),
+            Some(SqsEventSource {
+                name: "Q".into(),
+                queue: "Jobs".into(),
+                batch_size: 10,
+                report_batch_item_failures: false,
+            })
+        );
+        let s3 = f("        Put:\n          Type: S3\n          Properties:\n            Bucket: !Ref B\n");
+        assert_eq!(function_sqs_event_source(&s3, Principal::Submit).unwrap(), None);
+        for bad in [
+            "        Q:\n          Type: SQS\n          Properties:\n            Queue: !Ref Jobs\n",
+            "        Q:\n          Type: SQS\n          Properties:\n            Queue: !GetAtt Jobs.Arn\n            BatchSize: 0\n",
+            "        Q:\n          Type: SQS\n          Properties:\n            Queue: !GetAtt A.Arn\n        R:\n          Type: SQS\n          Properties:\n            Queue: !GetAtt B.Arn\n",
+        ] {
+            assert!(function_sqs_event_source(&f(bad), Principal::Submit).is_err(), "{bad}");
+        }
     }
 
     fn stack() -> Stack {

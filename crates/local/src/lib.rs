@@ -749,6 +749,17 @@ async fn run_with(
             p.as_str()
         );
     }
+    // Submit's SQS event source as template.yaml declares it (batch size, whether Lambda reads
+    // the answer's batchItemFailures); without one no queue invokes submit, and none is polled.
+    let submission_source = onoff_iam::function_sqs_event_source(onoff_iam::TEMPLATE, Principal::Submit)
+        .context("template.yaml's SQS event of submit")?;
+    if let Some(s) = &submission_source {
+        anyhow::ensure!(
+            s.queue == "SubmissionQueue",
+            "template.yaml: submit's event source polls {}, which a local run does not provision",
+            s.queue
+        );
+    }
     let failed_events_url = provisioned.failed_events_queue.clone();
     let (submission_url, submission_dlq_url) = provisioned.submission_queue.clone();
     // moto's account, as in the EC2 events' ARNs.
@@ -1036,17 +1047,19 @@ async fn run_with(
         }
         serve_scale_requests!();
         // Lambda's SQS event source mapping on the submission queue: it polls with the
-        // function's role, hands submit a batch of up to 10 records (BatchSize) synchronously,
-        // and deletes the records submit did not report failed (ReportBatchItemFailures); a
-        // failed invocation deletes none. What it leaves comes back after the visibility
-        // timeout, and SQS moves a message to the dead-letter queue after maxReceiveCount.
-        if now >= next_sqs {
+        // function's role, hands submit a batch of up to BatchSize records synchronously, and
+        // deletes the records submit did not report failed (with ReportBatchItemFailures; without
+        // it, every record of a batch submit returned from); a failed invocation deletes none.
+        // What it leaves comes back after the visibility timeout, and SQS moves a message to the
+        // dead-letter queue after maxReceiveCount.
+        if let Some(source) = submission_source.as_ref().filter(|_| now >= next_sqs) {
             next_sqs = now + Duration::from_millis(500);
             let sqs = &submit_clients.clients.sqs;
             let received = sqs
                 .receive_message()
                 .queue_url(&submission_url)
-                .max_number_of_messages(10)
+                // One receive takes at most 10; Lambda gathers larger batches over several.
+                .max_number_of_messages(source.batch_size.min(10) as i32)
                 .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::All)
                 .message_attribute_names("All")
                 .send()
@@ -1067,6 +1080,8 @@ async fn run_with(
                     // A failed invocation, or an answer Lambda reads as a whole failure, deletes
                     // nothing: every record comes back.
                     let kept = match &r {
+                        // Lambda reads no answer then: the batch succeeded whole.
+                        Ok(_) if !source.report_batch_item_failures => Ok(BTreeSet::new()),
                         Ok(answer) => lambda::sqs_batch_item_failures(answer, &ids).map_err(|e| {
                             report.submission_batches_failed.push(e.clone());
                             tracing::error!(error = %e, "submit's batch answer fails the whole batch, as Lambda reads it");
