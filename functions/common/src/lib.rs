@@ -441,43 +441,60 @@ where
     }
 
     fn print_metrics(&self, report: &ReconcileReport, offerings: &[Offering], now: f64) {
-        // The fleet as the run left it: no second listing of the workers table per invocation.
-        let workers = &report.workers;
-        let count = |st: WorkerState| workers.iter().filter(|w| w.state == st).count() as f64;
-        // A stopped worker bills its volume only.
         let stopped_usd_per_h = self.settings.policy.scale_down.stopped_usd_per_h();
-        let spend: f64 = workers
-            .iter()
-            .map(|w| match w.state {
-                WorkerState::Stopped => stopped_usd_per_h,
-                _ => onoff_control::reconcile::worker_price_usd_per_h(w, offerings),
-            })
-            .sum();
-        let idle_max = idle_seconds_max(workers, now);
-        emf::emit(&emf::line(
-            "onoff",
-            now,
-            &[("Deployment", self.settings.deployment.as_str())],
-            &[
-                ("WorkersPending", count(WorkerState::Pending), "Count"),
-                ("WorkersRunning", count(WorkerState::Running), "Count"),
-                ("WorkersIdle", count(WorkerState::Idle), "Count"),
-                ("WorkersDraining", count(WorkerState::Draining), "Count"),
-                ("WorkersStopped", count(WorkerState::Stopped), "Count"),
-                ("SpendUsdPerHour", spend, "None"),
-                ("IdleSecondsMax", idle_max, "Seconds"),
-                ("Launches", report.acted.launched.len() as f64, "Count"),
-                ("Starts", report.acted.started.len() as f64, "Count"),
-                ("StartsHeldWhileStopping", report.acted.held.len() as f64, "Count"),
-                ("Stops", report.acted.stopped.len() as f64, "Count"),
-                ("LaunchesRefusedByQuota", report.acted.quotas_full.len() as f64, "Count"),
-                ("JobsRequeued", report.jobs_requeued.len() as f64, "Count"),
-                ("JobsWoken", report.jobs_woken.len() as f64, "Count"),
-                ("JobsFailedLeaseLost", report.jobs_failed.len() as f64, "Count"),
-                ("UnreadableRows", report.unreadable.len() as f64, "Count"),
-            ],
-        ));
+        if let Some(line) = fleet_metrics_line(&self.settings.deployment, stopped_usd_per_h, report, offerings, now) {
+            emf::emit(&line);
+        }
     }
+}
+
+/// The fleet's EMF line for a reconcile (namespace `onoff`, dimension `Deployment`): worker counts
+/// by state, spend, the longest unheld idle time and what the run did. `None` when the run leaves
+/// no worker and did nothing (no action, no count above 0): an idle deployment then publishes no
+/// custom metric at all. CloudWatch bills a custom metric for each hour it receives data ($0.30
+/// per metric-month, prorated by the hour and metered only when metrics are sent: Amazon
+/// CloudWatch pricing), so printing these 16 on every scheduled run kept $4.80 a month of metrics
+/// alive through idle months; the alarms on them treat missing data as not breaching, and the
+/// run that releases the last worker still prints its zeros.
+pub fn fleet_metrics_line(
+    deployment: &str,
+    stopped_usd_per_h: f64,
+    report: &ReconcileReport,
+    offerings: &[Offering],
+    now: f64,
+) -> Option<String> {
+    // The fleet as the run left it: no second listing of the workers table per invocation.
+    let workers = &report.workers;
+    let count = |st: WorkerState| workers.iter().filter(|w| w.state == st).count() as f64;
+    // A stopped worker bills its volume only.
+    let spend: f64 = workers
+        .iter()
+        .map(|w| match w.state {
+            WorkerState::Stopped => stopped_usd_per_h,
+            _ => onoff_control::reconcile::worker_price_usd_per_h(w, offerings),
+        })
+        .sum();
+    let idle_max = idle_seconds_max(workers, now);
+    let metrics = [
+        ("WorkersPending", count(WorkerState::Pending), "Count"),
+        ("WorkersRunning", count(WorkerState::Running), "Count"),
+        ("WorkersIdle", count(WorkerState::Idle), "Count"),
+        ("WorkersDraining", count(WorkerState::Draining), "Count"),
+        ("WorkersStopped", count(WorkerState::Stopped), "Count"),
+        ("SpendUsdPerHour", spend, "None"),
+        ("IdleSecondsMax", idle_max, "Seconds"),
+        ("Launches", report.acted.launched.len() as f64, "Count"),
+        ("Starts", report.acted.started.len() as f64, "Count"),
+        ("StartsHeldWhileStopping", report.acted.held.len() as f64, "Count"),
+        ("Stops", report.acted.stopped.len() as f64, "Count"),
+        ("LaunchesRefusedByQuota", report.acted.quotas_full.len() as f64, "Count"),
+        ("JobsRequeued", report.jobs_requeued.len() as f64, "Count"),
+        ("JobsWoken", report.jobs_woken.len() as f64, "Count"),
+        ("JobsFailedLeaseLost", report.jobs_failed.len() as f64, "Count"),
+        ("UnreadableRows", report.unreadable.len() as f64, "Count"),
+    ];
+    let quiet = workers.is_empty() && report.plan.actions.is_empty() && metrics.iter().all(|m| m.1 == 0.0);
+    (!quiet).then(|| emf::line("onoff", now, &[("Deployment", deployment)], &metrics))
 }
 
 fn action_name(a: &Action) -> &'static str {
@@ -591,6 +608,70 @@ mod tests {
         ];
         assert_eq!(idle_seconds_max(&workers, now), 7_200.0);
         assert_eq!(idle_seconds_max(&workers[..1], now), 0.0);
+    }
+
+    #[test]
+    fn an_idle_deployment_publishes_no_fleet_metric() {
+        let now = 1_800_000_000.0;
+        let names = |line: &str| -> Vec<String> {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            v["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["Name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        // No worker and nothing done: nothing published, so no metric-hour is billed.
+        let quiet = ReconcileReport::default();
+        assert_eq!(fleet_metrics_line("st", 0.011, &quiet, &[], now), None);
+        // A stopped worker alone keeps the fleet's figures coming (its volume is spend).
+        let offering = onoff_policy::OfferingKey {
+            instance_type: "g5.xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity_type: onoff_policy::CapacityType::Spot,
+        };
+        let stopped = ReconcileReport {
+            workers: vec![onoff_control::ports::WorkerRecord {
+                state: WorkerState::Stopped,
+                ..onoff_control::ports::WorkerRecord::launched("i-1", "standard", offering, 0.39, now - 600.0)
+            }],
+            ..ReconcileReport::default()
+        };
+        let line = fleet_metrics_line("st", 0.011, &stopped, &[], now).expect("a worker: published");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            (v["WorkersStopped"].as_f64(), v["SpendUsdPerHour"].as_f64()),
+            (Some(1.0), Some(0.011))
+        );
+        assert_eq!(v["Deployment"], "st");
+        assert_eq!(names(&line).len(), 16);
+        // The run that terminates the last worker prints its zeros, so the graphs fall to 0.
+        let last = ReconcileReport {
+            plan: onoff_policy::Plan {
+                actions: vec![Action::Terminate {
+                    worker: "i-1".into(),
+                    reason: onoff_policy::Reason::StoppedKeepAliveExpired {
+                        stopped_s: 86_400.0,
+                        keep_s: 86_400.0,
+                    },
+                }],
+                ..Default::default()
+            },
+            ..ReconcileReport::default()
+        };
+        let line = fleet_metrics_line("st", 0.011, &last, &[], now).expect("an action: published");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["WorkersStopped"].as_f64(), Some(0.0));
+        // A launch refused by a full quota with no worker at all still reaches its alarm.
+        let mut refused = ReconcileReport::default();
+        refused
+            .acted
+            .quotas_full
+            .push("Running On-Demand G and VT instances (L-DB2E81BA)".into());
+        let line = fleet_metrics_line("st", 0.011, &refused, &[], now).expect("a refusal: published");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["LaunchesRefusedByQuota"].as_f64(), Some(1.0));
     }
 
     fn spot_price(offerings: &[Offering], instance_type: &str, zone: &str) -> f64 {
