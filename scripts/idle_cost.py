@@ -13,8 +13,8 @@ Each AWS call the reconciler made is counted per invocation and priced; calls ma
 than there were invocations (a cold start's lookups) are amortised over the session, so a longer
 session gives the steady figure.
 
-The rest of the always-on bill comes from template.yaml: its CloudWatch alarms (priced per metric
-each reads), its dashboard, and the custom metrics the functions print (none while idle since the
+The rest of the always-on bill comes from template.yaml at its parameters' defaults: its
+CloudWatch alarms (priced per metric each reads), its dashboard, and the custom metrics the functions print (none while idle since the
 fleet metrics are printed only for a fleet or a run that acted; the agent prints its own per job).
 
 Prices: us-east-1 list prices, USD (AWS pricing pages: AWS Lambda, Amazon DynamoDB on-demand,
@@ -54,20 +54,42 @@ def runs_per_month(template_text):
     return HOURS_PER_MONTH * 60.0 / int(m.group(1))
 
 
-def alarm_metrics(template_text):
-    """(alarms, metrics they read, conditional ones) of the template's CloudWatch alarms: an
-    alarm on one metric counts 1, a metric-math alarm counts each MetricStat it reads."""
-    blocks = re.split(r"\n  (?=[A-Za-z0-9]+:\n)", template_text)
-    alarms, metrics, conditional = 0, 0, 0
-    for b in blocks:
-        if "Type: AWS::CloudWatch::Alarm" not in b:
+def parameter_defaults(template_text):
+    """Each parameter's Default, as text."""
+    params = template_text.split("\nParameters:\n", 1)[1].split("\nConditions:\n", 1)[0]
+    out, name = {}, None
+    for line in params.splitlines():
+        m = re.match(r"  (\w+):$", line)
+        if m:
+            name = m.group(1)
             continue
-        alarms += 1
-        stats = b.count("MetricStat:")
-        metrics += stats if stats else 1
-        if re.search(r"\n    Condition:", b):
-            conditional += 1
-    return alarms, metrics, conditional
+        d = re.match(r"    Default: (.*)$", line)
+        if d and name:
+            out[name] = d.group(1).strip().strip('"')
+    return out
+
+
+def conditions_at_defaults(template_text):
+    """The template's conditions of the forms `!Equals [!Ref P, "v"]` and
+    `!Not [!Equals [!Ref P, "v"]]`, evaluated at the parameters' defaults; others are left out."""
+    defaults = parameter_defaults(template_text)
+    block = template_text.split("\nConditions:\n", 1)[1].split("\n\n", 1)[0]
+    out = {}
+    for line in block.splitlines():
+        m = re.match(r'\s+(\w+): (!Not \[)?!Equals \[!Ref (\w+), "([^"]*)"\]', line)
+        if m:
+            equal = defaults.get(m.group(3)) == m.group(4)
+            out[m.group(1)] = equal != bool(m.group(2))
+    return out
+
+
+def resources(template_text, type_name):
+    """The resource blocks of `type_name`, each with its Condition (None for none)."""
+    blocks = re.split(r"\n  (?=[A-Za-z0-9]+:\n)", template_text.split("\nResources:\n", 1)[1])
+    for b in blocks:
+        if f"Type: {type_name}" in b:
+            c = re.search(r"\n    Condition: (\w+)", b)
+            yield b, c.group(1) if c else None
 
 
 def main():
@@ -118,9 +140,19 @@ def main():
     gb_s = a.memory_mb / 1024.0
     lambda_usd = month * (LAMBDA_PER_REQUEST + a.run_s * gb_s * LAMBDA_ARM_PER_GB_S)
     lambda_bound = month * (LAMBDA_PER_REQUEST + 60.0 * gb_s * LAMBDA_ARM_PER_GB_S)
-    alarms, alarm_metric_count, conditional = alarm_metrics(template)
+    # At the parameters' defaults: a resource whose condition is false there is not created.
+    conditions = conditions_at_defaults(template)
+    created = lambda c: c is None or conditions.get(c, True)
+    alarms, alarm_metric_count, left_out = 0, 0, []
+    for b, c in resources(template, "AWS::CloudWatch::Alarm"):
+        if not created(c):
+            left_out.append(c)
+            continue
+        alarms += 1
+        stats = b.count("MetricStat:")
+        alarm_metric_count += stats if stats else 1  # a metric-math alarm: each metric it reads
     alarm_usd = alarm_metric_count * CW_ALARM_METRIC_MONTH
-    dashboards = template.count("Type: AWS::CloudWatch::Dashboard")
+    dashboards = sum(1 for _, c in resources(template, "AWS::CloudWatch::Dashboard") if created(c))
     dash_usd = dashboards * CW_DASHBOARD_MONTH
     metric_lines = 0
     metrics_log = os.path.join(a.run_dir, "control-plane-metrics.log")
@@ -137,7 +169,8 @@ def main():
     print(f"{'AWS calls above':58} {per_call_total:9.3f}")
     print(f"{f'Lambda: {month:,.0f} runs of {a.run_s} s at {a.memory_mb:.0f} MB (arm64)':58} {lambda_usd:9.3f}")
     print(f"{f'  (bound: every run at the 60 s timeout)':58} {lambda_bound:9.3f}")
-    print(f"{f'CloudWatch alarms: {alarms} reading {alarm_metric_count} metrics ({conditional} conditional)':58} {alarm_usd:9.3f}")
+    unmade = f", not {', '.join(left_out)}" if left_out else ""
+    print(f"{f'CloudWatch alarms: {alarms} reading {alarm_metric_count} metrics{unmade}':58} {alarm_usd:9.3f}")
     print(f"{f'CloudWatch dashboards: {dashboards}':58} {dash_usd:9.3f}")
     print(f"{f'custom metrics printed while idle: {len(metric_names)} ({metric_lines} lines)':58} {metrics_usd:9.3f}")
     total = per_call_total + lambda_usd + alarm_usd + dash_usd + metrics_usd
