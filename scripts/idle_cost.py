@@ -101,8 +101,10 @@ def main():
     ap.add_argument("--memory-mb", type=float, default=256.0, help="the functions' MemorySize")
     a = ap.parse_args()
 
-    template = open(a.template).read()
-    report = json.load(open(os.path.join(a.run_dir, "report.json")))
+    with open(a.template) as f:
+        template = f.read()
+    with open(os.path.join(a.run_dir, "report.json")) as f:
+        report = json.load(f)
     runs = {f["function"]: f["invocations"] for f in report["functions"]}
     n = runs.get("reconciler", 0)
     if n < 2:
@@ -156,13 +158,13 @@ def main():
     dash_usd = dashboards * CW_DASHBOARD_MONTH
     metric_lines = 0
     metrics_log = os.path.join(a.run_dir, "control-plane-metrics.log")
-    if os.path.exists(metrics_log):
-        metric_lines = sum(1 for _ in open(metrics_log))
     metric_names = set()
-    if metric_lines:
-        for line in open(metrics_log):
-            for m in json.loads(line)["_aws"]["CloudWatchMetrics"]:
-                metric_names.update(x["Name"] for x in m["Metrics"])
+    if os.path.exists(metrics_log):
+        with open(metrics_log) as f:
+            for line in f:
+                metric_lines += 1
+                for m in json.loads(line)["_aws"]["CloudWatchMetrics"]:
+                    metric_names.update(x["Name"] for x in m["Metrics"])
     metrics_usd = len(metric_names) * CW_CUSTOM_METRIC_MONTH if metric_lines else 0.0
     print()
     print(f"{'item':58} {'$ a month':>9}")
