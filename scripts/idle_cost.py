@@ -5,7 +5,8 @@ Usage:
     python3 scripts/idle_cost.py RUN_DIR [--template template.yaml] [--runs-per-month N]
         [--run-s S] [--memory-mb M]
 
-RUN_DIR is the run directory of an idle `onoff local --serve --json` session (its `calls.jsonl`:
+`scripts/run.sh idle-cost [SECONDS]` serves such a session and runs this on it. RUN_DIR is the
+run directory of an idle `onoff local --serve --json` session (its `calls.jsonl`:
 every AWS call, with the principal that made it, and `report.json`: the session's `--json`
 report, whose `functions` give the reconciler's invocations). The reconciler runs on its schedule
 whether or not work comes; with nothing queued nothing else runs (no alarm fires, no agent lives).

@@ -8,6 +8,9 @@
 #   scripts/run.sh simulate [ARGS]   runs the trace-replay simulator instead (optimised `sim` build,
 #                                    without the AWS SDK): onoff's policy against the baselines.
 #   scripts/run.sh --serve           serves a local stack until Ctrl-C, taking any client's jobs;
+#   scripts/run.sh idle-cost [SECONDS]
+#                                    serves an idle local stack SECONDS (default 120), then prices
+#                                    a month of it idle (scripts/idle_cost.py);
 #   scripts/run.sh submit|jobs|status|logs|cancel|outputs|cost [ARGS]
 #                                    the operator verbs (`--local` for the served stack,
 #                                    `--stack NAME` for a deployed one).
@@ -30,5 +33,14 @@ fi
 cargo test --workspace --locked --no-run --quiet
 case "${1:-}" in
   submit|jobs|status|logs|cancel|outputs|cost) exec "$target_dir/debug/onoff" "$@" ;;
+  idle-cost)
+    seconds="${2:-120}"
+    run_dir="$(mktemp -d)"
+    echo "serving an idle stack for ${seconds} s (the reconciler every 5 s); run dir $run_dir" >&2
+    # SIGTERM ends the session (timeout's exit status 124), which then prints its report.
+    timeout -s TERM "$seconds" "$target_dir/debug/onoff" local --serve --tick-s 5 --run-dir "$run_dir" \
+      --json --quiet > "$run_dir/report.json" || [ $? -eq 124 ]
+    exec python3 scripts/idle_cost.py "$run_dir"
+    ;;
   *) exec "$target_dir/debug/onoff" local "$@" ;;
 esac
