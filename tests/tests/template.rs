@@ -18,8 +18,9 @@
 //! - the reconciler's schedule admits no period long enough for a hold on a kept idle worker
 //!   (`onoff_control::reconcile::renew_holds`) to lapse between runs;
 //! - every SQS event source's queue hides a batch at least six times its function's timeout
-//!   (Lambda refuses one under once), and the function's role may receive, delete and read the
-//!   attributes of its messages, as the event source polls with that role.
+//!   (Lambda refuses one under once), the function's role may receive, delete and read the
+//!   attributes of its messages, as the event source polls with that role, and the event source
+//!   reads the function's `batchItemFailures` (`ReportBatchItemFailures`).
 //!
 //! The template's intrinsic functions are evaluated for a stack called `onoff` in us-east-1 of
 //! account 123456789012 (the samples' values) with the parameters' defaults.

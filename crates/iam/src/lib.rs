@@ -603,8 +603,6 @@ fn arn_of(v: &Y) -> Option<String> {
 /// it (Lambda Developer Guide, "Using Lambda with Amazon SQS").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqsEventSource {
-    /// The event's name in the function's `Events`.
-    pub name: String,
     /// The logical id of the queue it polls (`Queue: !GetAtt X.Arn`).
     pub queue: String,
     /// `BatchSize`: records per invocation at most (1 to 10,000; default 10).
@@ -656,7 +654,6 @@ pub fn function_sqs_event_source(template: &str, p: Principal) -> Result<Option<
             .and_then(Y::as_sequence)
             .is_some_and(|s| s.iter().any(|v| v.as_str() == Some("ReportBatchItemFailures")));
         found = Some(SqsEventSource {
-            name,
             queue,
             batch_size,
             report_batch_item_failures,
@@ -864,7 +861,6 @@ mod tests {
         assert_eq!(
             function_sqs_event_source(TEMPLATE, Principal::Submit).unwrap(),
             Some(SqsEventSource {
-                name: "SubmissionQueue".into(),
                 queue: "SubmissionQueue".into(),
                 batch_size: 10,
                 report_batch_item_failures: true,
@@ -881,7 +877,6 @@ mod tests {
         assert_eq!(
             function_sqs_event_source(&bare, Principal::Submit).unwrap(),
             Some(SqsEventSource {
-                name: "Q".into(),
                 queue: "Jobs".into(),
                 batch_size: 10,
                 report_batch_item_failures: false,

@@ -133,6 +133,9 @@ impl FleetIndex {
 
     /// The worker `w`, at index `from`, moved to index `to` (a swap-remove filled a gap with it).
     pub(crate) fn moved(&mut self, from: usize, to: usize, w: &WorkerView) {
+        // This takes its job end out of the sorted ends and puts it back, which a move need not;
+        // keeping the ends apart from `mark` to skip that cost more (callgrind, full Philly: 7.00
+        // G instructions against 7.03 G).
         self.mark(from, shape(w), brief(w), false);
         self.mark(to, shape(w), brief(w), true);
     }
