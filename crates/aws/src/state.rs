@@ -16,7 +16,7 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
 use crate::dynamo::{condition_failed, epoch_s, n, s, store_error};
-use onoff_control::ports::{Listing, OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry};
+use onoff_control::ports::{Asks, Listing, OfferingAvailability, ScaleAsk, StoreError, WorkerRecord, WorkerRegistry};
 use onoff_policy::{CapacityType, OfferingKey, UnavailableOffering, WorkerState};
 
 /// How long a finished worker's row is kept before DynamoDB's TTL removes it, seconds (7 days).
@@ -705,6 +705,130 @@ impl onoff_control::ports::Lease for DynamoControl {
             .and_then(|i| i.get("started_at"))
             .and_then(|v| v.as_n().ok())
             .and_then(|v| v.parse().ok()))
+    }
+
+    /// Item `asks#<name>`: `asks` (a counter, `ADD`) and `pending_since` (the pending ask's time,
+    /// present while one is pending) with `pending_by` (the pending ask's token). An ask first
+    /// tries to become the pending one (no `pending_since`, one older than `stale_s`, or its own:
+    /// the SDK's retry of a write whose answer was lost), else to join the pending one (a
+    /// `pending_since` that is still fresh); each is one conditional write, so a settle between
+    /// the two sends the asker round again. After three rounds lost to races it invokes. A retried
+    /// `ADD` counts an ask twice, which only makes a run go once more. The item expires a day
+    /// after the last ask.
+    async fn ask(&self, name: &str, now: f64, stale_s: f64) -> Result<ScaleAsk, StoreError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let key = s(format!("asks#{name}"));
+        for _ in 0..3 {
+            let token = format!(
+                "{}-{:x}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            let res = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .key("pk", key.clone())
+                .update_expression("ADD asks :one SET pending_since = :now, pending_by = :me, expires_at = :exp")
+                .condition_expression(
+                    "attribute_not_exists(pending_since) OR pending_since < :stale OR pending_by = :me",
+                )
+                .expression_attribute_values(":one", n(1.0))
+                .expression_attribute_values(":me", s(token))
+                .expression_attribute_values(":now", n(now))
+                .expression_attribute_values(":stale", n(now - stale_s))
+                .expression_attribute_values(":exp", epoch_s(now + 86_400.0))
+                .send()
+                .await;
+            match res {
+                Ok(_) => return Ok(ScaleAsk::Invoke),
+                Err(e) if condition_failed(&e) => {}
+                Err(e) => return Err(store_error("ask for a run", &e)),
+            }
+            let res = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .key("pk", key.clone())
+                .update_expression("ADD asks :one SET expires_at = :exp")
+                .condition_expression("attribute_exists(pending_since) AND pending_since >= :stale")
+                .expression_attribute_values(":one", n(1.0))
+                .expression_attribute_values(":stale", n(now - stale_s))
+                .expression_attribute_values(":exp", epoch_s(now + 86_400.0))
+                .send()
+                .await;
+            match res {
+                Ok(_) => return Ok(ScaleAsk::Joined),
+                Err(e) if condition_failed(&e) => {}
+                Err(e) => return Err(store_error("join the pending run", &e)),
+            }
+        }
+        Ok(ScaleAsk::Invoke)
+    }
+
+    async fn asks(&self, name: &str) -> Result<Asks, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("asks#{name}")))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| store_error("count asks", &e))?;
+        let num = |a: &str| {
+            out.item()
+                .and_then(|i| i.get(a))
+                .and_then(|v| v.as_n().ok())
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        Ok(Asks {
+            count: num("asks").map_or(0, |c| c as u64),
+            pending_since: num("pending_since"),
+        })
+    }
+
+    /// `REMOVE pending_since` on the condition that `asks` is still `seen` (no write when `seen`
+    /// is 0: a read says whether an ask came since).
+    async fn settle_asks(&self, name: &str, seen: u64) -> Result<bool, StoreError> {
+        if seen == 0 {
+            return Ok(self.asks(name).await?.count == 0);
+        }
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("asks#{name}")))
+            .update_expression("REMOVE pending_since, pending_by")
+            .condition_expression("asks = :seen")
+            .expression_attribute_values(":seen", AttributeValue::N(seen.to_string()))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e) if condition_failed(&e) => Ok(false),
+            Err(e) => Err(store_error("settle asks", &e)),
+        }
+    }
+
+    async fn drop_pending_ask(&self, name: &str) -> Result<(), StoreError> {
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("asks#{name}")))
+            .update_expression("REMOVE pending_since, pending_by")
+            .condition_expression("attribute_exists(pk)")
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if condition_failed(&e) => Ok(()),
+            Err(e) => Err(store_error("drop the pending ask", &e)),
+        }
     }
 }
 

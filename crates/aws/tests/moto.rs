@@ -1755,6 +1755,62 @@ async fn the_latest_completed_runs_start_is_kept_and_only_raised() {
         .unwrap());
 }
 
+/// Scale requests on the control table: the first ask invokes, asks while it is pending join
+/// it, a run settles only the count it read, a pending ask lapses after its stale time, and an
+/// ask whose answer was lost (applied, then retried by the SDK) still invokes: its retry finds
+/// its own token on the pending mark instead of joining a request nobody invoked.
+#[tokio::test]
+async fn scale_requests_join_the_pending_one_and_a_run_settles_only_what_it_saw() {
+    use onoff_control::ports::{Lease, ScaleAsk};
+    let conf = conf().await;
+    let c = Clients::from_conf(&conf);
+    let control = unique("control");
+    table(&c, &control, "pk").await;
+    let lose = onoff_aws::faults::LoseAnswers::when_armed();
+    let lossy = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&conf)
+            .interceptor(lose.clone())
+            .build(),
+    );
+    let ctl = DynamoControl::new(lossy, &control);
+    let t = 1_700_000_000.0;
+    let asks = ctl.asks("reconcile").await.unwrap();
+    assert_eq!((asks.count, asks.pending_since), (0, None));
+    assert!(
+        ctl.settle_asks("reconcile", 0).await.unwrap(),
+        "nothing asked, nothing pending"
+    );
+    assert_eq!(ctl.ask("reconcile", t, 30.0).await.unwrap(), ScaleAsk::Invoke);
+    assert_eq!(ctl.ask("reconcile", t + 1.0, 30.0).await.unwrap(), ScaleAsk::Joined);
+    let seen = ctl.asks("reconcile").await.unwrap();
+    assert_eq!((seen.count, seen.pending_since), (2, Some(t)));
+    // An ask while the run is under way: the run's settle fails, the request stays pending.
+    assert_eq!(ctl.ask("reconcile", t + 2.0, 30.0).await.unwrap(), ScaleAsk::Joined);
+    assert!(!ctl.settle_asks("reconcile", seen.count).await.unwrap());
+    assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, Some(t));
+    // The run that goes again saw all three: settled, and the next ask invokes.
+    assert!(ctl.settle_asks("reconcile", 3).await.unwrap());
+    assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, None);
+    assert_eq!(ctl.ask("reconcile", t + 3.0, 30.0).await.unwrap(), ScaleAsk::Invoke);
+    // Its invocation lost: asks join until the mark is 30 s old, then one invokes.
+    assert_eq!(ctl.ask("reconcile", t + 33.0, 30.0).await.unwrap(), ScaleAsk::Joined);
+    assert_eq!(ctl.ask("reconcile", t + 34.0, 30.0).await.unwrap(), ScaleAsk::Invoke);
+    // A scaler that gives up ends the pending ask whatever the count.
+    ctl.drop_pending_ask("reconcile").await.unwrap();
+    assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, None);
+    // The answer of the invoking ask's write lost: the SDK's retry finds the ask's own mark.
+    lose.arm();
+    assert_eq!(ctl.ask("reconcile", t + 40.0, 30.0).await.unwrap(), ScaleAsk::Invoke);
+    assert_eq!(lose.lost(), 1, "the answer was lost and the write retried");
+    assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, Some(t + 40.0));
+    // A lost answer of a settle: the retry's condition holds still; settled.
+    let n = ctl.asks("reconcile").await.unwrap().count;
+    lose.arm();
+    assert!(ctl.settle_asks("reconcile", n).await.unwrap());
+    assert_eq!(lose.lost(), 2);
+    assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, None);
+}
+
 /// A deployment on moto: tables, a lane queue with its DLQ, a launch template.
 struct Deployment {
     lane: String,

@@ -155,6 +155,8 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
     // SDK's retry backoff when a lost answer is retried on the way (standard mode: a jittered
     // wait below 1 s before the first retry, below 2 s before the second).
     assert!(n("scale_requests_served") >= 1.0, "{v}");
+    // Every invoke was an ask counted in the control table (the others joined a pending one).
+    assert!(n("scale_asks") >= n("scale_requests_served"), "{v}");
     assert!(n("scale_request_latency_max_s") < 4.0, "{v}");
     assert!(n("spot_notices_sent") >= 1.0, "the run injected a spot notice: {v}");
     assert!(n("workers_killed") >= 1.0, "the run killed a worker: {v}");

@@ -1300,12 +1300,28 @@ pub struct FakeLease {
     held: Mutex<BTreeMap<String, (String, f64)>>,
     acquired: Mutex<Vec<(String, String, f64)>>,
     done: Mutex<BTreeMap<String, f64>>,
+    /// Per name: (asks counted, the pending ask's time).
+    asks: Mutex<BTreeMap<String, (u64, Option<f64>)>>,
+    /// Asks to count (at time 0) right after the next [`Lease::asks`] read: a test's stand-in
+    /// for submissions that come in while a run is under way.
+    asks_during_next_run: Mutex<u64>,
 }
 
 impl FakeLease {
     /// (name, owner, until) of every successful acquisition, in order.
     pub fn acquisitions(&self) -> Vec<(String, String, f64)> {
         self.acquired.lock().expect("lock").clone()
+    }
+
+    /// When the pending ask under `name` was made, if one is pending.
+    pub fn pending_ask(&self, name: &str) -> Option<f64> {
+        self.asks.lock().expect("lock").get(name).and_then(|(_, p)| *p)
+    }
+
+    /// Count `n` asks right after the next read of the count, as if they came in while that run
+    /// was under way (they join the pending ask, or make one).
+    pub fn ask_during_next_run(&self, n: u64) {
+        *self.asks_during_next_run.lock().expect("lock") = n;
     }
 }
 
@@ -1340,6 +1356,47 @@ impl crate::ports::Lease for FakeLease {
 
     async fn last_done(&self, name: &str) -> Result<Option<f64>, StoreError> {
         Ok(self.done.lock().expect("lock").get(name).copied())
+    }
+
+    async fn ask(&self, name: &str, now: f64, stale_s: f64) -> Result<crate::ports::ScaleAsk, StoreError> {
+        let mut m = self.asks.lock().expect("lock");
+        let (count, pending) = m.entry(name.into()).or_insert((0, None));
+        *count += 1;
+        match pending {
+            Some(at) if *at >= now - stale_s => Ok(crate::ports::ScaleAsk::Joined),
+            _ => {
+                *pending = Some(now);
+                Ok(crate::ports::ScaleAsk::Invoke)
+            }
+        }
+    }
+
+    async fn asks(&self, name: &str) -> Result<crate::ports::Asks, StoreError> {
+        let (count, pending_since) = self.asks.lock().expect("lock").get(name).copied().unwrap_or_default();
+        let during = std::mem::take(&mut *self.asks_during_next_run.lock().expect("lock"));
+        for _ in 0..during {
+            self.ask(name, pending_since.unwrap_or(0.0), f64::INFINITY).await?;
+        }
+        Ok(crate::ports::Asks { count, pending_since })
+    }
+
+    async fn settle_asks(&self, name: &str, seen: u64) -> Result<bool, StoreError> {
+        let mut m = self.asks.lock().expect("lock");
+        match m.get_mut(name) {
+            Some((count, pending)) if *count == seen => {
+                *pending = None;
+                Ok(true)
+            }
+            Some(_) => Ok(false),
+            None => Ok(seen == 0),
+        }
+    }
+
+    async fn drop_pending_ask(&self, name: &str) -> Result<(), StoreError> {
+        if let Some((_, pending)) = self.asks.lock().expect("lock").get_mut(name) {
+            *pending = None;
+        }
+        Ok(())
     }
 }
 

@@ -977,6 +977,60 @@ pub trait Lease {
     /// # Errors
     /// Store failures.
     async fn last_done(&self, name: &str) -> Result<Option<f64>, StoreError>;
+
+    /// Count an ask for a run under `name` (a scale request) and
+    /// say whether the asker should invoke the run: [`ScaleAsk::Invoke`] when no ask is pending
+    /// (or the pending one is older than `stale_s`, its invocation lost), which makes this one
+    /// pending from `now`; [`ScaleAsk::Joined`] when an ask is pending: a run that has not yet
+    /// read the count ([`Lease::asks`]) will see this one, and one that has read it will find the
+    /// count changed when it settles ([`Lease::settle_asks`]) and run again. The count and the
+    /// pending mark change in one conditional write each, so an ask is never lost between a
+    /// run's settle and a join.
+    ///
+    /// # Errors
+    /// Store failures (the asker then invokes anyway).
+    async fn ask(&self, name: &str, now: f64, stale_s: f64) -> Result<ScaleAsk, StoreError>;
+
+    /// The asks counted under `name` so far (0 before the first) and the pending one's time, read
+    /// consistently: a run reads it before it reads the backlog, so every ask counted by then is
+    /// one whose jobs it sees.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn asks(&self, name: &str) -> Result<Asks, StoreError>;
+
+    /// End the pending ask under `name` if the count is still `seen` (no ask since the run read
+    /// it): returns `true` then (also when none was pending), `false` when an ask came in meanwhile
+    /// (it stays pending: the run should go again).
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn settle_asks(&self, name: &str, seen: u64) -> Result<bool, StoreError>;
+
+    /// End the pending ask under `name` whatever the count (a run that gives up going again: the
+    /// next ask invokes afresh).
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn drop_pending_ask(&self, name: &str) -> Result<(), StoreError>;
+}
+
+/// The scale requests counted under a name ([`Lease::asks`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Asks {
+    /// Asks counted so far.
+    pub count: u64,
+    /// When the pending ask was made (unix seconds), if one is pending.
+    pub pending_since: Option<f64>,
+}
+
+/// What [`Lease::ask`] tells an asker to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleAsk {
+    /// No run is pending: invoke one (this ask is now the pending one).
+    Invoke,
+    /// A run is pending and will see this ask: nothing to invoke.
+    Joined,
 }
 
 // References forward, so several users (agents in tests, the local runner) can share one store.

@@ -119,6 +119,10 @@ pub struct ReconcileReport {
     pub unreadable: Vec<(String, String)>,
     /// Non-fatal errors.
     pub errors: Vec<String>,
+    /// `Some(false)` when a scale request came in while the run was under way, `Some(true)` when
+    /// none did and the pending one, if any, was ended ([`reconcile_exclusive`]); `None` when the
+    /// count could not be read or settled (among the errors), or for a run outside the lease.
+    pub asks_settled: Option<bool>,
 }
 
 /// End the lease of a RUNNING job whose lease expired or whose worker is lost: QUEUED with a
@@ -760,7 +764,11 @@ pub const RECONCILE_LEASE: &str = "reconcile";
 /// [`reconcile`] under the [`RECONCILE_LEASE`] held for `lease_ttl_s`: when another invocation
 /// holds it, nothing is done and `Ok(None)` is returned (that invocation acts on the same backlog).
 /// A run that completes marks its start, `now`, done ([`crate::ports::Lease::mark_done`]): what
-/// was asked for before it is decided (a failed mark is among the report's errors).
+/// was asked for before it is decided (a failed mark is among the report's errors). It reads the
+/// count of scale requests ([`crate::ports::Lease::asks`]) before it reads anything else and,
+/// once done, ends the pending request if none came in meanwhile
+/// ([`crate::ports::Lease::settle_asks`], [`ReconcileReport::asks_settled`]): askers then invoke
+/// afresh, and until then join the pending one instead of queueing an invocation each.
 ///
 /// # Errors
 /// As [`reconcile`], and lease store failures.
@@ -790,12 +798,21 @@ where
     if !lease.acquire(RECONCILE_LEASE, owner, lease_ttl_s, now).await? {
         return Ok(None);
     }
+    // Every ask counted by now is one whose jobs this run reads (asked after they were written).
+    let asks = lease.asks(RECONCILE_LEASE).await;
     let mut result = reconcile(cfg, offerings, opts, now, queues, workers, jobs, fleet, avail).await;
     if let Ok(report) = &mut result {
         // A scale request asked for before this run started is served by it
         // (`Lease::last_done`). Best effort: without the mark, such requests run again.
         if let Err(e) = lease.mark_done(RECONCILE_LEASE, now).await {
             report.errors.push(format!("mark the run done: {e}"));
+        }
+        match asks {
+            Ok(seen) => match lease.settle_asks(RECONCILE_LEASE, seen.count).await {
+                Ok(settled) => report.asks_settled = Some(settled),
+                Err(e) => report.errors.push(format!("settle the scale requests: {e}")),
+            },
+            Err(e) => report.errors.push(format!("count the scale requests: {e}")),
         }
     }
     lease.release(RECONCILE_LEASE, owner).await?;

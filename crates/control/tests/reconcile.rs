@@ -656,6 +656,90 @@ fn two_scalers_at_once_launch_once() {
     assert_eq!(w.fleet.running().len(), 4);
 }
 
+/// A run reads the count of scale requests before it reads the backlog and, once done, ends the
+/// pending request only when none came in meanwhile; one that came in (its jobs perhaps queued
+/// after the run read the backlog) keeps the request pending, and the asker's next ask joins it.
+#[test]
+fn a_run_settles_the_scale_requests_it_saw_and_leaves_one_that_came_in_during_it() {
+    use onoff_control::fake::FakeLease;
+    use onoff_control::ports::{Lease, ScaleAsk};
+    use onoff_control::reconcile::{reconcile_exclusive, RECONCILE_LEASE};
+    let w = World::new();
+    let lease = FakeLease::default();
+    let opts = ReconcileOptions {
+        reap: false,
+        ..ReconcileOptions::default()
+    };
+    let run = |now: f64| {
+        pollster::block_on(reconcile_exclusive(
+            &cfg(),
+            &offerings(),
+            &opts,
+            now,
+            "scaler",
+            60.0,
+            &w.queue,
+            &w.workers,
+            &w.jobs,
+            &w.fleet,
+            &w.avail,
+            &lease,
+        ))
+        .unwrap()
+        .unwrap()
+    };
+    let ask = |now: f64| pollster::block_on(lease.ask(RECONCILE_LEASE, now, 30.0)).unwrap();
+    // No ask ever: nothing pending, settled.
+    assert_eq!(run(NOW).asks_settled, Some(true));
+    // Two submissions: the first invokes, the second joins.
+    w.submit(1);
+    assert_eq!(ask(NOW + 1.0), ScaleAsk::Invoke);
+    w.submit(1);
+    assert_eq!(ask(NOW + 2.0), ScaleAsk::Joined);
+    // A third comes in while the run is under way: not settled, still pending, and an ask now
+    // joins the pending one.
+    lease.ask_during_next_run(1);
+    let r = run(NOW + 3.0);
+    assert!(
+        !r.acted.launched.is_empty(),
+        "it launched for the jobs it saw: {:?}",
+        r.acted
+    );
+    assert_eq!(r.asks_settled, Some(false));
+    assert_eq!(lease.pending_ask(RECONCILE_LEASE), Some(NOW + 1.0));
+    assert_eq!(ask(NOW + 4.0), ScaleAsk::Joined);
+    // The run that goes again sees every ask and ends the pending one: the next ask invokes.
+    assert_eq!(run(NOW + 5.0).asks_settled, Some(true));
+    assert_eq!(lease.pending_ask(RECONCILE_LEASE), None);
+    assert_eq!(ask(NOW + 6.0), ScaleAsk::Invoke);
+    // A pending ask whose run never came (a lost invoke) lapses after its stale time.
+    assert_eq!(ask(NOW + 20.0), ScaleAsk::Joined);
+    assert_eq!(ask(NOW + 40.0), ScaleAsk::Invoke);
+    assert_eq!(lease.pending_ask(RECONCILE_LEASE), Some(NOW + 40.0));
+    // A run that cannot take the lease settles nothing.
+    assert!(pollster::block_on(lease.acquire(RECONCILE_LEASE, "other", 60.0, NOW + 41.0)).unwrap());
+    let skipped = pollster::block_on(reconcile_exclusive(
+        &cfg(),
+        &offerings(),
+        &opts,
+        NOW + 42.0,
+        "scaler",
+        60.0,
+        &w.queue,
+        &w.workers,
+        &w.jobs,
+        &w.fleet,
+        &w.avail,
+        &lease,
+    ))
+    .unwrap();
+    assert!(skipped.is_none());
+    assert_eq!(lease.pending_ask(RECONCILE_LEASE), Some(NOW + 40.0));
+    // Ended whatever the count (a scaler that gives up): the next ask invokes.
+    pollster::block_on(lease.drop_pending_ask(RECONCILE_LEASE)).unwrap();
+    assert_eq!(ask(NOW + 43.0), ScaleAsk::Invoke);
+}
+
 /// A pending row whose message is gone (never sent, lost, expired) is a "ghost": without a
 /// message no worker ever claims it, and the policy keeps capacity matched to it forever. The
 /// reaper sends a fresh message within two lease periods of the last one, and not before.

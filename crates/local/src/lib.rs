@@ -323,9 +323,13 @@ pub struct LocalReport {
     /// The user jobs ran as ([`LOCAL_JOB_UID`]); `None`: the agents' own (not root, or
     /// `--no-job-user`), and a job could then reach the local IMDS.
     pub job_user: Option<u32>,
-    /// Scaler runs on a scale request (submit's or interruption's asynchronous invoke; several
-    /// requests waiting are served by one run).
+    /// Scale requests invoked (submit's or interruption's asynchronous invoke of the scaler), each
+    /// an event of its own: the asks that found none pending ([`Self::scale_asks`]).
     pub scale_requests_served: usize,
+    /// Asks for a scaler run that submit and interruption counted in the control table
+    /// (`onoff_fn_common::request_scale`): those that found a request pending joined it instead
+    /// of invoking the scaler; `None` when the count could not be read.
+    pub scale_asks: Option<u64>,
     /// Wall seconds from the start of the invocation that asked to the end of the scaler's run
     /// (its launch calls included), median.
     pub scale_request_latency_p50_s: f64,
@@ -911,22 +915,22 @@ async fn run_with(
 
     // Scale requests: Lambda would start the scaler within moments of the asynchronous invoke
     // (and concurrently with the asker's next events); here it runs right after the invocation
-    // that asked. Timed from the start of that invocation to the end of the scaler's run (its
-    // launch calls included).
+    // that asked. Each invoke is an event of its own, as on AWS: the askers' own protocol
+    // (`onoff_fn_common::request_scale`, against the emulated control table) is what keeps them
+    // few. Timed from the start of that invocation to the end of the scaler's run (its launch
+    // calls included).
     macro_rules! serve_scale_requests {
         () => {
             let requests: Vec<(Instant, String)> = std::mem::take(&mut *asks.lock().expect("lock"));
-            if let Some(first) = requests.iter().map(|(t, _)| *t).min() {
-                let reasons: Vec<&str> = requests.iter().map(|(_, r)| r.as_str()).collect();
-                let asked_at = onoff_fn_common::now() - first.elapsed().as_secs_f64();
-                let mut payload = onoff_fn_common::scale_request(&reasons.join("; "), asked_at);
-                payload["requests"] = requests.len().into();
+            for (at, reason) in requests {
+                let asked_at = onoff_fn_common::now() - at.elapsed().as_secs_f64();
+                let payload = onoff_fn_common::scale_request(&reason, asked_at);
                 let r = lambda
                     .invoke(Principal::Scaler, payload, |ev| {
                         scaler::handler::handle(&scaler_ctx, &scaler_clients, ev)
                     })
                     .await;
-                ask_latencies.push(first.elapsed().as_secs_f64());
+                ask_latencies.push(at.elapsed().as_secs_f64());
                 invoke_err("scaler", r, &mut report.handler_errors);
                 onoff_aws::fleet::tag_as_ec2_does(&clients.ec2, &prefix, &res.launch_template).await;
             }
@@ -1572,6 +1576,15 @@ async fn run_with(
         };
     ask_latencies.sort_by(f64::total_cmp);
     report.scale_requests_served = ask_latencies.len();
+    {
+        use onoff_control::ports::Lease;
+        let control = onoff_aws::state::DynamoControl::new(clients.dynamodb.clone(), res.control_table.clone());
+        report.scale_asks = control
+            .asks(onoff_control::reconcile::RECONCILE_LEASE)
+            .await
+            .ok()
+            .map(|a| a.count);
+    }
     report.scale_request_latency_p50_s = percentile(&ask_latencies, 0.5);
     report.scale_request_latency_max_s = ask_latencies.last().copied().unwrap_or(0.0);
     // Every component's calls: the refused ones are IAM's verdict on the template's policies.

@@ -5,6 +5,7 @@
 
 use onoff_aws::settings::{Resources, SettingsError};
 use onoff_control::catalog::{load_offerings, Arch, CatalogOptions};
+pub use onoff_control::ports::ScaleAsk;
 use onoff_control::ports::{
     Backlog, EventLog, Fleet, FleetLister, JobQueue, JobStore, Lease, OfferingAvailability, SpotPrices, WorkerRegistry,
 };
@@ -368,20 +369,28 @@ where
 
     /// The start of a completed run that decided the scale request `payload` already: one that
     /// started at least [`SCALE_REQUEST_MARGIN_S`] after the request's `asked_at`, and so saw the
-    /// jobs the asker had queued. Lambda runs the scaler's asynchronous events one at a time
-    /// (reserved concurrency 1) and keeps them up to `MaximumEventAgeInSeconds`; each of 500
-    /// specs uploaded at once asks, and without this each request would be a run of its own,
-    /// the later ones discarded past that age into the failed-events queue (Lambda Developer
-    /// Guide, "Error handling and automatic retries in Lambda": throttled events wait up to the
-    /// event's maximum age). `None`: not a scale request, one without `asked_at` (an older
-    /// asker's), not decided yet, or the mark could not be read (the request then runs).
+    /// jobs the asker had queued, while no ask is pending (a pending ask is one that came in
+    /// after such a run read the count: [`request_scale`]). A request Lambda delivers twice, or
+    /// one held back behind the scaler's single reserved slot until the schedule's run went
+    /// first, is then answered without a run. `None`: not a scale request, one without
+    /// `asked_at` (an older asker's), not decided yet, an ask pending, or the marks could not be
+    /// read (the request then runs).
     pub async fn decided_already(&self, payload: &serde_json::Value) -> Option<f64> {
         let asked_at = scale_request_asked_at(payload)?;
-        match self.lease.last_done(onoff_control::reconcile::RECONCILE_LEASE).await {
-            Ok(Some(started_at)) if started_at >= asked_at + SCALE_REQUEST_MARGIN_S => Some(started_at),
-            Ok(_) => None,
+        let name = onoff_control::reconcile::RECONCILE_LEASE;
+        let started_at = match self.lease.last_done(name).await {
+            Ok(Some(started_at)) if started_at >= asked_at + SCALE_REQUEST_MARGIN_S => started_at,
+            Ok(_) => return None,
             Err(e) => {
                 tracing::warn!(error = %e, "read the last run's start: the request runs");
+                return None;
+            }
+        };
+        match self.lease.asks(name).await {
+            Ok(asks) if asks.pending_since.is_none() => Some(started_at),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "read the scale requests pending: the request runs");
                 None
             }
         }
@@ -543,6 +552,7 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
         "unreadable": r.unreadable.iter().map(|(k, p)| format!("{k}: {p}")).collect::<Vec<_>>(),
         "held": r.plan.held.iter().map(|h| format!("{} x {}", h.count, h.reason)).collect::<Vec<_>>(),
         "errors": r.errors.iter().chain(&r.acted.errors).collect::<Vec<_>>(),
+        "asks_settled": r.asks_settled,
     })
 }
 
@@ -920,6 +930,49 @@ pub trait ScalerTrigger {
     /// # Errors
     /// The request could not be made (the caller logs it: the alarm and the schedule catch up).
     async fn ask_scaler(&self, reason: &str) -> Result<(), String>;
+}
+
+/// Seconds after which a pending scale request ([`request_scale`]) is taken for lost (its
+/// invocation failed, was dropped, or its run ended without settling) and the next ask invokes
+/// afresh. A run takes seconds; the scaler's single reserved slot may hold an invocation back for
+/// a few more (Lambda retries a throttled asynchronous event after 1 s, then longer).
+pub const SCALE_REQUEST_STALE_S: f64 = 30.0;
+
+/// Ask for a scaler run after new work (submit's jobs, interruption's drained worker), at most one
+/// invocation at a time: the ask is counted under the reconcile lease ([`Lease::ask`]), and only
+/// an ask that finds none pending (or one older than [`SCALE_REQUEST_STALE_S`]) invokes the
+/// scaler; the others join the pending one, whose run sees them or goes again
+/// ([`onoff_control::reconcile::reconcile_exclusive`]). Without this, each of 500 specs uploaded
+/// at once queued an asynchronous invocation of a scaler whose reserved concurrency is 1: Lambda
+/// throttles all but one, retries them with growing waits, and discards those still queued at
+/// the function's `MaximumEventAgeInSeconds` (300 s) into the failed-events queue, whose alarm
+/// pages the operator ("How Lambda handles errors and retries with asynchronous invocation",
+/// Lambda Developer Guide). A store that cannot count the ask does not stop it: the scaler is
+/// invoked anyway. An invocation that fails ends the pending ask, so the next ask invokes.
+///
+/// # Errors
+/// The invocation failed (the caller logs it: the alarm and the schedule catch up).
+pub async fn request_scale<L: Lease, T: ScalerTrigger>(
+    lease: &L,
+    trigger: &T,
+    reason: &str,
+) -> Result<ScaleAsk, String> {
+    let name = onoff_control::reconcile::RECONCILE_LEASE;
+    match lease.ask(name, now(), SCALE_REQUEST_STALE_S).await {
+        Ok(ScaleAsk::Joined) => {
+            tracing::info!(reason, "a scale request is pending: this ask joins it");
+            return Ok(ScaleAsk::Joined);
+        }
+        Ok(ScaleAsk::Invoke) => {}
+        Err(e) => tracing::warn!(error = %e, "could not count the scale request; invoking the scaler anyway"),
+    }
+    if let Err(e) = trigger.ask_scaler(reason).await {
+        if let Err(d) = lease.drop_pending_ask(name).await {
+            tracing::warn!(error = %d, "could not end the pending scale request after a failed invoke");
+        }
+        return Err(e);
+    }
+    Ok(ScaleAsk::Invoke)
 }
 
 /// The payload of a scale request (an asynchronous invoke of the scaler) asked for at

@@ -38,8 +38,9 @@ where
     let now = onoff_fn_common::now();
     // The replacement decision after a drain is the scaler's: ask it, best effort.
     let ask = |reason: String| async move {
-        match clients.ask_scaler(&reason).await {
-            Ok(()) => serde_json::json!({ "scale_request": reason }),
+        match onoff_fn_common::request_scale(&ctx.lease, clients, &reason).await {
+            Ok(onoff_fn_common::ScaleAsk::Invoke) => serde_json::json!({ "scale_request": reason }),
+            Ok(onoff_fn_common::ScaleAsk::Joined) => serde_json::json!({ "scale_request_joined": reason }),
             Err(e) => {
                 tracing::warn!(error = %e, "asking the scaler failed; the alarm and the schedule catch up");
                 serde_json::json!({ "scale_request_error": e })

@@ -11,7 +11,9 @@ use onoff_fn_common::{Ctx, HandlerError};
 /// Handle one invocation: an EventBridge alarm state change, or any direct invocation payload. A
 /// scale request a later run decided already returns at once ([`Ctx::decided_already`]); one
 /// that finds another run holding the lease waits for it (up to [`SCALE_REQUEST_WAIT_S`]), then
-/// returns if that run decided it, or runs.
+/// returns if that run decided it, or runs; one whose run saw asks join it meanwhile
+/// ([`onoff_fn_common::request_scale`]) runs again (for up to [`SCALE_REQUEST_RUNS_S`]), and the
+/// answer counts its runs (`runs`).
 ///
 /// # Errors
 /// `NonRetryable` for a malformed EventBridge event, `Retryable` when the state cannot be read.
@@ -52,12 +54,39 @@ where
     }
     let scale_request = onoff_fn_common::scale_request_asked_at(&event.payload).is_some();
     let mut waited_s = 0.0;
+    let mut runs = 0u32;
+    let started = tokio::time::Instant::now();
     loop {
-        let out = ctx.reconcile(onoff_fn_common::now(), false, &event.context).await?;
+        let mut out = ctx.reconcile(onoff_fn_common::now(), false, &event.context).await?;
+        if !scale_request {
+            return Ok(out);
+        }
+        if out.get("skipped").is_none() {
+            runs += 1;
+            out["runs"] = runs.into();
+            if out["asks_settled"] != false {
+                // Settled, or the count could not be read (among the run's errors): the pending
+                // ask, if any, is ended so that the next ask invokes.
+                if out["asks_settled"].is_null() {
+                    give_up(ctx, "the scale requests could not be counted").await;
+                }
+                return Ok(out);
+            }
+            // Asks joined this request while the run was under way ([`onoff_fn_common::request_scale`]):
+            // their jobs may have been queued after it read the backlog, so it goes again,
+            // up to SCALE_REQUEST_RUNS_S; then the pending ask is ended so the next ask invokes
+            // afresh (the schedule's run catches up with the rest).
+            if started.elapsed().as_secs_f64() >= SCALE_REQUEST_RUNS_S {
+                give_up(ctx, "scale requests still coming in").await;
+                return Ok(out);
+            }
+            continue;
+        }
         // A scale request that finds the lease held (the reconciler's run, which may have read
         // the backlog before the asker's jobs were queued) waits for that run to end rather than
         // leave its jobs to the next scheduled one, up to SCALE_REQUEST_WAIT_S.
-        if !scale_request || out.get("skipped").is_none() || waited_s >= SCALE_REQUEST_WAIT_S {
+        if waited_s >= SCALE_REQUEST_WAIT_S {
+            give_up(ctx, "the lease stayed held").await;
             return Ok(out);
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -68,9 +97,26 @@ where
     }
 }
 
+/// End the pending scale request of a scaler that stops going again: the next ask invokes.
+async fn give_up<Q, W, J, F, A, E, L: Lease>(ctx: &Ctx<Q, W, J, F, A, E, L>, why: &str) {
+    tracing::info!(why, "the pending scale request is ended: the next ask invokes afresh");
+    if let Err(e) = ctx
+        .lease
+        .drop_pending_ask(onoff_control::reconcile::RECONCILE_LEASE)
+        .await
+    {
+        tracing::warn!(error = %e, "could not end the pending scale request; it lapses after its stale time");
+    }
+}
+
 /// Longest a scale request waits for a run holding the reconcile lease to end, seconds. A run
 /// takes seconds; the reconciler's schedule (every minute by default) catches up after that.
 pub const SCALE_REQUEST_WAIT_S: f64 = 20.0;
+
+/// Longest a scale request goes on running again while asks keep joining it, seconds: well within
+/// the scaler's 60 s `Timeout` (template.yaml) for a run of a few seconds. Past it, the next ask
+/// invokes a fresh request.
+pub const SCALE_REQUEST_RUNS_S: f64 = 30.0;
 
 #[cfg(test)]
 mod tests {
@@ -151,6 +197,37 @@ mod tests {
         }
         assert_eq!(ctx.lease.acquisitions().len(), acquired + 3);
         assert_eq!(ctx.fleet.running().len(), 1, "one worker for the one job");
+    }
+
+    /// Asks that join a pending scale request while its run is under way make the run go again
+    /// (their jobs may have been queued after it read the backlog), in the same invocation;
+    /// once a run saw every ask, the pending request ends and the next ask invokes afresh.
+    #[tokio::test]
+    async fn a_scale_request_runs_again_for_asks_that_joined_during_its_run() {
+        use onoff_control::reconcile::RECONCILE_LEASE;
+        use onoff_fn_common::ScaleAsk;
+        let ctx = fake_ctx();
+        let t0 = one_job_queued(&ctx).await;
+        let trigger = onoff_fn_common::testing::FakeObjects::default();
+        let ask = || onoff_fn_common::request_scale(&ctx.lease, &trigger, "submit: 1 new job(s)");
+        assert_eq!(ask().await, Ok(ScaleAsk::Invoke));
+        assert_eq!(ask().await, Ok(ScaleAsk::Joined), "pending: the second ask joins");
+        assert_eq!(
+            trigger.scale_requests.lock().unwrap().len(),
+            1,
+            "one invoke for two asks"
+        );
+        ctx.lease.ask_during_next_run(1);
+        let out = invoke(&ctx, onoff_fn_common::scale_request("submit", t0)).await;
+        assert_eq!(out["runs"], 2, "{out}");
+        assert_eq!(out["asks_settled"], true, "{out}");
+        assert_eq!(ctx.lease.pending_ask(RECONCILE_LEASE), None);
+        assert_eq!(ask().await, Ok(ScaleAsk::Invoke));
+        assert_eq!(trigger.scale_requests.lock().unwrap().len(), 2);
+        // A run alone (no ask joined): once.
+        let out = invoke(&ctx, onoff_fn_common::scale_request("submit", onoff_fn_common::now())).await;
+        assert_eq!(out["runs"], 1, "{out}");
+        assert_eq!(ctx.lease.pending_ask(RECONCILE_LEASE), None);
     }
 
     /// A scale request that finds the reconciler's run holding the lease waits for it to end and

@@ -196,8 +196,10 @@ where
     if new_jobs > 0 {
         // Scale from zero now rather than at the next alarm period; a failure here is logged, the
         // alarm and the schedule catch up.
-        if let Err(e) = objects.ask_scaler(&format!("submit: {new_jobs} new job(s)")).await {
-            tracing::warn!(error = %e, "asking the scaler after submission failed");
+        // At most one scale request pending at a time: an ask while one is pending joins it.
+        match onoff_fn_common::request_scale(&ctx.lease, objects, &format!("submit: {new_jobs} new job(s)")).await {
+            Ok(ask) => tracing::info!(?ask, "scale request"),
+            Err(e) => tracing::warn!(error = %e, "asking the scaler after submission failed"),
         }
     }
     Ok(response)
@@ -304,6 +306,22 @@ mod tests {
         assert_eq!(again["submissions"][0]["job"], first.as_str(), "{again}");
         assert_eq!(again["submissions"][0]["existing"], true);
         assert_eq!(ctx.jobs.records().len(), 2);
+        // Two new jobs, one scale request: the second submission found the first's pending and
+        // joined it instead of queueing a second invocation of the scaler.
+        assert_eq!(*objects.scale_requests.lock().unwrap(), ["submit: 1 new job(s)"]);
+        // Once a scaler run has seen both asks, a new job invokes afresh.
+        let run = ctx
+            .reconcile(onoff_fn_common::now(), false, &lambda_runtime::Context::default())
+            .await
+            .unwrap();
+        assert_eq!(run["asks_settled"], true, "{run}");
+        let v3 = objects.put(
+            BUCKET,
+            KEY,
+            r#"{"image":"i","command":["x"],"project":"vision","gpus":1}"#,
+        );
+        handle(&ctx, &objects, s3_event(&objects, Some(&v3))).await.unwrap();
+        assert_eq!(objects.scale_requests.lock().unwrap().len(), 2);
     }
 
     #[tokio::test]
