@@ -576,6 +576,20 @@ impl DynamoControl {
         }
     }
 
+    /// The item keyed `pk`, read consistently; `what` names the read in an error.
+    async fn item(&self, pk: String, what: &str) -> Result<Option<HashMap<String, AttributeValue>>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", s(pk))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| store_error(what, &e))?;
+        Ok(out.item)
+    }
+
     /// Offerings marked unavailable until after `now`.
     ///
     /// # Errors
@@ -691,20 +705,8 @@ impl onoff_control::ports::Lease for DynamoControl {
     }
 
     async fn last_done(&self, name: &str) -> Result<Option<f64>, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key("pk", s(format!("done#{name}")))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| store_error("read run mark", &e))?;
-        Ok(out
-            .item()
-            .and_then(|i| i.get("started_at"))
-            .and_then(|v| v.as_n().ok())
-            .and_then(|v| v.parse().ok()))
+        let item = self.item(format!("done#{name}"), "read run mark").await?;
+        Ok(item.as_ref().and_then(|i| number(i, "started_at")))
     }
 
     /// Item `asks#<name>`: `asks` (a counter, `ADD`) and `pending_since` (the pending ask's time,
@@ -770,24 +772,10 @@ impl onoff_control::ports::Lease for DynamoControl {
     }
 
     async fn asks(&self, name: &str) -> Result<Asks, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key("pk", s(format!("asks#{name}")))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| store_error("count asks", &e))?;
-        let num = |a: &str| {
-            out.item()
-                .and_then(|i| i.get(a))
-                .and_then(|v| v.as_n().ok())
-                .and_then(|v| v.parse::<f64>().ok())
-        };
+        let item = self.item(format!("asks#{name}"), "count asks").await?;
         Ok(Asks {
-            count: num("asks").map_or(0, |c| c as u64),
-            pending_since: num("pending_since"),
+            count: item.as_ref().and_then(|i| number(i, "asks")).map_or(0, |c| c as u64),
+            pending_since: item.as_ref().and_then(|i| number(i, "pending_since")),
         })
     }
 
@@ -834,16 +822,7 @@ impl onoff_control::ports::Lease for DynamoControl {
 
 impl onoff_control::ports::EventLog for DynamoControl {
     async fn seen(&self, event_id: &str) -> Result<bool, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key("pk", s(format!("event#{event_id}")))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| store_error("read event", &e))?;
-        Ok(out.item().is_some())
+        Ok(self.item(format!("event#{event_id}"), "read event").await?.is_some())
     }
 
     async fn first_time(&self, event_id: &str, now: f64) -> Result<bool, StoreError> {

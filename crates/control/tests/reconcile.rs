@@ -686,11 +686,10 @@ fn a_run_settles_the_scale_requests_it_saw_and_leaves_one_that_came_in_during_it
             &lease,
         ))
         .unwrap()
-        .unwrap()
     };
     let ask = |now: f64| pollster::block_on(lease.ask(RECONCILE_LEASE, now, 30.0)).unwrap();
     // No ask ever: nothing pending, settled.
-    assert_eq!(run(NOW).asks_settled, Some(true));
+    assert_eq!(run(NOW).unwrap().asks_settled, Some(true));
     // Two submissions: the first invokes, the second joins.
     w.submit(1);
     assert_eq!(ask(NOW + 1.0), ScaleAsk::Invoke);
@@ -699,7 +698,7 @@ fn a_run_settles_the_scale_requests_it_saw_and_leaves_one_that_came_in_during_it
     // A third comes in while the run is under way: not settled, still pending, and an ask now
     // joins the pending one.
     lease.ask_during_next_run(1);
-    let r = run(NOW + 3.0);
+    let r = run(NOW + 3.0).unwrap();
     assert!(
         !r.acted.launched.is_empty(),
         "it launched for the jobs it saw: {:?}",
@@ -709,7 +708,7 @@ fn a_run_settles_the_scale_requests_it_saw_and_leaves_one_that_came_in_during_it
     assert_eq!(lease.pending_ask(RECONCILE_LEASE), Some(NOW + 1.0));
     assert_eq!(ask(NOW + 4.0), ScaleAsk::Joined);
     // The run that goes again sees every ask and ends the pending one: the next ask invokes.
-    assert_eq!(run(NOW + 5.0).asks_settled, Some(true));
+    assert_eq!(run(NOW + 5.0).unwrap().asks_settled, Some(true));
     assert_eq!(lease.pending_ask(RECONCILE_LEASE), None);
     assert_eq!(ask(NOW + 6.0), ScaleAsk::Invoke);
     // A pending ask whose run never came (a lost invoke) lapses after its stale time.
@@ -718,22 +717,7 @@ fn a_run_settles_the_scale_requests_it_saw_and_leaves_one_that_came_in_during_it
     assert_eq!(lease.pending_ask(RECONCILE_LEASE), Some(NOW + 40.0));
     // A run that cannot take the lease settles nothing.
     assert!(pollster::block_on(lease.acquire(RECONCILE_LEASE, "other", 60.0, NOW + 41.0)).unwrap());
-    let skipped = pollster::block_on(reconcile_exclusive(
-        &cfg(),
-        &offerings(),
-        &opts,
-        NOW + 42.0,
-        "scaler",
-        60.0,
-        &w.queue,
-        &w.workers,
-        &w.jobs,
-        &w.fleet,
-        &w.avail,
-        &lease,
-    ))
-    .unwrap();
-    assert!(skipped.is_none());
+    assert!(run(NOW + 42.0).is_none());
     assert_eq!(lease.pending_ask(RECONCILE_LEASE), Some(NOW + 40.0));
     // Ended whatever the count (a scaler that gives up): the next ask invokes.
     pollster::block_on(lease.drop_pending_ask(RECONCILE_LEASE)).unwrap();
