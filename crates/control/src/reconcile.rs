@@ -766,7 +766,7 @@ pub const RECONCILE_LEASE: &str = "reconcile";
 /// A run that completes marks its start, `now`, done ([`crate::ports::Lease::mark_done`]): what
 /// was asked for before it is decided (a failed mark is among the report's errors). It reads the
 /// count of scale requests ([`crate::ports::Lease::asks`]) before it reads anything else and,
-/// once done, ends the pending request if none came in meanwhile
+/// once done, ends the pending request, if one was pending then, when none came in meanwhile
 /// ([`crate::ports::Lease::settle_asks`], [`ReconcileReport::asks_settled`]): askers then invoke
 /// afresh, and until then join the pending one instead of queueing an invocation each.
 ///
@@ -808,6 +808,9 @@ where
             report.errors.push(format!("mark the run done: {e}"));
         }
         match asks {
+            // Nothing pending when the run began: an ask since then found none and invoked a
+            // run of its own, so there is nothing to end (and no write on an idle run).
+            Ok(seen) if seen.pending_since.is_none() => report.asks_settled = Some(true),
             Ok(seen) => match lease.settle_asks(RECONCILE_LEASE, seen.count).await {
                 Ok(settled) => report.asks_settled = Some(settled),
                 Err(e) => report.errors.push(format!("settle the scale requests: {e}")),
