@@ -109,7 +109,7 @@ pub fn zones_for(region: &str) -> Vec<String> {
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
     /// A file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         /// The file or directory.
         path: String,

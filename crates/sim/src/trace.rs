@@ -102,7 +102,7 @@ pub struct Trace {
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// The file could not be read.
-    #[error("cannot read trace file {path}: {source}")]
+    #[error("cannot read trace file {path}")]
     Io {
         /// The file.
         path: String,
