@@ -16,7 +16,10 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
 use crate::dynamo::{condition_failed, epoch_s, n, s, store_error};
-use onoff_control::ports::{Asks, Listing, OfferingAvailability, ScaleAsk, StoreError, WorkerRecord, WorkerRegistry};
+use onoff_control::ports::{
+    Asks, Listing, OfferingAvailability, ScaleAsk, StoreError, WorkerRecord, WorkerRegistry, MAX_ASKED_JOBS,
+    MAX_ASKED_JOB_ID_BYTES, MAX_KEPT_ASKED_JOBS,
+};
 use onoff_policy::{CapacityType, OfferingKey, UnavailableOffering, WorkerState};
 
 /// How long a finished worker's row is kept before DynamoDB's TTL removes it, seconds (7 days).
@@ -717,9 +720,47 @@ impl onoff_control::ports::Lease for DynamoControl {
     /// the two sends the asker round again. After three rounds lost to races it invokes. A retried
     /// `ADD` counts an ask twice, which only makes a run go once more. The item expires a day
     /// after the last ask.
-    async fn ask(&self, name: &str, now: f64, stale_s: f64) -> Result<ScaleAsk, StoreError> {
+    ///
+    /// The jobs' ids go first, into the item's string set `jobs` (a write of their own, so the
+    /// run the count invokes finds them): at most [`MAX_ASKED_JOBS`] of at most
+    /// [`MAX_ASKED_JOB_ID_BYTES`] each, while the set holds fewer than [`MAX_KEPT_ASKED_JOBS`]
+    /// (so the item stays far under DynamoDB's 400 KB: a set that full means runs have not
+    /// forgotten their ids for many asks, and those jobs reach the run through the index). A
+    /// failed write of the ids is logged; the ask is counted anyway.
+    async fn ask(&self, name: &str, jobs: &[String], now: f64, stale_s: f64) -> Result<ScaleAsk, StoreError> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let key = s(format!("asks#{name}"));
+        let mut ids: Vec<String> = jobs
+            .iter()
+            .filter(|j| !j.is_empty() && j.len() <= MAX_ASKED_JOB_ID_BYTES)
+            .take(MAX_ASKED_JOBS)
+            .cloned()
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if !ids.is_empty() {
+            let res = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .key("pk", key.clone())
+                .update_expression("ADD jobs :ids SET expires_at = :exp")
+                .condition_expression("attribute_not_exists(jobs) OR size(jobs) < :max")
+                .expression_attribute_values(":ids", AttributeValue::Ss(ids))
+                .expression_attribute_values(":max", AttributeValue::N(MAX_KEPT_ASKED_JOBS.to_string()))
+                .expression_attribute_values(":exp", epoch_s(now + 86_400.0))
+                .send()
+                .await;
+            match res {
+                Ok(_) => {}
+                Err(e) if condition_failed(&e) => {
+                    tracing::warn!(name, "the asked jobs are not kept: the set is full");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %store_error("keep the asked jobs", &e), "counting the ask without them")
+                }
+            }
+        }
         for _ in 0..3 {
             let token = format!(
                 "{}-{:x}-{}",
@@ -773,10 +814,40 @@ impl onoff_control::ports::Lease for DynamoControl {
 
     async fn asks(&self, name: &str) -> Result<Asks, StoreError> {
         let item = self.item(format!("asks#{name}"), "count asks").await?;
+        let mut jobs: Vec<String> = item
+            .as_ref()
+            .and_then(|i| i.get("jobs"))
+            .and_then(|v| v.as_ss().ok())
+            .cloned()
+            .unwrap_or_default();
+        jobs.sort_unstable();
         Ok(Asks {
             count: item.as_ref().and_then(|i| number(i, "asks")).map_or(0, |c| c as u64),
             pending_since: item.as_ref().and_then(|i| number(i, "pending_since")),
+            jobs,
         })
+    }
+
+    /// `DELETE jobs :ids` (a string set: ids added since stay; an emptied set is removed).
+    async fn forget_asked_jobs(&self, name: &str, jobs: &[String]) -> Result<(), StoreError> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("asks#{name}")))
+            .update_expression("DELETE jobs :ids")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_values(":ids", AttributeValue::Ss(jobs.to_vec()))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if condition_failed(&e) => Ok(()),
+            Err(e) => Err(store_error("forget the asked jobs", &e)),
+        }
     }
 
     /// `REMOVE pending_since` on the condition that `asks` is still `seen` (no write when `seen`

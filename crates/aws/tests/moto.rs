@@ -1780,27 +1780,45 @@ async fn scale_requests_join_the_pending_one_and_a_run_settles_only_what_it_saw(
         ctl.settle_asks("reconcile", 0).await.unwrap(),
         "nothing asked, nothing pending"
     );
-    assert_eq!(ctl.ask("reconcile", t, 30.0).await.unwrap(), ScaleAsk::Invoke);
-    assert_eq!(ctl.ask("reconcile", t + 1.0, 30.0).await.unwrap(), ScaleAsk::Joined);
+    assert_eq!(ctl.ask("reconcile", &[], t, 30.0).await.unwrap(), ScaleAsk::Invoke);
+    assert_eq!(
+        ctl.ask("reconcile", &[], t + 1.0, 30.0).await.unwrap(),
+        ScaleAsk::Joined
+    );
     let seen = ctl.asks("reconcile").await.unwrap();
     assert_eq!((seen.count, seen.pending_since), (2, Some(t)));
     // An ask while the run is under way: the run's settle fails, the request stays pending.
-    assert_eq!(ctl.ask("reconcile", t + 2.0, 30.0).await.unwrap(), ScaleAsk::Joined);
+    assert_eq!(
+        ctl.ask("reconcile", &[], t + 2.0, 30.0).await.unwrap(),
+        ScaleAsk::Joined
+    );
     assert!(!ctl.settle_asks("reconcile", seen.count).await.unwrap());
     assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, Some(t));
     // The run that goes again saw all three: settled, and the next ask invokes.
     assert!(ctl.settle_asks("reconcile", 3).await.unwrap());
     assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, None);
-    assert_eq!(ctl.ask("reconcile", t + 3.0, 30.0).await.unwrap(), ScaleAsk::Invoke);
+    assert_eq!(
+        ctl.ask("reconcile", &[], t + 3.0, 30.0).await.unwrap(),
+        ScaleAsk::Invoke
+    );
     // Its invocation lost: asks join until the mark is 30 s old, then one invokes.
-    assert_eq!(ctl.ask("reconcile", t + 33.0, 30.0).await.unwrap(), ScaleAsk::Joined);
-    assert_eq!(ctl.ask("reconcile", t + 34.0, 30.0).await.unwrap(), ScaleAsk::Invoke);
+    assert_eq!(
+        ctl.ask("reconcile", &[], t + 33.0, 30.0).await.unwrap(),
+        ScaleAsk::Joined
+    );
+    assert_eq!(
+        ctl.ask("reconcile", &[], t + 34.0, 30.0).await.unwrap(),
+        ScaleAsk::Invoke
+    );
     // A scaler that gives up ends the pending ask whatever the count.
     ctl.drop_pending_ask("reconcile").await.unwrap();
     assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, None);
     // The answer of the invoking ask's write lost: the SDK's retry finds the ask's own mark.
     lose.arm();
-    assert_eq!(ctl.ask("reconcile", t + 40.0, 30.0).await.unwrap(), ScaleAsk::Invoke);
+    assert_eq!(
+        ctl.ask("reconcile", &[], t + 40.0, 30.0).await.unwrap(),
+        ScaleAsk::Invoke
+    );
     assert_eq!(lose.lost(), 1, "the answer was lost and the write retried");
     assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, Some(t + 40.0));
     // A lost answer of a settle: the retry's condition holds still; settled.
@@ -1809,6 +1827,55 @@ async fn scale_requests_join_the_pending_one_and_a_run_settles_only_what_it_saw(
     assert!(ctl.settle_asks("reconcile", n).await.unwrap());
     assert_eq!(lose.lost(), 2);
     assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, None);
+}
+
+/// The jobs scale requests ask for are kept with the count, a string set in the same item, so
+/// the run reads them by id where the eventually consistent index may not show them yet: added by
+/// invoking and joining asks alike, each id once; forgotten by id, while an id asked for since
+/// stays. The set is bounded (`MAX_KEPT_ASKED_JOBS` ids of at most `MAX_ASKED_JOB_ID_BYTES`), so
+/// the item stays far under DynamoDB's 400 KB: once full, asks are counted without their ids.
+#[tokio::test]
+async fn asked_jobs_are_kept_with_the_count_and_forgotten_by_id() {
+    use onoff_control::ports::{Lease, ScaleAsk, MAX_ASKED_JOBS, MAX_ASKED_JOB_ID_BYTES, MAX_KEPT_ASKED_JOBS};
+    let c = clients().await;
+    let control = unique("control");
+    table(&c, &control, "pk").await;
+    let ctl = DynamoControl::new(c.dynamodb.clone(), &control);
+    let t = 1_700_000_000.0;
+    let ids = |v: &[&str]| v.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
+    let ask = |jobs: Vec<String>, at: f64| {
+        let ctl = &ctl;
+        async move { ctl.ask("reconcile", &jobs, at, 30.0).await.unwrap() }
+    };
+    // A duplicate kept once; an id longer than the bound skipped.
+    let long = "j".repeat(MAX_ASKED_JOB_ID_BYTES + 1);
+    let first = vec!["job-b".into(), "job-a".into(), "job-a".into(), long];
+    assert_eq!(ask(first, t).await, ScaleAsk::Invoke);
+    assert_eq!(ask(ids(&["job-c"]), t + 1.0).await, ScaleAsk::Joined);
+    assert_eq!(ask(vec![], t + 2.0).await, ScaleAsk::Joined);
+    let seen = ctl.asks("reconcile").await.unwrap();
+    assert_eq!((seen.count, seen.jobs.clone()), (3, ids(&["job-a", "job-b", "job-c"])));
+    // Asked for while the run was under way: kept when the run forgets what it read.
+    assert_eq!(ask(ids(&["job-d"]), t + 3.0).await, ScaleAsk::Joined);
+    ctl.forget_asked_jobs("reconcile", &seen.jobs).await.unwrap();
+    assert_eq!(ctl.asks("reconcile").await.unwrap().jobs, ids(&["job-d"]));
+    ctl.forget_asked_jobs("reconcile", &ids(&["job-d"])).await.unwrap();
+    let left = ctl.asks("reconcile").await.unwrap();
+    assert_eq!((left.count, left.jobs.len()), (4, 0));
+    // Nothing to forget, or no item: no error.
+    ctl.forget_asked_jobs("reconcile", &[]).await.unwrap();
+    ctl.forget_asked_jobs("other", &ids(&["job-x"])).await.unwrap();
+    // Runs that never forget: the set fills up to its bound, then asks are counted without ids.
+    let asks_to_fill = MAX_KEPT_ASKED_JOBS.div_ceil(MAX_ASKED_JOBS);
+    for a in 0..asks_to_fill {
+        let batch: Vec<String> = (0..MAX_ASKED_JOBS).map(|i| format!("job-{a:04}-{i:04}")).collect();
+        assert_eq!(ask(batch, t + 4.0).await, ScaleAsk::Joined);
+    }
+    assert_eq!(ask(ids(&["job-late"]), t + 5.0).await, ScaleAsk::Joined);
+    let full = ctl.asks("reconcile").await.unwrap();
+    assert_eq!(full.count, 4 + asks_to_fill as u64 + 1);
+    assert_eq!(full.jobs.len(), MAX_KEPT_ASKED_JOBS);
+    assert!(!full.jobs.contains(&"job-late".to_string()));
 }
 
 /// A deployment on moto: tables, a lane queue with its DLQ, a launch template.

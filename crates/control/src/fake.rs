@@ -1300,8 +1300,8 @@ pub struct FakeLease {
     held: Mutex<BTreeMap<String, (String, f64)>>,
     acquired: Mutex<Vec<(String, String, f64)>>,
     done: Mutex<BTreeMap<String, f64>>,
-    /// Per name: (asks counted, the pending ask's time).
-    asks: Mutex<BTreeMap<String, (u64, Option<f64>)>>,
+    /// Per name: the asks counted, the pending ask's time and the jobs asked for.
+    asks: Mutex<BTreeMap<String, crate::ports::Asks>>,
     /// Asks to count (at time 0) right after the next [`Lease::asks`] read: a test's stand-in
     /// for submissions that come in while a run is under way.
     asks_during_next_run: Mutex<u64>,
@@ -1315,7 +1315,7 @@ impl FakeLease {
 
     /// When the pending ask under `name` was made, if one is pending.
     pub fn pending_ask(&self, name: &str) -> Option<f64> {
-        self.asks.lock().expect("lock").get(name).and_then(|(_, p)| *p)
+        self.asks.lock().expect("lock").get(name).and_then(|a| a.pending_since)
     }
 
     /// Count `n` asks right after the next read of the count, as if they came in while that run
@@ -1358,33 +1358,58 @@ impl crate::ports::Lease for FakeLease {
         Ok(self.done.lock().expect("lock").get(name).copied())
     }
 
-    async fn ask(&self, name: &str, now: f64, stale_s: f64) -> Result<crate::ports::ScaleAsk, StoreError> {
+    async fn ask(
+        &self,
+        name: &str,
+        jobs: &[String],
+        now: f64,
+        stale_s: f64,
+    ) -> Result<crate::ports::ScaleAsk, StoreError> {
         let mut m = self.asks.lock().expect("lock");
-        let (count, pending) = m.entry(name.into()).or_insert((0, None));
-        *count += 1;
-        match pending {
-            Some(at) if *at >= now - stale_s => Ok(crate::ports::ScaleAsk::Joined),
+        let a = m.entry(name.into()).or_default();
+        a.count += 1;
+        // The adapter's rules: short ids only, so many per ask, none once the set is full.
+        if a.jobs.len() < crate::ports::MAX_KEPT_ASKED_JOBS {
+            let short = jobs
+                .iter()
+                .filter(|j| !j.is_empty() && j.len() <= crate::ports::MAX_ASKED_JOB_ID_BYTES);
+            for j in short.take(crate::ports::MAX_ASKED_JOBS) {
+                if let Err(at) = a.jobs.binary_search(j) {
+                    a.jobs.insert(at, j.clone());
+                }
+            }
+        }
+        match a.pending_since {
+            Some(at) if at >= now - stale_s => Ok(crate::ports::ScaleAsk::Joined),
             _ => {
-                *pending = Some(now);
+                a.pending_since = Some(now);
                 Ok(crate::ports::ScaleAsk::Invoke)
             }
         }
     }
 
     async fn asks(&self, name: &str) -> Result<crate::ports::Asks, StoreError> {
-        let (count, pending_since) = self.asks.lock().expect("lock").get(name).copied().unwrap_or_default();
+        let seen = self.asks.lock().expect("lock").get(name).cloned().unwrap_or_default();
         let during = std::mem::take(&mut *self.asks_during_next_run.lock().expect("lock"));
         for _ in 0..during {
-            self.ask(name, pending_since.unwrap_or(0.0), f64::INFINITY).await?;
+            self.ask(name, &[], seen.pending_since.unwrap_or(0.0), f64::INFINITY)
+                .await?;
         }
-        Ok(crate::ports::Asks { count, pending_since })
+        Ok(seen)
+    }
+
+    async fn forget_asked_jobs(&self, name: &str, jobs: &[String]) -> Result<(), StoreError> {
+        if let Some(a) = self.asks.lock().expect("lock").get_mut(name) {
+            a.jobs.retain(|j| !jobs.contains(j));
+        }
+        Ok(())
     }
 
     async fn settle_asks(&self, name: &str, seen: u64) -> Result<bool, StoreError> {
         let mut m = self.asks.lock().expect("lock");
         match m.get_mut(name) {
-            Some((count, pending)) if *count == seen => {
-                *pending = None;
+            Some(a) if a.count == seen => {
+                a.pending_since = None;
                 Ok(true)
             }
             Some(_) => Ok(false),
@@ -1393,8 +1418,8 @@ impl crate::ports::Lease for FakeLease {
     }
 
     async fn drop_pending_ask(&self, name: &str) -> Result<(), StoreError> {
-        if let Some((_, pending)) = self.asks.lock().expect("lock").get_mut(name) {
-            *pending = None;
+        if let Some(a) = self.asks.lock().expect("lock").get_mut(name) {
+            a.pending_since = None;
         }
         Ok(())
     }

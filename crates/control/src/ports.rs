@@ -987,17 +987,31 @@ pub trait Lease {
     /// pending mark change in one conditional write each, so an ask is never lost between a
     /// run's settle and a join.
     ///
+    /// `jobs`: the ids of the jobs the ask is for, written before it (at most
+    /// [`MAX_ASKED_JOBS`] per ask, [`MAX_KEPT_ASKED_JOBS`] in all, ids longer than
+    /// [`MAX_ASKED_JOB_ID_BYTES`] skipped). They are kept with the count, before it, so the run
+    /// that reads the count reads those jobs from the table itself ([`Asks::jobs`]): the `active`
+    /// index it lists the backlog through is eventually consistent and may not show them yet.
+    ///
     /// # Errors
     /// Store failures (the asker then invokes anyway).
-    async fn ask(&self, name: &str, now: f64, stale_s: f64) -> Result<ScaleAsk, StoreError>;
+    async fn ask(&self, name: &str, jobs: &[String], now: f64, stale_s: f64) -> Result<ScaleAsk, StoreError>;
 
-    /// The asks counted under `name` so far (0 before the first) and the pending one's time, read
-    /// consistently: a run reads it before it reads the backlog, so every ask counted by then is
-    /// one whose jobs it sees.
+    /// The asks counted under `name` so far (0 before the first), the pending one's time and the
+    /// jobs asked for and not yet forgotten ([`Lease::forget_asked_jobs`]), read consistently: a
+    /// run reads it before it reads the backlog, so every ask counted by then is one whose jobs
+    /// it sees (through the index, or read by id).
     ///
     /// # Errors
     /// Store failures.
     async fn asks(&self, name: &str) -> Result<Asks, StoreError>;
+
+    /// Forget the asked jobs `jobs` under `name` (a run read them): asks made since keep theirs.
+    /// Nothing to do for no ids.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn forget_asked_jobs(&self, name: &str, jobs: &[String]) -> Result<(), StoreError>;
 
     /// End the pending ask under `name` if the count is still `seen` (no ask since the run read
     /// it): returns `true` then (also when none was pending), `false` when an ask came in meanwhile
@@ -1015,13 +1029,29 @@ pub trait Lease {
     async fn drop_pending_ask(&self, name: &str) -> Result<(), StoreError>;
 }
 
+/// Most job ids one ask keeps ([`Lease::ask`]): a submission's batch holds at most 10 jobs (the
+/// submission queue's `BatchSize`); an ask for more keeps the first ones, and the rest reach the
+/// run through the index only.
+pub const MAX_ASKED_JOBS: usize = 100;
+
+/// Most job ids kept under one name ([`Lease::ask`]); an ask finding that many keeps none of its
+/// own. With ids of at most [`MAX_ASKED_JOB_ID_BYTES`], the kept set stays under 70 KB, far from
+/// DynamoDB's 400 KB item limit. A set that full means runs have not forgotten what they read
+/// for many asks; those jobs reach the run through the index.
+pub const MAX_KEPT_ASKED_JOBS: usize = 1_000;
+
+/// Longest job id an ask keeps, bytes (onoff's own are 20: [`crate::job::job_id_for`]).
+pub const MAX_ASKED_JOB_ID_BYTES: usize = 64;
+
 /// The scale requests counted under a name ([`Lease::asks`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Asks {
     /// Asks counted so far.
     pub count: u64,
     /// When the pending ask was made (unix seconds), if one is pending.
     pub pending_since: Option<f64>,
+    /// The jobs asked for and not yet forgotten ([`Lease::forget_asked_jobs`]), ids ascending.
+    pub jobs: Vec<String>,
 }
 
 /// What [`Lease::ask`] tells an asker to do.

@@ -31,7 +31,7 @@ use crate::act::{act, ActContext, ActOutcome};
 use crate::job::{AttemptEnd, JobSpec, JobState, RerunLimits, Settle};
 use crate::ports::{
     wake, Backlog, Fleet, FleetInstance, FleetLister, JobQueue, JobRecord, JobStore, OfferingAvailability, StoreError,
-    WorkerRecord, WorkerRegistry,
+    WorkerRecord, WorkerRegistry, MAX_ASKED_JOBS,
 };
 use crate::quota::{without_full_quotas, QuotaMark};
 
@@ -123,6 +123,11 @@ pub struct ReconcileReport {
     /// none did and the pending one, if any, was ended ([`reconcile_exclusive`]); `None` when the
     /// count could not be read or settled (among the errors), or for a run outside the lease.
     pub asks_settled: Option<bool>,
+    /// Jobs a scale request asked for ([`crate::ports::Asks::jobs`]) whose row, read by id,
+    /// differed from what the `active` index listed (not listed yet, or in an older state): the
+    /// run decided on the row. The index is eventually consistent; without this a job submitted
+    /// just before its own scale request could be missed by that run and wait for the next one.
+    pub jobs_read_past_index: Vec<String>,
 }
 
 /// End the lease of a RUNNING job whose lease expired or whose worker is lost: QUEUED with a
@@ -398,6 +403,68 @@ where
     F: Fleet + FleetLister,
     A: OfferingAvailability,
 {
+    reconcile_asked(cfg, offerings, opts, now, &[], queues, workers, jobs, fleet, avail).await
+}
+
+/// Overlay the rows of the jobs `asked` for ([`crate::ports::Asks::jobs`]), read by id
+/// (consistently), on `active` as the eventually consistent index listed it: a row the index
+/// does not show yet is added, one it shows in an older state replaced, one that has ended since
+/// dropped. Returns the ids whose row differed; a failed read is among the errors (the listing
+/// stands for that job).
+async fn read_asked_jobs<J: JobStore>(
+    jobs: &J,
+    asked: &[String],
+    active: &mut Vec<JobRecord>,
+    errors: &mut Vec<String>,
+) -> Vec<String> {
+    let mut differed = Vec::new();
+    for id in asked {
+        let row = match jobs.get(id).await {
+            Ok(row) => row.filter(|r| !r.state.is_final()),
+            Err(e) => {
+                errors.push(format!("read asked job {id}: {e}"));
+                continue;
+            }
+        };
+        let at = active.iter().position(|j| j.id == *id);
+        match (at, row) {
+            (Some(i), Some(r)) if active[i] != r => active[i] = r,
+            (Some(_), Some(_)) | (None, None) => continue,
+            (None, Some(r)) => active.push(r),
+            (Some(i), None) => {
+                active.swap_remove(i);
+            }
+        }
+        differed.push(id.clone());
+    }
+    differed
+}
+
+/// [`reconcile`], with the jobs scale requests `asked` for read by id past the `active` index
+/// ([`ReconcileReport::jobs_read_past_index`]).
+///
+/// # Errors
+/// As [`reconcile`].
+#[allow(clippy::too_many_arguments)]
+async fn reconcile_asked<Q, W, J, F, A>(
+    cfg: &PolicyConfig,
+    offerings: &[Offering],
+    opts: &ReconcileOptions,
+    now: f64,
+    asked: &[String],
+    queues: &Q,
+    workers: &W,
+    jobs: &J,
+    fleet: &F,
+    avail: &A,
+) -> Result<ReconcileReport, StoreError>
+where
+    Q: JobQueue + Backlog,
+    W: WorkerRegistry,
+    J: JobStore,
+    F: Fleet + FleetLister,
+    A: OfferingAvailability,
+{
     let mut report = ReconcileReport::default();
     let listed = workers.list_live().await?;
     let mut live = listed.items;
@@ -405,6 +472,7 @@ where
     let listed = jobs.active().await?;
     let mut active = listed.items;
     report.unreadable.extend(listed.unreadable);
+    report.jobs_read_past_index = read_asked_jobs(jobs, asked, &mut active, &mut report.errors).await;
     // Full vCPU quotas are kept among the unavailable offerings; the policy sees the rest.
     let (quotas_full, unavailable) = QuotaMark::split(avail.list_unavailable(now).await?);
 
@@ -798,16 +866,28 @@ where
     if !lease.acquire(RECONCILE_LEASE, owner, lease_ttl_s, now).await? {
         return Ok(None);
     }
-    // Every ask counted by now is one whose jobs this run reads (asked after they were written).
+    // Every ask counted by now is one whose jobs this run reads (asked after they were written):
+    // through the index, or by id where the index may lag.
     let asks = lease.asks(RECONCILE_LEASE).await;
-    let mut result = reconcile(cfg, offerings, opts, now, queues, workers, jobs, fleet, avail).await;
+    // At most MAX_ASKED_JOBS reads by id per run; the rest are read by the next one.
+    let asked = asks
+        .as_ref()
+        .map_or(&[][..], |a| &a.jobs[..a.jobs.len().min(MAX_ASKED_JOBS)]);
+    let mut result = reconcile_asked(cfg, offerings, opts, now, asked, queues, workers, jobs, fleet, avail).await;
     if let Ok(report) = &mut result {
         // A scale request asked for before this run started is served by it
         // (`Lease::last_done`). Best effort: without the mark, such requests run again.
         if let Err(e) = lease.mark_done(RECONCILE_LEASE, now).await {
             report.errors.push(format!("mark the run done: {e}"));
         }
-        match asks {
+        // The asked jobs are decided: later runs need not read them by id (asks made since keep
+        // theirs). Best effort: kept, they are read again.
+        if !asked.is_empty() {
+            if let Err(e) = lease.forget_asked_jobs(RECONCILE_LEASE, asked).await {
+                report.errors.push(format!("forget the asked jobs: {e}"));
+            }
+        }
+        match &asks {
             // Nothing pending when the run began: an ask since then found none and invoked a
             // run of its own, so there is nothing to end (and no write on an idle run).
             Ok(seen) if seen.pending_since.is_none() => report.asks_settled = Some(true),

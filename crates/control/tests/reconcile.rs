@@ -133,6 +133,30 @@ impl World {
         (id, r)
     }
 
+    /// The scaler's run under the reconcile lease held in `lease` (no reaper); `None` when the
+    /// lease is held by another.
+    fn scaler_run(&self, lease: &onoff_control::fake::FakeLease, now: f64) -> Option<ReconcileReport> {
+        let opts = ReconcileOptions {
+            reap: false,
+            ..ReconcileOptions::default()
+        };
+        pollster::block_on(onoff_control::reconcile::reconcile_exclusive(
+            &cfg(),
+            &offerings(),
+            &opts,
+            now,
+            "scaler",
+            60.0,
+            &self.queue,
+            &self.workers,
+            &self.jobs,
+            &self.fleet,
+            &self.avail,
+            lease,
+        ))
+        .unwrap()
+    }
+
     fn reconcile(&self, now: f64, reap: bool) -> ReconcileReport {
         self.reconcile_with(&offerings(), now, reap)
     }
@@ -663,31 +687,11 @@ fn two_scalers_at_once_launch_once() {
 fn a_run_settles_the_scale_requests_it_saw_and_leaves_one_that_came_in_during_it() {
     use onoff_control::fake::FakeLease;
     use onoff_control::ports::{Lease, ScaleAsk};
-    use onoff_control::reconcile::{reconcile_exclusive, RECONCILE_LEASE};
+    use onoff_control::reconcile::RECONCILE_LEASE;
     let w = World::new();
     let lease = FakeLease::default();
-    let opts = ReconcileOptions {
-        reap: false,
-        ..ReconcileOptions::default()
-    };
-    let run = |now: f64| {
-        pollster::block_on(reconcile_exclusive(
-            &cfg(),
-            &offerings(),
-            &opts,
-            now,
-            "scaler",
-            60.0,
-            &w.queue,
-            &w.workers,
-            &w.jobs,
-            &w.fleet,
-            &w.avail,
-            &lease,
-        ))
-        .unwrap()
-    };
-    let ask = |now: f64| pollster::block_on(lease.ask(RECONCILE_LEASE, now, 30.0)).unwrap();
+    let run = |now: f64| w.scaler_run(&lease, now);
+    let ask = |now: f64| pollster::block_on(lease.ask(RECONCILE_LEASE, &[], now, 30.0)).unwrap();
     // No ask ever: nothing pending, settled.
     assert_eq!(run(NOW).unwrap().asks_settled, Some(true));
     // Two submissions: the first invokes, the second joins.
@@ -722,6 +726,45 @@ fn a_run_settles_the_scale_requests_it_saw_and_leaves_one_that_came_in_during_it
     // Ended whatever the count (a scaler that gives up): the next ask invokes.
     pollster::block_on(lease.drop_pending_ask(RECONCILE_LEASE)).unwrap();
     assert_eq!(ask(NOW + 43.0), ScaleAsk::Invoke);
+}
+
+/// The `active` index is eventually consistent: the run a submission's scale request invokes may
+/// list the backlog before the new job reaches the index. The ask keeps the job's id, and the run
+/// reads that row by id, so it launches for the job instead of settling the request without it
+/// (the job would wait for the next scheduled run). A job the index still lists after it ended is
+/// dropped the same way.
+#[test]
+fn a_scale_request_s_run_launches_for_its_jobs_before_the_index_shows_them() {
+    use onoff_control::fake::FakeLease;
+    use onoff_control::ports::{Lease, ScaleAsk};
+    use onoff_control::reconcile::RECONCILE_LEASE;
+    let run = |w: &World, lease: &FakeLease, now: f64| w.scaler_run(lease, now).expect("the lease is free");
+    // (the ask keeps the job's id, workers launched by the run the ask invoked)
+    for (with_ids, launched) in [(false, 0), (true, 1)] {
+        let w = World::new();
+        let lease = FakeLease::default();
+        w.jobs.lag_index();
+        let ids = w.submit(1);
+        let asked: &[String] = if with_ids { &ids } else { &[] };
+        let ask = pollster::block_on(lease.ask(RECONCILE_LEASE, asked, NOW + 1.0, 30.0)).unwrap();
+        assert_eq!(ask, ScaleAsk::Invoke);
+        let r = run(&w, &lease, NOW + 2.0);
+        assert_eq!(r.acted.launched.len(), launched, "ids kept {with_ids}: {r:?}");
+        assert_eq!(r.asks_settled, Some(true));
+        assert_eq!(r.jobs_read_past_index, asked.to_vec());
+        // Decided: forgotten, so later runs do not read it again.
+        assert!(pollster::block_on(lease.asks(RECONCILE_LEASE)).unwrap().jobs.is_empty());
+    }
+    // The index still lists a job that has ended: the asked row wins, nothing is launched for it.
+    let w = World::new();
+    let lease = FakeLease::default();
+    let ids = w.submit(1);
+    w.jobs.lag_index();
+    pollster::block_on(w.jobs.transition(&ids[0], JobState::Queued, JobState::Cancelled)).unwrap();
+    pollster::block_on(lease.ask(RECONCILE_LEASE, &ids, NOW + 1.0, 30.0)).unwrap();
+    let r = run(&w, &lease, NOW + 2.0);
+    assert!(r.acted.launched.is_empty(), "{r:?}");
+    assert_eq!(r.jobs_read_past_index, ids);
 }
 
 /// A pending row whose message is gone (never sent, lost, expired) is a "ghost": without a

@@ -553,6 +553,7 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
         "held": r.plan.held.iter().map(|h| format!("{} x {}", h.count, h.reason)).collect::<Vec<_>>(),
         "errors": r.errors.iter().chain(&r.acted.errors).collect::<Vec<_>>(),
         "asks_settled": r.asks_settled,
+        "jobs_read_past_index": r.jobs_read_past_index,
     })
 }
 
@@ -950,15 +951,21 @@ pub const SCALE_REQUEST_STALE_S: f64 = 30.0;
 /// Lambda Developer Guide). A store that cannot count the ask does not stop it: the scaler is
 /// invoked anyway. An invocation that fails ends the pending ask, so the next ask invokes.
 ///
+/// `jobs`: the ids of the jobs the ask is for (submit's new jobs; none for a drained worker). The
+/// run reads them by id ([`onoff_control::reconcile::ReconcileReport::jobs_read_past_index`]):
+/// the `active` index it lists the backlog through is eventually consistent, and a job written
+/// just before its ask may not be in it yet.
+///
 /// # Errors
 /// The invocation failed (the caller logs it: the alarm and the schedule catch up).
 pub async fn request_scale<L: Lease, T: ScalerTrigger>(
     lease: &L,
     trigger: &T,
+    jobs: &[String],
     reason: &str,
 ) -> Result<ScaleAsk, String> {
     let name = onoff_control::reconcile::RECONCILE_LEASE;
-    match lease.ask(name, now(), SCALE_REQUEST_STALE_S).await {
+    match lease.ask(name, jobs, now(), SCALE_REQUEST_STALE_S).await {
         Ok(ScaleAsk::Joined) => {
             tracing::info!(reason, "a scale request is pending: this ask joins it");
             return Ok(ScaleAsk::Joined);

@@ -38,7 +38,7 @@ where
     let now = onoff_fn_common::now();
     // The replacement decision after a drain is the scaler's: ask it, best effort.
     let ask = |reason: String| async move {
-        match onoff_fn_common::request_scale(&ctx.lease, clients, &reason).await {
+        match onoff_fn_common::request_scale(&ctx.lease, clients, &[], &reason).await {
             Ok(onoff_fn_common::ScaleAsk::Invoke) => serde_json::json!({ "scale_request": reason }),
             Ok(onoff_fn_common::ScaleAsk::Joined) => serde_json::json!({ "scale_request_joined": reason }),
             Err(e) => {

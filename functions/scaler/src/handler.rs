@@ -209,7 +209,7 @@ mod tests {
         let ctx = fake_ctx();
         let t0 = one_job_queued(&ctx).await;
         let trigger = onoff_fn_common::testing::FakeObjects::default();
-        let ask = || onoff_fn_common::request_scale(&ctx.lease, &trigger, "submit: 1 new job(s)");
+        let ask = || onoff_fn_common::request_scale(&ctx.lease, &trigger, &[], "submit: 1 new job(s)");
         assert_eq!(ask().await, Ok(ScaleAsk::Invoke));
         assert_eq!(ask().await, Ok(ScaleAsk::Joined), "pending: the second ask joins");
         assert_eq!(

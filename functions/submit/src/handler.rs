@@ -103,7 +103,8 @@ where
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let mut new_jobs = 0;
+    // The new jobs' ids, for the scale request's run to read past the index.
+    let mut new_jobs: Vec<String> = Vec::new();
     let response = match source_kind.as_str() {
         "aws:sqs" => {
             let batch: SqsEvent = serde_json::from_value(event.payload.clone())
@@ -123,8 +124,8 @@ where
                 .await
                 {
                     Ok(Submitted::New(job)) => {
-                        new_jobs += 1;
                         tracing::info!(%job, message = %id, "submitted");
+                        new_jobs.push(job);
                     }
                     Ok(Submitted::Existing(job)) => tracing::info!(%job, message = %id, "already submitted"),
                     Err(e) => {
@@ -172,8 +173,8 @@ where
                 };
                 match submit_object(objects, &obj, &source, &rules, now, &ctx.jobs, &ctx.queues).await {
                     Ok(Submitted::New(job)) => {
-                        new_jobs += 1;
                         results.push(serde_json::json!({ "key": key, "job": job }));
+                        new_jobs.push(job);
                     }
                     Ok(Submitted::Existing(job)) => {
                         results.push(serde_json::json!({ "key": key, "job": job, "existing": true }))
@@ -193,11 +194,12 @@ where
             )))
         }
     };
-    if new_jobs > 0 {
+    if !new_jobs.is_empty() {
         // Scale from zero now rather than at the next alarm period; a failure here is logged, the
         // alarm and the schedule catch up.
         // At most one scale request pending at a time: an ask while one is pending joins it.
-        match onoff_fn_common::request_scale(&ctx.lease, objects, &format!("submit: {new_jobs} new job(s)")).await {
+        let reason = format!("submit: {} new job(s)", new_jobs.len());
+        match onoff_fn_common::request_scale(&ctx.lease, objects, &new_jobs, &reason).await {
             Ok(ask) => tracing::info!(?ask, "scale request"),
             Err(e) => tracing::warn!(error = %e, "asking the scaler after submission failed"),
         }
@@ -309,12 +311,20 @@ mod tests {
         // Two new jobs, one scale request: the second submission found the first's pending and
         // joined it instead of queueing a second invocation of the scaler.
         assert_eq!(*objects.scale_requests.lock().unwrap(), ["submit: 1 new job(s)"]);
-        // Once a scaler run has seen both asks, a new job invokes afresh.
+        // Both asks kept their job's id, for the run to read past the index.
+        use onoff_control::ports::Lease;
+        let mut new_ids: Vec<String> = jobs.keys().cloned().collect();
+        new_ids.sort_unstable();
+        let asked = ctx.lease.asks(onoff_control::reconcile::RECONCILE_LEASE).await.unwrap();
+        assert_eq!(asked.jobs, new_ids);
+        // Once a scaler run has seen both asks, a new job invokes afresh; the ids are forgotten.
         let run = ctx
             .reconcile(onoff_fn_common::now(), false, &lambda_runtime::Context::default())
             .await
             .unwrap();
         assert_eq!(run["asks_settled"], true, "{run}");
+        let asked = ctx.lease.asks(onoff_control::reconcile::RECONCILE_LEASE).await.unwrap();
+        assert!(asked.jobs.is_empty(), "{asked:?}");
         let v3 = objects.put(
             BUCKET,
             KEY,
