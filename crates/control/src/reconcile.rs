@@ -869,7 +869,8 @@ where
     // Every ask counted by now is one whose jobs this run reads (asked after they were written):
     // through the index, or by id where the index may lag.
     let asks = lease.asks(RECONCILE_LEASE).await;
-    // At most MAX_ASKED_JOBS reads by id per run; the rest are read by the next one.
+    // At most MAX_ASKED_JOBS reads by id per run; the rest are kept for a later run (the next
+    // scheduled one at the latest), which reads them past the index then.
     let asked = asks
         .as_ref()
         .map_or(&[][..], |a| &a.jobs[..a.jobs.len().min(MAX_ASKED_JOBS)]);
