@@ -2298,6 +2298,39 @@ async fn an_unreadable_active_row_is_skipped_and_named() {
     assert_eq!((done.state, done.finished_at), (JobState::Succeeded, Some(2.0)));
 }
 
+/// Against an emulator the `active` index can be made to lag as AWS's may: a row created less
+/// than the lag ago is not listed yet (read by id it is there), an older one is.
+#[tokio::test]
+async fn a_lagging_active_index_leaves_out_rows_younger_than_the_lag() {
+    use onoff_aws::jobs::DynamoJobs;
+    use onoff_control::ports::{JobRecord, JobStore};
+    let c = clients().await;
+    let t = unique("jobs");
+    onoff_aws::provision::jobs_table(&c, &t).await.unwrap();
+    let mut jobs = DynamoJobs::new(c.dynamodb.clone(), &t);
+    jobs.set_index_lag_s(60.0);
+    let spec: onoff_control::job::JobSpec =
+        serde_json::from_value(serde_json::json!({"image": "i", "command": ["x"], "project": "p"})).unwrap();
+    let now = onoff_aws::state::unix_now();
+    for (id, created_at) in [("job-old", now - 120.0), ("job-new", now)] {
+        jobs.create(&JobRecord::new(id.into(), spec.clone(), "test".into(), created_at))
+            .await
+            .unwrap();
+    }
+    let listed = |jobs: &DynamoJobs| {
+        let jobs = jobs.clone();
+        async move {
+            let mut ids: Vec<String> = jobs.active().await.unwrap().items.into_iter().map(|j| j.id).collect();
+            ids.sort();
+            ids
+        }
+    };
+    assert_eq!(listed(&jobs).await, ["job-old"]);
+    assert!(jobs.get("job-new").await.unwrap().is_some());
+    jobs.set_index_lag_s(0.0);
+    assert_eq!(listed(&jobs).await, ["job-new", "job-old"]);
+}
+
 /// The jobs table's cancel and attempt log, as DynamoDB applies them: a waiting job is cancelled
 /// at once; a running one gets the flag, which the holder's renewal returns and which turns its
 /// release into CANCELLED; an ended attempt is appended to the log; a finished job is left alone.

@@ -100,6 +100,12 @@ pub struct LocalArgs {
     /// elsewhere; scaled down here with the boot).
     #[arg(long, default_value_t = 0.5)]
     stopping_s: f64,
+    /// Wall seconds a new job takes to reach the jobs table's `active` index, as a global
+    /// secondary index may lag its table on AWS ("within a fraction of a second" normally; moto's
+    /// index is immediate): the functions do not list a job this young, and a scale request's run
+    /// reads its jobs by id instead (0: no lag).
+    #[arg(long, default_value_t = 1.0)]
+    index_lag_s: f64,
     /// Reconciler schedule period, wall seconds (deployed: 60).
     #[arg(long, default_value_t = 5.0)]
     tick_s: f64,
@@ -193,6 +199,7 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         ("--boot-s", a.boot_s),
         ("--restart-s", a.restart_s),
         ("--stopping-s", a.stopping_s),
+        ("--index-lag-s", a.index_lag_s),
         ("--drain-s", a.drain_s),
         (
             "--retry-delays-s",
@@ -239,6 +246,7 @@ fn options(a: &LocalArgs) -> Result<LocalOptions> {
         boot_s: a.boot_s,
         restart_s: a.restart_s,
         stopping_s: a.stopping_s,
+        index_lag_s: a.index_lag_s,
         tick_s: a.tick_s,
         agent_idle_timeout_s: a.agent_idle_timeout_s,
         max_workers: a.max_workers,
@@ -628,6 +636,10 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
     println!(
         "  wake-ups   {} re-sent by the reaper, {} spared (the lane's queue held one per pending job)",
         r.wake_ups_resent, r.wake_ups_spared
+    );
+    println!(
+        "  index lag  {} job(s) read by id past the active index ({} s lag)",
+        r.jobs_read_past_index, r.index_lag_s
     );
     println!(
         "  IAM        {}; {} AWS calls, {} refused{}",

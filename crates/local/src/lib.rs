@@ -172,6 +172,10 @@ pub struct LocalOptions {
     /// Seconds a stopped instance stays stopping: its start is refused until then, as EC2 does
     /// (`onoff_aws::limits::StoppingInstances`).
     pub stopping_s: f64,
+    /// Seconds a new job row takes to reach the jobs table's `active` index, as a global
+    /// secondary index may lag its table on AWS (moto's is immediate): the functions' listings
+    /// leave out rows younger than this (`onoff_aws::jobs::DynamoJobs::set_index_lag_s`); 0: none.
+    pub index_lag_s: f64,
     /// Reconciler schedule period, seconds.
     pub tick_s: f64,
     /// Idle timeout of the agents, seconds.
@@ -335,6 +339,12 @@ pub struct LocalReport {
     pub scale_request_latency_p50_s: f64,
     /// The same, the longest.
     pub scale_request_latency_max_s: f64,
+    /// [`LocalOptions::index_lag_s`].
+    pub index_lag_s: f64,
+    /// Jobs the scaler's and the reconciler's runs read by id because the `active` index did not
+    /// list them as they were ([`LocalOptions::index_lag_s`];
+    /// `onoff_control::reconcile::ReconcileReport::jobs_read_past_index`), summed over the runs.
+    pub jobs_read_past_index: usize,
     /// Fresh wake-up messages the reconciler's reaper sent for pending jobs whose message may be
     /// gone (none sent for `resend_after_s`, and the lane's queue short of one per pending job).
     pub wake_ups_resent: usize,
@@ -483,6 +493,11 @@ pub const LOCAL_SUBMISSION_VISIBILITY_S: u32 = 3;
 const ALARM: &str = include_str!("../../../events/queue-depth-alarm.json");
 const SCHEDULE: &str = include_str!("../../../events/schedule.json");
 const S3_PUT: &str = include_str!("../../../events/s3-object-created.json");
+
+/// The jobs a run's summary says it read past the `active` index (`jobs_read_past_index`).
+fn past_index(summary: &serde_json::Value) -> usize {
+    summary["jobs_read_past_index"].as_array().map_or(0, Vec::len)
+}
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
@@ -712,6 +727,7 @@ async fn run_with(
             None => c,
         };
         let mut ctx = onoff_fn_common::ctx_from_clients(settings.clone(), &c);
+        ctx.jobs.set_index_lag_s(opts.index_lag_s);
         let name = name.to_string();
         async move {
             if name != "interruption" {
@@ -870,6 +886,7 @@ async fn run_with(
         compress: opts.compress,
         iam_enforced: sessions.is_some(),
         lose_answers_every: opts.lose_answers,
+        index_lag_s: opts.index_lag_s,
         ..LocalReport::default()
     };
     let mut alarm_state: BTreeMap<String, bool> = BTreeMap::new();
@@ -931,6 +948,9 @@ async fn run_with(
                     })
                     .await;
                 ask_latencies.push(at.elapsed().as_secs_f64());
+                if let Ok(summary) = &r {
+                    report.jobs_read_past_index += past_index(summary);
+                }
                 invoke_err("scaler", r, &mut report.handler_errors);
                 onoff_aws::fleet::tag_as_ec2_does(&clients.ec2, &prefix, &res.launch_template).await;
             }
@@ -1168,6 +1188,7 @@ async fn run_with(
                 })
                 .await;
             if let Ok(summary) = &r {
+                report.jobs_read_past_index += past_index(summary);
                 report.wake_ups_resent += summary["jobs_woken"].as_array().map_or(0, Vec::len);
                 report.wake_ups_spared += summary["wake_ups_spared"].as_u64().unwrap_or(0) as usize;
             }
