@@ -725,8 +725,10 @@ impl onoff_control::ports::Lease for DynamoControl {
     /// run the count invokes finds them): at most [`MAX_ASKED_JOBS`] of at most
     /// [`MAX_ASKED_JOB_ID_BYTES`] each, while the set holds fewer than [`MAX_KEPT_ASKED_JOBS`]
     /// (so the item stays far under DynamoDB's 400 KB: a set that full means runs have not
-    /// forgotten their ids for many asks, and those jobs reach the run through the index). A
-    /// failed write of the ids is logged; the ask is counted anyway.
+    /// forgotten their ids for many asks, and those jobs reach the run through the index). The
+    /// bound is a condition, not a caught size error: moto (5.2.5) applies part of an UpdateItem
+    /// it then refuses for the item's size and leaves an item no update fits, where DynamoDB
+    /// changes nothing. A failed write of the ids is logged; the ask is counted anyway.
     async fn ask(&self, name: &str, jobs: &[String], now: f64, stale_s: f64) -> Result<ScaleAsk, StoreError> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let key = s(format!("asks#{name}"));
