@@ -987,8 +987,8 @@ pub trait Lease {
     /// pending mark change in one conditional write each, so an ask is never lost between a
     /// run's settle and a join.
     ///
-    /// `jobs`: the ids of the jobs the ask is for, written before it (at most
-    /// [`MAX_ASKED_JOBS`] per ask, [`MAX_KEPT_ASKED_JOBS`] in all, ids longer than
+    /// `jobs`: the ids of the jobs the ask is for, written before it (at most [`MAX_ASKED_JOBS`]
+    /// per ask, none more once [`MAX_KEPT_ASKED_JOBS`] are kept, ids longer than
     /// [`MAX_ASKED_JOB_ID_BYTES`] skipped). They are kept with the count, before it, so the run
     /// that reads the count reads those jobs from the table itself ([`Asks::jobs`]): the `active`
     /// index it lists the backlog through is eventually consistent and may not show them yet.
@@ -1034,9 +1034,9 @@ pub trait Lease {
 /// run through the index only.
 pub const MAX_ASKED_JOBS: usize = 100;
 
-/// Most job ids kept under one name ([`Lease::ask`]); an ask finding that many keeps none of its
-/// own. With ids of at most [`MAX_ASKED_JOB_ID_BYTES`], the kept set stays under 70 KB, far from
-/// DynamoDB's 400 KB item limit. A set that full means runs have not forgotten what they read
+/// Job ids kept under one name past which an ask keeps none of its own ([`Lease::ask`]): the set
+/// holds at most this plus [`MAX_ASKED_JOBS`] - 1 ids. With ids of at most
+/// [`MAX_ASKED_JOB_ID_BYTES`] that is under 70 KB, far from DynamoDB's 400 KB item limit. A set that full means runs have not forgotten what they read
 /// for many asks; those jobs reach the run through the index.
 pub const MAX_KEPT_ASKED_JOBS: usize = 1_000;
 
