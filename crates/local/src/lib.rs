@@ -343,7 +343,9 @@ pub struct LocalReport {
     pub index_lag_s: f64,
     /// Jobs the scaler's and the reconciler's runs read by id because the `active` index did not
     /// list them as they were ([`LocalOptions::index_lag_s`];
-    /// `onoff_control::reconcile::ReconcileReport::jobs_read_past_index`), summed over the runs.
+    /// `onoff_control::reconcile::ReconcileReport::jobs_read_past_index`), summed over the
+    /// invocations (a scaler invocation that runs again answers with its last run's only: a lower
+    /// bound).
     pub jobs_read_past_index: usize,
     /// Fresh wake-up messages the reconciler's reaper sent for pending jobs whose message may be
     /// gone (none sent for `resend_after_s`, and the lane's queue short of one per pending job).
