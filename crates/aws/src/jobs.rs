@@ -14,13 +14,13 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, ReturnValue};
 use onoff_control::job::{bounded_reason, JobSpec, JobState, OutputsRecord, Settle, CANCELLED_REASON};
 use onoff_control::ports::{
     CancelOutcome, Claim, Created, JobQueue, JobRecord, JobStore, Listing, Renewal, StoreError,
 };
 
-use crate::dynamo::{condition_failed, epoch_s, n, s, store_error};
+use crate::dynamo::{batch_get, condition_failed, epoch_s, n, s, store_error, BATCH_GET_MAX_KEYS};
 
 /// Key of an item, for error messages.
 fn key_of(item: &HashMap<String, AttributeValue>) -> String {
@@ -215,6 +215,58 @@ impl JobStore for DynamoJobs {
             .await
             .map_err(|e| store_error("get job", &e))?;
         out.item().map(record_from_item).transpose()
+    }
+
+    async fn get_many(&self, ids: &[String]) -> Result<Listing<JobRecord>, StoreError> {
+        let mut unique: Vec<&String> = ids.iter().collect();
+        // BatchGetItem refuses a request that names a key twice (a ValidationException).
+        unique.sort_unstable();
+        unique.dedup();
+        let mut out = Listing::default();
+        for chunk in unique.chunks(BATCH_GET_MAX_KEYS) {
+            let keys = chunk
+                .iter()
+                .map(|id| HashMap::from([("job_id".to_string(), s(id.as_str()))]))
+                .collect();
+            let items = batch_get(
+                "get jobs",
+                keys,
+                |keys| async move {
+                    let request = KeysAndAttributes::builder()
+                        .set_keys(Some(keys))
+                        .consistent_read(true)
+                        .build()
+                        .map_err(|e| StoreError::Other(format!("get jobs: {e}")))?;
+                    let answer = self
+                        .client
+                        .batch_get_item()
+                        .request_items(&self.table, request)
+                        .send()
+                        .await
+                        .map_err(|e| store_error("get jobs", &e))?;
+                    let items = answer
+                        .responses()
+                        .and_then(|r| r.get(&self.table))
+                        .cloned()
+                        .unwrap_or_default();
+                    let left = answer
+                        .unprocessed_keys()
+                        .and_then(|u| u.get(&self.table))
+                        .map(|k| k.keys().to_vec())
+                        .unwrap_or_default();
+                    Ok((items, left))
+                },
+                tokio::time::sleep,
+            )
+            .await?;
+            for item in items {
+                match record_from_item(&item) {
+                    Ok(r) => out.items.push(r),
+                    Err(e) => out.unreadable.push((key_of(&item), e.to_string())),
+                }
+            }
+        }
+        Ok(out)
     }
 
     async fn mark_sent(&self, id: &str, at: f64) -> Result<(), StoreError> {

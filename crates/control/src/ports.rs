@@ -674,6 +674,28 @@ pub trait JobStore {
     /// Store failures; [`StoreError::Malformed`] for a record that does not parse.
     async fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError>;
 
+    /// Several jobs by id, each read as [`JobStore::get`] reads it (strongly consistent): the
+    /// rows that parse in `items`, those that do not in `unreadable` (id, what is wrong); an id
+    /// in neither has no row. Any number of ids, repeats read once; the order is not kept. The
+    /// default reads them one by one; the DynamoDB adapter reads them 100 to a request
+    /// (`BatchGetItem`).
+    ///
+    /// # Errors
+    /// Store failures (the first of the one-by-one reads).
+    async fn get_many(&self, ids: &[String]) -> Result<Listing<JobRecord>, StoreError> {
+        let mut out = Listing::default();
+        let mut seen = std::collections::BTreeSet::new();
+        for id in ids.iter().filter(|id| seen.insert(id.as_str())) {
+            match self.get(id).await {
+                Ok(Some(r)) => out.items.push(r),
+                Ok(None) => {}
+                Err(StoreError::Malformed(why)) => out.unreadable.push((id.clone(), why)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
     /// Record that a wake-up message for `id` was sent at `at` (unix seconds). Idempotent.
     ///
     /// # Errors
@@ -1090,6 +1112,9 @@ impl<T: JobStore> JobStore for &T {
     }
     async fn active(&self) -> Result<Listing<JobRecord>, StoreError> {
         (**self).active().await
+    }
+    async fn get_many(&self, ids: &[String]) -> Result<Listing<JobRecord>, StoreError> {
+        (**self).get_many(ids).await
     }
     async fn record_progress(
         &self,

@@ -417,20 +417,39 @@ async fn read_asked_jobs<J: JobStore>(
     active: &mut Vec<JobRecord>,
     errors: &mut Vec<String>,
 ) -> Vec<String> {
+    if asked.is_empty() {
+        return Vec::new();
+    }
+    let read = match jobs.get_many(asked).await {
+        Ok(read) => read,
+        Err(e) => {
+            errors.push(format!("read the {} asked jobs: {e}", asked.len()));
+            return Vec::new();
+        }
+    };
+    for (id, why) in &read.unreadable {
+        errors.push(format!("read asked job {id}: {why}"));
+    }
+    let unreadable: BTreeSet<&str> = read.unreadable.iter().map(|(id, _)| id.as_str()).collect();
+    let mut rows: BTreeMap<&str, &JobRecord> = read
+        .items
+        .iter()
+        .filter(|r| !r.state.is_final())
+        .map(|r| (r.id.as_str(), r))
+        .collect();
     let mut differed = Vec::new();
+    let mut done = BTreeSet::new();
     for id in asked {
-        let row = match jobs.get(id).await {
-            Ok(row) => row.filter(|r| !r.state.is_final()),
-            Err(e) => {
-                errors.push(format!("read asked job {id}: {e}"));
-                continue;
-            }
-        };
+        // Read once, whatever the repeats; an unreadable row leaves the listing as it is.
+        if !done.insert(id.as_str()) || unreadable.contains(id.as_str()) {
+            continue;
+        }
+        let row = rows.remove(id.as_str());
         let at = active.iter().position(|j| j.id == *id);
         match (at, row) {
-            (Some(i), Some(r)) if active[i] != r => active[i] = r,
+            (Some(i), Some(r)) if active[i] != *r => active[i] = r.clone(),
             (Some(_), Some(_)) | (None, None) => continue,
-            (None, Some(r)) => active.push(r),
+            (None, Some(r)) => active.push(r.clone()),
             (Some(i), None) => {
                 active.swap_remove(i);
             }
@@ -869,8 +888,9 @@ where
     // Every ask counted by now is one whose jobs this run reads (asked after they were written):
     // through the index, or by id where the index may lag.
     let asks = lease.asks(RECONCILE_LEASE).await;
-    // At most MAX_ASKED_JOBS reads by id per run; the rest are kept for a later run (the next
-    // scheduled one at the latest), which reads them past the index then.
+    // At most MAX_ASKED_JOBS reads by id per run (one BatchGetItem; 100 rows of up to 400 KB fit
+    // the scaler's memory, all 1,099 that may be kept would not); the rest are kept for a later
+    // run (the next scheduled one at the latest), which reads them past the index then.
     let asked = asks
         .as_ref()
         .map_or(&[][..], |a| &a.jobs[..a.jobs.len().min(MAX_ASKED_JOBS)]);

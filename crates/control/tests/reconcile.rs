@@ -765,6 +765,23 @@ fn a_scale_request_s_run_launches_for_its_jobs_before_the_index_shows_them() {
     let r = run(&w, &lease, NOW + 2.0);
     assert!(r.acted.launched.is_empty(), "{r:?}");
     assert_eq!(r.jobs_read_past_index, ids);
+    // Asks repeat ids (a resubmission) and may name a row that does not parse: each row is read
+    // once, and the unreadable one is named among the errors without holding up the others.
+    let w = World::new();
+    let lease = FakeLease::default();
+    w.jobs.lag_index();
+    let ids = w.submit(2);
+    w.jobs.put_unreadable("job-bad", "spec: not JSON");
+    let asked = [ids[0].clone(), ids[1].clone(), ids[0].clone(), "job-bad".to_string()];
+    pollster::block_on(lease.ask(RECONCILE_LEASE, &asked, NOW + 1.0, 30.0)).unwrap();
+    let r = run(&w, &lease, NOW + 2.0);
+    assert_eq!(r.acted.launched.len(), 2, "{r:?}");
+    assert_eq!(r.jobs_read_past_index, ids);
+    assert!(
+        r.errors.iter().any(|e| e.contains("job-bad") && e.contains("not JSON")),
+        "{:?}",
+        r.errors
+    );
 }
 
 /// A pending row whose message is gone (never sent, lost, expired) is a "ghost": without a

@@ -3,7 +3,7 @@
 //! resource ARN and the request context each one carries (the Service Authorization Reference's
 //! resources and condition keys for the operations onoff makes).
 //!
-//! Covered: DynamoDB item and scan operations (`dynamodb:LeadingKeys` from the key; for item
+//! Covered: DynamoDB item, batch read and scan operations (`dynamodb:LeadingKeys` from the key; for item
 //! operations `dynamodb:Attributes`, and for writes `dynamodb:ReturnValues`), SQS message
 //! operations (batch forms as their single action), S3 object and list operations (`s3:prefix`;
 //! a version id makes `GetObject` `s3:GetObjectVersion`), EC2 `CreateFleet` (the launch
@@ -125,6 +125,36 @@ fn attributes(body: &J) -> Vec<String> {
     names.into_iter().collect()
 }
 
+/// A `BatchGetItem` as IAM authorizes it: one `dynamodb:BatchGetItem` request per table it reads,
+/// with every key's value as `dynamodb:LeadingKeys` and the attributes it names (the keys'
+/// and the projection's) as `dynamodb:Attributes` (DynamoDB developer guide, "Using IAM policy
+/// conditions for fine-grained access control": a batch read is allowed only when the policy
+/// allows it for every item it asks for).
+fn batch_get_requests(body: &J, stack: &Stack) -> Result<Vec<Request>, String> {
+    let tables = body["RequestItems"]
+        .as_object()
+        .ok_or("DynamoDB BatchGetItem: no RequestItems")?;
+    let mut out = Vec::new();
+    for (table, read) in tables {
+        let arn = format!(
+            "arn:{}:dynamodb:{}:{}:table/{table}",
+            stack.partition, stack.region, stack.account
+        );
+        let mut req = Request::new("dynamodb:BatchGetItem", &arn);
+        let keys = read["Keys"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let leading: Vec<String> = keys.iter().filter_map(leading_key).collect();
+        req.context.insert("dynamodb:LeadingKeys".into(), Value::Many(leading));
+        let mut names: std::collections::BTreeSet<String> = attributes(read).into_iter().collect();
+        for key in keys {
+            names.extend(key.as_object().into_iter().flat_map(|k| k.keys().cloned()));
+        }
+        req.context
+            .insert("dynamodb:Attributes".into(), Value::Many(names.into_iter().collect()));
+        out.push(req);
+    }
+    Ok(out)
+}
+
 /// The top-level attribute names of a DynamoDB expression: a name or `#placeholder` not after a
 /// `.` (a nested attribute) and not before a `(` (a function: `list_append`, `if_not_exists`,
 /// `attribute_exists`, `size`, ...), and not one of the expression keywords. Values (`:v`) and
@@ -185,6 +215,9 @@ pub fn requests(call: &Call, stack: &Stack, world: &World) -> Result<Vec<Request
     match call.service.as_str() {
         "dynamodb" => {
             let body: J = serde_json::from_str(&call.body).map_err(|e| format!("DynamoDB {op} body: {e}"))?;
+            if op == "BatchGetItem" {
+                return batch_get_requests(&body, stack);
+            }
             let table = body["TableName"]
                 .as_str()
                 .ok_or_else(|| format!("DynamoDB {op}: no TableName"))?;
@@ -507,6 +540,41 @@ mod tests {
             r[0].context["dynamodb:LeadingKeys"],
             Value::Many(vec!["arn:aws:ec2:us-east-1:123456789012:instance/i-1".into()])
         );
+    }
+
+    #[test]
+    fn a_batch_read_is_one_request_per_table_with_every_key_it_reads() {
+        let c = call(
+            "dynamodb",
+            "BatchGetItem",
+            "http://h/",
+            r##"{"RequestItems":{"st-jobs":{"Keys":[{"job_id":{"S":"a"}},{"job_id":{"S":"b"}}],"ConsistentRead":true,"ProjectionExpression":"#s","ExpressionAttributeNames":{"#s":"state"}},"st-control":{"Keys":[{"pk":{"S":"lease#scaler"}}]}}}"##,
+        );
+        let mut r = requests(&c, &stack(), &World::default()).unwrap();
+        r.sort_by(|a, b| a.resource.cmp(&b.resource));
+        assert_eq!(r.len(), 2);
+        assert!(r.iter().all(|r| r.action == "dynamodb:BatchGetItem"));
+        assert_eq!(
+            r[0].resource,
+            "arn:aws:dynamodb:us-east-1:123456789012:table/st-control"
+        );
+        assert_eq!(
+            r[0].context["dynamodb:LeadingKeys"],
+            Value::Many(vec!["lease#scaler".into()])
+        );
+        assert_eq!(r[1].resource, "arn:aws:dynamodb:us-east-1:123456789012:table/st-jobs");
+        assert_eq!(
+            r[1].context["dynamodb:LeadingKeys"],
+            Value::Many(vec!["a".into(), "b".into()])
+        );
+        assert_eq!(
+            r[1].context["dynamodb:Attributes"],
+            Value::Many(vec!["job_id".into(), "state".into()])
+        );
+        let bad = call("dynamodb", "BatchGetItem", "http://h/", r#"{"TableName":"st-jobs"}"#);
+        assert!(requests(&bad, &stack(), &World::default())
+            .unwrap_err()
+            .contains("RequestItems"));
     }
 
     #[test]
