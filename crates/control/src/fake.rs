@@ -862,6 +862,8 @@ pub struct FakeJobs {
     /// With a lagging index: the rows [`crate::ports::JobStore::active`] listed last time, which
     /// it lists next time.
     index: Mutex<Option<Vec<crate::ports::JobRecord>>>,
+    /// The next [`crate::ports::JobStore::get_many`] fails with this.
+    fail_get_many: Mutex<Option<StoreError>>,
 }
 
 impl FakeJobs {
@@ -897,6 +899,12 @@ impl FakeJobs {
     /// The next call fails with `err`.
     pub fn fail_next(&self, err: StoreError) {
         *self.fail_next.lock().expect("lock") = Some(err);
+    }
+
+    /// The next batch read ([`crate::ports::JobStore::get_many`]) fails with `err` (DynamoDB's
+    /// `BatchGetItem` failing, or keys left unprocessed through every retry), other calls not.
+    pub fn fail_next_get_many(&self, err: StoreError) {
+        *self.fail_get_many.lock().expect("lock") = Some(err);
     }
 
     /// Put an active row that does not parse (a hand-edited item): listed as unreadable,
@@ -985,6 +993,23 @@ impl crate::ports::JobStore for FakeJobs {
         self.injected()?;
         self.malformed(id)?;
         Ok(self.jobs.lock().expect("lock").get(id).cloned())
+    }
+
+    async fn get_many(&self, ids: &[String]) -> Result<crate::ports::Listing<crate::ports::JobRecord>, StoreError> {
+        self.injected()?;
+        if let Some(e) = self.fail_get_many.lock().expect("lock").take() {
+            return Err(e);
+        }
+        let mut out = crate::ports::Listing::default();
+        let mut seen = std::collections::BTreeSet::new();
+        for id in ids.iter().filter(|id| seen.insert(id.as_str())) {
+            if let Err(StoreError::Malformed(why)) = self.malformed(id) {
+                out.unreadable.push((id.clone(), why));
+            } else if let Some(r) = self.jobs.lock().expect("lock").get(id) {
+                out.items.push(r.clone());
+            }
+        }
+        Ok(out)
     }
 
     async fn mark_sent(&self, id: &str, at: f64) -> Result<(), StoreError> {

@@ -128,6 +128,9 @@ pub struct ReconcileReport {
     /// run decided on the row. The index is eventually consistent; without this a job submitted
     /// just before its own scale request could be missed by that run and wait for the next one.
     pub jobs_read_past_index: Vec<String>,
+    /// The asked jobs could not be read by id (the read failed: among the errors): they stay
+    /// asked for, so a later run reads them ([`reconcile_exclusive`] does not forget them).
+    pub asked_jobs_unread: bool,
 }
 
 /// End the lease of a RUNNING job whose lease expired or whose worker is lost: QUEUED with a
@@ -409,22 +412,22 @@ where
 /// Overlay the rows of the jobs `asked` for ([`crate::ports::Asks::jobs`]), read by id
 /// (consistently), on `active` as the eventually consistent index listed it: a row the index
 /// does not show yet is added, one it shows in an older state replaced, one that has ended since
-/// dropped. Returns the ids whose row differed; a failed read is among the errors (the listing
-/// stands for that job).
+/// dropped. Returns the ids whose row differed, `None` when the read failed (among the errors;
+/// the listing stands); an unreadable row is among the errors and the listing stands for it.
 async fn read_asked_jobs<J: JobStore>(
     jobs: &J,
     asked: &[String],
     active: &mut Vec<JobRecord>,
     errors: &mut Vec<String>,
-) -> Vec<String> {
+) -> Option<Vec<String>> {
     if asked.is_empty() {
-        return Vec::new();
+        return Some(Vec::new());
     }
     let read = match jobs.get_many(asked).await {
         Ok(read) => read,
         Err(e) => {
             errors.push(format!("read the {} asked jobs: {e}", asked.len()));
-            return Vec::new();
+            return None;
         }
     };
     for (id, why) in &read.unreadable {
@@ -456,7 +459,7 @@ async fn read_asked_jobs<J: JobStore>(
         }
         differed.push(id.clone());
     }
-    differed
+    Some(differed)
 }
 
 /// [`reconcile`], with the jobs scale requests `asked` for read by id past the `active` index
@@ -491,7 +494,10 @@ where
     let listed = jobs.active().await?;
     let mut active = listed.items;
     report.unreadable.extend(listed.unreadable);
-    report.jobs_read_past_index = read_asked_jobs(jobs, asked, &mut active, &mut report.errors).await;
+    match read_asked_jobs(jobs, asked, &mut active, &mut report.errors).await {
+        Some(differed) => report.jobs_read_past_index = differed,
+        None => report.asked_jobs_unread = true,
+    }
     // Full vCPU quotas are kept among the unavailable offerings; the policy sees the rest.
     let (quotas_full, unavailable) = QuotaMark::split(avail.list_unavailable(now).await?);
 
@@ -902,8 +908,8 @@ where
             report.errors.push(format!("mark the run done: {e}"));
         }
         // The asked jobs are decided: later runs need not read them by id (asks made since keep
-        // theirs). Best effort: kept, they are read again.
-        if !asked.is_empty() {
+        // theirs). Best effort: kept, they are read again; kept too when they could not be read.
+        if !asked.is_empty() && !report.asked_jobs_unread {
             if let Err(e) = lease.forget_asked_jobs(RECONCILE_LEASE, asked).await {
                 report.errors.push(format!("forget the asked jobs: {e}"));
             }

@@ -782,6 +782,28 @@ fn a_scale_request_s_run_launches_for_its_jobs_before_the_index_shows_them() {
         "{:?}",
         r.errors
     );
+    // The read itself fails (DynamoDB keeps leaving the keys unprocessed): the run decides on the
+    // listing, and the ids stay asked for, so the next run reads them and launches.
+    let w = World::new();
+    let lease = FakeLease::default();
+    w.jobs.lag_index();
+    let ids = w.submit(1);
+    pollster::block_on(lease.ask(RECONCILE_LEASE, &ids, NOW + 1.0, 30.0)).unwrap();
+    w.jobs.fail_next_get_many(onoff_control::ports::StoreError::Other(
+        "get jobs: 1 keys still unprocessed".into(),
+    ));
+    let r = run(&w, &lease, NOW + 2.0);
+    assert!(r.acted.launched.is_empty() && r.asked_jobs_unread, "{r:?}");
+    assert!(
+        r.errors.iter().any(|e| e.contains("read the 1 asked jobs")),
+        "{:?}",
+        r.errors
+    );
+    assert_eq!(pollster::block_on(lease.asks(RECONCILE_LEASE)).unwrap().jobs, ids);
+    let r = run(&w, &lease, NOW + 3.0);
+    assert_eq!(r.acted.launched.len(), 1, "{r:?}");
+    assert!(!r.asked_jobs_unread);
+    assert!(pollster::block_on(lease.asks(RECONCILE_LEASE)).unwrap().jobs.is_empty());
 }
 
 /// A pending row whose message is gone (never sent, lost, expired) is a "ghost": without a
