@@ -677,24 +677,12 @@ pub trait JobStore {
     /// Several jobs by id, each read as [`JobStore::get`] reads it (strongly consistent): the
     /// rows that parse in `items`, those that do not in `unreadable` (id, what is wrong); an id
     /// in neither has no row. Any number of ids, repeats read once; the order is not kept. The
-    /// default reads them one by one; the DynamoDB adapter reads them 100 to a request
-    /// (`BatchGetItem`).
+    /// DynamoDB adapter reads them 100 to a request (`BatchGetItem`), asking again for the keys
+    /// DynamoDB leaves unprocessed.
     ///
     /// # Errors
-    /// Store failures (the first of the one-by-one reads).
-    async fn get_many(&self, ids: &[String]) -> Result<Listing<JobRecord>, StoreError> {
-        let mut out = Listing::default();
-        let mut seen = std::collections::BTreeSet::new();
-        for id in ids.iter().filter(|id| seen.insert(id.as_str())) {
-            match self.get(id).await {
-                Ok(Some(r)) => out.items.push(r),
-                Ok(None) => {}
-                Err(StoreError::Malformed(why)) => out.unreadable.push((id.clone(), why)),
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(out)
-    }
+    /// Store failures, and keys still unprocessed after the adapter's retries.
+    async fn get_many(&self, ids: &[String]) -> Result<Listing<JobRecord>, StoreError>;
 
     /// Record that a wake-up message for `id` was sent at `at` (unix seconds). Idempotent.
     ///
