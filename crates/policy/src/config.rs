@@ -96,14 +96,23 @@ pub struct LaneConfig {
     /// window's long-job demand exceeds every earlier window of the look-back (where the
     /// fractile has nothing to go on), this many times the excess over the largest of them is
     /// launched ahead of the arrivals still to come, on the bet that the burst goes on for another
-    /// window (a cold start). Spot only in a spot-first lane, within `max_workers`; not capped by
+    /// window (a cold start); only when that window needs at least `predictive_burst_min`
+    /// workers. Spot only in a spot-first lane, within `max_workers`; not capped by
     /// `predictive_max`, but read from the predictive pool's windows, so only while that pool is
-    /// on (`predictive_max` > 0). Default 0 (off): it buys a lower p95 wait with cost, and on the bursty
-    /// synthetic trace more cost than issue 12's 1.10 x bound allows. 3, the least that brings the
-    /// train half of Philly to p95 <= 240 s, gives the test half p95 220 s at 1.020 x the lower
-    /// bound (334 s at 1.015 x off), but the bursty trace 1.124 x (1.099 x off); README "Launching
-    /// ahead of a burst", `onoff simulate --sweep predictive_burst=0,1,2,3`.
+    /// on (`predictive_max` > 0). Default 0 (off): it buys a lower p95 wait with cost, and on the
+    /// bursty synthetic trace more cost than issue 12's 1.10 x bound allows. 3 gives the test half
+    /// of Philly p95 241 s at 1.016 x the lower bound (334 s at 1.015 x off), the bursty trace
+    /// 1.106 x (1.099 x off); 2 gives 254 s at 1.015 x and 1.0996 x; README "Launching ahead of a
+    /// burst", `onoff simulate --sweep predictive_burst=0,1,2,3`.
     pub predictive_burst: f64,
+    /// The least demand of the current window, in workers of one shape (its long-job arrivals),
+    /// that `predictive_burst` launches ahead of: a window of fewer is no burst to bet on. A lone
+    /// arrival of a rare shape (an 8-GPU job after hours without one) exceeds every earlier
+    /// window too, and launching several 8-GPU workers after it was most of what the bet cost on
+    /// the bursty synthetic trace. Default 12: of 1, 4, 8, 12, 16 and 24, the one with the lowest
+    /// cost plus the wait's value on the train half of Philly at `predictive_burst` 2 and 3
+    /// (README "Launching ahead of a burst", `--sweep predictive_burst_min=1,4,8,12,16,24`).
+    pub predictive_burst_min: u32,
 }
 
 impl Default for LaneConfig {
@@ -122,6 +131,7 @@ impl Default for LaneConfig {
             predictive_lookback_s: 10_800.0,
             predictive_min_bursts: 2,
             predictive_burst: 0.0,
+            predictive_burst_min: 12,
         }
     }
 }

@@ -2040,17 +2040,23 @@ fn predictive_warm_pool_is_per_job_shape_and_leaves_short_jobs_to_the_keep_alive
 fn a_burst_bigger_than_the_look_back_is_launched_ahead_for_when_asked() {
     // Two long 1-GPU jobs in each of the 27 windows of the 3 h look-back, then twelve in the
     // current one. The fractile (the 3rd largest of 27 windows at $0.10/h, 1 $/h of wait) holds 2;
-    // `predictive_burst` adds its multiple of the excess over the look-back's largest (12 - 2).
-    // (predictive_burst; lane max_workers; launches; held for the lane's cap)
-    let rows: &[(f64, u32, u32, u32)] = &[
-        (0.0, 32, 2, 0),  // off (the default): the fractile alone
-        (1.0, 32, 10, 0), // the excess, once
-        (2.0, 32, 20, 0), // twice
-        (2.0, 8, 8, 12),  // within the lane's cap: the rest held
+    // `predictive_burst` adds its multiple of the excess over the look-back's largest (12 - 2),
+    // when the current window needs at least `predictive_burst_min` workers (default 12).
+    // (predictive_burst; predictive_burst_min; lane max_workers; launches; held for the lane's cap)
+    let rows: &[(f64, Option<u32>, u32, u32, u32)] = &[
+        (0.0, None, 32, 2, 0),      // off (the default): the fractile alone
+        (1.0, None, 32, 10, 0),     // the excess, once
+        (2.0, None, 32, 20, 0),     // twice
+        (2.0, None, 8, 8, 12),      // within the lane's cap: the rest held
+        (2.0, Some(13), 32, 2, 0),  // 12 arrivals are no burst to bet on: the fractile alone
+        (2.0, Some(12), 32, 20, 0), // as many as the least: a burst
     ];
-    for &(factor, max_workers, want, held) in rows {
+    for &(factor, min, max_workers, want, held) in rows {
         let mut cfg = cfg();
         cfg.lanes[0].predictive_burst = factor;
+        if let Some(min) = min {
+            cfg.lanes[0].predictive_burst_min = min;
+        }
         cfg.lanes[0].max_workers = max_workers;
         let mut w = World::new(vec![], vec![]);
         let mut arrivals: Vec<f64> = (0..28)
@@ -2064,7 +2070,7 @@ fn a_burst_bigger_than_the_look_back_is_launched_ahead_for_when_asked() {
             w.lanes[0].record_arrival(1, t);
         }
         let plan = w.decide(&cfg, NOW);
-        let row = format!("predictive_burst {factor}, max_workers {max_workers}");
+        let row = format!("predictive_burst {factor}, least {min:?}, max_workers {max_workers}");
         assert_eq!(plan.launches(), want, "{row}: {plan:#?}");
         assert_eq!(
             held_count(&plan, |r| matches!(r, Reason::MaxWorkers { .. })),

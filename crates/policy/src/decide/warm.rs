@@ -140,14 +140,15 @@ impl Fractile {
 
 /// Workers to launch ahead of a burst bigger than the look-back saw
 /// ([`crate::config::LaneConfig::predictive_burst`]): `factor` times the excess of the current
-/// window's demand (`demand[0]`, windows most recent first) over every earlier window's, rounded
-/// down; 0 when some earlier window needed as many, or `factor` is 0.
-pub(crate) fn burst_ahead(demand: &[u32], factor: f64) -> u32 {
+/// window's demand (`demand[0]`, windows most recent first, in workers) over every earlier
+/// window's, rounded down; 0 when some earlier window needed as many, when the current window
+/// needs fewer than `min` workers (`predictive_burst_min`), or when `factor` is 0.
+pub(crate) fn burst_ahead(demand: &[u32], factor: f64, min: u32) -> u32 {
     let Some((&now, before)) = demand.split_first() else {
         return 0;
     };
     // Off by default: no pass over the windows then (one ran per shape on every decision).
-    if factor <= 0.0 || now == 0 {
+    if factor <= 0.0 || now == 0 || now < min {
         return 0;
     }
     let seen = before.iter().copied().max().unwrap_or(0);
@@ -260,7 +261,7 @@ fn shape_capacity(
             launch_target = launch_target.max(fractile.launch_target(cfg, lane, price));
         }
     }
-    launch_target = launch_target.max(burst_ahead(demand, lc.predictive_burst));
+    launch_target = launch_target.max(burst_ahead(demand, lc.predictive_burst, lc.predictive_burst_min));
     let (idle, pending) = fleet.free[lane]
         .iter()
         .filter(|c| serves(c.gpus, c.mem))
@@ -360,20 +361,28 @@ mod tests {
 
     #[test]
     fn a_burst_is_launched_ahead_for_only_by_its_excess_over_the_look_back() {
-        // (demand per window, the current one first; factor; workers launched ahead)
-        let rows: &[(&[u32], f64, u32)] = &[
-            (&[30, 0, 10, 2], 1.0, 20), // 20 more than any window before
-            (&[30, 0, 10, 2], 2.0, 40), // twice the excess
-            (&[30, 0, 10, 2], 0.5, 10), // half of it
-            (&[30, 0, 10, 2], 0.0, 0),  // off
-            (&[10, 0, 10, 2], 1.0, 0),  // the look-back saw as much: the fractile's to price
-            (&[3, 40, 10, 2], 1.0, 0),  // a burst on its way out
-            (&[7], 1.0, 7),             // nothing before it
-            (&[7, 6], 0.75, 0),         // an excess of 1 at 0.75: none
-            (&[], 1.0, 0),              // no arrivals
+        // (demand per window, the current one first; factor; least demand; workers launched ahead)
+        let rows: &[(&[u32], f64, u32, u32)] = &[
+            (&[30, 0, 10, 2], 1.0, 1, 20),  // 20 more than any window before
+            (&[30, 0, 10, 2], 2.0, 1, 40),  // twice the excess
+            (&[30, 0, 10, 2], 0.5, 1, 10),  // half of it
+            (&[30, 0, 10, 2], 0.0, 1, 0),   // off
+            (&[10, 0, 10, 2], 1.0, 1, 0),   // the look-back saw as much: the fractile's to price
+            (&[3, 40, 10, 2], 1.0, 1, 0),   // a burst on its way out
+            (&[7], 1.0, 1, 7),              // nothing before it
+            (&[7, 6], 0.75, 1, 0),          // an excess of 1 at 0.75: none
+            (&[], 1.0, 1, 0),               // no arrivals
+            (&[30, 0, 10, 2], 1.0, 30, 20), // the window needs as many as the least: a burst
+            (&[30, 0, 10, 2], 1.0, 31, 0),  // one fewer than the least: no burst to bet on
+            (&[1, 0, 0, 0], 3.0, 12, 0),    // a lone arrival of a rare shape
+            (&[1, 0, 0, 0], 3.0, 0, 3),     // ... which 0 (like 1) launches ahead of
         ];
-        for &(demand, factor, want) in rows {
-            assert_eq!(burst_ahead(demand, factor), want, "{demand:?} x {factor}");
+        for &(demand, factor, min, want) in rows {
+            assert_eq!(
+                burst_ahead(demand, factor, min),
+                want,
+                "{demand:?} x {factor}, least {min}"
+            );
         }
     }
 }
