@@ -97,10 +97,17 @@ impl Default for SqsLimits {
 
 /// Lane queues in memory with SQS's semantics on tokio time: visibility timeouts capped at 12 h
 /// from the receive, retention, delays, receive counts and the redrive to a dead-letter queue.
+/// A receipt handle belongs to one receive, and the fake answers a stale one (the message has
+/// been received again since) as the worst SQS allows: a DeleteMessage with it "will still
+/// succeed, but the message might not be deleted" (SQS API Reference, DeleteMessage), so it is
+/// not; a ChangeMessageVisibility with it is refused (`InvalidParameterValue`, "... is not
+/// available for visibility timeout change"), and so is one for a message visible again
+/// (`MessageNotInflight`).
 #[derive(Debug, Default)]
 pub struct FakeInbox {
     messages: Mutex<Vec<Queued>>,
     visibility_changes: Mutex<Vec<(String, u32)>>,
+    stale_deletes: Mutex<Vec<String>>,
     limits: SqsLimits,
     short_polls_miss: bool,
 }
@@ -192,6 +199,12 @@ impl FakeInbox {
         self.visibility_changes.lock().expect("lock").clone()
     }
 
+    /// Deletes (and the deletes of hand-backs) sent with a stale receipt handle, which
+    /// succeeded and deleted nothing: the message ids.
+    pub fn stale_deletes(&self) -> Vec<String> {
+        self.stale_deletes.lock().expect("lock").clone()
+    }
+
     fn take(&self, lane: &str, visibility_s: u32) -> Option<Message> {
         let now = Instant::now();
         let mut m = self.messages.lock().expect("lock");
@@ -221,15 +234,30 @@ impl FakeInbox {
         })
     }
 
-    fn with<T>(&self, receipt: &str, f: impl FnOnce(&mut Queued) -> Result<T, String>) -> Result<T, String> {
-        let id = receipt.split('#').next().unwrap_or_default();
+    /// `f` on the message `receipt` names, told whether the receipt is its latest receive's. A
+    /// receipt of a message gone (deleted, expired, dead-lettered) is refused.
+    fn with<T>(&self, receipt: &str, f: impl FnOnce(&mut Queued, bool) -> Result<T, String>) -> Result<T, String> {
+        let (id, receive) = receipt.split_once('#').unwrap_or((receipt, ""));
         let mut m = self.messages.lock().expect("lock");
         self.expire(&mut m);
         let q = m
             .iter_mut()
             .find(|q| q.id == id && !q.deleted)
             .ok_or_else(|| format!("ReceiptHandleIsInvalid: receipt {receipt} is not valid"))?;
-        f(q)
+        let latest = receive.parse::<u32>().ok() == Some(q.receives);
+        f(q, latest)
+    }
+
+    /// Delete the message of `receipt`, or, for a stale receipt, succeed and delete nothing.
+    fn delete_receipt(&self, receipt: &str) -> Result<(), String> {
+        let stale = self.with(receipt, |q, latest| {
+            q.deleted |= latest;
+            Ok((!latest).then(|| q.id.clone()))
+        })?;
+        if let Some(id) = stale {
+            self.stale_deletes.lock().expect("lock").push(id);
+        }
+        Ok(())
     }
 }
 
@@ -260,8 +288,17 @@ impl Inbox for FakeInbox {
 
     async fn set_visibility(&self, _lane: &str, receipt: &str, visibility_s: u32) -> Result<(), String> {
         let cap = self.limits.max_visibility_s;
-        let id = self.with(receipt, |q| {
+        let id = self.with(receipt, |q, latest| {
             let now = Instant::now();
+            if !latest {
+                return Err(format!(
+                    "InvalidParameterValue: Value {receipt} for parameter ReceiptHandle is invalid. Reason: \
+                     Message does not exist or is not available for visibility timeout change."
+                ));
+            }
+            if q.visible_at <= now {
+                return Err(format!("MessageNotInflight: message {} is not in flight", q.id));
+            }
             let until = now + Duration::from_secs(u64::from(visibility_s));
             // SQS: "the visibility timeout can't be extended beyond 12 hours from the receive".
             if let Some(r) = q.received_at {
@@ -280,18 +317,12 @@ impl Inbox for FakeInbox {
     }
 
     async fn delete(&self, _lane: &str, receipt: &str) -> Result<(), String> {
-        self.with(receipt, |q| {
-            q.deleted = true;
-            Ok(())
-        })
+        self.delete_receipt(receipt)
     }
 
     async fn requeue(&self, lane: &str, receipt: &str, body: &str, delay_s: u32) -> Result<(), String> {
         self.send_delayed(lane, body, delay_s);
-        self.with(receipt, |q| {
-            q.deleted = true;
-            Ok(())
-        })
+        self.delete_receipt(receipt)
     }
 }
 
@@ -727,5 +758,59 @@ impl Launcher for ScriptedLauncher {
             let _ = etx.send(JobEvent::Exited(code)).await;
         });
         Ok(JobHandle { events, control })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::FakeInbox;
+    use crate::ports::Inbox;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_receipt_deletes_nothing_and_changes_no_visibility() {
+        let inbox = FakeInbox::default();
+        let id = inbox.send("standard", "{\"job_id\": \"j1\"}");
+        let first = inbox.receive("standard", 0, 30).await.unwrap().expect("received");
+        // Its visibility runs out before the first receiver is done: another receives it.
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let second = inbox.receive("standard", 0, 30).await.unwrap().expect("received again");
+        assert_ne!(first.receipt, second.receipt);
+        // The first receipt is stale: the delete succeeds and deletes nothing; a visibility
+        // change is refused.
+        inbox
+            .delete("standard", &first.receipt)
+            .await
+            .expect("a stale delete succeeds");
+        assert_eq!(inbox.remaining(), vec![(id.clone(), 2)]);
+        assert_eq!(inbox.stale_deletes(), vec![id.clone()]);
+        let e = inbox.set_visibility("standard", &first.receipt, 0).await.unwrap_err();
+        assert!(e.starts_with("InvalidParameterValue"), "{e}");
+        // A hand-back with it sends the new message and leaves the old one too.
+        inbox
+            .requeue("standard", &first.receipt, "{\"job_id\": \"j1\"}", 0)
+            .await
+            .unwrap();
+        assert_eq!(inbox.pending_for("standard", "j1"), 2);
+        // The latest receipt still works.
+        inbox.set_visibility("standard", &second.receipt, 60).await.unwrap();
+        inbox.delete("standard", &second.receipt).await.unwrap();
+        assert_eq!(inbox.pending_for("standard", "j1"), 1);
+        assert_eq!(inbox.stale_deletes().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_visible_again_takes_no_visibility_change_but_its_latest_receipt_deletes_it() {
+        let inbox = FakeInbox::default();
+        inbox.send("standard", "{\"job_id\": \"j1\"}");
+        let m = inbox.receive("standard", 0, 30).await.unwrap().expect("received");
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let e = inbox.set_visibility("standard", &m.receipt, 60).await.unwrap_err();
+        assert!(e.starts_with("MessageNotInflight"), "{e}");
+        // Not received since: its receipt is still the latest, and deletes it.
+        inbox.delete("standard", &m.receipt).await.unwrap();
+        assert!(inbox.remaining().is_empty());
+        assert!(inbox.stale_deletes().is_empty());
     }
 }
