@@ -378,12 +378,14 @@ impl Ec2Fleet {
     /// Cancel the persistent spot requests of `ids` (those that have one): a persistent request
     /// whose instance is terminated opens again and launches another ("To ensure that no new
     /// Spot Instance is launched, you must first cancel the Spot request", EC2 User Guide,
-    /// "Terminate a Spot Instance"). Cancelling leaves the instances as they are. Not-found
+    /// "Terminate a Spot Instance"). Cancelling leaves the instances as they are. The instances
+    /// are looked up [`crate::limits::MAX_FILTER_VALUES`] at a time (EC2 refuses a lookup with more
+    /// filter values, `FilterLimitExceeded`, and none of the instances would end). Not-found
     /// requests are skipped, and the others of their batch still cancelled ([`without_gone`]:
     /// before, one unknown request left its whole batch open, each to launch again).
     async fn cancel_spot_requests(&self, ids: &[String]) -> Result<(), FleetError> {
         let mut requests: Vec<String> = Vec::new();
-        for batch in ids.chunks(crate::limits::MAX_TERMINATE_IDS) {
+        for batch in ids.chunks(crate::limits::MAX_FILTER_VALUES) {
             let mut pages = self
                 .client
                 .describe_instances()

@@ -9,6 +9,7 @@
 //! | call | limit | source |
 //! |---|---|---|
 //! | EC2 `TerminateInstances` | at most 1,000 instance ids | EC2 API Reference, TerminateInstances, `InstanceIds` |
+//! | EC2 `Describe*` with filters (instances, spot requests, subnets, images, spot prices) | at most 200 filter values in one call, each at most 255 characters | EC2 API Reference, "Error codes": `FilterLimitExceeded`, "The request uses too many filters or too many filter values"; EC2 answers "The maximum number of filter values specified on a single call is 200" and "The maximum length for a filter value is 255 characters" |
 //! | EC2 `CreateFleet`, `CreateTags` | at most 50 tags per resource; keys 1–128 characters, values at most 256 | EC2 User Guide, "Tag restrictions" |
 //! | EC2 `CreateFleet` | no instance type twice in one subnet (zone) among the overrides | EC2 error `InvalidFleetConfig`, "The fleet configuration contains duplicate instance pools" |
 //! | STS `AssumeRole` | `Policy` at most 2,048 characters of U+0020–U+00FF, tab, LF, CR; `RoleSessionName` 2–64 of `[\w+=,.@-]`; `DurationSeconds` 900–43,200 | AWS STS API Reference, AssumeRole |
@@ -49,6 +50,15 @@ use aws_smithy_types::config_bag::ConfigBag;
 
 /// Most instance ids one `TerminateInstances` call takes (EC2 API Reference).
 pub const MAX_TERMINATE_IDS: usize = 1000;
+
+/// Most filter values one EC2 `Describe*` call takes, over all its filters (EC2's
+/// `FilterLimitExceeded`: "The maximum number of filter values specified on a single call is
+/// 200"). A lookup of more instances by id goes in batches of this many.
+pub const MAX_FILTER_VALUES: usize = 200;
+
+/// Longest EC2 filter value, characters (EC2's `FilterLimitExceeded`: "The maximum length for a
+/// filter value is 255 characters").
+pub const MAX_FILTER_VALUE_CHARS: usize = 255;
 
 /// Most tags on one EC2 resource (EC2 User Guide, "Tag restrictions").
 pub const MAX_TAGS: usize = 50;
@@ -95,6 +105,46 @@ fn tags_ok(operation: &'static str, tags: &[aws_sdk_ec2::types::Tag]) -> Result<
     Ok(())
 }
 
+fn filters_ok(operation: &'static str, filters: &[aws_sdk_ec2::types::Filter]) -> Result<(), BoxError> {
+    let values = filters.iter().map(|f| f.values().len()).sum::<usize>();
+    if values > MAX_FILTER_VALUES {
+        return refuse(
+            operation,
+            format!("FilterLimitExceeded: {values} filter values in one call; at most {MAX_FILTER_VALUES}"),
+        );
+    }
+    for v in filters.iter().flat_map(|f| f.values()) {
+        let n = v.chars().count();
+        if n > MAX_FILTER_VALUE_CHARS {
+            return refuse(
+                operation,
+                format!("FilterLimitExceeded: a filter value of {n} characters; at most {MAX_FILTER_VALUE_CHARS}"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The filters of an EC2 `Describe*` input this project sends, with the operation's name.
+fn ec2_filters(input: &Input) -> Option<(&'static str, &[aws_sdk_ec2::types::Filter])> {
+    use aws_sdk_ec2::operation as ec2;
+    if let Some(i) = input.downcast_ref::<ec2::describe_instances::DescribeInstancesInput>() {
+        Some(("DescribeInstances", i.filters()))
+    } else if let Some(i) =
+        input.downcast_ref::<ec2::describe_spot_instance_requests::DescribeSpotInstanceRequestsInput>()
+    {
+        Some(("DescribeSpotInstanceRequests", i.filters()))
+    } else if let Some(i) = input.downcast_ref::<ec2::describe_subnets::DescribeSubnetsInput>() {
+        Some(("DescribeSubnets", i.filters()))
+    } else if let Some(i) = input.downcast_ref::<ec2::describe_images::DescribeImagesInput>() {
+        Some(("DescribeImages", i.filters()))
+    } else if let Some(i) = input.downcast_ref::<ec2::describe_spot_price_history::DescribeSpotPriceHistoryInput>() {
+        Some(("DescribeSpotPriceHistory", i.filters()))
+    } else {
+        None
+    }
+}
+
 fn key_ok(operation: &'static str, key: Option<&str>) -> Result<(), BoxError> {
     match key {
         Some(k) if k.len() > MAX_S3_KEY_BYTES => refuse(
@@ -109,7 +159,9 @@ fn key_ok(operation: &'static str, key: Option<&str>) -> Result<(), BoxError> {
 fn check(input: &Input) -> Result<(), BoxError> {
     use aws_sdk_ec2::operation as ec2;
     use aws_sdk_s3::operation as s3;
-    if let Some(i) = input.downcast_ref::<ec2::terminate_instances::TerminateInstancesInput>() {
+    if let Some((operation, filters)) = ec2_filters(input) {
+        filters_ok(operation, filters)?;
+    } else if let Some(i) = input.downcast_ref::<ec2::terminate_instances::TerminateInstancesInput>() {
         let n = i.instance_ids().len();
         if n > MAX_TERMINATE_IDS {
             return refuse(
@@ -632,6 +684,42 @@ mod tests {
         let why = refused(Input::erase(ids(1001))).unwrap();
         assert!(
             why.contains("TerminateInstances") && why.contains("1001 instance ids"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn an_ec2_lookup_takes_at_most_200_filter_values_of_at_most_255_characters() {
+        use aws_sdk_ec2::types::Filter;
+        let by_id = |n: usize| {
+            aws_sdk_ec2::operation::describe_instances::DescribeInstancesInput::builder()
+                .filters(
+                    Filter::builder()
+                        .name("instance-id")
+                        .set_values(Some((0..n).map(|i| format!("i-{i:017x}")).collect()))
+                        .build(),
+                )
+                .filters(Filter::builder().name("instance-state-name").values("running").build())
+                .build()
+                .unwrap()
+        };
+        // Counted over all the call's filters: 199 ids and one state are 200.
+        assert_eq!(refused(Input::erase(by_id(199))), None);
+        let why = refused(Input::erase(by_id(200))).unwrap();
+        assert!(
+            why.contains("DescribeInstances") && why.contains("201 filter values"),
+            "{why}"
+        );
+        let spot = |value: String| {
+            aws_sdk_ec2::operation::describe_spot_instance_requests::DescribeSpotInstanceRequestsInput::builder()
+                .filters(Filter::builder().name("instance-id").values(value).build())
+                .build()
+                .unwrap()
+        };
+        assert_eq!(refused(Input::erase(spot("i".repeat(255)))), None);
+        let why = refused(Input::erase(spot("i".repeat(256)))).unwrap();
+        assert!(
+            why.contains("DescribeSpotInstanceRequests") && why.contains("256 characters"),
             "{why}"
         );
     }

@@ -2966,3 +2966,52 @@ async fn stoppable_spot_launches_persistent_requests_that_stop_start_and_termina
         assert_eq!(state_of(&fleet, &id).await, None, "terminated: not listed");
     }
 }
+
+/// A terminate of more stoppable spot workers than EC2 takes filter values in one lookup: their
+/// persistent requests are looked up in batches of at most 200 instance ids (EC2 refuses more
+/// with `FilterLimitExceeded`, which `AwsLimits` holds), and every instance ends.
+#[tokio::test]
+async fn terminating_more_than_200_stoppable_spot_workers_looks_them_up_200_at_a_time() {
+    let c = clients().await;
+    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
+    let deployment = unique("deploy");
+    let sent = BodyLog::default();
+    let ec2 = aws_sdk_ec2::Client::from_conf(
+        aws_sdk_ec2::config::Builder::from(&conf().await)
+            .interceptor(sent.clone())
+            .interceptor(onoff_aws::limits::AwsLimits)
+            .build(),
+    );
+    let lt = launch_template(&c).await;
+    let fleet = Ec2Fleet::new(ec2, &lt)
+        .with_subnets(subnets)
+        .with_deployment(&deployment)
+        .with_stoppable_spot(true, None);
+    let n = onoff_aws::limits::MAX_FILTER_VALUES + 1;
+    let req = LaunchRequest {
+        lane: unique("lane"),
+        offerings: vec![key("g5.xlarge", "us-east-1a", CapacityType::Spot)],
+        count: n as u32,
+        project: None,
+        job: None,
+        client_token: String::new(),
+    }
+    .with_token_for(&unique("decision"));
+    let launched = fleet.launch(&req).await.unwrap().launched;
+    assert_eq!(launched.len(), n);
+    let ids: Vec<String> = launched.iter().map(|l| l.instance_id.clone()).collect();
+    let before = sent.0.lock().unwrap().len();
+    fleet.terminate(&ids).await.unwrap();
+    let after: Vec<String> = sent.0.lock().unwrap()[before..].to_vec();
+    let lookups: Vec<usize> = after
+        .iter()
+        .filter(|b| b.contains("Action=DescribeInstances") && b.contains("Filter.1.Name=instance-id"))
+        .map(|b| b.matches("Filter.1.Value.").count())
+        .collect();
+    assert_eq!(lookups, vec![onoff_aws::limits::MAX_FILTER_VALUES, 1], "{after:?}");
+    let listed = onoff_control::ports::FleetLister::list_managed(&fleet).await.unwrap();
+    assert!(
+        !listed.iter().any(|i| ids.contains(&i.instance_id)),
+        "all {n} terminated: none listed"
+    );
+}
