@@ -14,9 +14,13 @@
 //! | EC2 `CreateFleet` | no instance type twice in one subnet (zone) among the overrides | EC2 error `InvalidFleetConfig`, "The fleet configuration contains duplicate instance pools" |
 //! | STS `AssumeRole` | `Policy` at most 2,048 characters of U+0020–U+00FF, tab, LF, CR; `RoleSessionName` 2–64 of `[\w+=,.@-]`; `DurationSeconds` 900–43,200 | AWS STS API Reference, AssumeRole |
 //! | S3 object calls | key at most 1,024 bytes of UTF-8 | Amazon S3 User Guide, "Naming Amazon S3 objects" |
+//! | EC2 `RunInstances` | tags as for `CreateFleet` | EC2 User Guide, "Tag restrictions" |
+//! | DynamoDB item and key calls | a number is a decimal of at most 38 significant digits within ±1E-130 to ±9.9…9E+125 (no NaN, no infinity) | Amazon DynamoDB Developer Guide, "Supported data types and naming rules": Number |
 //!
 //! Limits moto already enforces (SQS receive, visibility and delay bounds, message size, and
-//! DynamoDB's item size) are left to it.
+//! DynamoDB's item size) are left to it. moto checks a PutItem's numbers in part and an
+//! UpdateItem's not at all: it stores `NaN` and `inf` (what `format!("{}", f64::NAN)` gives)
+//! and numbers past DynamoDB's range.
 //!
 //! [`OneTimeSpotStops`] holds one of EC2's rules that needs what an earlier call launched: EC2
 //! refuses StopInstances on a spot instance of a one-time request ("You can't stop the Spot
@@ -155,12 +159,124 @@ fn key_ok(operation: &'static str, key: Option<&str>) -> Result<(), BoxError> {
     }
 }
 
+/// Why DynamoDB would refuse the number `v` (an `N` value as sent), or `None`. A number is a
+/// decimal, optionally signed and with an exponent, of at most 38 significant digits (leading
+/// and trailing zeros trimmed), 0 or of magnitude 1E-130 to 9.9…9E+125 (Amazon DynamoDB
+/// Developer Guide, "Supported data types and naming rules"); the texts are DynamoDB's.
+#[must_use]
+pub fn dynamodb_number_problem(v: &str) -> Option<String> {
+    let bad = || Some(format!("The parameter cannot be converted to a numeric value: {v}"));
+    let unsigned = v.strip_prefix(['-', '+']).unwrap_or(v);
+    let (mantissa, exp) = match unsigned.find(['e', 'E']) {
+        Some(i) => match unsigned[i + 1..].parse::<i64>() {
+            Ok(e) => (&unsigned[..i], e),
+            Err(_) => return bad(),
+        },
+        None => (unsigned, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if int.is_empty() && frac.is_empty() || !(int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())) {
+        return bad();
+    }
+    let digits: Vec<u8> = int.bytes().chain(frac.bytes()).collect();
+    let Some(first) = digits.iter().position(|d| *d != b'0') else {
+        return None; // zero
+    };
+    let last = digits.iter().rposition(|d| *d != b'0').unwrap_or(first);
+    if last - first + 1 > 38 {
+        return Some("Attempting to store more than 38 significant digits in a Number".into());
+    }
+    // The power of ten of the first significant digit.
+    let e10 = int.len() as i64 - 1 - first as i64 + exp;
+    if e10 > 125 {
+        Some("Number overflow. Attempting to store a number with magnitude larger than supported range".into())
+    } else if e10 < -130 {
+        Some("Number underflow. Attempting to store a number with magnitude smaller than supported range".into())
+    } else {
+        None
+    }
+}
+
+/// The first number among `values` (nested lists, maps and number sets included) DynamoDB would
+/// refuse, with why.
+fn dynamodb_numbers_ok<'a>(
+    operation: &'static str,
+    values: impl IntoIterator<Item = &'a aws_sdk_dynamodb::types::AttributeValue>,
+) -> Result<(), BoxError> {
+    use aws_sdk_dynamodb::types::AttributeValue as A;
+    let mut stack: Vec<&A> = values.into_iter().collect();
+    while let Some(v) = stack.pop() {
+        let numbers: &[String] = match v {
+            A::N(n) => std::slice::from_ref(n),
+            A::Ns(ns) => ns,
+            A::L(l) => {
+                stack.extend(l);
+                &[]
+            }
+            A::M(m) => {
+                stack.extend(m.values());
+                &[]
+            }
+            _ => &[],
+        };
+        for n in numbers {
+            if let Some(problem) = dynamodb_number_problem(n) {
+                return refuse(operation, format!("ValidationException: {problem} ({n:?})"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The attribute values of a DynamoDB input this project sends (items, keys, expression
+/// values), with the operation's name.
+fn dynamodb_values(input: &Input) -> Option<(&'static str, Vec<&aws_sdk_dynamodb::types::AttributeValue>)> {
+    use aws_sdk_dynamodb::operation as ddb;
+    type Values<'a> = Option<&'a std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>;
+    fn all<'a>(maps: &[Values<'a>]) -> Vec<&'a aws_sdk_dynamodb::types::AttributeValue> {
+        maps.iter().copied().flatten().flat_map(|m| m.values()).collect()
+    }
+    if let Some(i) = input.downcast_ref::<ddb::put_item::PutItemInput>() {
+        Some(("PutItem", all(&[i.item(), i.expression_attribute_values()])))
+    } else if let Some(i) = input.downcast_ref::<ddb::update_item::UpdateItemInput>() {
+        Some(("UpdateItem", all(&[i.key(), i.expression_attribute_values()])))
+    } else if let Some(i) = input.downcast_ref::<ddb::delete_item::DeleteItemInput>() {
+        Some(("DeleteItem", all(&[i.key(), i.expression_attribute_values()])))
+    } else if let Some(i) = input.downcast_ref::<ddb::get_item::GetItemInput>() {
+        Some(("GetItem", all(&[i.key()])))
+    } else if let Some(i) = input.downcast_ref::<ddb::query::QueryInput>() {
+        Some((
+            "Query",
+            all(&[i.expression_attribute_values(), i.exclusive_start_key()]),
+        ))
+    } else if let Some(i) = input.downcast_ref::<ddb::scan::ScanInput>() {
+        Some(("Scan", all(&[i.expression_attribute_values(), i.exclusive_start_key()])))
+    } else if let Some(i) = input.downcast_ref::<ddb::batch_get_item::BatchGetItemInput>() {
+        let keys = i
+            .request_items()
+            .into_iter()
+            .flat_map(|m| m.values())
+            .flat_map(|k| k.keys())
+            .flat_map(|k| k.values())
+            .collect();
+        Some(("BatchGetItem", keys))
+    } else {
+        None
+    }
+}
+
 /// Whether `input` (an operation's input, type-erased) is within the limits above.
 fn check(input: &Input) -> Result<(), BoxError> {
     use aws_sdk_ec2::operation as ec2;
     use aws_sdk_s3::operation as s3;
     if let Some((operation, filters)) = ec2_filters(input) {
         filters_ok(operation, filters)?;
+    } else if let Some((operation, values)) = dynamodb_values(input) {
+        dynamodb_numbers_ok(operation, values)?;
+    } else if let Some(i) = input.downcast_ref::<ec2::run_instances::RunInstancesInput>() {
+        for spec in i.tag_specifications() {
+            tags_ok("RunInstances", spec.tags())?;
+        }
     } else if let Some(i) = input.downcast_ref::<ec2::terminate_instances::TerminateInstancesInput>() {
         let n = i.instance_ids().len();
         if n > MAX_TERMINATE_IDS {
@@ -725,6 +841,57 @@ mod tests {
     }
 
     #[test]
+    fn a_dynamodb_number_is_a_decimal_of_38_digits_within_its_range() {
+        for ok in [
+            "0",
+            "-0.0",
+            "1700000000.123456",
+            "0.30000000000000004",
+            "1E-130",
+            "-9.9999999999999999999999999999999999999E+125",
+            "12345678901234567890123456789012345678",
+            "1000000000000000000000000000000000000000000",
+            ".5",
+            "5.",
+        ] {
+            assert_eq!(dynamodb_number_problem(ok), None, "{ok}");
+        }
+        for (bad, why) in [
+            ("NaN", "cannot be converted"),
+            ("inf", "cannot be converted"),
+            ("-inf", "cannot be converted"),
+            ("", "cannot be converted"),
+            (".", "cannot be converted"),
+            ("1e", "cannot be converted"),
+            ("1.2.3", "cannot be converted"),
+            ("123456789012345678901234567890123456789", "38 significant digits"),
+            ("1E126", "overflow"),
+            ("0.1E-130", "underflow"),
+        ] {
+            let got = dynamodb_number_problem(bad);
+            assert!(got.as_deref().is_some_and(|g| g.contains(why)), "{bad}: {got:?}");
+        }
+        // What the adapters' `n(f64)` sends for a value that is not finite.
+        assert!(dynamodb_number_problem(&format!("{}", f64::NAN)).is_some());
+        assert!(dynamodb_number_problem(&format!("{}", f64::INFINITY)).is_some());
+        assert!(dynamodb_number_problem(&format!("{}", f64::MAX)).is_some());
+        // Nested in an update's values, named with its operation.
+        use aws_sdk_dynamodb::types::AttributeValue as A;
+        let update = |v: A| {
+            aws_sdk_dynamodb::operation::update_item::UpdateItemInput::builder()
+                .table_name("t")
+                .key("job_id", A::S("job-1".into()))
+                .expression_attribute_values(":v", v)
+                .build()
+                .unwrap()
+        };
+        assert_eq!(refused(Input::erase(update(A::N("1.5".into())))), None);
+        let nested = A::M([("a".to_string(), A::L(vec![A::Ns(vec!["1".into(), "NaN".into()])]))].into());
+        let why = refused(Input::erase(update(nested))).unwrap();
+        assert!(why.contains("UpdateItem") && why.contains("\"NaN\""), "{why}");
+    }
+
+    #[test]
     fn tags_keys_and_session_policies_are_held_to_aws_limits() {
         use aws_sdk_ec2::types::{Tag, TagSpecification};
         let fleet = |value: &str| {
@@ -738,6 +905,21 @@ mod tests {
                 .unwrap()
         };
         assert_eq!(refused(Input::erase(fleet(&"l".repeat(256)))), None);
+        // RunInstances (stoppable spot workers) as CreateFleet: at most 50 tags.
+        let run = |n: usize| {
+            let mut spec = TagSpecification::builder();
+            for i in 0..n {
+                spec = spec.tags(Tag::builder().key(format!("k{i}")).value("v").build());
+            }
+            aws_sdk_ec2::operation::run_instances::RunInstancesInput::builder()
+                .tag_specifications(spec.build())
+                .build()
+                .unwrap()
+        };
+        assert_eq!(refused(Input::erase(run(50))), None);
+        assert!(refused(Input::erase(run(51)))
+            .unwrap()
+            .contains("RunInstances: AWS would refuse this request: 51 tags"));
         // The same instance type twice in one subnet: one pool named twice.
         let pools = |subnets: &[&str]| {
             use aws_sdk_ec2::types::{

@@ -208,7 +208,7 @@ impl Clients {
         if conf.endpoint_url().is_some() {
             // An emulator: hold the requests to AWS's own limits, which it does not.
             let l = crate::limits::AwsLimits;
-            (s3, sqs, ec2, sts) = (
+            (s3, sqs, ec2, sts, dynamodb) = (
                 s3.interceptor(l),
                 sqs.interceptor(l),
                 ec2.interceptor(l)
@@ -216,6 +216,7 @@ impl Clients {
                     .interceptor(crate::limits::StoppingInstances::default())
                     .interceptor(crate::limits::TerminatedInstances),
                 sts.interceptor(l),
+                dynamodb.interceptor(l),
             );
             // And lose the answers of applied writes, when asked to ([`crate::faults`]).
             if let Some(f) = crate::faults::from_env() {

@@ -3015,3 +3015,41 @@ async fn terminating_more_than_200_stoppable_spot_workers_looks_them_up_200_at_a
         "all {n} terminated: none listed"
     );
 }
+
+/// moto stores a number DynamoDB refuses when an UpdateItem sets it (`NaN`, as
+/// `format!("{}", f64::NAN)` gives it, or one past DynamoDB's range; a PutItem it checks in
+/// part); the local stack's clients refuse it before it is sent, with DynamoDB's reason, so such
+/// a write fails locally as it would on AWS. Most of this project's writes are UpdateItems.
+#[tokio::test]
+async fn a_number_dynamodb_refuses_is_refused_by_the_local_stack_though_moto_stores_it() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let c = clients().await;
+    let name = unique("numbers");
+    table(&c, &name, "id").await;
+    let set = |client: &aws_sdk_dynamodb::Client, v: &str| {
+        client
+            .update_item()
+            .table_name(&name)
+            .key("id", AttributeValue::S("w".into()))
+            .update_expression("SET price_usd_per_h = :v")
+            .expression_attribute_values(":v", AttributeValue::N(v.into()))
+            .send()
+    };
+    let bare = aws_sdk_dynamodb::Client::new(&conf().await);
+    for (v, why) in [
+        (format!("{}", f64::NAN), "cannot be converted to a numeric value: NaN"),
+        (
+            format!("{}", f64::INFINITY),
+            "cannot be converted to a numeric value: inf",
+        ),
+        ("1E126".to_string(), "Number overflow"),
+    ] {
+        set(&bare, &v)
+            .await
+            .unwrap_or_else(|e| panic!("moto stores {v}: {e:?}"));
+        let err = set(&c.dynamodb, &v).await.unwrap_err();
+        let got = format!("{}", aws_smithy_types::error::display::DisplayErrorContext(&err));
+        assert!(got.contains("AWS would refuse") && got.contains(why), "{v}: {got}");
+    }
+    set(&c.dynamodb, "0.25").await.unwrap();
+}

@@ -718,6 +718,7 @@ pub async fn jobs(a: JobsArgs) -> Result<()> {
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
     /// The job id (`onoff submit` printed it).
+    #[arg(value_parser = onoff_control::job::parse_job_id)]
     job: String,
     #[command(flatten)]
     target: Target,
@@ -833,6 +834,7 @@ pub async fn status(a: StatusArgs) -> Result<()> {
 #[derive(clap::Args, Debug)]
 pub struct LogsArgs {
     /// The job id.
+    #[arg(value_parser = onoff_control::job::parse_job_id)]
     job: String,
     /// The attempt (1 is the first; default the latest).
     #[arg(long)]
@@ -952,6 +954,7 @@ fn log_page_step(token: Option<&str>, next: Option<&str>, got: usize, follow: bo
 #[derive(clap::Args, Debug)]
 pub struct CancelArgs {
     /// The job id.
+    #[arg(value_parser = onoff_control::job::parse_job_id)]
     job: String,
     #[command(flatten)]
     target: Target,
@@ -997,6 +1000,7 @@ pub async fn cancel(a: CancelArgs) -> Result<()> {
 #[derive(clap::Args, Debug)]
 pub struct OutputsArgs {
     /// The job id.
+    #[arg(value_parser = onoff_control::job::parse_job_id)]
     job: String,
     /// Where to put them (default ./JOB_ID).
     dir: Option<PathBuf>,

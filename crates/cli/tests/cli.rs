@@ -728,3 +728,24 @@ fn bad_new_options_get_clear_errors() {
         assert!(err.contains(want), "{a:?}: {err}");
     }
 }
+
+/// A verb that takes a job id refuses text that is none before it reaches a stack: an empty id
+/// (a key DynamoDB refuses), a path (`onoff outputs` would write outside the folder asked for).
+#[cfg(feature = "local")]
+#[test]
+fn a_job_verb_refuses_what_is_not_a_job_id_before_it_connects() {
+    for args in [
+        &["status", ""][..],
+        &["cancel", "job-XYZ"],
+        &["logs", "job-0123456789abcdeF"],
+        &["outputs", "../../tmp/x"],
+    ] {
+        let out = onoff(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("is not a job id") && err.contains("16 lowercase hex digits"),
+            "{args:?}: {err}"
+        );
+    }
+}

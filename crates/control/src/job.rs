@@ -591,6 +591,23 @@ pub fn job_id_for(idempotency_key: &str) -> String {
     format!("job-{h:016x}")
 }
 
+/// `text` as a job id, or why it is none. Every job id is `job-` and 16 lowercase hex digits
+/// ([`job_id_for`]); anything else names no job, and as a key or a path it could do harm (an
+/// empty string is a key DynamoDB refuses; `../x` a folder outside the one asked for).
+///
+/// # Errors
+/// The text and the form expected.
+pub fn parse_job_id(text: &str) -> Result<String, String> {
+    let hex = text.strip_prefix("job-").unwrap_or_default();
+    if hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "{text:?} is not a job id: one is `job-` and 16 lowercase hex digits, as `onoff submit` and `onoff jobs` print it"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -854,6 +871,25 @@ mod tests {
         let text = serde_json::to_string(&a).unwrap();
         assert!(!text.contains("exit_code"), "{text}");
         assert_eq!(serde_json::from_str::<AttemptRecord>(&text).unwrap(), a);
+    }
+
+    #[test]
+    fn a_job_id_is_job_and_16_lowercase_hex_digits() {
+        let id = job_id_for("token:p:t");
+        assert_eq!(parse_job_id(&id), Ok(id.clone()));
+        for bad in [
+            "",
+            "job-",
+            "job-0123456789abcdeF",
+            "job-0123456789abcde",
+            "job-0123456789abcdef0",
+            "../x",
+            " job-0123456789abcdef",
+            "error#s3://b/k",
+        ] {
+            let why = parse_job_id(bad).unwrap_err();
+            assert!(why.contains("is not a job id"), "{bad:?}: {why}");
+        }
     }
 
     #[test]
