@@ -155,7 +155,7 @@ impl DynamoJobs {
             .client
             .get_item()
             .table_name(&self.table)
-            .key("job_id", s(format!("error#{key}")))
+            .key("job_id", s(onoff_control::job::error_record_id(key)))
             .consistent_read(true)
             .send()
             .await
@@ -376,7 +376,7 @@ impl JobStore for DynamoJobs {
             .client
             .put_item()
             .table_name(&self.table)
-            .item("job_id", s(format!("error#{key}")))
+            .item("job_id", s(onoff_control::job::error_record_id(key)))
             .item("reason", s(reason))
             .item("created_at", n(now))
             .item("expires_at", epoch_s(now + ERROR_RECORD_TTL_S))

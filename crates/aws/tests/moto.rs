@@ -970,6 +970,20 @@ async fn submit_writes_one_job_and_one_message_and_rejects_bad_specs_with_a_reco
     assert!(matches!(err, SubmitError::Rejected { .. }));
     let reason = jobs.error_record(&bad_src.describe()).await.unwrap().unwrap();
     assert!(reason.contains("argv array"), "{reason}");
+    // One from an S3 key near S3's 1,024 bytes: `error#` and its source would pass the `active`
+    // index's 1,024-byte sort key, which moto refuses (before, the rejection was retried until
+    // the event was dead-lettered); its record's id is bounded, and found by its source.
+    let long_src = Source::S3 {
+        bucket: "b".into(),
+        key: format!("jobs/{}.json", "k".repeat(1000)),
+        etag: "\"def\"".into(),
+        version: Some("v1".into()),
+    };
+    let err = submit("{not json", &long_src, &lanes, now, &jobs, &queue)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SubmitError::Rejected { .. }), "{err:?}");
+    assert!(jobs.error_record(&long_src.describe()).await.unwrap().is_some());
     assert!(queue.receive("standard", 10, 0, 60).await.unwrap().is_empty());
 }
 

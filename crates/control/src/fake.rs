@@ -1073,11 +1073,19 @@ impl crate::ports::JobStore for FakeJobs {
 
     async fn record_error(&self, key: &str, reason: &str, _now: f64) -> Result<(), StoreError> {
         self.injected()?;
-        // The item as the DynamoDB adapter writes it: `job_id` (`error#` and the key), `reason`,
-        // and two numbers (`created_at`, `expires_at`).
+        // The item as the DynamoDB adapter writes it: `job_id` (`crate::job::error_record_id`),
+        // `reason`, and two numbers (`created_at`, `expires_at`).
+        let id = crate::job::error_record_id(key);
+        // `job_id` is the jobs table's `active` index's sort key, held to 1,024 bytes.
+        if id.len() > crate::job::MAX_INDEX_SORT_KEY_BYTES {
+            return Err(StoreError::Invalid(format!(
+                "ValidationException: the index sort key job_id is {} bytes; at most {}",
+                id.len(),
+                crate::job::MAX_INDEX_SORT_KEY_BYTES
+            )));
+        }
         let size = "job_id".len()
-            + "error#".len()
-            + key.len()
+            + id.len()
             + "reason".len()
             + reason.len()
             + "created_at".len()

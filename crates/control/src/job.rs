@@ -583,12 +583,40 @@ impl Settle {
 /// Job id for a submission: derived from the idempotency key (client token, or the S3 object key
 /// and ETag) so a resubmission maps to the same job. FNV-1a 64 over the key, hex, prefixed `job-`.
 pub fn job_id_for(idempotency_key: &str) -> String {
+    format!("job-{:016x}", fnv1a64(idempotency_key))
+}
+
+/// FNV-1a 64 of `text`'s bytes.
+fn fnv1a64(text: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in idempotency_key.bytes() {
+    for b in text.bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    format!("job-{h:016x}")
+    h
+}
+
+/// Most bytes of a DynamoDB index's sort key (Amazon DynamoDB Developer Guide, "Constraints":
+/// "The minimum length of a sort key value is 1 byte. The maximum length is 1024 bytes."). The
+/// jobs table's `active` index sorts on `job_id`, so every row's `job_id` stays within it, an
+/// error record's too (moto refuses one longer whether or not the row is in the sparse index).
+pub const MAX_INDEX_SORT_KEY_BYTES: usize = 1024;
+
+/// The `job_id` of the error record of a submission rejected from `source` (its
+/// `submit::Source::describe`): `error#` and the source; past [`MAX_INDEX_SORT_KEY_BYTES`] (an S3
+/// key near S3's 1,024 bytes), as much of the source as fits before `…#` and the FNV-1a 64 of
+/// all of it, so one source is always one record and two long ones two.
+pub fn error_record_id(source: &str) -> String {
+    let whole = format!("error#{source}");
+    if whole.len() <= MAX_INDEX_SORT_KEY_BYTES {
+        return whole;
+    }
+    let tail = format!("…#{:016x}", fnv1a64(source));
+    let mut end = MAX_INDEX_SORT_KEY_BYTES - tail.len();
+    while !whole.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{tail}", &whole[..end])
 }
 
 /// `text` as a job id, or why it is none. Every job id is `job-` and 16 lowercase hex digits
@@ -871,6 +899,35 @@ mod tests {
         let text = serde_json::to_string(&a).unwrap();
         assert!(!text.contains("exit_code"), "{text}");
         assert_eq!(serde_json::from_str::<AttemptRecord>(&text).unwrap(), a);
+    }
+
+    #[test]
+    fn an_error_record_id_is_the_source_within_an_index_sort_key() {
+        assert_eq!(error_record_id("sqs:m-1"), "error#sqs:m-1");
+        let fits = format!(
+            "s3://b/{}",
+            "k".repeat(MAX_INDEX_SORT_KEY_BYTES - "error#s3://b/".len())
+        );
+        assert_eq!(error_record_id(&fits), format!("error#{fits}"));
+        // One byte more: bounded, and the same source is the same id.
+        let long = format!("{fits}é");
+        let id = error_record_id(&long);
+        assert!(
+            id.len() <= MAX_INDEX_SORT_KEY_BYTES && id.starts_with("error#s3://b/kkk"),
+            "{id}"
+        );
+        assert_eq!(id, error_record_id(&long));
+        // Two long sources that differ only past the cut stay two records.
+        let other = format!("{fits}x");
+        assert_ne!(error_record_id(&other), id);
+        assert!(error_record_id(&other).len() <= MAX_INDEX_SORT_KEY_BYTES);
+        // A cut inside a character falls back to its start.
+        let wide = format!("s3://b/{}", "é".repeat(600));
+        let id = error_record_id(&wide);
+        assert!(
+            id.len() <= MAX_INDEX_SORT_KEY_BYTES && id.ends_with(&format!("#{:016x}", fnv1a64(&wide))),
+            "{id}"
+        );
     }
 
     #[test]
