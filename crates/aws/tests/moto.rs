@@ -2892,9 +2892,10 @@ async fn a_stopped_worker_row_is_written_once_kept_from_its_agent_and_started_ag
     );
 }
 
-#[tokio::test]
-async fn stoppable_spot_launches_persistent_requests_that_stop_start_and_terminate() {
-    let c = clients().await;
+/// A fleet of this stack's own deployment whose spot workers are stoppable (persistent
+/// requests), every request body logged and held to AWS's limits; with its launch template id
+/// and deployment name.
+async fn stoppable_spot_fleet(c: &Clients) -> (Ec2Fleet, BodyLog, String, String) {
     let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
     let deployment = unique("deploy");
     let sent = BodyLog::default();
@@ -2904,11 +2905,18 @@ async fn stoppable_spot_launches_persistent_requests_that_stop_start_and_termina
             .interceptor(onoff_aws::limits::AwsLimits)
             .build(),
     );
-    let lt = launch_template(&c).await;
+    let lt = launch_template(c).await;
     let fleet = Ec2Fleet::new(ec2, &lt)
         .with_subnets(subnets)
         .with_deployment(&deployment)
         .with_stoppable_spot(true, None);
+    (fleet, sent, lt, deployment)
+}
+
+#[tokio::test]
+async fn stoppable_spot_launches_persistent_requests_that_stop_start_and_terminate() {
+    let c = clients().await;
+    let (fleet, sent, lt, deployment) = stoppable_spot_fleet(&c).await;
     let lane = unique("lane");
     let req = LaunchRequest {
         lane: lane.clone(),
@@ -2987,20 +2995,7 @@ async fn stoppable_spot_launches_persistent_requests_that_stop_start_and_termina
 #[tokio::test]
 async fn terminating_more_than_200_stoppable_spot_workers_looks_them_up_200_at_a_time() {
     let c = clients().await;
-    let subnets = Ec2Fleet::default_subnets(&c.ec2).await.unwrap();
-    let deployment = unique("deploy");
-    let sent = BodyLog::default();
-    let ec2 = aws_sdk_ec2::Client::from_conf(
-        aws_sdk_ec2::config::Builder::from(&conf().await)
-            .interceptor(sent.clone())
-            .interceptor(onoff_aws::limits::AwsLimits)
-            .build(),
-    );
-    let lt = launch_template(&c).await;
-    let fleet = Ec2Fleet::new(ec2, &lt)
-        .with_subnets(subnets)
-        .with_deployment(&deployment)
-        .with_stoppable_spot(true, None);
+    let (fleet, sent, _, _) = stoppable_spot_fleet(&c).await;
     let n = onoff_aws::limits::MAX_FILTER_VALUES + 1;
     let req = LaunchRequest {
         lane: unique("lane"),
