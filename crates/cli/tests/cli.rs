@@ -189,7 +189,12 @@ fn operator_verbs_name_a_bad_spec_first_and_missing_credentials_plainly() {
     assert!(err.contains("nothing to run: give the command after `--`"), "{err}");
     let err = run(&["submit", dir.join("missing.yaml").to_str().unwrap()]);
     assert!(err.contains("reading") && err.contains("missing.yaml"), "{err}");
-    for verb in [&["jobs"][..], &["status", "job-1"], &["cancel", "job-1"], &["workers"]] {
+    for verb in [
+        &["jobs"][..],
+        &["status", "job-0123456789abcdef"],
+        &["cancel", "job-0123456789abcdef"],
+        &["workers"],
+    ] {
         let err = run(verb);
         assert!(
             err.contains("no AWS credentials to reach stack nosuch") && err.contains("aws configure"),
