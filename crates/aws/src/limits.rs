@@ -197,8 +197,8 @@ pub fn dynamodb_number_problem(v: &str) -> Option<String> {
     }
 }
 
-/// The first number among `values` (nested lists, maps and number sets included) DynamoDB would
-/// refuse, with why.
+/// Refuses `operation` at the first number among `values` (nested lists, maps and number sets
+/// included) DynamoDB would refuse, naming it and why ([`dynamodb_number_problem`]).
 fn dynamodb_numbers_ok<'a>(
     operation: &'static str,
     values: impl IntoIterator<Item = &'a aws_sdk_dynamodb::types::AttributeValue>,
