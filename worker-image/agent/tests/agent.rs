@@ -1648,3 +1648,95 @@ async fn a_stop_that_never_comes_ends_the_instance_after_the_stop_wait() {
         "ended after {waited} s"
     );
 }
+
+/// The queue of `World`, whose first delete comes too late: the message's visibility ran out
+/// while the claim was under way, and another consumer received it (and then lost it, its own
+/// visibility running out 30 s later). The delete's receipt is stale then, and SQS may answer it
+/// with success and delete nothing (`FakeInbox` does).
+struct ReceivedAgainBeforeTheDelete<'a> {
+    inner: &'a FakeInbox,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl onoff_control::ports::JobQueue for ReceivedAgainBeforeTheDelete<'_> {
+    async fn send(&self, lane: &str, body: &str, delay_s: u32) -> Result<(), String> {
+        onoff_control::ports::JobQueue::send(self.inner, lane, body, delay_s).await
+    }
+}
+
+impl onoff_agent::ports::Inbox for ReceivedAgainBeforeTheDelete<'_> {
+    async fn receive(
+        &self,
+        lane: &str,
+        wait_s: u32,
+        visibility_s: u32,
+    ) -> Result<Option<onoff_agent::ports::Message>, String> {
+        self.inner.receive(lane, wait_s, visibility_s).await
+    }
+    async fn set_visibility(&self, lane: &str, receipt: &str, visibility_s: u32) -> Result<(), String> {
+        self.inner.set_visibility(lane, receipt, visibility_s).await
+    }
+    async fn delete(&self, lane: &str, receipt: &str) -> Result<(), String> {
+        if !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            // Visible again (its visibility over), and received by someone else.
+            self.inner.set_visibility(lane, receipt, 0).await?;
+            let other = self.inner.receive(lane, 0, 30).await?;
+            assert!(other.is_some(), "the other consumer receives it");
+        }
+        self.inner.delete(lane, receipt).await
+    }
+    async fn requeue(&self, lane: &str, receipt: &str, body: &str, delay_s: u32) -> Result<(), String> {
+        self.inner.requeue(lane, receipt, body, delay_s).await
+    }
+}
+
+/// A claim slower than the message's visibility: the agent's delete of the claimed message has a
+/// stale receipt, succeeds and deletes nothing. The job still runs once (the row is the truth:
+/// the claim is conditional), and the message, received again once its other receiver's
+/// visibility runs out, is dropped as not claimable and deleted with its latest receipt. Nothing
+/// is left in the queue to reach the dead-letter queue.
+#[tokio::test(start_paused = true)]
+async fn a_message_received_again_during_the_claim_is_deleted_by_its_next_receive_and_the_job_runs_once() {
+    let dir = tempdir("stale-receipt");
+    let w = World::default();
+    register(&w, "i-a");
+    w.launcher.script(
+        "work",
+        Script {
+            items: 100,
+            items_per_s: 1,
+            checkpoint_every_s: None,
+            exit_code: 0,
+        },
+    );
+    submit(&w, "job-1", "work", 3, 600.0);
+    let inbox = ReceivedAgainBeforeTheDelete {
+        inner: &w.inbox,
+        done: Default::default(),
+    };
+    let deps = Deps {
+        metadata: ArcMd(Arc::new(FakeMetadata::new("i-a"))),
+        inbox: &inbox,
+        jobs: &w.jobs,
+        registry: &w.registry,
+        checkpoints: &w.checkpoints,
+        objects: &w.objects,
+        instance: FakeInstance::default(),
+        launcher: &w.launcher,
+    };
+    let report = run(&deps, &cfg(dir.path()), T0, std::future::pending()).await.unwrap();
+    assert_eq!(
+        w.inbox.stale_deletes(),
+        vec!["m-1".to_string()],
+        "the claim's delete was stale"
+    );
+    assert_eq!(w.launcher.started().len(), 1, "the job ran once");
+    assert_eq!(job(&w, "job-1").state, JobState::Succeeded);
+    assert_eq!(report.dropped, 1, "its message, received again, was dropped");
+    assert!(
+        w.inbox.remaining().is_empty(),
+        "deleted with its latest receipt: {:?}",
+        w.inbox.remaining()
+    );
+    assert_eq!(report.exit, ExitReason::IdleTimeout);
+}
