@@ -735,7 +735,8 @@ fn bad_new_options_get_clear_errors() {
 }
 
 /// A verb that takes a job id refuses text that is none before it reaches a stack: an empty id
-/// (a key DynamoDB refuses), a path (`onoff outputs` would write outside the folder asked for).
+/// (a key DynamoDB refuses), a path (as `onoff outputs`' default folder `./JOB`, one outside the
+/// current folder).
 #[cfg(feature = "local")]
 #[test]
 fn a_job_verb_refuses_what_is_not_a_job_id_before_it_connects() {

@@ -621,7 +621,8 @@ pub fn error_record_id(source: &str) -> String {
 
 /// `text` as a job id, or why it is none. Every job id is `job-` and 16 lowercase hex digits
 /// ([`job_id_for`]); anything else names no job, and as a key or a path it could do harm (an
-/// empty string is a key DynamoDB refuses; `../x` a folder outside the one asked for).
+/// empty string is a key DynamoDB refuses; `../x`, as `onoff outputs`' default folder `./JOB`,
+/// one outside the current folder).
 ///
 /// # Errors
 /// The text and the form expected.
