@@ -910,7 +910,7 @@ mod tests {
             "k".repeat(MAX_INDEX_SORT_KEY_BYTES - "error#s3://b/".len())
         );
         assert_eq!(error_record_id(&fits), format!("error#{fits}"));
-        // One byte more: bounded, and the same source is the same id.
+        // Two bytes more: bounded, and the same source is the same id.
         let long = format!("{fits}é");
         let id = error_record_id(&long);
         assert!(
