@@ -93,10 +93,22 @@ async fn agent_until(
     shutdown: impl std::future::Future<Output = ()> + Send,
     metadata: Option<Arc<FakeMetadata>>,
 ) -> (AgentReport, Vec<String>) {
+    agent_on(w, &w.inbox, id, c, shutdown, metadata).await
+}
+
+/// [`agent_until`] reading its messages from `inbox` instead of the world's queue.
+async fn agent_on(
+    w: &World,
+    inbox: impl onoff_agent::ports::Inbox,
+    id: &str,
+    c: &AgentConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+    metadata: Option<Arc<FakeMetadata>>,
+) -> (AgentReport, Vec<String>) {
     let md = metadata.unwrap_or_else(|| Arc::new(FakeMetadata::new(id)));
     let deps = Deps {
         metadata: ArcMd(md),
-        inbox: &w.inbox,
+        inbox,
         jobs: &w.jobs,
         registry: &w.registry,
         checkpoints: &w.checkpoints,
@@ -1700,31 +1712,13 @@ async fn a_message_received_again_during_the_claim_is_deleted_by_its_next_receiv
     let dir = tempdir("stale-receipt");
     let w = World::default();
     register(&w, "i-a");
-    w.launcher.script(
-        "work",
-        Script {
-            items: 100,
-            items_per_s: 1,
-            checkpoint_every_s: None,
-            exit_code: 0,
-        },
-    );
+    script(&w, "work", 100);
     submit(&w, "job-1", "work", 3, 600.0);
     let inbox = ReceivedAgainBeforeTheDelete {
         inner: &w.inbox,
         done: Default::default(),
     };
-    let deps = Deps {
-        metadata: ArcMd(Arc::new(FakeMetadata::new("i-a"))),
-        inbox: &inbox,
-        jobs: &w.jobs,
-        registry: &w.registry,
-        checkpoints: &w.checkpoints,
-        objects: &w.objects,
-        instance: FakeInstance::default(),
-        launcher: &w.launcher,
-    };
-    let report = run(&deps, &cfg(dir.path()), T0, std::future::pending()).await.unwrap();
+    let (report, _) = agent_on(&w, &inbox, "i-a", &cfg(dir.path()), std::future::pending(), None).await;
     assert_eq!(
         w.inbox.stale_deletes(),
         vec!["m-1".to_string()],
