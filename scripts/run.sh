@@ -11,9 +11,10 @@
 #   scripts/run.sh idle-cost [SECONDS]
 #                                    serves an idle local stack SECONDS (default 120), then prices
 #                                    a month of it idle (scripts/idle_cost.py);
-#   scripts/run.sh submit|jobs|status|logs|cancel|outputs|cost [ARGS]
-#                                    the operator verbs (`--local` for the served stack,
-#                                    `--stack NAME` for a deployed one).
+#   scripts/run.sh VERB [ARGS]       any other `onoff` command, e.g. the operator verbs submit,
+#                                    jobs, status, logs, cancel, outputs, cost and workers
+#                                    (`--local` for the served stack, `--stack NAME` for a
+#                                    deployed one); `onoff --help` lists them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs" >&2; exit 1; }
@@ -32,7 +33,6 @@ fi
 # a plain `cargo build` resolves dependency features differently and compiles the SDK again.
 cargo test --workspace --locked --no-run --quiet
 case "${1:-}" in
-  submit|jobs|status|logs|cancel|outputs|cost) exec "$target_dir/debug/onoff" "$@" ;;
   idle-cost)
     seconds="${2:-120}"
     run_dir="$(mktemp -d)"
@@ -42,5 +42,8 @@ case "${1:-}" in
       --json --quiet > "$run_dir/report.json" || [ $? -eq 124 ]
     exec python3 scripts/idle_cost.py "$run_dir"
     ;;
-  *) exec "$target_dir/debug/onoff" local "$@" ;;
+  # No arguments, or options only: `onoff local` with them (the main job).
+  "" | -*) exec "$target_dir/debug/onoff" local "$@" ;;
+  # Any other word is an `onoff` command (clap refuses one it does not know, with the list).
+  *) exec "$target_dir/debug/onoff" "$@" ;;
 esac
