@@ -18,15 +18,16 @@ pub enum ShutdownMode {
 /// Agent settings. Durations in seconds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
-    /// `ONOFF_LANES`: lanes to poll, preferred first; empty = the worker's lane from the workers table.
+    /// `ONOFF_LANES`: lanes to poll, preferred first; empty = the worker's lane from its workers-table
+    /// row (`standard` when it has none).
     pub lanes: Vec<String>,
     /// `ONOFF_IDLE_TIMEOUT_S` (600): seconds with no job before the agent terminates its instance.
     pub idle_timeout_s: f64,
     /// `ONOFF_HEARTBEAT_S` (60): heartbeat period (the reaper's timeout is 300 s).
     pub heartbeat_s: f64,
     /// `ONOFF_LEASE_S` (300): job lease, renewed every third of it. The control plane's reaper
-    /// uses the same figure (`ONOFF_LEASE_S` there too): a pending job with no wake-up message for
-    /// two leases gets a fresh one.
+    /// re-sends a wake-up message for a pending job with none for 600 s (its own `resend_after_s`,
+    /// two of these default leases; it does not read this variable).
     pub lease_s: f64,
     /// `ONOFF_NOTICE_GRACE_S` (90): seconds between SIGTERM and SIGKILL after a notice (AWS gives
     /// 120 s between the spot interruption notice and the reclaim).
