@@ -314,12 +314,13 @@ impl WorkerRegistry for DynamoWorkers {
         &self,
         id: &str,
         at: f64,
+        launched_at: f64,
         stopped_at: Option<f64>,
         stopped_until: Option<f64>,
     ) -> Result<bool, StoreError> {
         let stopped = state_name(WorkerState::Stopped);
         let mut u = Update {
-            set: vec!["#s = :stopped".into()],
+            set: vec!["#s = :stopped".into(), "launched_at = :was".into()],
             remove: Vec::new(),
         };
         let mut req = self
@@ -328,7 +329,8 @@ impl WorkerRegistry for DynamoWorkers {
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":pending", s(state_name(WorkerState::Pending)))
             .expression_attribute_values(":stopped", s(stopped))
-            .expression_attribute_values(":at", n(at));
+            .expression_attribute_values(":at", n(at))
+            .expression_attribute_values(":was", n(launched_at));
         req = u.set_or_remove(req, "idle_since", stopped_at.map(n));
         req = u.set_or_remove(req, "hold_until", stopped_until.map(n));
         // Stopped since that stop again is done (the write's own retry).
@@ -339,6 +341,7 @@ impl WorkerRegistry for DynamoWorkers {
             |row| {
                 row.get("state").and_then(|v| v.as_s().ok()).map(String::as_str) == Some(stopped)
                     && number(row, "idle_since") == stopped_at
+                    && number(row, "launched_at") == Some(launched_at)
             },
         )
         .await

@@ -2857,37 +2857,58 @@ async fn a_stopped_worker_row_is_written_once_kept_from_its_agent_and_started_ag
     assert_eq!((row.state, row.launched_at), (WorkerState::Pending, 1_700_002_000.0));
     assert_eq!((row.project, row.pinned_job.as_deref()), (None, Some("job-new")));
     assert_eq!((row.idle_since, row.hold_until, row.heartbeat_at), (None, None, None));
-    // EC2 refused that start (still stopping): put back as it was stopped, its retry done; a
-    // put-back for another start (not the row's) refused.
+    // EC2 refused that start (still stopping): put back as it was stopped and launched, its retry
+    // done; a put-back for another start (not the row's) refused.
     assert!(!reg
-        .mark_start_refused(id, 1_700_002_100.0, Some(1_700_000_500.0), Some(1_700_010_000.0))
+        .mark_start_refused(
+            id,
+            1_700_002_100.0,
+            1_700_000_000.0,
+            Some(1_700_000_500.0),
+            Some(1_700_010_000.0)
+        )
         .await
         .unwrap());
     for _ in 0..2 {
         assert!(reg
-            .mark_start_refused(id, 1_700_002_000.0, Some(1_700_000_500.0), Some(1_700_010_000.0))
+            .mark_start_refused(
+                id,
+                1_700_002_000.0,
+                1_700_000_000.0,
+                Some(1_700_000_500.0),
+                Some(1_700_010_000.0)
+            )
             .await
             .unwrap());
     }
     let row = reg.get(id).await.unwrap().unwrap();
     assert_eq!(
-        (row.state, row.idle_since, row.hold_until),
-        (WorkerState::Stopped, Some(1_700_000_500.0), Some(1_700_010_000.0))
+        (row.state, row.idle_since, row.hold_until, row.launched_at),
+        (
+            WorkerState::Stopped,
+            Some(1_700_000_500.0),
+            Some(1_700_010_000.0),
+            1_700_000_000.0
+        )
     );
     // Started again, refused again without a known stop: put back without one.
     assert!(reg.mark_started(id, 1_700_003_000.0, None, None).await.unwrap());
-    assert!(reg.mark_start_refused(id, 1_700_003_000.0, None, None).await.unwrap());
+    assert!(reg
+        .mark_start_refused(id, 1_700_003_000.0, 1_700_000_000.0, None, None)
+        .await
+        .unwrap());
     let row = reg.get(id).await.unwrap().unwrap();
     assert_eq!(
-        (row.state, row.idle_since, row.hold_until),
-        (WorkerState::Stopped, None, None)
+        (row.state, row.idle_since, row.hold_until, row.launched_at),
+        (WorkerState::Stopped, None, None, 1_700_000_000.0)
     );
     assert_eq!(
         reg.mark_stopped("i-0bbbbbbbbbbbbbbb2", 1.0, 2.0).await,
         Err(StoreError::NotFound("i-0bbbbbbbbbbbbbbb2".into()))
     );
     assert_eq!(
-        reg.mark_start_refused("i-0bbbbbbbbbbbbbbb2", 1.0, None, None).await,
+        reg.mark_start_refused("i-0bbbbbbbbbbbbbbb2", 1.0, 0.0, None, None)
+            .await,
         Err(StoreError::NotFound("i-0bbbbbbbbbbbbbbb2".into()))
     );
 }

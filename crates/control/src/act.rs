@@ -619,6 +619,7 @@ where
                 job,
                 stopped_at,
                 stopped_until,
+                launched_at,
                 ..
             } = a
             else {
@@ -628,9 +629,9 @@ where
                 out.started.push(worker.clone());
                 continue;
             };
-            // Stopped again, since its stop and kept as before the start.
+            // Stopped again, since its stop, kept and launched as before the start.
             if let Err(e) = registry
-                .mark_start_refused(worker, ctx.now, *stopped_at, *stopped_until)
+                .mark_start_refused(worker, ctx.now, *launched_at, *stopped_at, *stopped_until)
                 .await
             {
                 out.errors.push(format!("mark {worker} stopped again: {e}"));

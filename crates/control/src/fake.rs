@@ -610,6 +610,7 @@ impl WorkerRegistry for FakeRegistry {
         &self,
         id: &str,
         at: f64,
+        launched_at: f64,
         stopped_at: Option<f64>,
         stopped_until: Option<f64>,
     ) -> Result<bool, StoreError> {
@@ -617,10 +618,11 @@ impl WorkerRegistry for FakeRegistry {
             id,
             |w| {
                 (w.state == WorkerState::Pending && w.launched_at == at)
-                    || (w.state == WorkerState::Stopped && w.idle_since == stopped_at)
+                    || (w.state == WorkerState::Stopped && w.idle_since == stopped_at && w.launched_at == launched_at)
             },
             |w| {
                 w.state = WorkerState::Stopped;
+                w.launched_at = launched_at;
                 w.idle_since = stopped_at;
                 w.hold_until = stopped_until;
             },

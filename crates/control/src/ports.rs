@@ -453,11 +453,13 @@ pub trait WorkerRegistry {
 
     /// Put back a worker whose start at `at` the provider refused (it is still stopped): state
     /// Stopped, `idle_since` = `stopped_at` and `hold_until` = `stopped_until` again (each removed
-    /// when `None`), as [`WorkerRegistry::mark_started`] found them; so it is kept stopped, and
-    /// a refused start held, by its stop as before the start. One conditional write on the row
-    /// being Pending since `at` (the refused start's own write): `Ok(true)` when written or the
-    /// row already is Stopped with `idle_since` = `stopped_at` (the write's own retry), `Ok(false)`
-    /// when it is in another state.
+    /// when `None`), and `launched_at` = `launched_at` (unix seconds), as
+    /// [`WorkerRegistry::mark_started`] found them; so it is kept stopped, and a refused start
+    /// held, by its stop as before the start, and the start that did not happen counts as no
+    /// launch. One conditional write on the row being Pending since `at` (the refused start's own
+    /// write): `Ok(true)` when written or the row already is Stopped with `idle_since` =
+    /// `stopped_at` and `launched_at` = `launched_at` (the write's own retry), `Ok(false)` when it
+    /// is in another state.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] when the worker is unknown; store failures.
@@ -465,6 +467,7 @@ pub trait WorkerRegistry {
         &self,
         id: &str,
         at: f64,
+        launched_at: f64,
         stopped_at: Option<f64>,
         stopped_until: Option<f64>,
     ) -> Result<bool, StoreError>;

@@ -786,10 +786,11 @@ fn workers_after(
                     job,
                     stopped_at,
                     stopped_until,
+                    launched_at,
                     ..
                 } if *worker == w.id && !acted.skipped.contains(worker) && w.state == WorkerState::Stopped => {
                     let started = acted.started.contains(worker);
-                    w.launched_at = now;
+                    w.launched_at = if started { now } else { *launched_at };
                     w.project = project.clone();
                     w.pinned_job = job.clone();
                     w.heartbeat_at = None;

@@ -554,7 +554,7 @@ fn idle_and_booting(
         cfg,
         offerings: &offs,
         unavailable: &[],
-        now: 0.0,
+        now: LAUNCHED_AT,
         table: None,
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, fleet, reg, avail));
@@ -900,8 +900,11 @@ fn stop_plan(id: &str, keep_s: f64) -> Plan {
 /// When [`first_stopped`] stops its worker, unix seconds.
 const STOPPED_AT: f64 = 100.0;
 
+/// When [`idle_and_booting`] launches its workers, unix seconds.
+const LAUNCHED_AT: f64 = 0.0;
+
 /// A plan that starts stopped `id` of offering `offering` for project `p`, pinned to `job`; the
-/// worker stopped at [`STOPPED_AT`].
+/// worker launched at [`LAUNCHED_AT`] and stopped at [`STOPPED_AT`].
 fn start_plan(id: &str, offering: OfferingKey, job: Option<&str>) -> Plan {
     Plan {
         actions: vec![Action::Start {
@@ -920,6 +923,7 @@ fn start_plan(id: &str, offering: OfferingKey, job: Option<&str>) -> Plan {
             job: job.map(str::to_string),
             stopped_at: Some(STOPPED_AT),
             stopped_until: Some(STOPPED_AT + 3600.0),
+            launched_at: LAUNCHED_AT,
             reason: Reason::UnmetBacklog { unmet_jobs: 1 },
         }],
         ..Plan::default()
@@ -1070,11 +1074,17 @@ fn a_start_refused_while_the_instance_is_still_stopping_is_held_while_the_stop_i
     assert!(out.launched.is_empty() && out.started.is_empty(), "{out:?}");
     assert!(out.errors.is_empty() && out.capacity_errors.is_empty(), "{out:?}");
     assert!(avail.marked().is_empty());
-    // Stopped since its stop and kept as before, so the next refusal is held by the same stop.
+    // Stopped since its stop and kept as before, so the next refusal is held by the same stop;
+    // launched when it was, so the start that did not happen counts as no launch.
     let row = reg.records()[&ids[0]].clone();
     assert_eq!(
-        (row.state, row.idle_since, row.hold_until),
-        (WorkerState::Stopped, Some(STOPPED_AT), Some(STOPPED_AT + 3600.0))
+        (row.state, row.idle_since, row.hold_until, row.launched_at),
+        (
+            WorkerState::Stopped,
+            Some(STOPPED_AT),
+            Some(STOPPED_AT + 3600.0),
+            LAUNCHED_AT
+        )
     );
     assert!(fleet.stopped().contains_key(&ids[0]));
     let out = pollster::block_on(act(
@@ -1104,8 +1114,13 @@ fn a_start_refused_while_the_instance_is_still_stopping_is_held_while_the_stop_i
     assert_eq!(out.launched.len(), 1, "{out:?}");
     let row = reg.records()[&ids[0]].clone();
     assert_eq!(
-        (row.state, row.idle_since, row.hold_until),
-        (WorkerState::Stopped, Some(STOPPED_AT), Some(STOPPED_AT + 3600.0))
+        (row.state, row.idle_since, row.hold_until, row.launched_at),
+        (
+            WorkerState::Stopped,
+            Some(STOPPED_AT),
+            Some(STOPPED_AT + 3600.0),
+            LAUNCHED_AT
+        )
     );
     // A start pinned to a job (a deadline at risk) keeps its launch, however recent the stop.
     let fleet = FakeFleet::new();
@@ -1194,7 +1209,8 @@ fn a_start_without_capacity_leaves_the_worker_stopped_marks_its_offering_and_lau
         avail.marked().get(&key("a.1", "z1")),
         Some(&(500.0 + cfg.offers.unavailable_ttl_s))
     );
-    assert_eq!(reg.records()[&ids[0]].state, WorkerState::Stopped);
+    let row = reg.records()[&ids[0]].clone();
+    assert_eq!((row.state, row.launched_at), (WorkerState::Stopped, LAUNCHED_AT));
     assert!(fleet.stopped().contains_key(&ids[0]));
     // Its capacity is launched from the next offering instead, for the same project.
     assert_eq!(out.launched.len(), 1, "{out:?}");

@@ -236,6 +236,11 @@ pub enum Action {
         /// unix seconds, if known: a start that fails puts it back on the worker with `stopped_at`,
         /// so the worker is kept, and held for, as before the start.
         stopped_until: Option<f64>,
+        /// When it was launched, or last started (its [`crate::observation::WorkerView::launched_at`]),
+        /// unix seconds: a start that fails puts it back too, so the stopped worker's row keeps
+        /// its own launch time (the reconciler's launch grace and `onoff cost`'s idle estimate
+        /// count from it), as the simulator, where a refused start changes nothing, keeps it.
+        launched_at: f64,
         /// Why.
         reason: Reason,
     },

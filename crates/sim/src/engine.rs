@@ -1378,11 +1378,13 @@ impl WorkerRegistry for SimPorts<'_> {
         &self,
         id: &str,
         _at: f64,
+        _launched_at: f64,
         _stopped_at: Option<f64>,
         _stopped_until: Option<f64>,
     ) -> Result<bool, StoreError> {
         // A refused start leaves the simulated worker as it was (`start_worker`): stopped, with
-        // its stop time and keep, which is what this write puts back on the functions' row.
+        // its launch time, stop time and keep, which is what this write puts back on the
+        // functions' row.
         let w = self.0.borrow();
         let i = w.worker_by_id(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
         Ok(w.workers[i].state == WorkerState::Stopped)

@@ -760,6 +760,7 @@ pub(crate) fn push_starts(
             job: for_.job.map(str::to_string),
             stopped_at: w.idle_since,
             stopped_until: w.stopped_until,
+            launched_at: w.launched_at,
             reason: for_.reason.clone(),
         });
     }
