@@ -5,7 +5,9 @@
 //! Workers table (key `instance_arn`, the instance's ARN, so IAM can let an instance write only
 //! its own row with `dynamodb:LeadingKeys`): `instance_id`, `lane`, `instance_type`, `zone`, `capacity_type`,
 //! `price_usd_per_h`, `state`, `launched_at`, `project`, `pinned_job`, and `ended_at` and `expires_at` (TTL)
-//! once a worker is terminating (`onoff cost` prices a worker's life from launch to `ended_at`). Control table (key `pk`): `unavailable#<type>#<zone>#<capacity>` items with
+//! once a worker is terminating; `closed_runs_s` (seconds it ran in its runs a stop ended) and,
+//! while its last run is ended by a stop, `stopped_at` (`onoff cost` prices a worker's instance
+//! time with them, [`instance_run_s`]). Control table (key `pk`): `unavailable#<type>#<zone>#<capacity>` items with
 //! `until` and `expires_at`; `lease#<name>` items with `owner` and `until`; `event#<id>` items (with `expires_at`) for events already handled.
 
 use std::collections::HashMap;
@@ -24,6 +26,23 @@ use onoff_policy::{CapacityType, OfferingKey, UnavailableOffering, WorkerState};
 
 /// How long a finished worker's row is kept before DynamoDB's TTL removes it, seconds (7 days).
 pub const FINISHED_ROW_TTL_S: f64 = 7.0 * 86_400.0;
+
+/// Seconds a worker row's instance has run, so far or in all (its instance time billed at its
+/// price, for `onoff cost`'s idle workers): the runs a stop ended (`closed_runs_s`, 0 when
+/// absent), plus the last run, from `launched_at` to its stop (`stopped_at`: none, it is
+/// counted in `closed_runs_s`), to `ended_at` once the worker is terminating, else to `now`
+/// (unix seconds). A stopped instance bills its volume only, which this does not count. `None`
+/// without `launched_at`.
+pub fn instance_run_s(item: &HashMap<String, AttributeValue>, now: f64) -> Option<f64> {
+    let launched = number(item, "launched_at")?;
+    let closed = number(item, "closed_runs_s").unwrap_or(0.0);
+    let last = if number(item, "stopped_at").is_some() {
+        0.0
+    } else {
+        (number(item, "ended_at").unwrap_or(now) - launched).max(0.0)
+    };
+    Some(closed + last)
+}
 
 /// Name of a worker state as stored.
 pub fn state_name(state: WorkerState) -> &'static str {
@@ -260,17 +279,23 @@ impl WorkerRegistry for DynamoWorkers {
         .await
     }
 
-    async fn mark_stopped(&self, id: &str, at: f64, until: f64) -> Result<bool, StoreError> {
+    async fn mark_stopped(&self, id: &str, at: f64, until: f64, launched_at: f64) -> Result<bool, StoreError> {
         let stopped = state_name(WorkerState::Stopped);
+        // The run the stop ends joins the closed ones, once: the write is conditional on Idle.
         let req = self
             .update_if(id)
-            .update_expression("SET #s = :stopped, idle_since = :at, hold_until = :u")
+            .update_expression(
+                "SET #s = :stopped, idle_since = :at, hold_until = :u, stopped_at = :at, \
+                 closed_runs_s = if_not_exists(closed_runs_s, :zero) + :run",
+            )
             .condition_expression("attribute_exists(instance_id) AND #s = :idle")
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":stopped", s(stopped))
             .expression_attribute_values(":idle", s(state_name(WorkerState::Idle)))
             .expression_attribute_values(":at", n(at))
-            .expression_attribute_values(":u", n(until));
+            .expression_attribute_values(":u", n(until))
+            .expression_attribute_values(":zero", n(0.0))
+            .expression_attribute_values(":run", n((at - launched_at).max(0.0)));
         // Already Stopped is done.
         written_or_done(req, id, "mark worker stopped", |row| {
             row.get("state").and_then(|v| v.as_s().ok()).map(String::as_str) == Some(stopped)
@@ -286,9 +311,10 @@ impl WorkerRegistry for DynamoWorkers {
         job: Option<&str>,
     ) -> Result<bool, StoreError> {
         let pending = state_name(WorkerState::Pending);
+        // A new run from `at`: the stop that ended the last one is over.
         let mut u = Update {
             set: vec!["#s = :pending".into(), "launched_at = :at".into()],
-            remove: vec!["idle_since", "hold_until", "heartbeat_at"],
+            remove: vec!["idle_since", "hold_until", "heartbeat_at", "stopped_at"],
         };
         // `state` and `project` are DynamoDB reserved words: aliased.
         let mut req = self
@@ -332,6 +358,9 @@ impl WorkerRegistry for DynamoWorkers {
             .expression_attribute_values(":at", n(at))
             .expression_attribute_values(":was", n(launched_at));
         req = u.set_or_remove(req, "idle_since", stopped_at.map(n));
+        // The run before the start ended at the stop, as before the start (its seconds are still
+        // in `closed_runs_s`; with the stop time unknown the run reads as open again).
+        req = u.set_or_remove(req, "stopped_at", stopped_at.map(n));
         req = u.set_or_remove(req, "hold_until", stopped_until.map(n));
         // Stopped since that stop again is done (the write's own retry).
         written_or_done(

@@ -2800,6 +2800,82 @@ async fn an_instance_still_stopping_is_refused_a_start_as_ec2_refuses_it() {
     fleet.terminate(&[id]).await.unwrap();
 }
 
+/// `onoff cost` prices a worker's instance time from its row (`instance_run_s`): its runs, not its
+/// stopped spells (a stopped instance bills its volume only). Before, it priced the whole span from
+/// the last launch or start to the end, stopped hours included, and forgot the runs before a start.
+#[tokio::test]
+async fn a_worker_row_counts_its_runs_not_its_stopped_spells() {
+    let c = clients().await;
+    let name = unique("workers");
+    table(&c, &name, onoff_aws::state::WORKER_KEY).await;
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &name, ARN_PREFIX);
+    let id = "i-0eeeeeeeeeeeeeee6";
+    let l = 1_700_000_000.0;
+    reg.register_launch(WorkerRecord::launched(
+        id,
+        "standard",
+        key("g5.xlarge", "us-east-1a", CapacityType::Spot),
+        0.39,
+        l,
+    ))
+    .await
+    .unwrap();
+    let run_s = |now: f64| {
+        let (c, name) = (c.clone(), name.clone());
+        async move {
+            let item = c
+                .dynamodb
+                .get_item()
+                .table_name(&name)
+                .key(
+                    onoff_aws::state::WORKER_KEY,
+                    aws_sdk_dynamodb::types::AttributeValue::S(format!("{ARN_PREFIX}{id}")),
+                )
+                .consistent_read(true)
+                .send()
+                .await
+                .unwrap()
+                .item
+                .unwrap();
+            onoff_aws::state::instance_run_s(&item, now).unwrap()
+        }
+    };
+    // Running: from its launch to now.
+    assert_eq!(run_s(l + 300.0).await, 300.0);
+    // Stopped after 600 s, its stop's write retried: 600 s, however long it stays stopped.
+    reg.heartbeat(id, WorkerState::Idle, Some(l + 400.0), l + 400.0)
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        assert!(reg.mark_stopped(id, l + 600.0, l + 90_000.0, l).await.unwrap());
+    }
+    assert_eq!(run_s(l + 600.0).await, 600.0);
+    assert_eq!(run_s(l + 4_000.0).await, 600.0);
+    // Started at 4,000 s: that run adds to the first, 300 s in.
+    assert!(reg.mark_started(id, l + 4_000.0, None, None).await.unwrap());
+    assert_eq!(run_s(l + 4_300.0).await, 900.0);
+    // A start refused puts the stop back: the stopped spell does not count.
+    assert!(reg
+        .mark_start_refused(id, l + 4_000.0, l, Some(l + 600.0), Some(l + 90_000.0))
+        .await
+        .unwrap());
+    assert_eq!(run_s(l + 8_000.0).await, 600.0);
+    // Started at 8,000 s, stopped again at 9,000 s, then terminated while stopped: 1,600 s in all.
+    assert!(reg.mark_started(id, l + 8_000.0, None, None).await.unwrap());
+    reg.heartbeat(id, WorkerState::Idle, Some(l + 8_500.0), l + 8_500.0)
+        .await
+        .unwrap();
+    assert!(reg
+        .mark_stopped(id, l + 9_000.0, l + 90_000.0, l + 8_000.0)
+        .await
+        .unwrap());
+    assert!(reg
+        .set_state_if(id, WorkerState::Terminating, &[WorkerState::Stopped])
+        .await
+        .unwrap());
+    assert_eq!(run_s(l + 50_000.0).await, 1_600.0);
+}
+
 #[tokio::test]
 async fn a_stopped_worker_row_is_written_once_kept_from_its_agent_and_started_again() {
     let c = clients().await;
@@ -2821,15 +2897,23 @@ async fn a_stopped_worker_row_is_written_once_kept_from_its_agent_and_started_ag
     reg.register_launch(rec).await.unwrap();
     // Only an Idle row is stopped.
     assert!(
-        !reg.mark_stopped(id, 1_700_000_500.0, 1_700_010_000.0).await.unwrap(),
+        !reg.mark_stopped(id, 1_700_000_500.0, 1_700_010_000.0, 1_700_000_000.0)
+            .await
+            .unwrap(),
         "Pending: not stopped"
     );
     reg.heartbeat(id, WorkerState::Idle, Some(1_700_000_400.0), 1_700_000_400.0)
         .await
         .unwrap();
-    assert!(reg.mark_stopped(id, 1_700_000_500.0, 1_700_010_000.0).await.unwrap());
+    assert!(reg
+        .mark_stopped(id, 1_700_000_500.0, 1_700_010_000.0, 1_700_000_000.0)
+        .await
+        .unwrap());
     // Its retry (an answer lost) is done, not refused.
-    assert!(reg.mark_stopped(id, 1_700_000_500.0, 1_700_010_000.0).await.unwrap());
+    assert!(reg
+        .mark_stopped(id, 1_700_000_500.0, 1_700_010_000.0, 1_700_000_000.0)
+        .await
+        .unwrap());
     let row = reg.get(id).await.unwrap().unwrap();
     assert_eq!(
         (row.state, row.idle_since, row.hold_until),
@@ -2903,7 +2987,7 @@ async fn a_stopped_worker_row_is_written_once_kept_from_its_agent_and_started_ag
         (WorkerState::Stopped, None, None, 1_700_000_000.0)
     );
     assert_eq!(
-        reg.mark_stopped("i-0bbbbbbbbbbbbbbb2", 1.0, 2.0).await,
+        reg.mark_stopped("i-0bbbbbbbbbbbbbbb2", 1.0, 2.0, 0.0).await,
         Err(StoreError::NotFound("i-0bbbbbbbbbbbbbbb2".into()))
     );
     assert_eq!(

@@ -1231,8 +1231,9 @@ fn cost_report(ops: &Ops, rows: &[JobRecord], by: &str) -> CostReport {
     }
 }
 
-/// $ of worker time no job paid for: every worker row's life × its price, less the attempts run on
-/// it.
+/// $ of worker time no job paid for: every worker row's instance time billed at its price (its
+/// runs, stopped spells left out: [`onoff_aws::state::instance_run_s`]) × that price, less the
+/// attempts run on it.
 async fn idle_worker_usd(ops: &Ops, rows: &[JobRecord], now: f64) -> Result<f64> {
     let mut lives: BTreeMap<String, f64> = BTreeMap::new();
     let mut pages = ops
@@ -1255,11 +1256,13 @@ async fn idle_worker_usd(ops: &Ops, rows: &[JobRecord], now: f64) -> Result<f64>
                 .and_then(|v| v.as_s().ok())
                 .cloned()
                 .unwrap_or_default();
-            let (Some(launched), Some(price)) = (num(item, "launched_at"), num(item, "price_usd_per_h")) else {
+            let (Some(run_s), Some(price)) = (
+                onoff_aws::state::instance_run_s(item, now),
+                num(item, "price_usd_per_h"),
+            ) else {
                 continue;
             };
-            let end = num(item, "ended_at").unwrap_or(now);
-            lives.insert(id, price * (end - launched).max(0.0) / 3600.0);
+            lives.insert(id, price * run_s / 3600.0);
         }
     }
     let mut worked: BTreeMap<&str, f64> = BTreeMap::new();

@@ -205,7 +205,12 @@ where
             }
             Action::Terminate { worker, .. } => to_terminate.push(worker.clone()),
             Action::CancelLaunch { worker, .. } => to_cancel.push(worker.clone()),
-            Action::Stop { worker, keep_s, .. } => to_stop.push((worker.clone(), ctx.now + keep_s)),
+            Action::Stop {
+                worker,
+                keep_s,
+                launched_at,
+                ..
+            } => to_stop.push((worker.clone(), ctx.now + keep_s, *launched_at)),
             Action::Start { .. } => {}
         }
     }
@@ -438,8 +443,8 @@ where
     // that took a job meanwhile keeps it), then the instance. One the provider refuses to stop (a
     // spot instance of a one-time request) is terminated instead.
     let mut stop_ids = Vec::new();
-    for (id, until) in to_stop {
-        match registry.mark_stopped(&id, ctx.now, until).await {
+    for (id, until, launched_at) in to_stop {
+        match registry.mark_stopped(&id, ctx.now, until, launched_at).await {
             Ok(true) | Err(crate::ports::StoreError::NotFound(_)) => stop_ids.push(id),
             Ok(false) => out.skipped.push(id),
             Err(e) => out.errors.push(format!("mark {id} stopped: {e}")),

@@ -570,7 +570,7 @@ impl WorkerRegistry for FakeRegistry {
         )
     }
 
-    async fn mark_stopped(&self, id: &str, at: f64, until: f64) -> Result<bool, StoreError> {
+    async fn mark_stopped(&self, id: &str, at: f64, until: f64, _launched_at: f64) -> Result<bool, StoreError> {
         self.write_if(
             id,
             |w| matches!(w.state, WorkerState::Idle | WorkerState::Stopped),

@@ -443,13 +443,17 @@ pub trait WorkerRegistry {
 
     /// Record that an Idle worker is being stopped: state Stopped, `idle_since` = `at` (unix
     /// seconds, when it was stopped), `hold_until` = `until` (unix seconds: kept stopped until
-    /// then, the policy's stopped keep-alive). One conditional write on the state being Idle:
-    /// `Ok(true)` when written or the row already is Stopped (the write's own retry), `Ok(false)`
-    /// when it is in another state (its agent took a job first: it is not stopped).
+    /// then, the policy's stopped keep-alive). The row also counts the run the stop ends, from
+    /// `launched_at` (unix seconds, the worker's launch or last start) to `at`, in the instance
+    /// time billed at its price (DynamoDB: `closed_runs_s` and `stopped_at`, which `onoff cost`
+    /// reads; the instance is not billed at its price while stopped). One
+    /// conditional write on the state being Idle: `Ok(true)` when written or the row already is
+    /// Stopped (the write's own retry), `Ok(false)` when it is in another state (its agent took a
+    /// job first: it is not stopped).
     ///
     /// # Errors
     /// [`StoreError::NotFound`] when the worker is unknown; store failures.
-    async fn mark_stopped(&self, id: &str, at: f64, until: f64) -> Result<bool, StoreError>;
+    async fn mark_stopped(&self, id: &str, at: f64, until: f64, launched_at: f64) -> Result<bool, StoreError>;
 
     /// Put back a worker whose start at `at` the provider refused (it is still stopped): state
     /// Stopped, `idle_since` = `stopped_at` and `hold_until` = `stopped_until` again (each removed

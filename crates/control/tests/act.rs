@@ -888,6 +888,7 @@ fn stop_plan(id: &str, keep_s: f64) -> Plan {
         actions: vec![Action::Stop {
             worker: id.into(),
             keep_s,
+            launched_at: LAUNCHED_AT,
             reason: Reason::KeepAliveExpired {
                 idle_s: 900.0,
                 keep_alive_s: 600.0,

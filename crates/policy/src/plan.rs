@@ -252,6 +252,10 @@ pub enum Action {
         /// How long to keep it stopped, seconds: then it is terminated
         /// ([`crate::keepalive::stopped_keep_s`] for its place in line when stopped).
         keep_s: f64,
+        /// When it was launched, or last started (its [`crate::observation::WorkerView::launched_at`]),
+        /// unix seconds: the run the stop ends began then, and its row adds that run to the
+        /// instance time it has been billed for (`onoff cost`'s idle workers).
+        launched_at: f64,
         /// Why.
         reason: Reason,
     },

@@ -397,7 +397,9 @@ fn check_invariants(c: &Case, plan: &Plan) -> Result<(), TestCaseError> {
     for a in &plan.actions {
         // A stop is a release as a termination is, for the same reasons.
         let (a, stop_keep) = match a {
-            Action::Stop { worker, keep_s, reason } => (
+            Action::Stop {
+                worker, keep_s, reason, ..
+            } => (
                 Action::Terminate {
                     worker: worker.clone(),
                     reason: reason.clone(),

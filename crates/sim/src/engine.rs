@@ -1393,7 +1393,7 @@ impl WorkerRegistry for SimPorts<'_> {
         // Every simulated worker is priced at its launch.
         Ok(false)
     }
-    async fn mark_stopped(&self, id: &str, _at: f64, until: f64) -> Result<bool, StoreError> {
+    async fn mark_stopped(&self, id: &str, _at: f64, until: f64, _launched_at: f64) -> Result<bool, StoreError> {
         // The simulated fleet's `stop` moves the worker (and bills it); here the check, and the
         // keep recorded on its view.
         let mut w = self.0.borrow_mut();

@@ -1578,7 +1578,11 @@ async fn an_agent_whose_instance_the_control_plane_stops_takes_no_job_and_leaves
     // comes at +40 s; the stop's shutdown reaches the agent at +100 s.
     let control_plane = async {
         tokio::time::sleep(Duration::from_secs(30)).await;
-        assert!(w.registry.mark_stopped("i-s", T0 + 30.0, T0 + 3600.0).await.unwrap());
+        assert!(w
+            .registry
+            .mark_stopped("i-s", T0 + 30.0, T0 + 3600.0, T0)
+            .await
+            .unwrap());
         tokio::time::sleep(Duration::from_secs(10)).await;
         submit(&w, "job-1", "train", 3, 600.0);
     };
@@ -1618,7 +1622,11 @@ async fn an_idle_timeout_that_finds_its_row_stopped_waits_for_the_stop_and_keeps
     // just before its idle timeout (+120 s); the stop's shutdown reaches the agent at +150 s.
     let control_plane = async {
         tokio::time::sleep(Duration::from_secs(115)).await;
-        assert!(w.registry.mark_stopped("i-s", T0 + 115.0, T0 + 3600.0).await.unwrap());
+        assert!(w
+            .registry
+            .mark_stopped("i-s", T0 + 115.0, T0 + 3600.0, T0)
+            .await
+            .unwrap());
     };
     let (r, terminated) = tokio::join!(
         agent_until(&w, "i-s", &c, tokio::time::sleep(Duration::from_secs(150)), None),
@@ -1643,7 +1651,11 @@ async fn a_stop_that_never_comes_ends_the_instance_after_the_stop_wait() {
     // between the two): no shutdown reaches the agent.
     let control_plane = async {
         tokio::time::sleep(Duration::from_secs(115)).await;
-        assert!(w.registry.mark_stopped("i-s", T0 + 115.0, T0 + 86_400.0).await.unwrap());
+        assert!(w
+            .registry
+            .mark_stopped("i-s", T0 + 115.0, T0 + 86_400.0, T0)
+            .await
+            .unwrap());
     };
     let started = tokio::time::Instant::now();
     let (r, terminated) = tokio::join!(

@@ -208,7 +208,12 @@ fn release(
     let until_needed = keepalive::arrivals_until_needed(line.len, line.units);
     line.len += 1;
     let keep_s = keepalive::stopped_keep_s(line.curve.as_deref(), until_needed, w.price_usd_per_h, cfg);
-    Action::Stop { worker, keep_s, reason }
+    Action::Stop {
+        worker,
+        keep_s,
+        launched_at: w.launched_at,
+        reason,
+    }
 }
 
 /// Terminate `lane`'s stopped workers (those scale-up did not start) once their stopped keep-alive
