@@ -642,14 +642,23 @@ impl JobStore for DynamoJobs {
     }
 }
 
-/// The extra condition of a settle that is not final: no cancel asked for (else the store ends it
-/// CANCELLED instead, [`cancelled`]).
+/// The extra condition of a settle other than SUCCEEDED or CANCELLED: no cancel asked for (else
+/// the store ends it CANCELLED instead, [`cancelled`]), as [`JobStore::finish`] promises: a job
+/// the user cancelled ends CANCELLED unless it succeeded, not FAILED (a failure at the attempt
+/// limit, a fatal one, a lease lost for the last time) nor waiting again. Before, only a settle
+/// that was not final carried it, so a cancelled job whose attempt then failed for the last time
+/// ended FAILED on DynamoDB while the fake (and the docs) ended it CANCELLED.
 fn not_cancelled(settle: &Settle) -> &'static str {
-    if settle.to.is_final() {
-        ""
-    } else {
+    if checks_cancel(settle) {
         " AND (attribute_not_exists(cancel_requested) OR cancel_requested = :no)"
+    } else {
+        ""
     }
+}
+
+/// Whether `settle` carries [`not_cancelled`]'s condition (and its `:no` value).
+fn checks_cancel(settle: &Settle) -> bool {
+    !matches!(settle.to, JobState::Succeeded | JobState::Cancelled)
 }
 
 /// `settle` turned CANCELLED (a cancel asked for while the attempt ran).
@@ -686,7 +695,7 @@ impl DynamoJobs {
             set.push("reason = :why");
             req = req.expression_attribute_values(":why", s(r));
         }
-        if !settle.to.is_final() {
+        if checks_cancel(settle) {
             req = req.expression_attribute_values(":no", AttributeValue::Bool(false));
         }
         if let Some(a) = &settle.attempt {

@@ -2422,7 +2422,7 @@ async fn cancel_and_the_attempt_log_are_conditional_writes_on_the_row() {
     let now = 1_700_000_000.0;
     let spec: JobSpec =
         serde_json::from_str(r#"{"image":"img","command":["x"],"project":"p","name":"sweep 3"}"#).unwrap();
-    for id in ["job-a", "job-b"] {
+    for id in ["job-a", "job-b", "job-c", "job-d"] {
         jobs.create(&JobRecord::new(id.into(), spec.clone(), "test".into(), now))
             .await
             .unwrap();
@@ -2481,6 +2481,42 @@ async fn cancel_and_the_attempt_log_are_conditional_writes_on_the_row() {
     assert_eq!(b.reason.as_deref(), Some("cancelled by the user"));
     assert_eq!(b.attempt_log, vec![attempt]);
     assert_eq!((b.lease_owner, b.claimed_at), (None, None));
+    // A final end other than success loses to the cancel too: an attempt that then fails for
+    // good (here a fatal end), and a lease the reaper finds lost for the last time, end CANCELLED,
+    // as the fake ends them, not FAILED.
+    for id in ["job-c", "job-d"] {
+        let Claim::Claimed(r) = jobs.claim(id, "i-2", now + 60.0, now).await.unwrap() else {
+            panic!("claimable")
+        };
+        assert_eq!(
+            jobs.request_cancel(id, now + 10.0).await.unwrap(),
+            CancelOutcome::Requested
+        );
+        let end = if id == "job-c" {
+            AttemptEnd::Fatal("wrong image".into())
+        } else {
+            AttemptEnd::LeaseLost("worker lost".into())
+        };
+        let limits = RerunLimits {
+            max_lease_expiries: 1,
+            ..RerunLimits::default()
+        };
+        let settle = Settle::of(&r, &end, &limits);
+        assert_eq!(settle.to, JobState::Failed, "{id}: a final end");
+        if id == "job-c" {
+            jobs.finish(id, "i-2", &settle, now + 20.0).await.unwrap();
+        } else {
+            jobs.requeue_lost(id, "i-2", now + 60.0, &settle, now + 70.0)
+                .await
+                .unwrap();
+        }
+        let r = jobs.get(id).await.unwrap().unwrap();
+        assert_eq!(
+            (r.state, r.reason.as_deref()),
+            (JobState::Cancelled, Some("cancelled by the user")),
+            "{id}"
+        );
+    }
     assert_eq!(jobs.request_cancel("job-z", now).await.unwrap(), CancelOutcome::Unknown);
 }
 
