@@ -910,7 +910,8 @@ impl FakeJobs {
     }
 
     /// Put an active row that does not parse (a hand-edited item): listed as unreadable,
-    /// [`StoreError::Malformed`] to `get` and `claim`.
+    /// [`StoreError::Malformed`] to `get` and `claim` (a claim of such a row that is also in the
+    /// fake as pending is written first, as DynamoDB writes it).
     pub fn put_unreadable(&self, id: &str, problem: &str) {
         self.unreadable.lock().expect("lock").insert(id.into(), problem.into());
     }
@@ -975,6 +976,13 @@ impl FakeJobs {
             r.finished_at = Some(now);
         }
     }
+}
+
+/// A lease call on a row that is gone, as DynamoDB answers it: its condition on the lease fails
+/// (there is no row to hold one), so [`StoreError::Conflict`], as the trait documents, not
+/// [`StoreError::NotFound`].
+fn gone_lease(id: &str) -> StoreError {
+    StoreError::Conflict(format!("no lease of {id}: the row is gone"))
 }
 
 impl crate::ports::JobStore for FakeJobs {
@@ -1057,12 +1065,13 @@ impl crate::ports::JobStore for FakeJobs {
         now: f64,
     ) -> Result<crate::ports::Claim, StoreError> {
         self.injected()?;
-        self.malformed(id)?;
         let mut m = self.jobs.lock().expect("lock");
         let Some(r) = m.get_mut(id) else {
+            self.malformed(id)?;
             return Ok(crate::ports::Claim::Unknown);
         };
         if !r.state.is_pending() {
+            self.malformed(id)?;
             return Ok(crate::ports::Claim::NotClaimable(r.state));
         }
         r.state = crate::job::JobState::Running;
@@ -1070,6 +1079,9 @@ impl crate::ports::JobStore for FakeJobs {
         r.lease_expires_at = Some(lease_until);
         r.claimed_at = Some(now);
         r.attempts += 1;
+        // As on DynamoDB: the claim is one conditional write that returns the row, so a row that
+        // does not parse is claimed (RUNNING under this lease) before the caller learns it.
+        self.malformed(id)?;
         Ok(crate::ports::Claim::Claimed(Box::new(r.clone())))
     }
 
@@ -1129,7 +1141,7 @@ impl crate::ports::JobStore for FakeJobs {
     ) -> Result<(), StoreError> {
         self.injected()?;
         let mut m = self.jobs.lock().expect("lock");
-        let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
+        let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
         if r.lease_owner.as_deref() != Some(owner) {
             return Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")));
         }
@@ -1143,7 +1155,7 @@ impl crate::ports::JobStore for FakeJobs {
     async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<crate::ports::Renewal, StoreError> {
         self.injected()?;
         let mut m = self.jobs.lock().expect("lock");
-        let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
+        let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
         if r.state != crate::job::JobState::Running || r.lease_owner.as_deref() != Some(owner) {
             return Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")));
         }
@@ -1179,7 +1191,7 @@ impl crate::ports::JobStore for FakeJobs {
     async fn finish(&self, id: &str, owner: &str, settle: &crate::job::Settle, now: f64) -> Result<(), StoreError> {
         self.injected()?;
         let mut m = self.jobs.lock().expect("lock");
-        let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
+        let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
         if r.state != crate::job::JobState::Running
             || r.lease_owner.as_deref() != Some(owner)
             || !r.state.can_go(settle.to)
@@ -1221,7 +1233,7 @@ impl crate::ports::JobStore for FakeJobs {
     ) -> Result<(), StoreError> {
         self.injected()?;
         let mut m = self.jobs.lock().expect("lock");
-        let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
+        let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
         if r.state != crate::job::JobState::Running
             || r.lease_owner.as_deref() != Some(owner)
             || r.lease_expires_at != Some(lease_expires_at)
