@@ -592,6 +592,38 @@ impl JobStore for DynamoJobs {
         Err(StoreError::Conflict(format!("{id} kept changing state; try again")))
     }
 
+    async fn fail_unreadable(&self, id: &str, owner: &str, reason: &str, now: f64) -> Result<(), StoreError> {
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("job_id", s(id))
+            .update_expression(
+                "SET #s = :failed, reason = :why, finished_at = :now, expires_at = :ttl \
+                 REMOVE lease_owner, lease_expires_at, claimed_at, active_lane",
+            )
+            .condition_expression("#s = :run AND lease_owner = :o")
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":failed", s(JobState::Failed.as_str()))
+            .expression_attribute_values(":run", s(JobState::Running.as_str()))
+            .expression_attribute_values(":o", s(owner))
+            .expression_attribute_values(":why", s(onoff_control::job::bounded_reason(reason.to_string())))
+            .expression_attribute_values(":now", n(now))
+            .expression_attribute_values(":ttl", epoch_s(now + FINISHED_JOB_TTL_S))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            // Written on an earlier try whose answer was lost: done. Read raw: the row does not
+            // parse.
+            Err(e) if condition_failed(&e) => match raw_state(&self.client, &self.table, id).await? {
+                Some(st) if st == JobState::Failed.as_str() => Ok(()),
+                _ => Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}"))),
+            },
+            Err(e) => Err(store_error("fail unreadable job", &e)),
+        }
+    }
+
     async fn requeue_lost(
         &self,
         id: &str,
@@ -640,6 +672,25 @@ impl JobStore for DynamoJobs {
             Err(e) => Err(store_error("re-queue job with a lost lease", &e)),
         }
     }
+}
+
+/// A row's `state` as stored, read raw (consistently): for a row that may not parse.
+async fn raw_state(client: &aws_sdk_dynamodb::Client, table: &str, id: &str) -> Result<Option<String>, StoreError> {
+    let out = client
+        .get_item()
+        .table_name(table)
+        .key("job_id", s(id))
+        .consistent_read(true)
+        .projection_expression("#s")
+        .expression_attribute_names("#s", "state")
+        .send()
+        .await
+        .map_err(|e| store_error("read job state", &e))?;
+    Ok(out
+        .item()
+        .and_then(|i| i.get("state"))
+        .and_then(|v| v.as_s().ok())
+        .cloned())
 }
 
 /// The extra condition of a settle other than SUCCEEDED or CANCELLED: no cancel asked for (else

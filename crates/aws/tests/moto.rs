@@ -2310,6 +2310,50 @@ async fn an_unreadable_active_row_is_skipped_and_named() {
     assert!(listed.unreadable[0].1.contains("spec"), "{:?}", listed.unreadable);
     let done = jobs.get("job-done").await.unwrap().unwrap();
     assert_eq!((done.state, done.finished_at), (JobState::Succeeded, Some(2.0)));
+    // A worker's claim of it is written (one conditional write that returns the row) and only
+    // then found unreadable: the row is RUNNING under that worker's lease.
+    assert!(matches!(
+        jobs.claim("job-garbled", "i-b", 200.0, 3.0).await,
+        Err(onoff_control::ports::StoreError::Malformed(_))
+    ));
+    let raw = |c: &Clients| {
+        let (c, t) = (c.clone(), t.clone());
+        async move {
+            c.dynamodb
+                .get_item()
+                .table_name(&t)
+                .key("job_id", AttributeValue::S("job-garbled".into()))
+                .consistent_read(true)
+                .send()
+                .await
+                .unwrap()
+                .item
+                .unwrap()
+        }
+    };
+    let row = raw(&c).await;
+    assert_eq!(row["state"].as_s().unwrap(), "RUNNING");
+    assert_eq!(row["lease_owner"].as_s().unwrap(), "i-b");
+    // Only its lease holder ends it: FAILED with the reason, out of the index, the write's retry
+    // done.
+    assert!(matches!(
+        jobs.fail_unreadable("job-garbled", "i-other", "unreadable", 4.0).await,
+        Err(onoff_control::ports::StoreError::Conflict(_))
+    ));
+    for _ in 0..2 {
+        jobs.fail_unreadable("job-garbled", "i-b", "job job-garbled cannot be read", 4.0)
+            .await
+            .unwrap();
+    }
+    let row = raw(&c).await;
+    assert_eq!(row["state"].as_s().unwrap(), "FAILED");
+    assert_eq!(row["reason"].as_s().unwrap(), "job job-garbled cannot be read");
+    assert!(
+        !row.contains_key("lease_owner") && !row.contains_key("active_lane"),
+        "{row:?}"
+    );
+    let listed = jobs.active().await.unwrap();
+    assert!(listed.unreadable.is_empty(), "{:?}", listed.unreadable);
 }
 
 /// Against an emulator the `active` index can be made to lag as AWS's may: a row created less

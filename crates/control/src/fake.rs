@@ -1125,11 +1125,18 @@ impl crate::ports::JobStore for FakeJobs {
             Some(before) => std::mem::replace(before, now),
             None => now,
         };
-        let unreadable = self.unreadable.lock().expect("lock").clone();
-        Ok(crate::ports::Listing {
-            items,
-            unreadable: unreadable.into_iter().collect(),
-        })
+        // An unreadable row is listed while it is in the index: unless a pending or running row
+        // of its id ended (`fail_unreadable`), which left the index.
+        let jobs = self.jobs.lock().expect("lock");
+        let unreadable = self
+            .unreadable
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|(id, _)| jobs.get(*id).is_none_or(|r| !r.state.is_final()))
+            .map(|(id, p)| (id.clone(), p.clone()))
+            .collect();
+        Ok(crate::ports::Listing { items, unreadable })
     }
 
     async fn record_progress(
@@ -1247,6 +1254,27 @@ impl crate::ports::JobStore for FakeJobs {
             )));
         }
         Self::apply_checked(r, settle, now)
+    }
+
+    async fn fail_unreadable(&self, id: &str, owner: &str, reason: &str, now: f64) -> Result<(), StoreError> {
+        self.injected()?;
+        let mut m = self.jobs.lock().expect("lock");
+        let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
+        if r.state == crate::job::JobState::Failed {
+            // The write's own retry.
+            return Ok(());
+        }
+        if r.state != crate::job::JobState::Running || r.lease_owner.as_deref() != Some(owner) {
+            return Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")));
+        }
+        r.state = crate::job::JobState::Failed;
+        r.reason = Some(crate::job::bounded_reason(reason.to_string()));
+        r.finished_at = Some(now);
+        r.lease_owner = None;
+        r.lease_expires_at = None;
+        r.claimed_at = None;
+        // Out of the active index (no longer listed), and as unreadable as before.
+        Ok(())
     }
 }
 

@@ -802,6 +802,17 @@ pub trait JobStore {
         settle: &crate::job::Settle,
         now: f64,
     ) -> Result<(), StoreError>;
+
+    /// End job `id` FAILED with `reason` (cut to [`crate::job::MAX_REASON_BYTES`]) while `owner`
+    /// holds its lease, without reading the row: for a row that does not parse, which a claim
+    /// wrote RUNNING under `owner`'s lease before it answered [`StoreError::Malformed`] (the
+    /// claim is one conditional write that returns the row). Stamps `finished_at = now`, clears
+    /// the lease and leaves the active index, so the row neither stays RUNNING nor is listed as
+    /// unreadable on every run. Done when the row already is FAILED (the write's own retry).
+    ///
+    /// # Errors
+    /// [`StoreError::Conflict`] when `owner` does not hold the lease; store failures.
+    async fn fail_unreadable(&self, id: &str, owner: &str, reason: &str, now: f64) -> Result<(), StoreError>;
 }
 
 /// Queue depth per lane.
@@ -1141,6 +1152,9 @@ impl<T: JobStore> JobStore for &T {
         now: f64,
     ) -> Result<(), StoreError> {
         (**self).requeue_lost(id, owner, lease_expires_at, settle, now).await
+    }
+    async fn fail_unreadable(&self, id: &str, owner: &str, reason: &str, now: f64) -> Result<(), StoreError> {
+        (**self).fail_unreadable(id, owner, reason, now).await
     }
 }
 

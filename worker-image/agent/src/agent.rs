@@ -816,8 +816,16 @@ where
                 None
             }
             Err(StoreError::Malformed(e) | StoreError::Invalid(e)) => {
-                // The row exists and cannot be read: nothing can run it. Poison, with its reason.
+                // The row exists and cannot be read: nothing can run it. The claim, one write that
+                // returns the row, may have made it RUNNING under this lease first: end it FAILED
+                // with the reason, so it neither stays RUNNING nor is listed unreadable on every
+                // reconcile (refused, and left, when the claim was not written). Then poison.
                 let reason = format!("job {job_id} cannot be read: {e}");
+                match self.deps.jobs.fail_unreadable(&job_id, &owner, &reason, now).await {
+                    Ok(()) => tracing::warn!(job = %job_id, "unreadable job: FAILED with its reason"),
+                    Err(StoreError::Conflict(_)) => {}
+                    Err(e) => tracing::warn!(job = %job_id, error = %e, "end the unreadable job"),
+                }
                 self.poison(&msg, &format!("sqs:{}", msg.message_id), &reason).await;
                 None
             }

@@ -625,6 +625,38 @@ async fn poison_messages_and_jobs_for_another_image_never_run() {
     assert!(r.poison >= 10, "{}", r.poison);
 }
 
+/// A job row that does not parse is claimed before the claim's answer says so (one conditional
+/// write that returns the row, on DynamoDB as in the fake): the agent ends it FAILED with the
+/// reason under the lease it got, so it does not stay RUNNING and listed unreadable on every
+/// reconcile, and its message is poison, with the same reason, until the dead-letter queue.
+#[tokio::test(start_paused = true)]
+async fn an_unreadable_job_row_it_claimed_is_failed_with_its_reason_and_its_message_is_poison() {
+    let dir = tempdir("unreadable");
+    let w = World::default();
+    register(&w, "i-a");
+    submit(&w, "job-garbled", "work", 3, 600.0);
+    w.jobs.put_unreadable("job-garbled", "spec is not JSON");
+    let (r, _) = agent(&w, "i-a", &cfg(dir.path())).await;
+    assert!(w.launcher.started().is_empty(), "nothing ran");
+    let row = job(&w, "job-garbled");
+    assert_eq!((row.state, row.lease_owner.as_deref()), (JobState::Failed, None));
+    let reason = row.reason.unwrap_or_default();
+    assert!(
+        reason.contains("cannot be read") && reason.contains("spec is not JSON"),
+        "{reason}"
+    );
+    assert!(row.finished_at.is_some());
+    let listed = w.jobs.active().await.unwrap();
+    assert!(listed.unreadable.is_empty() && listed.items.is_empty(), "{listed:?}");
+    let errors = w.jobs.errors();
+    assert!(
+        errors.values().any(|e| e.contains("job job-garbled cannot be read")),
+        "{errors:?}"
+    );
+    assert_eq!(w.inbox.dead_letters().len(), 1, "{:?}", w.inbox.remaining());
+    assert!(r.poison >= 1, "{}", r.poison);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lost_lease_kills_the_job_and_records_nothing() {
     let dir = tempdir("lost");
