@@ -151,18 +151,25 @@ impl DynamoJobs {
     /// # Errors
     /// Store failures.
     pub async fn error_record(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.raw_string(onoff_control::job::error_record_id(key), "reason", "get error record")
+            .await
+    }
+
+    /// String attribute `name` of the item keyed `job_id` = `key`, read consistently and raw (an
+    /// error record, or a job row that may not parse); `what` names the read in an error.
+    async fn raw_string(&self, key: String, name: &str, what: &str) -> Result<Option<String>, StoreError> {
         let out = self
             .client
             .get_item()
             .table_name(&self.table)
-            .key("job_id", s(onoff_control::job::error_record_id(key)))
+            .key("job_id", s(key))
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| store_error("get error record", &e))?;
+            .map_err(|e| store_error(what, &e))?;
         Ok(out
             .item()
-            .and_then(|i| i.get("reason"))
+            .and_then(|i| i.get(name))
             .and_then(|v| v.as_s().ok())
             .cloned())
     }
@@ -616,7 +623,7 @@ impl JobStore for DynamoJobs {
             Ok(_) => Ok(()),
             // Written on an earlier try whose answer was lost: done. Read raw: the row does not
             // parse.
-            Err(e) if condition_failed(&e) => match raw_state(&self.client, &self.table, id).await? {
+            Err(e) if condition_failed(&e) => match self.raw_string(id.to_string(), "state", "read job state").await? {
                 Some(st) if st == JobState::Failed.as_str() => Ok(()),
                 _ => Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}"))),
             },
@@ -672,25 +679,6 @@ impl JobStore for DynamoJobs {
             Err(e) => Err(store_error("re-queue job with a lost lease", &e)),
         }
     }
-}
-
-/// A row's `state` as stored, read raw (consistently): for a row that may not parse.
-async fn raw_state(client: &aws_sdk_dynamodb::Client, table: &str, id: &str) -> Result<Option<String>, StoreError> {
-    let out = client
-        .get_item()
-        .table_name(table)
-        .key("job_id", s(id))
-        .consistent_read(true)
-        .projection_expression("#s")
-        .expression_attribute_names("#s", "state")
-        .send()
-        .await
-        .map_err(|e| store_error("read job state", &e))?;
-    Ok(out
-        .item()
-        .and_then(|i| i.get("state"))
-        .and_then(|v| v.as_s().ok())
-        .cloned())
 }
 
 /// The extra condition of a settle other than SUCCEEDED or CANCELLED: no cancel asked for (else
