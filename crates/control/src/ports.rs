@@ -459,8 +459,8 @@ pub trait WorkerRegistry {
     /// Stopped, `idle_since` = `stopped_at` and `hold_until` = `stopped_until` again (each removed
     /// when `None`), and `launched_at` = `launched_at` (unix seconds), as
     /// [`WorkerRegistry::mark_started`] found them; so it is kept stopped, and a refused start
-    /// held, by its stop as before the start, and the start that did not happen counts as no
-    /// launch. One conditional write on the row being Pending since `at` (the refused start's own
+    /// held, by its stop as before the start, and the row keeps its own launch time. One
+    /// conditional write on the row being Pending since `at` (the refused start's own
     /// write): `Ok(true)` when written or the row already is Stopped with `idle_since` =
     /// `stopped_at` and `launched_at` = `launched_at` (the write's own retry), `Ok(false)` when it
     /// is in another state.
