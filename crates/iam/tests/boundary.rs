@@ -378,6 +378,26 @@ fn a_worker_updates_only_the_lease_attributes_of_a_job_row() {
     );
     // What became of an attempt's outputs, after the settle (DynamoJobs::record_outputs).
     assert_allowed(&a, &worker, update(&["job_id", "outputs"], "NONE"));
+    // A row it claimed that does not parse, ended FAILED under its lease
+    // (DynamoJobs::fail_unreadable).
+    assert_allowed(
+        &a,
+        &worker,
+        update(
+            &[
+                "active_lane",
+                "claimed_at",
+                "expires_at",
+                "finished_at",
+                "job_id",
+                "lease_expires_at",
+                "lease_owner",
+                "reason",
+                "state",
+            ],
+            "NONE",
+        ),
+    );
     // Never what a job is: what it runs, whom it bills, where it queues, where it came from.
     for definition in ["spec", "project", "lane", "source", "created_at"] {
         assert_denied(&a, &worker, update(&["job_id", "state", definition], "NONE"));
