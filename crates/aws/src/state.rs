@@ -185,6 +185,17 @@ impl WorkerRegistry for DynamoWorkers {
         if let Some(p) = r.spot_price_usd_per_h {
             req = req.item("spot_price_usd_per_h", n(p));
         }
+        // A launch has none of these (`WorkerRecord::launched`); a record that has them keeps
+        // them, so the row reads back as the record it was given, as in the fake.
+        for (name, v) in [
+            ("idle_since", r.idle_since),
+            ("heartbeat_at", r.heartbeat_at),
+            ("hold_until", r.hold_until),
+        ] {
+            if let Some(v) = v {
+                req = req.item(name, n(v));
+            }
+        }
         match req.send().await {
             Ok(_) => Ok(()),
             // Already registered: registering is idempotent.

@@ -13,7 +13,7 @@ use onoff_aws::fleet::{offering_of, Ec2Fleet, TAG_LANE, TAG_MANAGED, TAG_PROJECT
 use onoff_aws::queue::SqsQueues;
 use onoff_aws::settings::Clients;
 use onoff_aws::state::{DynamoControl, DynamoWorkers};
-use onoff_control::fake::FaultyFleet;
+use onoff_control::fake::{contract, FaultyFleet};
 use onoff_control::job::JobState;
 use onoff_control::ports::SpotPrices as _;
 use onoff_control::ports::{Fleet, LaunchRequest, OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry};
@@ -693,6 +693,31 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
     );
 }
 
+/// The agent's heartbeat on DynamoDB, for the registry contract.
+struct Beat<'a>(&'a DynamoWorkers);
+
+impl contract::AgentHeartbeat for Beat<'_> {
+    async fn heartbeat(
+        &self,
+        id: &str,
+        state: WorkerState,
+        idle_since: Option<f64>,
+        now: f64,
+    ) -> Result<(), StoreError> {
+        self.0.heartbeat(id, state, idle_since, now).await
+    }
+}
+
+#[tokio::test]
+async fn the_workers_table_keeps_the_registry_contract_the_fake_keeps() {
+    // The same steps the fake's test runs (crates/control/tests/contract.rs).
+    let c = clients().await;
+    let name = unique("workers");
+    table(&c, &name, onoff_aws::state::WORKER_KEY).await;
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &name, ARN_PREFIX);
+    contract::worker_rows_keep_their_conditions(&reg, &Beat(&reg), "i-0c0ffee000000000", 1_700_000_000.0).await;
+}
+
 #[tokio::test]
 async fn scale_down_and_an_agent_claim_race_through_conditional_writes_and_one_wins() {
     let c = clients().await;
@@ -1180,8 +1205,6 @@ async fn two_workers_claiming_one_job_get_one_claim() {
 #[tokio::test]
 async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     use onoff_aws::jobs::DynamoJobs;
-    use onoff_control::job::{AttemptEnd, AttemptRecord, RerunLimits, Settle};
-    use onoff_control::ports::{Claim, JobStore};
     let conf = conf().await;
     let c = Clients::from_conf(&conf);
     let lose = onoff_aws::faults::LoseAnswers::when_armed();
@@ -1192,100 +1215,14 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     );
     let table_name = unique("jobs");
     onoff_aws::provision::jobs_table(&c, &table_name).await.unwrap();
-    let url = c
-        .sqs
-        .create_queue()
-        .queue_name(unique("standard"))
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string();
     let jobs_client = lossy.clone();
     let jobs = DynamoJobs::new(lossy, &table_name);
-    let queue = SqsQueues::new(c.sqs.clone(), vec![("standard".into(), url)]);
-    let limits = RerunLimits::default();
     let now = 1_700_000_000.0;
-    let ids = [
-        new_job(&jobs, &queue, "lost-1", now).await,
-        new_job(&jobs, &queue, "lost-2", now).await,
-    ];
 
-    // The claim: the worker's, not "someone else's RUNNING job" (its message would be deleted
-    // and the job left running until its lease ran out).
-    lose.arm();
-    let Claim::Claimed(rec) = jobs.claim(&ids[0], "i-a", now + 300.0, now).await.unwrap() else {
-        panic!("the claim whose answer was lost is the worker's")
-    };
-    assert_eq!(lose.lost(), 1, "the answer was lost");
-    assert_eq!((rec.lease_owner.as_deref(), rec.attempts), (Some("i-a"), 1));
-    // Another worker's claim at another time is still refused.
-    assert_eq!(
-        jobs.claim(&ids[0], "i-b", now + 400.0, now + 100.0).await.unwrap(),
-        Claim::NotClaimable(JobState::Running)
-    );
-
-    // The settle of a success, with its attempt record: done, not a lost lease (the agent would
-    // not upload the outputs of a job its row says SUCCEEDED).
-    let mut done = Settle::of(&rec, &AttemptEnd::Succeeded, &limits);
-    done.attempt = Some(AttemptRecord {
-        n: 1,
-        instance_id: "i-a".into(),
-        instance_type: Some("g5.xlarge".into()),
-        capacity_type: Some("spot".into()),
-        price_usd_per_h: Some(0.4),
-        started_at: now,
-        ended_at: now + 60.0,
-        outcome: "succeeded".into(),
-        exit_code: Some(0),
-        checkpoint: None,
-        seconds: 60.0,
-        cost_usd: 0.4 / 60.0,
-    });
-    lose.arm();
-    jobs.finish(&ids[0], "i-a", &done, now + 60.0).await.unwrap();
-    assert_eq!(lose.lost(), 2);
-    let rec = jobs.get(&ids[0]).await.unwrap().unwrap();
-    assert_eq!((rec.state, rec.lease_owner.as_deref()), (JobState::Succeeded, None));
-    assert_eq!(rec.attempt_log, [done.attempt.clone().unwrap()], "appended once");
-    // A settle this lease never wrote is still refused.
-    let other = Settle {
-        attempt: Some(AttemptRecord {
-            ended_at: now + 61.0,
-            ..done.attempt.clone().unwrap()
-        }),
-        ..done.clone()
-    };
-    assert!(matches!(
-        jobs.finish(&ids[0], "i-a", &other, now + 61.0).await,
-        Err(StoreError::Conflict(_))
-    ));
-
-    // A hand-back (no attempt record): done on the retry too.
-    let Claim::Claimed(rec) = jobs.claim(&ids[1], "i-c", now + 300.0, now).await.unwrap() else {
-        panic!("claimed")
-    };
-    let back = Settle::of(&rec, &AttemptEnd::HandedBack("too small".into()), &limits);
-    lose.arm();
-    jobs.finish(&ids[1], "i-c", &back, now + 5.0).await.unwrap();
-    assert_eq!(lose.lost(), 3);
-    let rec = jobs.get(&ids[1]).await.unwrap().unwrap();
-    assert_eq!(
-        (rec.state, rec.attempts, rec.hand_backs, rec.lease_owner.clone()),
-        (JobState::Queued, 0, 1, None)
-    );
-
-    // Progress: the cost so far is a value, so a retried write counts no stretch twice.
-    let Claim::Claimed(rec) = jobs.claim(&ids[1], "i-c", now + 300.0, now + 6.0).await.unwrap() else {
-        panic!("claimed again")
-    };
-    lose.arm();
-    jobs.record_progress(&ids[1], "i-c", None, 0.5).await.unwrap();
-    assert_eq!(lose.lost(), 4);
-    assert_eq!(jobs.get(&ids[1]).await.unwrap().unwrap().cost_usd, 0.5);
-    let back = Settle::of(&rec, &AttemptEnd::Released("spot notice".into()), &limits);
-    jobs.finish(&ids[1], "i-c", &back, now + 8.0).await.unwrap();
+    // Every job write, each sent again after its answer was lost: the same steps the fake's test
+    // runs (crates/control/tests/contract.rs), so the two stores are held to one contract.
+    contract::lost_answers_are_taken_as_done(&jobs, || lose.arm(), "lost", now).await;
+    assert_eq!(lose.lost(), 11, "every write the contract armed lost its answer");
 
     // A scale-down's move of an idle worker to Terminating: done on the retry, so its instance
     // is terminated (refused, it would be left running under a Terminating row).
@@ -1352,38 +1289,6 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     );
     let row = lossy_workers.get(unpriced).await.unwrap().unwrap();
     assert_eq!((row.price_usd_per_h, row.hold_until), (0.4212, Some(now + 600.5)));
-
-    // A cancel of a waiting job: cancelled, not "already finished".
-    let waiting = new_job(&jobs, &queue, "lost-3", now).await;
-    let lost_before_cancel = lose.lost();
-    lose.arm();
-    assert_eq!(
-        jobs.request_cancel(&waiting, now + 20.0).await.unwrap(),
-        onoff_control::ports::CancelOutcome::Cancelled
-    );
-    assert_eq!(lose.lost(), lost_before_cancel + 1);
-    // A second cancel (another time) finds it finished.
-    assert_eq!(
-        jobs.request_cancel(&waiting, now + 30.0).await.unwrap(),
-        onoff_control::ports::CancelOutcome::AlreadyFinished(JobState::Cancelled)
-    );
-
-    // The reaper's re-queue of a lost lease: done on the retry, so its wake-up message is sent.
-    let Claim::Claimed(rec) = jobs.claim(&ids[1], "i-d", now + 300.0, now + 10.0).await.unwrap() else {
-        panic!("claimed again")
-    };
-    let lost = Settle::of(&rec, &AttemptEnd::LeaseLost("worker gone".into()), &limits);
-    let lost_before = lose.lost();
-    lose.arm();
-    jobs.requeue_lost(&ids[1], "i-d", now + 300.0, &lost, now + 400.0)
-        .await
-        .unwrap();
-    assert_eq!(lose.lost(), lost_before + 1);
-    let rec = jobs.get(&ids[1]).await.unwrap().unwrap();
-    assert_eq!(
-        (rec.state, rec.lease_expiries, rec.lease_owner),
-        (JobState::Queued, 1, None)
-    );
 }
 
 #[tokio::test]

@@ -4,7 +4,11 @@
 //! capacity or failing with any error, holds vCPU quotas per bucket of families and capacity type,
 //! and is idempotent by client token as EC2 is;
 //! [`FakeRegistry`] (with the agent's conditional writes and one-shot errors) and
-//! [`FakeAvailability`] keep state in memory.
+//! [`FakeAvailability`] keep state in memory. [`FakeJobs`] keeps DynamoDB's conditional writes,
+//! item limit, lagging index and lost answers. [`contract`]: promises every store must keep, run
+//! against these fakes and against DynamoDB (moto) alike.
+
+pub mod contract;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -528,6 +532,7 @@ impl FakeRegistry {
 
 impl WorkerRegistry for FakeRegistry {
     async fn register_launch(&self, record: WorkerRecord) -> Result<(), StoreError> {
+        self.injected()?;
         self.workers
             .lock()
             .expect("lock")
@@ -649,13 +654,42 @@ impl WorkerRegistry for FakeRegistry {
 }
 
 impl FakeRegistry {
-    /// Set a worker's agent-reported fields (what the agent's heartbeat writes).
-    pub fn set_agent_view(&self, id: &str, state: WorkerState, idle_since: Option<f64>, heartbeat_at: Option<f64>) {
-        if let Some(w) = self.workers.lock().expect("lock").get_mut(id) {
-            w.state = state;
-            w.idle_since = idle_since;
-            w.heartbeat_at = heartbeat_at;
+    /// What an agent's heartbeat writes, as `DynamoWorkers::heartbeat` writes it: `state`,
+    /// `idle_since` (removed when `None`) and `heartbeat_at` = `now` (unix seconds). A row the
+    /// control plane is retiring (Draining, Terminating or Stopped; for an agent reporting
+    /// Draining itself, Terminating or Stopped) keeps its state and idle time: only
+    /// `heartbeat_at` is written, and the answer is [`StoreError::Conflict`].
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown worker; [`StoreError::Conflict`] as above; an
+    /// injected failure.
+    pub fn agent_heartbeat(
+        &self,
+        id: &str,
+        state: WorkerState,
+        idle_since: Option<f64>,
+        now: f64,
+    ) -> Result<(), StoreError> {
+        self.injected()?;
+        let mut m = self.workers.lock().expect("lock");
+        let w = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let retiring = if state == WorkerState::Draining {
+            matches!(w.state, WorkerState::Terminating | WorkerState::Stopped)
+        } else {
+            matches!(
+                w.state,
+                WorkerState::Draining | WorkerState::Terminating | WorkerState::Stopped
+            )
+        };
+        w.heartbeat_at = Some(now);
+        if retiring {
+            return Err(StoreError::Conflict(format!(
+                "{id} is being retired by the control plane (Draining, Terminating or Stopped)"
+            )));
         }
+        w.state = state;
+        w.idle_since = idle_since;
+        Ok(())
     }
 }
 
@@ -866,6 +900,8 @@ pub struct FakeJobs {
     index: Mutex<Option<Vec<crate::ports::JobRecord>>>,
     /// The next [`crate::ports::JobStore::get_many`] fails with this.
     fail_get_many: Mutex<Option<StoreError>>,
+    /// The next write's answer is lost: see [`FakeJobs::lose_next_answer`].
+    lose_answer: Mutex<bool>,
 }
 
 impl FakeJobs {
@@ -921,6 +957,25 @@ impl FakeJobs {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// The next write to the table is applied and its answer lost on the way back, so it is sent
+    /// again with the same arguments, as the AWS SDK retries a request whose answer did not
+    /// arrive (a timeout, a dropped connection; the SDK's default is 3 attempts): the retry meets
+    /// the row its first try wrote, and its answer is the one returned. The DynamoDB adapter
+    /// takes such a retry of its own write as done; so does this fake, and a caller that mistook
+    /// it for a refusal fails a test here as it would fail on AWS.
+    pub fn lose_next_answer(&self) {
+        *self.lose_answer.lock().expect("lock") = true;
+    }
+
+    /// One write as the SDK sends it: `once` applied, and applied again when its answer was lost
+    /// ([`FakeJobs::lose_next_answer`]); the last answer returned.
+    fn sent<T>(&self, mut once: impl FnMut() -> T) -> T {
+        if std::mem::take(&mut *self.lose_answer.lock().expect("lock")) {
+            let _ = once();
+        }
+        once()
     }
 
     /// DynamoDB's answer to a write that would leave `r` over the item limit.
@@ -989,14 +1044,16 @@ impl crate::ports::JobStore for FakeJobs {
     async fn create(&self, record: &crate::ports::JobRecord) -> Result<crate::ports::Created, StoreError> {
         self.injected()?;
         Self::fits(record)?;
-        let mut m = self.jobs.lock().expect("lock");
-        match m.get(&record.id) {
-            Some(r) => Ok(crate::ports::Created::Existing(Box::new(r.clone()))),
-            None => {
-                m.insert(record.id.clone(), record.clone());
-                Ok(crate::ports::Created::New)
+        self.sent(|| {
+            let mut m = self.jobs.lock().expect("lock");
+            match m.get(&record.id) {
+                Some(r) => Ok(crate::ports::Created::Existing(Box::new(r.clone()))),
+                None => {
+                    m.insert(record.id.clone(), record.clone());
+                    Ok(crate::ports::Created::New)
+                }
             }
-        }
+        })
     }
 
     async fn get(&self, id: &str) -> Result<Option<crate::ports::JobRecord>, StoreError> {
@@ -1024,13 +1081,13 @@ impl crate::ports::JobStore for FakeJobs {
 
     async fn mark_sent(&self, id: &str, at: f64) -> Result<(), StoreError> {
         self.injected()?;
-        match self.jobs.lock().expect("lock").get_mut(id) {
+        self.sent(|| match self.jobs.lock().expect("lock").get_mut(id) {
             Some(r) => {
                 r.sent_at = Some(at);
                 Ok(())
             }
             None => Err(StoreError::NotFound(id.into())),
-        }
+        })
     }
 
     async fn transition(
@@ -1040,21 +1097,23 @@ impl crate::ports::JobStore for FakeJobs {
         to: crate::job::JobState,
     ) -> Result<(), StoreError> {
         self.injected()?;
-        let mut m = self.jobs.lock().expect("lock");
-        let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
-        if r.state != from || !from.can_go(to) {
-            return Err(StoreError::Conflict(format!(
-                "{id} is {}, not {}",
-                r.state.as_str(),
-                from.as_str()
-            )));
-        }
-        r.state = to;
-        if to != crate::job::JobState::Running {
-            r.lease_owner = None;
-            r.lease_expires_at = None;
-        }
-        Ok(())
+        self.sent(|| {
+            let mut m = self.jobs.lock().expect("lock");
+            let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
+            if r.state != from || !from.can_go(to) {
+                return Err(StoreError::Conflict(format!(
+                    "{id} is {}, not {}",
+                    r.state.as_str(),
+                    from.as_str()
+                )));
+            }
+            r.state = to;
+            if to != crate::job::JobState::Running {
+                r.lease_owner = None;
+                r.lease_expires_at = None;
+            }
+            Ok(())
+        })
     }
 
     async fn claim(
@@ -1065,24 +1124,34 @@ impl crate::ports::JobStore for FakeJobs {
         now: f64,
     ) -> Result<crate::ports::Claim, StoreError> {
         self.injected()?;
-        let mut m = self.jobs.lock().expect("lock");
-        let Some(r) = m.get_mut(id) else {
+        self.sent(|| {
+            let mut m = self.jobs.lock().expect("lock");
+            let Some(r) = m.get_mut(id) else {
+                self.malformed(id)?;
+                return Ok(crate::ports::Claim::Unknown);
+            };
+            if !r.state.is_pending() {
+                self.malformed(id)?;
+                // As the DynamoDB adapter: refused by this very claim, written on a try whose
+                // answer was lost (its own time is on the row), is this claim.
+                if r.state == crate::job::JobState::Running
+                    && r.lease_owner.as_deref() == Some(owner)
+                    && r.claimed_at == Some(now)
+                {
+                    return Ok(crate::ports::Claim::Claimed(Box::new(r.clone())));
+                }
+                return Ok(crate::ports::Claim::NotClaimable(r.state));
+            }
+            r.state = crate::job::JobState::Running;
+            r.lease_owner = Some(owner.into());
+            r.lease_expires_at = Some(lease_until);
+            r.claimed_at = Some(now);
+            r.attempts += 1;
+            // As on DynamoDB: the claim is one conditional write that returns the row, so a row
+            // that does not parse is claimed (RUNNING under this lease) before the caller learns it.
             self.malformed(id)?;
-            return Ok(crate::ports::Claim::Unknown);
-        };
-        if !r.state.is_pending() {
-            self.malformed(id)?;
-            return Ok(crate::ports::Claim::NotClaimable(r.state));
-        }
-        r.state = crate::job::JobState::Running;
-        r.lease_owner = Some(owner.into());
-        r.lease_expires_at = Some(lease_until);
-        r.claimed_at = Some(now);
-        r.attempts += 1;
-        // As on DynamoDB: the claim is one conditional write that returns the row, so a row that
-        // does not parse is claimed (RUNNING under this lease) before the caller learns it.
-        self.malformed(id)?;
-        Ok(crate::ports::Claim::Claimed(Box::new(r.clone())))
+            Ok(crate::ports::Claim::Claimed(Box::new(r.clone())))
+        })
     }
 
     async fn record_error(&self, key: &str, reason: &str, _now: f64) -> Result<(), StoreError> {
@@ -1110,11 +1179,13 @@ impl crate::ports::JobStore for FakeJobs {
                 "ValidationException: Item size has exceeded the maximum allowed size ({size} bytes > {DYNAMODB_MAX_ITEM_BYTES})"
             )));
         }
-        self.errors
-            .lock()
-            .expect("lock")
-            .entry(key.into())
-            .or_insert_with(|| reason.into());
+        self.sent(|| {
+            self.errors
+                .lock()
+                .expect("lock")
+                .entry(key.into())
+                .or_insert_with(|| reason.into());
+        });
         Ok(())
     }
 
@@ -1147,28 +1218,32 @@ impl crate::ports::JobStore for FakeJobs {
         cost_usd: f64,
     ) -> Result<(), StoreError> {
         self.injected()?;
-        let mut m = self.jobs.lock().expect("lock");
-        let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
-        if r.lease_owner.as_deref() != Some(owner) {
-            return Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")));
-        }
-        if let Some(c) = checkpoint {
-            r.last_checkpoint = Some(c.into());
-        }
-        r.cost_usd = cost_usd;
-        Ok(())
+        self.sent(|| {
+            let mut m = self.jobs.lock().expect("lock");
+            let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
+            if r.lease_owner.as_deref() != Some(owner) {
+                return Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")));
+            }
+            if let Some(c) = checkpoint {
+                r.last_checkpoint = Some(c.into());
+            }
+            r.cost_usd = cost_usd;
+            Ok(())
+        })
     }
 
     async fn renew(&self, id: &str, owner: &str, lease_until: f64) -> Result<crate::ports::Renewal, StoreError> {
         self.injected()?;
-        let mut m = self.jobs.lock().expect("lock");
-        let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
-        if r.state != crate::job::JobState::Running || r.lease_owner.as_deref() != Some(owner) {
-            return Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")));
-        }
-        r.lease_expires_at = Some(lease_until);
-        Ok(crate::ports::Renewal {
-            cancel_requested: r.cancel_requested,
+        self.sent(|| {
+            let mut m = self.jobs.lock().expect("lock");
+            let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
+            if r.state != crate::job::JobState::Running || r.lease_owner.as_deref() != Some(owner) {
+                return Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")));
+            }
+            r.lease_expires_at = Some(lease_until);
+            Ok(crate::ports::Renewal {
+                cancel_requested: r.cancel_requested,
+            })
         })
     }
 
@@ -1176,58 +1251,72 @@ impl crate::ports::JobStore for FakeJobs {
         use crate::job::JobState;
         use crate::ports::CancelOutcome;
         self.injected()?;
-        let mut m = self.jobs.lock().expect("lock");
-        let Some(r) = m.get_mut(id) else {
-            return Ok(CancelOutcome::Unknown);
-        };
-        Ok(match r.state {
-            JobState::Queued | JobState::Retrying => {
-                r.state = JobState::Cancelled;
-                r.reason = Some(crate::job::CANCELLED_REASON.into());
-                r.finished_at = Some(now);
-                CancelOutcome::Cancelled
-            }
-            JobState::Running => {
-                r.cancel_requested = true;
-                CancelOutcome::Requested
-            }
-            done => CancelOutcome::AlreadyFinished(done),
+        self.sent(|| {
+            let mut m = self.jobs.lock().expect("lock");
+            let Some(r) = m.get_mut(id) else {
+                return Ok(CancelOutcome::Unknown);
+            };
+            Ok(match r.state {
+                JobState::Queued | JobState::Retrying => {
+                    r.state = JobState::Cancelled;
+                    r.reason = Some(crate::job::CANCELLED_REASON.into());
+                    r.finished_at = Some(now);
+                    CancelOutcome::Cancelled
+                }
+                JobState::Running => {
+                    r.cancel_requested = true;
+                    CancelOutcome::Requested
+                }
+                // As the DynamoDB adapter: this very cancel, written on a try whose answer was
+                // lost (its own end time is on the row).
+                JobState::Cancelled if r.finished_at == Some(now) => CancelOutcome::Cancelled,
+                done => CancelOutcome::AlreadyFinished(done),
+            })
         })
     }
 
     async fn finish(&self, id: &str, owner: &str, settle: &crate::job::Settle, now: f64) -> Result<(), StoreError> {
         self.injected()?;
-        let mut m = self.jobs.lock().expect("lock");
-        let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
-        if r.state != crate::job::JobState::Running
-            || r.lease_owner.as_deref() != Some(owner)
-            || !r.state.can_go(settle.to)
-        {
-            return Err(StoreError::Conflict(format!(
-                "{owner} does not hold the lease of {id} ({})",
-                r.state.as_str()
-            )));
-        }
-        Self::apply_checked(r, settle, now)
+        self.sent(|| {
+            let mut m = self.jobs.lock().expect("lock");
+            let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
+            if r.state != crate::job::JobState::Running
+                || r.lease_owner.as_deref() != Some(owner)
+                || !r.state.can_go(settle.to)
+            {
+                // As the DynamoDB adapter: this very settle, written on a try whose answer was
+                // lost, is done.
+                if settle.written_on(r) {
+                    return Ok(());
+                }
+                return Err(StoreError::Conflict(format!(
+                    "{owner} does not hold the lease of {id} ({})",
+                    r.state.as_str()
+                )));
+            }
+            Self::apply_checked(r, settle, now)
+        })
     }
 
     async fn record_outputs(&self, id: &str, outputs: &crate::job::OutputsRecord) -> Result<(), StoreError> {
         self.injected()?;
-        let mut m = self.jobs.lock().expect("lock");
-        let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
-        if let Some(had) = r.outputs.as_ref().filter(|o| o.attempt > outputs.attempt) {
-            return Err(StoreError::Conflict(format!(
-                "{id} holds the outputs of attempt {}, later than {}",
-                had.attempt, outputs.attempt
-            )));
-        }
-        let mut after = r.clone();
-        let mut o = outputs.clone();
-        o.error = o.error.map(crate::job::bounded_reason);
-        after.outputs = Some(o);
-        Self::fits(&after)?;
-        *r = after;
-        Ok(())
+        self.sent(|| {
+            let mut m = self.jobs.lock().expect("lock");
+            let r = m.get_mut(id).ok_or_else(|| StoreError::NotFound(id.into()))?;
+            if let Some(had) = r.outputs.as_ref().filter(|o| o.attempt > outputs.attempt) {
+                return Err(StoreError::Conflict(format!(
+                    "{id} holds the outputs of attempt {}, later than {}",
+                    had.attempt, outputs.attempt
+                )));
+            }
+            let mut after = r.clone();
+            let mut o = outputs.clone();
+            o.error = o.error.map(crate::job::bounded_reason);
+            after.outputs = Some(o);
+            Self::fits(&after)?;
+            *r = after;
+            Ok(())
+        })
     }
 
     async fn requeue_lost(
@@ -1239,42 +1328,52 @@ impl crate::ports::JobStore for FakeJobs {
         now: f64,
     ) -> Result<(), StoreError> {
         self.injected()?;
-        let mut m = self.jobs.lock().expect("lock");
-        let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
-        if r.state != crate::job::JobState::Running
-            || r.lease_owner.as_deref() != Some(owner)
-            || r.lease_expires_at != Some(lease_expires_at)
-            || !matches!(
-                settle.to,
-                crate::job::JobState::Queued | crate::job::JobState::Failed | crate::job::JobState::Cancelled
-            )
-        {
-            return Err(StoreError::Conflict(format!(
-                "the lease of {id} changed since it was seen"
-            )));
-        }
-        Self::apply_checked(r, settle, now)
+        let ends_lease = matches!(
+            settle.to,
+            crate::job::JobState::Queued | crate::job::JobState::Failed | crate::job::JobState::Cancelled
+        );
+        self.sent(|| {
+            let mut m = self.jobs.lock().expect("lock");
+            let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
+            if r.state != crate::job::JobState::Running
+                || r.lease_owner.as_deref() != Some(owner)
+                || r.lease_expires_at != Some(lease_expires_at)
+                || !ends_lease
+            {
+                // As the DynamoDB adapter: this very re-queue, written on a try whose answer was
+                // lost, is done.
+                if ends_lease && settle.written_on(r) {
+                    return Ok(());
+                }
+                return Err(StoreError::Conflict(format!(
+                    "the lease of {id} changed since it was seen"
+                )));
+            }
+            Self::apply_checked(r, settle, now)
+        })
     }
 
     async fn fail_unreadable(&self, id: &str, owner: &str, reason: &str, now: f64) -> Result<(), StoreError> {
         self.injected()?;
-        let mut m = self.jobs.lock().expect("lock");
-        let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
-        if r.state == crate::job::JobState::Failed {
-            // The write's own retry.
-            return Ok(());
-        }
-        if r.state != crate::job::JobState::Running || r.lease_owner.as_deref() != Some(owner) {
-            return Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")));
-        }
-        r.state = crate::job::JobState::Failed;
-        r.reason = Some(crate::job::bounded_reason(reason.to_string()));
-        r.finished_at = Some(now);
-        r.lease_owner = None;
-        r.lease_expires_at = None;
-        r.claimed_at = None;
-        // Out of the active index (no longer listed), and as unreadable as before.
-        Ok(())
+        self.sent(|| {
+            let mut m = self.jobs.lock().expect("lock");
+            let r = m.get_mut(id).ok_or_else(|| gone_lease(id))?;
+            if r.state == crate::job::JobState::Failed {
+                // The write's own retry.
+                return Ok(());
+            }
+            if r.state != crate::job::JobState::Running || r.lease_owner.as_deref() != Some(owner) {
+                return Err(StoreError::Conflict(format!("{owner} does not hold the lease of {id}")));
+            }
+            r.state = crate::job::JobState::Failed;
+            r.reason = Some(crate::job::bounded_reason(reason.to_string()));
+            r.finished_at = Some(now);
+            r.lease_owner = None;
+            r.lease_expires_at = None;
+            r.claimed_at = None;
+            // Out of the active index (no longer listed), and as unreadable as before.
+            Ok(())
+        })
     }
 }
 

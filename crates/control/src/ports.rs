@@ -713,6 +713,8 @@ pub trait JobStore {
     /// Claim a pending (QUEUED or RETRYING) job for `owner` until `lease_until`; counts an
     /// attempt. A RUNNING job is never taken over here, even with an expired lease: the reaper
     /// ends that lease first ([`JobStore::requeue_lost`]), so every lost lease is counted.
+    /// The claim's own retry (the same `owner` and `now`, sent again after an answer lost on its
+    /// way back) is [`Claim::Claimed`] with the row it wrote, not someone else's RUNNING job.
     ///
     /// # Errors
     /// Store failures; [`StoreError::Malformed`] when the claimed record does not parse.
@@ -760,7 +762,9 @@ pub trait JobStore {
     /// Cancel job `id` (`onoff cancel`): a waiting job goes to CANCELLED at once; a RUNNING one
     /// gets `cancel_requested`, which its lease holder sees at its next renewal ([`Renewal`]) and
     /// which turns any end of its lease but success into CANCELLED ([`JobStore::finish`],
-    /// [`JobStore::requeue_lost`]); a finished one is left alone. Idempotent.
+    /// [`JobStore::requeue_lost`]); a finished one is left alone. Idempotent: the call's own
+    /// retry (the same `now`, after an answer lost) of a waiting job's cancel is
+    /// [`CancelOutcome::Cancelled`], not "already finished".
     ///
     /// # Errors
     /// Store failures.
@@ -770,7 +774,8 @@ pub trait JobStore {
     /// ([`crate::job::Settle::of`]), clearing the lease and appending `settle.attempt` to the
     /// attempt log. A final state stamps `finished_at = now` and leaves the active index. If a
     /// cancel was asked for since the claim, any end but SUCCEEDED is CANCELLED instead (a
-    /// cancelled job never waits again).
+    /// cancelled job never waits again). The call's own retry (after an answer lost on its way
+    /// back) finds `settle` written ([`crate::job::Settle::written_on`]) and is done.
     ///
     /// # Errors
     /// [`StoreError::Conflict`] when `owner` does not hold the lease (so a job is never finished
@@ -790,7 +795,8 @@ pub trait JobStore {
     /// The reaper's end of a lease it found expired or whose worker is lost: applied only while
     /// the job is still RUNNING under exactly the lease it saw (`owner`, `lease_expires_at`), so a
     /// lease renewed or re-claimed meanwhile is never stripped. QUEUED, FAILED, or CANCELLED
-    /// when a cancel was asked for (as in [`JobStore::finish`]).
+    /// when a cancel was asked for (as in [`JobStore::finish`]). The call's own retry finds
+    /// `settle` written and is done.
     ///
     /// # Errors
     /// [`StoreError::Conflict`] when the lease changed; store failures.

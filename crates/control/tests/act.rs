@@ -512,7 +512,8 @@ fn terminate_and_cancel_go_to_their_own_calls_and_mark_terminating() {
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
     let ids: Vec<String> = out.launched.iter().map(|l| l.launched.instance_id.clone()).collect();
     // The first booted and is idle (the policy releases idle workers); the second still boots.
-    reg.set_agent_view(&ids[0], WorkerState::Idle, Some(10.0), Some(10.0));
+    reg.agent_heartbeat(&ids[0], WorkerState::Idle, Some(10.0), 10.0)
+        .unwrap();
     let plan = Plan {
         actions: vec![
             Action::Terminate {
@@ -559,7 +560,8 @@ fn idle_and_booting(
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, fleet, reg, avail));
     let ids: Vec<String> = out.launched.iter().map(|l| l.launched.instance_id.clone()).collect();
-    reg.set_agent_view(&ids[0], WorkerState::Idle, Some(10.0), Some(10.0));
+    reg.agent_heartbeat(&ids[0], WorkerState::Idle, Some(10.0), 10.0)
+        .unwrap();
     ids
 }
 
@@ -641,7 +643,8 @@ fn a_cancel_is_only_for_a_launch_still_booting_and_a_failed_mark_keeps_the_worke
     let cfg = PolicyConfig::default();
     let ids = idle_and_booting(&fleet, &reg, &avail, &cfg);
     // The booting one reported idle since the decision: not cancelled under it.
-    reg.set_agent_view(&ids[1], WorkerState::Idle, Some(15.0), Some(15.0));
+    reg.agent_heartbeat(&ids[1], WorkerState::Idle, Some(15.0), 15.0)
+        .unwrap();
     // The store fails for the first's mark: it is not terminated blind.
     reg.fail_next(onoff_control::ports::StoreError::Other("throttled".into()));
     let offs = offerings();
@@ -1017,7 +1020,8 @@ fn a_stop_the_provider_refuses_terminates_the_worker_and_one_racing_a_claim_is_l
     assert_eq!(reg.records()[&ids[0]].state, WorkerState::Terminating);
     assert!(!fleet.running().contains_key(&ids[0]) && !fleet.stopped().contains_key(&ids[0]));
     // The second took a job since the decision: not stopped under it.
-    reg.set_agent_view(&ids[1], WorkerState::Idle, Some(10.0), Some(10.0));
+    reg.agent_heartbeat(&ids[1], WorkerState::Idle, Some(10.0), 10.0)
+        .unwrap();
     assert_eq!(reg.mark_busy(&ids[1], 120.0), Ok(true));
     let before = fleet.calls().len();
     let out = pollster::block_on(act(

@@ -2,7 +2,9 @@
 //! a few jobs through the real [`JobStore`] semantics (the fake's conditional writes), the real
 //! [`Settle`] rules and the real reaper ([`reap_jobs`]), with wake-up messages that are
 //! duplicated, reordered and lost, agents that crash, renew late or end attempts every way, and
-//! reconcilers whose reads go stale before they write.
+//! reconcilers whose reads go stale before they write, and writes to the table whose answers are
+//! lost on the way back, so the SDK sends them again (`FakeJobs::lose_next_answer`: the retry
+//! meets the row its first try wrote, as on DynamoDB).
 //!
 //! Users cancel jobs at random moments too (`request_cancel`); an agent that learns of a cancel at
 //! a renewal ends its attempt CANCELLED.
@@ -12,7 +14,11 @@
 //! - a job the user cancelled never waits again: it is RUNNING (until its lease holder or the
 //!   reaper ends it) or final, and final means CANCELLED unless it had succeeded;
 //! - no live lease is ever stripped: an agent whose last claim or renewal set an expiry still in
-//!   the future holds the job in the table (so no two agents hold live leases on one job).
+//!   the future holds the job in the table (so no two agents hold live leases on one job);
+//! - no live lease is orphaned: a job the table shows RUNNING under a lease still live is held by
+//!   that agent, unless the agent crashed holding it (a claim whose answer was lost is the
+//!   agent's own, not "someone else's RUNNING job" whose message it deletes);
+//! - a cancel the user asks for of a waiting job answers that it cancelled it.
 //!
 //! After the faults stop and time runs on (drain):
 //! - every sweep leaves the queue at least one message per pending job;
@@ -75,6 +81,8 @@ enum Op {
     Advance(u8),
     /// The user cancels job `j`.
     Cancel(usize),
+    /// The next write to the jobs table is applied and its answer lost: the SDK sends it again.
+    LoseAnswer,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -89,6 +97,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..8usize).prop_map(Op::Lose),
         3 => (0..4u8).prop_map(Op::Advance),
         1 => (0..JOBS).prop_map(Op::Cancel),
+        2 => Just(Op::LoseAnswer),
     ]
 }
 
@@ -106,6 +115,10 @@ struct World {
     succeeded: BTreeMap<String, u32>,
     finals: BTreeMap<String, JobState>,
     cancelled: BTreeSet<String>,
+    /// (agent, job) leases left behind by a crash.
+    orphans: BTreeSet<(usize, String)>,
+    /// Broken promises seen while stepping, reported by the next check.
+    violations: Vec<String>,
     opts: ReconcileOptions,
 }
 
@@ -127,6 +140,8 @@ impl World {
             succeeded: BTreeMap::new(),
             finals: BTreeMap::new(),
             cancelled: BTreeSet::new(),
+            orphans: BTreeSet::new(),
+            violations: Vec::new(),
             opts: ReconcileOptions {
                 resend_after_s: 2.0 * LEASE_S,
                 ..ReconcileOptions::default()
@@ -182,6 +197,7 @@ impl World {
                 match pollster::block_on(self.jobs.claim(&id, &owner, self.now + LEASE_S, self.now)).unwrap() {
                     // The message was taken (deleted) either way.
                     Claim::Claimed(rec) => {
+                        self.orphans.remove(&(a, id.clone()));
                         self.agents[a] = Some(Held {
                             job: *rec,
                             lease_until: self.now + LEASE_S,
@@ -215,7 +231,11 @@ impl World {
                 };
                 self.end(a, end);
             }
-            Op::Crash(a) => self.agents[a] = None,
+            Op::Crash(a) => {
+                if let Some(held) = self.agents[a].take() {
+                    self.orphans.insert((a, held.job.id));
+                }
+            }
             Op::ReapRead(r) => {
                 let listed = pollster::block_on(self.jobs.active()).unwrap();
                 self.snapshots[r] = Some((self.now, listed.items));
@@ -246,9 +266,15 @@ impl World {
             Op::Advance(d) => {
                 self.now += [1.0, LEASE_S / 3.0, LEASE_S + 1.0, 2.0 * LEASE_S + 1.0][d as usize];
             }
+            Op::LoseAnswer => self.jobs.lose_next_answer(),
             Op::Cancel(j) => {
                 let id = format!("job-{j}");
+                let waiting = self.jobs.records()[&id].state.is_pending();
                 let outcome = pollster::block_on(self.jobs.request_cancel(&id, self.now)).unwrap();
+                if waiting && outcome != CancelOutcome::Cancelled {
+                    self.violations
+                        .push(format!("the cancel of waiting {id} answered {outcome:?}"));
+                }
                 if matches!(outcome, CancelOutcome::Cancelled | CancelOutcome::Requested) {
                     self.cancelled.insert(id);
                 }
@@ -257,7 +283,27 @@ impl World {
     }
 
     fn check(&mut self) -> Result<(), TestCaseError> {
+        prop_assert!(self.violations.is_empty(), "{:?}", self.violations);
         let records = self.jobs.records();
+        for (id, r) in &records {
+            let (Some(owner), Some(until)) = (r.lease_owner.as_deref(), r.lease_expires_at) else {
+                continue;
+            };
+            if r.state != JobState::Running || until <= self.now {
+                continue;
+            }
+            let a: usize = owner.trim_start_matches("agent-").parse().unwrap();
+            let held = self.agents[a].as_ref().is_some_and(|h| h.job.id == *id);
+            prop_assert!(
+                held || self.orphans.contains(&(a, id.clone())),
+                "{} is RUNNING under {}'s live lease (until {}, now {}), which {} does not hold",
+                id,
+                owner,
+                until,
+                self.now,
+                owner
+            );
+        }
         for (id, n) in &self.succeeded {
             prop_assert!(*n <= 1, "{id} succeeded {n} times");
         }

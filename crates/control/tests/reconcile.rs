@@ -128,7 +128,8 @@ impl World {
     fn idle_worker_released(&self) -> (String, ReconcileReport) {
         let id = self.one_job_done(NOW + 400.0);
         self.workers
-            .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_150.0));
+            .agent_heartbeat(&id, WorkerState::Idle, Some(NOW + 500.0), NOW + 1_150.0)
+            .unwrap();
         let r = self.reconcile(NOW + 1_160.0, true);
         (id, r)
     }
@@ -279,9 +280,11 @@ fn the_reaper_terminates_orphans_and_requeues_jobs_of_lost_workers() {
         ));
     }
     w.workers
-        .set_agent_view(&workers[0], WorkerState::Running, None, Some(NOW + 1_000.0));
+        .agent_heartbeat(&workers[0], WorkerState::Running, None, NOW + 1_000.0)
+        .unwrap();
     w.workers
-        .set_agent_view(&workers[1], WorkerState::Running, None, Some(NOW + 500.0));
+        .agent_heartbeat(&workers[1], WorkerState::Running, None, NOW + 500.0)
+        .unwrap();
     // An instance tagged onoff:managed that the table does not know.
     w.fleet.add_instance("i-orphan", offerings()[0].key.clone());
     let sent_before = w.queue.sent().len();
@@ -415,7 +418,8 @@ fn a_worker_whose_instance_is_gone_and_an_expired_lease_are_handled() {
     pollster::block_on(w.jobs.claim(&ids[1], &workers[1], NOW + 900.0, NOW + 400.0)).unwrap();
     for id in &workers {
         w.workers
-            .set_agent_view(id, WorkerState::Running, None, Some(NOW + 990.0));
+            .agent_heartbeat(id, WorkerState::Running, None, NOW + 990.0)
+            .unwrap();
     }
     // Worker 0's instance disappears behind onoff's back.
     pollster::block_on(onoff_control::ports::Fleet::terminate(
@@ -451,7 +455,8 @@ fn a_job_requeued_by_the_reaper_gets_capacity_in_the_same_run_whatever_the_index
     assert_eq!(workers.len(), 1);
     pollster::block_on(w.jobs.claim(&ids[0], &workers[0], NOW + 10_000.0, NOW + 400.0)).unwrap();
     w.workers
-        .set_agent_view(&workers[0], WorkerState::Running, None, Some(NOW + 990.0));
+        .agent_heartbeat(&workers[0], WorkerState::Running, None, NOW + 990.0)
+        .unwrap();
     pollster::block_on(onoff_control::ports::Fleet::terminate(
         &w.fleet,
         std::slice::from_ref(&workers[0]),
@@ -533,11 +538,13 @@ fn idle_workers_past_the_keep_alive_are_released() {
     // The job ran and finished; the worker has been idle since +500 s.
     let id = w.one_job_done(NOW + 400.0);
     w.workers
-        .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_000.0));
+        .agent_heartbeat(&id, WorkerState::Idle, Some(NOW + 500.0), NOW + 1_000.0)
+        .unwrap();
     let r = w.reconcile(NOW + 1_000.0, true);
     assert!(r.acted.terminated.is_empty(), "idle 500 s < 600 s: {:?}", r.plan);
     w.workers
-        .set_agent_view(&id, WorkerState::Idle, Some(NOW + 500.0), Some(NOW + 1_150.0));
+        .agent_heartbeat(&id, WorkerState::Idle, Some(NOW + 500.0), NOW + 1_150.0)
+        .unwrap();
     let r = w.reconcile(NOW + 1_160.0, true);
     assert_eq!(r.acted.terminated, vec![id.clone()]);
     assert!(w.fleet.running().is_empty());
@@ -555,7 +562,8 @@ fn an_idle_worker_the_policy_keeps_is_held_and_the_hold_renewed_but_not_once_it_
     // Idle since +900 s; the keep-alive is 600 s. At +1,000 s it is kept: held to +1,300 s.
     let at = |w: &World, t: f64| {
         w.workers
-            .set_agent_view(&id, WorkerState::Idle, Some(NOW + 900.0), Some(NOW + t));
+            .agent_heartbeat(&id, WorkerState::Idle, Some(NOW + 900.0), NOW + t)
+            .unwrap();
         w.reconcile_opts(&offerings(), &opts, NOW + t)
     };
     let r = at(&w, 1_000.0);
@@ -580,7 +588,8 @@ fn an_idle_worker_the_policy_keeps_is_held_and_the_hold_renewed_but_not_once_it_
     let w2 = World::new();
     let id2 = w2.one_job_done(NOW + 50.0);
     w2.workers
-        .set_agent_view(&id2, WorkerState::Idle, Some(NOW + 100.0), Some(NOW + 800.0));
+        .agent_heartbeat(&id2, WorkerState::Idle, Some(NOW + 100.0), NOW + 800.0)
+        .unwrap();
     w2.fleet.fail_next(FleetError {
         kind: FleetErrorKind::Other,
         message: "UnauthorizedOperation".into(),
@@ -600,7 +609,8 @@ fn an_idle_worker_the_policy_keeps_is_held_and_the_hold_renewed_but_not_once_it_
     w.reconcile(NOW + 1.0, false);
     let id = w.workers.records().keys().next().unwrap().clone();
     w.workers
-        .set_agent_view(&id, WorkerState::Running, None, Some(NOW + 500.0));
+        .agent_heartbeat(&id, WorkerState::Running, None, NOW + 500.0)
+        .unwrap();
     let r = w.reconcile_opts(&offerings(), &opts, NOW + 500.0);
     assert!(r.workers_held.is_empty());
     assert_eq!(w.workers.records()[&id].hold_until, None);
@@ -957,7 +967,8 @@ fn short_jobs_queue_behind_a_worker_whose_job_ends_within_the_horizon() {
         let worker = w.workers.records().keys().next().unwrap().clone();
         pollster::block_on(w.jobs.claim(&first, &worker, NOW + 10_000.0, NOW + 100.0)).unwrap();
         w.workers
-            .set_agent_view(&worker, WorkerState::Running, None, Some(NOW + 100.0));
+            .agent_heartbeat(&worker, WorkerState::Running, None, NOW + 100.0)
+            .unwrap();
         for i in 0..3 {
             w.submit_timed(&format!("short{i}"), 10.0);
         }
@@ -1133,7 +1144,8 @@ fn a_worker_whose_instance_ec2_stopped_under_it_is_lost_and_its_job_requeued() {
     let id = w.workers.records().keys().next().unwrap().clone();
     pollster::block_on(w.jobs.claim(&ids[0], &id, NOW + 10_000.0, NOW + 300.0)).unwrap();
     w.workers
-        .set_agent_view(&id, WorkerState::Running, None, Some(NOW + 300.0));
+        .agent_heartbeat(&id, WorkerState::Running, None, NOW + 300.0)
+        .unwrap();
     // EC2 stops it (an interruption of a persistent spot request), the event missed.
     w.fleet.stop_behind_the_back(&id);
     let r = w.reconcile(NOW + 320.0, true);

@@ -1368,6 +1368,10 @@ impl WorkerRegistry for SimPorts<'_> {
     async fn set_state_if(&self, id: &str, to: WorkerState, from: &[WorkerState]) -> Result<bool, StoreError> {
         let mut w = self.0.borrow_mut();
         let i = w.worker_by_id(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        // As the trait says: already in `to` is done.
+        if w.workers[i].state == to {
+            return Ok(true);
+        }
         if !from.contains(&w.workers[i].state) {
             return Ok(false);
         }
@@ -1439,6 +1443,12 @@ impl OfferingAvailability for SimPorts<'_> {
     async fn mark_unavailable(&self, key: &OfferingKey, until: f64) -> Result<(), StoreError> {
         let mut w = self.0.borrow_mut();
         let now = w.now;
+        // A later `until` wins; an earlier one changes nothing (as the trait says).
+        let until = w
+            .unavailable
+            .iter()
+            .filter(|u| u.key == *key)
+            .fold(until, |a, u| a.max(u.until));
         w.unavailable.retain(|u| u.until > now && u.key != *key);
         w.unavailable.push(UnavailableOffering {
             key: key.clone(),

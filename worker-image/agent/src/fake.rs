@@ -340,32 +340,19 @@ impl Registry for FakeRegistry {
         idle_since: Option<f64>,
         now: f64,
     ) -> Result<(), StoreError> {
-        let Some(row) = self.records().get(id).cloned() else {
-            return Err(StoreError::NotFound(id.into()));
-        };
-        // As the DynamoDB adapter: a row the control plane is retiring keeps its state.
-        // Deregistering leaves a Stopped row as it is (no error), as the DynamoDB adapter's agent
-        // registry does: the control plane stopped the instance and will start it again.
-        if state == WorkerState::Terminating && row.state == WorkerState::Stopped {
-            return Ok(());
+        // As the DynamoDB adapter's agent registry: deregistering (Terminating) is a conditional
+        // move from a live state, which leaves a Stopped row as it is (no error): the control
+        // plane stopped the instance and will start it again.
+        if state == WorkerState::Terminating {
+            let live = [
+                WorkerState::Pending,
+                WorkerState::Running,
+                WorkerState::Idle,
+                WorkerState::Draining,
+            ];
+            return self.set_state_if(id, state, &live).await.map(|_| ());
         }
-        let retiring = match state {
-            // Deregistering: otherwise always.
-            WorkerState::Terminating => false,
-            WorkerState::Draining => matches!(row.state, WorkerState::Terminating | WorkerState::Stopped),
-            _ => matches!(
-                row.state,
-                WorkerState::Draining | WorkerState::Terminating | WorkerState::Stopped
-            ),
-        };
-        if retiring {
-            self.set_agent_view(id, row.state, row.idle_since, Some(now));
-            return Err(StoreError::Conflict(format!(
-                "{id} is being retired by the control plane"
-            )));
-        }
-        self.set_agent_view(id, state, idle_since, Some(now));
-        Ok(())
+        self.agent_heartbeat(id, state, idle_since, now)
     }
 
     async fn mark_busy(&self, id: &str, now: f64) -> Result<bool, StoreError> {

@@ -1,0 +1,472 @@
+//! Promises of the [`JobStore`] and [`WorkerRegistry`] traits that every store must keep, written
+//! once and run against each: the fakes here ([`crate::fake::FakeJobs`],
+//! [`crate::fake::FakeRegistry`]; `crates/control/tests/contract.rs`) and DynamoDB through its
+//! adapters against moto (`crates/aws/tests/moto.rs`). A fake that answered otherwise
+//! than DynamoDB would let a test pass that fails on AWS; running the same steps on both is what
+//! shows they agree.
+
+use crate::job::{AttemptEnd, AttemptRecord, JobSpec, JobState, OutputsRecord, RerunLimits, Settle};
+use crate::ports::{CancelOutcome, Claim, Created, JobRecord, JobStore, StoreError, WorkerRecord, WorkerRegistry};
+use onoff_policy::{CapacityType, OfferingKey, WorkerState};
+
+fn spec() -> JobSpec {
+    serde_json::from_value(serde_json::json!({
+        "image": "img", "command": ["x"], "project": "p", "max_attempts": 3
+    }))
+    .expect("a valid spec")
+}
+
+fn attempt(rec: &JobRecord, owner: &str, ended_at: f64, outcome: &str) -> AttemptRecord {
+    AttemptRecord {
+        n: rec.attempts,
+        instance_id: owner.into(),
+        instance_type: Some("g5.xlarge".into()),
+        capacity_type: Some("spot".into()),
+        price_usd_per_h: Some(0.4),
+        started_at: rec.claimed_at.unwrap_or(ended_at),
+        ended_at,
+        outcome: outcome.into(),
+        exit_code: Some(0),
+        checkpoint: None,
+        seconds: 60.0,
+        cost_usd: 0.4 / 60.0,
+    }
+}
+
+async fn claimed<J: JobStore>(jobs: &J, id: &str, owner: &str, now: f64) -> JobRecord {
+    match jobs.claim(id, owner, now + 300.0, now).await.expect("claim") {
+        Claim::Claimed(r) => *r,
+        other => panic!("{owner}'s claim of {id} at {now}: {other:?}"),
+    }
+}
+
+/// Every write a worker, the reaper or an operator makes, each sent once more after its answer
+/// was lost on the way back (`lose` arms that for the next write: the AWS SDK retries such a
+/// request, and the retry meets the row its first try wrote). Each retry must be taken as the
+/// write's own, done, not refused: a claim that read as "someone else's RUNNING job" would have
+/// its message deleted and the job left running under nobody; a success that read as a lost lease
+/// would have its outputs dropped; a re-queue that read as "the lease changed" would send no
+/// wake-up message. Writes that are not the retry's own are still refused. Job ids start with
+/// `tag` (several runs may share one table); `now` is unix seconds.
+///
+/// # Panics
+/// On the first promise the store breaks, naming it.
+pub async fn lost_answers_are_taken_as_done<J: JobStore>(jobs: &J, lose: impl Fn(), tag: &str, now: f64) {
+    let limits = RerunLimits::default();
+    let new = |n: &str| JobRecord::new(format!("{tag}-{n}"), spec(), "contract".into(), now);
+    let [a, b, c, d] = [new("a"), new("b"), new("c"), new("d")];
+
+    // create: the retry finds the row its first try wrote (the caller still sends its wake-up).
+    lose();
+    let created = jobs.create(&a).await.expect("create");
+    assert!(
+        matches!(&created, Created::Existing(r) if r.state == JobState::Queued && r.attempts == 0),
+        "a create whose answer was lost: {created:?}"
+    );
+    for r in [&b, &c, &d] {
+        assert_eq!(jobs.create(r).await.expect("create"), Created::New);
+    }
+
+    // claim: the worker's own, with the row it wrote, counted once.
+    lose();
+    let rec = claimed(jobs, &a.id, "i-a", now).await;
+    assert_eq!(
+        (rec.lease_owner.as_deref(), rec.attempts),
+        (Some("i-a"), 1),
+        "a claim whose answer was lost"
+    );
+    assert_eq!(
+        jobs.claim(&a.id, "i-b", now + 400.0, now + 1.0).await.expect("claim"),
+        Claim::NotClaimable(JobState::Running),
+        "another worker's claim is refused"
+    );
+
+    // renew and progress: values, so a retry sets the same again.
+    lose();
+    jobs.renew(&a.id, "i-a", now + 600.0)
+        .await
+        .expect("a renewal whose answer was lost");
+    lose();
+    jobs.record_progress(&a.id, "i-a", Some("s3://b/ckpt/1"), 0.5)
+        .await
+        .expect("progress whose answer was lost");
+    let row = jobs.get(&a.id).await.expect("get").expect("row");
+    assert_eq!(
+        (row.lease_expires_at, row.cost_usd, row.last_checkpoint.as_deref()),
+        (Some(now + 600.0), 0.5, Some("s3://b/ckpt/1"))
+    );
+
+    // finish with an attempt record: done, appended once; a settle this lease never wrote is not.
+    let mut done = Settle::of(&rec, &AttemptEnd::Succeeded, &limits);
+    done.attempt = Some(attempt(&rec, "i-a", now + 60.0, "succeeded"));
+    lose();
+    jobs.finish(&a.id, "i-a", &done, now + 60.0)
+        .await
+        .expect("a success whose answer was lost is done");
+    let row = jobs.get(&a.id).await.expect("get").expect("row");
+    assert_eq!((row.state, row.lease_owner.as_deref()), (JobState::Succeeded, None));
+    assert_eq!(
+        row.attempt_log,
+        [done.attempt.clone().expect("attempt")],
+        "appended once"
+    );
+    let other = Settle {
+        attempt: Some(attempt(&rec, "i-a", now + 61.0, "succeeded")),
+        ..done.clone()
+    };
+    assert!(
+        matches!(
+            jobs.finish(&a.id, "i-a", &other, now + 61.0).await,
+            Err(StoreError::Conflict(_))
+        ),
+        "a settle the lease never wrote is refused"
+    );
+
+    // record_outputs: the attempt's record, once.
+    let outputs = OutputsRecord {
+        attempt: 1,
+        files: 2,
+        error: None,
+        at: now + 70.0,
+    };
+    lose();
+    jobs.record_outputs(&a.id, &outputs)
+        .await
+        .expect("outputs whose answer was lost");
+    assert_eq!(jobs.get(&a.id).await.expect("get").expect("row").outputs, Some(outputs));
+
+    // finish without an attempt record (a hand-back): done by its counts.
+    let rec = claimed(jobs, &b.id, "i-c", now).await;
+    let back = Settle::of(&rec, &AttemptEnd::HandedBack("too small".into()), &limits);
+    lose();
+    jobs.finish(&b.id, "i-c", &back, now + 5.0)
+        .await
+        .expect("a hand-back whose answer was lost is done");
+    let row = jobs.get(&b.id).await.expect("get").expect("row");
+    assert_eq!(
+        (row.state, row.attempts, row.hand_backs, row.lease_owner),
+        (JobState::Queued, 0, 1, None)
+    );
+
+    // requeue_lost: the reaper's end of a lost lease, done, so its wake-up message is sent.
+    let rec = claimed(jobs, &b.id, "i-d", now + 10.0).await;
+    let lost = Settle::of(&rec, &AttemptEnd::LeaseLost("worker gone".into()), &limits);
+    lose();
+    jobs.requeue_lost(&b.id, "i-d", now + 310.0, &lost, now + 400.0)
+        .await
+        .expect("a re-queue whose answer was lost is done");
+    let row = jobs.get(&b.id).await.expect("get").expect("row");
+    assert_eq!(
+        (row.state, row.lease_expiries, row.lease_owner),
+        (JobState::Queued, 1, None)
+    );
+    let rec = claimed(jobs, &b.id, "i-e", now + 500.0).await;
+    assert!(
+        matches!(
+            jobs.requeue_lost(&b.id, "i-d", now + 310.0, &lost, now + 900.0).await,
+            Err(StoreError::Conflict(_))
+        ),
+        "the old lease's re-queue does not strip the new one"
+    );
+    assert_eq!(rec.lease_owner.as_deref(), Some("i-e"));
+
+    // request_cancel of a waiting job: cancelled by this call, not "already finished".
+    lose();
+    assert_eq!(
+        jobs.request_cancel(&c.id, now + 20.0).await.expect("cancel"),
+        CancelOutcome::Cancelled,
+        "a cancel whose answer was lost"
+    );
+    assert_eq!(
+        jobs.request_cancel(&c.id, now + 30.0).await.expect("cancel"),
+        CancelOutcome::AlreadyFinished(JobState::Cancelled),
+        "a later cancel finds it finished"
+    );
+
+    // request_cancel of a running job, then its fatal end: CANCELLED, each retry done.
+    let rec = claimed(jobs, &d.id, "i-f", now).await;
+    lose();
+    assert_eq!(
+        jobs.request_cancel(&d.id, now + 40.0).await.expect("cancel"),
+        CancelOutcome::Requested
+    );
+    let mut fatal = Settle::of(&rec, &AttemptEnd::Fatal("bad image".into()), &limits);
+    fatal.attempt = Some(attempt(&rec, "i-f", now + 50.0, "fatal"));
+    lose();
+    jobs.finish(&d.id, "i-f", &fatal, now + 50.0)
+        .await
+        .expect("the end of a cancelled job whose answer was lost is done");
+    let row = jobs.get(&d.id).await.expect("get").expect("row");
+    assert_eq!((row.state, row.lease_owner), (JobState::Cancelled, None));
+    assert_eq!(row.attempt_log.len(), 1, "appended once");
+}
+
+/// What an agent's heartbeat writes (`DynamoWorkers::heartbeat`,
+/// [`crate::fake::FakeRegistry::agent_heartbeat`]): the one worker-row write outside
+/// [`WorkerRegistry`] that the registry contract checks.
+#[allow(async_fn_in_trait)]
+pub trait AgentHeartbeat {
+    /// Write `state`, `idle_since` and `heartbeat_at = now` on row `id`, as the agent does.
+    ///
+    /// # Errors
+    /// As the store's heartbeat: not found, a retiring row ([`StoreError::Conflict`]), failures.
+    async fn heartbeat(
+        &self,
+        id: &str,
+        state: WorkerState,
+        idle_since: Option<f64>,
+        now: f64,
+    ) -> Result<(), StoreError>;
+}
+
+impl AgentHeartbeat for crate::fake::FakeRegistry {
+    async fn heartbeat(
+        &self,
+        id: &str,
+        state: WorkerState,
+        idle_since: Option<f64>,
+        now: f64,
+    ) -> Result<(), StoreError> {
+        self.agent_heartbeat(id, state, idle_since, now)
+    }
+}
+
+fn worker(id: &str, now: f64) -> WorkerRecord {
+    WorkerRecord::launched(
+        id,
+        "standard",
+        OfferingKey {
+            instance_type: "g5.xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity_type: CapacityType::Spot,
+        },
+        0.4212,
+        now,
+    )
+}
+
+async fn row<R: WorkerRegistry>(reg: &R, id: &str) -> WorkerRecord {
+    reg.get(id).await.expect("get").expect("the row")
+}
+
+/// The workers table's writes, each conditional on the row's state and each taken as done when
+/// sent again with the same arguments (the write's own retry, after a lost answer): registering,
+/// a scale-down's move to Terminating, a hold, a stop, a start, a refused start, a price, and the
+/// agent's heartbeat, which never revives a row the control plane is retiring. Worker ids are
+/// `tag` followed by a digit (EC2 ids are `i-` and 17 hex digits: pass `i-0c0ffee000000000`, say);
+/// `now` is unix seconds.
+///
+/// # Panics
+/// On the first promise the store breaks, naming it.
+pub async fn worker_rows_keep_their_conditions<R: WorkerRegistry, H: AgentHeartbeat>(
+    reg: &R,
+    beat: &H,
+    tag: &str,
+    now: f64,
+) {
+    let [a, b, c] = [format!("{tag}1"), format!("{tag}2"), format!("{tag}3")];
+
+    // register_launch: the record reads back whole; registering again changes nothing.
+    let full = WorkerRecord {
+        state: WorkerState::Idle,
+        project: Some("p".into()),
+        idle_since: Some(now + 10.0),
+        heartbeat_at: Some(now + 15.5),
+        pinned_job: Some("job-due".into()),
+        hold_until: Some(now + 600.0),
+        spot_price_usd_per_h: Some(0.4375),
+        ..worker(&a, now)
+    };
+    reg.register_launch(full.clone()).await.expect("register");
+    reg.register_launch(WorkerRecord {
+        state: WorkerState::Running,
+        ..worker(&a, now + 1.0)
+    })
+    .await
+    .expect("a second registration");
+    assert_eq!(row(reg, &a).await, full, "registering again changes nothing");
+
+    // hold_idle: written, done again at the same time, never shortened.
+    assert_eq!(reg.hold_idle(&a, now + 900.0).await, Ok(true));
+    assert_eq!(reg.hold_idle(&a, now + 900.0).await, Ok(true), "the hold's own retry");
+    assert_eq!(
+        reg.hold_idle(&a, now + 800.0).await,
+        Ok(false),
+        "a hold is never shortened"
+    );
+    assert_eq!(row(reg, &a).await.hold_until, Some(now + 900.0));
+
+    // mark_stopped: Idle to Stopped with its stop time and keep; done again.
+    assert_eq!(reg.mark_stopped(&a, now + 1_000.0, now + 4_600.0, now).await, Ok(true));
+    assert_eq!(
+        reg.mark_stopped(&a, now + 1_000.0, now + 4_600.0, now).await,
+        Ok(true),
+        "the stop's own retry"
+    );
+    let r = row(reg, &a).await;
+    assert_eq!(
+        (r.state, r.idle_since, r.hold_until),
+        (WorkerState::Stopped, Some(now + 1_000.0), Some(now + 4_600.0))
+    );
+    // The heartbeat of an agent still up on a stopped row: alive, but the row stays Stopped.
+    assert!(
+        matches!(
+            beat.heartbeat(&a, WorkerState::Idle, Some(now + 900.0), now + 1_001.0)
+                .await,
+            Err(StoreError::Conflict(_))
+        ),
+        "a heartbeat on a Stopped row is refused"
+    );
+    let r = row(reg, &a).await;
+    assert_eq!(
+        (r.state, r.idle_since, r.heartbeat_at),
+        (WorkerState::Stopped, Some(now + 1_000.0), Some(now + 1_001.0)),
+        "only heartbeat_at is written on a retiring row"
+    );
+    assert_eq!(
+        reg.hold_idle(&a, now + 9_000.0).await,
+        Ok(false),
+        "a stopped worker is not held"
+    );
+
+    // mark_started: Pending since the start, pinned as a launch; done again.
+    assert_eq!(
+        reg.mark_started(&a, now + 2_000.0, Some("q"), Some("job-2")).await,
+        Ok(true)
+    );
+    assert_eq!(
+        reg.mark_started(&a, now + 2_000.0, Some("q"), Some("job-2")).await,
+        Ok(true),
+        "the start's own retry"
+    );
+    let r = row(reg, &a).await;
+    assert_eq!(
+        (r.state, r.launched_at, r.project.as_deref(), r.pinned_job.as_deref()),
+        (WorkerState::Pending, now + 2_000.0, Some("q"), Some("job-2"))
+    );
+    assert_eq!((r.idle_since, r.hold_until, r.heartbeat_at), (None, None, None));
+    assert_eq!(
+        reg.mark_started(&a, now + 2_100.0, None, None).await,
+        Ok(false),
+        "a worker not stopped is not started"
+    );
+
+    // mark_start_refused: Stopped again as the start found it; done again.
+    let refused = reg
+        .mark_start_refused(&a, now + 2_000.0, now, Some(now + 1_000.0), Some(now + 4_600.0))
+        .await;
+    assert_eq!(refused, Ok(true));
+    assert_eq!(
+        reg.mark_start_refused(&a, now + 2_000.0, now, Some(now + 1_000.0), Some(now + 4_600.0))
+            .await,
+        Ok(true),
+        "the refused start's own retry"
+    );
+    let r = row(reg, &a).await;
+    assert_eq!(
+        (r.state, r.launched_at, r.idle_since, r.hold_until),
+        (WorkerState::Stopped, now, Some(now + 1_000.0), Some(now + 4_600.0))
+    );
+
+    // set_state_if: a scale-down from Idle; done again; refused once an agent took it.
+    reg.register_launch(WorkerRecord {
+        state: WorkerState::Idle,
+        ..worker(&b, now)
+    })
+    .await
+    .expect("register");
+    assert_eq!(
+        reg.set_state_if(&b, WorkerState::Terminating, &[WorkerState::Idle])
+            .await,
+        Ok(true)
+    );
+    assert_eq!(
+        reg.set_state_if(&b, WorkerState::Terminating, &[WorkerState::Idle])
+            .await,
+        Ok(true),
+        "already in the target state is done"
+    );
+    assert_eq!(
+        reg.set_state_if(&b, WorkerState::Idle, &[]).await,
+        Ok(false),
+        "no state qualifies"
+    );
+    assert!(
+        !reg.list_live().await.expect("list").items.iter().any(|w| w.id == b),
+        "a Terminating worker is not live"
+    );
+    reg.register_launch(WorkerRecord {
+        state: WorkerState::Running,
+        ..worker(&c, now)
+    })
+    .await
+    .expect("register");
+    assert_eq!(
+        reg.set_state_if(&c, WorkerState::Terminating, &[WorkerState::Idle])
+            .await,
+        Ok(false),
+        "a busy worker is not scaled down"
+    );
+
+    // The heartbeat: written on a live row; an agent's own Draining kept; never revived.
+    beat.heartbeat(&c, WorkerState::Idle, Some(now + 50.0), now + 60.0)
+        .await
+        .expect("a live row's heartbeat");
+    let r = row(reg, &c).await;
+    assert_eq!(
+        (r.state, r.idle_since, r.heartbeat_at),
+        (WorkerState::Idle, Some(now + 50.0), Some(now + 60.0))
+    );
+    beat.heartbeat(&c, WorkerState::Draining, None, now + 70.0)
+        .await
+        .expect("the agent drains itself");
+    beat.heartbeat(&c, WorkerState::Draining, None, now + 80.0)
+        .await
+        .expect("a draining agent's heartbeat");
+    assert!(matches!(
+        beat.heartbeat(&c, WorkerState::Idle, Some(now + 85.0), now + 90.0)
+            .await,
+        Err(StoreError::Conflict(_))
+    ));
+    let r = row(reg, &c).await;
+    assert_eq!(
+        (r.state, r.idle_since, r.heartbeat_at),
+        (WorkerState::Draining, None, Some(now + 90.0)),
+        "a draining row is never revived"
+    );
+
+    // set_price_if_unpriced: only an agent-registered (price 0) row; done again at its price.
+    assert_eq!(reg.set_price_if_unpriced(&c, 0.5).await, Ok(false), "priced at launch");
+    reg.register_launch(WorkerRecord {
+        price_usd_per_h: 0.0,
+        ..worker(&format!("{tag}4"), now)
+    })
+    .await
+    .expect("register");
+    let d = format!("{tag}4");
+    assert_eq!(reg.set_price_if_unpriced(&d, 0.4212).await, Ok(true));
+    assert_eq!(
+        reg.set_price_if_unpriced(&d, 0.4212).await,
+        Ok(true),
+        "the price's own retry"
+    );
+    assert_eq!(reg.set_price_if_unpriced(&d, 0.5).await, Ok(false));
+
+    // An unknown worker: not found, never created.
+    let gone = format!("{tag}9");
+    assert!(matches!(reg.hold_idle(&gone, now).await, Err(StoreError::NotFound(_))));
+    assert!(matches!(
+        reg.set_state_if(&gone, WorkerState::Terminating, &[WorkerState::Idle])
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        reg.mark_stopped(&gone, now, now, now).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        beat.heartbeat(&gone, WorkerState::Idle, None, now).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert_eq!(reg.get(&gone).await, Ok(None));
+}

@@ -1,0 +1,26 @@
+//! The store contracts of `onoff_control::fake::contract`, run against the fakes (the moto tests
+//! run the same against DynamoDB).
+
+use onoff_control::fake::{contract, FakeJobs};
+
+#[test]
+fn a_write_to_the_fake_jobs_table_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
+    let jobs = FakeJobs::default();
+    pollster::block_on(contract::lost_answers_are_taken_as_done(
+        &jobs,
+        || jobs.lose_next_answer(),
+        "lost",
+        1_700_000_000.0,
+    ));
+}
+
+#[test]
+fn the_fake_workers_table_keeps_its_conditions_and_takes_retries_as_done() {
+    let reg = onoff_control::fake::FakeRegistry::default();
+    pollster::block_on(contract::worker_rows_keep_their_conditions(
+        &reg,
+        &reg,
+        "i-0c0ffee000000000",
+        1_700_000_000.0,
+    ));
+}
