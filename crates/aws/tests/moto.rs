@@ -693,21 +693,6 @@ async fn worker_registry_writes_are_conditional_and_idempotent() {
     );
 }
 
-/// The agent's heartbeat on DynamoDB, for the registry contract.
-struct Beat<'a>(&'a DynamoWorkers);
-
-impl contract::AgentHeartbeat for Beat<'_> {
-    async fn heartbeat(
-        &self,
-        id: &str,
-        state: WorkerState,
-        idle_since: Option<f64>,
-        now: f64,
-    ) -> Result<(), StoreError> {
-        self.0.heartbeat(id, state, idle_since, now).await
-    }
-}
-
 #[tokio::test]
 async fn the_workers_table_keeps_the_registry_contract_the_fake_keeps() {
     // The same steps the fake's test runs (crates/control/tests/contract.rs).
@@ -715,7 +700,11 @@ async fn the_workers_table_keeps_the_registry_contract_the_fake_keeps() {
     let name = unique("workers");
     table(&c, &name, onoff_aws::state::WORKER_KEY).await;
     let reg = DynamoWorkers::new(c.dynamodb.clone(), &name, ARN_PREFIX);
-    contract::worker_rows_keep_their_conditions(&reg, &Beat(&reg), "i-0c0ffee000000000", 1_700_000_000.0).await;
+    let beat = |id: String, state, idle_since, now| {
+        let reg = reg.clone();
+        async move { reg.heartbeat(&id, state, idle_since, now).await }
+    };
+    contract::worker_rows_keep_their_conditions(&reg, beat, "i-0c0ffee000000000", 1_700_000_000.0).await;
 }
 
 #[tokio::test]

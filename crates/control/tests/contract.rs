@@ -19,7 +19,7 @@ fn the_fake_workers_table_keeps_its_conditions_and_takes_retries_as_done() {
     let reg = onoff_control::fake::FakeRegistry::default();
     pollster::block_on(contract::worker_rows_keep_their_conditions(
         &reg,
-        &reg,
+        |id, state, idle_since, now| std::future::ready(reg.agent_heartbeat(&id, state, idle_since, now)),
         "i-0c0ffee000000000",
         1_700_000_000.0,
     ));

@@ -152,16 +152,12 @@ impl Registry for DynamoRegistry {
         now: f64,
     ) -> Result<(), StoreError> {
         if state == WorkerState::Terminating {
-            // Deregistering (also starts the row's TTL), but never over a Stopped row: the
-            // control plane stopped this instance (the agent is being shut down with it), and
-            // the row must stay Stopped for a start to find.
-            let live = [
-                WorkerState::Pending,
-                WorkerState::Running,
-                WorkerState::Idle,
-                WorkerState::Draining,
-            ];
-            return self.0.set_state_if(id, state, &live).await.map(|_| ());
+            // Deregistering (also starts the row's TTL), never over a Stopped row.
+            return self
+                .0
+                .set_state_if(id, state, &crate::ports::DEREGISTER_FROM)
+                .await
+                .map(|_| ());
         }
         self.0.heartbeat(id, state, idle_since, now).await
     }

@@ -340,17 +340,13 @@ impl Registry for FakeRegistry {
         idle_since: Option<f64>,
         now: f64,
     ) -> Result<(), StoreError> {
-        // As the DynamoDB adapter's agent registry: deregistering (Terminating) is a conditional
-        // move from a live state, which leaves a Stopped row as it is (no error): the control
-        // plane stopped the instance and will start it again.
+        // As the DynamoDB adapter's agent registry: deregistering is a conditional move that
+        // leaves a Stopped row as it is (no error).
         if state == WorkerState::Terminating {
-            let live = [
-                WorkerState::Pending,
-                WorkerState::Running,
-                WorkerState::Idle,
-                WorkerState::Draining,
-            ];
-            return self.set_state_if(id, state, &live).await.map(|_| ());
+            return self
+                .set_state_if(id, state, &crate::ports::DEREGISTER_FROM)
+                .await
+                .map(|_| ());
         }
         self.agent_heartbeat(id, state, idle_since, now)
     }

@@ -130,11 +130,12 @@ pub trait Registry {
     async fn mark_busy(&self, id: &str, now: f64) -> Result<bool, StoreError>;
 
     /// State, idle-since and heartbeat time. A row the control plane is retiring keeps its state
-    /// (only the heartbeat time is written).
+    /// (only the heartbeat time is written). Terminating (the agent deregistering) is a move from
+    /// [`DEREGISTER_FROM`] only: a Stopped row stays Stopped (no error) for a start to find.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] when the row is gone; [`StoreError::Conflict`] when the row is
-    /// Draining or Terminating (the worker is being retired); store failures.
+    /// Draining, Terminating or Stopped (the worker is being retired); store failures.
     async fn heartbeat(
         &self,
         id: &str,
@@ -143,6 +144,16 @@ pub trait Registry {
         now: f64,
     ) -> Result<(), StoreError>;
 }
+
+/// The states an agent deregistering (Terminating) moves its row from: every live one. Not
+/// Stopped: the control plane stopped the instance (the agent is shut down with it), and the row
+/// must stay Stopped for a start to find.
+pub const DEREGISTER_FROM: [WorkerState; 4] = [
+    WorkerState::Pending,
+    WorkerState::Running,
+    WorkerState::Idle,
+    WorkerState::Draining,
+];
 
 /// A job's objects beside its checkpoints: its input, its outputs, its log, its own AWS session.
 #[allow(async_fn_in_trait)]

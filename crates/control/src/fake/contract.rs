@@ -201,36 +201,6 @@ pub async fn lost_answers_are_taken_as_done<J: JobStore>(jobs: &J, lose: impl Fn
     assert_eq!(row.attempt_log.len(), 1, "appended once");
 }
 
-/// What an agent's heartbeat writes (`DynamoWorkers::heartbeat`,
-/// [`crate::fake::FakeRegistry::agent_heartbeat`]): the one worker-row write outside
-/// [`WorkerRegistry`] that the registry contract checks.
-#[allow(async_fn_in_trait)]
-pub trait AgentHeartbeat {
-    /// Write `state`, `idle_since` and `heartbeat_at = now` on row `id`, as the agent does.
-    ///
-    /// # Errors
-    /// As the store's heartbeat: not found, a retiring row ([`StoreError::Conflict`]), failures.
-    async fn heartbeat(
-        &self,
-        id: &str,
-        state: WorkerState,
-        idle_since: Option<f64>,
-        now: f64,
-    ) -> Result<(), StoreError>;
-}
-
-impl AgentHeartbeat for crate::fake::FakeRegistry {
-    async fn heartbeat(
-        &self,
-        id: &str,
-        state: WorkerState,
-        idle_since: Option<f64>,
-        now: f64,
-    ) -> Result<(), StoreError> {
-        self.agent_heartbeat(id, state, idle_since, now)
-    }
-}
-
 fn worker(id: &str, now: f64) -> WorkerRecord {
     WorkerRecord::launched(
         id,
@@ -252,18 +222,20 @@ async fn row<R: WorkerRegistry>(reg: &R, id: &str) -> WorkerRecord {
 /// The workers table's writes, each conditional on the row's state and each taken as done when
 /// sent again with the same arguments (the write's own retry, after a lost answer): registering,
 /// a scale-down's move to Terminating, a hold, a stop, a start, a refused start, a price, and the
-/// agent's heartbeat, which never revives a row the control plane is retiring. Worker ids are
+/// agent's heartbeat (`beat`: what `DynamoWorkers::heartbeat` or
+/// [`crate::fake::FakeRegistry::agent_heartbeat`] writes for worker id, state, idle-since and
+/// now), which never revives a row the control plane is retiring. Worker ids are
 /// `tag` followed by a digit (EC2 ids are `i-` and 17 hex digits: pass `i-0c0ffee000000000`, say);
 /// `now` is unix seconds.
 ///
 /// # Panics
 /// On the first promise the store breaks, naming it.
-pub async fn worker_rows_keep_their_conditions<R: WorkerRegistry, H: AgentHeartbeat>(
-    reg: &R,
-    beat: &H,
-    tag: &str,
-    now: f64,
-) {
+pub async fn worker_rows_keep_their_conditions<R, B, F>(reg: &R, beat: B, tag: &str, now: f64)
+where
+    R: WorkerRegistry,
+    B: Fn(String, WorkerState, Option<f64>, f64) -> F,
+    F: std::future::Future<Output = Result<(), StoreError>>,
+{
     let [a, b, c] = [format!("{tag}1"), format!("{tag}2"), format!("{tag}3")];
 
     // register_launch: the record reads back whole; registering again changes nothing.
@@ -311,8 +283,7 @@ pub async fn worker_rows_keep_their_conditions<R: WorkerRegistry, H: AgentHeartb
     // The heartbeat of an agent still up on a stopped row: alive, but the row stays Stopped.
     assert!(
         matches!(
-            beat.heartbeat(&a, WorkerState::Idle, Some(now + 900.0), now + 1_001.0)
-                .await,
+            beat(a.clone(), WorkerState::Idle, Some(now + 900.0), now + 1_001.0).await,
             Err(StoreError::Conflict(_))
         ),
         "a heartbeat on a Stopped row is refused"
@@ -409,7 +380,7 @@ pub async fn worker_rows_keep_their_conditions<R: WorkerRegistry, H: AgentHeartb
     );
 
     // The heartbeat: written on a live row; an agent's own Draining kept; never revived.
-    beat.heartbeat(&c, WorkerState::Idle, Some(now + 50.0), now + 60.0)
+    beat(c.clone(), WorkerState::Idle, Some(now + 50.0), now + 60.0)
         .await
         .expect("a live row's heartbeat");
     let r = row(reg, &c).await;
@@ -417,15 +388,14 @@ pub async fn worker_rows_keep_their_conditions<R: WorkerRegistry, H: AgentHeartb
         (r.state, r.idle_since, r.heartbeat_at),
         (WorkerState::Idle, Some(now + 50.0), Some(now + 60.0))
     );
-    beat.heartbeat(&c, WorkerState::Draining, None, now + 70.0)
+    beat(c.clone(), WorkerState::Draining, None, now + 70.0)
         .await
         .expect("the agent drains itself");
-    beat.heartbeat(&c, WorkerState::Draining, None, now + 80.0)
+    beat(c.clone(), WorkerState::Draining, None, now + 80.0)
         .await
         .expect("a draining agent's heartbeat");
     assert!(matches!(
-        beat.heartbeat(&c, WorkerState::Idle, Some(now + 85.0), now + 90.0)
-            .await,
+        beat(c.clone(), WorkerState::Idle, Some(now + 85.0), now + 90.0).await,
         Err(StoreError::Conflict(_))
     ));
     let r = row(reg, &c).await;
@@ -465,7 +435,7 @@ pub async fn worker_rows_keep_their_conditions<R: WorkerRegistry, H: AgentHeartb
         Err(StoreError::NotFound(_))
     ));
     assert!(matches!(
-        beat.heartbeat(&gone, WorkerState::Idle, None, now).await,
+        beat(gone.clone(), WorkerState::Idle, None, now).await,
         Err(StoreError::NotFound(_))
     ));
     assert_eq!(reg.get(&gone).await, Ok(None));
