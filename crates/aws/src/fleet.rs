@@ -748,15 +748,10 @@ impl SpotPrices for Ec2Fleet {
 
 impl Fleet for Ec2Fleet {
     async fn launch(&self, req: &LaunchRequest) -> Result<LaunchResult, FleetError> {
-        let Some(first) = req.offerings.first() else {
-            return Err(FleetError {
-                kind: FleetErrorKind::Other,
-                message: "launch request with no offering".into(),
-            });
-        };
         if let Some(e) = onoff_control::ports::invalid_fleet_request(req) {
             return Err(e);
         }
+        let first = &req.offerings[0];
         if self.stoppable_spot && first.capacity_type == CapacityType::Spot {
             return self.launch_stoppable_spot(req).await;
         }

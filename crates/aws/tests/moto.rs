@@ -2726,6 +2726,33 @@ async fn a_terminated_instance_is_refused_a_stop_and_a_start_and_stays_terminate
 }
 
 #[tokio::test]
+async fn the_ec2_fleet_answers_as_the_fake_fleet_does() {
+    // The same steps the fake's test runs (crates/control/tests/contract.rs), through the local
+    // stack's EC2 limits, a stop lasting 300 ms instead of `limits::STOPPING_S`.
+    let c = clients().await;
+    let window = std::time::Duration::from_millis(300);
+    let ec2 = aws_sdk_ec2::Client::from_conf(
+        aws_sdk_ec2::config::Builder::from(&conf().await)
+            .interceptor(onoff_aws::limits::AwsLimits)
+            .interceptor(onoff_aws::limits::OneTimeSpotStops)
+            .interceptor(onoff_aws::limits::StoppingInstances { window: Some(window) })
+            .interceptor(onoff_aws::limits::TerminatedInstances)
+            .build(),
+    );
+    let fleet = Ec2Fleet::new(ec2, launch_template_name(&c).await)
+        .with_subnets(Ec2Fleet::default_subnets(&c.ec2).await.unwrap())
+        .with_deployment(unique("deploy"));
+    let settle = |_id: String| tokio::time::sleep(window + std::time::Duration::from_millis(100));
+    contract::fleet_answers_as_ec2(
+        &fleet,
+        settle,
+        key("g5.xlarge", "us-east-1a", CapacityType::OnDemand),
+        "i-0123456789abcdef0",
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn an_instance_still_stopping_is_refused_a_start_as_ec2_refuses_it() {
     // moto stops an instance at once; EC2 takes minutes, and refuses StartInstances until the
     // instance is stopped. The emulator's clients hold that for `limits::STOPPING_S` after a stop

@@ -2,11 +2,11 @@
 //!
 //! [`FakeFleet`] records every call, can inject one-shot errors, declare offerings without
 //! capacity or failing with any error, holds vCPU quotas per bucket of families and capacity type,
-//! and is idempotent by client token as EC2 is;
-//! [`FakeRegistry`] (with the agent's conditional writes and one-shot errors) and
+//! and is idempotent by client token as EC2 is (with [`FakeFleet::stops_take_time`], its stops
+//! last until settled, as EC2's do); [`FakeRegistry`] (with the agent's conditional writes and one-shot errors) and
 //! [`FakeAvailability`] keep state in memory. [`FakeJobs`] keeps DynamoDB's conditional writes,
-//! item limit, lagging index and lost answers. [`contract`]: promises every store must keep, run
-//! against these fakes and against DynamoDB (moto) alike.
+//! item limit, lagging index and lost answers. [`contract`]: promises every store and fleet must
+//! keep, run against these fakes and against DynamoDB and EC2 (moto) alike.
 
 pub mod contract;
 
@@ -56,6 +56,10 @@ struct FleetInner {
     unstoppable: std::collections::BTreeSet<String>,
     /// Instances whose stop is not over yet: a start is refused.
     still_stopping: std::collections::BTreeSet<String>,
+    /// Every stop leaves its instance stopping until [`FakeFleet::set_stopped_fully`].
+    stops_take_time: bool,
+    /// Instances terminated (EC2 lists them for about an hour, and refuses them a stop).
+    terminated: std::collections::BTreeSet<String>,
     no_capacity: Vec<OfferingKey>,
     /// Offerings whose launches fail with this error (any kind).
     failing: BTreeMap<OfferingKey, FleetError>,
@@ -79,6 +83,17 @@ struct FleetInner {
 }
 
 impl FleetInner {
+    /// Terminate `ids`: out of the running and stopped ones, remembered as terminated.
+    fn end(&mut self, ids: &[String]) {
+        for id in ids {
+            let known = self.running.remove(id).is_some() | self.stopped.remove(id).is_some();
+            self.still_stopping.remove(id);
+            if known {
+                self.terminated.insert(id.clone());
+            }
+        }
+    }
+
     /// The quota error a launch of one more `k` meets, if its bucket's quota has no room for it.
     fn over_quota(&self, k: &OfferingKey) -> Option<FleetError> {
         let bucket = QuotaBucket::of(&k.instance_type);
@@ -119,6 +134,15 @@ impl FakeFleet {
     /// ([`FleetErrorKind::Stopping`]) until [`FakeFleet::set_stopped_fully`].
     pub fn set_still_stopping(&self, id: &str) {
         self.inner.lock().expect("lock").still_stopping.insert(id.to_string());
+    }
+
+    /// From now on every stop leaves its instance stopping, a start refused
+    /// ([`FleetErrorKind::Stopping`]) until [`FakeFleet::set_stopped_fully`], as EC2 takes
+    /// minutes to stop an instance ("Stop and start Amazon EC2 instances", EC2 User Guide).
+    /// Off by default: tests that start an instance a simulated hour after its stop need no
+    /// settling.
+    pub fn stops_take_time(&self) {
+        self.inner.lock().expect("lock").stops_take_time = true;
     }
 
     /// Instance `id`'s stop is over: it starts again.
@@ -295,10 +319,7 @@ impl Fleet for FakeFleet {
         if let Some(e) = s.one_shot.pop_front() {
             return Err(e);
         }
-        for id in instance_ids {
-            s.running.remove(id);
-            s.stopped.remove(id);
-        }
+        s.end(instance_ids);
         Ok(())
     }
 
@@ -308,9 +329,8 @@ impl Fleet for FakeFleet {
         if let Some(e) = s.one_shot.pop_front() {
             return Err(e);
         }
-        for id in instance_ids {
-            s.running.remove(id);
-        }
+        // As the EC2 adapter: a cancelled launch's instances are terminated, stopped ones too.
+        s.end(instance_ids);
         Ok(())
     }
 
@@ -322,7 +342,19 @@ impl Fleet for FakeFleet {
         }
         let mut refused = Vec::new();
         for id in instance_ids {
-            if s.unstoppable.contains(id) {
+            if s.terminated.contains(id) {
+                // As EC2 (and the EC2 adapter): refused for its state, not as unknown.
+                refused.push((
+                    id.clone(),
+                    FleetError {
+                        kind: FleetErrorKind::Other,
+                        message: format!(
+                            "IncorrectInstanceState: This instance '{id}' is not in a state from which it can be \
+                             stopped."
+                        ),
+                    },
+                ));
+            } else if s.unstoppable.contains(id) {
                 refused.push((
                     id.clone(),
                     FleetError {
@@ -335,6 +367,9 @@ impl Fleet for FakeFleet {
                 ));
             } else if let Some(k) = s.running.remove(id) {
                 s.stopped.insert(id.clone(), k);
+                if s.stops_take_time {
+                    s.still_stopping.insert(id.clone());
+                }
             } else if !s.stopped.contains_key(id) {
                 refused.push((
                     id.clone(),
@@ -798,6 +833,9 @@ impl<F> FaultyFleet<F> {
 impl<F: Fleet> Fleet for FaultyFleet<F> {
     async fn launch(&self, req: &LaunchRequest) -> Result<LaunchResult, FleetError> {
         if let Some(e) = self.injected() {
+            return Err(e);
+        }
+        if let Some(e) = crate::ports::invalid_fleet_request(req) {
             return Err(e);
         }
         let failing = self.failing.lock().expect("lock").clone();

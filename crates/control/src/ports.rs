@@ -191,14 +191,20 @@ pub struct LaunchResult {
     pub short: Vec<(OfferingKey, FleetError)>,
 }
 
-/// Why EC2 would refuse `req` whole, or launch other than it names: its offerings must share one
+/// Why EC2 would refuse `req` whole, or launch other than it names: it must name an offering
+/// (CreateFleet takes no fleet without a launch template configuration), its offerings must share one
 /// capacity type (an EC2 Fleet call launches its target's capacity type; an override names none)
 /// and name each (instance type, zone) once (EC2: `InvalidFleetConfig`, "The fleet configuration
 /// contains duplicate instance pools"). `None` when it is valid. The EC2 adapter checks it before
 /// calling, and the fake fleet refuses such a request as EC2 would.
 #[must_use]
 pub fn invalid_fleet_request(req: &LaunchRequest) -> Option<FleetError> {
-    let first = req.offerings.first()?;
+    let Some(first) = req.offerings.first() else {
+        return Some(FleetError {
+            kind: FleetErrorKind::Other,
+            message: "launch request with no offering".into(),
+        });
+    };
     if let Some(other) = req.offerings.iter().find(|k| k.capacity_type != first.capacity_type) {
         return Some(FleetError {
             kind: FleetErrorKind::Other,

@@ -24,3 +24,23 @@ fn the_fake_workers_table_keeps_its_conditions_and_takes_retries_as_done() {
         1_700_000_000.0,
     ));
 }
+
+#[test]
+fn the_fake_fleet_answers_as_ec2() {
+    let fleet = onoff_control::fake::FakeFleet::new();
+    fleet.stops_take_time();
+    let offering = onoff_policy::OfferingKey {
+        instance_type: "g5.xlarge".into(),
+        zone: "us-east-1a".into(),
+        capacity_type: onoff_policy::CapacityType::OnDemand,
+    };
+    pollster::block_on(contract::fleet_answers_as_ec2(
+        &fleet,
+        |id| {
+            fleet.set_stopped_fully(&id);
+            std::future::ready(())
+        },
+        offering,
+        "i-0123456789abcdef0",
+    ));
+}

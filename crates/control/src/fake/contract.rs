@@ -1,12 +1,16 @@
-//! Promises of the [`JobStore`] and [`WorkerRegistry`] traits that every store must keep, written
-//! once and run against each: the fakes here ([`crate::fake::FakeJobs`],
-//! [`crate::fake::FakeRegistry`]; `crates/control/tests/contract.rs`) and DynamoDB through its
-//! adapters against moto (`crates/aws/tests/moto.rs`). A fake that answered otherwise
+//! Promises of the [`JobStore`], [`WorkerRegistry`] and [`Fleet`] traits that every
+//! implementation must keep, written once and run against each: the fakes here
+//! ([`crate::fake::FakeJobs`], [`crate::fake::FakeRegistry`], [`crate::fake::FakeFleet`];
+//! `crates/control/tests/contract.rs`) and DynamoDB and EC2 through their adapters against moto
+//! with the local stack's limits (`crates/aws/tests/moto.rs`). A fake that answered otherwise
 //! than DynamoDB would let a test pass that fails on AWS; running the same steps on both is what
 //! shows they agree.
 
 use crate::job::{AttemptEnd, AttemptRecord, JobSpec, JobState, OutputsRecord, RerunLimits, Settle};
-use crate::ports::{CancelOutcome, Claim, Created, JobRecord, JobStore, StoreError, WorkerRecord, WorkerRegistry};
+use crate::ports::{
+    CancelOutcome, Claim, Created, Fleet, FleetErrorKind, FleetLister, JobRecord, JobStore, LaunchRequest, StoreError,
+    WorkerRecord, WorkerRegistry,
+};
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 
 fn spec() -> JobSpec {
@@ -439,4 +443,127 @@ where
         Err(StoreError::NotFound(_))
     ));
     assert_eq!(reg.get(&gone).await, Ok(None));
+}
+
+fn ids_of(refused: &[(String, crate::ports::FleetError)]) -> Vec<(&str, FleetErrorKind)> {
+    refused.iter().map(|(id, e)| (id.as_str(), e.kind)).collect()
+}
+
+async fn listed<F: FleetLister>(fleet: &F, id: &str) -> Option<crate::ports::FleetInstance> {
+    let all = fleet.list_managed().await.expect("list the fleet");
+    all.into_iter().find(|i| i.instance_id == id)
+}
+
+/// A fleet's answers where EC2's are known: a launch of no offering refused whole; instances
+/// launched into the offering asked for, listed with their lane and project; a stop done, and
+/// done again when already stopped; a start refused while the stop is under way (EC2 takes
+/// minutes to stop an instance: `IncorrectInstanceState`, [`FleetErrorKind::Stopping`]) and done
+/// once `settle` says the stop is over (`settle(id)`: wait for it, or tell the fake); an unknown
+/// id refused as [`FleetErrorKind::NotFound`] without failing the others of its call; a cancelled
+/// launch's instances, stopped ones too, gone from the listing; a terminated instance refused a
+/// stop for its state (`IncorrectInstanceState`, [`FleetErrorKind::Other`]: the caller
+/// terminates it) and a start as gone ([`FleetErrorKind::NotFound`]: the caller retires its
+/// row); terminating again, or an unknown id, done. `offering` is an on-demand offering the fleet
+/// can launch; `unknown` a well-formed instance id no one launched.
+///
+/// # Panics
+/// On the first answer that differs from EC2's, naming it.
+pub async fn fleet_answers_as_ec2<F, S, W>(fleet: &F, settle: S, offering: OfferingKey, unknown: &str)
+where
+    F: Fleet + FleetLister,
+    S: Fn(String) -> W,
+    W: std::future::Future<Output = ()>,
+{
+    let request = |offerings: Vec<OfferingKey>, count: u32| LaunchRequest {
+        lane: "standard".into(),
+        offerings,
+        count,
+        project: Some("p".into()),
+        job: None,
+        client_token: String::new(),
+    };
+    let refused = fleet.launch(&request(Vec::new(), 1)).await;
+    assert!(
+        matches!(&refused, Err(e) if e.kind == FleetErrorKind::Other),
+        "a launch of no offering: {refused:?}"
+    );
+
+    let out = fleet.launch(&request(vec![offering.clone()], 2)).await.expect("launch");
+    assert!(out.short.is_empty(), "nothing short: {:?}", out.short);
+    assert_eq!(out.launched.len(), 2, "{:?}", out.launched);
+    assert!(
+        out.launched.iter().all(|l| l.offering == offering),
+        "{:?}",
+        out.launched
+    );
+    let (x, y) = (out.launched[0].instance_id.clone(), out.launched[1].instance_id.clone());
+    assert_ne!(x, y);
+    for id in [&x, &y] {
+        let i = listed(fleet, id).await.expect("a launched instance is listed");
+        assert_eq!(
+            (i.offering, i.lane.as_deref(), i.project.as_deref(), i.stopped),
+            (offering.clone(), Some("standard"), Some("p"), false)
+        );
+    }
+
+    // Stop, stop again, start while stopping, start once stopped, start again.
+    let one = |id: &str| vec![id.to_string()];
+    assert_eq!(ids_of(&fleet.stop(&one(&x)).await.expect("stop")), []);
+    assert!(
+        listed(fleet, &x).await.expect("listed").stopped,
+        "a stopped instance is listed stopped"
+    );
+    assert_eq!(
+        ids_of(&fleet.stop(&one(&x)).await.expect("stop")),
+        [],
+        "stopping a stopped instance"
+    );
+    assert_eq!(
+        ids_of(&fleet.start(&one(&x)).await.expect("start")),
+        [(x.as_str(), FleetErrorKind::Stopping)],
+        "a start while the stop is under way"
+    );
+    settle(x.clone()).await;
+    assert_eq!(ids_of(&fleet.start(&one(&x)).await.expect("start")), []);
+    assert!(!listed(fleet, &x).await.expect("listed").stopped, "started");
+    assert_eq!(
+        ids_of(&fleet.start(&one(&x)).await.expect("start")),
+        [],
+        "starting a running instance"
+    );
+
+    // An unknown id is refused alone.
+    assert_eq!(
+        ids_of(&fleet.stop(&[x.clone(), unknown.to_string()]).await.expect("stop")),
+        [(unknown, FleetErrorKind::NotFound)]
+    );
+    assert!(
+        listed(fleet, &x).await.expect("listed").stopped,
+        "the known one stopped"
+    );
+    assert_eq!(
+        ids_of(&fleet.start(&one(unknown)).await.expect("start")),
+        [(unknown, FleetErrorKind::NotFound)]
+    );
+
+    // A cancelled launch: its instances gone, the stopped one too.
+    fleet.cancel_launch(&[x.clone(), y.clone()]).await.expect("cancel");
+    for id in [&x, &y] {
+        assert!(listed(fleet, id).await.is_none(), "{id} is gone after the cancel");
+    }
+    let refused = fleet.stop(&one(&x)).await.expect("stop");
+    assert_eq!(ids_of(&refused), [(x.as_str(), FleetErrorKind::Other)], "{refused:?}");
+    assert!(
+        refused[0].1.message.starts_with("IncorrectInstanceState"),
+        "a terminated instance's stop is refused for its state: {refused:?}"
+    );
+    assert_eq!(
+        ids_of(&fleet.start(&one(&y)).await.expect("start")),
+        [(y.as_str(), FleetErrorKind::NotFound)],
+        "a terminated instance's start"
+    );
+    fleet
+        .terminate(&[x, y, unknown.to_string()])
+        .await
+        .expect("terminating again, and an unknown id");
 }
