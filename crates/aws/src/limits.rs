@@ -16,6 +16,7 @@
 //! | S3 object calls | key at most 1,024 bytes of UTF-8 | Amazon S3 User Guide, "Naming Amazon S3 objects" |
 //! | EC2 `RunInstances` | tags as for `CreateFleet` | EC2 User Guide, "Tag restrictions" |
 //! | DynamoDB item and key calls | a number is a decimal of at most 38 significant digits within ±1E-130 to ±9.9…9E+125 (no NaN, no infinity) | Amazon DynamoDB Developer Guide, "Supported data types and naming rules": Number |
+//! | DynamoDB expressions (condition, update, key condition, filter, projection) | no reserved word as an attribute name written out: `#alias` it | Amazon DynamoDB Developer Guide, "Reserved words in DynamoDB" (moto checks an UpdateExpression only) |
 //!
 //! Limits moto already enforces (SQS receive, visibility and delay bounds, message size, and
 //! DynamoDB's item size) are left to it. moto checks a PutItem's numbers in part and an
@@ -265,6 +266,136 @@ fn dynamodb_values(input: &Input) -> Option<(&'static str, Vec<&aws_sdk_dynamodb
     }
 }
 
+/// DynamoDB's reserved words (`dynamodb_reserved_words.txt`; Amazon DynamoDB Developer Guide,
+/// "Reserved words in DynamoDB"), upper case.
+fn dynamodb_reserved_words() -> &'static std::collections::HashSet<&'static str> {
+    static WORDS: std::sync::OnceLock<std::collections::HashSet<&'static str>> = std::sync::OnceLock::new();
+    WORDS.get_or_init(|| {
+        include_str!("dynamodb_reserved_words.txt")
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .flat_map(str::split_whitespace)
+            .collect()
+    })
+}
+
+/// The first attribute name in the DynamoDB expression `expr` that is a reserved word, as
+/// DynamoDB finds it: a name written out (not an `#alias`, not a `:value`), each element of a
+/// document path included, that is not the expression grammar's own (`AND`, `OR`, `NOT`,
+/// `BETWEEN`, `IN`; `SET`, `REMOVE`, `ADD`, `DELETE`) or a function called (`size(`, ...).
+#[must_use]
+pub fn dynamodb_reserved_word_in(expr: &str) -> Option<&str> {
+    const GRAMMAR: &[&str] = &["AND", "OR", "NOT", "BETWEEN", "IN", "SET", "REMOVE", "ADD", "DELETE"];
+    const FUNCTIONS: &[&str] = &[
+        "attribute_exists",
+        "attribute_not_exists",
+        "attribute_type",
+        "begins_with",
+        "contains",
+        "size",
+        "if_not_exists",
+        "list_append",
+    ];
+    let b = expr.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'#' || b[i] == b':' {
+            // An alias or a value placeholder: its name is not an attribute's.
+            i += 1;
+            while i < b.len() && word(b[i]) {
+                i += 1;
+            }
+        } else if b[i].is_ascii_alphabetic() || b[i] == b'_' {
+            let start = i;
+            while i < b.len() && word(b[i]) {
+                i += 1;
+            }
+            let name = &expr[start..i];
+            let called = expr[i..].trim_start().starts_with('(');
+            let upper = name.to_ascii_uppercase();
+            if GRAMMAR.contains(&upper.as_str()) || (called && FUNCTIONS.contains(&name)) {
+                continue;
+            }
+            if dynamodb_reserved_words().contains(upper.as_str()) {
+                return Some(name);
+            }
+        } else {
+            i += 1;
+        }
+    }
+    None
+}
+
+/// The expressions of a DynamoDB input this project sends, each with its parameter's name
+/// (`None`: not set).
+fn dynamodb_expressions(input: &Input) -> Option<(&'static str, Vec<(&'static str, Option<&str>)>)> {
+    use aws_sdk_dynamodb::operation as ddb;
+    const CONDITION: &str = "ConditionExpression";
+    const PROJECTION: &str = "ProjectionExpression";
+    const FILTER: &str = "FilterExpression";
+    if let Some(i) = input.downcast_ref::<ddb::put_item::PutItemInput>() {
+        Some(("PutItem", vec![(CONDITION, i.condition_expression())]))
+    } else if let Some(i) = input.downcast_ref::<ddb::update_item::UpdateItemInput>() {
+        Some((
+            "UpdateItem",
+            vec![
+                ("UpdateExpression", i.update_expression()),
+                (CONDITION, i.condition_expression()),
+            ],
+        ))
+    } else if let Some(i) = input.downcast_ref::<ddb::delete_item::DeleteItemInput>() {
+        Some(("DeleteItem", vec![(CONDITION, i.condition_expression())]))
+    } else if let Some(i) = input.downcast_ref::<ddb::get_item::GetItemInput>() {
+        Some(("GetItem", vec![(PROJECTION, i.projection_expression())]))
+    } else if let Some(i) = input.downcast_ref::<ddb::query::QueryInput>() {
+        Some((
+            "Query",
+            vec![
+                ("KeyConditionExpression", i.key_condition_expression()),
+                (FILTER, i.filter_expression()),
+                (PROJECTION, i.projection_expression()),
+            ],
+        ))
+    } else if let Some(i) = input.downcast_ref::<ddb::scan::ScanInput>() {
+        Some((
+            "Scan",
+            vec![(FILTER, i.filter_expression()), (PROJECTION, i.projection_expression())],
+        ))
+    } else if let Some(i) = input.downcast_ref::<ddb::batch_get_item::BatchGetItemInput>() {
+        let projections = i
+            .request_items()
+            .into_iter()
+            .flat_map(|m| m.values())
+            .map(|k| (PROJECTION, k.projection_expression()))
+            .collect();
+        Some(("BatchGetItem", projections))
+    } else {
+        None
+    }
+}
+
+/// Refuses a DynamoDB call whose expression names a reserved word outright, as DynamoDB does
+/// ("ValidationException: Invalid ConditionExpression: Attribute name is a reserved keyword;
+/// reserved keyword: state"). moto checks an UpdateExpression's names only.
+fn dynamodb_expressions_ok(
+    operation: &'static str,
+    expressions: &[(&'static str, Option<&str>)],
+) -> Result<(), BoxError> {
+    for (parameter, expr) in expressions {
+        if let Some(word) = expr.and_then(dynamodb_reserved_word_in) {
+            return refuse(
+                operation,
+                format!(
+                    "ValidationException: Invalid {parameter}: Attribute name is a reserved keyword; reserved keyword: \
+                     {word}"
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Whether `input` (an operation's input, type-erased) is within the limits above.
 fn check(input: &Input) -> Result<(), BoxError> {
     use aws_sdk_ec2::operation as ec2;
@@ -273,6 +404,9 @@ fn check(input: &Input) -> Result<(), BoxError> {
         filters_ok(operation, filters)?;
     } else if let Some((operation, values)) = dynamodb_values(input) {
         dynamodb_numbers_ok(operation, values)?;
+        if let Some((operation, expressions)) = dynamodb_expressions(input) {
+            dynamodb_expressions_ok(operation, &expressions)?;
+        }
     } else if let Some(i) = input.downcast_ref::<ec2::run_instances::RunInstancesInput>() {
         for spec in i.tag_specifications() {
             tags_ok("RunInstances", spec.tags())?;
@@ -772,6 +906,51 @@ mod tests {
 
     fn refused(input: Input) -> Option<String> {
         check(&input).err().map(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_reserved_word_written_out_in_an_expression_is_refused_as_dynamodb_refuses_it() {
+        // Names as the adapters write them pass: aliased reserved words, placeholders, the
+        // grammar's words in any case, functions called, a path through a map.
+        for ok in [
+            "SET #s = :run, lease_owner = :o ADD attempts :one",
+            "attribute_exists(job_id) AND (#s = :q OR #s = :r)",
+            "#s IN (:f0, :f1) and not attribute_exists(hold_until)",
+            "SET closed_runs_s = if_not_exists(closed_runs_s, :zero) + :run REMOVE idle_since, stopped_at",
+            "attribute_not_exists(outputs) OR outputs.attempt <= :a",
+            "size(#l) < :n",
+        ] {
+            assert_eq!(dynamodb_reserved_word_in(ok), None, "{ok}");
+        }
+        for (bad, word) in [
+            ("state = :run", "state"),
+            ("SET lease_owner = :o, project = :p", "project"),
+            ("attribute_exists(job_id) AND outputs.size > :n", "size"),
+            ("#s = :r AND source = :x", "source"),
+            ("job_id, zone", "zone"),
+        ] {
+            assert_eq!(dynamodb_reserved_word_in(bad), Some(word), "{bad}");
+        }
+        let update = aws_sdk_dynamodb::operation::update_item::UpdateItemInput::builder()
+            .table_name("jobs")
+            .update_expression("SET lease_owner = :o")
+            .condition_expression("state = :run")
+            .build()
+            .unwrap();
+        let why = refused(Input::erase(update)).expect("refused");
+        assert!(
+            why.contains(
+                "ValidationException: Invalid ConditionExpression: Attribute name is a reserved keyword; \
+                 reserved keyword: state"
+            ),
+            "{why}"
+        );
+        let get = aws_sdk_dynamodb::operation::get_item::GetItemInput::builder()
+            .table_name("jobs")
+            .projection_expression("job_id, #s")
+            .build()
+            .unwrap();
+        assert_eq!(refused(Input::erase(get)), None);
     }
 
     #[test]
