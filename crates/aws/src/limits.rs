@@ -327,9 +327,12 @@ pub fn dynamodb_reserved_word_in(expr: &str) -> Option<&str> {
     None
 }
 
+/// A DynamoDB input's expressions, each with its parameter's name (`None`: not set).
+type Expressions<'a> = Vec<(&'static str, Option<&'a str>)>;
+
 /// The expressions of a DynamoDB input this project sends, each with its parameter's name
 /// (`None`: not set).
-fn dynamodb_expressions(input: &Input) -> Option<(&'static str, Vec<(&'static str, Option<&str>)>)> {
+fn dynamodb_expressions(input: &Input) -> Option<(&'static str, Expressions<'_>)> {
     use aws_sdk_dynamodb::operation as ddb;
     const CONDITION: &str = "ConditionExpression";
     const PROJECTION: &str = "ProjectionExpression";
