@@ -3,10 +3,10 @@
 //! [`FakeFleet`] records every call, can inject one-shot errors, declare offerings without
 //! capacity or failing with any error, holds vCPU quotas per bucket of families and capacity type,
 //! and is idempotent by client token as EC2 is (with [`FakeFleet::stops_take_time`], its stops
-//! last until settled, as EC2's do); [`FakeRegistry`] (with the agent's conditional writes and one-shot errors) and
-//! [`FakeAvailability`] keep state in memory. [`FakeJobs`] keeps DynamoDB's conditional writes,
-//! item limit, lagging index and lost answers. [`contract`]: promises every store and fleet must
-//! keep, run against these fakes and against DynamoDB and EC2 (moto) alike.
+//! last until settled, as EC2's do). [`FakeRegistry`] (with the agent's conditional writes and
+//! one-shot errors) and [`FakeAvailability`] keep state in memory. [`FakeJobs`] keeps DynamoDB's
+//! conditional writes, item limit, lagging index and lost answers. [`contract`]: promises every
+//! store and fleet must keep, run against these fakes and against DynamoDB and EC2 (moto) alike.
 
 pub mod contract;
 
