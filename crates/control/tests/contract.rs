@@ -44,3 +44,18 @@ fn the_fake_fleet_answers_as_ec2() {
         "i-0123456789abcdef0",
     ));
 }
+
+#[test]
+fn the_fake_unavailable_offerings_keep_the_latest_expiry() {
+    let avail = onoff_control::fake::FakeAvailability::default();
+    let key = onoff_policy::OfferingKey {
+        instance_type: "g6.xlarge".into(),
+        zone: "us-east-1c".into(),
+        capacity_type: onoff_policy::CapacityType::Spot,
+    };
+    pollster::block_on(contract::unavailable_offerings_keep_the_latest_expiry(
+        &avail,
+        key,
+        1_700_000_000.0,
+    ));
+}

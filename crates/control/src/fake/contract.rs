@@ -1,6 +1,7 @@
-//! Promises of the [`JobStore`], [`WorkerRegistry`] and [`Fleet`] traits that every
-//! implementation must keep, written once and run against each: the fakes here
-//! ([`crate::fake::FakeJobs`], [`crate::fake::FakeRegistry`], [`crate::fake::FakeFleet`];
+//! Promises of the [`JobStore`], [`WorkerRegistry`], [`OfferingAvailability`] and [`Fleet`] traits
+//! that every implementation must keep, written once and run against each: the fakes here
+//! ([`crate::fake::FakeJobs`], [`crate::fake::FakeRegistry`], [`crate::fake::FakeAvailability`],
+//! [`crate::fake::FakeFleet`];
 //! `crates/control/tests/contract.rs`) and DynamoDB and EC2 through their adapters against moto
 //! with the local stack's limits (`crates/aws/tests/moto.rs`). A fake that answered otherwise
 //! than DynamoDB would let a test pass that fails on AWS; running the same steps on both is what
@@ -8,8 +9,8 @@
 
 use crate::job::{AttemptEnd, AttemptRecord, JobSpec, JobState, OutputsRecord, RerunLimits, Settle};
 use crate::ports::{
-    CancelOutcome, Claim, Created, Fleet, FleetErrorKind, FleetLister, JobRecord, JobStore, LaunchRequest, StoreError,
-    WorkerRecord, WorkerRegistry,
+    CancelOutcome, Claim, Created, Fleet, FleetErrorKind, FleetLister, JobRecord, JobStore, LaunchRequest,
+    OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry,
 };
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 
@@ -566,4 +567,41 @@ where
         .terminate(&[x, y, unknown.to_string()])
         .await
         .expect("terminating again, and an unknown id");
+}
+
+/// Offerings marked unavailable after a capacity error: a later expiry wins, an earlier one
+/// changes nothing, and a listing at `now` holds only the marks that expire after it. `key` is
+/// any offering; `now` is unix seconds.
+///
+/// # Panics
+/// On the first promise the store breaks, naming it.
+pub async fn unavailable_offerings_keep_the_latest_expiry<A: OfferingAvailability>(
+    avail: &A,
+    key: OfferingKey,
+    now: f64,
+) {
+    let until = |listed: Vec<onoff_policy::UnavailableOffering>| -> Vec<f64> {
+        listed.into_iter().filter(|u| u.key == key).map(|u| u.until).collect()
+    };
+    avail.mark_unavailable(&key, now + 1_000.0).await.expect("mark");
+    avail
+        .mark_unavailable(&key, now + 900.0)
+        .await
+        .expect("an earlier mark");
+    assert_eq!(
+        until(avail.list_unavailable(now).await.expect("list")),
+        [now + 1_000.0],
+        "an earlier expiry changes nothing"
+    );
+    avail.mark_unavailable(&key, now + 2_000.0).await.expect("a later mark");
+    assert_eq!(
+        until(avail.list_unavailable(now).await.expect("list")),
+        [now + 2_000.0],
+        "a later expiry wins"
+    );
+    assert_eq!(
+        until(avail.list_unavailable(now + 2_000.0).await.expect("list")),
+        [] as [f64; 0],
+        "expired at its time"
+    );
 }
