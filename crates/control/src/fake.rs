@@ -940,6 +940,10 @@ pub struct FakeJobs {
     fail_get_many: Mutex<Option<StoreError>>,
     /// The next write's answer is lost: see [`FakeJobs::lose_next_answer`].
     lose_answer: Mutex<bool>,
+    /// Every nth write's answer is lost, and the writes so far: see [`FakeJobs::lose_every`].
+    lose_every: Mutex<Option<(u32, u32)>>,
+    /// Answers lost so far.
+    lost: Mutex<u32>,
 }
 
 impl FakeJobs {
@@ -1007,13 +1011,35 @@ impl FakeJobs {
         *self.lose_answer.lock().expect("lock") = true;
     }
 
+    /// From now on the answer of every `n`th write (`n` at least 2) is lost, as
+    /// [`FakeJobs::lose_next_answer`] loses one (`onoff local --lose-answers N` does the same
+    /// to DynamoDB's answers).
+    pub fn lose_every(&self, n: u32) {
+        *self.lose_every.lock().expect("lock") = Some((n.max(2), 0));
+    }
+
     /// One write as the SDK sends it: `once` applied, and applied again when its answer was lost
-    /// ([`FakeJobs::lose_next_answer`]); the last answer returned.
+    /// ([`FakeJobs::lose_next_answer`], [`FakeJobs::lose_every`]); the last answer returned.
     fn sent<T>(&self, mut once: impl FnMut() -> T) -> T {
-        if std::mem::take(&mut *self.lose_answer.lock().expect("lock")) {
+        let counted = self
+            .lose_every
+            .lock()
+            .expect("lock")
+            .as_mut()
+            .is_some_and(|(every, n)| {
+                *n += 1;
+                *n % *every == 0
+            });
+        if std::mem::take(&mut *self.lose_answer.lock().expect("lock")) || counted {
+            *self.lost.lock().expect("lock") += 1;
             let _ = once();
         }
         once()
+    }
+
+    /// Answers lost so far ([`FakeJobs::lose_next_answer`], [`FakeJobs::lose_every`]).
+    pub fn answers_lost(&self) -> u32 {
+        *self.lost.lock().expect("lock")
     }
 
     /// DynamoDB's answer to a write that would leave `r` over the item limit.

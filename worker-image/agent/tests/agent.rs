@@ -353,8 +353,26 @@ async fn a_worker_that_registered_itself_charges_its_jobs_once_the_reaper_prices
 
 #[tokio::test(start_paused = true)]
 async fn a_spot_notice_checkpoints_releases_without_counting_and_another_worker_resumes() {
-    let dir = tempdir("notice");
+    notice_release_resume("notice", None).await;
+}
+
+/// The same run with every second write to the jobs table losing its answer (the SDK sends it
+/// again and the retry meets the row its first try wrote, `FakeJobs::lose_every`): the claim,
+/// progress, release, second claim and success are each the agent's own, so the outcome, the
+/// counts and the cost are the same.
+#[tokio::test(start_paused = true)]
+async fn a_notice_and_a_resume_end_the_same_when_every_second_write_loses_its_answer() {
+    notice_release_resume("notice-lossy", Some(2)).await;
+}
+
+/// A spot notice at 50 s releases the job (one checkpoint up), and a second worker resumes it:
+/// the assertions of both tests above, with every `lose_every`th job-table answer lost.
+async fn notice_release_resume(name: &str, lose_every: Option<u32>) {
+    let dir = tempdir(name);
     let w = World::default();
+    if let Some(n) = lose_every {
+        w.jobs.lose_every(n);
+    }
     register(&w, "i-a");
     register(&w, "i-b");
     w.launcher.script(
@@ -417,6 +435,15 @@ async fn a_spot_notice_checkpoints_releases_without_counting_and_another_worker_
         r.jobs[0].cost_usd,
         j.cost_usd
     );
+    assert_eq!(
+        rec.attempt_log.len(),
+        2,
+        "each attempt logged once: {:?}",
+        rec.attempt_log
+    );
+    if lose_every.is_some() {
+        assert!(w.jobs.answers_lost() >= 3, "{} answers lost", w.jobs.answers_lost());
+    }
 }
 
 /// A worker serving two lanes takes the preferred lane's job first even when SQS's short polls
