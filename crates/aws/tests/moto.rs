@@ -1616,47 +1616,24 @@ async fn submit_then_scaler_launches_tagged_instances_and_the_reaper_terminates_
 
 #[tokio::test]
 async fn the_reconcile_lease_admits_one_holder_until_it_expires_or_is_released() {
-    use onoff_control::ports::Lease;
     let c = clients().await;
     let control = unique("control");
     table(&c, &control, "pk").await;
     let ctl = DynamoControl::new(c.dynamodb.clone(), &control);
-    assert!(ctl.acquire("reconcile", "scaler-a", 60.0, 1_000.0).await.unwrap());
-    assert!(!ctl.acquire("reconcile", "scaler-b", 60.0, 1_010.0).await.unwrap());
-    assert!(
-        ctl.acquire("reconcile", "scaler-a", 60.0, 1_020.0).await.unwrap(),
-        "the holder renews"
-    );
-    ctl.release("reconcile", "scaler-b").await.unwrap(); // not the holder: no effect
-    assert!(!ctl.acquire("reconcile", "scaler-b", 60.0, 1_030.0).await.unwrap());
-    assert!(
-        ctl.acquire("reconcile", "scaler-b", 60.0, 1_081.0).await.unwrap(),
-        "expired at 1080"
-    );
-    ctl.release("reconcile", "scaler-b").await.unwrap();
-    assert!(ctl.acquire("reconcile", "scaler-c", 60.0, 1_082.0).await.unwrap());
+    // The same steps the fake's test runs (crates/control/tests/contract.rs).
+    contract::the_lease_admits_one_holder_until_it_expires_or_is_released(&ctl).await;
 }
 
 /// The start of the latest completed run is kept, and only ever raised: a run that ends after a
 /// later-started one does not take the mark back. The lease itself is untouched.
 #[tokio::test]
 async fn the_latest_completed_runs_start_is_kept_and_only_raised() {
-    use onoff_control::ports::Lease;
     let c = clients().await;
     let control = unique("control");
     table(&c, &control, "pk").await;
     let ctl = DynamoControl::new(c.dynamodb.clone(), &control);
-    assert_eq!(ctl.last_done("reconcile").await.unwrap(), None);
-    ctl.mark_done("reconcile", 1_700_000_100.5).await.unwrap();
-    ctl.mark_done("reconcile", 1_700_000_090.0).await.unwrap();
-    assert_eq!(ctl.last_done("reconcile").await.unwrap(), Some(1_700_000_100.5));
-    ctl.mark_done("reconcile", 1_700_000_160.0).await.unwrap();
-    assert_eq!(ctl.last_done("reconcile").await.unwrap(), Some(1_700_000_160.0));
-    assert_eq!(ctl.last_done("other").await.unwrap(), None);
-    assert!(ctl
-        .acquire("reconcile", "scaler-a", 60.0, 1_700_000_170.0)
-        .await
-        .unwrap());
+    // The same steps the fake's test runs (crates/control/tests/contract.rs).
+    contract::the_latest_completed_runs_start_is_kept_and_only_raised(&ctl).await;
 }
 
 /// Scale requests on the control table: the first ask invokes, asks while it is pending join
@@ -1665,7 +1642,6 @@ async fn the_latest_completed_runs_start_is_kept_and_only_raised() {
 /// its own token on the pending mark instead of joining a request nobody invoked.
 #[tokio::test]
 async fn scale_requests_join_the_pending_one_and_a_run_settles_only_what_it_saw() {
-    use onoff_control::ports::{Lease, ScaleAsk};
     let conf = conf().await;
     let c = Clients::from_conf(&conf);
     let control = unique("control");
@@ -1677,60 +1653,13 @@ async fn scale_requests_join_the_pending_one_and_a_run_settles_only_what_it_saw(
             .build(),
     );
     let ctl = DynamoControl::new(lossy, &control);
-    let t = 1_700_000_000.0;
-    let asks = ctl.asks("reconcile").await.unwrap();
-    assert_eq!((asks.count, asks.pending_since), (0, None));
-    assert!(
-        ctl.settle_asks("reconcile", 0).await.unwrap(),
-        "nothing asked, nothing pending"
-    );
-    assert_eq!(ctl.ask("reconcile", &[], t, 30.0).await.unwrap(), ScaleAsk::Invoke);
+    // The same steps the fake's test runs (crates/control/tests/contract.rs).
+    contract::scale_requests_join_the_pending_one_and_a_run_settles_only_what_it_saw(&ctl, || lose.arm()).await;
     assert_eq!(
-        ctl.ask("reconcile", &[], t + 1.0, 30.0).await.unwrap(),
-        ScaleAsk::Joined
+        lose.lost(),
+        2,
+        "the ask's and the settle's answers were lost and the writes retried"
     );
-    let seen = ctl.asks("reconcile").await.unwrap();
-    assert_eq!((seen.count, seen.pending_since), (2, Some(t)));
-    // An ask while the run is under way: the run's settle fails, the request stays pending.
-    assert_eq!(
-        ctl.ask("reconcile", &[], t + 2.0, 30.0).await.unwrap(),
-        ScaleAsk::Joined
-    );
-    assert!(!ctl.settle_asks("reconcile", seen.count).await.unwrap());
-    assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, Some(t));
-    // The run that goes again saw all three: settled, and the next ask invokes.
-    assert!(ctl.settle_asks("reconcile", 3).await.unwrap());
-    assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, None);
-    assert_eq!(
-        ctl.ask("reconcile", &[], t + 3.0, 30.0).await.unwrap(),
-        ScaleAsk::Invoke
-    );
-    // Its invocation lost: asks join until the mark is 30 s old, then one invokes.
-    assert_eq!(
-        ctl.ask("reconcile", &[], t + 33.0, 30.0).await.unwrap(),
-        ScaleAsk::Joined
-    );
-    assert_eq!(
-        ctl.ask("reconcile", &[], t + 34.0, 30.0).await.unwrap(),
-        ScaleAsk::Invoke
-    );
-    // A scaler that gives up ends the pending ask whatever the count.
-    ctl.drop_pending_ask("reconcile").await.unwrap();
-    assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, None);
-    // The answer of the invoking ask's write lost: the SDK's retry finds the ask's own mark.
-    lose.arm();
-    assert_eq!(
-        ctl.ask("reconcile", &[], t + 40.0, 30.0).await.unwrap(),
-        ScaleAsk::Invoke
-    );
-    assert_eq!(lose.lost(), 1, "the answer was lost and the write retried");
-    assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, Some(t + 40.0));
-    // A lost answer of a settle: the retry's condition holds still; settled.
-    let n = ctl.asks("reconcile").await.unwrap().count;
-    lose.arm();
-    assert!(ctl.settle_asks("reconcile", n).await.unwrap());
-    assert_eq!(lose.lost(), 2);
-    assert_eq!(ctl.asks("reconcile").await.unwrap().pending_since, None);
 }
 
 /// The jobs scale requests ask for are kept with the count, a string set in the same item, so
@@ -1740,46 +1669,12 @@ async fn scale_requests_join_the_pending_one_and_a_run_settles_only_what_it_saw(
 /// the item stays far under DynamoDB's 400 KB: once full, asks are counted without their ids.
 #[tokio::test]
 async fn asked_jobs_are_kept_with_the_count_and_forgotten_by_id() {
-    use onoff_control::ports::{Lease, ScaleAsk, MAX_ASKED_JOBS, MAX_ASKED_JOB_ID_BYTES, MAX_KEPT_ASKED_JOBS};
     let c = clients().await;
     let control = unique("control");
     table(&c, &control, "pk").await;
     let ctl = DynamoControl::new(c.dynamodb.clone(), &control);
-    let t = 1_700_000_000.0;
-    let ids = |v: &[&str]| v.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
-    let ask = |jobs: Vec<String>, at: f64| {
-        let ctl = &ctl;
-        async move { ctl.ask("reconcile", &jobs, at, 30.0).await.unwrap() }
-    };
-    // A duplicate kept once; an id longer than the bound skipped.
-    let long = "j".repeat(MAX_ASKED_JOB_ID_BYTES + 1);
-    let first = vec!["job-b".into(), "job-a".into(), "job-a".into(), long];
-    assert_eq!(ask(first, t).await, ScaleAsk::Invoke);
-    assert_eq!(ask(ids(&["job-c"]), t + 1.0).await, ScaleAsk::Joined);
-    assert_eq!(ask(vec![], t + 2.0).await, ScaleAsk::Joined);
-    let seen = ctl.asks("reconcile").await.unwrap();
-    assert_eq!((seen.count, seen.jobs.clone()), (3, ids(&["job-a", "job-b", "job-c"])));
-    // Asked for while the run was under way: kept when the run forgets what it read.
-    assert_eq!(ask(ids(&["job-d"]), t + 3.0).await, ScaleAsk::Joined);
-    ctl.forget_asked_jobs("reconcile", &seen.jobs).await.unwrap();
-    assert_eq!(ctl.asks("reconcile").await.unwrap().jobs, ids(&["job-d"]));
-    ctl.forget_asked_jobs("reconcile", &ids(&["job-d"])).await.unwrap();
-    let left = ctl.asks("reconcile").await.unwrap();
-    assert_eq!((left.count, left.jobs.len()), (4, 0));
-    // Nothing to forget, or no item: no error.
-    ctl.forget_asked_jobs("reconcile", &[]).await.unwrap();
-    ctl.forget_asked_jobs("other", &ids(&["job-x"])).await.unwrap();
-    // Runs that never forget: the set fills up to its bound, then asks are counted without ids.
-    let asks_to_fill = MAX_KEPT_ASKED_JOBS.div_ceil(MAX_ASKED_JOBS);
-    for a in 0..asks_to_fill {
-        let batch: Vec<String> = (0..MAX_ASKED_JOBS).map(|i| format!("job-{a:04}-{i:04}")).collect();
-        assert_eq!(ask(batch, t + 4.0).await, ScaleAsk::Joined);
-    }
-    assert_eq!(ask(ids(&["job-late"]), t + 5.0).await, ScaleAsk::Joined);
-    let full = ctl.asks("reconcile").await.unwrap();
-    assert_eq!(full.count, 4 + asks_to_fill as u64 + 1);
-    assert_eq!(full.jobs.len(), MAX_KEPT_ASKED_JOBS);
-    assert!(!full.jobs.contains(&"job-late".to_string()));
+    // The same steps the fake's test runs (crates/control/tests/contract.rs).
+    contract::asked_jobs_are_kept_with_the_count_and_forgotten_by_id(&ctl).await;
 }
 
 /// A deployment on moto: tables, a lane queue with its DLQ, a launch template.

@@ -1543,6 +1543,11 @@ pub struct FakeLease {
     /// Asks to count (at time 0) right after the next [`Lease::asks`] read: a test's stand-in
     /// for submissions that come in while a run is under way.
     asks_during_next_run: Mutex<u64>,
+    /// Per name: the token of the ask that made the pending one (the DynamoDB adapter's
+    /// `pending_by`), and the last token handed out.
+    pending_by: Mutex<(BTreeMap<String, u64>, u64)>,
+    /// The next write's answer is lost: see [`FakeLease::lose_next_answer`].
+    lose_answer: Mutex<bool>,
 }
 
 impl FakeLease {
@@ -1561,34 +1566,56 @@ impl FakeLease {
     pub fn ask_during_next_run(&self, n: u64) {
         *self.asks_during_next_run.lock().expect("lock") = n;
     }
+
+    /// The next write is applied and its answer lost, so it is sent again with the same
+    /// arguments, as the SDK retries it ([`FakeJobs::lose_next_answer`]): an ask's retry finds
+    /// its own pending mark (its token, as the DynamoDB adapter's `pending_by`) and invokes, and
+    /// is counted twice, as DynamoDB's `ADD` counts it.
+    pub fn lose_next_answer(&self) {
+        *self.lose_answer.lock().expect("lock") = true;
+    }
+
+    /// One write as the SDK sends it ([`FakeJobs`]'s): applied again when its answer was lost.
+    fn sent<T>(&self, mut once: impl FnMut() -> T) -> T {
+        if std::mem::take(&mut *self.lose_answer.lock().expect("lock")) {
+            let _ = once();
+        }
+        once()
+    }
 }
 
 impl crate::ports::Lease for FakeLease {
     async fn acquire(&self, name: &str, owner: &str, ttl_s: f64, now: f64) -> Result<bool, StoreError> {
-        let mut m = self.held.lock().expect("lock");
-        let free = m.get(name).is_none_or(|(o, until)| *until < now || o == owner);
-        if free {
-            m.insert(name.into(), (owner.into(), now + ttl_s));
-            self.acquired
-                .lock()
-                .expect("lock")
-                .push((name.into(), owner.into(), now + ttl_s));
-        }
-        Ok(free)
+        Ok(self.sent(|| {
+            let mut m = self.held.lock().expect("lock");
+            let free = m.get(name).is_none_or(|(o, until)| *until < now || o == owner);
+            if free {
+                m.insert(name.into(), (owner.into(), now + ttl_s));
+                self.acquired
+                    .lock()
+                    .expect("lock")
+                    .push((name.into(), owner.into(), now + ttl_s));
+            }
+            free
+        }))
     }
 
     async fn release(&self, name: &str, owner: &str) -> Result<(), StoreError> {
-        let mut m = self.held.lock().expect("lock");
-        if m.get(name).is_some_and(|(o, _)| o == owner) {
-            m.remove(name);
-        }
+        self.sent(|| {
+            let mut m = self.held.lock().expect("lock");
+            if m.get(name).is_some_and(|(o, _)| o == owner) {
+                m.remove(name);
+            }
+        });
         Ok(())
     }
 
     async fn mark_done(&self, name: &str, started_at: f64) -> Result<(), StoreError> {
-        let mut m = self.done.lock().expect("lock");
-        let t = m.entry(name.into()).or_insert(started_at);
-        *t = t.max(started_at);
+        self.sent(|| {
+            let mut m = self.done.lock().expect("lock");
+            let t = m.entry(name.into()).or_insert(started_at);
+            *t = t.max(started_at);
+        });
         Ok(())
     }
 
@@ -1603,27 +1630,38 @@ impl crate::ports::Lease for FakeLease {
         now: f64,
         stale_s: f64,
     ) -> Result<crate::ports::ScaleAsk, StoreError> {
-        let mut m = self.asks.lock().expect("lock");
-        let a = m.entry(name.into()).or_default();
-        a.count += 1;
-        // The adapter's rules: short ids only, so many per ask, none once the set is full.
-        if a.jobs.len() < crate::ports::MAX_KEPT_ASKED_JOBS {
-            let short = jobs
-                .iter()
-                .filter(|j| !j.is_empty() && j.len() <= crate::ports::MAX_ASKED_JOB_ID_BYTES);
-            for j in short.take(crate::ports::MAX_ASKED_JOBS) {
-                if let Err(at) = a.jobs.binary_search(j) {
-                    a.jobs.insert(at, j.clone());
+        // This ask's token (a retry of it sends the same).
+        let token = {
+            let mut p = self.pending_by.lock().expect("lock");
+            p.1 += 1;
+            p.1
+        };
+        Ok(self.sent(|| {
+            let mut m = self.asks.lock().expect("lock");
+            let a = m.entry(name.into()).or_default();
+            a.count += 1;
+            // The adapter's rules: short ids only, so many per ask, none once the set is full.
+            if a.jobs.len() < crate::ports::MAX_KEPT_ASKED_JOBS {
+                let short = jobs
+                    .iter()
+                    .filter(|j| !j.is_empty() && j.len() <= crate::ports::MAX_ASKED_JOB_ID_BYTES);
+                for j in short.take(crate::ports::MAX_ASKED_JOBS) {
+                    if let Err(at) = a.jobs.binary_search(j) {
+                        a.jobs.insert(at, j.clone());
+                    }
                 }
             }
-        }
-        match a.pending_since {
-            Some(at) if at >= now - stale_s => Ok(crate::ports::ScaleAsk::Joined),
-            _ => {
-                a.pending_since = Some(now);
-                Ok(crate::ports::ScaleAsk::Invoke)
+            let mut by = self.pending_by.lock().expect("lock");
+            let own = by.0.get(name) == Some(&token);
+            match a.pending_since {
+                Some(at) if at >= now - stale_s && !own => crate::ports::ScaleAsk::Joined,
+                _ => {
+                    a.pending_since = Some(now);
+                    by.0.insert(name.into(), token);
+                    crate::ports::ScaleAsk::Invoke
+                }
             }
-        }
+        }))
     }
 
     async fn asks(&self, name: &str) -> Result<crate::ports::Asks, StoreError> {
@@ -1637,28 +1675,34 @@ impl crate::ports::Lease for FakeLease {
     }
 
     async fn forget_asked_jobs(&self, name: &str, jobs: &[String]) -> Result<(), StoreError> {
-        if let Some(a) = self.asks.lock().expect("lock").get_mut(name) {
-            a.jobs.retain(|j| !jobs.contains(j));
-        }
+        self.sent(|| {
+            if let Some(a) = self.asks.lock().expect("lock").get_mut(name) {
+                a.jobs.retain(|j| !jobs.contains(j));
+            }
+        });
         Ok(())
     }
 
     async fn settle_asks(&self, name: &str, seen: u64) -> Result<bool, StoreError> {
-        let mut m = self.asks.lock().expect("lock");
-        match m.get_mut(name) {
-            Some(a) if a.count == seen => {
-                a.pending_since = None;
-                Ok(true)
+        Ok(self.sent(|| {
+            let mut m = self.asks.lock().expect("lock");
+            match m.get_mut(name) {
+                Some(a) if a.count == seen => {
+                    a.pending_since = None;
+                    true
+                }
+                Some(_) => false,
+                None => seen == 0,
             }
-            Some(_) => Ok(false),
-            None => Ok(seen == 0),
-        }
+        }))
     }
 
     async fn drop_pending_ask(&self, name: &str) -> Result<(), StoreError> {
-        if let Some(a) = self.asks.lock().expect("lock").get_mut(name) {
-            a.pending_since = None;
-        }
+        self.sent(|| {
+            if let Some(a) = self.asks.lock().expect("lock").get_mut(name) {
+                a.pending_since = None;
+            }
+        });
         Ok(())
     }
 }

@@ -59,3 +59,18 @@ fn the_fake_unavailable_offerings_keep_the_latest_expiry() {
         1_700_000_000.0,
     ));
 }
+
+#[test]
+fn the_fake_lease_keeps_the_lease_contract() {
+    use onoff_control::fake::FakeLease;
+    pollster::block_on(async {
+        contract::the_lease_admits_one_holder_until_it_expires_or_is_released(&FakeLease::default()).await;
+        contract::the_latest_completed_runs_start_is_kept_and_only_raised(&FakeLease::default()).await;
+        let lease = FakeLease::default();
+        contract::scale_requests_join_the_pending_one_and_a_run_settles_only_what_it_saw(&lease, || {
+            lease.lose_next_answer()
+        })
+        .await;
+        contract::asked_jobs_are_kept_with_the_count_and_forgotten_by_id(&FakeLease::default()).await;
+    });
+}

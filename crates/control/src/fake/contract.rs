@@ -1,7 +1,7 @@
-//! Promises of the [`JobStore`], [`WorkerRegistry`], [`OfferingAvailability`] and [`Fleet`] traits
-//! that every implementation must keep, written once and run against each: the fakes here
-//! ([`crate::fake::FakeJobs`], [`crate::fake::FakeRegistry`], [`crate::fake::FakeAvailability`],
-//! [`crate::fake::FakeFleet`];
+//! Promises of the [`JobStore`], [`WorkerRegistry`], [`OfferingAvailability`], [`Lease`] and
+//! [`Fleet`] traits that every implementation must keep, written once and run against each: the
+//! fakes here ([`crate::fake::FakeJobs`], [`crate::fake::FakeRegistry`],
+//! [`crate::fake::FakeAvailability`], [`crate::fake::FakeLease`], [`crate::fake::FakeFleet`];
 //! `crates/control/tests/contract.rs`) and DynamoDB and EC2 through their adapters against moto
 //! with the local stack's limits (`crates/aws/tests/moto.rs`). A fake that answered otherwise
 //! than DynamoDB would let a test pass that fails on AWS; running the same steps on both is what
@@ -9,8 +9,9 @@
 
 use crate::job::{AttemptEnd, AttemptRecord, JobSpec, JobState, OutputsRecord, RerunLimits, Settle};
 use crate::ports::{
-    CancelOutcome, Claim, Created, Fleet, FleetErrorKind, FleetLister, JobRecord, JobStore, LaunchRequest,
-    OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry,
+    CancelOutcome, Claim, Created, Fleet, FleetErrorKind, FleetLister, JobRecord, JobStore, LaunchRequest, Lease,
+    OfferingAvailability, ScaleAsk, StoreError, WorkerRecord, WorkerRegistry, MAX_ASKED_JOBS, MAX_ASKED_JOB_ID_BYTES,
+    MAX_KEPT_ASKED_JOBS,
 };
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 
@@ -604,4 +605,145 @@ pub async fn unavailable_offerings_keep_the_latest_expiry<A: OfferingAvailabilit
         [] as [f64; 0],
         "expired at its time"
     );
+}
+
+/// The reconcile lease: one holder at a time until it expires or is released; the holder renews;
+/// a release by another owner does nothing.
+///
+/// # Panics
+/// On the first promise the store breaks, naming it.
+pub async fn the_lease_admits_one_holder_until_it_expires_or_is_released<L: Lease>(lease: &L) {
+    let acquire = |owner: &'static str, now: f64| async move {
+        lease.acquire("reconcile", owner, 60.0, now).await.expect("acquire")
+    };
+    assert!(acquire("scaler-a", 1_000.0).await);
+    assert!(!acquire("scaler-b", 1_010.0).await, "held");
+    assert!(acquire("scaler-a", 1_020.0).await, "the holder renews");
+    lease.release("reconcile", "scaler-b").await.expect("release");
+    assert!(
+        !acquire("scaler-b", 1_030.0).await,
+        "released by another owner: still held"
+    );
+    assert!(acquire("scaler-b", 1_081.0).await, "expired at 1,080");
+    lease.release("reconcile", "scaler-b").await.expect("release");
+    assert!(acquire("scaler-c", 1_082.0).await, "released");
+}
+
+/// The start of the latest completed run is kept and only ever raised; the lease is untouched.
+///
+/// # Panics
+/// On the first promise the store breaks, naming it.
+pub async fn the_latest_completed_runs_start_is_kept_and_only_raised<L: Lease>(lease: &L) {
+    let last = || async { lease.last_done("reconcile").await.expect("last done") };
+    assert_eq!(last().await, None);
+    lease.mark_done("reconcile", 1_700_000_100.5).await.expect("mark");
+    lease
+        .mark_done("reconcile", 1_700_000_090.0)
+        .await
+        .expect("an earlier mark");
+    assert_eq!(last().await, Some(1_700_000_100.5), "an earlier start changes nothing");
+    lease
+        .mark_done("reconcile", 1_700_000_160.0)
+        .await
+        .expect("a later mark");
+    assert_eq!(last().await, Some(1_700_000_160.0));
+    assert_eq!(lease.last_done("other").await.expect("last done"), None);
+    assert!(lease
+        .acquire("reconcile", "scaler-a", 60.0, 1_700_000_170.0)
+        .await
+        .expect("acquire"));
+}
+
+/// Scale requests: the first ask invokes, asks while it is pending join it, a run settles only
+/// the count it read, a pending ask lapses after its stale time, a scaler that gives up drops it,
+/// and an ask or a settle whose answer was lost (`lose` arms that for the next write: applied,
+/// then sent again) is still its own: the ask invokes, the settle settles.
+///
+/// # Panics
+/// On the first promise the store breaks, naming it.
+pub async fn scale_requests_join_the_pending_one_and_a_run_settles_only_what_it_saw<L: Lease>(
+    lease: &L,
+    lose: impl Fn(),
+) {
+    let t = 1_700_000_000.0;
+    let ask = |at: f64| async move { lease.ask("reconcile", &[], at, 30.0).await.expect("ask") };
+    let asks = || async { lease.asks("reconcile").await.expect("asks") };
+    let settle = |seen: u64| async move { lease.settle_asks("reconcile", seen).await.expect("settle") };
+    assert_eq!((asks().await.count, asks().await.pending_since), (0, None));
+    assert!(settle(0).await, "nothing asked, nothing pending");
+    assert_eq!(ask(t).await, ScaleAsk::Invoke);
+    assert_eq!(ask(t + 1.0).await, ScaleAsk::Joined);
+    let seen = asks().await;
+    assert_eq!((seen.count, seen.pending_since), (2, Some(t)));
+    // An ask while the run is under way: the run's settle fails, the request stays pending.
+    assert_eq!(ask(t + 2.0).await, ScaleAsk::Joined);
+    assert!(!settle(seen.count).await);
+    assert_eq!(asks().await.pending_since, Some(t));
+    // The run that goes again saw all three: settled, and the next ask invokes.
+    assert!(settle(3).await);
+    assert_eq!(asks().await.pending_since, None);
+    assert_eq!(ask(t + 3.0).await, ScaleAsk::Invoke);
+    // Its invocation lost: asks join until the mark is 30 s old, then one invokes.
+    assert_eq!(ask(t + 33.0).await, ScaleAsk::Joined);
+    assert_eq!(ask(t + 34.0).await, ScaleAsk::Invoke);
+    // A scaler that gives up ends the pending ask whatever the count.
+    lease.drop_pending_ask("reconcile").await.expect("drop");
+    assert_eq!(asks().await.pending_since, None);
+    // The invoking ask's answer lost: its retry finds its own mark, not someone else's.
+    lose();
+    assert_eq!(ask(t + 40.0).await, ScaleAsk::Invoke, "an ask whose answer was lost");
+    assert_eq!(asks().await.pending_since, Some(t + 40.0));
+    // A settle's answer lost: the retry's condition holds still; settled.
+    let n = asks().await.count;
+    lose();
+    assert!(settle(n).await, "a settle whose answer was lost");
+    assert_eq!(asks().await.pending_since, None);
+}
+
+/// The jobs scale requests ask for are kept with the count, added by invoking and joining asks
+/// alike, each id once, ids over [`MAX_ASKED_JOB_ID_BYTES`] skipped; forgotten by id, while an id
+/// asked for since stays; bounded: once [`MAX_KEPT_ASKED_JOBS`] are kept, asks are counted
+/// without their ids.
+///
+/// # Panics
+/// On the first promise the store breaks, naming it.
+pub async fn asked_jobs_are_kept_with_the_count_and_forgotten_by_id<L: Lease>(lease: &L) {
+    let t = 1_700_000_000.0;
+    let ids = |v: &[&str]| v.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
+    let ask = |jobs: Vec<String>, at: f64| async move { lease.ask("reconcile", &jobs, at, 30.0).await.expect("ask") };
+    let asks = || async { lease.asks("reconcile").await.expect("asks") };
+    let long = "j".repeat(MAX_ASKED_JOB_ID_BYTES + 1);
+    let first = vec!["job-b".into(), "job-a".into(), "job-a".into(), long];
+    assert_eq!(ask(first, t).await, ScaleAsk::Invoke);
+    assert_eq!(ask(ids(&["job-c"]), t + 1.0).await, ScaleAsk::Joined);
+    assert_eq!(ask(vec![], t + 2.0).await, ScaleAsk::Joined);
+    let seen = asks().await;
+    assert_eq!((seen.count, seen.jobs.clone()), (3, ids(&["job-a", "job-b", "job-c"])));
+    // Asked for while the run was under way: kept when the run forgets what it read.
+    assert_eq!(ask(ids(&["job-d"]), t + 3.0).await, ScaleAsk::Joined);
+    lease.forget_asked_jobs("reconcile", &seen.jobs).await.expect("forget");
+    assert_eq!(asks().await.jobs, ids(&["job-d"]));
+    lease
+        .forget_asked_jobs("reconcile", &ids(&["job-d"]))
+        .await
+        .expect("forget");
+    let left = asks().await;
+    assert_eq!((left.count, left.jobs.len()), (4, 0));
+    // Nothing to forget, or no item: no error.
+    lease.forget_asked_jobs("reconcile", &[]).await.expect("forget nothing");
+    lease
+        .forget_asked_jobs("other", &ids(&["job-x"]))
+        .await
+        .expect("forget under no item");
+    // Runs that never forget: the set fills up to its bound, then asks are counted without ids.
+    let asks_to_fill = MAX_KEPT_ASKED_JOBS.div_ceil(MAX_ASKED_JOBS);
+    for a in 0..asks_to_fill {
+        let batch: Vec<String> = (0..MAX_ASKED_JOBS).map(|i| format!("job-{a:04}-{i:04}")).collect();
+        assert_eq!(ask(batch, t + 4.0).await, ScaleAsk::Joined);
+    }
+    assert_eq!(ask(ids(&["job-late"]), t + 5.0).await, ScaleAsk::Joined);
+    let full = asks().await;
+    assert_eq!(full.count, 4 + asks_to_fill as u64 + 1);
+    assert_eq!(full.jobs.len(), MAX_KEPT_ASKED_JOBS);
+    assert!(!full.jobs.contains(&"job-late".to_string()));
 }
