@@ -192,11 +192,12 @@ pub struct LaunchResult {
 }
 
 /// Why EC2 would refuse `req` whole, or launch other than it names: it must name an offering
-/// (CreateFleet takes no fleet without a launch template configuration), its offerings must share one
-/// capacity type (an EC2 Fleet call launches its target's capacity type; an override names none)
-/// and name each (instance type, zone) once (EC2: `InvalidFleetConfig`, "The fleet configuration
-/// contains duplicate instance pools"). `None` when it is valid. The EC2 adapter checks it before
-/// calling, and the fake fleet refuses such a request as EC2 would.
+/// (CreateFleet takes no fleet without a launch template configuration), its offerings must
+/// share one capacity type (an EC2 Fleet call launches its target's capacity type; an override
+/// names none) and name each (instance type, zone) once (EC2: `InvalidFleetConfig`, "The fleet
+/// configuration contains duplicate instance pools"). `None` when it is valid. The EC2 adapter,
+/// the fake fleets and the simulator check it before launching, and refuse such a request as EC2
+/// would.
 #[must_use]
 pub fn invalid_fleet_request(req: &LaunchRequest) -> Option<FleetError> {
     let Some(first) = req.offerings.first() else {
