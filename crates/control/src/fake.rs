@@ -938,12 +938,38 @@ pub struct FakeJobs {
     index: Mutex<Option<Vec<crate::ports::JobRecord>>>,
     /// The next [`crate::ports::JobStore::get_many`] fails with this.
     fail_get_many: Mutex<Option<StoreError>>,
-    /// The next write's answer is lost: see [`FakeJobs::lose_next_answer`].
-    lose_answer: Mutex<bool>,
-    /// Every nth write's answer is lost, and the writes so far: see [`FakeJobs::lose_every`].
-    lose_every: Mutex<Option<(u32, u32)>>,
+    /// Writes whose answers are lost: see [`FakeJobs::lose_next_answer`].
+    answers: LostAnswers,
+}
+
+/// Writes whose answers are lost on the way back, so the AWS SDK sends them again with the same
+/// arguments (a timeout, a dropped connection; the SDK's default is 3 attempts): the retry meets
+/// the state its first try wrote. Shared by the fakes whose adapters take such a retry of their
+/// own write as done ([`FakeJobs`], [`FakeLease`]).
+#[derive(Debug, Default)]
+struct LostAnswers {
+    /// The next write's answer is lost.
+    next: Mutex<bool>,
+    /// Every nth write's answer is lost, and the writes so far.
+    every: Mutex<Option<(u32, u32)>>,
     /// Answers lost so far.
     lost: Mutex<u32>,
+}
+
+impl LostAnswers {
+    /// One write as the SDK sends it: `once` applied, and applied again when its answer was lost;
+    /// the last answer returned.
+    fn sent<T>(&self, mut once: impl FnMut() -> T) -> T {
+        let counted = self.every.lock().expect("lock").as_mut().is_some_and(|(every, n)| {
+            *n += 1;
+            *n % *every == 0
+        });
+        if std::mem::take(&mut *self.next.lock().expect("lock")) || counted {
+            *self.lost.lock().expect("lock") += 1;
+            let _ = once();
+        }
+        once()
+    }
 }
 
 impl FakeJobs {
@@ -1008,38 +1034,24 @@ impl FakeJobs {
     /// takes such a retry of its own write as done; so does this fake, and a caller that mistook
     /// it for a refusal fails a test here as it would fail on AWS.
     pub fn lose_next_answer(&self) {
-        *self.lose_answer.lock().expect("lock") = true;
+        *self.answers.next.lock().expect("lock") = true;
     }
 
     /// From now on the answer of every `n`th write (`n` at least 2) is lost, as
     /// [`FakeJobs::lose_next_answer`] loses one (`onoff local --lose-answers N` does the same
     /// to DynamoDB's answers).
     pub fn lose_every(&self, n: u32) {
-        *self.lose_every.lock().expect("lock") = Some((n.max(2), 0));
+        *self.answers.every.lock().expect("lock") = Some((n.max(2), 0));
     }
 
-    /// One write as the SDK sends it: `once` applied, and applied again when its answer was lost
-    /// ([`FakeJobs::lose_next_answer`], [`FakeJobs::lose_every`]); the last answer returned.
-    fn sent<T>(&self, mut once: impl FnMut() -> T) -> T {
-        let counted = self
-            .lose_every
-            .lock()
-            .expect("lock")
-            .as_mut()
-            .is_some_and(|(every, n)| {
-                *n += 1;
-                *n % *every == 0
-            });
-        if std::mem::take(&mut *self.lose_answer.lock().expect("lock")) || counted {
-            *self.lost.lock().expect("lock") += 1;
-            let _ = once();
-        }
-        once()
+    /// One write as the SDK sends it ([`LostAnswers::sent`]).
+    fn sent<T>(&self, once: impl FnMut() -> T) -> T {
+        self.answers.sent(once)
     }
 
     /// Answers lost so far ([`FakeJobs::lose_next_answer`], [`FakeJobs::lose_every`]).
     pub fn answers_lost(&self) -> u32 {
-        *self.lost.lock().expect("lock")
+        *self.answers.lost.lock().expect("lock")
     }
 
     /// DynamoDB's answer to a write that would leave `r` over the item limit.
@@ -1546,8 +1558,8 @@ pub struct FakeLease {
     /// Per name: the token of the ask that made the pending one (the DynamoDB adapter's
     /// `pending_by`), and the last token handed out.
     pending_by: Mutex<(BTreeMap<String, u64>, u64)>,
-    /// The next write's answer is lost: see [`FakeLease::lose_next_answer`].
-    lose_answer: Mutex<bool>,
+    /// Writes whose answers are lost: see [`FakeLease::lose_next_answer`].
+    answers: LostAnswers,
 }
 
 impl FakeLease {
@@ -1572,15 +1584,12 @@ impl FakeLease {
     /// its own pending mark (its token, as the DynamoDB adapter's `pending_by`) and invokes, and
     /// is counted twice, as DynamoDB's `ADD` counts it.
     pub fn lose_next_answer(&self) {
-        *self.lose_answer.lock().expect("lock") = true;
+        *self.answers.next.lock().expect("lock") = true;
     }
 
-    /// One write as the SDK sends it ([`FakeJobs`]'s): applied again when its answer was lost.
-    fn sent<T>(&self, mut once: impl FnMut() -> T) -> T {
-        if std::mem::take(&mut *self.lose_answer.lock().expect("lock")) {
-            let _ = once();
-        }
-        once()
+    /// One write as the SDK sends it ([`LostAnswers::sent`]).
+    fn sent<T>(&self, once: impl FnMut() -> T) -> T {
+        self.answers.sent(once)
     }
 }
 
