@@ -1658,3 +1658,52 @@ fn job_specs_expire_with_the_error_records_that_name_them() {
         / 86_400.0;
     assert_eq!(days, ttl_days);
 }
+
+/// Every parameter is in exactly one group of the console's form (`AWS::CloudFormation::Interface`,
+/// which lists no parameter the template lacks) and is referenced by the stack: a parameter in
+/// no group is shown unordered at the form's end, and one nothing reads is a knob that changes
+/// nothing.
+#[test]
+fn every_parameter_is_grouped_once_and_read_by_the_stack() {
+    let t = template();
+    let params: BTreeSet<String> = t["Parameters"]
+        .as_object()
+        .expect("Parameters")
+        .keys()
+        .cloned()
+        .collect();
+    let mut grouped = BTreeMap::<String, usize>::new();
+    for g in t["Metadata"]["AWS::CloudFormation::Interface"]["ParameterGroups"]
+        .as_array()
+        .expect("ParameterGroups")
+    {
+        for p in g["Parameters"].as_array().expect("a group's Parameters") {
+            *grouped
+                .entry(p.as_str().expect("a parameter name").to_string())
+                .or_default() += 1;
+        }
+    }
+    for p in &params {
+        assert_eq!(
+            grouped.get(p),
+            Some(&1),
+            "{p}: in {} groups",
+            grouped.get(p).unwrap_or(&0)
+        );
+    }
+    for p in grouped.keys() {
+        assert!(params.contains(p), "the group lists {p}, which is no parameter");
+    }
+    // Referenced by `Ref`, or by name in a `Fn::Sub` string, anywhere but the parameters.
+    let mut rest = t.clone();
+    for key in ["Parameters", "Metadata"] {
+        rest.as_object_mut().unwrap().remove(key);
+    }
+    let text = rest.to_string();
+    for p in &params {
+        assert!(
+            text.contains(&format!("{{\"Ref\":\"{p}\"}}")) || text.contains(&format!("${{{p}}}")),
+            "the parameter {p} is read by nothing in the stack"
+        );
+    }
+}
