@@ -67,6 +67,12 @@ pub struct Ec2Fleet {
     stoppable_spot: bool,
     /// The workers' security group, for a RunInstances network interface into a subnet.
     security_group: Option<String>,
+    /// The persistent spot request of each instance this fleet launched by RunInstances
+    /// (instance id to request id, from RunInstances' answer): a launch cancelled moments later
+    /// (`Fleet::cancel_launch`) cancels its requests though DescribeInstances does not list the
+    /// instances yet (EC2's lookups are eventually consistent, EC2 API Reference, "Eventual
+    /// consistency"). Shared by clones; kept for the process (a function invocation).
+    launched_requests: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
 }
 
 impl Ec2Fleet {
@@ -82,6 +88,7 @@ impl Ec2Fleet {
             deployment: "onoff".into(),
             stoppable_spot: false,
             security_group: None,
+            launched_requests: std::sync::Arc::default(),
         }
     }
 
@@ -334,12 +341,23 @@ impl Ec2Fleet {
                 call = call.client_token(format!("{}-{i}", req.client_token));
             }
             match call.send().await {
-                Ok(resp) => out.launched.extend(resp.instances().iter().filter_map(|i| {
-                    Some(Launched {
-                        instance_id: i.instance_id()?.to_string(),
-                        offering: key.clone(),
-                    })
-                })),
+                Ok(resp) => {
+                    let mut known = self
+                        .launched_requests
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    for i in resp.instances() {
+                        if let (Some(id), Some(sir)) = (i.instance_id(), i.spot_instance_request_id()) {
+                            known.insert(id.to_string(), sir.to_string());
+                        }
+                    }
+                    out.launched.extend(resp.instances().iter().filter_map(|i| {
+                        Some(Launched {
+                            instance_id: i.instance_id()?.to_string(),
+                            offering: key.clone(),
+                        })
+                    }));
+                }
                 Err(e) => {
                     let err = fleet_error(&e);
                     if matches!(err.kind, FleetErrorKind::Throttled | FleetErrorKind::AccountLimit) {
@@ -378,13 +396,29 @@ impl Ec2Fleet {
     /// Cancel the persistent spot requests of `ids` (those that have one): a persistent request
     /// whose instance is terminated opens again and launches another ("To ensure that no new
     /// Spot Instance is launched, you must first cancel the Spot request", EC2 User Guide,
-    /// "Terminate a Spot Instance"). Cancelling leaves the instances as they are. The instances
-    /// are looked up [`crate::limits::MAX_FILTER_VALUES`] at a time (EC2 refuses a lookup with more
-    /// filter values, `FilterLimitExceeded`, and none of the instances would end). Not-found
-    /// requests are skipped, and the others of their batch still cancelled ([`without_gone`]:
-    /// before, one unknown request left its whole batch open, each to launch again).
+    /// "Terminate a Spot Instance"). Cancelling leaves the instances as they are.
+    ///
+    /// The instances' requests are looked up (DescribeInstances), and of those the ones tagged
+    /// for this deployment kept (DescribeSpotInstanceRequests filtered by request id and
+    /// `onoff:managed`): a stoppable spot launch tags its persistent request
+    /// ([`Ec2Fleet::with_stoppable_spot`]), an instant fleet's spot instance has a one-time request
+    /// that carries no tag and needs no cancel, and the functions' role may cancel only tagged
+    /// requests (template.yaml, `CancelOnlyThisStacksSpotRequests`): a denied cancel would fail
+    /// the termination. Each lookup takes at most [`crate::limits::MAX_FILTER_VALUES`] filter
+    /// values (EC2 refuses more, `FilterLimitExceeded`, and none of the instances would end).
+    /// Not-found requests are skipped, and the others of their batch still cancelled
+    /// ([`without_gone`]: before, one unknown request left its whole batch open, each to launch
+    /// again). The requests of instances this fleet launched are known from their launch
+    /// (`launched_requests`), whatever the lookups answer yet.
     async fn cancel_spot_requests(&self, ids: &[String]) -> Result<(), FleetError> {
-        let mut requests: Vec<String> = Vec::new();
+        let mut known: Vec<String> = {
+            let launched = self
+                .launched_requests
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            ids.iter().filter_map(|id| launched.get(id).cloned()).collect()
+        };
+        let mut all: Vec<String> = Vec::new();
         for batch in ids.chunks(crate::limits::MAX_FILTER_VALUES) {
             let mut pages = self
                 .client
@@ -399,11 +433,43 @@ impl Ec2Fleet {
                 .send();
             while let Some(page) = pages.next().await {
                 let page = page.map_err(|e| fleet_error(&e))?;
-                requests.extend(
+                all.extend(
                     page.reservations()
                         .iter()
                         .flat_map(|r| r.instances())
                         .filter_map(|i| i.spot_instance_request_id().map(str::to_string)),
+                );
+            }
+        }
+        all.sort_unstable();
+        all.dedup();
+        all.retain(|r| !known.contains(r));
+        let mut requests: Vec<String> = std::mem::take(&mut known);
+        // One filter value goes to the tag.
+        for batch in all.chunks(crate::limits::MAX_FILTER_VALUES - 1) {
+            let mut pages = self
+                .client
+                .describe_spot_instance_requests()
+                .filters(
+                    aws_sdk_ec2::types::Filter::builder()
+                        .name("spot-instance-request-id")
+                        .set_values(Some(batch.to_vec()))
+                        .build(),
+                )
+                .filters(
+                    aws_sdk_ec2::types::Filter::builder()
+                        .name(format!("tag:{TAG_MANAGED}"))
+                        .values(&self.deployment)
+                        .build(),
+                )
+                .into_paginator()
+                .send();
+            while let Some(page) = pages.next().await {
+                let page = page.map_err(|e| fleet_error(&e))?;
+                requests.extend(
+                    page.spot_instance_requests()
+                        .iter()
+                        .filter_map(|r| r.spot_instance_request_id().map(str::to_string)),
                 );
             }
         }
@@ -451,11 +517,19 @@ impl Ec2Fleet {
     }
 
     /// Terminate `ids`, [`crate::limits::MAX_TERMINATE_IDS`] per call (EC2 refuses a longer
-    /// list whole).
+    /// list whole), their persistent spot requests cancelled first, or EC2 launches them again.
+    /// Whatever the fleet launches now: a worker launched while the policy stopped spot workers
+    /// has its persistent request still when `scale_down.stop_idle` no longer covers spot.
     async fn terminate_ids(&self, ids: &[String]) -> Result<(), FleetError> {
-        if self.stoppable_spot {
-            // Their persistent requests first, or EC2 launches them again.
-            self.cancel_spot_requests(ids).await?;
+        self.cancel_spot_requests(ids).await?;
+        {
+            let mut launched = self
+                .launched_requests
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for id in ids {
+                launched.remove(id);
+            }
         }
         for batch in ids.chunks(crate::limits::MAX_TERMINATE_IDS) {
             self.terminate_batch(batch).await?;
@@ -577,8 +651,8 @@ impl Ec2Fleet {
 /// not exist (not-found, naming the ids it did not find: "The instance IDs 'i-1, i-2' do not
 /// exist", EC2's wording; moto 5.2.5 answers the same). Those are done, and the call goes again
 /// without them: a batch with gone ids takes two calls, not one per id (which EC2's request rate
-/// would throttle at hundreds). An answer that names none of the batch's ids (`prefix` and hex
-/// digits: `i-`, `sir-`) goes one by one, not-found counting as done.
+/// would throttle at hundreds). An answer that names none of the batch's ids (`prefix` and
+/// letters or digits: `i-`, `sir-`) goes one by one, not-found counting as done.
 ///
 /// # Errors
 /// The call's errors other than not-found.
@@ -612,13 +686,15 @@ where
     Ok(())
 }
 
-/// The ids (`prefix` and hex digits) an EC2 error message names, in order.
+/// The ids (`prefix` and letters or digits) an EC2 error message names, in order. Instance ids
+/// are hex (`i-0f5d8ccc56c69fae4`), spot request ids are not (`sir-86k84j6p`, EC2 API
+/// Reference, CancelSpotInstanceRequests examples).
 fn named_ids<'m>(message: &'m str, prefix: &str) -> Vec<&'m str> {
     message
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
         .filter(|w| {
             w.strip_prefix(prefix)
-                .is_some_and(|hex| !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+                .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric()))
         })
         .collect()
 }
@@ -994,8 +1070,16 @@ mod tests {
             ),
             ["sir-8f2a3b4c"]
         );
+        // Spot request ids as EC2 makes them: letters and digits, not only hex.
+        assert_eq!(
+            named_ids(
+                "InvalidSpotInstanceRequestID.NotFound: The spot instance request ID 'sir-86k84j6p' does not exist",
+                "sir-"
+            ),
+            ["sir-86k84j6p"]
+        );
         // Words that look like ids but are not, or ids of another kind: nothing.
-        assert!(named_ids("InvalidInstanceID.NotFound: i- is-not i-xyz instances", "i-").is_empty());
+        assert!(named_ids("InvalidInstanceID.NotFound: i- is-not i-x-y instances", "i-").is_empty());
         assert!(named_ids("The instance ID 'i-02a1' does not exist", "sir-").is_empty());
     }
 }

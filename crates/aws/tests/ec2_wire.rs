@@ -402,48 +402,223 @@ fn instance_not_found(message: &str) -> String {
     )
 }
 
+/// DescribeInstances' answer listing `instances`, each (id, its spot request's id if any).
+fn instances_described(instances: &[(&str, Option<&str>)]) -> String {
+    let items: String = instances
+        .iter()
+        .map(|(id, sir)| {
+            let sir = sir.map_or(String::new(), |s| format!("<spotInstanceRequestId>{s}</spotInstanceRequestId>"));
+            format!("<item><instanceId>{id}</instanceId>{sir}<instanceState><code>16</code><name>running</name></instanceState></item>")
+        })
+        .collect();
+    let set = if items.is_empty() {
+        String::new()
+    } else {
+        format!("<item><reservationId>r-1</reservationId><ownerId>123456789012</ownerId><instancesSet>{items}</instancesSet></item>")
+    };
+    format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000015</requestId><reservationSet>{set}</reservationSet></DescribeInstancesResponse>"#
+    )
+}
+
+/// DescribeSpotInstanceRequests' answer listing the persistent requests `ids`.
+fn spot_requests_described(ids: &[&str]) -> String {
+    let items: String = ids
+        .iter()
+        .map(|id| format!("<item><spotInstanceRequestId>{id}</spotInstanceRequestId><type>persistent</type><state>active</state></item>"))
+        .collect();
+    format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<DescribeSpotInstanceRequestsResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000019</requestId><spotInstanceRequestSet>{items}</spotInstanceRequestSet></DescribeSpotInstanceRequestsResponse>"#
+    )
+}
+
 #[tokio::test]
 async fn a_terminate_naming_gone_instances_goes_again_without_the_ids_ec2_named() {
     let ids: Vec<String> = ["i-1", "i-2", "i-3", "i-4"].iter().map(|s| s.to_string()).collect();
-    // EC2 refuses the call whole and names the two it does not know: the call goes again with
-    // the other two, and that is all (before: one call per instance).
+    // The spot requests looked up first (none: on-demand instances). EC2 refuses the
+    // termination whole and names the two it does not know: the call goes again with the other
+    // two, and that is all (before: one call per instance).
     let (url, seen) = ec2_answering_in_turn(vec![
+        (200, instances_described(&[])),
         (400, instance_not_found("The instance IDs 'i-2, i-3' do not exist")),
         (200, terminated(&["i-1", "i-4"])),
     ])
     .await;
     fleet_no_retries(&url).terminate(&ids).await.expect("done");
     let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 2, "{seen:?}");
+    let actions: Vec<String> = calls(&seen).into_iter().map(|(action, _)| action).collect();
+    assert_eq!(
+        actions,
+        ["DescribeInstances", "TerminateInstances", "TerminateInstances"],
+        "{seen:?}"
+    );
     assert!(
-        seen[1].contains("InstanceId.1=i-1")
-            && seen[1].contains("InstanceId.2=i-4")
-            && !seen[1].contains("InstanceId.3"),
+        seen[2].contains("InstanceId.1=i-1")
+            && seen[2].contains("InstanceId.2=i-4")
+            && !seen[2].contains("InstanceId.3"),
         "{seen:?}"
     );
     // An answer that names none of the batch: one call per instance, not-found counting as done.
-    let (url, seen) = ec2_answering(400, instance_not_found("The instance ID 'i-9' does not exist")).await;
+    let (url, seen) = ec2_answering_in_turn(vec![
+        (200, instances_described(&[])),
+        (400, instance_not_found("The instance ID 'i-9' does not exist")),
+    ])
+    .await;
     fleet_no_retries(&url).terminate(&ids).await.expect("done");
-    assert_eq!(seen.lock().unwrap().len(), 1 + ids.len());
+    assert_eq!(seen.lock().unwrap().len(), 2 + ids.len());
     // Any other refusal is the call's error.
-    let (url, _) = ec2_answering(503, THROTTLED.to_string()).await;
+    let (url, _) = ec2_answering_in_turn(vec![(200, instances_described(&[])), (503, THROTTLED.to_string())]).await;
     let e = fleet_no_retries(&url).terminate(&ids).await.expect_err("throttled");
     assert_eq!(e.kind, FleetErrorKind::Throttled, "{e:?}");
+    // As is a failed lookup of the spot requests: nothing is terminated that would launch again.
+    let (url, seen) = ec2_answering(503, THROTTLED.to_string()).await;
+    let e = fleet_no_retries(&url).terminate(&ids).await.expect_err("throttled");
+    assert_eq!(e.kind, FleetErrorKind::Throttled, "{e:?}");
+    assert!(
+        !seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|b| b.contains("Action=TerminateInstances")),
+        "terminated with its requests unknown"
+    );
+}
+
+#[tokio::test]
+async fn a_launch_cancelled_before_ec2_lists_it_still_cancels_its_spot_request() {
+    // A stoppable spot launch (RunInstances, a persistent request) cancelled moments later, as
+    // `act` cancels a launch it could not register: EC2's lookups may not list the instance yet
+    // (eventually consistent, EC2 API Reference, "Eventual consistency"), but RunInstances named
+    // its request, and that is cancelled before the instance is terminated, or EC2 would launch
+    // another.
+    let ran = r#"<?xml version="1.0" encoding="UTF-8"?>
+<RunInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000021</requestId><reservationId>r-1</reservationId><ownerId>123456789012</ownerId><instancesSet><item><instanceId>i-0c0ffee000000000a</instanceId><spotInstanceRequestId>sir-86k84j6p</spotInstanceRequestId><instanceState><code>0</code><name>pending</name></instanceState></item></instancesSet></RunInstancesResponse>"#;
+    let cancelled = r#"<?xml version="1.0" encoding="UTF-8"?>
+<CancelSpotInstanceRequestsResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000022</requestId><spotInstanceRequestSet><item><spotInstanceRequestId>sir-86k84j6p</spotInstanceRequestId><state>cancelled</state></item></spotInstanceRequestSet></CancelSpotInstanceRequestsResponse>"#;
+    let (url, seen) = ec2_answering_in_turn(vec![
+        (200, ran.to_string()),
+        // Not listed yet.
+        (200, instances_described(&[])),
+        (200, cancelled.to_string()),
+        (200, terminated(&["i-0c0ffee000000000a"])),
+    ])
+    .await;
+    let fleet = fleet_no_retries(&url).with_stoppable_spot(true, None);
+    let mut req = request();
+    req.offerings = vec![spot("us-east-1a")];
+    req.count = 1;
+    let launched = fleet.launch(&req).await.expect("launched").launched;
+    let ids: Vec<String> = launched.iter().map(|l| l.instance_id.clone()).collect();
+    assert_eq!(ids, ["i-0c0ffee000000000a"]);
+    fleet.cancel_launch(&ids).await.expect("cancelled");
+    let seen = seen.lock().unwrap().clone();
+    let actions: Vec<String> = calls(&seen).into_iter().map(|(action, _)| action).collect();
+    assert_eq!(
+        actions,
+        [
+            "RunInstances",
+            "DescribeInstances",
+            "CancelSpotInstanceRequests",
+            "TerminateInstances"
+        ],
+        "{seen:?}"
+    );
+    assert!(seen[2].contains("SpotInstanceRequestId.1=sir-86k84j6p"), "{seen:?}");
+}
+
+#[tokio::test]
+async fn a_terminate_cancels_only_this_deployments_spot_requests_whatever_the_fleet_launches_now() {
+    // A fleet that no longer launches stoppable spot workers (`scale_down.stop_idle` changed)
+    // ends one launched while it did: its persistent request, tagged for the deployment, is
+    // cancelled first, or EC2 launches it again once its instance is gone. The one-time request
+    // of an instant fleet's spot instance is not the deployment's (untagged, and the functions'
+    // role may not cancel it): the lookup by tag leaves it out. EC2 makes spot request ids of
+    // letters and digits.
+    let (url, seen) = ec2_answering_in_turn(vec![
+        (
+            200,
+            instances_described(&[
+                ("i-1", Some("sir-86k84j6p")),
+                ("i-2", Some("sir-dryi1gcm")),
+                ("i-3", None),
+            ]),
+        ),
+        (200, spot_requests_described(&["sir-86k84j6p"])),
+        (200, "<CancelSpotInstanceRequestsResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>7a3ba8b4-0000-0000-0000-000000000020</requestId><spotInstanceRequestSet><item><spotInstanceRequestId>sir-86k84j6p</spotInstanceRequestId><state>cancelled</state></item></spotInstanceRequestSet></CancelSpotInstanceRequestsResponse>".to_string()),
+        (200, terminated(&["i-1", "i-2", "i-3"])),
+    ])
+    .await;
+    let ids: Vec<String> = ["i-1", "i-2", "i-3"].iter().map(|s| s.to_string()).collect();
+    fleet_no_retries(&url)
+        .with_deployment("st")
+        .terminate(&ids)
+        .await
+        .expect("done");
+    let seen = seen.lock().unwrap().clone();
+    let actions: Vec<String> = calls(&seen).into_iter().map(|(action, _)| action).collect();
+    assert_eq!(
+        actions,
+        [
+            "DescribeInstances",
+            "DescribeSpotInstanceRequests",
+            "CancelSpotInstanceRequests",
+            "TerminateInstances"
+        ],
+        "{seen:?}"
+    );
+    // The lookup: both requests by id, and the deployment's tag.
+    assert!(
+        seen[1].contains("Filter.1.Name=spot-instance-request-id")
+            && seen[1].contains("Filter.1.Value.1=sir-86k84j6p")
+            && seen[1].contains("Filter.1.Value.2=sir-dryi1gcm")
+            && seen[1].contains("Filter.2.Name=tag%3Aonoff%3Amanaged")
+            && seen[1].contains("Filter.2.Value.1=st"),
+        "{seen:?}"
+    );
+    assert!(
+        seen[2].contains("SpotInstanceRequestId.1=sir-86k84j6p") && !seen[2].contains("sir-dryi1gcm"),
+        "{seen:?}"
+    );
+    // Nothing tagged: no cancel at all.
+    let (url, seen) = ec2_answering_in_turn(vec![
+        (200, instances_described(&[("i-2", Some("sir-dryi1gcm"))])),
+        (200, spot_requests_described(&[])),
+        (200, terminated(&["i-2"])),
+    ])
+    .await;
+    fleet_no_retries(&url).terminate(&ids[1..2]).await.expect("done");
+    let actions: Vec<String> = calls(&seen.lock().unwrap())
+        .into_iter()
+        .map(|(action, _)| action)
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            "DescribeInstances",
+            "DescribeSpotInstanceRequests",
+            "TerminateInstances"
+        ]
+    );
 }
 
 #[tokio::test]
 async fn a_cancel_naming_a_gone_spot_request_still_cancels_the_others_of_its_batch() {
     // A stoppable spot fleet cancels its instances' persistent requests before terminating them.
     // EC2 refuses a cancel whole for a request it does not know: the others must still be
-    // cancelled, or each launches again once its instance is gone.
-    let described = r#"<?xml version="1.0" encoding="UTF-8"?>
-<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000015</requestId><reservationSet><item><reservationId>r-1</reservationId><ownerId>123456789012</ownerId><instancesSet><item><instanceId>i-1</instanceId><spotInstanceRequestId>sir-0a1</spotInstanceRequestId><instanceState><code>16</code><name>running</name></instanceState></item><item><instanceId>i-2</instanceId><spotInstanceRequestId>sir-0a2</spotInstanceRequestId><instanceState><code>16</code><name>running</name></instanceState></item></instancesSet></item></reservationSet></DescribeInstancesResponse>"#;
+    // cancelled, or each launches again once its instance is gone. Request ids as EC2 makes them
+    // (letters and digits), so the one the refusal names is told from the others.
     let cancelled = r#"<?xml version="1.0" encoding="UTF-8"?>
 <CancelSpotInstanceRequestsResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000016</requestId><spotInstanceRequestSet><item><spotInstanceRequestId>sir-0a2</spotInstanceRequestId><state>cancelled</state></item></spotInstanceRequestSet></CancelSpotInstanceRequestsResponse>"#;
     let gone = r#"<?xml version="1.0" encoding="UTF-8"?>
-<Response><Errors><Error><Code>InvalidSpotInstanceRequestID.NotFound</Code><Message>The spot instance request ID 'sir-0a1' does not exist</Message></Error></Errors><RequestID>7a3ba8b4-0000-0000-0000-000000000017</RequestID></Response>"#;
+<Response><Errors><Error><Code>InvalidSpotInstanceRequestID.NotFound</Code><Message>The spot instance request ID 'sir-k3x9q7mz' does not exist</Message></Error></Errors><RequestID>7a3ba8b4-0000-0000-0000-000000000017</RequestID></Response>"#;
     let (url, seen) = ec2_answering_in_turn(vec![
-        (200, described.to_string()),
+        (
+            200,
+            instances_described(&[("i-1", Some("sir-k3x9q7mz")), ("i-2", Some("sir-0a2"))]),
+        ),
+        (200, spot_requests_described(&["sir-k3x9q7mz", "sir-0a2"])),
         (400, gone.to_string()),
         (200, cancelled.to_string()),
         (200, terminated(&["i-1", "i-2"])),
@@ -461,6 +636,7 @@ async fn a_cancel_naming_a_gone_spot_request_still_cancels_the_others_of_its_bat
         actions,
         [
             "DescribeInstances",
+            "DescribeSpotInstanceRequests",
             "CancelSpotInstanceRequests",
             "CancelSpotInstanceRequests",
             "TerminateInstances"
@@ -468,7 +644,7 @@ async fn a_cancel_naming_a_gone_spot_request_still_cancels_the_others_of_its_bat
         "{seen:?}"
     );
     assert!(
-        seen[2].contains("SpotInstanceRequestId.1=sir-0a2") && !seen[2].contains("sir-0a1"),
+        seen[3].contains("SpotInstanceRequestId.1=sir-0a2") && !seen[3].contains("sir-k3x9q7mz"),
         "{seen:?}"
     );
 }

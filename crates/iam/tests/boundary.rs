@@ -584,6 +584,8 @@ fn only_the_scaler_and_reaper_stop_and_start_and_only_this_stacks_workers() {
         assert_allowed(&a, &c, request(Some("st")));
         assert_denied(&a, &c, request(Some("other-stack")));
         assert_denied(&a, &c, request(None));
+        // Which requests are this stack's, before a termination cancels them.
+        assert_allowed(&a, &c, Request::new("ec2:DescribeSpotInstanceRequests", "*"));
         assert_allowed(&a, &c, tag_request("RunInstances"));
         assert_denied(&a, &c, tag_request("CreateTags"));
     }

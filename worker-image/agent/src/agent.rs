@@ -376,12 +376,24 @@ struct Worker<'a, M, Q, J, R, C, O, I, L> {
     report: AgentReport,
 }
 
+/// Cancel instance `id`'s persistent spot request, if any ([`Instance::release_request`]),
+/// before the agent exits on the error `why`: its instance then powers off and terminates, which
+/// would otherwise reopen the request for EC2 to launch another. A failed cancel is logged.
+pub async fn release_request_on_exit<I: Instance>(instance: &I, id: &str, why: &dyn std::fmt::Display) {
+    match instance.release_request(id).await {
+        Ok(()) => tracing::info!(error = %why, "exiting on an error: this instance's spot request is released"),
+        Err(e) => tracing::error!(error = %e, exiting_on = %why, "cancel this instance's spot request"),
+    }
+}
+
 /// Run the agent until it exits (idle timeout, notice, or `shutdown` resolving). `start_unix`:
 /// the unix time now (the agent's clock advances with tokio's).
 ///
 /// # Errors
 /// [`AgentError`] when IMDS or the workers table cannot be reached at start; later failures are
-/// logged and retried.
+/// logged and retried. Past IMDS, the instance's persistent spot request is cancelled before
+/// the error is returned ([`release_request_on_exit`]): the agent exits, and its instance
+/// powers off.
 pub async fn run<M, Q, J, R, C, O, I, L>(
     deps: &Deps<M, Q, J, R, C, O, I, L>,
     cfg: &AgentConfig,
@@ -403,7 +415,14 @@ where
         start: Instant::now(),
     };
     let me = deps.metadata.identity().await.map_err(AgentError::Metadata)?;
-    let record = deps.registry.get(&me.instance_id).await?;
+    let record = match deps.registry.get(&me.instance_id).await {
+        Ok(r) => r,
+        Err(e) => {
+            let e = AgentError::from(e);
+            release_request_on_exit(&deps.instance, &me.instance_id, &e).await;
+            return Err(e);
+        }
+    };
     let (lane, price, pinned, spot_price_usd_per_h) = match record {
         Some(r) => (r.lane, r.price_usd_per_h, r.pinned_job, r.spot_price_usd_per_h),
         None => {
@@ -413,7 +432,8 @@ where
             } else {
                 CapacityType::OnDemand
             };
-            deps.registry
+            let registered = deps
+                .registry
                 .register(WorkerRecord::launched(
                     &me.instance_id,
                     lane.clone(),
@@ -425,7 +445,12 @@ where
                     0.0,
                     clock.now(),
                 ))
-                .await?;
+                .await;
+            if let Err(e) = registered {
+                let e = AgentError::from(e);
+                release_request_on_exit(&deps.instance, &me.instance_id, &e).await;
+                return Err(e);
+            }
             tracing::warn!(instance = %me.instance_id, "not registered by the control plane: registered with price 0");
             (lane, 0.0, None, None)
         }

@@ -429,6 +429,10 @@ impl Ec2Instance {
 }
 
 impl Instance for Ec2Instance {
+    async fn release_request(&self, id: &str) -> Result<(), String> {
+        self.cancel_own_spot_request(id).await
+    }
+
     async fn terminate_self(&self, id: &str) -> Result<(), String> {
         if let Err(e) = self.cancel_own_spot_request(id).await {
             // Terminated all the same: an idle instance left running costs more for certain than

@@ -600,11 +600,23 @@ impl Objects for FakeObjects {
 
 /// Records self-terminations.
 #[derive(Debug, Default)]
-pub struct FakeInstance(pub Mutex<Vec<String>>);
+pub struct FakeInstance(pub Mutex<Vec<String>>, pub Mutex<Vec<String>>);
+
+impl FakeInstance {
+    /// Instances whose spot request was released ([`Instance::release_request`]), in order.
+    #[must_use]
+    pub fn released(&self) -> Vec<String> {
+        self.1.lock().expect("lock").clone()
+    }
+}
 
 impl Instance for FakeInstance {
     async fn terminate_self(&self, id: &str) -> Result<(), String> {
         self.0.lock().expect("lock").push(id.into());
+        Ok(())
+    }
+    async fn release_request(&self, id: &str) -> Result<(), String> {
+        self.1.lock().expect("lock").push(id.into());
         Ok(())
     }
 }

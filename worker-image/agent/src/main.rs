@@ -49,7 +49,9 @@ async fn shutdown_signal() {
     }
 }
 
-async fn run(cfg: AgentConfig) -> Result<(), String> {
+/// The agent's resources from the environment: (queue settings, jobs table, workers table,
+/// bucket).
+fn resources(cfg: &AgentConfig) -> Result<(onoff_aws::settings::Resources, String, String, String), String> {
     if cfg.job_user.is_some() && !onoff_agent::process::can_switch_user() {
         return Err(
             "ONOFF_JOB_UID is set, but the agent does not run as root and cannot start jobs as another user \
@@ -64,13 +66,35 @@ async fn run(cfg: AgentConfig) -> Result<(), String> {
         _ => std::env::var(k).ok(),
     })
     .map_err(|e| e.to_string())?;
-    let jobs_table = need("ONOFF_JOBS_TABLE")?;
-    let workers_table = need("ONOFF_WORKERS_TABLE")?;
-    let bucket = need("ONOFF_BUCKET")?;
+    Ok((
+        queue_urls,
+        need("ONOFF_JOBS_TABLE")?,
+        need("ONOFF_WORKERS_TABLE")?,
+        need("ONOFF_BUCKET")?,
+    ))
+}
+
+async fn run(cfg: AgentConfig) -> Result<(), String> {
     let clients = onoff_aws::settings::Clients::from_env().await;
     let imds_endpoint = std::env::var("AWS_EC2_METADATA_SERVICE_ENDPOINT").ok();
+    let metadata = Imds::new(imds_endpoint.as_deref())?;
+    let instance = Ec2Instance {
+        client: clients.ec2.clone(),
+        mode: cfg.shutdown,
+    };
+    let (queue_urls, jobs_table, workers_table, bucket) = match resources(&cfg) {
+        Ok(r) => r,
+        Err(e) => {
+            // A setting wrong on every instance: the instance powers off after this exit, and
+            // with its persistent spot request open EC2 would launch another to fail the same way.
+            if let Ok(me) = onoff_agent::ports::Metadata::identity(&metadata).await {
+                onoff_agent::agent::release_request_on_exit(&instance, &me.instance_id, &e).await;
+            }
+            return Err(e);
+        }
+    };
     let deps = Deps {
-        metadata: Imds::new(imds_endpoint.as_deref())?,
+        metadata,
         inbox: SqsInbox(onoff_aws::queue::SqsQueues::new(
             clients.sqs.clone(),
             queue_urls.queue_urls,
@@ -93,10 +117,7 @@ async fn run(cfg: AgentConfig) -> Result<(), String> {
                 .map(|g| (clients.logs.clone(), g)),
             streams: std::sync::Arc::default(),
         },
-        instance: Ec2Instance {
-            client: clients.ec2.clone(),
-            mode: cfg.shutdown,
-        },
+        instance,
         launcher: ProcessLauncher::as_user(cfg.job_user),
     };
     let report = onoff_agent::run(&deps, &cfg, onoff_aws::state::unix_now(), shutdown_signal())

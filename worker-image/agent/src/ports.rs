@@ -262,6 +262,17 @@ pub trait Instance {
     /// # Errors
     /// Provider failure, as text.
     async fn terminate_self(&self, id: &str) -> Result<(), String>;
+
+    /// Cancel the persistent spot request instance `id` (this one) was launched from, if it has
+    /// one, and leave the instance as it is: the agent is exiting on an error and the instance
+    /// powers off after it (the image's unit shuts it down, and the launch template's shutdown
+    /// behaviour terminates it). With its request open, EC2 would launch another in its place
+    /// ("the Spot Instance request transitions to the open state so that a new Spot Instance can
+    /// be launched", EC2 User Guide), likely to fail the same way, and again.
+    ///
+    /// # Errors
+    /// Provider failure, as text.
+    async fn release_request(&self, id: &str) -> Result<(), String>;
 }
 
 /// What to run for a job.
@@ -372,6 +383,9 @@ impl<T: Objects> Objects for &T {
 impl<T: Instance> Instance for &T {
     async fn terminate_self(&self, id: &str) -> Result<(), String> {
         (**self).terminate_self(id).await
+    }
+    async fn release_request(&self, id: &str) -> Result<(), String> {
+        (**self).release_request(id).await
     }
 }
 impl<T: Launcher> Launcher for &T {

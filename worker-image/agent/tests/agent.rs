@@ -517,6 +517,55 @@ async fn an_idle_worker_deregisters_and_terminates_itself_after_the_idle_timeout
     assert_eq!((r.exit, terminated.len()), (ExitReason::Shutdown, 0));
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_agent_that_cannot_register_releases_its_spot_request_before_it_exits() {
+    // Not registered by the control plane, and the workers table refuses the agent's own
+    // registration: the agent exits with the error, and its instance powers off (terminated, as
+    // the launch template's shutdown behaviour says). Its persistent spot request is cancelled
+    // first, or EC2 would launch another in its place to fail the same way.
+    let dir = tempdir("unregistered");
+    let w = World::default();
+    w.registry.fail_next(onoff_control::ports::StoreError::Other(
+        "throttled past its retries".into(),
+    ));
+    let deps = Deps {
+        metadata: FakeMetadata::new("i-u"),
+        inbox: &w.inbox,
+        jobs: &w.jobs,
+        registry: &w.registry,
+        checkpoints: &w.checkpoints,
+        objects: &w.objects,
+        instance: FakeInstance::default(),
+        launcher: &w.launcher,
+    };
+    let err = run(&deps, &cfg(dir.path()), T0, std::future::pending())
+        .await
+        .expect_err("the registration failed");
+    assert!(err.to_string().contains("throttled past its retries"), "{err}");
+    assert_eq!(deps.instance.released(), ["i-u"], "the request released");
+    assert!(
+        deps.instance.0.lock().unwrap().is_empty(),
+        "not terminated by the agent"
+    );
+    // An agent that ends as it should releases nothing: terminating itself, it cancels its
+    // request there (Ec2Instance::terminate_self), and a stopped one keeps it to start again.
+    let w = World::default();
+    register(&w, "i-v");
+    let deps = Deps {
+        metadata: FakeMetadata::new("i-v"),
+        inbox: &w.inbox,
+        jobs: &w.jobs,
+        registry: &w.registry,
+        checkpoints: &w.checkpoints,
+        objects: &w.objects,
+        instance: FakeInstance::default(),
+        launcher: &w.launcher,
+    };
+    let r = run(&deps, &cfg(dir.path()), T0, std::future::pending()).await.unwrap();
+    assert_eq!(r.exit, ExitReason::IdleTimeout);
+    assert!(deps.instance.released().is_empty());
+}
+
 /// An idle agent `id` while the control plane holds it: each of `holds` is (seconds since the
 /// previous one, hold until `T0` + seconds). Returns the world, the report, the instances
 /// terminated and the seconds the agent ran.
