@@ -49,8 +49,13 @@ for what, call in [
         print("refused", what, type(e).__name__)
 "#;
 
+/// One local stack at a time: each starts its own moto server and agents, and two on the
+/// machine's cores at once would slow both towards their timeouts.
+static ONE_STACK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn local_run_with_faults_finishes_every_job_exactly_once() {
+    let _one = ONE_STACK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let moto = std::env::var("ONOFF_MOTO_SERVER")
         .expect("ONOFF_MOTO_SERVER is not set: run the tests with scripts/test.sh, which installs moto server");
     let python = std::path::Path::new(&moto).with_file_name("python");
@@ -273,4 +278,67 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
 fn nix_is_root() -> bool {
     // The owner of /proc/self is this process's effective user.
     std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+}
+
+/// The local stack with spot workers on CreateFleet (`scale_down.stop_idle = "on-demand"`: an
+/// instant fleet's one-time spot requests, which EC2 leaves untagged), spot notices and killed
+/// workers: every call of the control plane and the agents is allowed by template.yaml's
+/// policies. Before, each agent ending itself on such a worker asked to cancel its untagged
+/// one-time request, which the worker role may cancel only with the stack's tag: an
+/// AccessDenied on AWS for every spot worker (8 in a 24-job run).
+#[test]
+fn a_local_run_with_spot_on_create_fleet_is_denied_nothing() {
+    let _one = ONE_STACK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let moto = std::env::var("ONOFF_MOTO_SERVER")
+        .expect("ONOFF_MOTO_SERVER is not set: run the tests with scripts/test.sh, which installs moto server");
+    let run_dir = std::env::temp_dir().join(format!("onoff-local-fleet-spot-{}", std::process::id()));
+    std::fs::create_dir_all(&run_dir).expect("run dir");
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/local-policy.toml");
+    let policy = std::fs::read_to_string(&examples).expect("examples/local-policy.toml");
+    assert!(policy.contains("[scale_down]\n"), "{policy}");
+    let policy = policy.replacen("[scale_down]\n", "[scale_down]\nstop_idle = \"on-demand\"\n", 1);
+    let policy_file = run_dir.join("policy.toml");
+    std::fs::write(&policy_file, policy).expect("policy written");
+    let out = Command::new(env!("CARGO_BIN_EXE_onoff"))
+        .args(["local", "--moto-server", &moto])
+        .args([
+            "--json",
+            "--quiet",
+            "--jobs",
+            "8",
+            "--compress",
+            "60",
+            "--max-job-s",
+            "12",
+            "--spot-notices",
+            "2",
+            "--kill-workers",
+            "1",
+            "--seed",
+            "5",
+            "--timeout-s",
+            "300",
+            "--drain-s",
+            "60",
+            "--policy",
+        ])
+        .arg(&policy_file)
+        .arg("--run-dir")
+        .arg(run_dir.join("run"))
+        .output()
+        .expect("onoff runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    let n = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} missing in {v}"));
+    assert_eq!(n("jobs_succeeded"), 8.0, "every job succeeds: {v}");
+    assert_eq!((n("jobs_lost"), n("duplicate_completions")), (0.0, 0.0), "{v}");
+    assert!(n("spot_notices_sent") >= 1.0, "a spot worker ended at a notice: {v}");
+    assert_eq!(n("instances_stopped"), 0.0, "spot workers are not stopped: {v}");
+    assert_eq!(n("access_denied"), 0.0, "refused calls: {}", v["denied_calls"]);
+    let check = &v["policy_check"];
+    assert_eq!(check["denied"], 0, "denied by the template's policies: {check}");
+    assert_eq!(n("instances_left_running"), 0.0, "{v}");
+    assert!(out.status.success(), "exit status {:?}; stderr:\n{stderr}", out.status);
+    let _ = std::fs::remove_dir_all(&run_dir);
 }

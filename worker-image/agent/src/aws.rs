@@ -379,6 +379,9 @@ pub struct Ec2Instance {
     pub client: aws_sdk_ec2::Client,
     /// Fallback policy.
     pub mode: ShutdownMode,
+    /// The deployment (`ONOFF_DEPLOYMENT`): a persistent request the control plane launched is
+    /// tagged `onoff:managed` with it, and only such a request is this agent's to cancel.
+    pub deployment: String,
 }
 
 impl Ec2Instance {
@@ -387,7 +390,10 @@ impl Ec2Instance {
     /// terminate a running or stopped Spot Instance that was launched by a persistent Spot
     /// Instance request, the Spot Instance request transitions to the open state so that a new
     /// Spot Instance can be launched", EC2 User Guide), and with the control plane gone nobody
-    /// would end that one. A one-time or on-demand instance has none.
+    /// would end that one. A one-time or on-demand instance has none. Only the requests tagged
+    /// for the deployment are looked up: an instant fleet's spot instance has an untagged
+    /// one-time request, which needs no cancel and which the worker role may not cancel (every
+    /// such agent's cancel was an AccessDenied).
     async fn cancel_own_spot_request(&self, id: &str) -> Result<(), String> {
         let requests: Vec<String> = self
             .client
@@ -396,6 +402,12 @@ impl Ec2Instance {
                 aws_sdk_ec2::types::Filter::builder()
                     .name("instance-id")
                     .values(id)
+                    .build(),
+            )
+            .filters(
+                aws_sdk_ec2::types::Filter::builder()
+                    .name(format!("tag:{}", onoff_aws::fleet::TAG_MANAGED))
+                    .values(&self.deployment)
                     .build(),
             )
             .send()

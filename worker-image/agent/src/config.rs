@@ -50,7 +50,8 @@ pub struct AgentConfig {
     pub worker_image: Option<String>,
     /// `ONOFF_TIME_SCALE` (1): job seconds per wall second (local replay only).
     pub time_scale: f64,
-    /// `ONOFF_DEPLOYMENT` (`onoff`): metric dimension.
+    /// `ONOFF_DEPLOYMENT` (`onoff`): metric dimension, and the `onoff:managed` tag of the
+    /// persistent spot request the agent cancels before its instance ends.
     pub deployment: String,
     /// `ONOFF_GPUS`: GPUs of this instance (the user data counts the `GPU` lines of `nvidia-smi -L`). A job that asks
     /// for more is handed back to its lane for a bigger worker instead of run here. Unset: no

@@ -81,6 +81,7 @@ async fn run(cfg: AgentConfig) -> Result<(), String> {
     let instance = Ec2Instance {
         client: clients.ec2.clone(),
         mode: cfg.shutdown,
+        deployment: cfg.deployment.clone(),
     };
     let (queue_urls, jobs_table, workers_table, bucket) = match resources(&cfg) {
         Ok(r) => r,
