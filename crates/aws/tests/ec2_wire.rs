@@ -434,6 +434,23 @@ fn spot_requests_described(ids: &[&str]) -> String {
     )
 }
 
+/// CancelSpotInstanceRequests' answer: `ids` cancelled.
+fn spot_requests_cancelled(ids: &[&str]) -> String {
+    let items: String = ids
+        .iter()
+        .map(|id| format!("<item><spotInstanceRequestId>{id}</spotInstanceRequestId><state>cancelled</state></item>"))
+        .collect();
+    format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<CancelSpotInstanceRequestsResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000016</requestId><spotInstanceRequestSet>{items}</spotInstanceRequestSet></CancelSpotInstanceRequestsResponse>"#
+    )
+}
+
+/// The `Action` of each request body, in order.
+fn actions(seen: &[String]) -> Vec<String> {
+    calls(seen).into_iter().map(|(action, _)| action).collect()
+}
+
 #[tokio::test]
 async fn a_terminate_naming_gone_instances_goes_again_without_the_ids_ec2_named() {
     let ids: Vec<String> = ["i-1", "i-2", "i-3", "i-4"].iter().map(|s| s.to_string()).collect();
@@ -448,9 +465,8 @@ async fn a_terminate_naming_gone_instances_goes_again_without_the_ids_ec2_named(
     .await;
     fleet_no_retries(&url).terminate(&ids).await.expect("done");
     let seen = seen.lock().unwrap().clone();
-    let actions: Vec<String> = calls(&seen).into_iter().map(|(action, _)| action).collect();
     assert_eq!(
-        actions,
+        actions(&seen),
         ["DescribeInstances", "TerminateInstances", "TerminateInstances"],
         "{seen:?}"
     );
@@ -495,13 +511,11 @@ async fn a_launch_cancelled_before_ec2_lists_it_still_cancels_its_spot_request()
     // another.
     let ran = r#"<?xml version="1.0" encoding="UTF-8"?>
 <RunInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000021</requestId><reservationId>r-1</reservationId><ownerId>123456789012</ownerId><instancesSet><item><instanceId>i-0c0ffee000000000a</instanceId><spotInstanceRequestId>sir-86k84j6p</spotInstanceRequestId><instanceState><code>0</code><name>pending</name></instanceState></item></instancesSet></RunInstancesResponse>"#;
-    let cancelled = r#"<?xml version="1.0" encoding="UTF-8"?>
-<CancelSpotInstanceRequestsResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000022</requestId><spotInstanceRequestSet><item><spotInstanceRequestId>sir-86k84j6p</spotInstanceRequestId><state>cancelled</state></item></spotInstanceRequestSet></CancelSpotInstanceRequestsResponse>"#;
     let (url, seen) = ec2_answering_in_turn(vec![
         (200, ran.to_string()),
         // Not listed yet.
         (200, instances_described(&[])),
-        (200, cancelled.to_string()),
+        (200, spot_requests_cancelled(&["sir-86k84j6p"])),
         (200, terminated(&["i-0c0ffee000000000a"])),
     ])
     .await;
@@ -514,9 +528,8 @@ async fn a_launch_cancelled_before_ec2_lists_it_still_cancels_its_spot_request()
     assert_eq!(ids, ["i-0c0ffee000000000a"]);
     fleet.cancel_launch(&ids).await.expect("cancelled");
     let seen = seen.lock().unwrap().clone();
-    let actions: Vec<String> = calls(&seen).into_iter().map(|(action, _)| action).collect();
     assert_eq!(
-        actions,
+        actions(&seen),
         [
             "RunInstances",
             "DescribeInstances",
@@ -546,7 +559,7 @@ async fn a_terminate_cancels_only_this_deployments_spot_requests_whatever_the_fl
             ]),
         ),
         (200, spot_requests_described(&["sir-86k84j6p"])),
-        (200, "<CancelSpotInstanceRequestsResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>7a3ba8b4-0000-0000-0000-000000000020</requestId><spotInstanceRequestSet><item><spotInstanceRequestId>sir-86k84j6p</spotInstanceRequestId><state>cancelled</state></item></spotInstanceRequestSet></CancelSpotInstanceRequestsResponse>".to_string()),
+        (200, spot_requests_cancelled(&["sir-86k84j6p"])),
         (200, terminated(&["i-1", "i-2", "i-3"])),
     ])
     .await;
@@ -557,9 +570,8 @@ async fn a_terminate_cancels_only_this_deployments_spot_requests_whatever_the_fl
         .await
         .expect("done");
     let seen = seen.lock().unwrap().clone();
-    let actions: Vec<String> = calls(&seen).into_iter().map(|(action, _)| action).collect();
     assert_eq!(
-        actions,
+        actions(&seen),
         [
             "DescribeInstances",
             "DescribeSpotInstanceRequests",
@@ -589,12 +601,8 @@ async fn a_terminate_cancels_only_this_deployments_spot_requests_whatever_the_fl
     ])
     .await;
     fleet_no_retries(&url).terminate(&ids[1..2]).await.expect("done");
-    let actions: Vec<String> = calls(&seen.lock().unwrap())
-        .into_iter()
-        .map(|(action, _)| action)
-        .collect();
     assert_eq!(
-        actions,
+        actions(&seen.lock().unwrap()),
         [
             "DescribeInstances",
             "DescribeSpotInstanceRequests",
@@ -609,8 +617,6 @@ async fn a_cancel_naming_a_gone_spot_request_still_cancels_the_others_of_its_bat
     // EC2 refuses a cancel whole for a request it does not know: the others must still be
     // cancelled, or each launches again once its instance is gone. Request ids as EC2 makes them
     // (letters and digits), so the one the refusal names is told from the others.
-    let cancelled = r#"<?xml version="1.0" encoding="UTF-8"?>
-<CancelSpotInstanceRequestsResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000016</requestId><spotInstanceRequestSet><item><spotInstanceRequestId>sir-0a2</spotInstanceRequestId><state>cancelled</state></item></spotInstanceRequestSet></CancelSpotInstanceRequestsResponse>"#;
     let gone = r#"<?xml version="1.0" encoding="UTF-8"?>
 <Response><Errors><Error><Code>InvalidSpotInstanceRequestID.NotFound</Code><Message>The spot instance request ID 'sir-k3x9q7mz' does not exist</Message></Error></Errors><RequestID>7a3ba8b4-0000-0000-0000-000000000017</RequestID></Response>"#;
     let (url, seen) = ec2_answering_in_turn(vec![
@@ -620,7 +626,7 @@ async fn a_cancel_naming_a_gone_spot_request_still_cancels_the_others_of_its_bat
         ),
         (200, spot_requests_described(&["sir-k3x9q7mz", "sir-0a2"])),
         (400, gone.to_string()),
-        (200, cancelled.to_string()),
+        (200, spot_requests_cancelled(&["sir-0a2"])),
         (200, terminated(&["i-1", "i-2"])),
     ])
     .await;
@@ -631,9 +637,8 @@ async fn a_cancel_naming_a_gone_spot_request_still_cancels_the_others_of_its_bat
         .await
         .expect("done");
     let seen = seen.lock().unwrap().clone();
-    let actions: Vec<String> = calls(&seen).into_iter().map(|(action, _)| action).collect();
     assert_eq!(
-        actions,
+        actions(&seen),
         [
             "DescribeInstances",
             "DescribeSpotInstanceRequests",

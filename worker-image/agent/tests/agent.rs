@@ -517,6 +517,33 @@ async fn an_idle_worker_deregisters_and_terminates_itself_after_the_idle_timeout
     assert_eq!((r.exit, terminated.len()), (ExitReason::Shutdown, 0));
 }
 
+/// The world's ports for agent `id`, with an instance of its own (what it terminated and
+/// released, [`FakeInstance`]).
+fn own_deps<'w>(
+    w: &'w World,
+    id: &str,
+) -> Deps<
+    FakeMetadata,
+    &'w FakeInbox,
+    &'w FakeJobs,
+    &'w FakeRegistry,
+    &'w FakeCheckpoints,
+    &'w FakeObjects,
+    FakeInstance,
+    &'w ScriptedLauncher,
+> {
+    Deps {
+        metadata: FakeMetadata::new(id),
+        inbox: &w.inbox,
+        jobs: &w.jobs,
+        registry: &w.registry,
+        checkpoints: &w.checkpoints,
+        objects: &w.objects,
+        instance: FakeInstance::default(),
+        launcher: &w.launcher,
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_agent_that_cannot_register_releases_its_spot_request_before_it_exits() {
     // Not registered by the control plane, and the workers table refuses the agent's own
@@ -528,16 +555,7 @@ async fn an_agent_that_cannot_register_releases_its_spot_request_before_it_exits
     w.registry.fail_next(onoff_control::ports::StoreError::Other(
         "throttled past its retries".into(),
     ));
-    let deps = Deps {
-        metadata: FakeMetadata::new("i-u"),
-        inbox: &w.inbox,
-        jobs: &w.jobs,
-        registry: &w.registry,
-        checkpoints: &w.checkpoints,
-        objects: &w.objects,
-        instance: FakeInstance::default(),
-        launcher: &w.launcher,
-    };
+    let deps = own_deps(&w, "i-u");
     let err = run(&deps, &cfg(dir.path()), T0, std::future::pending())
         .await
         .expect_err("the registration failed");
@@ -551,16 +569,7 @@ async fn an_agent_that_cannot_register_releases_its_spot_request_before_it_exits
     // request there (Ec2Instance::terminate_self), and a stopped one keeps it to start again.
     let w = World::default();
     register(&w, "i-v");
-    let deps = Deps {
-        metadata: FakeMetadata::new("i-v"),
-        inbox: &w.inbox,
-        jobs: &w.jobs,
-        registry: &w.registry,
-        checkpoints: &w.checkpoints,
-        objects: &w.objects,
-        instance: FakeInstance::default(),
-        launcher: &w.launcher,
-    };
+    let deps = own_deps(&w, "i-v");
     let r = run(&deps, &cfg(dir.path()), T0, std::future::pending()).await.unwrap();
     assert_eq!(r.exit, ExitReason::IdleTimeout);
     assert!(deps.instance.released().is_empty());
