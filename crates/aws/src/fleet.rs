@@ -398,9 +398,9 @@ impl Ec2Fleet {
     /// Spot Instance is launched, you must first cancel the Spot request", EC2 User Guide,
     /// "Terminate a Spot Instance"). Cancelling leaves the instances as they are.
     ///
-    /// The instances' requests are looked up (DescribeInstances), and of those the ones tagged
-    /// for this deployment kept (DescribeSpotInstanceRequests filtered by request id and
-    /// `onoff:managed`): a stoppable spot launch tags its persistent request
+    /// The instances' requests tagged for this deployment are looked up
+    /// (DescribeSpotInstanceRequests filtered by `instance-id` and `tag:onoff:managed`, as the
+    /// agent looks up its own): a stoppable spot launch tags its persistent request
     /// ([`Ec2Fleet::with_stoppable_spot`]), an instant fleet's spot instance has a one-time request
     /// that carries no tag and needs no cancel, and the functions' role may cancel only tagged
     /// requests (template.yaml, `CancelOnlyThisStacksSpotRequests`): a denied cancel would fail
@@ -411,48 +411,21 @@ impl Ec2Fleet {
     /// again). The requests of instances this fleet launched are known from their launch
     /// (`launched_requests`), whatever the lookups answer yet.
     async fn cancel_spot_requests(&self, ids: &[String]) -> Result<(), FleetError> {
-        let mut known: Vec<String> = {
+        let mut requests: Vec<String> = {
             let launched = self
                 .launched_requests
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             ids.iter().filter_map(|id| launched.get(id).cloned()).collect()
         };
-        let mut all: Vec<String> = Vec::new();
-        for batch in ids.chunks(crate::limits::MAX_FILTER_VALUES) {
-            let mut pages = self
-                .client
-                .describe_instances()
-                .filters(
-                    aws_sdk_ec2::types::Filter::builder()
-                        .name("instance-id")
-                        .set_values(Some(batch.to_vec()))
-                        .build(),
-                )
-                .into_paginator()
-                .send();
-            while let Some(page) = pages.next().await {
-                let page = page.map_err(|e| fleet_error(&e))?;
-                all.extend(
-                    page.reservations()
-                        .iter()
-                        .flat_map(|r| r.instances())
-                        .filter_map(|i| i.spot_instance_request_id().map(str::to_string)),
-                );
-            }
-        }
-        all.sort_unstable();
-        all.dedup();
-        all.retain(|r| !known.contains(r));
-        let mut requests: Vec<String> = std::mem::take(&mut known);
         // One filter value goes to the tag.
-        for batch in all.chunks(crate::limits::MAX_FILTER_VALUES - 1) {
+        for batch in ids.chunks(crate::limits::MAX_FILTER_VALUES - 1) {
             let mut pages = self
                 .client
                 .describe_spot_instance_requests()
                 .filters(
                     aws_sdk_ec2::types::Filter::builder()
-                        .name("spot-instance-request-id")
+                        .name("instance-id")
                         .set_values(Some(batch.to_vec()))
                         .build(),
                 )
@@ -473,6 +446,8 @@ impl Ec2Fleet {
                 );
             }
         }
+        requests.sort_unstable();
+        requests.dedup();
         for batch in requests.chunks(crate::limits::MAX_TERMINATE_IDS) {
             without_gone(batch, "sir-", |ids| async move {
                 self.client

@@ -402,26 +402,6 @@ fn instance_not_found(message: &str) -> String {
     )
 }
 
-/// DescribeInstances' answer listing `instances`, each (id, its spot request's id if any).
-fn instances_described(instances: &[(&str, Option<&str>)]) -> String {
-    let items: String = instances
-        .iter()
-        .map(|(id, sir)| {
-            let sir = sir.map_or(String::new(), |s| format!("<spotInstanceRequestId>{s}</spotInstanceRequestId>"));
-            format!("<item><instanceId>{id}</instanceId>{sir}<instanceState><code>16</code><name>running</name></instanceState></item>")
-        })
-        .collect();
-    let set = if items.is_empty() {
-        String::new()
-    } else {
-        format!("<item><reservationId>r-1</reservationId><ownerId>123456789012</ownerId><instancesSet>{items}</instancesSet></item>")
-    };
-    format!(
-        r#"<?xml version="1.0" encoding="UTF-8"?>
-<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>7a3ba8b4-0000-0000-0000-000000000015</requestId><reservationSet>{set}</reservationSet></DescribeInstancesResponse>"#
-    )
-}
-
 /// DescribeSpotInstanceRequests' answer listing the persistent requests `ids`.
 fn spot_requests_described(ids: &[&str]) -> String {
     let items: String = ids
@@ -458,7 +438,7 @@ async fn a_terminate_naming_gone_instances_goes_again_without_the_ids_ec2_named(
     // termination whole and names the two it does not know: the call goes again with the other
     // two, and that is all (before: one call per instance).
     let (url, seen) = ec2_answering_in_turn(vec![
-        (200, instances_described(&[])),
+        (200, spot_requests_described(&[])),
         (400, instance_not_found("The instance IDs 'i-2, i-3' do not exist")),
         (200, terminated(&["i-1", "i-4"])),
     ])
@@ -467,7 +447,11 @@ async fn a_terminate_naming_gone_instances_goes_again_without_the_ids_ec2_named(
     let seen = seen.lock().unwrap().clone();
     assert_eq!(
         actions(&seen),
-        ["DescribeInstances", "TerminateInstances", "TerminateInstances"],
+        [
+            "DescribeSpotInstanceRequests",
+            "TerminateInstances",
+            "TerminateInstances"
+        ],
         "{seen:?}"
     );
     assert!(
@@ -478,14 +462,14 @@ async fn a_terminate_naming_gone_instances_goes_again_without_the_ids_ec2_named(
     );
     // An answer that names none of the batch: one call per instance, not-found counting as done.
     let (url, seen) = ec2_answering_in_turn(vec![
-        (200, instances_described(&[])),
+        (200, spot_requests_described(&[])),
         (400, instance_not_found("The instance ID 'i-9' does not exist")),
     ])
     .await;
     fleet_no_retries(&url).terminate(&ids).await.expect("done");
     assert_eq!(seen.lock().unwrap().len(), 2 + ids.len());
     // Any other refusal is the call's error.
-    let (url, _) = ec2_answering_in_turn(vec![(200, instances_described(&[])), (503, THROTTLED.to_string())]).await;
+    let (url, _) = ec2_answering_in_turn(vec![(200, spot_requests_described(&[])), (503, THROTTLED.to_string())]).await;
     let e = fleet_no_retries(&url).terminate(&ids).await.expect_err("throttled");
     assert_eq!(e.kind, FleetErrorKind::Throttled, "{e:?}");
     // As is a failed lookup of the spot requests: nothing is terminated that would launch again.
@@ -514,7 +498,7 @@ async fn a_launch_cancelled_before_ec2_lists_it_still_cancels_its_spot_request()
     let (url, seen) = ec2_answering_in_turn(vec![
         (200, ran.to_string()),
         // Not listed yet.
-        (200, instances_described(&[])),
+        (200, spot_requests_described(&[])),
         (200, spot_requests_cancelled(&["sir-86k84j6p"])),
         (200, terminated(&["i-0c0ffee000000000a"])),
     ])
@@ -532,7 +516,7 @@ async fn a_launch_cancelled_before_ec2_lists_it_still_cancels_its_spot_request()
         actions(&seen),
         [
             "RunInstances",
-            "DescribeInstances",
+            "DescribeSpotInstanceRequests",
             "CancelSpotInstanceRequests",
             "TerminateInstances"
         ],
@@ -547,17 +531,9 @@ async fn a_terminate_cancels_only_this_deployments_spot_requests_whatever_the_fl
     // ends one launched while it did: its persistent request, tagged for the deployment, is
     // cancelled first, or EC2 launches it again once its instance is gone. The one-time request
     // of an instant fleet's spot instance is not the deployment's (untagged, and the functions'
-    // role may not cancel it): the lookup by tag leaves it out. EC2 makes spot request ids of
-    // letters and digits.
+    // role may not cancel it): the lookup asks EC2 for the deployment's tag, and EC2 answers the
+    // tagged request only. EC2 makes spot request ids of letters and digits.
     let (url, seen) = ec2_answering_in_turn(vec![
-        (
-            200,
-            instances_described(&[
-                ("i-1", Some("sir-86k84j6p")),
-                ("i-2", Some("sir-dryi1gcm")),
-                ("i-3", None),
-            ]),
-        ),
         (200, spot_requests_described(&["sir-86k84j6p"])),
         (200, spot_requests_cancelled(&["sir-86k84j6p"])),
         (200, terminated(&["i-1", "i-2", "i-3"])),
@@ -573,41 +549,33 @@ async fn a_terminate_cancels_only_this_deployments_spot_requests_whatever_the_fl
     assert_eq!(
         actions(&seen),
         [
-            "DescribeInstances",
             "DescribeSpotInstanceRequests",
             "CancelSpotInstanceRequests",
             "TerminateInstances"
         ],
         "{seen:?}"
     );
-    // The lookup: both requests by id, and the deployment's tag.
+    // The lookup: every instance by id, and the deployment's tag.
     assert!(
-        seen[1].contains("Filter.1.Name=spot-instance-request-id")
-            && seen[1].contains("Filter.1.Value.1=sir-86k84j6p")
-            && seen[1].contains("Filter.1.Value.2=sir-dryi1gcm")
-            && seen[1].contains("Filter.2.Name=tag%3Aonoff%3Amanaged")
-            && seen[1].contains("Filter.2.Value.1=st"),
+        seen[0].contains("Filter.1.Name=instance-id")
+            && seen[0].contains("Filter.1.Value.1=i-1")
+            && seen[0].contains("Filter.1.Value.2=i-2")
+            && seen[0].contains("Filter.1.Value.3=i-3")
+            && seen[0].contains("Filter.2.Name=tag%3Aonoff%3Amanaged")
+            && seen[0].contains("Filter.2.Value.1=st"),
         "{seen:?}"
     );
     assert!(
-        seen[2].contains("SpotInstanceRequestId.1=sir-86k84j6p") && !seen[2].contains("sir-dryi1gcm"),
+        seen[1].contains("SpotInstanceRequestId.1=sir-86k84j6p") && !seen[1].contains("sir-dryi1gcm"),
         "{seen:?}"
     );
     // Nothing tagged: no cancel at all.
-    let (url, seen) = ec2_answering_in_turn(vec![
-        (200, instances_described(&[("i-2", Some("sir-dryi1gcm"))])),
-        (200, spot_requests_described(&[])),
-        (200, terminated(&["i-2"])),
-    ])
-    .await;
+    let (url, seen) =
+        ec2_answering_in_turn(vec![(200, spot_requests_described(&[])), (200, terminated(&["i-2"]))]).await;
     fleet_no_retries(&url).terminate(&ids[1..2]).await.expect("done");
     assert_eq!(
         actions(&seen.lock().unwrap()),
-        [
-            "DescribeInstances",
-            "DescribeSpotInstanceRequests",
-            "TerminateInstances"
-        ]
+        ["DescribeSpotInstanceRequests", "TerminateInstances"]
     );
 }
 
@@ -620,10 +588,6 @@ async fn a_cancel_naming_a_gone_spot_request_still_cancels_the_others_of_its_bat
     let gone = r#"<?xml version="1.0" encoding="UTF-8"?>
 <Response><Errors><Error><Code>InvalidSpotInstanceRequestID.NotFound</Code><Message>The spot instance request ID 'sir-k3x9q7mz' does not exist</Message></Error></Errors><RequestID>7a3ba8b4-0000-0000-0000-000000000017</RequestID></Response>"#;
     let (url, seen) = ec2_answering_in_turn(vec![
-        (
-            200,
-            instances_described(&[("i-1", Some("sir-k3x9q7mz")), ("i-2", Some("sir-0a2"))]),
-        ),
         (200, spot_requests_described(&["sir-k3x9q7mz", "sir-0a2"])),
         (400, gone.to_string()),
         (200, spot_requests_cancelled(&["sir-0a2"])),
@@ -640,7 +604,6 @@ async fn a_cancel_naming_a_gone_spot_request_still_cancels_the_others_of_its_bat
     assert_eq!(
         actions(&seen),
         [
-            "DescribeInstances",
             "DescribeSpotInstanceRequests",
             "CancelSpotInstanceRequests",
             "CancelSpotInstanceRequests",
@@ -649,7 +612,7 @@ async fn a_cancel_naming_a_gone_spot_request_still_cancels_the_others_of_its_bat
         "{seen:?}"
     );
     assert!(
-        seen[3].contains("SpotInstanceRequestId.1=sir-0a2") && !seen[3].contains("sir-k3x9q7mz"),
+        seen[2].contains("SpotInstanceRequestId.1=sir-0a2") && !seen[2].contains("sir-k3x9q7mz"),
         "{seen:?}"
     );
 }

@@ -2978,7 +2978,9 @@ async fn stoppable_spot_launches_persistent_requests_that_stop_start_and_termina
     let before = sent.0.lock().unwrap().len();
     fleet.terminate(&ids).await.unwrap();
     let after: Vec<String> = sent.0.lock().unwrap()[before..].to_vec();
-    let describe = after.iter().position(|b| b.contains("Action=DescribeInstances"));
+    let describe = after
+        .iter()
+        .position(|b| b.contains("Action=DescribeSpotInstanceRequests"));
     let terminate = after.iter().position(|b| b.contains("Action=TerminateInstances"));
     assert!(describe.is_some() && describe < terminate, "{after:?}");
     for id in ids {
@@ -2987,8 +2989,9 @@ async fn stoppable_spot_launches_persistent_requests_that_stop_start_and_termina
 }
 
 /// A terminate of more stoppable spot workers than EC2 takes filter values in one lookup: their
-/// persistent requests are looked up in batches of at most 200 instance ids (EC2 refuses more
-/// with `FilterLimitExceeded`, which `AwsLimits` holds), and every instance ends.
+/// persistent requests are looked up with at most 200 filter values, 199 instance ids and the
+/// deployment's tag (EC2 refuses more with `FilterLimitExceeded`, which `AwsLimits` holds), and
+/// every instance ends.
 #[tokio::test]
 async fn terminating_more_than_200_stoppable_spot_workers_looks_them_up_200_at_a_time() {
     let c = clients().await;
@@ -3011,10 +3014,10 @@ async fn terminating_more_than_200_stoppable_spot_workers_looks_them_up_200_at_a
     let after: Vec<String> = sent.0.lock().unwrap()[before..].to_vec();
     let lookups: Vec<usize> = after
         .iter()
-        .filter(|b| b.contains("Action=DescribeInstances") && b.contains("Filter.1.Name=instance-id"))
+        .filter(|b| b.contains("Action=DescribeSpotInstanceRequests") && b.contains("Filter.1.Name=instance-id"))
         .map(|b| b.matches("Filter.1.Value.").count())
         .collect();
-    assert_eq!(lookups, vec![onoff_aws::limits::MAX_FILTER_VALUES, 1], "{after:?}");
+    assert_eq!(lookups, vec![onoff_aws::limits::MAX_FILTER_VALUES - 1, 2], "{after:?}");
     let listed = onoff_control::ports::FleetLister::list_managed(&fleet).await.unwrap();
     assert!(
         !listed.iter().any(|i| ids.contains(&i.instance_id)),
