@@ -1427,6 +1427,66 @@ fn the_active_jobs_index_is_the_one_the_code_scans_and_the_functions_may_scan_it
     assert!(allows(&statements, "dynamodb:Scan", &index_arn), "{index_arn}");
 }
 
+/// The arrivals index (every job by lane and creation time, the spec projected) is the one
+/// `crates/aws/src/jobs.rs` queries and `crates/aws/src/provision.rs` creates for the local
+/// stack, and only a reconcile run (the scaler and the reconciler, which hold `LaunchAccess`) may
+/// query it.
+#[test]
+fn the_arrivals_index_is_the_one_the_code_queries_and_reconcile_runs_may_query_it() {
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    let code = read("crates/aws/src/jobs.rs");
+    let name = code
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("pub const ARRIVALS_INDEX: &str = \""))
+        .and_then(|rest| rest.strip_suffix("\";"))
+        .expect("ARRIVALS_INDEX in crates/aws/src/jobs.rs");
+    let table = &t["Resources"]["JobsTable"]["Properties"];
+    let index = table["GlobalSecondaryIndexes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|i| i["IndexName"] == name))
+        .unwrap_or_else(|| panic!("JobsTable has no index {name:?}"));
+    let keys: Vec<(String, String)> = index["KeySchema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (scalar_text(&k["AttributeName"]), scalar_text(&k["KeyType"])))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("lane".to_string(), "HASH".to_string()),
+            ("created_at".into(), "RANGE".into())
+        ]
+    );
+    assert_eq!(index["Projection"]["ProjectionType"], "INCLUDE");
+    assert_eq!(index["Projection"]["NonKeyAttributes"], json!(["spec"]));
+    // Key attributes typed as the code writes them: the lane a string, the creation time a number.
+    let types: Vec<(String, String)> = table["AttributeDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (scalar_text(&d["AttributeName"]), scalar_text(&d["AttributeType"])))
+        .collect();
+    assert!(types.contains(&("lane".into(), "S".into())), "{types:?}");
+    assert!(types.contains(&("created_at".into(), "N".into())), "{types:?}");
+    let provision = read("crates/aws/src/provision.rs");
+    assert!(
+        provision.contains("crate::jobs::ARRIVALS_INDEX") && provision.contains("number(\"created_at\")"),
+        "the local stack's jobs table has the index"
+    );
+    let index_arn = format!("<JobsTable.Arn>/index/{name}");
+    let launch = &t["Resources"]["LaunchAccess"]["Properties"]["PolicyDocument"]["Statement"];
+    let launch = stack.eval(launch).as_array().cloned().unwrap();
+    assert!(allows(&launch, "dynamodb:Query", &index_arn), "{index_arn}");
+    let state = &t["Resources"]["StateAccess"]["Properties"]["PolicyDocument"]["Statement"];
+    let state = stack.eval(state).as_array().cloned().unwrap();
+    assert!(
+        !allows(&state, "dynamodb:Query", &index_arn),
+        "submit and interruption read no arrivals"
+    );
+}
+
 /// Launch rights only where launches happen (issue 10): submit and interruption may not launch,
 /// terminate or pass a role (they ask the scaler, `lambda:InvokeFunction` on it and nothing
 /// else); the scaler and the reconciler may. Fails on a template where every function holds the

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, ReturnValue};
 use onoff_control::job::{bounded_reason, JobSpec, JobState, OutputsRecord, Settle, CANCELLED_REASON};
 use onoff_control::ports::{
-    CancelOutcome, Claim, Created, JobQueue, JobRecord, JobStore, Listing, Renewal, StoreError,
+    ArrivalRecord, CancelOutcome, Claim, Created, JobQueue, JobRecord, JobStore, Listing, Renewal, StoreError,
 };
 
 use crate::dynamo::{batch_get, condition_failed, epoch_s, n, s, store_error, BATCH_GET_MAX_KEYS};
@@ -41,6 +41,31 @@ pub const FINISHED_JOB_TTL_S: f64 = 90.0 * 86_400.0;
 /// The sparse global secondary index of active jobs: partition key `active_lane`, sort key
 /// `job_id`, every attribute projected. template.yaml and [`crate::provision`] create it.
 pub const ACTIVE_INDEX: &str = "active";
+
+/// The global secondary index of every job by lane and creation time: partition key `lane`,
+/// sort key `created_at`, `spec` projected (a job's row changes its state, never these three, so
+/// its state changes write nothing to the index). The reconciler reads the arrivals of the
+/// policy's look-back and those since its last run from it (finished jobs too, which the
+/// [`ACTIVE_INDEX`] drops). Error records have no `lane` and are not in it. template.yaml and
+/// [`crate::provision`] create it.
+pub const ARRIVALS_INDEX: &str = "arrivals";
+
+/// Parse an item of the [`ARRIVALS_INDEX`].
+fn arrival_from_item(item: &HashMap<String, AttributeValue>) -> Result<ArrivalRecord, StoreError> {
+    let id = key_of(item);
+    let bad = |k: &str| StoreError::Malformed(format!("job item {id} lacks a valid {k}"));
+    let spec = item
+        .get("spec")
+        .and_then(|v| v.as_s().ok())
+        .and_then(|t| serde_json::from_str::<JobSpec>(t).ok())
+        .ok_or_else(|| bad("spec"))?;
+    let created_at = item
+        .get("created_at")
+        .and_then(|v| v.as_n().ok())
+        .and_then(|v| v.parse::<f64>().ok())
+        .ok_or_else(|| bad("created_at"))?;
+    Ok(ArrivalRecord { id, created_at, spec })
+}
 
 /// Parse a stored job item.
 ///
@@ -424,6 +449,35 @@ impl JobStore for DynamoJobs {
                 }
             }
         }
+        Ok(out)
+    }
+
+    async fn arrivals(&self, lane: &str, after: f64) -> Result<Listing<ArrivalRecord>, StoreError> {
+        let mut out = Listing::default();
+        let mut pages = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(ARRIVALS_INDEX)
+            .key_condition_expression("#l = :l AND #c > :a")
+            .expression_attribute_names("#l", "lane")
+            .expression_attribute_names("#c", "created_at")
+            .expression_attribute_values(":l", s(lane))
+            .expression_attribute_values(":a", n(after))
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| store_error("query arrivals", &e))?;
+            for item in page.items() {
+                match arrival_from_item(item) {
+                    Ok(a) => out.items.push(a),
+                    Err(e) => out.unreadable.push((key_of(item), e.to_string())),
+                }
+            }
+        }
+        // The index sorts by creation time; ties (same number) in any order: by id here, as the fake.
+        out.items
+            .sort_by(|a, b| a.created_at.total_cmp(&b.created_at).then_with(|| a.id.cmp(&b.id)));
         Ok(out)
     }
 

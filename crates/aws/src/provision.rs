@@ -69,7 +69,8 @@ pub struct Provisioned {
 pub const MAX_RETENTION_S: u32 = 1_209_600;
 
 /// Create the jobs table `name`: key `job_id`, the sparse [`crate::jobs::ACTIVE_INDEX`] on
-/// `active_lane` / `job_id`, TTL on `expires_at` (as template.yaml).
+/// `active_lane` / `job_id`, the [`crate::jobs::ARRIVALS_INDEX`] on `lane` / `created_at`, TTL on
+/// `expires_at` (as template.yaml).
 ///
 /// # Errors
 /// [`ProvisionError`] naming the table.
@@ -96,14 +97,36 @@ pub async fn jobs_table(c: &Clients, name: &str) -> Result<(), ProvisionError> {
         .projection(Projection::builder().projection_type(ProjectionType::All).build())
         .build()
         .map_err(|e| perr(name, e))?;
+    let arrivals = GlobalSecondaryIndex::builder()
+        .index_name(crate::jobs::ARRIVALS_INDEX)
+        .key_schema(key("lane", KeyType::Hash)?)
+        .key_schema(key("created_at", KeyType::Range)?)
+        .projection(
+            Projection::builder()
+                .projection_type(ProjectionType::Include)
+                .non_key_attributes("spec")
+                .build(),
+        )
+        .build()
+        .map_err(|e| perr(name, e))?;
+    let number = |a: &str| {
+        AttributeDefinition::builder()
+            .attribute_name(a)
+            .attribute_type(ScalarAttributeType::N)
+            .build()
+            .map_err(|e| perr(name, e))
+    };
     c.dynamodb
         .create_table()
         .table_name(name)
         .billing_mode(BillingMode::PayPerRequest)
         .attribute_definitions(attr("job_id")?)
         .attribute_definitions(attr("active_lane")?)
+        .attribute_definitions(attr("lane")?)
+        .attribute_definitions(number("created_at")?)
         .key_schema(key("job_id", KeyType::Hash)?)
         .global_secondary_indexes(index)
+        .global_secondary_indexes(arrivals)
         .send()
         .await
         .map_err(|e| perr(format!("table {name}"), aws_sdk_dynamodb::error::DisplayErrorContext(e)))?;

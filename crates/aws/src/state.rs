@@ -8,7 +8,8 @@
 //! once a worker is terminating; `closed_runs_s` (seconds it ran in its runs a stop ended) and,
 //! while its last run is ended by a stop, `stopped_at` (`onoff cost` prices a worker's instance
 //! time with them, [`instance_run_s`]). Control table (key `pk`): `unavailable#<type>#<zone>#<capacity>` items with
-//! `until` and `expires_at`; `lease#<name>` items with `owner` and `until`; `event#<id>` items (with `expires_at`) for events already handled.
+//! `until` and `expires_at`; `lease#<name>` items with `owner` and `until`; `event#<id>` items (with `expires_at`) for events already handled;
+//! `arrivals#<lane>` items with `folded_to` and `stats` (the lane's [`ArrivalStats`] as JSON).
 
 use std::collections::HashMap;
 
@@ -19,8 +20,8 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailur
 
 use crate::dynamo::{condition_failed, epoch_s, n, s, store_error};
 use onoff_control::ports::{
-    Asks, Listing, OfferingAvailability, ScaleAsk, StoreError, WorkerRecord, WorkerRegistry, MAX_ASKED_JOBS,
-    MAX_ASKED_JOB_ID_BYTES, MAX_KEPT_ASKED_JOBS,
+    ArrivalStats, Asks, Listing, OfferingAvailability, ScaleAsk, StoreError, WorkerRecord, WorkerRegistry,
+    MAX_ASKED_JOBS, MAX_ASKED_JOB_ID_BYTES, MAX_KEPT_ASKED_JOBS,
 };
 use onoff_policy::{CapacityType, OfferingKey, UnavailableOffering, WorkerState};
 
@@ -955,6 +956,53 @@ impl onoff_control::ports::EventLog for DynamoControl {
             Ok(_) => Ok(true),
             Err(e) if condition_failed(&e) => Ok(false),
             Err(e) => Err(store_error("record event", &e)),
+        }
+    }
+}
+
+/// Key of a lane's kept arrival statistics in the control table.
+fn arrival_stats_pk(lane: &str) -> String {
+    format!("arrivals#{lane}")
+}
+
+impl onoff_control::ports::ArrivalStatsStore for DynamoControl {
+    async fn load_arrival_stats(&self, lane: &str) -> Result<Option<ArrivalStats>, StoreError> {
+        let Some(item) = self.item(arrival_stats_pk(lane), "read arrival stats").await? else {
+            return Ok(None);
+        };
+        let text = item
+            .get("stats")
+            .and_then(|v| v.as_s().ok())
+            .ok_or_else(|| StoreError::Malformed(format!("arrival stats of {lane} lack stats")))?;
+        serde_json::from_str(text)
+            .map(Some)
+            .map_err(|e| StoreError::Malformed(format!("arrival stats of {lane}: {e}")))
+    }
+
+    async fn save_arrival_stats(
+        &self,
+        lane: &str,
+        stats: &ArrivalStats,
+        previous: Option<f64>,
+    ) -> Result<bool, StoreError> {
+        let text = serde_json::to_string(stats).map_err(|e| StoreError::Other(format!("encode arrival stats: {e}")))?;
+        let mut put = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", s(arrival_stats_pk(lane)))
+            .item("folded_to", n(stats.folded_to))
+            .item("stats", s(text));
+        put = match previous {
+            None => put.condition_expression("attribute_not_exists(pk)"),
+            Some(p) => put
+                .condition_expression("folded_to = :p")
+                .expression_attribute_values(":p", n(p)),
+        };
+        match put.send().await {
+            Ok(_) => Ok(true),
+            Err(e) if condition_failed(&e) => Ok(false),
+            Err(e) => Err(store_error("save arrival stats", &e)),
         }
     }
 }

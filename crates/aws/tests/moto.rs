@@ -808,6 +808,28 @@ async fn the_event_log_reads_without_recording() {
     assert!(!ctl.first_time("e-1", 1_700_000_001.0).await.unwrap());
 }
 
+/// The arrivals index lists every job of a lane, finished ones too, in creation order: the same
+/// steps the fake's test runs (crates/control/tests/contract.rs), on the table as the local stack
+/// provisions it (template.yaml's indexes).
+#[tokio::test]
+async fn the_arrivals_index_lists_every_job_of_a_lane() {
+    let c = clients().await;
+    let name = unique("jobs");
+    onoff_aws::provision::jobs_table(&c, &name).await.unwrap();
+    let jobs = onoff_aws::jobs::DynamoJobs::new(c.dynamodb.clone(), &name);
+    contract::arrivals_list_every_job_of_the_lane(&jobs, || async {}, "arr", 1_700_000_000.0).await;
+}
+
+/// A lane's arrival statistics kept in the control table: the fake's steps.
+#[tokio::test]
+async fn arrival_stats_are_kept_over_what_was_read() {
+    let c = clients().await;
+    let name = unique("control");
+    table(&c, &name, "pk").await;
+    let ctl = DynamoControl::new(c.dynamodb.clone(), &name);
+    contract::arrival_stats_are_kept_over_what_was_read(&ctl, "standard").await;
+}
+
 #[tokio::test]
 async fn unavailable_offerings_keep_the_latest_expiry() {
     let c = clients().await;

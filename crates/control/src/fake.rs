@@ -744,10 +744,37 @@ impl crate::ports::EventLog for FakeEventLog {
     }
 }
 
-/// Unavailable offerings in memory.
+/// Unavailable offerings in memory, and the lanes' kept arrival statistics.
 #[derive(Debug, Default)]
 pub struct FakeAvailability {
     until: Mutex<BTreeMap<OfferingKey, f64>>,
+    arrival_stats: Mutex<BTreeMap<String, crate::ports::ArrivalStats>>,
+}
+
+impl crate::ports::ArrivalStatsStore for FakeAvailability {
+    async fn load_arrival_stats(&self, lane: &str) -> Result<Option<crate::ports::ArrivalStats>, StoreError> {
+        // Through JSON, as the DynamoDB adapter keeps them: what does not survive that fails here too.
+        let kept = self.arrival_stats.lock().expect("lock").get(lane).cloned();
+        kept.map(|k| {
+            let text = serde_json::to_string(&k).map_err(|e| StoreError::Other(format!("encode: {e}")))?;
+            serde_json::from_str(&text).map_err(|e| StoreError::Malformed(format!("arrival stats of {lane}: {e}")))
+        })
+        .transpose()
+    }
+
+    async fn save_arrival_stats(
+        &self,
+        lane: &str,
+        stats: &crate::ports::ArrivalStats,
+        previous: Option<f64>,
+    ) -> Result<bool, StoreError> {
+        let mut m = self.arrival_stats.lock().expect("lock");
+        if m.get(lane).map(|k| k.folded_to) != previous {
+            return Ok(false);
+        }
+        m.insert(lane.to_string(), stats.clone());
+        Ok(true)
+    }
 }
 
 impl FakeAvailability {
@@ -938,6 +965,8 @@ pub struct FakeJobs {
     index: Mutex<Option<Vec<crate::ports::JobRecord>>>,
     /// The next [`crate::ports::JobStore::get_many`] fails with this.
     fail_get_many: Mutex<Option<StoreError>>,
+    /// The next [`crate::ports::JobStore::arrivals`] fails with this.
+    fail_arrivals: Mutex<Option<StoreError>>,
     /// Writes whose answers are lost: see [`FakeJobs::lose_next_answer`].
     answers: LostAnswers,
 }
@@ -1011,6 +1040,13 @@ impl FakeJobs {
     /// `BatchGetItem` failing, or keys left unprocessed through every retry), other calls not.
     pub fn fail_next_get_many(&self, err: StoreError) {
         *self.fail_get_many.lock().expect("lock") = Some(err);
+    }
+
+    /// The next listing of arrivals ([`crate::ports::JobStore::arrivals`]) fails with `err`
+    /// (DynamoDB's answer while the arrivals index is still being built after a stack update),
+    /// other calls not.
+    pub fn fail_next_arrivals(&self, err: StoreError) {
+        *self.fail_arrivals.lock().expect("lock") = Some(err);
     }
 
     /// Put an active row that does not parse (a hand-edited item): listed as unreadable,
@@ -1284,6 +1320,36 @@ impl crate::ports::JobStore for FakeJobs {
             .map(|(id, p)| (id.clone(), p.clone()))
             .collect();
         Ok(crate::ports::Listing { items, unreadable })
+    }
+
+    async fn arrivals(
+        &self,
+        lane: &str,
+        after: f64,
+    ) -> Result<crate::ports::Listing<crate::ports::ArrivalRecord>, StoreError> {
+        self.injected()?;
+        if let Some(e) = self.fail_arrivals.lock().expect("lock").take() {
+            return Err(e);
+        }
+        // Every job, finished ones too (an unreadable row's lane is unknown here: not listed).
+        let mut items: Vec<crate::ports::ArrivalRecord> = self
+            .jobs
+            .lock()
+            .expect("lock")
+            .values()
+            .filter(|r| r.spec.lane == lane && r.created_at > after)
+            .map(|r| crate::ports::ArrivalRecord {
+                id: r.id.clone(),
+                created_at: r.created_at,
+                spec: r.spec.clone(),
+            })
+            .collect();
+        // The index's sort key is the creation time alone: ties in any order (here by id).
+        items.sort_by(|a, b| a.created_at.total_cmp(&b.created_at).then_with(|| a.id.cmp(&b.id)));
+        Ok(crate::ports::Listing {
+            items,
+            unreadable: Vec::new(),
+        })
     }
 
     async fn record_progress(

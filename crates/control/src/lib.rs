@@ -22,6 +22,7 @@
 
 pub mod act;
 pub mod admission;
+pub mod arrivals;
 pub mod boundary;
 pub mod catalog;
 pub mod emf;

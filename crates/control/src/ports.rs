@@ -547,6 +547,55 @@ pub trait OfferingAvailability {
     async fn list_unavailable(&self, now: f64) -> Result<Vec<onoff_policy::UnavailableOffering>, StoreError>;
 }
 
+/// The arrival statistics a lane's decisions keep between reconcile runs: the gaps and declared
+/// run times of every arrival folded in so far ([`onoff_policy::observation::ShapeGaps`] per
+/// GPUs-per-instance shape, decaying with a one-day half-life), and the creation time of the
+/// last arrival folded. The simulator keeps the same statistics in memory, arrival by arrival;
+/// the deployed reconciler folds the arrivals created since `folded_to` on each run and keeps
+/// the result here ([`ArrivalStatsStore`]), so both decide on the same gaps.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ArrivalStats {
+    /// Creation time of the last arrival folded, unix seconds (0: none yet).
+    pub folded_to: f64,
+    /// Gap and run-time statistics per GPUs-per-instance shape.
+    pub gaps: std::collections::BTreeMap<u32, onoff_policy::observation::ShapeGaps>,
+}
+
+/// Where the reconciler keeps each lane's [`ArrivalStats`] between runs (DynamoDB: an item of
+/// the control table).
+#[allow(async_fn_in_trait)]
+pub trait ArrivalStatsStore {
+    /// The statistics kept for `lane`; `None` before the first save.
+    ///
+    /// # Errors
+    /// Store failures; [`StoreError::Malformed`] for a kept item that does not parse.
+    async fn load_arrival_stats(&self, lane: &str) -> Result<Option<ArrivalStats>, StoreError>;
+
+    /// Keep `stats` for `lane` if the kept statistics are still those folded to `previous`
+    /// (`None`: none kept yet), so that two runs never fold the same arrivals twice. `false`
+    /// when another run saved first (nothing written).
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn save_arrival_stats(
+        &self,
+        lane: &str,
+        stats: &ArrivalStats,
+        previous: Option<f64>,
+    ) -> Result<bool, StoreError>;
+}
+
+/// One job's arrival, as the jobs table's arrivals index lists it: finished jobs too.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArrivalRecord {
+    /// Job id.
+    pub id: String,
+    /// When the job was created, unix seconds.
+    pub created_at: f64,
+    /// Its spec (the shape and the declared run time are what the policy reads).
+    pub spec: crate::job::JobSpec,
+}
+
 /// One job as the jobs table keeps it: the only truth about the job. Queue messages only wake
 /// workers up; see docs/control-plane.md, "Job lifecycle".
 #[derive(Debug, Clone, PartialEq)]
@@ -741,6 +790,17 @@ pub trait JobStore {
     /// # Errors
     /// Store failures.
     async fn active(&self) -> Result<Listing<JobRecord>, StoreError>;
+
+    /// Every job of `lane` created after `after` (unix seconds, exclusive), finished or not, in
+    /// creation order: the arrivals the policy's statistics are made of (DynamoDB: the
+    /// `arrivals` index, eventually consistent, so a job created in the last second or so may be
+    /// missing). Error records are not jobs and are not listed. Rows that do not parse are
+    /// skipped and listed in [`Listing::unreadable`].
+    ///
+    /// # Errors
+    /// Store failures (on DynamoDB also an index still being built after an update of the
+    /// stack).
+    async fn arrivals(&self, lane: &str, after: f64) -> Result<Listing<ArrivalRecord>, StoreError>;
 
     /// While `owner` holds the lease: set the job's last complete checkpoint (an S3 prefix) and
     /// its cost so far, `cost_usd` ($, every attempt's: the cost the claim returned plus this
@@ -1131,6 +1191,9 @@ impl<T: JobStore> JobStore for &T {
     }
     async fn active(&self) -> Result<Listing<JobRecord>, StoreError> {
         (**self).active().await
+    }
+    async fn arrivals(&self, lane: &str, after: f64) -> Result<Listing<ArrivalRecord>, StoreError> {
+        (**self).arrivals(lane, after).await
     }
     async fn get_many(&self, ids: &[String]) -> Result<Listing<JobRecord>, StoreError> {
         (**self).get_many(ids).await

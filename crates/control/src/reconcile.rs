@@ -30,8 +30,8 @@ use onoff_policy::{
 use crate::act::{act, ActContext, ActOutcome};
 use crate::job::{AttemptEnd, JobSpec, JobState, RerunLimits, Settle};
 use crate::ports::{
-    wake, Backlog, Fleet, FleetInstance, FleetLister, JobQueue, JobRecord, JobStore, OfferingAvailability, StoreError,
-    WorkerRecord, WorkerRegistry, MAX_ASKED_JOBS,
+    wake, ArrivalStatsStore, Backlog, Fleet, FleetInstance, FleetLister, JobQueue, JobRecord, JobStore,
+    OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry, MAX_ASKED_JOBS,
 };
 use crate::quota::{without_full_quotas, QuotaMark};
 
@@ -131,6 +131,8 @@ pub struct ReconcileReport {
     /// The asked jobs could not be read by id (the read failed: among the errors): they stay
     /// asked for, so a later run reads them ([`reconcile_exclusive`] does not forget them).
     pub asked_jobs_unread: bool,
+    /// Arrivals folded into the lanes' kept statistics by this run ([`crate::arrivals`]).
+    pub arrivals_folded: usize,
 }
 
 /// End the lease of a RUNNING job whose lease expired or whose worker is lost: QUEUED with a
@@ -404,7 +406,7 @@ where
     W: WorkerRegistry,
     J: JobStore,
     F: Fleet + FleetLister,
-    A: OfferingAvailability,
+    A: OfferingAvailability + ArrivalStatsStore,
 {
     reconcile_asked(cfg, offerings, opts, now, &[], queues, workers, jobs, fleet, avail).await
 }
@@ -485,7 +487,7 @@ where
     W: WorkerRegistry,
     J: JobStore,
     F: Fleet + FleetLister,
-    A: OfferingAvailability,
+    A: OfferingAvailability + ArrivalStatsStore,
 {
     let mut report = ReconcileReport::default();
     let listed = workers.list_live().await?;
@@ -646,19 +648,49 @@ where
                 _ => {}
             }
         }
-        let mut arrivals: Vec<(f64, u32, Option<f64>)> = active
-            .iter()
-            .filter(|j| {
-                j.spec.lane == lane.name && now - j.created_at <= onoff_policy::observation::RECENT_ARRIVALS_KEPT_S
-            })
-            .map(|j| {
-                let g = shape(&mut shapes, &j.spec, opts.max_gpus_per_instance, offerings, cfg).0;
-                (j.created_at, g, j.spec.est_runtime_s)
-            })
-            .collect();
-        arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
-        for (t, g, runtime) in arrivals {
-            lo.record_arrival_with_runtime(g, t, runtime);
+        // The lane's arrivals as the simulator sees them: every job's, kept statistics folded
+        // run by run (crate::arrivals). The policy reads the look-back of the predictive pool
+        // only while the pool is on.
+        let lookback_s = if lane.predictive_max > 0 {
+            lane.predictive_lookback_s + lane.predictive_window_s
+        } else {
+            0.0
+        };
+        let observed = crate::arrivals::observe(jobs, avail, &lane.name, lookback_s, now, |a| {
+            shape(&mut shapes, &a.spec, opts.max_gpus_per_instance, offerings, cfg).0
+        })
+        .await;
+        match observed {
+            Ok(o) => {
+                lo.gaps = o.lane.gaps;
+                lo.recent_arrivals = o.lane.recent_arrivals;
+                report.arrivals_folded += o.folded;
+                report.unreadable.extend(o.unreadable);
+                report.errors.extend(o.errors);
+            }
+            Err(e) => {
+                // Without the index (an update of the stack still building it) or the kept
+                // statistics: the unfinished jobs of the last 6 h, as before the index.
+                report.errors.push(format!(
+                    "read the arrivals of lane {}: {e}; deciding on the unfinished jobs' arrivals",
+                    lane.name
+                ));
+                let mut arrivals: Vec<(f64, u32, Option<f64>)> = active
+                    .iter()
+                    .filter(|j| {
+                        j.spec.lane == lane.name
+                            && now - j.created_at <= onoff_policy::observation::RECENT_ARRIVALS_KEPT_S
+                    })
+                    .map(|j| {
+                        let g = shape(&mut shapes, &j.spec, opts.max_gpus_per_instance, offerings, cfg).0;
+                        (j.created_at, g, j.spec.est_runtime_s)
+                    })
+                    .collect();
+                arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+                for (t, g, runtime) in arrivals {
+                    lo.record_arrival_with_runtime(g, t, runtime);
+                }
+            }
         }
         lanes.push(lo);
     }
@@ -886,7 +918,7 @@ where
     W: WorkerRegistry,
     J: JobStore,
     F: Fleet + FleetLister,
-    A: OfferingAvailability,
+    A: OfferingAvailability + ArrivalStatsStore,
     L: crate::ports::Lease,
 {
     if !lease.acquire(RECONCILE_LEASE, owner, lease_ttl_s, now).await? {

@@ -74,3 +74,20 @@ fn the_fake_lease_keeps_the_lease_contract() {
         contract::asked_jobs_are_kept_with_the_count_and_forgotten_by_id(&FakeLease::default()).await;
     });
 }
+
+#[test]
+fn the_fake_jobs_table_lists_every_arrival_of_a_lane() {
+    let jobs = FakeJobs::default();
+    pollster::block_on(contract::arrivals_list_every_job_of_the_lane(
+        &jobs,
+        || std::future::ready(()),
+        "arr",
+        1_700_000_000.0,
+    ));
+}
+
+#[test]
+fn the_fake_keeps_arrival_stats_over_what_was_read() {
+    let store = onoff_control::fake::FakeAvailability::default();
+    pollster::block_on(contract::arrival_stats_are_kept_over_what_was_read(&store, "standard"));
+}

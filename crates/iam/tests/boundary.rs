@@ -606,6 +606,31 @@ fn only_the_scaler_and_reaper_stop_and_start_and_only_this_stacks_workers() {
     }
 }
 
+/// A reconcile run reads every job's arrival (the arrivals index) and keeps the lanes' arrival
+/// statistics in the control table; the functions that only ask for a run read no arrivals.
+#[test]
+fn only_reconcile_runs_read_the_arrivals_and_keep_their_statistics() {
+    let a = authorizer();
+    let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
+    let control = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-control");
+    let query = Request::new("dynamodb:Query", &format!("{jobs}/index/arrivals"))
+        .with_many("dynamodb:LeadingKeys", &["standard"]);
+    let keep = |action: &str| Request::new(action, &control).with_many("dynamodb:LeadingKeys", &["arrivals#standard"]);
+    for p in [Principal::Scaler, Principal::Reconciler] {
+        let c = a.caller(p).unwrap();
+        assert_allowed(&a, &c, query.clone());
+        assert_allowed(&a, &c, keep("dynamodb:GetItem"));
+        assert_allowed(&a, &c, keep("dynamodb:PutItem"));
+        // Not the table itself, nor the other index.
+        assert_denied(&a, &c, Request::new("dynamodb:Query", &jobs));
+        assert_denied(&a, &c, Request::new("dynamodb:Query", &format!("{jobs}/index/active")));
+    }
+    for p in [Principal::Submit, Principal::Interruption] {
+        let c = a.caller(p).unwrap();
+        assert_denied(&a, &c, query.clone());
+    }
+}
+
 #[test]
 fn submit_and_interruption_may_ask_only_the_scaler() {
     let a = authorizer();

@@ -167,8 +167,15 @@ pub struct GapHistogram {
     weights: Vec<f64>,
     total_weight: f64,
     samples: u64,
-    /// Time the weights are relative to, seconds.
+    /// Time the weights are relative to, seconds; NaN until the first record (written as JSON
+    /// `null`, which is how serde_json writes a NaN, and read back as NaN).
+    #[serde(deserialize_with = "nan_from_null")]
     epoch: f64,
+}
+
+/// A number, or NaN for `null` (serde_json writes NaN as `null` and refuses `null` for an `f64`).
+fn nan_from_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// Upper edge of the first gap bucket, seconds.
@@ -393,6 +400,15 @@ impl LaneObservation {
         if let Some(d) = &mut self.demand_windows {
             d.record(at, gpus, runtime_s);
         }
+        self.record_recent_arrival(gpus, at, runtime_s);
+    }
+
+    /// Record an arrival among the [`LaneObservation::recent_arrivals`] only, its gap and run
+    /// time left out of [`LaneObservation::gaps`]: for a caller that keeps the gaps elsewhere and
+    /// has recorded this arrival's there already (the deployed reconciler, which folds each
+    /// arrival into its kept statistics once and reads the look-back afresh on every run).
+    /// Record arrivals in time order.
+    pub fn record_recent_arrival(&mut self, gpus: u32, at: f64, runtime_s: Option<f64>) {
         self.recent_arrivals.push_back(Arrival { at, gpus, runtime_s });
         while self
             .recent_arrivals

@@ -7,7 +7,8 @@ use onoff_aws::settings::{Resources, SettingsError};
 use onoff_control::catalog::{load_offerings, Arch, CatalogOptions};
 pub use onoff_control::ports::ScaleAsk;
 use onoff_control::ports::{
-    Backlog, EventLog, Fleet, FleetLister, JobQueue, JobStore, Lease, OfferingAvailability, SpotPrices, WorkerRegistry,
+    ArrivalStatsStore, Backlog, EventLog, Fleet, FleetLister, JobQueue, JobStore, Lease, OfferingAvailability,
+    SpotPrices, WorkerRegistry,
 };
 use onoff_control::reconcile::{reconcile_exclusive, ReconcileOptions, ReconcileReport};
 use onoff_policy::{Action, Offering, PolicyConfig, WorkerState};
@@ -296,7 +297,7 @@ where
     W: WorkerRegistry,
     J: JobStore,
     F: Fleet + FleetLister + SpotPrices,
-    A: OfferingAvailability,
+    A: OfferingAvailability + ArrivalStatsStore,
     E: EventLog,
     L: Lease,
 {

@@ -21,7 +21,7 @@ where
     W: WorkerRegistry,
     J: JobStore,
     F: Fleet + FleetLister + SpotPrices,
-    A: OfferingAvailability,
+    A: OfferingAvailability + onoff_control::ports::ArrivalStatsStore,
     E: EventLog,
     L: Lease,
 {

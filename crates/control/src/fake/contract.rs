@@ -1,5 +1,5 @@
-//! Promises of the [`JobStore`], [`WorkerRegistry`], [`OfferingAvailability`], [`Lease`] and
-//! [`Fleet`] traits that every implementation must keep, written once and run against each: the
+//! Promises of the [`JobStore`], [`WorkerRegistry`], [`OfferingAvailability`],
+//! [`ArrivalStatsStore`], [`Lease`] and [`Fleet`] traits that every implementation must keep, written once and run against each: the
 //! fakes here ([`crate::fake::FakeJobs`], [`crate::fake::FakeRegistry`],
 //! [`crate::fake::FakeAvailability`], [`crate::fake::FakeLease`], [`crate::fake::FakeFleet`];
 //! `crates/control/tests/contract.rs`) and DynamoDB and EC2 through their adapters against moto
@@ -9,9 +9,9 @@
 
 use crate::job::{AttemptEnd, AttemptRecord, JobSpec, JobState, OutputsRecord, RerunLimits, Settle};
 use crate::ports::{
-    CancelOutcome, Claim, Created, Fleet, FleetErrorKind, FleetLister, JobRecord, JobStore, LaunchRequest, Lease,
-    OfferingAvailability, ScaleAsk, StoreError, WorkerRecord, WorkerRegistry, MAX_ASKED_JOBS, MAX_ASKED_JOB_ID_BYTES,
-    MAX_KEPT_ASKED_JOBS,
+    ArrivalStats, ArrivalStatsStore, CancelOutcome, Claim, Created, Fleet, FleetErrorKind, FleetLister, JobRecord,
+    JobStore, LaunchRequest, Lease, OfferingAvailability, ScaleAsk, StoreError, WorkerRecord, WorkerRegistry,
+    MAX_ASKED_JOBS, MAX_ASKED_JOB_ID_BYTES, MAX_KEPT_ASKED_JOBS,
 };
 use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 
@@ -568,6 +568,131 @@ where
         .terminate(&[x, y, unknown.to_string()])
         .await
         .expect("terminating again, and an unknown id");
+}
+
+/// The arrivals of a lane ([`JobStore::arrivals`]): every job created in it after the given
+/// time, finished ones too, in creation order; other lanes' jobs and error records not. Job ids
+/// start with `tag`; `now` is unix seconds. `settle` waits for the store's index to show the
+/// writes (DynamoDB's is eventually consistent; the fake's at once).
+///
+/// # Panics
+/// On the first promise the store breaks, naming it.
+pub async fn arrivals_list_every_job_of_the_lane<J: JobStore, S: std::future::Future<Output = ()>>(
+    jobs: &J,
+    settle: impl Fn() -> S,
+    tag: &str,
+    now: f64,
+) {
+    let lane_of = |lane: &str| {
+        let mut s = spec();
+        s.lane = lane.into();
+        s
+    };
+    let new = |n: &str, lane: &str, at: f64| JobRecord::new(format!("{tag}-{n}"), lane_of(lane), "contract".into(), at);
+    let (a, b, c) = (
+        new("a", "standard", now),
+        new("b", "standard", now + 10.0),
+        new("c", "standard", now + 20.0),
+    );
+    let other = new("x", "express", now + 15.0);
+    for r in [&c, &a, &other, &b] {
+        assert_eq!(jobs.create(r).await.expect("create"), Created::New);
+    }
+    jobs.record_error(&format!("{tag}-error"), "a bad spec", now + 12.0)
+        .await
+        .expect("an error record");
+    // One of them ends: still an arrival.
+    let rec = claimed(jobs, &b.id, "i-a", now + 11.0).await;
+    let done = Settle::of(&rec, &AttemptEnd::Succeeded, &RerunLimits::default());
+    jobs.finish(&b.id, "i-a", &done, now + 30.0).await.expect("finish");
+    settle().await;
+    let ids = |l: crate::ports::Listing<crate::ports::ArrivalRecord>| -> Vec<(String, f64)> {
+        assert!(l.unreadable.is_empty(), "{:?}", l.unreadable);
+        l.items.into_iter().map(|a| (a.id, a.created_at)).collect()
+    };
+    assert_eq!(
+        ids(jobs.arrivals("standard", now - 1.0).await.expect("arrivals")),
+        [
+            (a.id.clone(), now),
+            (b.id.clone(), now + 10.0),
+            (c.id.clone(), now + 20.0)
+        ],
+        "every job of the lane, the finished one too, in creation order"
+    );
+    assert_eq!(
+        ids(jobs.arrivals("standard", now).await.expect("arrivals")),
+        [(b.id.clone(), now + 10.0), (c.id.clone(), now + 20.0)],
+        "only those created after the time given"
+    );
+    assert_eq!(
+        ids(jobs.arrivals("express", now - 1.0).await.expect("arrivals")),
+        [(other.id.clone(), now + 15.0)],
+        "another lane's"
+    );
+    let listed = jobs.arrivals("standard", now - 1.0).await.expect("arrivals");
+    assert_eq!(listed.items[1].spec, b.spec, "with its spec");
+}
+
+/// A lane's kept arrival statistics ([`ArrivalStatsStore`]): none before the first save; a save
+/// only over what was read (none, or the statistics folded to the time given), so two runs never
+/// both keep a fold; read back as saved, an unset histogram epoch (NaN) too. `lane` names a lane
+/// no other test uses.
+///
+/// # Panics
+/// On the first promise the store breaks, naming it.
+pub async fn arrival_stats_are_kept_over_what_was_read<S: ArrivalStatsStore>(store: &S, lane: &str) {
+    assert_eq!(store.load_arrival_stats(lane).await.expect("load"), None, "none yet");
+    let mut lo = onoff_policy::LaneObservation::default();
+    // A shape with one arrival only (its gap histogram never recorded: epoch NaN) and one with gaps.
+    lo.record_arrival_with_runtime(8, 1_000.0, None);
+    for (i, t) in [1_000.0, 1_003.0, 1_090.0, 4_000.0].into_iter().enumerate() {
+        lo.record_arrival_with_runtime(1, t, (i % 2 == 0).then_some(600.0));
+    }
+    let first = ArrivalStats {
+        folded_to: 4_000.0,
+        gaps: lo.gaps.clone(),
+    };
+    assert!(
+        store.save_arrival_stats(lane, &first, None).await.expect("save"),
+        "the first save"
+    );
+    assert!(
+        !store.save_arrival_stats(lane, &first, None).await.expect("save"),
+        "a second first save (another run's) is refused"
+    );
+    let read = store.load_arrival_stats(lane).await.expect("load").expect("kept");
+    assert_eq!(read.folded_to, 4_000.0);
+    assert_eq!(read.gaps.keys().collect::<Vec<_>>(), [&1, &8]);
+    assert_eq!(read.gaps[&1].hist.samples(), 3);
+    assert_eq!(read.gaps[&1].runtimes.samples(), 2);
+    assert_eq!(read.gaps[&8].hist.samples(), 0);
+    assert_eq!(read.gaps[&8].last_arrival, Some(1_000.0));
+    for (p, q) in read.gaps[&1].hist.masses().zip(first.gaps[&1].hist.masses()) {
+        assert!((p - q).abs() < 1e-12, "{p} against {q}");
+    }
+    let mut later = read.clone();
+    later.folded_to = 5_000.0;
+    assert!(
+        !store
+            .save_arrival_stats(lane, &later, Some(3_999.0))
+            .await
+            .expect("save"),
+        "a save over statistics that are not the kept ones is refused"
+    );
+    assert!(
+        store
+            .save_arrival_stats(lane, &later, Some(4_000.0))
+            .await
+            .expect("save"),
+        "a save over the kept ones"
+    );
+    let read = store.load_arrival_stats(lane).await.expect("load").expect("kept");
+    assert_eq!(read.folded_to, 5_000.0);
+    assert_eq!(
+        store.load_arrival_stats(&format!("{lane}-other")).await.expect("load"),
+        None,
+        "per lane"
+    );
 }
 
 /// Offerings marked unavailable after a capacity error: a later expiry wins, an earlier one
