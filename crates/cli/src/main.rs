@@ -153,6 +153,12 @@ struct SimulateArgs {
     /// default, as the README's figures were measured) is an instant stop.
     #[arg(long, default_value_t = 0.0)]
     stopping_s: f64,
+    /// Replay jobs that declare no run time (`est_runtime_s`), as a deployment sees them when
+    /// its users do not set it. By default each job declares its trace run time exactly, which
+    /// the policy reads (short jobs sharing a worker, the predictive pool's long jobs, when a
+    /// running worker frees up).
+    #[arg(long)]
+    undeclared_runtimes: bool,
     /// Probability that a launch call fails with InsufficientCapacity.
     #[arg(long, default_value_t = 0.02)]
     capacity_error_rate: f64,
@@ -359,6 +365,7 @@ fn simulate(a: SimulateArgs) -> Result<()> {
         checkpoint_interval_s: a.checkpoint_interval_s,
         checkpoint_on_notice: a.checkpoint_on_notice,
         timeline: a.out.is_some() && a.sweep.is_none(),
+        declared_runtimes: !a.undeclared_runtimes,
         ..SimConfig::default()
     };
     if let Some(spec) = &a.sweep {
@@ -525,12 +532,17 @@ fn flat_sweep_note(r: &SweepResult) -> Option<String> {
 
 fn print_table(c: &Comparison) {
     println!(
-        "trace {}: {} jobs, {:.0} GPU-hours; offline lower bound ${:.2}; preemptions {}",
+        "trace {}: {} jobs, {:.0} GPU-hours; offline lower bound ${:.2}; preemptions {}{}",
         c.trace,
         c.jobs,
         c.gpu_hours,
         c.lower_bound_usd,
-        c.preemptions.name()
+        c.preemptions.name(),
+        if c.declared_runtimes {
+            ""
+        } else {
+            "; run times undeclared"
+        }
     );
     if let Some(s) = &c.split {
         println!(

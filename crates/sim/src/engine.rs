@@ -152,6 +152,12 @@ pub struct SimConfig {
     pub horizon_after_last_arrival_s: f64,
     /// Record a per-minute timeline (for `--out`). Default false.
     pub timeline: bool,
+    /// Whether each job declares its run time (`est_runtime_s`), exactly as the trace has it, so
+    /// the policy reads it: the short-job share of a worker, the predictive pool's long jobs, the
+    /// running workers' ends (`busy_until`). Default true (how the README's figures were
+    /// measured). `false` replays jobs that declare nothing, as a deployment sees them when its
+    /// users do not set it (`onoff simulate --undeclared-runtimes`).
+    pub declared_runtimes: bool,
 }
 
 impl Default for SimConfig {
@@ -177,6 +183,7 @@ impl Default for SimConfig {
             lane: "standard".into(),
             horizon_after_last_arrival_s: 60.0 * 86_400.0,
             timeline: false,
+            declared_runtimes: true,
         }
     }
 }
@@ -1036,7 +1043,7 @@ impl World {
             gpus_per_instance: j.gpus_per_instance,
             instances: j.instances,
             min_gpu_memory_gib: 0.0,
-            est_runtime_s: Some(j.remaining),
+            est_runtime_s: self.cfg.declared_runtimes.then_some(j.remaining),
             deadline: Some(j.deadline).filter(|d| d.is_finite()),
             enqueued_at: self.now,
         });
@@ -1232,6 +1239,7 @@ impl World {
             sp.min(speed(&pcfg.offers, &self.offerings[self.wsim[i].offering].gpu_model))
         });
         let at = self.now + self.jobs[job].remaining / sp;
+        let declared = self.cfg.declared_runtimes;
         let mut nums = Vec::with_capacity(workers.len());
         for &i in workers {
             let now = self.now;
@@ -1247,7 +1255,8 @@ impl World {
                 w.state = WorkerState::Running;
                 w.idle_since = None;
                 w.project = Some(project);
-                w.busy_until = Some(at);
+                // The policy knows when a job ends only from what it declared.
+                w.busy_until = declared.then_some(at);
             });
         }
         let j = &mut self.jobs[job];
@@ -1740,7 +1749,8 @@ pub fn run(
                 let mut w = world.borrow_mut();
                 let lane = w.lane_index(&cfg.lane);
                 let (gpus, runtime) = (w.jobs[job].gpus_per_instance, w.jobs[job].remaining);
-                w.lanes[lane].record_arrival_with_runtime(gpus, ev.at, Some(runtime));
+                let declared = cfg.declared_runtimes.then_some(runtime);
+                w.lanes[lane].record_arrival_with_runtime(gpus, ev.at, declared);
                 w.enqueue(job);
                 w.dispatch(&pcfg);
                 decide_now = on_submit;

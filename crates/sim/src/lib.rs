@@ -170,6 +170,8 @@ pub struct Comparison {
     pub deadline_fraction: f64,
     /// Deadline = arrival + this x run time.
     pub deadline_slack: f64,
+    /// Whether the jobs declared their run times ([`SimConfig::declared_runtimes`]).
+    pub declared_runtimes: bool,
     /// Cost of `all-on-demand`, $, when deadlines are on.
     pub all_on_demand_usd: Option<f64>,
     /// One report per strategy.
@@ -247,6 +249,7 @@ pub fn compare(
         zones: sim.preemptions.zone_mapping(offerings),
         deadline_fraction: sim.deadline_fraction,
         deadline_slack: sim.deadline_slack,
+        declared_runtimes: sim.declared_runtimes,
         all_on_demand_usd,
         policies,
     })

@@ -930,3 +930,38 @@ fn a_strategy_run_again_over_another_catalogue_prices_that_one() {
     );
     assert!(second.total_usd > first.total_usd, "the dear catalogue costs more");
 }
+
+/// Declared run times tell the policy when a worker frees up and how much of one a short job
+/// needs: B (60 s, half of the 120 s short-job horizon) arrives 50 s before A's worker ends, so
+/// the policy counts the 70 s left of the horizon on that worker as capacity for it and B waits
+/// 50 s; nothing is launched for B. With run times undeclared (`onoff simulate
+/// --undeclared-runtimes`) A's end is unknown and B counts as a whole worker (the default run
+/// time, an hour), so B's arrival launches a second worker (boot 200 s), which A's worker beats:
+/// B still waits 50 s, and the second worker is billed for nothing (at least EC2's 60 s minimum)
+/// until a decision releases it.
+#[test]
+fn a_declared_run_time_spares_a_launch_for_a_job_that_its_worker_frees_up_for() {
+    let t = trace(&[(0.0, 300.0, 1), (450.0, 60.0, 1)]);
+    let declared = run_policy(&t, policy(600.0), &sim(200.0));
+    let undeclared = run_policy(
+        &t,
+        policy(600.0),
+        &SimConfig {
+            declared_runtimes: false,
+            ..sim(200.0)
+        },
+    );
+    assert_eq!((declared.jobs_completed, undeclared.jobs_completed), (2, 2));
+    assert_eq!((declared.launches, undeclared.launches), (1, 2));
+    // A waits its worker's boot, B the 50 s to A's end, either way.
+    for r in [&declared, &undeclared] {
+        assert!(close(r.wait_p99_s, 200.0) && close(r.wait_mean_s, 125.0), "{r:?}");
+    }
+    // The second worker, billed on top.
+    assert!(
+        undeclared.total_usd >= declared.total_usd + 60.0 / 3600.0,
+        "{} against {}",
+        undeclared.total_usd,
+        declared.total_usd
+    );
+}
