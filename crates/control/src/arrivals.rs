@@ -108,7 +108,10 @@ pub struct Observed {
 }
 
 /// Steps 1–4 of the module's doc for `lane`, whose policy reads `lookback_s` seconds of recent
-/// arrivals; `shape` gives a job's GPUs per instance as the policy counts them.
+/// arrivals; `shape` gives a job's GPUs per instance as the policy counts them. `known`: jobs of
+/// the lane the run has read otherwise (the `active` index, and the asked jobs read by id past
+/// it), added where the arrivals index does not show them yet (it is eventually consistent too):
+/// a job submitted just before the scale request it asked for is among the run's arrivals.
 ///
 /// # Errors
 /// The kept statistics or the arrivals cannot be read (the caller falls back to what it has).
@@ -118,6 +121,7 @@ pub async fn observe<J, S>(
     lane: &str,
     lookback_s: f64,
     now: f64,
+    known: &[ArrivalRecord],
     mut shape: impl FnMut(&ArrivalRecord) -> u32,
 ) -> Result<Observed, StoreError>
 where
@@ -125,9 +129,20 @@ where
     S: ArrivalStatsStore,
 {
     let kept = store.load_arrival_stats(lane).await?;
-    let listed = jobs
-        .arrivals(lane, listing_start(kept.as_ref(), lookback_s, now))
-        .await?;
+    let start = listing_start(kept.as_ref(), lookback_s, now);
+    let mut listed = jobs.arrivals(lane, start).await?;
+    let ids: std::collections::BTreeSet<&str> = listed.items.iter().map(|a| a.id.as_str()).collect();
+    let missing: Vec<ArrivalRecord> = known
+        .iter()
+        .filter(|k| k.spec.lane == lane && k.created_at > start && k.created_at <= now && !ids.contains(k.id.as_str()))
+        .cloned()
+        .collect();
+    if !missing.is_empty() {
+        listed.items.extend(missing);
+        listed
+            .items
+            .sort_by(|a, b| a.created_at.total_cmp(&b.created_at).then_with(|| a.id.cmp(&b.id)));
+    }
     let arrivals: Vec<Arrival> = listed
         .items
         .iter()
@@ -262,6 +277,45 @@ mod tests {
         let (lo, stats, folded) = fold(Some(&stats), &listed, later);
         assert_eq!((folded, stats.folded_to), (1, now - 2.0));
         assert_eq!((lo.gaps[&1].hist.samples(), lo.gaps[&1].runtimes.samples()), (1, 1));
+    }
+
+    /// A job the run read otherwise (the `active` index, an asked job read by id) that the
+    /// arrivals index does not show yet counts among the arrivals, once, and another lane's not.
+    #[test]
+    fn a_job_the_index_does_not_show_yet_counts_once_when_the_run_knows_it() {
+        use crate::fake::{FakeAvailability, FakeJobs};
+        use crate::ports::JobRecord;
+        let now = 1_700_000_000.0;
+        let spec = |lane: &str| {
+            let mut s: crate::job::JobSpec =
+                serde_json::from_value(serde_json::json!({"image": "i", "command": ["x"], "project": "p"})).unwrap();
+            s.lane = lane.into();
+            s
+        };
+        let jobs = FakeJobs::default();
+        let listed = JobRecord::new("listed".into(), spec("standard"), "t".into(), now - 100.0);
+        pollster::block_on(jobs.create(&listed)).unwrap();
+        let record = |r: &JobRecord| ArrivalRecord {
+            id: r.id.clone(),
+            created_at: r.created_at,
+            spec: r.spec.clone(),
+        };
+        let young = JobRecord::new("young".into(), spec("standard"), "t".into(), now - 1.0);
+        let other = JobRecord::new("other".into(), spec("express"), "t".into(), now - 2.0);
+        let known = [record(&listed), record(&young), record(&other)];
+        let o = pollster::block_on(observe(
+            &jobs,
+            &FakeAvailability::default(),
+            "standard",
+            3600.0,
+            now,
+            &known,
+            |_| 1,
+        ))
+        .unwrap();
+        let at: Vec<f64> = o.lane.recent_arrivals.iter().map(|a| a.at).collect();
+        assert_eq!(at, [now - 100.0, now - 1.0]);
+        assert_eq!(o.folded, 1, "the young one is folded by a later run");
     }
 
     #[test]
