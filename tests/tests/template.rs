@@ -1391,27 +1391,37 @@ fn the_worker_role_allows_every_queue_call_the_agent_makes() {
     }
 }
 
-#[test]
-fn the_active_jobs_index_is_the_one_the_code_scans_and_the_functions_may_scan_it() {
-    let t = template();
-    let stack = Stack::new(&t, &[]);
+/// The jobs table's index whose name `crates/aws/src/jobs.rs` gives as `pub const CONST`: its
+/// name, the index, and its key schema as (attribute, key type).
+fn jobs_index(t: &Value, constant: &str) -> (String, Value, Vec<(String, String)>) {
     let code = read("crates/aws/src/jobs.rs");
+    let prefix = format!("pub const {constant}: &str = \"");
     let name = code
         .lines()
-        .find_map(|l| l.trim().strip_prefix("pub const ACTIVE_INDEX: &str = \""))
+        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
         .and_then(|rest| rest.strip_suffix("\";"))
-        .expect("ACTIVE_INDEX in crates/aws/src/jobs.rs");
-    let table = &t["Resources"]["JobsTable"]["Properties"];
-    let index = table["GlobalSecondaryIndexes"]
+        .unwrap_or_else(|| panic!("{constant} in crates/aws/src/jobs.rs"))
+        .to_string();
+    let index = t["Resources"]["JobsTable"]["Properties"]["GlobalSecondaryIndexes"]
         .as_array()
-        .and_then(|a| a.iter().find(|i| i["IndexName"] == name))
-        .unwrap_or_else(|| panic!("JobsTable has no index {name:?}"));
-    let keys: Vec<(String, String)> = index["KeySchema"]
+        .and_then(|a| a.iter().find(|i| i["IndexName"] == name.as_str()))
+        .unwrap_or_else(|| panic!("JobsTable has no index {name:?}"))
+        .clone();
+    let keys = index["KeySchema"]
         .as_array()
         .unwrap()
         .iter()
         .map(|k| (scalar_text(&k["AttributeName"]), scalar_text(&k["KeyType"])))
         .collect();
+    (name, index, keys)
+}
+
+#[test]
+fn the_active_jobs_index_is_the_one_the_code_scans_and_the_functions_may_scan_it() {
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    let (name, index, keys) = jobs_index(&t, "ACTIVE_INDEX");
+    let table = &t["Resources"]["JobsTable"]["Properties"];
     assert_eq!(
         keys,
         [
@@ -1435,23 +1445,8 @@ fn the_active_jobs_index_is_the_one_the_code_scans_and_the_functions_may_scan_it
 fn the_arrivals_index_is_the_one_the_code_queries_and_reconcile_runs_may_query_it() {
     let t = template();
     let stack = Stack::new(&t, &[]);
-    let code = read("crates/aws/src/jobs.rs");
-    let name = code
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("pub const ARRIVALS_INDEX: &str = \""))
-        .and_then(|rest| rest.strip_suffix("\";"))
-        .expect("ARRIVALS_INDEX in crates/aws/src/jobs.rs");
+    let (name, index, keys) = jobs_index(&t, "ARRIVALS_INDEX");
     let table = &t["Resources"]["JobsTable"]["Properties"];
-    let index = table["GlobalSecondaryIndexes"]
-        .as_array()
-        .and_then(|a| a.iter().find(|i| i["IndexName"] == name))
-        .unwrap_or_else(|| panic!("JobsTable has no index {name:?}"));
-    let keys: Vec<(String, String)> = index["KeySchema"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| (scalar_text(&k["AttributeName"]), scalar_text(&k["KeyType"])))
-        .collect();
     assert_eq!(
         keys,
         [

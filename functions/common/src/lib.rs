@@ -555,6 +555,7 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
         "errors": r.errors.iter().chain(&r.acted.errors).collect::<Vec<_>>(),
         "asks_settled": r.asks_settled,
         "jobs_read_past_index": r.jobs_read_past_index,
+        "arrivals_folded": r.arrivals_folded,
     })
 }
 
