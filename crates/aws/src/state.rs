@@ -966,17 +966,27 @@ fn arrival_stats_pk(lane: &str) -> String {
 }
 
 impl onoff_control::ports::ArrivalStatsStore for DynamoControl {
+    /// Statistics that do not parse (kept by a build whose format differs) are started afresh
+    /// from the item's `folded_to`, so the next save replaces them: they are a summary of the
+    /// arrivals, not the truth about any job. An item without a `folded_to` is
+    /// [`StoreError::Malformed`].
     async fn load_arrival_stats(&self, lane: &str) -> Result<Option<ArrivalStats>, StoreError> {
         let Some(item) = self.item(arrival_stats_pk(lane), "read arrival stats").await? else {
             return Ok(None);
         };
-        let text = item
+        let folded_to = item
+            .get("folded_to")
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse::<f64>().ok())
+            .ok_or_else(|| StoreError::Malformed(format!("arrival stats of {lane} lack folded_to")))?;
+        let parsed = item
             .get("stats")
             .and_then(|v| v.as_s().ok())
-            .ok_or_else(|| StoreError::Malformed(format!("arrival stats of {lane} lack stats")))?;
-        serde_json::from_str(text)
-            .map(Some)
-            .map_err(|e| StoreError::Malformed(format!("arrival stats of {lane}: {e}")))
+            .and_then(|text| serde_json::from_str::<ArrivalStats>(text).ok());
+        Ok(Some(parsed.unwrap_or(ArrivalStats {
+            folded_to,
+            ..ArrivalStats::default()
+        })))
     }
 
     async fn save_arrival_stats(

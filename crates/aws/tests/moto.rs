@@ -828,6 +828,29 @@ async fn arrival_stats_are_kept_over_what_was_read() {
     table(&c, &name, "pk").await;
     let ctl = DynamoControl::new(c.dynamodb.clone(), &name);
     contract::arrival_stats_are_kept_over_what_was_read(&ctl, "standard").await;
+    // Statistics an older build kept in another format start afresh, and the next save replaces
+    // them (else every run would fall back to the unfinished jobs for good).
+    use onoff_control::ports::ArrivalStatsStore;
+    c.dynamodb
+        .put_item()
+        .table_name(&name)
+        .item("pk", aws_sdk_dynamodb::types::AttributeValue::S("arrivals#old".into()))
+        .item("folded_to", aws_sdk_dynamodb::types::AttributeValue::N("1000".into()))
+        .item(
+            "stats",
+            aws_sdk_dynamodb::types::AttributeValue::S("{\"v0\": []}".into()),
+        )
+        .send()
+        .await
+        .unwrap();
+    let read = ctl.load_arrival_stats("old").await.unwrap().unwrap();
+    assert_eq!((read.folded_to, read.gaps.len()), (1000.0, 0));
+    let next = onoff_control::ports::ArrivalStats {
+        folded_to: 2000.0,
+        ..read
+    };
+    assert!(ctl.save_arrival_stats("old", &next, Some(1000.0)).await.unwrap());
+    assert_eq!(ctl.load_arrival_stats("old").await.unwrap().unwrap().folded_to, 2000.0);
 }
 
 #[tokio::test]

@@ -565,10 +565,12 @@ pub struct ArrivalStats {
 /// the control table).
 #[allow(async_fn_in_trait)]
 pub trait ArrivalStatsStore {
-    /// The statistics kept for `lane`; `None` before the first save.
+    /// The statistics kept for `lane`; `None` before the first save. Statistics kept in another
+    /// format (an older build's) come back empty with their `folded_to`, so the next save
+    /// replaces them.
     ///
     /// # Errors
-    /// Store failures; [`StoreError::Malformed`] for a kept item that does not parse.
+    /// Store failures; [`StoreError::Malformed`] for a kept item without its `folded_to`.
     async fn load_arrival_stats(&self, lane: &str) -> Result<Option<ArrivalStats>, StoreError>;
 
     /// Keep `stats` for `lane` if the kept statistics are still those folded to `previous`
