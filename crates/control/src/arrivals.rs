@@ -29,8 +29,8 @@ use onoff_policy::LaneObservation;
 
 /// Seconds after its creation before an arrival is folded into the kept statistics: the arrivals
 /// index is eventually consistent (a write reaches a global secondary index "within a fraction
-/// of a second" in normal conditions, DynamoDB Developer Guide, "Read consistency for global
-/// secondary indexes"), and an arrival folded past would be left out for good. Younger arrivals
+/// of a second" in normal conditions, DynamoDB Developer Guide, "Read consistency"), and an
+/// arrival folded past would be left out for good. Younger arrivals
 /// count among the recent ones at once and are folded by a later run.
 pub const ARRIVAL_SETTLE_S: f64 = 10.0;
 
@@ -46,7 +46,7 @@ pub const FOLD_AT_MOST_S: f64 = RECENT_ARRIVALS_KEPT_S;
 pub type Arrival = (f64, u32, Option<f64>);
 
 /// Where a run's listing of a lane's arrivals starts (exclusive), unix seconds: at the earlier of
-/// the statistics' `folded_to` (the first arrival not folded yet) and `now - lookback_s` (the
+/// the statistics' `folded_to` (the last arrival folded) and `now - lookback_s` (the
 /// arrivals the policy reads among the recent ones; 0 when the lane reads none), but at most
 /// [`FOLD_AT_MOST_S`] back.
 #[must_use]
