@@ -478,8 +478,17 @@ fn simulate_sweep(
 
 fn print_sweep(r: &SweepResult) {
     println!(
-        "trace {}: {} jobs; offline lower bound ${:.2}; {} by {}",
-        r.trace, r.jobs, r.lower_bound_usd, r.strategy, r.key
+        "trace {}: {} jobs; offline lower bound ${:.2}{}; {} by {}",
+        r.trace,
+        r.jobs,
+        r.lower_bound_usd,
+        if r.declared_runtimes {
+            ""
+        } else {
+            "; run times undeclared"
+        },
+        r.strategy,
+        r.key
     );
     println!(
         "{:>12} {:>12} {:>8} {:>9} {:>9} {:>9} {:>9}",

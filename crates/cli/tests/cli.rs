@@ -755,3 +755,58 @@ fn a_job_verb_refuses_what_is_not_a_job_id_before_it_connects() {
         );
     }
 }
+
+/// `--undeclared-runtimes` replays the items without their run times: the table and a sweep say
+/// so in their first line, `--json` carries it, and on the shipped ten minutes of Azure items
+/// onoff launches more and costs more than with the run times declared (each undeclared item
+/// counts as an hour's worker).
+#[test]
+fn simulate_with_undeclared_runtimes_says_so_and_launches_more_for_items() {
+    let run = |extra: &[&str]| {
+        let mut args = vec!["simulate", "--trace", AZURE, "--policies", "onoff", "--json"];
+        args.extend_from_slice(extra);
+        json(&args)
+    };
+    let (declared, undeclared) = (run(&[]), run(&["--undeclared-runtimes"]));
+    assert_eq!(
+        (
+            declared["declared_runtimes"].as_bool(),
+            undeclared["declared_runtimes"].as_bool()
+        ),
+        (Some(true), Some(false))
+    );
+    let figure = |v: &serde_json::Value, k: &str| v["policies"][0][k].as_f64().unwrap();
+    assert!(
+        figure(&undeclared, "launches") > figure(&declared, "launches")
+            && figure(&undeclared, "total_usd") > figure(&declared, "total_usd"),
+        "declared {declared}, undeclared {undeclared}"
+    );
+    let text = onoff(&[
+        "simulate",
+        "--trace",
+        AZURE,
+        "--policies",
+        "onoff",
+        "--undeclared-runtimes",
+    ]);
+    let first = String::from_utf8_lossy(&text.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert!(first.ends_with("; run times undeclared"), "{first}");
+    let sweep = onoff(&[
+        "simulate",
+        "--trace",
+        AZURE,
+        "--undeclared-runtimes",
+        "--sweep",
+        "offers.default_runtime_s=5,3600",
+    ]);
+    let first = String::from_utf8_lossy(&sweep.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert!(first.contains("; run times undeclared;"), "{first}");
+}

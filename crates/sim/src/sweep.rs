@@ -59,6 +59,8 @@ pub struct SweepResult {
     pub key: String,
     /// Offline lower bound, $.
     pub lower_bound_usd: f64,
+    /// Whether the jobs declared their run times ([`SimConfig::declared_runtimes`]).
+    pub declared_runtimes: bool,
     /// One point per value, in the order given.
     pub points: Vec<SweepPoint>,
 }
@@ -245,6 +247,7 @@ pub fn run_sweep(
         strategy: "onoff".into(),
         key: sweep.key.clone(),
         lower_bound_usd: lower,
+        declared_runtimes: sim.declared_runtimes,
         points,
     })
 }
