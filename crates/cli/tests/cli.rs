@@ -789,11 +789,14 @@ fn simulate_with_undeclared_runtimes_says_so_and_launches_more_for_items() {
         "onoff",
         "--undeclared-runtimes",
     ]);
-    let first = String::from_utf8_lossy(&text.stdout)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_string();
+    let first_line = |out: &std::process::Output| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let first = first_line(&text);
     assert!(first.ends_with("; run times undeclared"), "{first}");
     let sweep = onoff(&[
         "simulate",
@@ -803,10 +806,6 @@ fn simulate_with_undeclared_runtimes_says_so_and_launches_more_for_items() {
         "--sweep",
         "offers.default_runtime_s=5,3600",
     ]);
-    let first = String::from_utf8_lossy(&sweep.stdout)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_string();
+    let first = first_line(&sweep);
     assert!(first.contains("; run times undeclared;"), "{first}");
 }

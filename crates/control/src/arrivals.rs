@@ -23,7 +23,7 @@
 //! tested). What still differs: the simulator knows every job's run time (a trace's), the
 //! deployment only the declared ones (`est_runtime_s`).
 
-use crate::ports::{ArrivalRecord, ArrivalStats, ArrivalStatsStore, JobStore, StoreError};
+use crate::ports::{ArrivalRecord, ArrivalStats, ArrivalStatsStore, JobRecord, JobStore, StoreError};
 use onoff_policy::observation::RECENT_ARRIVALS_KEPT_S;
 use onoff_policy::LaneObservation;
 
@@ -100,10 +100,8 @@ pub struct Observed {
     pub folded: usize,
     /// Rows of the index that did not parse: (key, problem).
     pub unreadable: Vec<(String, String)>,
-    /// Whether the statistics were kept (`false`: another run kept newer ones first, or the
-    /// write failed, among `errors`; the next run folds these arrivals again).
-    pub kept: bool,
-    /// Non-fatal errors (the write of the statistics).
+    /// Non-fatal errors (the write of the statistics; a write refused because another run kept
+    /// newer statistics first is none: the next run folds from those).
     pub errors: Vec<String>,
 }
 
@@ -121,7 +119,7 @@ pub async fn observe<J, S>(
     lane: &str,
     lookback_s: f64,
     now: f64,
-    known: &[ArrivalRecord],
+    known: &[JobRecord],
     mut shape: impl FnMut(&ArrivalRecord) -> u32,
 ) -> Result<Observed, StoreError>
 where
@@ -135,7 +133,11 @@ where
     let missing: Vec<ArrivalRecord> = known
         .iter()
         .filter(|k| k.spec.lane == lane && k.created_at > start && k.created_at <= now && !ids.contains(k.id.as_str()))
-        .cloned()
+        .map(|k| ArrivalRecord {
+            id: k.id.clone(),
+            created_at: k.created_at,
+            spec: k.spec.clone(),
+        })
         .collect();
     if !missing.is_empty() {
         listed.items.extend(missing);
@@ -160,11 +162,9 @@ where
             .save_arrival_stats(lane, &stats, kept.as_ref().map(|k| k.folded_to))
             .await
         {
-            Ok(saved) => out.kept = saved,
+            Ok(_) => {}
             Err(e) => out.errors.push(format!("keep the arrival statistics of {lane}: {e}")),
         }
-    } else {
-        out.kept = true;
     }
     Ok(out)
 }
@@ -284,7 +284,6 @@ mod tests {
     #[test]
     fn a_job_the_index_does_not_show_yet_counts_once_when_the_run_knows_it() {
         use crate::fake::{FakeAvailability, FakeJobs};
-        use crate::ports::JobRecord;
         let now = 1_700_000_000.0;
         let spec = |lane: &str| {
             let mut s: crate::job::JobSpec =
@@ -295,14 +294,9 @@ mod tests {
         let jobs = FakeJobs::default();
         let listed = JobRecord::new("listed".into(), spec("standard"), "t".into(), now - 100.0);
         pollster::block_on(jobs.create(&listed)).unwrap();
-        let record = |r: &JobRecord| ArrivalRecord {
-            id: r.id.clone(),
-            created_at: r.created_at,
-            spec: r.spec.clone(),
-        };
         let young = JobRecord::new("young".into(), spec("standard"), "t".into(), now - 1.0);
         let other = JobRecord::new("other".into(), spec("express"), "t".into(), now - 2.0);
-        let known = [record(&listed), record(&young), record(&other)];
+        let known = [listed, young, other];
         let o = pollster::block_on(observe(
             &jobs,
             &FakeAvailability::default(),

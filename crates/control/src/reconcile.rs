@@ -656,16 +656,7 @@ where
         } else {
             0.0
         };
-        let known: Vec<crate::ports::ArrivalRecord> = active
-            .iter()
-            .filter(|j| j.spec.lane == lane.name)
-            .map(|j| crate::ports::ArrivalRecord {
-                id: j.id.clone(),
-                created_at: j.created_at,
-                spec: j.spec.clone(),
-            })
-            .collect();
-        let observed = crate::arrivals::observe(jobs, avail, &lane.name, lookback_s, now, &known, |a| {
+        let observed = crate::arrivals::observe(jobs, avail, &lane.name, lookback_s, now, &active, |a| {
             shape(&mut shapes, &a.spec, opts.max_gpus_per_instance, offerings, cfg).0
         })
         .await;
