@@ -1437,26 +1437,22 @@ fn the_active_jobs_index_is_the_one_the_code_scans_and_the_functions_may_scan_it
     assert!(allows(&statements, "dynamodb:Scan", &index_arn), "{index_arn}");
 }
 
-/// The arrivals index (every job by lane and creation time, the spec projected) is the one
-/// `crates/aws/src/jobs.rs` queries and `crates/aws/src/provision.rs` creates for the local
-/// stack, and only a reconcile run (the scaler and the reconciler, which hold `LaunchAccess`) may
-/// query it.
-#[test]
-fn the_arrivals_index_is_the_one_the_code_queries_and_reconcile_runs_may_query_it() {
+/// An index of the jobs table only a reconcile run reads: the one `crates/aws/src/jobs.rs`
+/// queries as `constant`, keyed on `lane` (a string) and `sort` (a number), projecting
+/// `projected`, created by `crates/aws/src/provision.rs` for the local stack too, and queryable
+/// by the scaler and the reconciler (which hold `LaunchAccess`) only.
+fn assert_reconcile_index(constant: &str, sort: &str, projected: &str) {
     let t = template();
     let stack = Stack::new(&t, &[]);
-    let (name, index, keys) = jobs_index(&t, "ARRIVALS_INDEX");
+    let (name, index, keys) = jobs_index(&t, constant);
     let table = &t["Resources"]["JobsTable"]["Properties"];
     assert_eq!(
         keys,
-        [
-            ("lane".to_string(), "HASH".to_string()),
-            ("created_at".into(), "RANGE".into())
-        ]
+        [("lane".to_string(), "HASH".to_string()), (sort.into(), "RANGE".into())]
     );
     assert_eq!(index["Projection"]["ProjectionType"], "INCLUDE");
-    assert_eq!(index["Projection"]["NonKeyAttributes"], json!(["spec"]));
-    // Key attributes typed as the code writes them: the lane a string, the creation time a number.
+    assert_eq!(index["Projection"]["NonKeyAttributes"], json!([projected]));
+    // Key attributes typed as the code writes them: the lane a string, the sort key a number.
     let types: Vec<(String, String)> = table["AttributeDefinitions"]
         .as_array()
         .unwrap()
@@ -1464,11 +1460,13 @@ fn the_arrivals_index_is_the_one_the_code_queries_and_reconcile_runs_may_query_i
         .map(|d| (scalar_text(&d["AttributeName"]), scalar_text(&d["AttributeType"])))
         .collect();
     assert!(types.contains(&("lane".into(), "S".into())), "{types:?}");
-    assert!(types.contains(&("created_at".into(), "N".into())), "{types:?}");
+    assert!(types.contains(&(sort.into(), "N".into())), "{types:?}");
     let provision = read("crates/aws/src/provision.rs");
     assert!(
-        provision.contains("crate::jobs::ARRIVALS_INDEX") && provision.contains("number(\"created_at\")"),
-        "the local stack's jobs table has the index"
+        provision.contains(&format!("crate::jobs::{constant}"))
+            && provision.contains(&format!("number(\"{sort}\")"))
+            && provision.contains(&format!(".non_key_attributes(\"{projected}\")")),
+        "the local stack's jobs table has the index {name}"
     );
     let index_arn = format!("<JobsTable.Arn>/index/{name}");
     let launch = &t["Resources"]["LaunchAccess"]["Properties"]["PolicyDocument"]["Statement"];
@@ -1478,8 +1476,34 @@ fn the_arrivals_index_is_the_one_the_code_queries_and_reconcile_runs_may_query_i
     let state = stack.eval(state).as_array().cloned().unwrap();
     assert!(
         !allows(&state, "dynamodb:Query", &index_arn),
-        "submit and interruption read no arrivals"
+        "submit and interruption read no {name} index"
     );
+}
+
+/// The arrivals index: every job by lane and creation time, the spec projected.
+#[test]
+fn the_arrivals_index_is_the_one_the_code_queries_and_reconcile_runs_may_query_it() {
+    assert_reconcile_index("ARRIVALS_INDEX", "created_at", "spec");
+}
+
+/// The finishes index: finished jobs by lane and finishing time, their run time projected.
+/// The worker's agent writes that run time as it settles the job's last attempt, so its role
+/// may write the attribute.
+#[test]
+fn the_finishes_index_is_the_one_the_code_queries_and_workers_write_its_run_times() {
+    assert_reconcile_index("FINISHES_INDEX", "finished_at", "run_s");
+    let t = template();
+    let jobs = read("crates/aws/src/jobs.rs");
+    assert!(jobs.contains("\"run_s = :rt\""), "the settle writes run_s");
+    let worker = t["Resources"]["WorkerRole"]["Properties"]["Policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["PolicyDocument"]["Statement"].as_array().unwrap().clone())
+        .find(|st| st["Sid"] == "JobLeases")
+        .expect("the worker's JobLeases statement");
+    let attributes = &worker["Condition"]["ForAllValues:StringEquals"]["dynamodb:Attributes"];
+    assert!(attributes.as_array().unwrap().contains(&json!("run_s")), "{attributes}");
 }
 
 /// Launch rights only where launches happen (issue 10): submit and interruption may not launch,

@@ -50,6 +50,14 @@ pub const ACTIVE_INDEX: &str = "active";
 /// [`crate::provision`] create it.
 pub const ARRIVALS_INDEX: &str = "arrivals";
 
+/// The sparse global secondary index of finished jobs by lane and finishing time: partition key
+/// `lane`, sort key `finished_at`, `run_s` projected (set with `finished_at` by the settle that
+/// ends a run, [`onoff_control::job::Settle::run_s`]). The reconciler reads the run times of a
+/// lane's last jobs to finish from it, newest first: the estimate of an undeclared job's run
+/// time. Only finished jobs have `finished_at`, and a job finishes once, so each job is written
+/// to it once. template.yaml and [`crate::provision`] create it.
+pub const FINISHES_INDEX: &str = "finishes";
+
 /// Parse an item of the [`ARRIVALS_INDEX`].
 fn arrival_from_item(item: &HashMap<String, AttributeValue>) -> Result<ArrivalRecord, StoreError> {
     let id = key_of(item);
@@ -104,6 +112,7 @@ pub fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<JobRec
         created_at: num("created_at").ok_or_else(|| bad("created_at"))?,
         reason: text("reason"),
         finished_at: num("finished_at"),
+        run_s: num("run_s"),
         cancel_requested: item
             .get("cancel_requested")
             .and_then(|v| v.as_bool().ok())
@@ -481,6 +490,29 @@ impl JobStore for DynamoJobs {
         Ok(out)
     }
 
+    async fn finished_run_times(&self, lane: &str, limit: u32) -> Result<Vec<f64>, StoreError> {
+        // One page: `Limit` items at most, newest first (a run asks for tens).
+        let page = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(FINISHES_INDEX)
+            .key_condition_expression("#l = :l")
+            .expression_attribute_names("#l", "lane")
+            .expression_attribute_values(":l", s(lane))
+            .scan_index_forward(false)
+            .limit(i32::try_from(limit).unwrap_or(i32::MAX).max(1))
+            .send()
+            .await
+            .map_err(|e| store_error("query finishes", &e))?;
+        Ok(page
+            .items()
+            .iter()
+            .filter_map(|item| item.get("run_s")?.as_n().ok()?.parse::<f64>().ok())
+            .filter(|r| r.is_finite() && *r >= 0.0)
+            .collect())
+    }
+
     async fn record_progress(
         &self,
         id: &str,
@@ -804,6 +836,10 @@ impl DynamoJobs {
             req = req
                 .expression_attribute_values(":now", n(now))
                 .expression_attribute_values(":ttl", epoch_s(now + FINISHED_JOB_TTL_S));
+            if let Some(r) = settle.run_s() {
+                set.push("run_s = :rt");
+                req = req.expression_attribute_values(":rt", n(r));
+            }
         }
         req.update_expression(format!("SET {} REMOVE {}", set.join(", "), remove.join(", ")))
     }

@@ -69,8 +69,9 @@ pub struct Provisioned {
 pub const MAX_RETENTION_S: u32 = 1_209_600;
 
 /// Create the jobs table `name`: key `job_id`, the sparse [`crate::jobs::ACTIVE_INDEX`] on
-/// `active_lane` / `job_id`, the [`crate::jobs::ARRIVALS_INDEX`] on `lane` / `created_at`, TTL on
-/// `expires_at` (as template.yaml).
+/// `active_lane` / `job_id`, the [`crate::jobs::ARRIVALS_INDEX`] on `lane` / `created_at`, the
+/// [`crate::jobs::FINISHES_INDEX`] on `lane` / `finished_at`, TTL on `expires_at` (as
+/// template.yaml).
 ///
 /// # Errors
 /// [`ProvisionError`] naming the table.
@@ -109,6 +110,18 @@ pub async fn jobs_table(c: &Clients, name: &str) -> Result<(), ProvisionError> {
         )
         .build()
         .map_err(|e| perr(name, e))?;
+    let finishes = GlobalSecondaryIndex::builder()
+        .index_name(crate::jobs::FINISHES_INDEX)
+        .key_schema(key("lane", KeyType::Hash)?)
+        .key_schema(key("finished_at", KeyType::Range)?)
+        .projection(
+            Projection::builder()
+                .projection_type(ProjectionType::Include)
+                .non_key_attributes("run_s")
+                .build(),
+        )
+        .build()
+        .map_err(|e| perr(name, e))?;
     let number = |a: &str| {
         AttributeDefinition::builder()
             .attribute_name(a)
@@ -124,9 +137,11 @@ pub async fn jobs_table(c: &Clients, name: &str) -> Result<(), ProvisionError> {
         .attribute_definitions(attr("active_lane")?)
         .attribute_definitions(attr("lane")?)
         .attribute_definitions(number("created_at")?)
+        .attribute_definitions(number("finished_at")?)
         .key_schema(key("job_id", KeyType::Hash)?)
         .global_secondary_indexes(index)
         .global_secondary_indexes(arrivals)
+        .global_secondary_indexes(finishes)
         .send()
         .await
         .map_err(|e| perr(format!("table {name}"), aws_sdk_dynamodb::error::DisplayErrorContext(e)))?;

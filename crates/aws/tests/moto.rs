@@ -820,6 +820,16 @@ async fn the_arrivals_index_lists_every_job_of_a_lane() {
     contract::arrivals_list_every_job_of_the_lane(&jobs, || async {}, "arr", 1_700_000_000.0).await;
 }
 
+/// The run times of a lane's last jobs to finish, from the finishes index: the fake's steps.
+#[tokio::test]
+async fn finished_run_times_are_the_lanes_latest() {
+    let c = clients().await;
+    let name = unique("jobs");
+    onoff_aws::provision::jobs_table(&c, &name).await.unwrap();
+    let jobs = onoff_aws::jobs::DynamoJobs::new(c.dynamodb.clone(), &name);
+    contract::finished_run_times_are_the_lanes_latest(&jobs, || async {}, "fin", "standard", 1_700_000_000.0).await;
+}
+
 /// A lane's arrival statistics kept in the control table: the fake's steps.
 #[tokio::test]
 async fn arrival_stats_are_kept_over_what_was_read() {

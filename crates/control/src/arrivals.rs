@@ -20,8 +20,10 @@
 //!
 //! So the deployed policy decides on the statistics the simulator's figures were measured with
 //! (`fold` over any split of the arrivals into runs gives what recording them one by one gives:
-//! tested). What still differs: the simulator knows every job's run time (a trace's), the
-//! deployment only the declared ones (`est_runtime_s`).
+//! tested). An arrival that declared no run time (`est_runtime_s`) is recorded with the lane's
+//! estimate at the time it is folded (the mean of its last jobs to finish,
+//! [`onoff_policy::RecentRunTimes`]); the simulator records it with the estimate at its arrival
+//! (`onoff simulate --undeclared-runtimes`).
 
 use crate::ports::{ArrivalRecord, ArrivalStats, ArrivalStatsStore, JobRecord, JobStore, StoreError};
 use onoff_policy::observation::RECENT_ARRIVALS_KEPT_S;
@@ -106,7 +108,8 @@ pub struct Observed {
 }
 
 /// Steps 1–4 of the module's doc for `lane`, whose policy reads `lookback_s` seconds of recent
-/// arrivals; `shape` gives a job's GPUs per instance as the policy counts them. `known`: jobs of
+/// arrivals; `counted` gives a job's GPUs per instance and run time as the policy counts them
+/// (declared, or the lane's estimate; `None`: unknown). `known`: jobs of
 /// the lane the run has read otherwise (the `active` index, and the asked jobs read by id past
 /// it), added where the arrivals index does not show them yet (it is eventually consistent too):
 /// a job submitted just before the scale request it asked for is among the run's arrivals.
@@ -120,7 +123,7 @@ pub async fn observe<J, S>(
     lookback_s: f64,
     now: f64,
     known: &[JobRecord],
-    mut shape: impl FnMut(&ArrivalRecord) -> u32,
+    mut counted: impl FnMut(&ArrivalRecord) -> (u32, Option<f64>),
 ) -> Result<Observed, StoreError>
 where
     J: JobStore,
@@ -148,7 +151,10 @@ where
     let arrivals: Vec<Arrival> = listed
         .items
         .iter()
-        .map(|a| (a.created_at, shape(a), a.spec.est_runtime_s))
+        .map(|a| {
+            let (gpus, runtime) = counted(a);
+            (a.created_at, gpus, runtime)
+        })
         .collect();
     let (lane_obs, stats, folded) = fold(kept.as_ref(), &arrivals, now);
     let mut out = Observed {
@@ -304,7 +310,7 @@ mod tests {
             3600.0,
             now,
             &known,
-            |_| 1,
+            |a| (1, a.spec.est_runtime_s),
         ))
         .unwrap();
         let at: Vec<f64> = o.lane.recent_arrivals.iter().map(|a| a.at).collect();

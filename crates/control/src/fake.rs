@@ -967,6 +967,8 @@ pub struct FakeJobs {
     fail_get_many: Mutex<Option<StoreError>>,
     /// The next [`crate::ports::JobStore::arrivals`] fails with this.
     fail_arrivals: Mutex<Option<StoreError>>,
+    /// The next [`crate::ports::JobStore::finished_run_times`] fails with this.
+    fail_run_times: Mutex<Option<StoreError>>,
     /// Writes whose answers are lost: see [`FakeJobs::lose_next_answer`].
     answers: LostAnswers,
 }
@@ -1047,6 +1049,12 @@ impl FakeJobs {
     /// other calls not.
     pub fn fail_next_arrivals(&self, err: StoreError) {
         *self.fail_arrivals.lock().expect("lock") = Some(err);
+    }
+
+    /// The next listing of run times ([`crate::ports::JobStore::finished_run_times`]) fails with
+    /// `err` (DynamoDB's answer while the finishes index is still being built), other calls not.
+    pub fn fail_next_run_times(&self, err: StoreError) {
+        *self.fail_run_times.lock().expect("lock") = Some(err);
     }
 
     /// Put an active row that does not parse (a hand-edited item): listed as unreadable,
@@ -1141,6 +1149,7 @@ impl FakeJobs {
         r.lease_expires_at = None;
         if settle.to.is_final() {
             r.finished_at = Some(now);
+            r.run_s = settle.run_s();
         }
     }
 }
@@ -1350,6 +1359,31 @@ impl crate::ports::JobStore for FakeJobs {
             items,
             unreadable: Vec::new(),
         })
+    }
+
+    async fn finished_run_times(&self, lane: &str, limit: u32) -> Result<Vec<f64>, StoreError> {
+        self.injected()?;
+        if let Some(e) = self.fail_run_times.lock().expect("lock").take() {
+            return Err(e);
+        }
+        let jobs = self.jobs.lock().expect("lock");
+        // Every finished job of the lane, newest first (ties by id, descending), as the index
+        // reads backwards; `limit` of them read, those without a run time left out.
+        let mut finished: Vec<&crate::ports::JobRecord> = jobs
+            .values()
+            .filter(|r| r.spec.lane == lane && r.finished_at.is_some())
+            .collect();
+        finished.sort_by(|a, b| {
+            b.finished_at
+                .unwrap_or(0.0)
+                .total_cmp(&a.finished_at.unwrap_or(0.0))
+                .then_with(|| b.id.cmp(&a.id))
+        });
+        Ok(finished
+            .into_iter()
+            .take(limit as usize)
+            .filter_map(|r| r.run_s)
+            .collect())
     }
 
     async fn record_progress(

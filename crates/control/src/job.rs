@@ -505,6 +505,18 @@ impl Settle {
         s
     }
 
+    /// The run time this settle records on the row ([`crate::ports::JobRecord::run_s`]),
+    /// seconds: from the claim to the end of the attempt that ends the job, as its lease holder
+    /// saw it end; `None` for a settle that does not end the job, ran nothing, or ends a lost
+    /// lease (the reaper knows only when the lease expired, not when the job stopped).
+    pub fn run_s(&self) -> Option<f64> {
+        let a = self
+            .attempt
+            .as_ref()
+            .filter(|a| self.to.is_final() && a.outcome != AttemptEnd::LeaseLost(String::new()).name())?;
+        Some((a.ended_at - a.started_at).max(0.0))
+    }
+
     /// Whether row `r` already shows this settle written: its lease holder's write landed, its
     /// answer was lost (a 5xx or a timeout), and the SDK sent it again, which fails its own
     /// condition ("the expected condition is not met after the first update", DynamoDB Developer

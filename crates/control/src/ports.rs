@@ -632,6 +632,10 @@ pub struct JobRecord {
     pub reason: Option<String>,
     /// When it reached a final state, unix seconds.
     pub finished_at: Option<f64>,
+    /// Seconds from the claim to the end of the attempt that ended it, when a run ended it
+    /// ([`crate::job::Settle::run_s`]; `None` for a job cancelled while queued, or not ended):
+    /// what [`JobStore::finished_run_times`] lists.
+    pub run_s: Option<f64>,
     /// The user asked to cancel it while it ran (`onoff cancel`): its lease holder stops it at
     /// the next renewal and ends it CANCELLED; any end of its lease but success is CANCELLED.
     pub cancel_requested: bool,
@@ -663,6 +667,7 @@ impl JobRecord {
             created_at: now,
             reason: None,
             finished_at: None,
+            run_s: None,
             cancel_requested: false,
             claimed_at: None,
             attempt_log: Vec::new(),
@@ -803,6 +808,18 @@ pub trait JobStore {
     /// Store failures (on DynamoDB also an index still being built after an update of the
     /// stack).
     async fn arrivals(&self, lane: &str, after: f64) -> Result<Listing<ArrivalRecord>, StoreError>;
+
+    /// The run times ([`JobRecord::run_s`], seconds) of the last `limit` jobs of `lane` to
+    /// finish, newest first: the estimate of an undeclared job's run time
+    /// ([`onoff_policy::RecentRunTimes`]). DynamoDB: the `finishes` index (partition `lane`, sort
+    /// `finished_at`, `run_s` projected), eventually consistent. A job that finished without a
+    /// run (cancelled while queued) counts toward `limit` and is left out, as DynamoDB's `Limit`
+    /// counts the items it reads.
+    ///
+    /// # Errors
+    /// Store failures (on DynamoDB also an index still being built after an update of the
+    /// stack).
+    async fn finished_run_times(&self, lane: &str, limit: u32) -> Result<Vec<f64>, StoreError>;
 
     /// While `owner` holds the lease: set the job's last complete checkpoint (an S3 prefix) and
     /// its cost so far, `cost_usd` ($, every attempt's: the cost the claim returned plus this
@@ -1196,6 +1213,9 @@ impl<T: JobStore> JobStore for &T {
     }
     async fn arrivals(&self, lane: &str, after: f64) -> Result<Listing<ArrivalRecord>, StoreError> {
         (**self).arrivals(lane, after).await
+    }
+    async fn finished_run_times(&self, lane: &str, limit: u32) -> Result<Vec<f64>, StoreError> {
+        (**self).finished_run_times(lane, limit).await
     }
     async fn get_many(&self, ids: &[String]) -> Result<Listing<JobRecord>, StoreError> {
         (**self).get_many(ids).await

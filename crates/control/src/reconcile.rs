@@ -133,6 +133,9 @@ pub struct ReconcileReport {
     pub asked_jobs_unread: bool,
     /// Arrivals folded into the lanes' kept statistics by this run ([`crate::arrivals`]).
     pub arrivals_folded: usize,
+    /// Per lane with one: the run time a job that declares none is taken to have, seconds (the
+    /// mean of the lane's last jobs to finish, [`onoff_policy::RecentRunTimes`]).
+    pub run_time_estimates: Vec<(String, f64)>,
 }
 
 /// End the lease of a RUNNING job whose lease expired or whose worker is lost: QUEUED with a
@@ -637,6 +640,35 @@ where
     // Observe.
     let mut shapes = ShapeMemo::new();
     let mut lanes: Vec<LaneObservation> = Vec::with_capacity(cfg.lanes.len());
+    // Per lane: the run time of a job that declares none, from the lane's last jobs to finish
+    // (`None`: too few finished, or unreadable; the policy's `offers.default_runtime_s` then).
+    let mut estimates: BTreeMap<&str, f64> = BTreeMap::new();
+    for lane in &cfg.lanes {
+        match jobs
+            .finished_run_times(&lane.name, onoff_policy::observation::RUN_TIMES_KEPT as u32)
+            .await
+        {
+            Ok(newest_first) => {
+                let mut kept = onoff_policy::RecentRunTimes::default();
+                for r in newest_first.into_iter().rev() {
+                    kept.record(r);
+                }
+                if let Some(e) = kept.estimate_s() {
+                    estimates.insert(lane.name.as_str(), e);
+                    report.run_time_estimates.push((lane.name.clone(), e));
+                }
+            }
+            Err(e) => report.errors.push(format!(
+                "read the run times of lane {}: {e}; jobs that declare none count as {} s",
+                lane.name, cfg.offers.default_runtime_s
+            )),
+        }
+    }
+    // A job's run time as the policy is given it: declared, or the lane's estimate.
+    let runtime_of = |spec: &crate::job::JobSpec| {
+        spec.est_runtime_s
+            .or_else(|| estimates.get(spec.lane.as_str()).copied())
+    };
     for lane in &cfg.lanes {
         // The backlog as the jobs table has it (the lane queue may hold duplicates and
         // messages of finished jobs): pending jobs are waiting, running ones in flight.
@@ -657,7 +689,8 @@ where
             0.0
         };
         let observed = crate::arrivals::observe(jobs, avail, &lane.name, lookback_s, now, &active, |a| {
-            shape(&mut shapes, &a.spec, opts.max_gpus_per_instance, offerings, cfg).0
+            let g = shape(&mut shapes, &a.spec, opts.max_gpus_per_instance, offerings, cfg).0;
+            (g, runtime_of(&a.spec))
         })
         .await;
         match observed {
@@ -683,7 +716,7 @@ where
                     })
                     .map(|j| {
                         let g = shape(&mut shapes, &j.spec, opts.max_gpus_per_instance, offerings, cfg).0;
-                        (j.created_at, g, j.spec.est_runtime_s)
+                        (j.created_at, g, runtime_of(&j.spec))
                     })
                     .collect();
                 arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -708,18 +741,24 @@ where
                 gpus_per_instance: g,
                 instances: n,
                 min_gpu_memory_gib: j.spec.min_gpu_memory_gib,
-                est_runtime_s: j.spec.est_runtime_s,
+                est_runtime_s: runtime_of(&j.spec),
                 deadline: j.spec.deadline,
                 enqueued_at: j.created_at,
             })
         })
         .collect();
     let specs: BTreeMap<&str, &Offering> = offerings.iter().map(|o| (o.key.instance_type.as_str(), o)).collect();
-    // When each worker's running job is expected to end: its lease's start plus its declared run time.
+    // When each worker's running job is expected to end: its lease's start plus its declared run
+    // time, or the lane's estimate until the job has outlived it by the short-job horizon (short
+    // jobs queued behind it would have waited the horizon already; its end is unknown then).
     let busy_until: BTreeMap<&str, f64> = active
         .iter()
         .filter(|j| j.state == JobState::Running)
-        .filter_map(|j| Some((j.lease_owner.as_deref()?, j.claimed_at? + j.spec.est_runtime_s?)))
+        .filter_map(|j| {
+            let end = j.claimed_at? + runtime_of(&j.spec)?;
+            let known = j.spec.est_runtime_s.is_some() || end + cfg.offers.short_job_horizon_s > now;
+            Some((j.lease_owner.as_deref()?, end)).filter(|_| known)
+        })
         .collect();
     let views: Vec<WorkerView> = live
         .iter()

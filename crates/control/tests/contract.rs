@@ -87,6 +87,18 @@ fn the_fake_jobs_table_lists_every_arrival_of_a_lane() {
 }
 
 #[test]
+fn the_fake_jobs_table_lists_the_run_times_of_a_lanes_last_finishes() {
+    let jobs = FakeJobs::default();
+    pollster::block_on(contract::finished_run_times_are_the_lanes_latest(
+        &jobs,
+        || std::future::ready(()),
+        "fin",
+        "standard",
+        1_700_000_000.0,
+    ));
+}
+
+#[test]
 fn the_fake_keeps_arrival_stats_over_what_was_read() {
     let store = onoff_control::fake::FakeAvailability::default();
     pollster::block_on(contract::arrival_stats_are_kept_over_what_was_read(&store, "standard"));

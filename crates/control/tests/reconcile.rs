@@ -1239,3 +1239,104 @@ fn without_the_arrivals_a_run_decides_on_the_unfinished_jobs_and_says_so() {
     // The next run reads them.
     assert!(warm_launches(&w.reconcile(now + 30.0, false)) >= 3);
 }
+
+/// `n` jobs of the standard lane that declared no run time, each run `run_s` seconds from its
+/// claim to its success, the last ending before `t0 + 10 n`.
+fn finished_runs(w: &World, n: usize, run_s: f64, t0: f64) {
+    use onoff_control::job::{AttemptEnd, AttemptRecord, RerunLimits, Settle};
+    for i in 0..n {
+        let at = t0 + 10.0 * i as f64;
+        let spec = format!(r#"{{"image":"i","command":["x"],"project":"p","client_token":"done{i}"}}"#);
+        let src = Source::Sqs {
+            message_id: format!("done{i}"),
+        };
+        let id = match pollster::block_on(submit(&spec, &src, &["standard"], at, &w.jobs, &w.queue)).unwrap() {
+            Submitted::New(id) | Submitted::Existing(id) => id,
+        };
+        let Claim::Claimed(rec) = pollster::block_on(w.jobs.claim(&id, "i-done", at + 600.0, at + 1.0)).unwrap() else {
+            panic!("claim of {id}");
+        };
+        let attempt = AttemptRecord {
+            n: 1,
+            instance_id: "i-done".into(),
+            instance_type: None,
+            capacity_type: None,
+            price_usd_per_h: None,
+            started_at: at + 1.0,
+            ended_at: at + 1.0 + run_s,
+            outcome: "succeeded".into(),
+            exit_code: Some(0),
+            checkpoint: None,
+            seconds: run_s,
+            cost_usd: 0.0,
+        };
+        let settle = Settle::of(&rec, &AttemptEnd::Succeeded, &RerunLimits::default()).with_attempt(&rec, attempt);
+        pollster::block_on(w.jobs.finish(&id, "i-done", &settle, at + 1.0 + run_s)).unwrap();
+    }
+}
+
+/// Twenty queued jobs that declare no run time, in a lane whose last jobs ran 3 s each: they
+/// take the lane's estimate (3 s), so they queue behind each other on one worker (60 s of work,
+/// within the 120 s short-job horizon) instead of counting an hour each and getting a worker
+/// each, as they do with too few finished jobs, or while the run times cannot be read (which
+/// the run says).
+#[test]
+fn undeclared_jobs_take_the_run_time_of_the_lanes_last_jobs_to_finish() {
+    // (jobs finished before, the finishes index readable, launches, estimate)
+    for (finished, readable, want, estimate) in
+        [(8, true, 1usize, Some(3.0)), (4, true, 20, None), (8, false, 20, None)]
+    {
+        let w = World::new();
+        finished_runs(&w, finished, 3.0, NOW - 1_000.0);
+        w.submit(20);
+        if !readable {
+            w.jobs.fail_next_run_times(onoff_control::ports::StoreError::Other(
+                "ValidationException: Cannot read from backfilling global secondary index: finishes".into(),
+            ));
+        }
+        let r = w.reconcile(NOW + 1.0, false);
+        let case = format!("{finished} finished, readable {readable}");
+        assert_eq!(r.acted.launched.len(), want, "{case}: {:?}", r.plan);
+        let want_estimates: Vec<(String, f64)> = estimate.into_iter().map(|e| ("standard".to_string(), e)).collect();
+        assert_eq!(r.run_time_estimates, want_estimates, "{case}");
+        assert_eq!(
+            r.errors
+                .iter()
+                .any(|e| e.contains("run times of lane standard") && e.contains("backfilling")),
+            !readable,
+            "{case}: {:?}",
+            r.errors
+        );
+    }
+}
+
+/// A running job that declared no run time ends, as the policy sees it, at its claim plus the
+/// lane's estimate (3 s): three undeclared jobs queued a second after the claim wait for that
+/// worker (nothing launched), still 100 s past that end. Once the job has outlived its estimate
+/// by the 120 s short-job horizon its end is unknown, so the same three get a worker (one: 9 s of
+/// work, within the horizon).
+#[test]
+fn a_running_undeclared_job_ends_at_its_estimate_until_it_outlives_it_by_the_horizon() {
+    // (reconcile at, launches)
+    for (at, want) in [(NOW + 102.0, 0usize), (NOW + 203.0, 0), (NOW + 224.0, 1)] {
+        let w = World::new();
+        finished_runs(&w, 8, 3.0, NOW - 1_000.0);
+        let first = w.submit(1).remove(0);
+        w.reconcile(NOW + 1.0, false);
+        let worker = w.workers.records().keys().next().unwrap().clone();
+        pollster::block_on(w.jobs.claim(&first, &worker, NOW + 10_000.0, NOW + 100.0)).unwrap();
+        w.workers
+            .agent_heartbeat(&worker, WorkerState::Running, None, NOW + 100.0)
+            .unwrap();
+        for i in 0..3 {
+            let spec = format!(r#"{{"image":"i","command":["x"],"project":"p","client_token":"later{i}"}}"#);
+            let src = Source::Sqs {
+                message_id: format!("later{i}"),
+            };
+            pollster::block_on(submit(&spec, &src, &["standard"], NOW + 101.0, &w.jobs, &w.queue)).unwrap();
+        }
+        let r = w.reconcile(at, false);
+        assert_eq!(r.run_time_estimates, [("standard".to_string(), 3.0)]);
+        assert_eq!(r.acted.launched.len(), want, "at {at}: {:?}", r.plan);
+    }
+}

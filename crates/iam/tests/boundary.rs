@@ -606,28 +606,33 @@ fn only_the_scaler_and_reaper_stop_and_start_and_only_this_stacks_workers() {
     }
 }
 
-/// A reconcile run reads every job's arrival (the arrivals index) and keeps the lanes' arrival
-/// statistics in the control table; the functions that only ask for a run read no arrivals.
+/// A reconcile run reads every job's arrival (the arrivals index) and the last run times (the
+/// finishes index), and keeps the lanes' arrival statistics in the control table; the functions
+/// that only ask for a run read neither.
 #[test]
-fn only_reconcile_runs_read_the_arrivals_and_keep_their_statistics() {
+fn only_reconcile_runs_read_the_arrivals_and_run_times_and_keep_their_statistics() {
     let a = authorizer();
     let jobs = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-jobs");
     let control = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-control");
     let query = Request::new("dynamodb:Query", &format!("{jobs}/index/arrivals"))
         .with_many("dynamodb:LeadingKeys", &["standard"]);
+    let run_times = Request::new("dynamodb:Query", &format!("{jobs}/index/finishes"))
+        .with_many("dynamodb:LeadingKeys", &["standard"]);
     let keep = |action: &str| Request::new(action, &control).with_many("dynamodb:LeadingKeys", &["arrivals#standard"]);
     for p in [Principal::Scaler, Principal::Reconciler] {
         let c = a.caller(p).unwrap();
         assert_allowed(&a, &c, query.clone());
+        assert_allowed(&a, &c, run_times.clone());
         assert_allowed(&a, &c, keep("dynamodb:GetItem"));
         assert_allowed(&a, &c, keep("dynamodb:PutItem"));
         // Not the table itself, nor the other index.
         assert_denied(&a, &c, Request::new("dynamodb:Query", &jobs));
         assert_denied(&a, &c, Request::new("dynamodb:Query", &format!("{jobs}/index/active")));
     }
-    for p in [Principal::Submit, Principal::Interruption] {
+    for p in [Principal::Submit, Principal::Interruption, Principal::Worker] {
         let c = a.caller(p).unwrap();
         assert_denied(&a, &c, query.clone());
+        assert_denied(&a, &c, run_times.clone());
     }
 }
 

@@ -33,8 +33,8 @@ pub use config::{
 };
 pub use decide::{decide, decide_with_memo};
 pub use observation::{
-    DemandWindows, FleetHint, GapHistogram, LaneBacklog, LaneId, LaneObservation, Observation, PendingJob, ShapeGaps,
-    UnavailableOffering, WorkerState, WorkerView,
+    DemandWindows, FleetHint, GapHistogram, LaneBacklog, LaneId, LaneObservation, Observation, PendingJob,
+    RecentRunTimes, ShapeGaps, UnavailableOffering, WorkerState, WorkerView,
 };
 pub use offering::{CapacityType, InterruptionBucket, Offering, OfferingKey};
 pub use plan::{Action, Held, LanePlan, LaunchShape, Plan, Reason};

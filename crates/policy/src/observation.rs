@@ -731,9 +731,86 @@ pub struct FleetHint {
     pub running_ends: Vec<((usize, u32), Vec<f64>)>,
 }
 
+/// How many of a lane's most recently finished jobs [`RecentRunTimes`] keeps (50).
+pub const RUN_TIMES_KEPT: usize = 50;
+
+/// How many finished jobs [`RecentRunTimes::estimate_s`] needs before it answers (5).
+pub const RUN_TIMES_NEEDED: usize = 5;
+
+/// The run times of a lane's most recently finished jobs, seconds: the estimate of an undeclared
+/// job's run time. A job that declares no `est_runtime_s` otherwise counts as
+/// `offers.default_runtime_s` (an hour), a worker of its own, and a running worker's end is
+/// unknown; a stream of one-second items then launches a GPU per queued item. The caller (the
+/// deployed reconciler from the jobs table's `finishes` index, the simulator as its jobs end)
+/// fills the estimate in where a job declared nothing: for queued jobs, arrivals and running
+/// workers' ends. The policy itself reads only what it is handed.
+///
+/// The estimate is the mean of the last [`RUN_TIMES_KEPT`] run times (claim to end of the attempt
+/// that finished the job), once [`RUN_TIMES_NEEDED`] are known. The mean, not a quantile:
+/// the policy sizes capacity by worker time (Little's law), which the mean gives.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecentRunTimes {
+    /// Run times, seconds, oldest first.
+    kept: std::collections::VecDeque<f64>,
+}
+
+impl RecentRunTimes {
+    /// Record a finished job's run time, seconds (negative or non-finite ones are ignored).
+    /// Record in finishing order; the oldest beyond [`RUN_TIMES_KEPT`] is dropped.
+    pub fn record(&mut self, run_s: f64) {
+        if !run_s.is_finite() || run_s < 0.0 {
+            return;
+        }
+        self.kept.push_back(run_s);
+        if self.kept.len() > RUN_TIMES_KEPT {
+            self.kept.pop_front();
+        }
+    }
+
+    /// Run times kept.
+    pub fn len(&self) -> usize {
+        self.kept.len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.kept.is_empty()
+    }
+
+    /// The estimated run time of a job that declared none, seconds: the mean of those kept, once
+    /// at least [`RUN_TIMES_NEEDED`] are; `None` before. O([`RUN_TIMES_KEPT`]).
+    pub fn estimate_s(&self) -> Option<f64> {
+        (self.kept.len() >= RUN_TIMES_NEEDED).then(|| self.kept.iter().sum::<f64>() / self.kept.len() as f64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// No estimate before five run times; then their mean, over the last fifty only; a negative
+    /// or non-finite run time is no run time.
+    #[test]
+    fn the_run_time_estimate_is_the_mean_of_the_last_fifty_once_five_are_known() {
+        let mut r = RecentRunTimes::default();
+        for t in [2.0, 4.0, 6.0, 8.0] {
+            r.record(t);
+            assert_eq!(r.estimate_s(), None, "{} run times", r.len());
+        }
+        r.record(f64::NAN);
+        r.record(-1.0);
+        r.record(f64::INFINITY);
+        assert_eq!((r.len(), r.estimate_s()), (4, None));
+        r.record(10.0);
+        assert_eq!(r.estimate_s(), Some(6.0));
+        // Fifty of 100 s more: the first five are dropped, the mean is theirs.
+        for _ in 0..RUN_TIMES_KEPT {
+            r.record(100.0);
+        }
+        assert_eq!((r.len(), r.estimate_s()), (RUN_TIMES_KEPT, Some(100.0)));
+        r.record(50.0);
+        assert_eq!(r.estimate_s(), Some((49.0 * 100.0 + 50.0) / 50.0));
+    }
 
     /// The mean over the buckets that hold run times is the mean over all of them.
     #[test]

@@ -33,7 +33,7 @@ use onoff_policy::choice::{self, fits, speed, worth_an_on_demand_worker};
 use onoff_policy::deadline::keeps_off_spot;
 use onoff_policy::{
     CapacityType, DemandWindows, FleetHint, LaneObservation, Observation, Offering, OfferingKey, PendingJob, Plan,
-    PolicyConfig, Reason, UnavailableOffering, WorkerState, WorkerView,
+    PolicyConfig, Reason, RecentRunTimes, UnavailableOffering, WorkerState, WorkerView,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -384,6 +384,12 @@ enum Ev {
         job: usize,
         epoch: u32,
     },
+    /// A running job that declared no run time outlives its estimate by the short-job horizon:
+    /// its workers' end is unknown from now on (as the deployed reconciler drops such an end).
+    EstimatePassed {
+        job: usize,
+        epoch: u32,
+    },
     Notice(u64),
     Interrupt(u64),
     /// A zone's measured series changes value (index into the world's zone clocks).
@@ -550,6 +556,12 @@ struct World {
     busy_terminations: u64,
     completed: u64,
     last_completion: f64,
+    /// Run times of the last jobs to finish (claim to end of their last attempt), as the
+    /// deployed reconciler reads them from the `finishes` index: the estimate of an undeclared
+    /// job's run time (`SimConfig::declared_runtimes` false).
+    run_times: RecentRunTimes,
+    /// The estimate the queued jobs were last given, seconds (undeclared run times only).
+    estimate_given: Option<f64>,
     /// Part of `cost` billed after the last completion, once every job is done, $.
     tail_usd: f64,
     running_jobs: u32,
@@ -1043,7 +1055,7 @@ impl World {
             gpus_per_instance: j.gpus_per_instance,
             instances: j.instances,
             min_gpu_memory_gib: 0.0,
-            est_runtime_s: self.cfg.declared_runtimes.then_some(j.remaining),
+            est_runtime_s: self.runtime_known(j.remaining),
             deadline: Some(j.deadline).filter(|d| d.is_finite()),
             enqueued_at: self.now,
         });
@@ -1239,7 +1251,16 @@ impl World {
             sp.min(speed(&pcfg.offers, &self.offerings[self.wsim[i].offering].gpu_model))
         });
         let at = self.now + self.jobs[job].remaining / sp;
-        let declared = self.cfg.declared_runtimes;
+        // The policy knows when a job ends only from what it declared, or the estimate.
+        let end = match self.cfg.declared_runtimes {
+            true => Some(at),
+            false => self.run_times.estimate_s().map(|e| self.now + e),
+        };
+        // An estimated end the job outlives by the short-job horizon is dropped then: short jobs
+        // queued behind it would have waited the horizon already.
+        let outlives = end
+            .map(|e| e + pcfg.offers.short_job_horizon_s)
+            .filter(|&e| e < at && !self.cfg.declared_runtimes);
         let mut nums = Vec::with_capacity(workers.len());
         for &i in workers {
             let now = self.now;
@@ -1255,8 +1276,7 @@ impl World {
                 w.state = WorkerState::Running;
                 w.idle_since = None;
                 w.project = Some(project);
-                // The policy knows when a job ends only from what it declared.
-                w.busy_until = declared.then_some(at);
+                w.busy_until = end;
             });
         }
         let j = &mut self.jobs[job];
@@ -1269,6 +1289,49 @@ impl World {
         let epoch = j.epoch;
         self.running_jobs += 1;
         self.push(at, Ev::JobDone { job, epoch });
+        if let Some(e) = outlives {
+            self.push(e, Ev::EstimatePassed { job, epoch });
+        }
+    }
+
+    /// [`Ev::EstimatePassed`]: the job's workers no longer have a known end.
+    fn estimate_passed(&mut self, job: usize, epoch: u32) {
+        if self.jobs[job].done || self.jobs[job].epoch != epoch {
+            return;
+        }
+        for k in 0..self.jobs[job].run_workers.len() {
+            let num = self.jobs[job].run_workers[k];
+            if let Some(i) = self.worker_idx(num) {
+                if self.workers[i].state == WorkerState::Running {
+                    self.change_worker(i, |w| w.busy_until = None);
+                }
+            }
+        }
+    }
+
+    /// The run time the policy is given for a job of trace run time `runtime_s`: that, when jobs
+    /// declare theirs; otherwise the estimate from the last jobs to finish, if any.
+    fn runtime_known(&self, runtime_s: f64) -> Option<f64> {
+        match self.cfg.declared_runtimes {
+            true => Some(runtime_s),
+            false => self.run_times.estimate_s(),
+        }
+    }
+
+    /// Give the queued jobs the current run-time estimate (undeclared run times only), as the
+    /// deployed reconciler does on each run.
+    fn refresh_estimates(&mut self) {
+        if self.cfg.declared_runtimes {
+            return;
+        }
+        let e = self.run_times.estimate_s();
+        if e == self.estimate_given {
+            return;
+        }
+        self.estimate_given = e;
+        for j in &mut self.queued {
+            j.est_runtime_s = e;
+        }
     }
 
     fn finish_job(&mut self, job: usize) {
@@ -1279,6 +1342,8 @@ impl World {
         self.completed += 1;
         self.running_jobs -= 1;
         self.last_completion = self.now;
+        let run_s = self.now - self.jobs[job].run_start;
+        self.run_times.record(run_s);
         self.free_workers(workers);
     }
 
@@ -1644,6 +1709,8 @@ pub fn run(
         busy_terminations: 0,
         completed: 0,
         last_completion: t0,
+        run_times: RecentRunTimes::default(),
+        estimate_given: None,
         tail_usd: 0.0,
         running_jobs: 0,
         fleet_index: FleetIndex::default(),
@@ -1749,8 +1816,8 @@ pub fn run(
                 let mut w = world.borrow_mut();
                 let lane = w.lane_index(&cfg.lane);
                 let (gpus, runtime) = (w.jobs[job].gpus_per_instance, w.jobs[job].remaining);
-                let declared = cfg.declared_runtimes.then_some(runtime);
-                w.lanes[lane].record_arrival_with_runtime(gpus, ev.at, declared);
+                let known = w.runtime_known(runtime);
+                w.lanes[lane].record_arrival_with_runtime(gpus, ev.at, known);
                 w.enqueue(job);
                 w.dispatch(&pcfg);
                 decide_now = on_submit;
@@ -1773,6 +1840,7 @@ pub fn run(
                     }
                 }
             }
+            Ev::EstimatePassed { job, epoch } => world.borrow_mut().estimate_passed(job, epoch),
             Ev::JobDone { job, epoch } => {
                 let mut w = world.borrow_mut();
                 if !w.jobs[job].done && w.jobs[job].epoch == epoch {
@@ -1834,6 +1902,7 @@ pub fn run(
                 // Every trace job runs in one lane: its in-flight count is the running jobs.
                 let (lane, running) = (w.lane_index(&cfg.lane), w.running_jobs);
                 w.lanes[lane].backlog.in_flight = running;
+                w.refresh_estimates();
                 if let Some(d) = &mut w.lanes[lane].demand_windows {
                     d.advance(now);
                 }

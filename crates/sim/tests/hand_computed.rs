@@ -965,3 +965,31 @@ fn a_declared_run_time_spares_a_launch_for_a_job_that_its_worker_frees_up_for() 
         declared.total_usd
     );
 }
+
+/// Jobs that declare no run time take the mean run time of the lane's last jobs to finish, once
+/// five have (the deployed reconciler reads the same from the jobs table's `finishes` index).
+/// Five 10 s items arrive at 0 s: nothing has finished, so each counts as an hour, a worker of
+/// its own (5 launches; boot 200 s, they end at 210 s, and their workers are released after the
+/// 600 s idle timeout). Five more arrive at 1,500 s: the estimate is 10 s, 50 s of work within
+/// the 120 s short-job horizon, so one worker is launched for them and they run one after the
+/// other on it (waits 200, 210, 220, 230, 240 s). With four items first, too few to estimate,
+/// the second five get five workers again.
+#[test]
+fn undeclared_jobs_share_a_worker_once_the_lane_has_finished_enough_jobs_to_estimate_their_run_time() {
+    let undeclared = SimConfig {
+        declared_runtimes: false,
+        ..sim(200.0)
+    };
+    let items = |first: usize| {
+        let mut jobs: Vec<(f64, f64, u32)> = vec![(0.0, 10.0, 1); first];
+        jobs.extend([(1_500.0, 10.0, 1); 5]);
+        trace(&jobs)
+    };
+    let learnt = run_policy(&items(5), policy(600.0), &undeclared);
+    assert_eq!((learnt.jobs_completed, learnt.launches), (10, 6), "{learnt:?}");
+    let too_few = run_policy(&items(4), policy(600.0), &undeclared);
+    assert_eq!((too_few.jobs_completed, too_few.launches), (9, 9), "{too_few:?}");
+    // The second five waited 200 to 240 s on the one worker (the first five 200 s each): the
+    // 99th percentile is the longest, 240 s.
+    assert!(close(learnt.wait_p99_s, 240.0), "{learnt:?}");
+}

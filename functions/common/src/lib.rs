@@ -556,6 +556,7 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
         "asks_settled": r.asks_settled,
         "jobs_read_past_index": r.jobs_read_past_index,
         "arrivals_folded": r.arrivals_folded,
+        "run_time_estimates_s": r.run_time_estimates.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
     })
 }
 

@@ -633,6 +633,85 @@ pub async fn arrivals_list_every_job_of_the_lane<J: JobStore, S: std::future::Fu
     assert_eq!(listed.items[1].spec, b.spec, "with its spec");
 }
 
+/// The run times of a lane's last jobs to finish ([`JobStore::finished_run_times`]): newest
+/// first, seconds from the claim to the end of the attempt that ended the job, the `limit`
+/// newest finishes read (a job cancelled while queued is one of them and has no run time); other
+/// lanes' and unfinished jobs not; a job that ran and failed is one. Job ids start with `tag`;
+/// lanes `lane` and `lane-other` are this test's only (several runs may share one table). `settle`
+/// waits for the index as in [`arrivals_list_every_job_of_the_lane`].
+///
+/// # Panics
+/// On the first promise the store breaks, naming it.
+pub async fn finished_run_times_are_the_lanes_latest<J: JobStore, S: std::future::Future<Output = ()>>(
+    jobs: &J,
+    settle: impl Fn() -> S,
+    tag: &str,
+    lane: &str,
+    now: f64,
+) {
+    let lane_of = |lane: &str| {
+        let mut s = spec();
+        s.lane = lane.into();
+        s
+    };
+    let other_lane = format!("{lane}-other");
+    let new = |n: &str, lane: &str| JobRecord::new(format!("{tag}-{n}"), lane_of(lane), "contract".into(), now);
+    let limits = &RerunLimits::default();
+    // Each job of `lane`: claimed at `now + claim`, ended at `now + end` as `how`.
+    let run = |n: &'static str, claim: f64, end: f64, how: AttemptEnd| {
+        let r = new(n, lane);
+        async move {
+            assert_eq!(jobs.create(&r).await.expect("create"), Created::New);
+            let rec = claimed(jobs, &r.id, "i-a", now + claim).await;
+            let s = Settle::of(&rec, &how, limits).with_attempt(&rec, attempt(&rec, "i-a", now + end, "ended"));
+            jobs.finish(&r.id, "i-a", &s, now + end).await.expect("finish");
+            r
+        }
+    };
+    run("a", 0.0, 30.0, AttemptEnd::Succeeded).await;
+    run("b", 5.0, 95.0, AttemptEnd::Fatal("bad image".into())).await;
+    run("c", 10.0, 210.0, AttemptEnd::Succeeded).await;
+    // Cancelled while queued: finished, no run.
+    let q = new("q", lane);
+    assert_eq!(jobs.create(&q).await.expect("create"), Created::New);
+    jobs.request_cancel(&q.id, now + 300.0).await.expect("cancel");
+    // Still running, and another lane's finished job: not this lane's finishes.
+    let running = new("r", lane);
+    assert_eq!(jobs.create(&running).await.expect("create"), Created::New);
+    claimed(jobs, &running.id, "i-b", now + 20.0).await;
+    let x = new("x", &other_lane);
+    assert_eq!(jobs.create(&x).await.expect("create"), Created::New);
+    let rec = claimed(jobs, &x.id, "i-c", now + 1.0).await;
+    let done =
+        Settle::of(&rec, &AttemptEnd::Succeeded, limits).with_attempt(&rec, attempt(&rec, "i-c", now + 2.0, "ok"));
+    jobs.finish(&x.id, "i-c", &done, now + 2.0).await.expect("finish");
+    settle().await;
+    assert_eq!(
+        jobs.get(&format!("{tag}-c")).await.expect("get").expect("row").run_s,
+        Some(200.0),
+        "the row keeps its run time"
+    );
+    assert_eq!(
+        jobs.finished_run_times(lane, 10).await.expect("run times"),
+        [200.0, 90.0, 30.0],
+        "newest first, the failed run too, the cancelled one without a run left out"
+    );
+    assert_eq!(
+        jobs.finished_run_times(lane, 2).await.expect("run times"),
+        [200.0],
+        "the 2 newest finishes read: the cancel and c"
+    );
+    assert_eq!(
+        jobs.finished_run_times(&other_lane, 10).await.expect("run times"),
+        [1.0]
+    );
+    assert!(jobs
+        .finished_run_times(&format!("{lane}-none"), 10)
+        .await
+        .expect("run times")
+        .is_empty());
+}
+
 /// A lane's kept arrival statistics ([`ArrivalStatsStore`]): none before the first save; a save
 /// only over what was read (none, or the statistics folded to the time given), so two runs never
 /// both keep a fold; read back as saved, an unset histogram epoch (NaN) too. `lane` names a lane
