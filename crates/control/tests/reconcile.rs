@@ -99,15 +99,32 @@ impl World {
 
     /// Submit one job declaring `runtime_s` seconds of run time.
     fn submit_timed(&self, token: &str, runtime_s: f64) -> String {
-        let spec = format!(
-            r#"{{"image":"i","command":["x"],"project":"p","client_token":"{token}","est_runtime_s":{runtime_s}}}"#
-        );
+        self.submit_one(token, NOW, Some(runtime_s))
+    }
+
+    /// Submit one job of token `token` at `at`, declaring `runtime_s` seconds of run time if
+    /// any.
+    fn submit_one(&self, token: &str, at: f64, runtime_s: Option<f64>) -> String {
+        let declared = runtime_s.map_or(String::new(), |r| format!(r#","est_runtime_s":{r}"#));
+        let spec = format!(r#"{{"image":"i","command":["x"],"project":"p","client_token":"{token}"{declared}}}"#);
         let src = Source::Sqs {
             message_id: format!("m-{token}"),
         };
-        match pollster::block_on(submit(&spec, &src, &["standard"], NOW, &self.jobs, &self.queue)).unwrap() {
+        match pollster::block_on(submit(&spec, &src, &["standard"], at, &self.jobs, &self.queue)).unwrap() {
             Submitted::New(id) | Submitted::Existing(id) => id,
         }
+    }
+
+    /// A worker launched for job `first` (queued), which it claims at `NOW + 100` and runs;
+    /// returns the worker's id.
+    fn running_on_its_worker(&self, first: &str) -> String {
+        self.reconcile(NOW + 1.0, false);
+        let worker = self.workers.records().keys().next().unwrap().clone();
+        pollster::block_on(self.jobs.claim(first, &worker, NOW + 10_000.0, NOW + 100.0)).unwrap();
+        self.workers
+            .agent_heartbeat(&worker, WorkerState::Running, None, NOW + 100.0)
+            .unwrap();
+        worker
     }
 
     /// One job submitted, a worker launched for it, and the job run there (claimed at
@@ -963,12 +980,7 @@ fn short_jobs_queue_behind_a_worker_whose_job_ends_within_the_horizon() {
     for (running_job_s, want) in [(30.0, 0usize), (3600.0, 1)] {
         let w = World::new();
         let first = w.submit_timed("first", running_job_s);
-        w.reconcile(NOW + 1.0, false);
-        let worker = w.workers.records().keys().next().unwrap().clone();
-        pollster::block_on(w.jobs.claim(&first, &worker, NOW + 10_000.0, NOW + 100.0)).unwrap();
-        w.workers
-            .agent_heartbeat(&worker, WorkerState::Running, None, NOW + 100.0)
-            .unwrap();
+        w.running_on_its_worker(&first);
         for i in 0..3 {
             w.submit_timed(&format!("short{i}"), 10.0);
         }
@@ -1246,13 +1258,7 @@ fn finished_runs(w: &World, n: usize, run_s: f64, t0: f64) {
     use onoff_control::job::{AttemptEnd, AttemptRecord, RerunLimits, Settle};
     for i in 0..n {
         let at = t0 + 10.0 * i as f64;
-        let spec = format!(r#"{{"image":"i","command":["x"],"project":"p","client_token":"done{i}"}}"#);
-        let src = Source::Sqs {
-            message_id: format!("done{i}"),
-        };
-        let id = match pollster::block_on(submit(&spec, &src, &["standard"], at, &w.jobs, &w.queue)).unwrap() {
-            Submitted::New(id) | Submitted::Existing(id) => id,
-        };
+        let id = w.submit_one(&format!("done{i}"), at, None);
         let Claim::Claimed(rec) = pollster::block_on(w.jobs.claim(&id, "i-done", at + 600.0, at + 1.0)).unwrap() else {
             panic!("claim of {id}");
         };
@@ -1322,18 +1328,9 @@ fn a_running_undeclared_job_ends_at_its_estimate_until_it_outlives_it_by_the_hor
         let w = World::new();
         finished_runs(&w, 8, 3.0, NOW - 1_000.0);
         let first = w.submit(1).remove(0);
-        w.reconcile(NOW + 1.0, false);
-        let worker = w.workers.records().keys().next().unwrap().clone();
-        pollster::block_on(w.jobs.claim(&first, &worker, NOW + 10_000.0, NOW + 100.0)).unwrap();
-        w.workers
-            .agent_heartbeat(&worker, WorkerState::Running, None, NOW + 100.0)
-            .unwrap();
+        w.running_on_its_worker(&first);
         for i in 0..3 {
-            let spec = format!(r#"{{"image":"i","command":["x"],"project":"p","client_token":"later{i}"}}"#);
-            let src = Source::Sqs {
-                message_id: format!("later{i}"),
-            };
-            pollster::block_on(submit(&spec, &src, &["standard"], NOW + 101.0, &w.jobs, &w.queue)).unwrap();
+            w.submit_one(&format!("later{i}"), NOW + 101.0, None);
         }
         let r = w.reconcile(at, false);
         assert_eq!(r.run_time_estimates, [("standard".to_string(), 3.0)]);
