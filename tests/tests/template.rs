@@ -1438,32 +1438,38 @@ fn the_active_jobs_index_is_the_one_the_code_scans_and_the_functions_may_scan_it
 }
 
 /// An index of the jobs table only a reconcile run reads: the one `crates/aws/src/jobs.rs`
-/// queries as `constant`, keyed on `lane` (a string) and `sort` (a number), projecting
+/// queries as `constant`, keyed on `partition` (a string) and `sort` (a number), projecting
 /// `projected`, created by `crates/aws/src/provision.rs` for the local stack too, and queryable
 /// by the scaler and the reconciler (which hold `LaunchAccess`) only.
-fn assert_reconcile_index(constant: &str, sort: &str, projected: &str) {
+fn assert_reconcile_index(constant: &str, partition: &str, sort: &str, projected: &str) {
     let t = template();
     let stack = Stack::new(&t, &[]);
     let (name, index, keys) = jobs_index(&t, constant);
     let table = &t["Resources"]["JobsTable"]["Properties"];
     assert_eq!(
         keys,
-        [("lane".to_string(), "HASH".to_string()), (sort.into(), "RANGE".into())]
+        [
+            (partition.to_string(), "HASH".to_string()),
+            (sort.into(), "RANGE".into())
+        ]
     );
     assert_eq!(index["Projection"]["ProjectionType"], "INCLUDE");
     assert_eq!(index["Projection"]["NonKeyAttributes"], json!([projected]));
-    // Key attributes typed as the code writes them: the lane a string, the sort key a number.
+    // Key attributes typed as the code writes them: the partition key a string, the sort key a
+    // number.
     let types: Vec<(String, String)> = table["AttributeDefinitions"]
         .as_array()
         .unwrap()
         .iter()
         .map(|d| (scalar_text(&d["AttributeName"]), scalar_text(&d["AttributeType"])))
         .collect();
-    assert!(types.contains(&("lane".into(), "S".into())), "{types:?}");
+    assert!(types.contains(&(partition.into(), "S".into())), "{types:?}");
     assert!(types.contains(&(sort.into(), "N".into())), "{types:?}");
     let provision = read("crates/aws/src/provision.rs");
     assert!(
         provision.contains(&format!("crate::jobs::{constant}"))
+            && provision.contains(&format!("key(\"{partition}\", KeyType::Hash)"))
+            && provision.contains(&format!("attr(\"{partition}\")"))
             && provision.contains(&format!("number(\"{sort}\")"))
             && provision.contains(&format!(".non_key_attributes(\"{projected}\")")),
         "the local stack's jobs table has the index {name}"
@@ -1483,18 +1489,27 @@ fn assert_reconcile_index(constant: &str, sort: &str, projected: &str) {
 /// The arrivals index: every job by lane and creation time, the spec projected.
 #[test]
 fn the_arrivals_index_is_the_one_the_code_queries_and_reconcile_runs_may_query_it() {
-    assert_reconcile_index("ARRIVALS_INDEX", "created_at", "spec");
+    assert_reconcile_index("ARRIVALS_INDEX", "lane", "created_at", "spec");
 }
 
-/// The finishes index: finished jobs by lane and finishing time, their run time projected.
-/// The worker's agent writes that run time as it settles the job's last attempt, so its role
-/// may write the attribute.
+/// The run_times index: the run times of finished jobs by lane and finishing time. Sparse on its
+/// partition key `run_lane`, which only the settle that writes a run time writes (with it), so
+/// finishes without a run (a mass cancel) cannot crowd run times out of the newest the
+/// reconciler reads. The worker's agent writes both as it settles the job's last attempt, so its
+/// role may write them.
 #[test]
-fn the_finishes_index_is_the_one_the_code_queries_and_workers_write_its_run_times() {
-    assert_reconcile_index("FINISHES_INDEX", "finished_at", "run_s");
+fn the_run_times_index_is_the_one_the_code_queries_and_workers_write_its_run_times() {
+    assert_reconcile_index("RUN_TIMES_INDEX", "run_lane", "finished_at", "run_s");
     let t = template();
     let jobs = read("crates/aws/src/jobs.rs");
-    assert!(jobs.contains("\"run_s = :rt\""), "the settle writes run_s");
+    assert!(
+        jobs.contains("\"run_s = :rt, run_lane = :rl\""),
+        "the settle writes run_s and run_lane together"
+    );
+    assert!(
+        !jobs.contains("\"run_lane\", s(") && !jobs.contains(".item(\"run_lane\""),
+        "nothing else writes run_lane"
+    );
     let worker = t["Resources"]["WorkerRole"]["Properties"]["Policies"]
         .as_array()
         .unwrap()
@@ -1503,7 +1518,9 @@ fn the_finishes_index_is_the_one_the_code_queries_and_workers_write_its_run_time
         .find(|st| st["Sid"] == "JobLeases")
         .expect("the worker's JobLeases statement");
     let attributes = &worker["Condition"]["ForAllValues:StringEquals"]["dynamodb:Attributes"];
-    assert!(attributes.as_array().unwrap().contains(&json!("run_s")), "{attributes}");
+    for a in ["run_s", "run_lane"] {
+        assert!(attributes.as_array().unwrap().contains(&json!(a)), "{a}: {attributes}");
+    }
 }
 
 /// Launch rights only where launches happen (issue 10): submit and interruption may not launch,

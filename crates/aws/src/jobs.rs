@@ -8,7 +8,9 @@
 //! each, appended as attempts end), `outputs` (a map: `attempt`, `files`, `at`, maybe `error`:
 //! [`onoff_control::job::OutputsRecord`]); `active_lane` (the lane)
 //! only while the job is not finished, which makes the [`ACTIVE_INDEX`] sparse: listing the
-//! active jobs reads only them, however long the history. A finished job gets `expires_at`
+//! active jobs reads only them, however long the history. A job whose run ended it gets `run_s`
+//! and `run_lane` (the lane) with `finished_at`, which makes the [`RUN_TIMES_INDEX`] sparse in
+//! the same way. A finished job gets `expires_at`
 //! ([`FINISHED_JOB_TTL_S`] later) for the table's TTL. Error records use the key
 //! `error#<source>` with `reason`, `created_at` and `expires_at`.
 
@@ -50,13 +52,17 @@ pub const ACTIVE_INDEX: &str = "active";
 /// [`crate::provision`] create it.
 pub const ARRIVALS_INDEX: &str = "arrivals";
 
-/// The sparse global secondary index of finished jobs by lane and finishing time: partition key
-/// `lane`, sort key `finished_at`, `run_s` projected (set with `finished_at` by the settle that
-/// ends a run, [`onoff_control::job::Settle::run_s`]). The reconciler reads the run times of a
-/// lane's last jobs to finish from it, newest first: the estimate of an undeclared job's run
-/// time. Only finished jobs have `finished_at`, and a job finishes once, so each job is written
-/// to it once. template.yaml and [`crate::provision`] create it.
-pub const FINISHES_INDEX: &str = "finishes";
+/// The sparse global secondary index of the run times of finished jobs, by lane and finishing
+/// time: partition key `run_lane`, sort key `finished_at`, `run_s` projected. Only the settle that
+/// ends a job's run writes `run_lane` (the job's lane) with `run_s` and `finished_at`
+/// ([`onoff_control::job::Settle::run_s`]), so a job that finished without a run (cancelled while
+/// queued, failed on its lost leases) is not in it: a mass cancel cannot push a lane's run times
+/// out of the newest `Limit` the reconciler reads (a `FilterExpression` would be applied after
+/// the `Limit`, DynamoDB Developer Guide, "Filter expressions for the Query operation"). The
+/// reconciler reads a lane's last run times from it, newest first: the estimate of an undeclared
+/// job's run time. A job finishes once, so each job is written to it at most once.
+/// template.yaml and [`crate::provision`] create it.
+pub const RUN_TIMES_INDEX: &str = "run_times";
 
 /// Parse an item of the [`ARRIVALS_INDEX`].
 fn arrival_from_item(item: &HashMap<String, AttributeValue>) -> Result<ArrivalRecord, StoreError> {
@@ -496,15 +502,14 @@ impl JobStore for DynamoJobs {
             .client
             .query()
             .table_name(&self.table)
-            .index_name(FINISHES_INDEX)
-            .key_condition_expression("#l = :l")
-            .expression_attribute_names("#l", "lane")
+            .index_name(RUN_TIMES_INDEX)
+            .key_condition_expression("run_lane = :l")
             .expression_attribute_values(":l", s(lane))
             .scan_index_forward(false)
             .limit(i32::try_from(limit).unwrap_or(i32::MAX).max(1))
             .send()
             .await
-            .map_err(|e| store_error("query finishes", &e))?;
+            .map_err(|e| store_error("query run_times", &e))?;
         Ok(page
             .items()
             .iter()
@@ -837,8 +842,10 @@ impl DynamoJobs {
                 .expression_attribute_values(":now", n(now))
                 .expression_attribute_values(":ttl", epoch_s(now + FINISHED_JOB_TTL_S));
             if let Some(r) = settle.run_s() {
-                set.push("run_s = :rt");
-                req = req.expression_attribute_values(":rt", n(r));
+                set.push("run_s = :rt, run_lane = :rl");
+                req = req
+                    .expression_attribute_values(":rt", n(r))
+                    .expression_attribute_values(":rl", s(&settle.lane));
             }
         }
         req.update_expression(format!("SET {} REMOVE {}", set.join(", "), remove.join(", ")))

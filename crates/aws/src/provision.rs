@@ -70,7 +70,7 @@ pub const MAX_RETENTION_S: u32 = 1_209_600;
 
 /// Create the jobs table `name`: key `job_id`, the sparse [`crate::jobs::ACTIVE_INDEX`] on
 /// `active_lane` / `job_id`, the [`crate::jobs::ARRIVALS_INDEX`] on `lane` / `created_at`, the
-/// [`crate::jobs::FINISHES_INDEX`] on `lane` / `finished_at`, TTL on `expires_at` (as
+/// sparse [`crate::jobs::RUN_TIMES_INDEX`] on `run_lane` / `finished_at`, TTL on `expires_at` (as
 /// template.yaml).
 ///
 /// # Errors
@@ -110,9 +110,9 @@ pub async fn jobs_table(c: &Clients, name: &str) -> Result<(), ProvisionError> {
         )
         .build()
         .map_err(|e| perr(name, e))?;
-    let finishes = GlobalSecondaryIndex::builder()
-        .index_name(crate::jobs::FINISHES_INDEX)
-        .key_schema(key("lane", KeyType::Hash)?)
+    let run_times = GlobalSecondaryIndex::builder()
+        .index_name(crate::jobs::RUN_TIMES_INDEX)
+        .key_schema(key("run_lane", KeyType::Hash)?)
         .key_schema(key("finished_at", KeyType::Range)?)
         .projection(
             Projection::builder()
@@ -136,12 +136,13 @@ pub async fn jobs_table(c: &Clients, name: &str) -> Result<(), ProvisionError> {
         .attribute_definitions(attr("job_id")?)
         .attribute_definitions(attr("active_lane")?)
         .attribute_definitions(attr("lane")?)
+        .attribute_definitions(attr("run_lane")?)
         .attribute_definitions(number("created_at")?)
         .attribute_definitions(number("finished_at")?)
         .key_schema(key("job_id", KeyType::Hash)?)
         .global_secondary_indexes(index)
         .global_secondary_indexes(arrivals)
-        .global_secondary_indexes(finishes)
+        .global_secondary_indexes(run_times)
         .send()
         .await
         .map_err(|e| perr(format!("table {name}"), aws_sdk_dynamodb::error::DisplayErrorContext(e)))?;

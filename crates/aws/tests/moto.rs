@@ -820,7 +820,7 @@ async fn the_arrivals_index_lists_every_job_of_a_lane() {
     contract::arrivals_list_every_job_of_the_lane(&jobs, || async {}, "arr", 1_700_000_000.0).await;
 }
 
-/// The run times of a lane's last jobs to finish, from the finishes index: the fake's steps.
+/// The run times of a lane's last jobs to finish, from the sparse run_times index: the fake's steps.
 #[tokio::test]
 async fn finished_run_times_are_the_lanes_latest() {
     let c = clients().await;

@@ -929,6 +929,7 @@ pub fn job_item_bytes(r: &crate::ports::JobRecord) -> usize {
         ("lane", r.spec.lane.len()),
         ("project", r.spec.project.len()),
         ("active_lane", r.spec.lane.len()),
+        ("run_lane", r.run_s.map_or(0, |_| r.spec.lane.len())),
         ("reason", r.reason.as_ref().map_or(0, String::len)),
         ("lease_owner", r.lease_owner.as_ref().map_or(0, String::len)),
         ("last_checkpoint", r.last_checkpoint.as_ref().map_or(0, String::len)),
@@ -1052,7 +1053,7 @@ impl FakeJobs {
     }
 
     /// The next listing of run times ([`crate::ports::JobStore::finished_run_times`]) fails with
-    /// `err` (DynamoDB's answer while the finishes index is still being built), other calls not.
+    /// `err` (DynamoDB's answer while the run_times index is still being built), other calls not.
     pub fn fail_next_run_times(&self, err: StoreError) {
         *self.fail_run_times.lock().expect("lock") = Some(err);
     }
@@ -1367,11 +1368,12 @@ impl crate::ports::JobStore for FakeJobs {
             return Err(e);
         }
         let jobs = self.jobs.lock().expect("lock");
-        // Every finished job of the lane, newest first (ties by id, descending), as the index
-        // reads backwards; `limit` of them read, those without a run time left out.
+        // Every job of the lane that finished with a run time (the index is sparse on
+        // `run_lane`, written with `run_s`), newest first (ties by id, descending), as the index
+        // reads backwards; `limit` of them.
         let mut finished: Vec<&crate::ports::JobRecord> = jobs
             .values()
-            .filter(|r| r.spec.lane == lane && r.finished_at.is_some())
+            .filter(|r| r.spec.lane == lane && r.finished_at.is_some() && r.run_s.is_some())
             .collect();
         finished.sort_by(|a, b| {
             b.finished_at

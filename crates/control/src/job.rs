@@ -429,6 +429,9 @@ pub struct Settle {
     pub reason: Option<String>,
     /// The attempt, appended to the row's attempt log (`None`: nothing ran, e.g. a hand-back).
     pub attempt: Option<AttemptRecord>,
+    /// The job's lane: with [`Settle::run_s`], the row joins its lane's run times (the jobs
+    /// table's sparse `run_times` index, partition key `run_lane`).
+    pub lane: String,
 }
 
 impl Settle {
@@ -442,6 +445,7 @@ impl Settle {
             lease_expiries: job.lease_expiries,
             reason: None,
             attempt: None,
+            lane: job.spec.lane.clone(),
         };
         // A cancel asked for while it ran wins over every end but success: it never runs again.
         if job.cancel_requested && !matches!(end, AttemptEnd::Succeeded) {

@@ -810,11 +810,11 @@ pub trait JobStore {
     async fn arrivals(&self, lane: &str, after: f64) -> Result<Listing<ArrivalRecord>, StoreError>;
 
     /// The run times ([`JobRecord::run_s`], seconds) of the last `limit` jobs of `lane` to
-    /// finish, newest first: the estimate of an undeclared job's run time
-    /// ([`onoff_policy::RecentRunTimes`]). DynamoDB: the `finishes` index (partition `lane`, sort
-    /// `finished_at`, `run_s` projected), eventually consistent. A job that finished without a
-    /// run (cancelled while queued) counts toward `limit` and is left out, as DynamoDB's `Limit`
-    /// counts the items it reads.
+    /// finish with one, newest first: the estimate of an undeclared job's run time
+    /// ([`onoff_policy::RecentRunTimes`]). DynamoDB: the sparse `run_times` index (partition
+    /// `run_lane`, written only with `run_s`; sort `finished_at`; `run_s` projected), eventually
+    /// consistent. A job that finished without a run (cancelled while queued, failed on lost
+    /// leases) is not in it, so however many there are, the `limit` newest run times are read.
     ///
     /// # Errors
     /// Store failures (on DynamoDB also an index still being built after an update of the

@@ -1288,7 +1288,7 @@ fn finished_runs(w: &World, n: usize, run_s: f64, t0: f64) {
 /// the run says).
 #[test]
 fn undeclared_jobs_take_the_run_time_of_the_lanes_last_jobs_to_finish() {
-    // (jobs finished before, the finishes index readable, launches, estimate)
+    // (jobs finished before, the run_times index readable, launches, estimate)
     for (finished, readable, want, estimate) in
         [(8, true, 1usize, Some(3.0)), (4, true, 20, None), (8, false, 20, None)]
     {
@@ -1297,7 +1297,7 @@ fn undeclared_jobs_take_the_run_time_of_the_lanes_last_jobs_to_finish() {
         w.submit(20);
         if !readable {
             w.jobs.fail_next_run_times(onoff_control::ports::StoreError::Other(
-                "ValidationException: Cannot read from backfilling global secondary index: finishes".into(),
+                "ValidationException: Cannot read from backfilling global secondary index: run_times".into(),
             ));
         }
         let r = w.reconcile(NOW + 1.0, false);

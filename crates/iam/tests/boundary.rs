@@ -366,6 +366,8 @@ fn a_worker_updates_only_the_lease_attributes_of_a_job_row() {
                 "lease_expiries",
                 "lease_owner",
                 "reason",
+                "run_lane",
+                "run_s",
                 "state",
             ],
             "NONE",
@@ -607,7 +609,7 @@ fn only_the_scaler_and_reaper_stop_and_start_and_only_this_stacks_workers() {
 }
 
 /// A reconcile run reads every job's arrival (the arrivals index) and the last run times (the
-/// finishes index), and keeps the lanes' arrival statistics in the control table; the functions
+/// run_times index), and keeps the lanes' arrival statistics in the control table; the functions
 /// that only ask for a run read neither.
 #[test]
 fn only_reconcile_runs_read_the_arrivals_and_run_times_and_keep_their_statistics() {
@@ -616,7 +618,7 @@ fn only_reconcile_runs_read_the_arrivals_and_run_times_and_keep_their_statistics
     let control = format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/st-control");
     let query = Request::new("dynamodb:Query", &format!("{jobs}/index/arrivals"))
         .with_many("dynamodb:LeadingKeys", &["standard"]);
-    let run_times = Request::new("dynamodb:Query", &format!("{jobs}/index/finishes"))
+    let run_times = Request::new("dynamodb:Query", &format!("{jobs}/index/run_times"))
         .with_many("dynamodb:LeadingKeys", &["standard"]);
     let keep = |action: &str| Request::new(action, &control).with_many("dynamodb:LeadingKeys", &["arrivals#standard"]);
     for p in [Principal::Scaler, Principal::Reconciler] {

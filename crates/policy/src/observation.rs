@@ -741,7 +741,7 @@ pub const RUN_TIMES_NEEDED: usize = 5;
 /// job's run time. A job that declares no `est_runtime_s` otherwise counts as
 /// `offers.default_runtime_s` (an hour), a worker of its own, and a running worker's end is
 /// unknown; a stream of one-second items then launches a GPU per queued item. The caller (the
-/// deployed reconciler from the jobs table's `finishes` index, the simulator as its jobs end)
+/// deployed reconciler from the jobs table's `run_times` index, the simulator as its jobs end)
 /// fills the estimate in where a job declared nothing: for queued jobs, arrivals and running
 /// workers' ends. The policy itself reads only what it is handed.
 ///

@@ -557,7 +557,7 @@ struct World {
     completed: u64,
     last_completion: f64,
     /// Run times of the last jobs to finish (claim to end of their last attempt), as the
-    /// deployed reconciler reads them from the `finishes` index: the estimate of an undeclared
+    /// deployed reconciler reads them from the `run_times` index: the estimate of an undeclared
     /// job's run time (`SimConfig::declared_runtimes` false).
     run_times: RecentRunTimes,
     /// The estimate the queued jobs were last given, seconds (undeclared run times only).

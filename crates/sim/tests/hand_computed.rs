@@ -967,7 +967,7 @@ fn a_declared_run_time_spares_a_launch_for_a_job_that_its_worker_frees_up_for() 
 }
 
 /// Jobs that declare no run time take the mean run time of the lane's last jobs to finish, once
-/// five have (the deployed reconciler reads the same from the jobs table's `finishes` index).
+/// five have (the deployed reconciler reads the same from the jobs table's `run_times` index).
 /// Five 10 s items arrive at 0 s: nothing has finished, so each counts as an hour, a worker of
 /// its own (5 launches; boot 200 s, they end at 210 s, and their workers are released after the
 /// 600 s idle timeout). Five more arrive at 1,500 s: the estimate is 10 s, 50 s of work within

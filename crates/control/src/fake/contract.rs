@@ -635,8 +635,9 @@ pub async fn arrivals_list_every_job_of_the_lane<J: JobStore, S: std::future::Fu
 
 /// The run times of a lane's last jobs to finish ([`JobStore::finished_run_times`]): newest
 /// first, seconds from the claim to the end of the attempt that ended the job, the `limit`
-/// newest finishes read (a job cancelled while queued is one of them and has no run time); other
-/// lanes' and unfinished jobs not; a job that ran and failed is one. Job ids start with `tag`;
+/// newest of them however many jobs finished without a run after them (three cancelled while
+/// queued, more than `limit`); other lanes' and unfinished jobs not; a job that ran and failed
+/// is one. Job ids start with `tag`;
 /// lanes `lane` and `lane-other` are this test's only (several runs may share one table). `settle`
 /// waits for the index as in [`arrivals_list_every_job_of_the_lane`].
 ///
@@ -671,10 +672,19 @@ pub async fn finished_run_times_are_the_lanes_latest<J: JobStore, S: std::future
     run("a", 0.0, 30.0, AttemptEnd::Succeeded).await;
     run("b", 5.0, 95.0, AttemptEnd::Fatal("bad image".into())).await;
     run("c", 10.0, 210.0, AttemptEnd::Succeeded).await;
-    // Cancelled while queued: finished, no run.
-    let q = new("q", lane);
-    assert_eq!(jobs.create(&q).await.expect("create"), Created::New);
-    jobs.request_cancel(&q.id, now + 300.0).await.expect("cancel");
+    // Cancelled while queued, after c finished: finished, no run.
+    for (i, n) in ["q1", "q2", "q3"].into_iter().enumerate() {
+        let q = new(n, lane);
+        assert_eq!(jobs.create(&q).await.expect("create"), Created::New);
+        jobs.request_cancel(&q.id, now + 300.0 + i as f64)
+            .await
+            .expect("cancel");
+        assert_eq!(
+            jobs.get(&q.id).await.expect("get").expect("row").state,
+            JobState::Cancelled,
+            "cancelled while queued"
+        );
+    }
     // Still running, and another lane's finished job: not this lane's finishes.
     let running = new("r", lane);
     assert_eq!(jobs.create(&running).await.expect("create"), Created::New);
@@ -694,12 +704,12 @@ pub async fn finished_run_times_are_the_lanes_latest<J: JobStore, S: std::future
     assert_eq!(
         jobs.finished_run_times(lane, 10).await.expect("run times"),
         [200.0, 90.0, 30.0],
-        "newest first, the failed run too, the cancelled one without a run left out"
+        "newest first, the failed run too, the cancelled ones without a run left out"
     );
     assert_eq!(
         jobs.finished_run_times(lane, 2).await.expect("run times"),
-        [200.0],
-        "the 2 newest finishes read: the cancel and c"
+        [200.0, 90.0],
+        "the 2 newest run times, not the 2 newest finishes (cancels)"
     );
     assert_eq!(
         jobs.finished_run_times(&other_lane, 10).await.expect("run times"),
