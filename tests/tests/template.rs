@@ -748,6 +748,10 @@ fn the_policy_the_parameters_assemble_parses_and_validates() {
     assert!(cfg.offers.allowed_instance_types.is_empty());
     assert_eq!(cfg.offers.max_price_usd_per_h, None);
     assert_eq!(cfg.limits.max_workers_total, 64);
+    assert!(
+        cfg.lanes.iter().all(|l| l.default_runtime_s.is_none()),
+        "no lane's run-time prior by default"
+    );
 
     let (cfg, _) = render(&[
         ("MaxUsdPerHour", "250"),
@@ -756,6 +760,8 @@ fn the_policy_the_parameters_assemble_parses_and_validates() {
         ("KeepAliveMode", "fixed"),
         ("WarmPoolSize", "3"),
         ("Frozen", "true"),
+        ("ExpressDefaultRuntimeSeconds", "5"),
+        ("StandardDefaultRuntimeSeconds", "90.5"),
     ]);
     assert_eq!(cfg.limits.max_usd_per_h, Some(250.0));
     assert_eq!(cfg.offers.max_price_usd_per_h, Some(4.5));
@@ -764,6 +770,9 @@ fn the_policy_the_parameters_assemble_parses_and_validates() {
     assert!(cfg.limits.frozen);
     let standard = &cfg.lanes[cfg.lane_index("standard").expect("standard lane")];
     assert_eq!(standard.warm_pool_size_at(9), 3);
+    assert_eq!(standard.default_runtime_s, Some(90.5));
+    let express = &cfg.lanes[cfg.lane_index("express").expect("express lane")];
+    assert_eq!(express.default_runtime_s, Some(5.0));
 }
 
 // ---- triggers -----------------------------------------------------------------------------------
@@ -1673,6 +1682,8 @@ fn every_functions_environment_fits_lambdas_4_kb_with_the_longest_parameters() {
             ("WorkerSubnets", &subnets),
             ("MaxUsdPerHour", "123456.789"),
             ("MaxPriceUsdPerHour", "123.456789"),
+            ("ExpressDefaultRuntimeSeconds", "86400.123456"),
+            ("StandardDefaultRuntimeSeconds", "86400.123456"),
         ],
     );
     for f in functions(&t) {

@@ -134,7 +134,8 @@ pub struct ReconcileReport {
     /// Arrivals folded into the lanes' kept statistics by this run ([`crate::arrivals`]).
     pub arrivals_folded: usize,
     /// Per lane with one: the run time a job that declares none is taken to have, seconds (the
-    /// mean of the lane's last jobs to finish, [`onoff_policy::RecentRunTimes`]).
+    /// mean of the lane's last jobs to finish, [`onoff_policy::RecentRunTimes`]; before 5 have,
+    /// the lane's `default_runtime_s` if it has one).
     pub run_time_estimates: Vec<(String, f64)>,
 }
 
@@ -640,11 +641,12 @@ where
     // Observe.
     let mut shapes = ShapeMemo::new();
     let mut lanes: Vec<LaneObservation> = Vec::with_capacity(cfg.lanes.len());
-    // Per lane: the run time of a job that declares none, from the lane's last jobs to finish
-    // (`None`: too few finished, or unreadable; the policy's `offers.default_runtime_s` then).
+    // Per lane: the run time of a job that declares none, from the lane's last jobs to finish,
+    // else the lane's prior (`lanes[].default_runtime_s`); with neither (too few finished, or
+    // unreadable) the policy's `offers.default_runtime_s`.
     let mut estimates: BTreeMap<&str, f64> = BTreeMap::new();
     for lane in &cfg.lanes {
-        match jobs
+        let measured = match jobs
             .finished_run_times(&lane.name, onoff_policy::observation::RUN_TIMES_KEPT as u32)
             .await
         {
@@ -653,15 +655,20 @@ where
                 for r in newest_first.into_iter().rev() {
                     kept.record(r);
                 }
-                if let Some(e) = kept.estimate_s() {
-                    estimates.insert(lane.name.as_str(), e);
-                    report.run_time_estimates.push((lane.name.clone(), e));
-                }
+                kept.estimate_s()
             }
-            Err(e) => report.errors.push(format!(
-                "read the run times of lane {}: {e}; jobs that declare none count as {} s",
-                lane.name, cfg.offers.default_runtime_s
-            )),
+            Err(e) => {
+                report.errors.push(format!(
+                    "read the run times of lane {}: {e}; jobs that declare none count as {} s",
+                    lane.name,
+                    lane.default_runtime_s.unwrap_or(cfg.offers.default_runtime_s)
+                ));
+                None
+            }
+        };
+        if let Some(e) = measured.or(lane.default_runtime_s) {
+            estimates.insert(lane.name.as_str(), e);
+            report.run_time_estimates.push((lane.name.clone(), e));
         }
     }
     // A job's run time as the policy is given it: declared, or the lane's estimate.

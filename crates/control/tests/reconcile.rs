@@ -1316,6 +1316,37 @@ fn undeclared_jobs_take_the_run_time_of_the_lanes_last_jobs_to_finish() {
     }
 }
 
+/// A lane's prior (`lanes[].default_runtime_s`, here 3 s) stands in for the estimate until 5 of
+/// its jobs have finished: the same twenty undeclared jobs share one worker with 4 finished, or
+/// while the run times cannot be read (which the run says, with the prior's figure); once 8
+/// have finished (30 s each) their mean replaces it (600 s of work: five workers).
+#[test]
+fn a_lanes_prior_run_time_stands_in_until_its_last_jobs_give_an_estimate() {
+    // (jobs finished before, the run_times index readable, launches, estimate)
+    for (finished, readable, want, estimate) in [(4, true, 1usize, 3.0), (8, false, 1, 3.0), (8, true, 5, 30.0)] {
+        let mut w = World::new();
+        w.cfg.lanes[0].default_runtime_s = Some(3.0);
+        finished_runs(&w, finished, 30.0, NOW - 1_000.0);
+        w.submit(20);
+        if !readable {
+            w.jobs
+                .fail_next_run_times(onoff_control::ports::StoreError::Other("throttled".into()));
+        }
+        let r = w.reconcile(NOW + 1.0, false);
+        let case = format!("{finished} finished, readable {readable}");
+        assert_eq!(r.acted.launched.len(), want, "{case}: {:?}", r.plan);
+        assert_eq!(r.run_time_estimates, [("standard".to_string(), estimate)], "{case}");
+        assert_eq!(
+            r.errors
+                .iter()
+                .any(|e| e.contains("run times of lane standard") && e.contains("count as 3 s")),
+            !readable,
+            "{case}: {:?}",
+            r.errors
+        );
+    }
+}
+
 /// A running job that declared no run time ends, as the policy sees it, at its claim plus the
 /// lane's estimate (3 s): three undeclared jobs queued a second after the claim wait for that
 /// worker (nothing launched), still 100 s past that end. Once the job has outlived its estimate

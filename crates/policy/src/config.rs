@@ -113,6 +113,16 @@ pub struct LaneConfig {
     /// cost plus the wait's value on the train half of Philly at `predictive_burst` 2 and 3
     /// (README "Launching ahead of a burst", `--sweep predictive_burst_min=1,4,8,12,16,24`).
     pub predictive_burst_min: u32,
+    /// Run time a job of this lane counts as when it declares none (`est_runtime_s`), seconds,
+    /// until the lane's last jobs to finish give an estimate ([`crate::RecentRunTimes`]: their
+    /// mean once 5 have finished). The lane's prior: with it a lane of short items (inference
+    /// requests, a few seconds each) shares workers from its first cold start, where
+    /// `offers.default_runtime_s` (an hour) would launch a GPU per queued item; once the estimate
+    /// exists it replaces the prior. Like an estimate, a running job's worker is taken to end
+    /// this long after its claim, until the job outlives that by `offers.short_job_horizon_s`.
+    /// Default none (`offers.default_runtime_s`); must be > 0 when set. README "Run times
+    /// declared or not" shows what it saves on the Azure hour.
+    pub default_runtime_s: Option<f64>,
 }
 
 impl Default for LaneConfig {
@@ -132,6 +142,7 @@ impl Default for LaneConfig {
             predictive_min_bursts: 2,
             predictive_burst: 0.0,
             predictive_burst_min: 12,
+            default_runtime_s: None,
         }
     }
 }
@@ -557,6 +568,9 @@ impl PolicyConfig {
             }
             if !positive(l.predictive_window_s) {
                 bad(format!("lanes[{i}].predictive_window_s"), "must be > 0");
+            }
+            if l.default_runtime_s.is_some_and(|r| !positive(r)) {
+                bad(format!("lanes[{i}].default_runtime_s"), "must be > 0 when set");
             }
             if !(l.predictive_lookback_s >= 0.0
                 && l.predictive_lookback_s + l.predictive_window_s <= RECENT_ARRIVALS_KEPT_S)

@@ -1826,6 +1826,14 @@ fn bad_config_values_name_the_field() {
         ("[offers]\ndiversify = 0", "offers.diversify"),
         ("[offers]\nmax_gpu_oversize = 0", "offers.max_gpu_oversize"),
         ("[offers]\ndefault_runtime_s = 0.0", "offers.default_runtime_s"),
+        (
+            "[[lanes]]\nname = \"a\"\ndefault_runtime_s = 0.0",
+            "lanes[0].default_runtime_s",
+        ),
+        (
+            "[[lanes]]\nname = \"a\"\ndefault_runtime_s = -5.0",
+            "lanes[0].default_runtime_s",
+        ),
         ("[offers.gpu_speed]\n\"NVIDIA A10G\" = 0.0", "offers.gpu_speed"),
         // Unknown keys and wrong types are parse errors naming the key.
         ("[scale_down]\nbogus = 1", "bogus"),

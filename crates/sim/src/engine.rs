@@ -560,6 +560,9 @@ struct World {
     /// deployed reconciler reads them from the `run_times` index: the estimate of an undeclared
     /// job's run time (`SimConfig::declared_runtimes` false).
     run_times: RecentRunTimes,
+    /// The run time of an undeclared job before the estimate exists, seconds: the replay's
+    /// lane's `default_runtime_s` (none: the policy's `offers.default_runtime_s`).
+    runtime_prior: Option<f64>,
     /// The estimate the queued jobs were last given, seconds (undeclared run times only).
     estimate_given: Option<f64>,
     /// Part of `cost` billed after the last completion, once every job is done, $.
@@ -1254,7 +1257,7 @@ impl World {
         // The policy knows when a job ends only from what it declared, or the estimate.
         let end = match self.cfg.declared_runtimes {
             true => Some(at),
-            false => self.run_times.estimate_s().map(|e| self.now + e),
+            false => self.undeclared_runtime().map(|e| self.now + e),
         };
         // An estimated end the job outlives by the short-job horizon is dropped then: short jobs
         // queued behind it would have waited the horizon already.
@@ -1314,8 +1317,14 @@ impl World {
     fn runtime_known(&self, runtime_s: f64) -> Option<f64> {
         match self.cfg.declared_runtimes {
             true => Some(runtime_s),
-            false => self.run_times.estimate_s(),
+            false => self.undeclared_runtime(),
         }
+    }
+
+    /// The run time the policy is given for a job that declared none: the estimate from the last
+    /// jobs to finish, else the lane's prior, else none.
+    fn undeclared_runtime(&self) -> Option<f64> {
+        self.run_times.estimate_s().or(self.runtime_prior)
     }
 
     /// Give the queued jobs the current run-time estimate (undeclared run times only), as the
@@ -1324,7 +1333,7 @@ impl World {
         if self.cfg.declared_runtimes {
             return;
         }
-        let e = self.run_times.estimate_s();
+        let e = self.undeclared_runtime();
         if e == self.estimate_given {
             return;
         }
@@ -1710,6 +1719,12 @@ pub fn run(
         completed: 0,
         last_completion: t0,
         run_times: RecentRunTimes::default(),
+        runtime_prior: pcfg
+            .lanes
+            .iter()
+            .find(|l| l.name == cfg.lane)
+            .or(pcfg.lanes.first())
+            .and_then(|l| l.default_runtime_s),
         estimate_given: None,
         tail_usd: 0.0,
         running_jobs: 0,

@@ -993,3 +993,28 @@ fn undeclared_jobs_share_a_worker_once_the_lane_has_finished_enough_jobs_to_esti
     // 99th percentile is the longest, 240 s.
     assert!(close(learnt.wait_p99_s, 240.0), "{learnt:?}");
 }
+
+/// A lane's prior (`lanes[].default_runtime_s`) is the run time of its undeclared jobs before
+/// any has finished: five 10 s items at 0 s with a prior of 10 s are 50 s of work, within the
+/// 120 s short-job horizon, so one worker is launched and they run one after the other on it
+/// (waits 200, 210, 220, 230, 240 s), where without the prior each counts as an hour and gets a
+/// worker of its own (5 launches, every wait 200 s).
+#[test]
+fn a_lanes_prior_lets_undeclared_items_share_a_worker_before_any_has_finished() {
+    let undeclared = SimConfig {
+        declared_runtimes: false,
+        ..sim(200.0)
+    };
+    let items = trace(&[(0.0, 10.0, 1); 5]);
+    let mut with_prior = policy(600.0);
+    with_prior.lanes[0].default_runtime_s = Some(10.0);
+    let prior = run_policy(&items, with_prior, &undeclared);
+    let none = run_policy(&items, policy(600.0), &undeclared);
+    assert_eq!((prior.jobs_completed, prior.launches), (5, 1), "{prior:?}");
+    assert_eq!((none.jobs_completed, none.launches), (5, 5), "{none:?}");
+    assert!(
+        close(prior.wait_p99_s, 240.0) && close(prior.wait_mean_s, 220.0),
+        "{prior:?}"
+    );
+    assert!(close(none.wait_p99_s, 200.0), "{none:?}");
+}
