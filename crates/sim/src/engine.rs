@@ -384,12 +384,6 @@ enum Ev {
         job: usize,
         epoch: u32,
     },
-    /// A running job that declared no run time outlives its estimate by the short-job horizon:
-    /// its workers' end is unknown from now on (as the deployed reconciler drops such an end).
-    EstimatePassed {
-        job: usize,
-        epoch: u32,
-    },
     Notice(u64),
     Interrupt(u64),
     /// A zone's measured series changes value (index into the world's zone clocks).
@@ -1259,11 +1253,6 @@ impl World {
             true => Some(at),
             false => self.undeclared_runtime().map(|e| self.now + e),
         };
-        // An estimated end the job outlives by the short-job horizon is dropped then: short jobs
-        // queued behind it would have waited the horizon already.
-        let outlives = end
-            .map(|e| e + pcfg.offers.short_job_horizon_s)
-            .filter(|&e| e < at && !self.cfg.declared_runtimes);
         let mut nums = Vec::with_capacity(workers.len());
         for &i in workers {
             let now = self.now;
@@ -1292,24 +1281,6 @@ impl World {
         let epoch = j.epoch;
         self.running_jobs += 1;
         self.push(at, Ev::JobDone { job, epoch });
-        if let Some(e) = outlives {
-            self.push(e, Ev::EstimatePassed { job, epoch });
-        }
-    }
-
-    /// [`Ev::EstimatePassed`]: the job's workers no longer have a known end.
-    fn estimate_passed(&mut self, job: usize, epoch: u32) {
-        if self.jobs[job].done || self.jobs[job].epoch != epoch {
-            return;
-        }
-        for k in 0..self.jobs[job].run_workers.len() {
-            let num = self.jobs[job].run_workers[k];
-            if let Some(i) = self.worker_idx(num) {
-                if self.workers[i].state == WorkerState::Running {
-                    self.change_worker(i, |w| w.busy_until = None);
-                }
-            }
-        }
     }
 
     /// The run time the policy is given for a job of trace run time `runtime_s`: that, when jobs
@@ -1327,19 +1298,34 @@ impl World {
         self.run_times.estimate_s().or(self.runtime_prior)
     }
 
-    /// Give the queued jobs the current run-time estimate (undeclared run times only), as the
-    /// deployed reconciler does on each run.
-    fn refresh_estimates(&mut self) {
+    /// Give the queued jobs and the running ones the current run-time estimate (undeclared run
+    /// times only), as the deployed reconciler does on each run: a running job's workers end at
+    /// its start plus the estimate, until it has outlived that by `horizon_s` (short jobs queued
+    /// behind it would have waited the horizon already); then their end is unknown. O(queued)
+    /// when the estimate changed, plus O(workers).
+    fn refresh_estimates(&mut self, horizon_s: f64) {
         if self.cfg.declared_runtimes {
             return;
         }
         let e = self.undeclared_runtime();
-        if e == self.estimate_given {
-            return;
+        if e != self.estimate_given {
+            self.estimate_given = e;
+            for j in &mut self.queued {
+                j.est_runtime_s = e;
+            }
         }
-        self.estimate_given = e;
-        for j in &mut self.queued {
-            j.est_runtime_s = e;
+        for i in 0..self.workers.len() {
+            if self.workers[i].state != WorkerState::Running {
+                continue;
+            }
+            let Some(job) = self.wsim[i].job else { continue };
+            let now = self.now;
+            let end = e
+                .map(|e| self.jobs[job].run_start + e)
+                .filter(|end| end + horizon_s > now);
+            if self.workers[i].busy_until != end {
+                self.change_worker(i, |w| w.busy_until = end);
+            }
         }
     }
 
@@ -1855,7 +1841,6 @@ pub fn run(
                     }
                 }
             }
-            Ev::EstimatePassed { job, epoch } => world.borrow_mut().estimate_passed(job, epoch),
             Ev::JobDone { job, epoch } => {
                 let mut w = world.borrow_mut();
                 if !w.jobs[job].done && w.jobs[job].epoch == epoch {
@@ -1917,7 +1902,7 @@ pub fn run(
                 // Every trace job runs in one lane: its in-flight count is the running jobs.
                 let (lane, running) = (w.lane_index(&cfg.lane), w.running_jobs);
                 w.lanes[lane].backlog.in_flight = running;
-                w.refresh_estimates();
+                w.refresh_estimates(pcfg.offers.short_job_horizon_s);
                 if let Some(d) = &mut w.lanes[lane].demand_windows {
                     d.advance(now);
                 }

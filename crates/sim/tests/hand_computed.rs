@@ -994,6 +994,30 @@ fn undeclared_jobs_share_a_worker_once_the_lane_has_finished_enough_jobs_to_esti
     assert!(close(learnt.wait_p99_s, 240.0), "{learnt:?}");
 }
 
+/// A running undeclared job's end follows the estimate as it changes, as a reconcile run takes
+/// the estimate of the run: job A (5,000 s) and five 10 s items arrive at 0 s with the lane's
+/// prior of 300 s, each a worker of its own (6 launches; boot 200 s). The items end at 210 s,
+/// and their mean, 10 s, is the estimate from then on, so A is taken to end at 210 s and, once
+/// it has outlived that by the 120 s horizon (330 s), its end is unknown. Item B arrives at
+/// 400 s (the items' workers are gone after their 60 s idle timeout): it gets a worker of its own
+/// and waits its boot, 200 s, like every job. With A's end fixed at its start's estimate (500 s,
+/// kept until 620 s), B would wait for A's worker instead, past 200 s.
+#[test]
+fn a_running_undeclared_jobs_end_follows_the_estimate_as_it_changes() {
+    let undeclared = SimConfig {
+        declared_runtimes: false,
+        ..sim(200.0)
+    };
+    let mut jobs = vec![(0.0, 5_000.0, 1)];
+    jobs.extend([(0.0, 10.0, 1); 5]);
+    jobs.push((400.0, 10.0, 1));
+    let mut cfg = policy(60.0);
+    cfg.lanes[0].default_runtime_s = Some(300.0);
+    let r = run_policy(&trace(&jobs), cfg, &undeclared);
+    assert_eq!((r.jobs_completed, r.launches), (7, 7), "{r:?}");
+    assert!(close(r.wait_p99_s, 200.0), "{r:?}");
+}
+
 /// A lane's prior (`lanes[].default_runtime_s`) is the run time of its undeclared jobs before
 /// any has finished: five 10 s items at 0 s with a prior of 10 s are 50 s of work, within the
 /// 120 s short-job horizon, so one worker is launched and they run one after the other on it
