@@ -1083,8 +1083,11 @@ impl World {
             let min_mem = pj.min_gpu_memory_gib.max(pcfg.offers.min_gpu_memory_gib);
             let need = pj.instances.max(1) as usize;
             // A job whose deadline is at risk on spot starts on on-demand workers only, as the
-            // agent on a spot instance hands it back ([`onoff_policy::deadline`]).
-            let runtime = pj.est_runtime_s.unwrap_or(pcfg.offers.default_runtime_s);
+            // agent on a spot instance hands it back ([`onoff_policy::deadline`]). The agent knows
+            // a job's run time only as declared (it reads neither the lane's estimate nor its
+            // prior): the policy's default otherwise.
+            let declared = pj.est_runtime_s.filter(|_| self.cfg.declared_runtimes);
+            let runtime = declared.unwrap_or(pcfg.offers.default_runtime_s);
             let spot_ok = !(self.onoff_agent && keeps_off_spot(pj.deadline, runtime, self.now, pj.enqueued_at, pcfg));
             let shape = (lane, job_gpus, min_mem.to_bits(), need, spot_ok);
             if no_fit.contains(&shape) {

@@ -668,6 +668,35 @@ fn an_idle_on_demand_worker_of_a_spot_first_lane_takes_only_the_jobs_its_premium
     assert!(od.instance_hours < 12_000.0 / 3600.0, "{od:?}");
 }
 
+/// The agent on a worker knows a job's run time only as declared: for an undeclared one it takes
+/// `offers.default_runtime_s` (3,600 s), not the lane's estimate or prior the policy decides
+/// with, and the simulator's dispatch does as the agent does. Run times undeclared, deadlines at
+/// 8 x the run time, the lane's prior 600 s. A (0 s, 1,000 s) runs on spot (boot 300 s) until
+/// 1,300 s; its worker stays up. B (1,400 s, 600 s) is due at 6,200 s: 4,200 s of slack as the
+/// policy sees it, so the policy launches nothing for it while the spot worker is idle; but
+/// 1,200 s as the agent sees it, under the 1,590 s a spot start needs, so the agent hands B back
+/// at least until its own count says the deadline is lost (2,600 s): B waits over 1,200 s where,
+/// by the policy's figure, it would have started at once. It still meets its deadline. The
+/// policy and the agent disagree on an undeclared job's run time (docs/policy.md, "Run times
+/// nobody declared").
+#[test]
+fn the_agent_counts_an_undeclared_jobs_run_time_as_the_default_and_defers_it_on_spot() {
+    let offs = spot_and_on_demand();
+    let t = trace(&[(0.0, 1_000.0, 1), (1_400.0, 600.0, 1)]);
+    let s = SimConfig {
+        deadline_fraction: 1.0,
+        deadline_slack: 8.0,
+        declared_runtimes: false,
+        ..sim(300.0)
+    };
+    let mut cfg = policy(10_000.0);
+    cfg.lanes[0].default_runtime_s = Some(600.0);
+    let mut st = PolicyStrategy::new("onoff", cfg);
+    let r = run(&t, &offs, &mut st, &s, &mut |_| {});
+    assert_eq!((r.jobs_completed, r.deadlines_missed), (2, 0), "{r:?}");
+    assert!(r.wait_p99_s > 1_200.0, "B waited {} s", r.wait_p99_s);
+}
+
 #[test]
 fn a_job_whose_deadline_is_at_risk_waits_for_on_demand_rather_than_an_idle_spot_worker() {
     // Deadlines at 1.5 x the run time. A (0 s, 10,000 s) has 5,000 s of slack, over the policy's
