@@ -64,6 +64,14 @@ fn sim(boot_s: f64) -> SimConfig {
     }
 }
 
+/// [`sim`] with jobs that declare no run time (`--undeclared-runtimes`).
+fn undeclared(boot_s: f64) -> SimConfig {
+    SimConfig {
+        declared_runtimes: false,
+        ..sim(boot_s)
+    }
+}
+
 /// One lane, fixed idle timeout of `idle_s`, idle workers terminated at it (not stopped: the
 /// stopped workers' own test below turns that on).
 fn policy(idle_s: f64) -> PolicyConfig {
@@ -686,8 +694,7 @@ fn the_agent_counts_an_undeclared_jobs_run_time_as_the_default_and_defers_it_on_
     let s = SimConfig {
         deadline_fraction: 1.0,
         deadline_slack: 8.0,
-        declared_runtimes: false,
-        ..sim(300.0)
+        ..undeclared(300.0)
     };
     let mut cfg = policy(10_000.0);
     cfg.lanes[0].default_runtime_s = Some(600.0);
@@ -972,14 +979,7 @@ fn a_strategy_run_again_over_another_catalogue_prices_that_one() {
 fn a_declared_run_time_spares_a_launch_for_a_job_that_its_worker_frees_up_for() {
     let t = trace(&[(0.0, 300.0, 1), (450.0, 60.0, 1)]);
     let declared = run_policy(&t, policy(600.0), &sim(200.0));
-    let undeclared = run_policy(
-        &t,
-        policy(600.0),
-        &SimConfig {
-            declared_runtimes: false,
-            ..sim(200.0)
-        },
-    );
+    let undeclared = run_policy(&t, policy(600.0), &undeclared(200.0));
     assert_eq!((declared.jobs_completed, undeclared.jobs_completed), (2, 2));
     assert_eq!((declared.launches, undeclared.launches), (1, 2));
     // A waits its worker's boot, B the 50 s to A's end, either way.
@@ -1005,18 +1005,15 @@ fn a_declared_run_time_spares_a_launch_for_a_job_that_its_worker_frees_up_for() 
 /// the second five get five workers again.
 #[test]
 fn undeclared_jobs_share_a_worker_once_the_lane_has_finished_enough_jobs_to_estimate_their_run_time() {
-    let undeclared = SimConfig {
-        declared_runtimes: false,
-        ..sim(200.0)
-    };
+    let s = undeclared(200.0);
     let items = |first: usize| {
         let mut jobs: Vec<(f64, f64, u32)> = vec![(0.0, 10.0, 1); first];
         jobs.extend([(1_500.0, 10.0, 1); 5]);
         trace(&jobs)
     };
-    let learnt = run_policy(&items(5), policy(600.0), &undeclared);
+    let learnt = run_policy(&items(5), policy(600.0), &s);
     assert_eq!((learnt.jobs_completed, learnt.launches), (10, 6), "{learnt:?}");
-    let too_few = run_policy(&items(4), policy(600.0), &undeclared);
+    let too_few = run_policy(&items(4), policy(600.0), &s);
     assert_eq!((too_few.jobs_completed, too_few.launches), (9, 9), "{too_few:?}");
     // The second five waited 200 to 240 s on the one worker (the first five 200 s each): the
     // 99th percentile is the longest, 240 s.
@@ -1033,16 +1030,13 @@ fn undeclared_jobs_share_a_worker_once_the_lane_has_finished_enough_jobs_to_esti
 /// kept until 620 s), B would wait for A's worker instead, past 200 s.
 #[test]
 fn a_running_undeclared_jobs_end_follows_the_estimate_as_it_changes() {
-    let undeclared = SimConfig {
-        declared_runtimes: false,
-        ..sim(200.0)
-    };
+    let s = undeclared(200.0);
     let mut jobs = vec![(0.0, 5_000.0, 1)];
     jobs.extend([(0.0, 10.0, 1); 5]);
     jobs.push((400.0, 10.0, 1));
     let mut cfg = policy(60.0);
     cfg.lanes[0].default_runtime_s = Some(300.0);
-    let r = run_policy(&trace(&jobs), cfg, &undeclared);
+    let r = run_policy(&trace(&jobs), cfg, &s);
     assert_eq!((r.jobs_completed, r.launches), (7, 7), "{r:?}");
     assert!(close(r.wait_p99_s, 200.0), "{r:?}");
 }
@@ -1054,15 +1048,12 @@ fn a_running_undeclared_jobs_end_follows_the_estimate_as_it_changes() {
 /// worker of its own (5 launches, every wait 200 s).
 #[test]
 fn a_lanes_prior_lets_undeclared_items_share_a_worker_before_any_has_finished() {
-    let undeclared = SimConfig {
-        declared_runtimes: false,
-        ..sim(200.0)
-    };
+    let s = undeclared(200.0);
     let items = trace(&[(0.0, 10.0, 1); 5]);
     let mut with_prior = policy(600.0);
     with_prior.lanes[0].default_runtime_s = Some(10.0);
-    let prior = run_policy(&items, with_prior, &undeclared);
-    let none = run_policy(&items, policy(600.0), &undeclared);
+    let prior = run_policy(&items, with_prior, &s);
+    let none = run_policy(&items, policy(600.0), &s);
     assert_eq!((prior.jobs_completed, prior.launches), (5, 1), "{prior:?}");
     assert_eq!((none.jobs_completed, none.launches), (5, 5), "{none:?}");
     assert!(
