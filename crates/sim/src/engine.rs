@@ -1975,8 +1975,13 @@ pub fn run(
                     table: Some(&act_table),
                 };
                 let _ = pollster::block_on(act(&plan, ctx, &ports, &ports, &ports));
-                world.borrow_mut().dispatch(&pcfg);
             }
+            // Every decision re-offers the queued jobs to the idle workers, as a deployment's
+            // agents are offered a job again and again (a job an agent hands back is woken again
+            // after its 30 s retry delay): placement rules that change as a job waits (whether
+            // an on-demand worker's premium is worth the wait, a deadline's slack) are applied
+            // again, not only when a worker or a job comes.
+            world.borrow_mut().dispatch(&pcfg);
         }
         let done = world.borrow().completed;
         if done * 100 / total_jobs.max(1) > reported {

@@ -683,8 +683,10 @@ fn an_idle_on_demand_worker_of_a_spot_first_lane_takes_only_the_jobs_its_premium
 /// 1,300 s; its worker stays up. B (1,400 s, 600 s) is due at 6,200 s: 4,200 s of slack as the
 /// policy sees it, so the policy launches nothing for it while the spot worker is idle; but
 /// 1,200 s as the agent sees it, under the 1,590 s a spot start needs, so the agent hands B back
-/// at least until its own count says the deadline is lost (2,600 s): B waits over 1,200 s where,
-/// by the policy's figure, it would have started at once. It still meets its deadline. The
+/// until its own count says the deadline is lost (2,600 s), and B starts at the next decision,
+/// 2,640 s (the simulator re-offers queued jobs at every decision, as agents are offered a job
+/// again after its retry delay): it waits 1,240 s where, by the policy's figure, it would have
+/// started at once. It still meets its deadline. The
 /// policy and the agent disagree on an undeclared job's run time (docs/policy.md, "Run times
 /// nobody declared").
 #[test]
@@ -701,7 +703,7 @@ fn the_agent_counts_an_undeclared_jobs_run_time_as_the_default_and_defers_it_on_
     let mut st = PolicyStrategy::new("onoff", cfg);
     let r = run(&t, &offs, &mut st, &s, &mut |_| {});
     assert_eq!((r.jobs_completed, r.deadlines_missed), (2, 0), "{r:?}");
-    assert!(r.wait_p99_s > 1_200.0, "B waited {} s", r.wait_p99_s);
+    assert!(close(r.wait_p99_s, 1_240.0), "B waited {} s", r.wait_p99_s);
 }
 
 #[test]
