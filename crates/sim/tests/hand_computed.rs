@@ -686,9 +686,8 @@ fn an_idle_on_demand_worker_of_a_spot_first_lane_takes_only_the_jobs_its_premium
 /// until its own count says the deadline is lost (2,600 s), and B starts at the next decision,
 /// 2,640 s (the simulator re-offers queued jobs at every decision, as agents are offered a job
 /// again after its retry delay): it waits 1,240 s where, by the policy's figure, it would have
-/// started at once. It still meets its deadline. The
-/// policy and the agent disagree on an undeclared job's run time (docs/policy.md, "Run times
-/// nobody declared").
+/// started at once. It still meets its deadline. The policy and the agent disagree on an
+/// undeclared job's run time (docs/policy.md, "Run times nobody declared").
 #[test]
 fn the_agent_counts_an_undeclared_jobs_run_time_as_the_default_and_defers_it_on_spot() {
     let offs = spot_and_on_demand();
