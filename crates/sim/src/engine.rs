@@ -1708,12 +1708,7 @@ pub fn run(
         completed: 0,
         last_completion: t0,
         run_times: RecentRunTimes::default(),
-        runtime_prior: pcfg
-            .lanes
-            .iter()
-            .find(|l| l.name == cfg.lane)
-            .or(pcfg.lanes.first())
-            .and_then(|l| l.default_runtime_s),
+        runtime_prior: None,
         estimate_given: None,
         tail_usd: 0.0,
         running_jobs: 0,
@@ -1765,6 +1760,7 @@ pub fn run(
     let handles_notice = strategy.handles_notice();
     // The warm pool's window demand kept arrival by arrival instead of scanned per decision.
     let sim_lane = world.lane_index(&cfg.lane);
+    world.runtime_prior = pcfg.lanes.get(sim_lane).and_then(|l| l.default_runtime_s);
     if let Some(lc) = pcfg.lanes.get(sim_lane).filter(|lc| lc.predictive_max > 0) {
         world.lanes[sim_lane].demand_windows = Some(DemandWindows::new(
             lc.predictive_window_s,
