@@ -95,6 +95,7 @@ fn repeated_reconciles_while_workers_boot_launch_once_per_job_and_spread_over_zo
             unavailable: &[],
             now,
             table: None,
+            run_time_estimates: &[],
         };
         let out = pollster::block_on(act(&plan, ctx, &fleet, &reg, &avail));
         assert!(out.errors.is_empty(), "{:?}", out.errors);

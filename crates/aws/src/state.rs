@@ -158,6 +158,7 @@ fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<WorkerReco
         pinned_job: text("pinned_job"),
         hold_until: num("hold_until"),
         spot_price_usd_per_h: num("spot_price_usd_per_h"),
+        run_time_estimate_s: num("run_time_estimate_s"),
     })
 }
 
@@ -185,6 +186,9 @@ impl WorkerRegistry for DynamoWorkers {
         }
         if let Some(p) = r.spot_price_usd_per_h {
             req = req.item("spot_price_usd_per_h", n(p));
+        }
+        if let Some(e) = r.run_time_estimate_s {
+            req = req.item("run_time_estimate_s", n(e));
         }
         // A launch has none of these (`WorkerRecord::launched`); a record that has them keeps
         // them, so the row reads back as the record it was given, as in the fake.
@@ -321,6 +325,7 @@ impl WorkerRegistry for DynamoWorkers {
         at: f64,
         project: Option<&str>,
         job: Option<&str>,
+        run_time_estimate_s: Option<f64>,
     ) -> Result<bool, StoreError> {
         let pending = state_name(WorkerState::Pending);
         // A new run from `at`: the stop that ended the last one is over.
@@ -339,6 +344,7 @@ impl WorkerRegistry for DynamoWorkers {
             .expression_attribute_values(":at", n(at));
         req = u.set_or_remove(req, "#pr", project.map(s));
         req = u.set_or_remove(req, "pinned_job", job.map(s));
+        req = u.set_or_remove(req, "run_time_estimate_s", run_time_estimate_s.map(n));
         let req = req.update_expression(u.expression());
         // Pending since this very start is done (the write's own retry).
         written_or_done(req, id, "mark worker started", |row| {

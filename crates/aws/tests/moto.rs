@@ -941,6 +941,7 @@ async fn insufficient_capacity_on_the_first_offering_falls_back_to_the_next() {
         unavailable: &[],
         now,
         table: None,
+        run_time_estimates: &[],
     };
     let out = act(&plan, ctx, &fleet, &reg, &ctl).await;
     assert!(out.errors.is_empty(), "{:?}", out.errors);
@@ -2799,7 +2800,7 @@ async fn a_worker_row_counts_its_runs_not_its_stopped_spells() {
     assert_eq!(run_s(l + 600.0).await, 600.0);
     assert_eq!(run_s(l + 4_000.0).await, 600.0);
     // Started at 4,000 s: that run adds to the first, 300 s in.
-    assert!(reg.mark_started(id, l + 4_000.0, None, None).await.unwrap());
+    assert!(reg.mark_started(id, l + 4_000.0, None, None, None).await.unwrap());
     assert_eq!(run_s(l + 4_300.0).await, 900.0);
     // A start refused puts the stop back: the stopped spell does not count.
     assert!(reg
@@ -2808,7 +2809,7 @@ async fn a_worker_row_counts_its_runs_not_its_stopped_spells() {
         .unwrap());
     assert_eq!(run_s(l + 8_000.0).await, 600.0);
     // Started at 8,000 s, stopped again at 9,000 s, then terminated while stopped: 1,600 s in all.
-    assert!(reg.mark_started(id, l + 8_000.0, None, None).await.unwrap());
+    assert!(reg.mark_started(id, l + 8_000.0, None, None, None).await.unwrap());
     reg.heartbeat(id, WorkerState::Idle, Some(l + 8_500.0), l + 8_500.0)
         .await
         .unwrap();
@@ -2876,14 +2877,14 @@ async fn a_stopped_worker_row_is_written_once_kept_from_its_agent_and_started_ag
     // Started for another job (and no project): Pending since the start, the old job, idle time,
     // hold and heartbeat gone; its retry done; a second start refused.
     assert!(reg
-        .mark_started(id, 1_700_002_000.0, None, Some("job-new"))
+        .mark_started(id, 1_700_002_000.0, None, Some("job-new"), None)
         .await
         .unwrap());
     assert!(reg
-        .mark_started(id, 1_700_002_000.0, None, Some("job-new"))
+        .mark_started(id, 1_700_002_000.0, None, Some("job-new"), None)
         .await
         .unwrap());
-    assert!(!reg.mark_started(id, 1_700_002_100.0, None, None).await.unwrap());
+    assert!(!reg.mark_started(id, 1_700_002_100.0, None, None, None).await.unwrap());
     let row = reg.get(id).await.unwrap().unwrap();
     assert_eq!((row.state, row.launched_at), (WorkerState::Pending, 1_700_002_000.0));
     assert_eq!((row.project, row.pinned_job.as_deref()), (None, Some("job-new")));
@@ -2923,7 +2924,7 @@ async fn a_stopped_worker_row_is_written_once_kept_from_its_agent_and_started_ag
         )
     );
     // Started again, refused again without a known stop: put back without one.
-    assert!(reg.mark_started(id, 1_700_003_000.0, None, None).await.unwrap());
+    assert!(reg.mark_started(id, 1_700_003_000.0, None, None, None).await.unwrap());
     assert!(reg
         .mark_start_refused(id, 1_700_003_000.0, 1_700_000_000.0, None, None)
         .await

@@ -70,6 +70,9 @@ pub struct LaunchedWorker {
     /// On-demand in a lane that may use spot: the best spot price for its shape, $/h
     /// ([`WorkerRecord::spot_price_usd_per_h`]).
     pub spot_price_usd_per_h: Option<f64>,
+    /// The lane's run-time estimate at the launch, seconds ([`ActContext::run_time_estimates`],
+    /// [`WorkerRecord::run_time_estimate_s`]).
+    pub run_time_estimate_s: Option<f64>,
     /// Why it was launched.
     pub reason: Reason,
 }
@@ -82,6 +85,7 @@ impl LaunchedWorker {
             project: self.project.clone(),
             pinned_job: self.job.clone(),
             spot_price_usd_per_h: self.spot_price_usd_per_h,
+            run_time_estimate_s: self.run_time_estimate_s,
             ..WorkerRecord::launched(
                 &self.launched.instance_id,
                 lane_name,
@@ -141,6 +145,19 @@ pub struct ActContext<'a> {
     /// across calls (the simulator, over a replay); `None`: [`act`] builds one when a fallback
     /// first needs it.
     pub table: Option<&'a choice::PriceTable>,
+    /// Per lane name: the run time, seconds, a job that declares none is taken to have
+    /// ([`crate::reconcile::ReconcileReport::run_time_estimates`]); a lane not listed has none.
+    /// Written on the rows of the workers launched or started for the lane
+    /// ([`WorkerRecord::run_time_estimate_s`]), for their agents.
+    pub run_time_estimates: &'a [(String, f64)],
+}
+
+impl ActContext<'_> {
+    /// Lane `lane`'s run-time estimate, seconds ([`ActContext::run_time_estimates`]), if any.
+    fn run_time_estimate(&self, lane: usize) -> Option<f64> {
+        let name = &self.cfg.lanes.get(lane)?.name;
+        self.run_time_estimates.iter().find(|(l, _)| l == name).map(|&(_, e)| e)
+    }
 }
 
 /// Execute `plan` through the ports. Never fails as a whole: per-action errors are collected in
@@ -281,6 +298,7 @@ where
                         let spot_price_usd_per_h = spot_reference(ctx, g.lane, &l.offering);
                         let worker = LaunchedWorker {
                             spot_price_usd_per_h,
+                            run_time_estimate_s: ctx.run_time_estimate(g.lane),
                             launched: l,
                             lane: g.lane,
                             project: g.project.clone(),
@@ -587,11 +605,16 @@ where
     let mut failed: Vec<&'p Action> = Vec::new();
     for a in &plan.actions {
         if let Action::Start {
-            worker, project, job, ..
+            worker,
+            lane,
+            project,
+            job,
+            ..
         } = a
         {
+            let estimate = ctx.run_time_estimate(*lane);
             match registry
-                .mark_started(worker, ctx.now, project.as_deref(), job.as_deref())
+                .mark_started(worker, ctx.now, project.as_deref(), job.as_deref(), estimate)
                 .await
             {
                 Ok(true) => starting.push(a),

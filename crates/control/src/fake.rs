@@ -630,6 +630,7 @@ impl WorkerRegistry for FakeRegistry {
         at: f64,
         project: Option<&str>,
         job: Option<&str>,
+        run_time_estimate_s: Option<f64>,
     ) -> Result<bool, StoreError> {
         self.write_if(
             id,
@@ -639,6 +640,7 @@ impl WorkerRegistry for FakeRegistry {
                 w.launched_at = at;
                 w.project = project.map(str::to_string);
                 w.pinned_job = job.map(str::to_string);
+                w.run_time_estimate_s = run_time_estimate_s;
                 w.idle_since = None;
                 w.hold_until = None;
                 w.heartbeat_at = None;

@@ -331,13 +331,21 @@ pub struct WorkerRecord {
     /// ([`onoff_policy::choice::worth_an_on_demand_worker`]), and the policy counts it so.
     /// `None` otherwise (and for rows written before it existed).
     pub spot_price_usd_per_h: Option<f64>,
+    /// The run time, seconds, the control plane gave a job of the worker's lane that declares
+    /// none when it launched or last started the worker: the lane's estimate from its last
+    /// jobs to finish, else its prior (`lanes[].default_runtime_s`;
+    /// [`crate::reconcile::ReconcileReport::run_time_estimates`]). Its agent counts such a job
+    /// of its lane so in its deadline and on-demand-premium rules, as the policy does. `None`
+    /// when the lane had neither (and for rows written before it existed): the agent then
+    /// counts `offers.default_runtime_s`.
+    pub run_time_estimate_s: Option<f64>,
 }
 
 impl WorkerRecord {
     /// A worker as registered at its launch: state Pending, launched at `launched_at` (unix
     /// seconds), billed `price_usd_per_h` ($/h; 0 when its agent registers it, see
     /// [`WorkerRegistry::set_price_if_unpriced`]), with no project, idle time, heartbeat, pinned
-    /// job, hold or spot reference. Set those with struct update syntax.
+    /// job, hold, spot reference or run-time estimate. Set those with struct update syntax.
     pub fn launched(
         id: impl Into<String>,
         lane: impl Into<String>,
@@ -358,6 +366,7 @@ impl WorkerRecord {
             pinned_job: None,
             hold_until: None,
             spot_price_usd_per_h: None,
+            run_time_estimate_s: None,
         }
     }
 }
@@ -485,8 +494,9 @@ pub trait WorkerRegistry {
 
     /// Record that a Stopped worker is being started: state Pending, launched at `at` (unix
     /// seconds: its boot and heartbeat deadlines count from the start), for `project` and pinned
-    /// to `job` as a launch would be, `idle_since`, the hold and the last heartbeat removed (the
-    /// agent's from before the stop would read as a dead worker). One conditional write on the state
+    /// to `job` as a launch would be, with the lane's `run_time_estimate_s` of now
+    /// ([`WorkerRecord::run_time_estimate_s`]; `None` removes it), `idle_since`, the hold and the
+    /// last heartbeat removed (the agent's from before the stop would read as a dead worker). One conditional write on the state
     /// being Stopped: `Ok(true)` when written or the row already is Pending since `at` (the
     /// write's own retry), `Ok(false)` when it is in another state.
     ///
@@ -498,6 +508,7 @@ pub trait WorkerRegistry {
         at: f64,
         project: Option<&str>,
         job: Option<&str>,
+        run_time_estimate_s: Option<f64>,
     ) -> Result<bool, StoreError>;
 
     /// One worker's record; `None` when unknown (not an onoff worker, or its row expired).

@@ -813,6 +813,7 @@ where
         unavailable: &unavailable,
         now,
         table: None,
+        run_time_estimates: &report.run_time_estimates,
     };
     report.acted = act(&report.plan, ctx, fleet, workers, avail).await;
     // Every worker the plan releases (terminated, cancelled or stopped), whether or not that went

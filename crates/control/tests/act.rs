@@ -25,6 +25,7 @@ fn at_zero<'a>(cfg: &'a PolicyConfig, offerings: &'a [Offering]) -> ActContext<'
         unavailable: &[],
         now: 0.0,
         table: None,
+        run_time_estimates: &[],
     }
 }
 
@@ -112,6 +113,7 @@ fn capacity_error_falls_back_to_the_next_offering_and_marks_the_first_unavailabl
         unavailable: &[],
         now: 1000.0,
         table: None,
+        run_time_estimates: &[],
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
     assert_eq!(out.launched.len(), 2);
@@ -144,6 +146,7 @@ fn partial_fulfilment_moves_the_rest_to_the_next_offering() {
         unavailable: &[],
         now: 0.0,
         table: None,
+        run_time_estimates: &[],
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 3), ctx, &fleet, &reg, &avail));
     assert_eq!(out.launched.len(), 3);
@@ -169,6 +172,7 @@ fn when_no_offering_has_capacity_the_shortfall_is_reported_not_hidden() {
         unavailable: &[],
         now: 0.0,
         table: None,
+        run_time_estimates: &[],
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
     assert!(out.launched.is_empty());
@@ -252,6 +256,7 @@ fn any_non_throttling_launch_error_skips_the_offering_for_a_while_and_falls_back
         unavailable: &[],
         now: 100.0,
         table: None,
+        run_time_estimates: &[],
     };
     for kind in [FleetErrorKind::Other, FleetErrorKind::NotFound] {
         // The whole call fails (EC2: an instant fleet with one override and an Unsupported or
@@ -311,6 +316,7 @@ fn a_fallback_never_mixes_capacity_types_or_names_one_pool_twice() {
         unavailable: &[],
         now: 100.0,
         table: None,
+        run_time_estimates: &[],
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
     assert_eq!(out.launched.len(), 2, "{out:?}");
@@ -361,6 +367,7 @@ fn throttled_or_over_an_account_limit(kind: FleetErrorKind, code: &str) {
         unavailable: &[],
         now: 0.0,
         table: None,
+        run_time_estimates: &[],
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 1), ctx, &fleet, &reg, &avail));
     assert_eq!(out.errors.len(), 1);
@@ -392,6 +399,7 @@ fn each_launch_carries_an_idempotency_token_stable_for_its_decision() {
         unavailable: &[],
         now,
         table: None,
+        run_time_estimates: &[],
     };
     let plan = launch_plan(key("a.1", "z1"), 2);
     let tokens = |now| {
@@ -508,6 +516,7 @@ fn terminate_and_cancel_go_to_their_own_calls_and_mark_terminating() {
         unavailable: &[],
         now: 0.0,
         table: None,
+        run_time_estimates: &[],
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, &fleet, &reg, &avail));
     let ids: Vec<String> = out.launched.iter().map(|l| l.launched.instance_id.clone()).collect();
@@ -557,6 +566,7 @@ fn idle_and_booting(
         unavailable: &[],
         now: LAUNCHED_AT,
         table: None,
+        run_time_estimates: &[],
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 2), ctx, fleet, reg, avail));
     let ids: Vec<String> = out.launched.iter().map(|l| l.launched.instance_id.clone()).collect();
@@ -600,6 +610,7 @@ fn scale_down_leaves_alone_a_worker_whose_agent_took_a_job_first() {
         unavailable: &[],
         now: 21.0,
         table: None,
+        run_time_estimates: &[],
     };
     let before = fleet.calls().len();
     let out = pollster::block_on(act(&release(&ids), ctx, &fleet, &reg, &avail));
@@ -622,6 +633,7 @@ fn after_scale_down_marks_a_worker_terminating_its_agent_cannot_take_a_job() {
         unavailable: &[],
         now: 21.0,
         table: None,
+        run_time_estimates: &[],
     };
     let out = pollster::block_on(act(&release(&ids), ctx, &fleet, &reg, &avail));
     assert_eq!(out.terminated, vec![ids[0].clone()]);
@@ -654,6 +666,7 @@ fn a_cancel_is_only_for_a_launch_still_booting_and_a_failed_mark_keeps_the_worke
         unavailable: &[],
         now: 21.0,
         table: None,
+        run_time_estimates: &[],
     };
     let out = pollster::block_on(act(&release(&ids), ctx, &fleet, &reg, &avail));
     assert_eq!(out.skipped, vec![ids[1].clone()]);
@@ -674,6 +687,7 @@ fn an_interruption_notice_drains_the_worker_and_marks_its_offering() {
         unavailable: &[],
         now: 0.0,
         table: None,
+        run_time_estimates: &[],
     };
     let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 1), ctx, &fleet, &reg, &avail));
     let id = out.launched[0].launched.instance_id.clone();
@@ -729,6 +743,7 @@ fn the_spread_of_one_decision_is_one_call_with_an_override_per_offering() {
         unavailable: &[],
         now: 0.0,
         table: None,
+        run_time_estimates: &[],
     };
     let out = pollster::block_on(act(&plan, ctx, &fleet, &reg, &avail));
     let calls: Vec<_> = fleet
@@ -801,6 +816,7 @@ fn a_full_vcpu_quota_skips_its_whole_bucket_and_names_the_quota() {
         unavailable: &[],
         now: 100.0,
         table: None,
+        run_time_estimates: &[],
     };
     // A new account: no G and VT spot quota at all.
     let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
@@ -1231,4 +1247,57 @@ fn a_start_without_capacity_leaves_the_worker_stopped_marks_its_offering_and_lau
     ));
     assert_eq!(out.skipped, vec!["i-gone".to_string()]);
     assert_eq!(out.launched.len(), 1, "{out:?}");
+}
+
+#[test]
+fn the_rows_of_workers_launched_or_started_carry_their_lanes_run_time_estimate() {
+    // The default lanes: express (0) and standard (1). The launch and the start are for lane 1.
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    let cfg = PolicyConfig::default();
+    let offs = offerings();
+    let estimates = [("express".to_string(), 50.0), ("standard".to_string(), 420.0)];
+    let ctx = ActContext {
+        run_time_estimates: &estimates,
+        ..at_zero(&cfg, &offs)
+    };
+    let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 1), ctx, &fleet, &reg, &avail));
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    let id = out.launched[0].launched.instance_id.clone();
+    assert_eq!(out.launched[0].run_time_estimate_s, Some(420.0));
+    assert_eq!(
+        reg.records()[&id].run_time_estimate_s,
+        Some(420.0),
+        "the launched lane's, not express's"
+    );
+
+    // A lane without an estimate: none on the row.
+    let (fleet2, reg2) = (FakeFleet::new(), FakeRegistry::default());
+    let express_only = [("express".to_string(), 50.0)];
+    let ctx = ActContext {
+        run_time_estimates: &express_only,
+        ..at_zero(&cfg, &offs)
+    };
+    let out = pollster::block_on(act(&launch_plan(key("a.1", "z1"), 1), ctx, &fleet2, &reg2, &avail));
+    let other = &out.launched[0].launched.instance_id;
+    assert_eq!(reg2.records()[other].run_time_estimate_s, None);
+
+    // Idle, stopped, then started when the lane's estimate has moved: the row takes the new one.
+    reg.agent_heartbeat(&id, WorkerState::Idle, Some(10.0), 10.0).unwrap();
+    let stopped = pollster::block_on(act(
+        &stop_plan(&id, 3600.0),
+        at(&cfg, &offs, STOPPED_AT),
+        &fleet,
+        &reg,
+        &avail,
+    ));
+    assert_eq!(stopped.stopped, vec![id.clone()], "{:?}", stopped.errors);
+    let moved = [("standard".to_string(), 75.0)];
+    let ctx = ActContext {
+        run_time_estimates: &moved,
+        ..at(&cfg, &offs, 500.0)
+    };
+    let out = pollster::block_on(act(&start_plan(&id, key("a.1", "z1"), None), ctx, &fleet, &reg, &avail));
+    assert_eq!(out.started, vec![id.clone()], "{:?}", out.errors);
+    let row = reg.records()[&id].clone();
+    assert_eq!((row.state, row.run_time_estimate_s), (WorkerState::Pending, Some(75.0)));
 }

@@ -1319,7 +1319,8 @@ fn undeclared_jobs_take_the_run_time_of_the_lanes_last_jobs_to_finish() {
 /// A lane's prior (`lanes[].default_runtime_s`, here 3 s) stands in for the estimate until 5 of
 /// its jobs have finished: the same twenty undeclared jobs share one worker with 4 finished, or
 /// while the run times cannot be read (which the run says, with the prior's figure); once 8
-/// have finished (30 s each) their mean replaces it (600 s of work: five workers).
+/// have finished (30 s each) their mean replaces it (600 s of work: five workers). The rows of
+/// the workers launched hold the figure used, for their agents.
 #[test]
 fn a_lanes_prior_run_time_stands_in_until_its_last_jobs_give_an_estimate() {
     // (jobs finished before, the run_times index readable, launches, estimate)
@@ -1336,6 +1337,9 @@ fn a_lanes_prior_run_time_stands_in_until_its_last_jobs_give_an_estimate() {
         let case = format!("{finished} finished, readable {readable}");
         assert_eq!(r.acted.launched.len(), want, "{case}: {:?}", r.plan);
         assert_eq!(r.run_time_estimates, [("standard".to_string(), estimate)], "{case}");
+        // The launched workers' rows hold the figure, for their agents.
+        let rows: Vec<Option<f64>> = w.workers.records().values().map(|r| r.run_time_estimate_s).collect();
+        assert_eq!(rows, vec![Some(estimate); want], "{case}");
         assert_eq!(
             r.errors
                 .iter()

@@ -479,6 +479,22 @@ struct WorkerSim {
     timers: Option<[agenda::Key; 2]>,
     /// When it was stopped (Stopped state): its volume is billed from then.
     stopped_from: Option<f64>,
+    /// The run time its agent counts for a job that declares none, seconds: the lane's estimate
+    /// its row was given at its launch or last start
+    /// ([`onoff_control::ports::WorkerRecord::run_time_estimate_s`]); `None`: the policy's
+    /// `offers.default_runtime_s`.
+    agent_estimate: Option<f64>,
+}
+
+/// Whether an idle worker takes a job ([`World::smallest_idle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Takes {
+    /// It takes it.
+    Yes,
+    /// Never this job's shape (an agent's rule that depends on the job alone).
+    No,
+    /// Not now, for this job: another job of its shape, or this one later, may be taken.
+    NotNow,
 }
 
 /// One simulated zone's place in its measured series.
@@ -719,6 +735,7 @@ impl World {
                 pinned,
                 timers: None,
                 stopped_from: None,
+                agent_estimate: None,
             });
             debug_assert_eq!(self.by_num.len() as u64, num);
             self.by_num.push((self.workers.len() - 1) as u32);
@@ -1083,12 +1100,16 @@ impl World {
             let min_mem = pj.min_gpu_memory_gib.max(pcfg.offers.min_gpu_memory_gib);
             let need = pj.instances.max(1) as usize;
             // A job whose deadline is at risk on spot starts on on-demand workers only, as the
-            // agent on a spot instance hands it back ([`onoff_policy::deadline`]). The agent knows
-            // a job's run time only as declared (it reads neither the lane's estimate nor its
-            // prior): the policy's default otherwise.
+            // agent on a spot instance hands it back ([`onoff_policy::deadline`]). The agent
+            // counts a job's run time as declared, else as the estimate its worker's row holds
+            // (`agent_estimate`), else as the policy's default.
             let declared = pj.est_runtime_s.filter(|_| self.cfg.declared_runtimes);
-            let runtime = declared.unwrap_or(pcfg.offers.default_runtime_s);
-            let spot_ok = !(self.onoff_agent && keeps_off_spot(pj.deadline, runtime, self.now, pj.enqueued_at, pcfg));
+            let runtime = |estimate: Option<f64>| declared.or(estimate).unwrap_or(pcfg.offers.default_runtime_s);
+            let (deadline, enqueued_at, now, agent) = (pj.deadline, pj.enqueued_at, self.now, self.onoff_agent);
+            let at_risk = |estimate| agent && keeps_off_spot(deadline, runtime(estimate), now, enqueued_at, pcfg);
+            // Declared, the deadline rule is the job's alone: part of its shape. Otherwise it
+            // depends on the worker's estimate, and a refusal is for this job only.
+            let spot_ok = declared.is_none() || !at_risk(None);
             let shape = (lane, job_gpus, min_mem.to_bits(), need, spot_ok);
             if no_fit.contains(&shape) {
                 qi += 1;
@@ -1097,23 +1118,35 @@ impl World {
             // An on-demand worker of a spot-first lane takes the job only while its premium there
             // is worth it, as its agent does ([`onoff_policy::choice::worth_an_on_demand_worker`]);
             // a job whose deadline is at risk on spot takes it whatever it costs.
-            let waited = self.now - pj.enqueued_at;
+            let waited = now - enqueued_at;
             let instances = pj.instances;
-            let worth = |price: f64, spot: f64| {
-                !spot_ok || worth_an_on_demand_worker(price, spot, instances, runtime, waited, pcfg)
+            let takes = |spot: bool, price: f64, reference: Option<f64>, estimate: Option<f64>| {
+                let risk = at_risk(estimate);
+                match (spot, reference) {
+                    (true, _) if risk && declared.is_some() => Takes::No,
+                    (true, _) if risk => Takes::NotNow,
+                    (false, Some(reference))
+                        if !risk
+                            && !worth_an_on_demand_worker(
+                                price,
+                                reference,
+                                instances,
+                                runtime(estimate),
+                                waited,
+                                pcfg,
+                            ) =>
+                    {
+                        Takes::NotNow
+                    }
+                    _ => Takes::Yes,
+                }
             };
-            let (chosen, passed_dear) = self.smallest_idle(
-                lane,
-                job_gpus,
-                min_mem,
-                need,
-                pcfg.offers.max_gpu_oversize,
-                spot_ok,
-                worth,
-            );
+            let (chosen, passed_over) =
+                self.smallest_idle(lane, job_gpus, min_mem, need, pcfg.offers.max_gpu_oversize, takes);
             if chosen.len() < need {
-                // A job that waited longer may yet take a worker this one passed over for its price.
-                if !passed_dear {
+                // A job that waited longer, or another of its shape, may yet take a worker this
+                // one passed over.
+                if !passed_over {
                     no_fit.push(shape);
                 }
                 qi += 1;
@@ -1128,13 +1161,12 @@ impl World {
         }
     }
 
-    /// Up to `need` idle workers of `lane` that fit the shape (on-demand ones only unless
-    /// `spot_ok`; an on-demand one with a spot reference only when `worth(its price, the
-    /// reference)`), smallest first (fewest GPUs, then the oldest), as worker indices, and whether
-    /// a worker was passed over for its price. Walks the idle set in (GPUs, number) order from the job's
-    /// GPUs, skipping whole GPU counts that cannot fit; entries of workers no longer idle are
-    /// dropped on the way. O(log n) per GPU count looked at, plus the entries passed over.
-    #[allow(clippy::too_many_arguments)]
+    /// Up to `need` idle workers of `lane` that fit the shape and take the job (`takes(spot, its
+    /// price, its spot reference, its agent's estimate)`), smallest first (fewest GPUs, then the
+    /// oldest), as worker indices, and whether a worker was passed over for this job only
+    /// ([`Takes::NotNow`]). Walks the idle set in (GPUs, number) order from the job's GPUs,
+    /// skipping whole GPU counts that cannot fit; entries of workers no longer idle are dropped on
+    /// the way. O(log n) per GPU count looked at, plus the entries passed over.
     fn smallest_idle(
         &mut self,
         lane: usize,
@@ -1142,10 +1174,9 @@ impl World {
         min_mem: f64,
         need: usize,
         oversize: u32,
-        spot_ok: bool,
-        worth: impl Fn(f64, f64) -> bool,
+        takes: impl Fn(bool, f64, Option<f64>, Option<f64>) -> Takes,
     ) -> (smallvec::SmallVec<[usize; 8]>, bool) {
-        let mut passed_dear = false;
+        let mut passed_over = false;
         let mut chosen = smallvec::SmallVec::with_capacity(need);
         let mut stale = Vec::new();
         let mut from = (job_gpus, 0u64);
@@ -1164,18 +1195,12 @@ impl World {
             from = (g, num + 1);
             match self.worker_idx(num) {
                 Some(i) if self.workers[i].state == WorkerState::Idle => {
-                    let w = &self.workers[i];
-                    if w.lane == lane
-                        && (spot_ok || !self.wsim[i].spot)
-                        && fits(w.gpus, w.gpu_memory_gib, job_gpus, min_mem, oversize)
-                    {
-                        let dear = !self.wsim[i].spot
-                            && w.spot_price_usd_per_h
-                                .is_some_and(|spot| !worth(w.price_usd_per_h, spot));
-                        if dear {
-                            passed_dear = true;
-                        } else {
-                            chosen.push(i);
+                    let (w, ws) = (&self.workers[i], &self.wsim[i]);
+                    if w.lane == lane && fits(w.gpus, w.gpu_memory_gib, job_gpus, min_mem, oversize) {
+                        match takes(ws.spot, w.price_usd_per_h, w.spot_price_usd_per_h, ws.agent_estimate) {
+                            Takes::Yes => chosen.push(i),
+                            Takes::No => {}
+                            Takes::NotNow => passed_over = true,
                         }
                     }
                 }
@@ -1189,7 +1214,7 @@ impl World {
         for k in stale {
             self.idle_set.remove(&k);
         }
-        (chosen, passed_dear)
+        (chosen, passed_over)
     }
 
     /// Worker `i` just booted: if it was launched for a job still queued, it is that job's (the
@@ -1427,8 +1452,13 @@ impl Fleet for SimPorts<'_> {
 }
 
 impl WorkerRegistry for SimPorts<'_> {
-    async fn register_launch(&self, _record: WorkerRecord) -> Result<(), StoreError> {
-        // The simulated fleet keeps the worker table itself.
+    async fn register_launch(&self, record: WorkerRecord) -> Result<(), StoreError> {
+        // The simulated fleet keeps the worker table itself; the estimate its agent reads is
+        // kept with it.
+        let mut w = self.0.borrow_mut();
+        if let Some(i) = w.worker_by_id(&record.id) {
+            w.wsim[i].agent_estimate = record.run_time_estimate_s;
+        }
         Ok(())
     }
     async fn set_state(&self, id: &str, state: WorkerState) -> Result<(), StoreError> {
@@ -1486,13 +1516,16 @@ impl WorkerRegistry for SimPorts<'_> {
         _at: f64,
         project: Option<&str>,
         job: Option<&str>,
+        run_time_estimate_s: Option<f64>,
     ) -> Result<bool, StoreError> {
-        // The simulated fleet's `start` moves the worker; what it is started for is kept for it.
+        // The simulated fleet's `start` moves the worker; what it is started for is kept for it,
+        // and the estimate its agent reads when it boots again.
         let mut w = self.0.borrow_mut();
         let i = w.worker_by_id(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
         if w.workers[i].state != WorkerState::Stopped {
             return Ok(false);
         }
+        w.wsim[i].agent_estimate = run_time_estimate_s;
         let pinned = job.and_then(job_index).filter(|&j| j < w.jobs.len());
         w.starting.insert(id.to_string(), (project.map(str::to_string), pinned));
         Ok(true)
@@ -1958,10 +1991,17 @@ pub fn run(
             };
             count_held_for_limits(&plan, &mut held_by_limit);
             if !plan.actions.is_empty() {
-                let (unavailable, now) = {
+                let (unavailable, now, estimate) = {
                     let w = world.borrow();
-                    (w.unavailable.clone(), w.now)
+                    let estimate = (!w.cfg.declared_runtimes).then(|| w.undeclared_runtime()).flatten();
+                    (w.unavailable.clone(), w.now, estimate)
                 };
+                // The run time the deployed control plane writes on the rows of the workers it
+                // launches or starts, for their agents: the estimate the policy was given (every
+                // lane: the replay's jobs share one). Declared run times: no job needs it.
+                let estimates: Vec<(String, f64)> = estimate
+                    .map(|e| pcfg.lanes.iter().map(|l| (l.name.clone(), e)).collect())
+                    .unwrap_or_default();
                 let ports = SimPorts(&world);
                 let ctx = ActContext {
                     cfg: &pcfg,
@@ -1969,6 +2009,7 @@ pub fn run(
                     unavailable: &unavailable,
                     now,
                     table: Some(&act_table),
+                    run_time_estimates: &estimates,
                 };
                 let _ = pollster::block_on(act(&plan, ctx, &ports, &ports, &ports));
             }

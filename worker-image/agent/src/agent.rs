@@ -373,6 +373,10 @@ struct Worker<'a, M, Q, J, R, C, O, I, L> {
     /// On-demand in a spot-first lane: the best spot price for its shape, $/h, as its row has
     /// it ([`WorkerRecord::spot_price_usd_per_h`]).
     spot_price_usd_per_h: Option<f64>,
+    /// The lane its row names and the run time, seconds, the control plane gave a job of that
+    /// lane declaring none when it launched or last started this worker
+    /// ([`WorkerRecord::run_time_estimate_s`]).
+    run_time_estimate: Option<(String, f64)>,
     report: AgentReport,
 }
 
@@ -423,8 +427,17 @@ where
             return Err(e);
         }
     };
-    let (lane, price, pinned, spot_price_usd_per_h) = match record {
-        Some(r) => (r.lane, r.price_usd_per_h, r.pinned_job, r.spot_price_usd_per_h),
+    let (lane, price, pinned, spot_price_usd_per_h, run_time_estimate) = match record {
+        Some(r) => {
+            let estimate = r.run_time_estimate_s.map(|e| (r.lane.clone(), e));
+            (
+                r.lane,
+                r.price_usd_per_h,
+                r.pinned_job,
+                r.spot_price_usd_per_h,
+                estimate,
+            )
+        }
         None => {
             let lane = cfg.lanes.first().cloned().unwrap_or_else(|| "standard".into());
             let capacity_type = if me.lifecycle == "spot" {
@@ -452,7 +465,7 @@ where
                 return Err(e);
             }
             tracing::warn!(instance = %me.instance_id, "not registered by the control plane: registered with price 0");
-            (lane, 0.0, None, None)
+            (lane, 0.0, None, None, None)
         }
     };
     let lanes = if cfg.lanes.is_empty() {
@@ -470,6 +483,7 @@ where
         price_usd_per_h: std::cell::Cell::new(price),
         pinned,
         spot_price_usd_per_h,
+        run_time_estimate,
         report: AgentReport {
             exit: ExitReason::Shutdown,
             jobs: Vec::new(),
@@ -1660,14 +1674,15 @@ where
     }
 
     /// Why this worker must not run `job` now, if it must not: a spot worker and a job whose
-    /// deadline it would put at risk ([`keeps_off_spot`] with the job's declared run time, or the
-    /// policy's default, and its creation as the time it queued, as the reconciler sees it); or an
+    /// deadline it would put at risk ([`keeps_off_spot`] with the job's run time as
+    /// [`Worker::runtime_of`] counts it, and its creation as the time it queued, as the
+    /// reconciler sees it); or an
     /// on-demand worker of a spot-first lane and a job whose on-demand premium here is worth more
     /// than the spot launch and the wait it saves ([`worth_an_on_demand_worker`]), unless its
     /// deadline is at risk on spot or this worker was launched for it.
     fn keeps_off_this_worker(&self, job: &JobRecord) -> Option<String> {
         let p = &self.cfg.policy;
-        let runtime = job.spec.est_runtime_s.unwrap_or(p.offers.default_runtime_s);
+        let runtime = self.runtime_of(job);
         let now = self.clock.now();
         let at_risk = keeps_off_spot(job.spec.deadline, runtime, now, job.created_at, p);
         if self.me.lifecycle != "spot" {
@@ -1693,6 +1708,21 @@ where
                 self.id()
             )
         })
+    }
+
+    /// `job`'s run time, seconds, as the policy counts it: declared; else, for a job of this
+    /// worker's lane, the estimate its row was given ([`WorkerRecord::run_time_estimate_s`]);
+    /// else the policy's `offers.default_runtime_s`.
+    fn runtime_of(&self, job: &JobRecord) -> f64 {
+        let estimate = self
+            .run_time_estimate
+            .as_ref()
+            .filter(|(lane, _)| *lane == job.spec.lane)
+            .map(|&(_, e)| e);
+        job.spec
+            .est_runtime_s
+            .or(estimate)
+            .unwrap_or(self.cfg.policy.offers.default_runtime_s)
     }
 
     /// Give a job back unrun, for on-demand capacity or for spot (not counted, not bounded): a

@@ -67,8 +67,10 @@ pub struct AgentConfig {
     /// `offers.checkpoint_interval_s`, `limits.deadline_margin_s`): a spot worker hands back a
     /// job whose deadline they put at risk on spot (`onoff_policy::deadline::keeps_off_spot`);
     /// and, on an on-demand worker of a spot-first lane, `scale_down.wait_value_usd_per_h`,
-    /// `offers.boot_estimate_s` and `offers.default_runtime_s`: it hands back a job whose premium
-    /// there is worth more than the wait for spot (`onoff_policy::choice::worth_an_on_demand_worker`).
+    /// `offers.boot_estimate_s`: it hands back a job whose premium there is worth more than the
+    /// wait for spot (`onoff_policy::choice::worth_an_on_demand_worker`). Both rules count a job
+    /// that declares no run time as the estimate its worker's row holds
+    /// (`WorkerRecord::run_time_estimate_s`), else as `offers.default_runtime_s`.
     /// The template's user data sets the wait value only, as one dotted TOML line.
     pub policy: onoff_policy::PolicyConfig,
 }

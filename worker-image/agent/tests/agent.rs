@@ -1649,6 +1649,87 @@ async fn an_on_demand_worker_of_a_spot_first_lane_runs_only_the_jobs_its_premium
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_undeclared_jobs_run_time_is_the_estimate_its_workers_row_holds_for_the_jobs_lane() {
+    // Jobs of lane standard that declare no run time. On spot, one due 4,600 s after it was
+    // created: counted as the row's 30 s it has 4,570 s of slack and runs; counted as the
+    // policy's default 3,600 s it has 1,000 s, under the 1,590 s a spot start needs: deferred.
+    // On an on-demand g5.xlarge (1.006 $/h, spot 0.36 $/h), one with no deadline: 30 s cost
+    // under a cent more there and it runs; 3,600 s cost $0.65 more, more than the wait for spot
+    // is worth: deferred. A row whose estimate is for another lane (express) counts the default.
+    for (case, capacity, row_lane, estimate, deadline, runs) in [
+        (
+            "spot, estimate",
+            CapacityType::Spot,
+            "standard",
+            Some(30.0),
+            Some(T0 + 4_600.0),
+            true,
+        ),
+        (
+            "spot, none",
+            CapacityType::Spot,
+            "standard",
+            None,
+            Some(T0 + 4_600.0),
+            false,
+        ),
+        (
+            "spot, other lane's",
+            CapacityType::Spot,
+            "express",
+            Some(30.0),
+            Some(T0 + 4_600.0),
+            false,
+        ),
+        (
+            "on-demand, estimate",
+            CapacityType::OnDemand,
+            "standard",
+            Some(30.0),
+            None,
+            true,
+        ),
+        ("on-demand, none", CapacityType::OnDemand, "standard", None, None, false),
+    ] {
+        let dir = tempdir("estimate");
+        let w = World::default();
+        let on_demand = capacity == CapacityType::OnDemand;
+        let offering = OfferingKey {
+            instance_type: "g5.xlarge".into(),
+            zone: "us-east-1a".into(),
+            capacity_type: capacity,
+        };
+        pollster::block_on(w.registry.register_launch(WorkerRecord {
+            spot_price_usd_per_h: on_demand.then_some(0.36),
+            run_time_estimate_s: estimate,
+            ..WorkerRecord::launched("i-w", row_lane, offering, if on_demand { 1.006 } else { 0.36 }, T0)
+        }))
+        .unwrap();
+        script(&w, "p", 30);
+        submit(&w, "job-u", "p", 1, 600.0);
+        let mut rec = job(&w, "job-u");
+        assert_eq!(rec.spec.est_runtime_s, None);
+        rec.spec.deadline = deadline;
+        w.jobs.put(rec);
+        let md = on_demand.then(|| on_demand_metadata("i-w"));
+        let (r, _) = agent_until(&w, "i-w", &cfg(dir.path()), std::future::pending(), md).await;
+        if runs {
+            assert_eq!((r.jobs.len(), r.deferred), (1, 0), "{case}");
+            assert_eq!(job(&w, "job-u").state, JobState::Succeeded, "{case}");
+        } else {
+            assert!(r.jobs.is_empty() && r.deferred >= 1, "{case}: {r:?}");
+            let reason = job(&w, "job-u").reason.unwrap_or_default();
+            let why = if on_demand {
+                "for its 3600 s"
+            } else {
+                "deadline at risk on spot"
+            };
+            assert!(reason.contains(why), "{case}: {reason}");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_worker_launched_for_a_job_claims_that_job_first_and_its_message_is_dropped_later() {
     // The queue holds another job's message first; the worker the scaler launched for job-due
     // (its row's pinned_job) claims job-due by id before it polls, then serves the queue: the
@@ -1721,7 +1802,7 @@ async fn an_agent_whose_instance_the_control_plane_stops_takes_no_job_and_leaves
     // Started again (its row Pending, as `act` writes it), the agent serves the queue.
     assert!(w
         .registry
-        .mark_started("i-s", T0 + 200.0, Some("p"), None)
+        .mark_started("i-s", T0 + 200.0, Some("p"), None, None)
         .await
         .unwrap());
     let (r, _) = agent_until(&w, "i-s", &c, tokio::time::sleep(Duration::from_secs(1_000)), None).await;

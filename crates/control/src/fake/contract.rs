@@ -253,6 +253,7 @@ where
         pinned_job: Some("job-due".into()),
         hold_until: Some(now + 600.0),
         spot_price_usd_per_h: Some(0.4375),
+        run_time_estimate_s: Some(120.5),
         ..worker(&a, now)
     };
     reg.register_launch(full.clone()).await.expect("register");
@@ -306,13 +307,16 @@ where
         "a stopped worker is not held"
     );
 
-    // mark_started: Pending since the start, pinned as a launch; done again.
+    // mark_started: Pending since the start, pinned as a launch, with the lane's estimate of
+    // now; done again.
     assert_eq!(
-        reg.mark_started(&a, now + 2_000.0, Some("q"), Some("job-2")).await,
+        reg.mark_started(&a, now + 2_000.0, Some("q"), Some("job-2"), Some(95.25))
+            .await,
         Ok(true)
     );
     assert_eq!(
-        reg.mark_started(&a, now + 2_000.0, Some("q"), Some("job-2")).await,
+        reg.mark_started(&a, now + 2_000.0, Some("q"), Some("job-2"), Some(95.25))
+            .await,
         Ok(true),
         "the start's own retry"
     );
@@ -321,9 +325,14 @@ where
         (r.state, r.launched_at, r.project.as_deref(), r.pinned_job.as_deref()),
         (WorkerState::Pending, now + 2_000.0, Some("q"), Some("job-2"))
     );
+    assert_eq!(
+        r.run_time_estimate_s,
+        Some(95.25),
+        "the start's estimate replaces the launch's"
+    );
     assert_eq!((r.idle_since, r.hold_until, r.heartbeat_at), (None, None, None));
     assert_eq!(
-        reg.mark_started(&a, now + 2_100.0, None, None).await,
+        reg.mark_started(&a, now + 2_100.0, None, None, None).await,
         Ok(false),
         "a worker not stopped is not started"
     );
@@ -343,6 +352,14 @@ where
     assert_eq!(
         (r.state, r.launched_at, r.idle_since, r.hold_until),
         (WorkerState::Stopped, now, Some(now + 1_000.0), Some(now + 4_600.0))
+    );
+    // Started again when the lane has no estimate: the old one is removed.
+    assert_eq!(reg.mark_started(&a, now + 3_000.0, None, None, None).await, Ok(true));
+    let r = row(reg, &a).await;
+    assert_eq!(
+        (r.state, r.run_time_estimate_s),
+        (WorkerState::Pending, None),
+        "a start without an estimate leaves none"
     );
 
     // set_state_if: a scale-down from Idle; done again; refused once an agent took it.
