@@ -496,9 +496,10 @@ pub trait WorkerRegistry {
     /// seconds: its boot and heartbeat deadlines count from the start), for `project` and pinned
     /// to `job` as a launch would be, with the lane's `run_time_estimate_s` of now
     /// ([`WorkerRecord::run_time_estimate_s`]; `None` removes it), `idle_since`, the hold and the
-    /// last heartbeat removed (the agent's from before the stop would read as a dead worker). One conditional write on the state
-    /// being Stopped: `Ok(true)` when written or the row already is Pending since `at` (the
-    /// write's own retry), `Ok(false)` when it is in another state.
+    /// last heartbeat removed (the agent's from before the stop would read as a dead worker).
+    /// One conditional write on the state being Stopped: `Ok(true)` when written or the row
+    /// already is Pending since `at` (the write's own retry), `Ok(false)` when it is in another
+    /// state.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] when the worker is unknown; store failures.

@@ -1676,10 +1676,10 @@ where
     /// Why this worker must not run `job` now, if it must not: a spot worker and a job whose
     /// deadline it would put at risk ([`keeps_off_spot`] with the job's run time as
     /// [`Worker::runtime_of`] counts it, and its creation as the time it queued, as the
-    /// reconciler sees it); or an
-    /// on-demand worker of a spot-first lane and a job whose on-demand premium here is worth more
-    /// than the spot launch and the wait it saves ([`worth_an_on_demand_worker`]), unless its
-    /// deadline is at risk on spot or this worker was launched for it.
+    /// reconciler sees it); or an on-demand worker of a spot-first lane and a job whose
+    /// on-demand premium here is worth more than the spot launch and the wait it saves
+    /// ([`worth_an_on_demand_worker`]), unless its deadline is at risk on spot or this worker
+    /// was launched for it.
     fn keeps_off_this_worker(&self, job: &JobRecord) -> Option<String> {
         let p = &self.cfg.policy;
         let runtime = self.runtime_of(job);
@@ -1710,9 +1710,10 @@ where
         })
     }
 
-    /// `job`'s run time, seconds, as the policy counts it: declared; else, for a job of this
-    /// worker's lane, the estimate its row was given ([`WorkerRecord::run_time_estimate_s`]);
-    /// else the policy's `offers.default_runtime_s`.
+    /// `job`'s run time, seconds: declared; else, for a job of this worker's lane, the estimate
+    /// the policy counted such a job with when it launched or last started this worker (its
+    /// row's [`WorkerRecord::run_time_estimate_s`]); else the policy's
+    /// `offers.default_runtime_s`.
     fn runtime_of(&self, job: &JobRecord) -> f64 {
         let estimate = self
             .run_time_estimate
