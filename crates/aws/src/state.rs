@@ -277,6 +277,19 @@ impl WorkerRegistry for DynamoWorkers {
         .await
     }
 
+    async fn set_run_time_estimate_if_unset(&self, id: &str, run_time_estimate_s: f64) -> Result<bool, StoreError> {
+        let req = self
+            .update_if(id)
+            .update_expression("SET run_time_estimate_s = :e")
+            .condition_expression("attribute_exists(instance_id) AND attribute_not_exists(run_time_estimate_s)")
+            .expression_attribute_values(":e", n(run_time_estimate_s));
+        // Already this figure is done (exact: the value read back is the one written).
+        written_or_done(req, id, "give worker its run-time estimate", |row| {
+            number(row, "run_time_estimate_s") == Some(run_time_estimate_s)
+        })
+        .await
+    }
+
     async fn hold_idle(&self, id: &str, until: f64) -> Result<bool, StoreError> {
         let req = self
             .update_if(id)

@@ -602,6 +602,14 @@ impl WorkerRegistry for FakeRegistry {
         )
     }
 
+    async fn set_run_time_estimate_if_unset(&self, id: &str, run_time_estimate_s: f64) -> Result<bool, StoreError> {
+        self.write_if(
+            id,
+            |w| w.run_time_estimate_s.is_none_or(|e| e == run_time_estimate_s),
+            |w| w.run_time_estimate_s = Some(run_time_estimate_s),
+        )
+    }
+
     async fn hold_idle(&self, id: &str, until: f64) -> Result<bool, StoreError> {
         self.write_if(
             id,

@@ -336,8 +336,9 @@ pub struct WorkerRecord {
     /// jobs to finish, else its prior (`lanes[].default_runtime_s`;
     /// [`crate::reconcile::ReconcileReport::run_time_estimates`]). Its agent counts such a job
     /// of its lane so in its deadline and on-demand-premium rules, as the policy does. `None`
-    /// when the lane had neither (and for rows written before it existed): the agent then
-    /// counts `offers.default_runtime_s`.
+    /// when the lane had neither (and for rows written before it existed) until a reconcile run
+    /// gives the row the lane's ([`WorkerRegistry::set_run_time_estimate_if_unset`]): the agent
+    /// then counts `offers.default_runtime_s`.
     pub run_time_estimate_s: Option<f64>,
 }
 
@@ -446,6 +447,17 @@ pub trait WorkerRegistry {
     /// # Errors
     /// [`StoreError::NotFound`] when the worker is unknown; store failures.
     async fn set_price_if_unpriced(&self, id: &str, price_usd_per_h: f64) -> Result<bool, StoreError>;
+
+    /// Give a worker whose row has no run-time estimate (launched or started before its lane had
+    /// an estimate or a prior, or registered by its agent) the lane's, `run_time_estimate_s`
+    /// seconds ([`WorkerRecord::run_time_estimate_s`]), which its agent reads when it next
+    /// claims a job that declares none. One conditional write on the row having none:
+    /// `Ok(true)` when written or the row already has this very figure (the write's own retry),
+    /// `Ok(false)` when it has another.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the worker is unknown; store failures.
+    async fn set_run_time_estimate_if_unset(&self, id: &str, run_time_estimate_s: f64) -> Result<bool, StoreError>;
 
     /// Hold an idle worker until `until` (unix seconds): its agent, past its idle timeout, reads
     /// the hold and stays for it (the policy keeps the worker as warm capacity longer than the

@@ -110,6 +110,9 @@ pub struct ReconcileReport {
     pub wake_ups_spared: usize,
     /// Idle workers the decision kept whose hold was written or renewed ([`renew_holds`]).
     pub workers_held: Vec<String>,
+    /// Live workers whose row had no run-time estimate and was given its lane's
+    /// ([`give_run_time_estimates`]).
+    pub workers_given_estimates: Vec<String>,
     /// The live workers as this run leaves them, for the functions' fleet metrics without a
     /// second listing of the table: as listed (the reaper's losses removed, prices filled in),
     /// less those the plan released (but the ones an agent took a job for first, left as
@@ -821,6 +824,9 @@ where
     // held.
     let ended: Vec<&str> = report.plan.releases().collect();
     let (held, errors) = renew_holds(&live, &ended, workers, now, opts.hold_s).await;
+    report.errors.extend(errors);
+    let (given, errors) = give_run_time_estimates(&mut live, &ended, &report.run_time_estimates, workers).await;
+    report.workers_given_estimates = given;
     report.workers = workers_after(live, &report, &ended, &held, cfg, now, opts.hold_s);
     report.workers_held = held;
     report.errors.extend(errors);
@@ -929,6 +935,43 @@ pub async fn renew_holds<W: WorkerRegistry>(
         }
     }
     (held, errors)
+}
+
+/// Write each lane's run-time estimate (`estimates`: lane name, seconds;
+/// [`ReconcileReport::run_time_estimates`]) on the rows of its live workers that have none and
+/// that the plan did not release (`ended`): Pending, Running or Idle workers launched or started
+/// before the lane had an estimate or a prior, adopted, or registered by their agent. A worker
+/// keeps the figure of its launch or start otherwise ([`WorkerRecord::run_time_estimate_s`]);
+/// its agent reads the row again when it claims a job that declares none while it has no
+/// figure. Returns the workers written and the errors (a row gone, or one given a figure
+/// meanwhile, is skipped). `live` is updated. One conditional write per worker without a figure
+/// in a lane with one; none once every row has one.
+pub async fn give_run_time_estimates<W: WorkerRegistry>(
+    live: &mut [WorkerRecord],
+    ended: &[&str],
+    estimates: &[(String, f64)],
+    workers: &W,
+) -> (Vec<String>, Vec<String>) {
+    let (mut given, mut errors) = (Vec::new(), Vec::new());
+    let due = |w: &WorkerRecord| {
+        w.run_time_estimate_s.is_none()
+            && matches!(w.state, WorkerState::Pending | WorkerState::Running | WorkerState::Idle)
+            && !ended.contains(&w.id.as_str())
+    };
+    for w in live.iter_mut().filter(|w| due(w)) {
+        let Some(&(_, e)) = estimates.iter().find(|(lane, _)| *lane == w.lane) else {
+            continue;
+        };
+        match workers.set_run_time_estimate_if_unset(&w.id, e).await {
+            Ok(true) => {
+                w.run_time_estimate_s = Some(e);
+                given.push(w.id.clone());
+            }
+            Ok(false) | Err(StoreError::NotFound(_)) => {}
+            Err(e) => errors.push(format!("give {} its run-time estimate: {e}", w.id)),
+        }
+    }
+    (given, errors)
 }
 
 /// Name of the lease the scaler and the reconciler share.

@@ -1351,6 +1351,24 @@ fn a_lanes_prior_run_time_stands_in_until_its_last_jobs_give_an_estimate() {
     }
 }
 
+/// A worker launched before its lane had a run-time estimate (no job finished, no prior) has
+/// none on its row; once 8 jobs have finished (30 s each), the next run writes the lane's 30 s on
+/// it, for its agent, and the run after writes nothing.
+#[test]
+fn a_worker_launched_before_its_lane_had_an_estimate_is_given_it_once_there_is_one() {
+    let w = World::new();
+    let first = w.submit(1).remove(0);
+    let worker = w.running_on_its_worker(&first);
+    assert_eq!(w.workers.records()[&worker].run_time_estimate_s, None);
+    finished_runs(&w, 8, 30.0, NOW - 1_000.0);
+    let r = w.reconcile(NOW + 200.0, false);
+    assert_eq!(r.run_time_estimates, [("standard".to_string(), 30.0)]);
+    assert_eq!(r.workers_given_estimates, vec![worker.clone()], "{:?}", r.errors);
+    assert_eq!(w.workers.records()[&worker].run_time_estimate_s, Some(30.0));
+    let again = w.reconcile(NOW + 260.0, false);
+    assert!(again.workers_given_estimates.is_empty(), "{again:?}");
+}
+
 /// A running job that declared no run time ends, as the policy sees it, at its claim plus the
 /// lane's estimate (3 s): three undeclared jobs queued a second after the claim wait for that
 /// worker (nothing launched), still 100 s past that end. Once the job has outlived its estimate

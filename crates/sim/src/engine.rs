@@ -1329,8 +1329,9 @@ impl World {
     /// Give the queued jobs and the running ones the current run-time estimate (undeclared run
     /// times only), as the deployed reconciler does on each run: a running job's workers end at
     /// its start plus the estimate, until it has outlived that by `horizon_s` (short jobs queued
-    /// behind it would have waited the horizon already); then their end is unknown. O(queued)
-    /// when the estimate changed, plus O(workers).
+    /// behind it would have waited the horizon already); then their end is unknown. Live workers
+    /// whose row has no estimate for their agent get this one. O(queued) when the estimate
+    /// changed, plus O(workers).
     fn refresh_estimates(&mut self, horizon_s: f64) {
         if self.cfg.declared_runtimes {
             return;
@@ -1343,6 +1344,16 @@ impl World {
             }
         }
         for i in 0..self.workers.len() {
+            // A row without a figure is given the lane's, as the reconciler does on each run
+            // (`onoff_control::reconcile::give_run_time_estimates`); its agent reads it at its
+            // next undeclared job.
+            let live = matches!(
+                self.workers[i].state,
+                WorkerState::Pending | WorkerState::Running | WorkerState::Idle
+            );
+            if live && self.wsim[i].agent_estimate.is_none() {
+                self.wsim[i].agent_estimate = e;
+            }
             if self.workers[i].state != WorkerState::Running {
                 continue;
             }
@@ -1529,6 +1540,13 @@ impl WorkerRegistry for SimPorts<'_> {
         let pinned = job.and_then(job_index).filter(|&j| j < w.jobs.len());
         w.starting.insert(id.to_string(), (project.map(str::to_string), pinned));
         Ok(true)
+    }
+    async fn set_run_time_estimate_if_unset(&self, id: &str, run_time_estimate_s: f64) -> Result<bool, StoreError> {
+        // What `World::refresh_estimates` does on each decision, for a caller that asks.
+        let mut w = self.0.borrow_mut();
+        let i = w.worker_by_id(id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let given = w.wsim[i].agent_estimate.get_or_insert(run_time_estimate_s);
+        Ok(*given == run_time_estimate_s)
     }
     async fn hold_idle(&self, _id: &str, _until: f64) -> Result<bool, StoreError> {
         // Simulated workers end only as the policy says (the functions renew every idle worker's

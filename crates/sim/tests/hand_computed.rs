@@ -710,6 +710,37 @@ fn the_agent_counts_an_undeclared_jobs_run_time_as_its_rows_estimate_and_runs_it
     );
 }
 
+/// A worker launched before its lane had an estimate (no job finished, no prior) is given the
+/// lane's once there is one, as the reconciler writes it on rows without one, and its agent
+/// counts with it at its next undeclared job. Run times undeclared, deadlines at 8 x the run
+/// time. Five A (0 s, 1,000 s) run on five spot workers (boot 300 s) until 1,300 s; the lane's
+/// estimate is then 1,000 s. B (1,400 s, 600 s) is due at 6,200 s: 3,800 s of slack counted with
+/// 1,000 s, over the 1,590 s a spot start needs, so an idle spot worker's agent runs it at once.
+/// Counted with the default hour, B would have 1,200 s: handed back until that count says its
+/// deadline is lost (2,600 s), started at 2,640 s.
+#[test]
+fn a_worker_launched_before_its_lane_had_an_estimate_counts_with_the_one_it_is_given_later() {
+    let offs = spot_and_on_demand();
+    let mut jobs = vec![(0.0, 1_000.0, 1); 5];
+    jobs.push((1_400.0, 600.0, 1));
+    let s = SimConfig {
+        deadline_fraction: 1.0,
+        deadline_slack: 8.0,
+        ..undeclared(300.0)
+    };
+    let mut st = PolicyStrategy::new("onoff", policy(10_000.0));
+    let r = run(&trace(&jobs), &offs, &mut st, &s, &mut |_| {});
+    assert_eq!((r.jobs_completed, r.deadlines_missed), (6, 0), "{r:?}");
+    let launched: Vec<(&str, u64)> = r.launches_by_offering.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    assert_eq!(
+        launched,
+        [("one.gpu/spot", 5)],
+        "B ran on a spot worker of the first five"
+    );
+    // Five waited their boot, 300 s; B nothing.
+    assert!(close(r.wait_mean_s, 250.0), "mean wait {} s", r.wait_mean_s);
+}
+
 #[test]
 fn a_job_whose_deadline_is_at_risk_waits_for_on_demand_rather_than_an_idle_spot_worker() {
     // Deadlines at 1.5 x the run time. A (0 s, 10,000 s) has 5,000 s of slack, over the policy's

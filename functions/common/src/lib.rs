@@ -543,6 +543,7 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
         "orphans_terminated": r.orphans_terminated,
         "orphans_adopted": r.orphans_adopted,
         "idle_holds_renewed": r.workers_held,
+        "workers_given_estimates": r.workers_given_estimates,
         "workers_lost": r.workers_lost,
         "workers_gone": r.workers_gone,
         "jobs_requeued": r.jobs_requeued,

@@ -373,10 +373,12 @@ struct Worker<'a, M, Q, J, R, C, O, I, L> {
     /// On-demand in a spot-first lane: the best spot price for its shape, $/h, as its row has
     /// it ([`WorkerRecord::spot_price_usd_per_h`]).
     spot_price_usd_per_h: Option<f64>,
-    /// The lane its row names and the run time, seconds, the control plane gave a job of that
-    /// lane declaring none when it launched or last started this worker
-    /// ([`WorkerRecord::run_time_estimate_s`]).
-    run_time_estimate: Option<(String, f64)>,
+    /// The lane its row names.
+    row_lane: String,
+    /// The run time, seconds, the control plane gave a job of `row_lane` declaring none when it
+    /// launched or last started this worker, or later ([`WorkerRecord::run_time_estimate_s`]);
+    /// read again while `None` ([`Worker::read_run_time_estimate`]).
+    run_time_estimate_s: Option<f64>,
     report: AgentReport,
 }
 
@@ -427,17 +429,14 @@ where
             return Err(e);
         }
     };
-    let (lane, price, pinned, spot_price_usd_per_h, run_time_estimate) = match record {
-        Some(r) => {
-            let estimate = r.run_time_estimate_s.map(|e| (r.lane.clone(), e));
-            (
-                r.lane,
-                r.price_usd_per_h,
-                r.pinned_job,
-                r.spot_price_usd_per_h,
-                estimate,
-            )
-        }
+    let (lane, price, pinned, spot_price_usd_per_h, run_time_estimate_s) = match record {
+        Some(r) => (
+            r.lane,
+            r.price_usd_per_h,
+            r.pinned_job,
+            r.spot_price_usd_per_h,
+            r.run_time_estimate_s,
+        ),
         None => {
             let lane = cfg.lanes.first().cloned().unwrap_or_else(|| "standard".into());
             let capacity_type = if me.lifecycle == "spot" {
@@ -469,7 +468,7 @@ where
         }
     };
     let lanes = if cfg.lanes.is_empty() {
-        vec![lane]
+        vec![lane.clone()]
     } else {
         cfg.lanes.clone()
     };
@@ -483,7 +482,8 @@ where
         price_usd_per_h: std::cell::Cell::new(price),
         pinned,
         spot_price_usd_per_h,
-        run_time_estimate,
+        row_lane: lane,
+        run_time_estimate_s,
         report: AgentReport {
             exit: ExitReason::Shutdown,
             jobs: Vec::new(),
@@ -1663,6 +1663,9 @@ where
             self.hand_back(&job).await;
             return None;
         }
+        if job.spec.est_runtime_s.is_none() && self.run_time_estimate_s.is_none() && job.spec.lane == self.row_lane {
+            self.read_run_time_estimate().await;
+        }
         if let Some(why) = self.keeps_off_this_worker(&job) {
             self.defer(&job, why).await;
             return None;
@@ -1711,19 +1714,27 @@ where
     }
 
     /// `job`'s run time, seconds: declared; else, for a job of this worker's lane, the estimate
-    /// the policy counted such a job with when it launched or last started this worker (its
-    /// row's [`WorkerRecord::run_time_estimate_s`]); else the policy's
-    /// `offers.default_runtime_s`.
+    /// the policy counted such a job with when it launched or last started this worker, or when
+    /// it first gave the row one (its row's [`WorkerRecord::run_time_estimate_s`]); else the
+    /// policy's `offers.default_runtime_s`.
     fn runtime_of(&self, job: &JobRecord) -> f64 {
-        let estimate = self
-            .run_time_estimate
-            .as_ref()
-            .filter(|(lane, _)| *lane == job.spec.lane)
-            .map(|&(_, e)| e);
+        let estimate = self.run_time_estimate_s.filter(|_| job.spec.lane == self.row_lane);
         job.spec
             .est_runtime_s
             .or(estimate)
             .unwrap_or(self.cfg.policy.offers.default_runtime_s)
+    }
+
+    /// Read this worker's row again for a run-time estimate its launch or start did not give
+    /// it: the reconciler writes the lane's on rows without one once the lane has one
+    /// (`onoff_control::reconcile::give_run_time_estimates`). One `GetItem` per claimed job that
+    /// declares no run time, until the row has a figure; a failed read keeps none.
+    async fn read_run_time_estimate(&mut self) {
+        match self.deps.registry.get(self.id()).await {
+            Ok(Some(r)) => self.run_time_estimate_s = r.run_time_estimate_s,
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "reading this worker's run-time estimate"),
+        }
     }
 
     /// Give a job back unrun, for on-demand capacity or for spot (not counted, not bounded): a

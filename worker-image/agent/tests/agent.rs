@@ -1730,6 +1730,34 @@ async fn an_undeclared_jobs_run_time_is_the_estimate_its_workers_row_holds_for_t
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_agent_whose_row_had_no_estimate_reads_the_one_the_reconciler_gave_it_later() {
+    // A spot worker launched before its lane had an estimate: its row has none when its agent
+    // starts. The reconciler then gives the row the lane's 30 s, and a job declaring no run time,
+    // due 4,600 s after it was created, comes: counted as 30 s it has the slack to run on spot.
+    // Had the agent kept the policy's default hour, it would have deferred the job (the first
+    // test above: "spot, none").
+    let dir = tempdir("estimate-later");
+    let w = World::default();
+    register(&w, "i-spot");
+    script(&w, "p", 30);
+    let later = async {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            w.registry.set_run_time_estimate_if_unset("i-spot", 30.0).await,
+            Ok(true)
+        );
+        submit(&w, "job-u", "p", 1, 600.0);
+        let mut rec = job(&w, "job-u");
+        rec.spec.deadline = Some(rec.created_at + 4_600.0);
+        w.jobs.put(rec);
+    };
+    let c = cfg(dir.path());
+    let ((r, _), ()) = tokio::join!(agent(&w, "i-spot", &c), later);
+    assert_eq!((r.jobs.len(), r.deferred), (1, 0), "{r:?}");
+    assert_eq!(job(&w, "job-u").state, JobState::Succeeded);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_worker_launched_for_a_job_claims_that_job_first_and_its_message_is_dropped_later() {
     // The queue holds another job's message first; the worker the scaler launched for job-due
     // (its row's pinned_job) claims job-due by id before it polls, then serves the queue: the

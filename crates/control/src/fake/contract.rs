@@ -361,6 +361,24 @@ where
         (WorkerState::Pending, None),
         "a start without an estimate leaves none"
     );
+    // set_run_time_estimate_if_unset: written on a row without one; done again; never replaced.
+    assert_eq!(reg.set_run_time_estimate_if_unset(&a, 30.5).await, Ok(true));
+    assert_eq!(
+        reg.set_run_time_estimate_if_unset(&a, 30.5).await,
+        Ok(true),
+        "the write's own retry"
+    );
+    assert_eq!(
+        reg.set_run_time_estimate_if_unset(&a, 40.0).await,
+        Ok(false),
+        "a row's figure is not replaced"
+    );
+    assert_eq!(row(reg, &a).await.run_time_estimate_s, Some(30.5));
+    assert!(matches!(
+        reg.set_run_time_estimate_if_unset(&format!("{tag}-unknown"), 30.5)
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
 
     // set_state_if: a scale-down from Idle; done again; refused once an agent took it.
     reg.register_launch(WorkerRecord {
