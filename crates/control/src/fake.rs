@@ -2,8 +2,8 @@
 //!
 //! [`FakeFleet`] records every call, can inject one-shot errors, declare offerings without
 //! capacity or failing with any error, holds vCPU quotas per bucket of families and capacity type,
-//! and is idempotent by client token as EC2 is (with [`FakeFleet::stops_take_time`], its stops
-//! last until settled, as EC2's do). [`FakeRegistry`] (with the agent's conditional writes and
+//! and is idempotent by client token as EC2 is, refusing a token reused with other parameters
+//! (with [`FakeFleet::stops_take_time`], its stops last until settled, as EC2's do). [`FakeRegistry`] (with the agent's conditional writes and
 //! one-shot errors) and [`FakeAvailability`] keep state in memory. [`FakeJobs`] keeps DynamoDB's
 //! conditional writes, item limit, lagging index and lost answers. [`contract`]: promises every
 //! store and fleet must keep, run against these fakes and against DynamoDB and EC2 (moto) alike.
@@ -66,8 +66,10 @@ struct FleetInner {
     /// Max instances per launch call per offering (partial fulfilment), if set.
     limit: BTreeMap<OfferingKey, u32>,
     one_shot: VecDeque<FleetError>,
-    /// Result of each client token's first call (EC2 answers a repeated token with it).
-    by_token: BTreeMap<String, LaunchResult>,
+    /// Each client token's first call and its result: EC2 answers a repeated token with that
+    /// result, and refuses it with other parameters (`IdempotentParameterMismatch`, EC2 API
+    /// Reference, "Ensuring idempotency").
+    by_token: BTreeMap<String, (LaunchRequest, LaunchResult)>,
     /// Each instance's lane, project and job tags and launch time, as listed (launches of this
     /// fake at time 0).
     tags: BTreeMap<String, InstanceTags>,
@@ -238,12 +240,24 @@ impl Fleet for FakeFleet {
         if let Some(e) = s.one_shot.pop_front() {
             return Err(e);
         }
-        // A retried call: the first call's result, nothing launched again.
-        if let Some(r) = s
+        // A retried call: the first call's result, nothing launched again; the token with other
+        // parameters is refused, as EC2 does ("If you retry a successful request using the same
+        // client token, but one or more of the parameters are different ...
+        // IdempotentParameterMismatch", EC2 API Reference, "Ensuring idempotency").
+        if let Some((first, r)) = s
             .by_token
             .get(&req.client_token)
             .filter(|_| !req.client_token.is_empty())
         {
+            if first != req {
+                return Err(FleetError {
+                    kind: FleetErrorKind::Other,
+                    message: format!(
+                        "IdempotentParameterMismatch: client token {} was used with other parameters",
+                        req.client_token
+                    ),
+                });
+            }
             return Ok(r.clone());
         }
         // What EC2 refuses whole: an instant fleet launches one capacity type, and takes no two
@@ -308,7 +322,7 @@ impl Fleet for FakeFleet {
         // Each override's own error, as the EC2 adapter reports an instant fleet's `errors`.
         out.short.extend(over_quota);
         if !req.client_token.is_empty() {
-            s.by_token.insert(req.client_token.clone(), out.clone());
+            s.by_token.insert(req.client_token.clone(), (req.clone(), out.clone()));
         }
         Ok(out)
     }

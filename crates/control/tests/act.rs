@@ -431,6 +431,26 @@ fn each_launch_carries_an_idempotency_token_stable_for_its_decision() {
     assert_eq!(reg.records().len(), 2);
 }
 
+/// EC2 answers a repeated client token with the first call's result, and refuses the token with
+/// other parameters (`IdempotentParameterMismatch`, EC2 API Reference, "Ensuring idempotency"):
+/// so does the fake, and nothing is launched for the refused call.
+#[test]
+fn a_token_reused_with_other_parameters_is_refused_as_ec2_does() {
+    use onoff_control::ports::Fleet;
+    let fleet = FakeFleet::new();
+    let req = token_request().with_token_for("decision-1");
+    let first = pollster::block_on(fleet.launch(&req)).unwrap();
+    assert_eq!(first.launched.len(), 2);
+    assert_eq!(pollster::block_on(fleet.launch(&req)), Ok(first), "the retry's answer");
+    let other = LaunchRequest {
+        count: 3,
+        ..req.clone()
+    };
+    let e = pollster::block_on(fleet.launch(&other)).unwrap_err();
+    assert!(e.message.starts_with("IdempotentParameterMismatch"), "{e:?}");
+    assert_eq!(fleet.running().len(), 2, "nothing launched for the refused call");
+}
+
 /// Two spot offerings, two instances, a project, no token yet.
 fn token_request() -> LaunchRequest {
     LaunchRequest {
