@@ -251,8 +251,9 @@ impl Clients {
         self
     }
 
-    /// These clients, with EC2's vCPU quotas played on the EC2 client's CreateFleet calls
-    /// ([`crate::faults::VcpuQuotas`]; an emulator enforces none).
+    /// These clients, with EC2's vCPU quotas played on the EC2 client's CreateFleet,
+    /// RunInstances and StartInstances calls ([`crate::faults::VcpuQuotas`]; an emulator
+    /// enforces none).
     #[must_use]
     pub fn with_vcpu_quotas(mut self, q: crate::faults::VcpuQuotas) -> Self {
         self.ec2 = aws_sdk_ec2::Client::from_conf(self.ec2.config().to_builder().interceptor(q).build());

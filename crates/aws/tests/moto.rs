@@ -2575,6 +2575,81 @@ async fn a_full_vcpu_quota_refuses_a_stoppable_spot_run_instances_whole_as_ec2_d
 }
 
 #[tokio::test]
+async fn a_full_vcpu_quota_refuses_the_start_of_a_stopped_instance_as_ec2_does() {
+    use onoff_aws::faults::VcpuQuotas;
+    use onoff_control::ports::FleetErrorKind;
+    use onoff_control::quota::QuotaBucket;
+    // 8 vCPUs of G on-demand: two g5.xlarge (4 vCPUs each). EC2 counts a start against the
+    // quota as it counts a launch, and a stopped instance not at all.
+    let quotas = VcpuQuotas::new(
+        [((QuotaBucket::GAndVt, CapacityType::OnDemand), 8)]
+            .into_iter()
+            .collect(),
+        [("g5.xlarge".to_string(), 4)].into_iter().collect(),
+    );
+    // A stop lasting 200 ms instead of `limits::STOPPING_S`, so only the quota refuses.
+    let c = clients().await;
+    let window = std::time::Duration::from_millis(200);
+    let ec2 = aws_sdk_ec2::Client::from_conf(
+        aws_sdk_ec2::config::Builder::from(&conf().await)
+            .interceptor(onoff_aws::limits::AwsLimits)
+            .interceptor(onoff_aws::limits::StoppingInstances { window: Some(window) })
+            .interceptor(quotas.clone())
+            .build(),
+    );
+    let fleet = Ec2Fleet::new(ec2, launch_template_name(&c).await)
+        .with_subnets(Ec2Fleet::default_subnets(&c.ec2).await.unwrap())
+        .with_deployment(unique("deploy"));
+    let od = key("g5.xlarge", "us-east-1a", CapacityType::OnDemand);
+    // What the local run tells the quotas after each call: the instances listed.
+    let tell = || async {
+        let listed = fleet.describe_managed().await.unwrap();
+        quotas.set_instances(listed.iter().map(|i| {
+            (
+                i.instance_id.as_str(),
+                i.instance_type.as_str(),
+                i.capacity_type,
+                i.state.as_str(),
+            )
+        }));
+    };
+    let a = launch_one(&fleet, od.clone()).await;
+    let b = launch_one(&fleet, od.clone()).await;
+    assert!(fleet.stop(std::slice::from_ref(&a)).await.unwrap().is_empty());
+    tokio::time::sleep(window + std::time::Duration::from_millis(100)).await;
+    tell().await;
+    // The stopped one freed its 4 vCPUs: a third instance takes them.
+    let third = launch_one(&fleet, od.clone()).await;
+    tell().await;
+    // Full again: the start is refused whole, with EC2's code, and the instance stays stopped.
+    let refused = fleet.start(std::slice::from_ref(&a)).await.unwrap();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].1.kind, FleetErrorKind::QuotaExceeded, "{refused:?}");
+    assert!(refused[0].1.message.starts_with("VcpuLimitExceeded"), "{refused:?}");
+    let state_of = |id: String| {
+        let fleet = fleet.clone();
+        async move {
+            fleet
+                .describe_managed()
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|i| i.instance_id == id)
+                .map(|i| i.state)
+        }
+    };
+    assert_eq!(state_of(a.clone()).await.as_deref(), Some("stopped"));
+    assert_eq!(quotas.refused(), 1);
+    // Room again (one terminated): it starts.
+    fleet.terminate(&[third, b]).await.unwrap();
+    tell().await;
+    let refused = fleet.start(std::slice::from_ref(&a)).await.unwrap();
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_ne!(state_of(a).await.as_deref(), Some("stopped"));
+    assert_eq!(quotas.refused(), 1);
+}
+
+#[tokio::test]
 async fn a_one_time_spot_instance_is_refused_a_stop_as_ec2_refuses_it() {
     // moto stops any instance; EC2 refuses to stop a spot instance of a one-time request (an
     // instant fleet's), and the emulator's clients hold that (`onoff_aws::limits::OneTimeSpotStops`).

@@ -45,10 +45,10 @@ pub struct LocalArgs {
     /// does), and the SDK retries it (0: none). Default 20 (0 with --serve).
     #[arg(long)]
     lose_answers: Option<u32>,
-    /// An EC2 vCPU quota for the emulator to enforce on the control plane's launches, as
+    /// An EC2 vCPU quota for the emulator to enforce on the control plane's launches and starts, as
     /// CAPACITY:BUCKET=VCPUS, e.g. `spot:g-vt=16` (`All G and VT Spot Instance Requests`, 16
     /// vCPUs) or `on-demand:p=0`; repeatable. Buckets: standard, dl, f, g-vt, hpc, high-memory,
-    /// inf, p, trn, x. A launch over a quota is refused as EC2 refuses it
+    /// inf, p, trn, x. A launch or a start over a quota is refused as EC2 refuses it
     /// (`MaxSpotInstanceCountExceeded`, `VcpuLimitExceeded`); moto enforces none. Default: none.
     #[arg(long = "vcpu-quota", value_name = "QUOTA=VCPUS", value_parser = parse_vcpu_quota)]
     vcpu_quotas: Vec<(onoff_aws::faults::quotas::QuotaKey, u32)>,

@@ -123,8 +123,9 @@ pub struct ActOutcome {
     /// Workers the plan would terminate or cancel that were left alone: they were no longer in
     /// the state the plan saw (an agent took a job first).
     pub skipped: Vec<String>,
-    /// The vCPU quotas that refused a launch (`<Service Quotas name> (<code>)`, once per quota and
-    /// launch call): metric `LaunchesRefusedByQuota` and the stack's quota alarm.
+    /// The vCPU quotas that refused a launch or a start (`<Service Quotas name> (<code>)`, once
+    /// per quota and launch call or refused start): metric `LaunchesRefusedByQuota` and the
+    /// stack's quota alarm.
     pub quotas_full: Vec<String>,
     /// Other errors, as text for the decision log (never fatal: the next reconcile retries).
     pub errors: Vec<String>,
@@ -362,72 +363,17 @@ where
             }
             // Offerings that failed are skipped for a while, even when others filled in.
             let until = ctx.now + oc.unavailable_ttl_s;
-            // One note per quota: the offerings it refused, and the quota as a mark from the
-            // smallest of them up.
-            let mut notes: Vec<QuotaNote> = Vec::new();
-            for (k, e) in &over_quota {
-                let vcpus = ctx.offerings.iter().find(|o| o.key == *k).map_or(0, |o| o.vcpus);
-                let bucket = QuotaBucket::of(&k.instance_type);
-                match notes
-                    .iter_mut()
-                    .find(|n| n.mark.bucket == bucket && n.mark.capacity == k.capacity_type)
-                {
-                    Some(n) => {
-                        n.mark.vcpus = n.mark.vcpus.min(vcpus);
-                        n.keys.push(k.clone());
-                    }
-                    None => notes.push(QuotaNote {
-                        mark: QuotaMark {
-                            bucket,
-                            capacity: k.capacity_type,
-                            vcpus,
-                            until,
-                        },
-                        keys: vec![k.clone()],
-                        error: e,
-                    }),
-                }
-            }
-            // Every other offering a full quota covers, in any zone, not yet unavailable: without
-            // them the fallback would try the bucket's next types one call at a time, each refused
-            // for the same quota, and never reach another bucket or capacity type.
-            // (No quota refused anything, the usual case: no pass over the catalogue.)
-            let siblings: Vec<OfferingKey> = if notes.is_empty() {
-                Vec::new()
-            } else {
-                ctx.offerings
-                    .iter()
-                    .filter(|o| notes.iter().any(|n| n.mark.covers(&o.key, o.vcpus)))
-                    .filter(|o| !over_quota.iter().any(|(q, _)| *q == o.key))
-                    .filter(|o| !unavailable.iter().any(|u| u.key == o.key && u.until > ctx.now))
-                    .map(|o| o.key.clone())
-                    .collect()
-            };
-            for n in notes {
-                let QuotaMark {
-                    bucket,
-                    capacity,
-                    vcpus,
-                    ..
-                } = n.mark;
-                // The quota itself, read back by the next runs.
-                if let Err(e) = avail.mark_unavailable(&n.mark.key(), until).await {
-                    out.errors.push(format!("mark quota {}: {e}", bucket.name(capacity)));
-                }
-                out.quotas_full.push(match bucket.code(capacity) {
-                    Some(code) => format!("{} ({code})", bucket.name(capacity)),
-                    None => bucket.name(capacity),
-                });
-                out.errors.push(format!(
-                    "launch {}: {}: {}; every {} offering of those families with at least {vcpus} vCPUs is \
-                     skipped for {} s and the launch falls back",
-                    names(&n.keys),
-                    n.error,
-                    bucket.advice(capacity, vcpus),
-                    capacity.as_str(),
-                    oc.unavailable_ttl_s
-                ));
-            }
+            let siblings = note_full_quotas(
+                ctx,
+                avail,
+                &unavailable,
+                &over_quota,
+                until,
+                "launch",
+                "the launch falls back",
+                &mut out,
+            )
+            .await;
             short.extend(over_quota.into_iter().map(|(k, _)| k));
             for key in short.into_iter().chain(siblings.iter().cloned()) {
                 if let Err(e) = avail.mark_unavailable(&key, until).await {
@@ -578,8 +524,10 @@ fn next_offerings(
 
 /// Carry out the plan's starts of stopped workers: each row first (Stopped -> Pending for its
 /// project and pinned job, one conditional write), then one start call. A worker that does not
-/// start (no capacity for its type in its zone: its offering is marked unavailable; any other
-/// error; a row no longer Stopped) goes back to Stopped, and its capacity is launched instead:
+/// start (no capacity for its type in its zone: its offering is marked unavailable; its vCPU
+/// quota full, as EC2 counts a start against it: the quota is marked as a launch's refusal
+/// marks it, with every offering it covers; any other error; a row no longer Stopped) goes
+/// back to Stopped, and its capacity is launched instead:
 /// returned as launch groups of one instance each, from the next best offerings. One whose
 /// instance is gone ([`FleetErrorKind::NotFound`]: terminated, or shutting down) is also added to
 /// `to_terminate`, so its row is retired in this run instead of being offered to the next
@@ -672,6 +620,29 @@ where
                     key: offering.clone(),
                     until,
                 });
+                out.capacity_errors.push(offering.clone());
+            } else if e.kind == FleetErrorKind::QuotaExceeded {
+                // EC2 counts a started instance against its vCPU quota as it counts a launched
+                // one: the quota is marked as a launch marks it, so the launch in its place
+                // goes to another bucket or capacity type instead of meeting the same refusal.
+                let refused = [(offering.clone(), e.clone())];
+                let siblings = note_full_quotas(
+                    ctx,
+                    avail,
+                    unavailable,
+                    &refused,
+                    until,
+                    &format!("start {worker} on"),
+                    "a launch takes its place",
+                    out,
+                )
+                .await;
+                for key in std::iter::once(offering.clone()).chain(siblings) {
+                    if let Err(e) = avail.mark_unavailable(&key, until).await {
+                        out.errors.push(format!("mark unavailable {key}: {e}"));
+                    }
+                    unavailable.to_mut().push(UnavailableOffering { key, until });
+                }
                 out.capacity_errors.push(offering.clone());
             } else if e.kind == FleetErrorKind::NotFound {
                 out.errors
@@ -773,4 +744,85 @@ struct QuotaNote<'a> {
     mark: QuotaMark,
     keys: Vec<OfferingKey>,
     error: &'a FleetError,
+}
+
+/// Note the vCPU quotas that refused `over_quota` (offerings, each with EC2's refusal): one mark
+/// per quota (bucket and capacity type, from the fewest vCPUs refused up) stored among the
+/// unavailable offerings until `until`, read back by the next runs; the quota named in
+/// `out.quotas_full`; and one error line each: `what`, the offerings the quota refused, EC2's
+/// error, the advice and `then`. Returns every other offering of the catalogue a full quota covers, in any zone, not
+/// yet unavailable: the caller skips them too. Without them a fallback would try the bucket's
+/// next types one call at a time, each refused for the same quota, and never reach another
+/// bucket or capacity type. (Nothing refused, the usual case: no pass over the catalogue.)
+#[allow(clippy::too_many_arguments)]
+async fn note_full_quotas<A: OfferingAvailability>(
+    ctx: ActContext<'_>,
+    avail: &A,
+    unavailable: &[UnavailableOffering],
+    over_quota: &[(OfferingKey, FleetError)],
+    until: f64,
+    what: &str,
+    then: &str,
+    out: &mut ActOutcome,
+) -> Vec<OfferingKey> {
+    if over_quota.is_empty() {
+        return Vec::new();
+    }
+    let mut notes: Vec<QuotaNote> = Vec::new();
+    for (k, e) in over_quota {
+        let vcpus = ctx.offerings.iter().find(|o| o.key == *k).map_or(0, |o| o.vcpus);
+        let bucket = QuotaBucket::of(&k.instance_type);
+        match notes
+            .iter_mut()
+            .find(|n| n.mark.bucket == bucket && n.mark.capacity == k.capacity_type)
+        {
+            Some(n) => {
+                n.mark.vcpus = n.mark.vcpus.min(vcpus);
+                n.keys.push(k.clone());
+            }
+            None => notes.push(QuotaNote {
+                mark: QuotaMark {
+                    bucket,
+                    capacity: k.capacity_type,
+                    vcpus,
+                    until,
+                },
+                keys: vec![k.clone()],
+                error: e,
+            }),
+        }
+    }
+    let siblings: Vec<OfferingKey> = ctx
+        .offerings
+        .iter()
+        .filter(|o| notes.iter().any(|n| n.mark.covers(&o.key, o.vcpus)))
+        .filter(|o| !over_quota.iter().any(|(q, _)| *q == o.key))
+        .filter(|o| !unavailable.iter().any(|u| u.key == o.key && u.until > ctx.now))
+        .map(|o| o.key.clone())
+        .collect();
+    for n in notes {
+        let QuotaMark {
+            bucket,
+            capacity,
+            vcpus,
+            ..
+        } = n.mark;
+        if let Err(e) = avail.mark_unavailable(&n.mark.key(), until).await {
+            out.errors.push(format!("mark quota {}: {e}", bucket.name(capacity)));
+        }
+        out.quotas_full.push(match bucket.code(capacity) {
+            Some(code) => format!("{} ({code})", bucket.name(capacity)),
+            None => bucket.name(capacity),
+        });
+        let keys = n.keys.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        out.errors.push(format!(
+            "{what} {keys}: {}: {}; every {} offering of those families with at least {vcpus} vCPUs is skipped for {} s \
+             and {then}",
+            n.error,
+            bucket.advice(capacity, vcpus),
+            capacity.as_str(),
+            ctx.cfg.offers.unavailable_ttl_s
+        ));
+    }
+    siblings
 }

@@ -1,7 +1,8 @@
 //! In-memory fakes of the ports, for unit tests and the simulator.
 //!
 //! [`FakeFleet`] records every call, can inject one-shot errors, declare offerings without
-//! capacity or failing with any error, holds vCPU quotas per bucket of families and capacity type,
+//! capacity or failing with any error, holds vCPU quotas per bucket of families and capacity type
+//! (for launches and starts alike),
 //! and is idempotent by client token as EC2 is, refusing a token reused with other parameters
 //! (with [`FakeFleet::stops_take_time`], its stops last until settled, as EC2's do). [`FakeRegistry`] (with the agent's conditional writes and
 //! one-shot errors) and [`FakeAvailability`] keep state in memory. [`FakeJobs`] keeps DynamoDB's
@@ -171,7 +172,8 @@ impl FakeFleet {
 
     /// Hold EC2's vCPU quota of `bucket` and `capacity` at `vcpus` running vCPUs (0: none may run),
     /// with each instance type's vCPUs from `offerings`: a launch that would pass it fails for that
-    /// offering with VcpuLimitExceeded (on-demand) or MaxSpotInstanceCountExceeded (spot).
+    /// offering with VcpuLimitExceeded (on-demand) or MaxSpotInstanceCountExceeded (spot), and so
+    /// does the start of a stopped instance (stopped instances do not count).
     pub fn set_vcpu_quota(&self, bucket: QuotaBucket, capacity: CapacityType, vcpus: u32, offerings: &[Offering]) {
         let mut s = self.inner.lock().expect("lock");
         s.quotas.insert((bucket, capacity), vcpus);
@@ -440,6 +442,11 @@ impl Fleet for FakeFleet {
                 ));
                 continue;
             }
+            // EC2 counts a start against the vCPU quota as it counts a launch.
+            if let Some(e) = s.over_quota(&k) {
+                refused.push((id.clone(), e));
+                continue;
+            }
             s.stopped.remove(id);
             s.running.insert(id.clone(), k);
         }
@@ -516,9 +523,16 @@ impl FakeFleet {
 pub struct FakeRegistry {
     workers: Mutex<BTreeMap<String, WorkerRecord>>,
     fail_next: Mutex<VecDeque<StoreError>>,
+    /// `get` calls so far (DynamoDB's GetItem).
+    gets: std::sync::atomic::AtomicUsize,
 }
 
 impl FakeRegistry {
+    /// How many times one worker's row was read (`get`, a GetItem) so far.
+    pub fn gets(&self) -> usize {
+        self.gets.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Snapshot of the records.
     pub fn records(&self) -> BTreeMap<String, WorkerRecord> {
         self.workers.lock().expect("lock").clone()
@@ -694,6 +708,7 @@ impl WorkerRegistry for FakeRegistry {
     }
 
     async fn get(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
+        self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(self.workers.lock().expect("lock").get(id).cloned())
     }
 

@@ -1269,6 +1269,69 @@ fn a_start_without_capacity_leaves_the_worker_stopped_marks_its_offering_and_lau
     assert_eq!(out.launched.len(), 1, "{out:?}");
 }
 
+/// EC2 counts a started instance against its vCPU quota as it counts a launched one
+/// (`VcpuLimitExceeded` / `MaxSpotInstanceCountExceeded` on StartInstances; stopped instances
+/// count for nothing). A start refused for a full quota marks the quota as a launch's refusal
+/// does, so the launch in its place goes straight to another bucket instead of meeting the same
+/// refusal first.
+#[test]
+fn a_start_refused_for_a_full_vcpu_quota_marks_the_quota_and_launches_outside_it() {
+    use onoff_control::quota::{QuotaBucket, QuotaMark};
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    let cfg = PolicyConfig::default();
+    // The standard types of `offerings()`, and one P type, a bucket of its own.
+    let mut offs = offerings();
+    offs.push(Offering {
+        key: key("p.1", "z1"),
+        price_usd_per_h: 0.50,
+        ..offs[0].clone()
+    });
+    let ids = first_stopped(&fleet, &reg, &avail, &cfg, &offs);
+    // The other worker (4 vCPUs, running) fills the standard spot quota: the stopped one had
+    // room while it ran, none now.
+    fleet.set_vcpu_quota(QuotaBucket::Standard, CapacityType::Spot, 4, &offs);
+    let launches_before = launch_requests(&fleet).len();
+    let out = pollster::block_on(act(
+        &start_plan(&ids[0], key("a.1", "z1"), None),
+        at(&cfg, &offs, 500.0),
+        &fleet,
+        &reg,
+        &avail,
+    ));
+    assert!(out.started.is_empty(), "{out:?}");
+    let row = reg.records()[&ids[0]].clone();
+    assert_eq!((row.state, row.launched_at), (WorkerState::Stopped, LAUNCHED_AT));
+    assert!(fleet.stopped().contains_key(&ids[0]));
+    // The quota is marked for the next runs and named for the operator, once.
+    let until = 500.0 + cfg.offers.unavailable_ttl_s;
+    let mark = QuotaMark {
+        bucket: QuotaBucket::Standard,
+        capacity: CapacityType::Spot,
+        vcpus: 4,
+        until,
+    };
+    assert_eq!(avail.marked().get(&mark.key()), Some(&until), "{:?}", avail.marked());
+    assert_eq!(out.quotas_full.len(), 1, "{out:?}");
+    assert!(
+        out.errors
+            .iter()
+            .any(|e| e.contains(&format!("start {} on a.1", ids[0]))),
+        "{:?}",
+        out.errors
+    );
+    // Every standard spot offering is skipped, the refused one as a capacity error.
+    for k in [key("a.1", "z1"), key("a.1", "z2"), key("b.1", "z1")] {
+        assert_eq!(avail.marked().get(&k), Some(&until), "{k}");
+    }
+    assert_eq!(out.capacity_errors, vec![key("a.1", "z1")]);
+    // One launch in its place, outside the full quota: no call spent on a sibling first.
+    let launches: Vec<LaunchRequest> = launch_requests(&fleet).split_off(launches_before);
+    assert_eq!(launches.len(), 1, "{launches:?}");
+    assert_eq!(launches[0].offerings, vec![key("p.1", "z1")]);
+    assert_eq!(out.launched.len(), 1, "{out:?}");
+    assert_eq!(out.launched[0].launched.offering, key("p.1", "z1"));
+}
+
 #[test]
 fn the_rows_of_workers_launched_or_started_carry_their_lanes_run_time_estimate() {
     // The default lanes: express (0) and standard (1). The launch and the start are for lane 1.

@@ -255,7 +255,8 @@ pub struct LocalReport {
     /// The vCPU quotas played ([`LocalOptions::vcpu_quotas`]): each with the most vCPUs its
     /// instances held at once, as the runner saw them.
     pub vcpu_quotas: Vec<QuotaPlayed>,
-    /// CreateFleet calls a played vCPU quota refused or cut.
+    /// CreateFleet calls a played vCPU quota refused or cut, and RunInstances and StartInstances
+    /// calls it refused.
     pub launches_refused_for_quota: u32,
     /// $ for all instances (trace time).
     pub total_usd: f64,
@@ -1272,12 +1273,14 @@ async fn run_with(
             next_fleet = now + Duration::from_millis(250);
             if let Ok(present) = fleet.describe_managed().await {
                 if let Some(q) = &quotas {
-                    q.set_live(
-                        present
-                            .iter()
-                            .filter(|i| matches!(i.state.as_str(), "pending" | "running"))
-                            .map(|i| (i.instance_type.as_str(), i.capacity_type)),
-                    );
+                    q.set_instances(present.iter().map(|i| {
+                        (
+                            i.instance_id.as_str(),
+                            i.instance_type.as_str(),
+                            i.capacity_type,
+                            i.state.as_str(),
+                        )
+                    }));
                 }
                 let present_ids: BTreeSet<String> = present.iter().map(|i| i.instance_id.clone()).collect();
                 // Stops and starts, as the machine sees them: a stop shuts its agent down (and EC2

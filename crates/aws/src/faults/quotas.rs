@@ -1,6 +1,8 @@
 //! EC2's vCPU quotas, which moto does not enforce: [`VcpuQuotas`] refuses a CreateFleet's
-//! overrides whose quota bucket has no room left, and a RunInstances (stoppable spot workers
-//! launch by RunInstances) over its quota, as EC2 does.
+//! overrides whose quota bucket has no room left, a RunInstances (stoppable spot workers
+//! launch by RunInstances) over its quota, and a StartInstances whose stopped instances do not
+//! fit their quotas (a start counts against the quota as a launch does; stopped instances count
+//! for nothing), as EC2 does.
 //!
 //! EC2 counts the vCPUs of the running (on-demand) or requested (spot) instances of a bucket of
 //! families per region against one quota each (EC2 User Guide, "Amazon EC2 instance type
@@ -17,7 +19,8 @@
 //! dry run's becomes an instant fleet's answer with no instances and those errors). A
 //! RunInstances whose `MinCount` instances do not fit is sent as a dry run too, and its answer
 //! becomes EC2's refusal of the whole call (HTTP 400, `MaxSpotInstanceCountExceeded` for spot,
-//! `VcpuLimitExceeded` for on-demand).
+//! `VcpuLimitExceeded` for on-demand). So does a StartInstances any of whose instances does not
+//! fit: the instances' types come from the last [`VcpuQuotas::set_instances`].
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -46,6 +49,9 @@ struct Counts {
     since: BTreeMap<QuotaKey, u32>,
     /// Peak of `live` per quota.
     peak: BTreeMap<QuotaKey, u32>,
+    /// The instances listed as last told ([`VcpuQuotas::set_instances`]): type, capacity type,
+    /// and whether it counts (pending or running).
+    instances: BTreeMap<String, (String, CapacityType, bool)>,
 }
 
 /// Refuses CreateFleet overrides and RunInstances calls over a vCPU quota, as EC2 does (module
@@ -167,8 +173,8 @@ pub fn read_run(params: &[(String, String)]) -> Option<FleetAsk> {
     })
 }
 
-/// EC2's answer to a RunInstances over a vCPU quota: the call refused whole (HTTP 400), with
-/// the code an instant fleet's `errorSet` gives for the same capacity type.
+/// EC2's answer to a RunInstances or StartInstances over a vCPU quota: the call refused whole
+/// (HTTP 400), with the code an instant fleet's `errorSet` gives for the same capacity type.
 fn run_refusal_body(capacity: CapacityType, limit: u32) -> String {
     let (code, message) = match capacity {
         CapacityType::Spot => (
@@ -185,6 +191,45 @@ fn run_refusal_body(capacity: CapacityType, limit: u32) -> String {
         ),
     };
     super::ec2_error_body(code, &message)
+}
+
+/// The instance ids of a StartInstances' form body (`InstanceId.N`).
+#[must_use]
+pub fn read_start(params: &[(String, String)]) -> Vec<String> {
+    params
+        .iter()
+        .filter(|(n, _)| n.strip_prefix("InstanceId.").is_some_and(|i| i.parse::<u32>().is_ok()))
+        .map(|(_, v)| v.clone())
+        .collect()
+}
+
+/// Judge a start of `ids` against `limits` with `used` vCPUs counted already: the vCPUs each
+/// quota needs for the stopped instances among `ids` (`instances`: type, capacity type, counted
+/// already), and the first quota they do not fit, with its limit (`None`: the call goes through).
+/// Unknown instances, or types of unknown size, need nothing.
+#[must_use]
+pub fn judge_start(
+    ids: &[String],
+    instances: &BTreeMap<String, (String, CapacityType, bool)>,
+    limits: &BTreeMap<QuotaKey, u32>,
+    used: impl Fn(QuotaKey) -> u32,
+    vcpus_of: impl Fn(&str) -> Option<u32>,
+) -> (BTreeMap<QuotaKey, u32>, Option<(QuotaKey, u32)>) {
+    let mut need: BTreeMap<QuotaKey, u32> = BTreeMap::new();
+    for id in ids {
+        let Some((ty, cap, false)) = instances.get(id) else {
+            continue;
+        };
+        let key = (QuotaBucket::of(ty), *cap);
+        if limits.contains_key(&key) {
+            *need.entry(key).or_default() += vcpus_of(ty).unwrap_or(0);
+        }
+    }
+    let over = need
+        .iter()
+        .find(|(k, n)| used(**k) + **n > limits[*k])
+        .map(|(k, _)| (*k, limits[k]));
+    (need, over)
 }
 
 /// `LaunchTemplateConfigs.<c>.Overrides.<i>.<Field>` -> (c, i, Field).
@@ -355,7 +400,8 @@ impl Storable for Refusal {
     type Storer = StoreReplace<Self>;
 }
 
-/// A RunInstances refused whole: the body of EC2's answer, from the call's request to its answer.
+/// A RunInstances or StartInstances refused whole: the body of EC2's answer, from the call's
+/// request to its answer.
 #[derive(Debug, Clone)]
 struct RunRefusal {
     body: String,
@@ -397,6 +443,21 @@ impl VcpuQuotas {
         c.since.clear();
     }
 
+    /// The instances listed now, each as (id, type, capacity type, state as EC2 names it):
+    /// the pending and running ones count against the quotas as [`VcpuQuotas::set_live`]
+    /// counts them, and a StartInstances of a stopped one is judged by its type.
+    pub fn set_instances<'a>(&self, instances: impl IntoIterator<Item = (&'a str, &'a str, CapacityType, &'a str)>) {
+        let all: BTreeMap<String, (String, CapacityType, bool)> = instances
+            .into_iter()
+            .map(|(id, ty, cap, state)| {
+                let live = matches!(state, "pending" | "running");
+                (id.to_string(), (ty.to_string(), cap, live))
+            })
+            .collect();
+        self.set_live(all.values().filter(|i| i.2).map(|(ty, cap, _)| (ty.as_str(), *cap)));
+        self.counts.lock().expect("quota counts").instances = all;
+    }
+
     /// The quotas in play: (quota, limit vCPUs, peak live vCPUs seen by [`VcpuQuotas::set_live`]).
     #[must_use]
     pub fn peaks(&self) -> Vec<(QuotaKey, u32, u32)> {
@@ -407,10 +468,60 @@ impl VcpuQuotas {
             .collect()
     }
 
-    /// CreateFleet calls refused or cut, and RunInstances calls refused, so far.
+    /// CreateFleet calls refused or cut, and RunInstances and StartInstances calls refused, so
+    /// far.
     #[must_use]
     pub fn refused(&self) -> u32 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// A StartInstances: through, its instances counted, when they fit their quotas; else sent
+    /// as a dry run, its answer to become EC2's refusal of the whole call.
+    fn judge_start_request(
+        &self,
+        context: &mut BeforeTransmitInterceptorContextMut<'_>,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let request = context.request_mut();
+        let Some(body) = request.body().bytes() else {
+            return Ok(());
+        };
+        let params: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
+        let ids = read_start(&params);
+        let over = {
+            let mut c = self.counts.lock().expect("quota counts");
+            let (need, over) = judge_start(
+                &ids,
+                &c.instances,
+                &self.limits,
+                |k| c.live.get(&k).copied().unwrap_or(0) + c.since.get(&k).copied().unwrap_or(0),
+                |t| self.vcpus_of.get(t).copied(),
+            );
+            if over.is_none() {
+                for (k, n) in need {
+                    *c.since.entry(k).or_default() += n;
+                }
+            }
+            over
+        };
+        let Some(((_, capacity), limit)) = over else {
+            return Ok(());
+        };
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(instances = ?ids, "emulated vCPU quota: StartInstances refused");
+        let mut out = params;
+        out.push(("DryRun".into(), "true".into()));
+        let new_body = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(out)
+            .finish();
+        request
+            .headers_mut()
+            .insert("content-length", new_body.len().to_string());
+        *request.body_mut() = aws_smithy_types::body::SdkBody::from(new_body);
+        cfg.interceptor_state().store_put(RunRefusal {
+            body: run_refusal_body(capacity, limit),
+        });
+        Ok(())
     }
 }
 
@@ -428,6 +539,7 @@ impl Intercept for VcpuQuotas {
         let run = match cfg.load::<Metadata>().map(Metadata::name) {
             Some("CreateFleet") => false,
             Some("RunInstances") => true,
+            Some("StartInstances") => return self.judge_start_request(context, cfg),
             _ => return Ok(()),
         };
         let request = context.request_mut();
@@ -703,6 +815,56 @@ mod tests {
         assert!(errors
             .iter()
             .all(|e| e.error_code() == Some("MaxSpotInstanceCountExceeded")));
+    }
+
+    #[test]
+    fn a_start_is_judged_by_its_stopped_instances_types_against_the_room_left() {
+        let p = params(&[
+            ("Action", "StartInstances"),
+            ("InstanceId.1", "i-a"),
+            ("InstanceId.2", "i-b"),
+            ("InstanceId.3", "i-c"),
+            ("InstanceId.4", "i-unknown"),
+            ("Version", "2016-11-15"),
+        ]);
+        let ids = read_start(&p);
+        assert_eq!(ids, ["i-a", "i-b", "i-c", "i-unknown"]);
+        let instances: BTreeMap<String, (String, CapacityType, bool)> = [
+            ("i-a", "g5.xlarge", CapacityType::Spot, false),
+            ("i-b", "g5.xlarge", CapacityType::Spot, false),
+            // Running already: counted in `used`, not again.
+            ("i-c", "g5.xlarge", CapacityType::Spot, true),
+        ]
+        .into_iter()
+        .map(|(id, t, c, live)| (id.to_string(), (t.to_string(), c, live)))
+        .collect();
+        let key = (QuotaBucket::GAndVt, CapacityType::Spot);
+        // 16 vCPUs, 8 used: both stopped ones (8 vCPUs) fit, and are counted.
+        let (need, over) = judge_start(&ids, &instances, &g_spot(16), |_| 8, vcpus);
+        assert_eq!((need.get(&key), over), (Some(&8), None));
+        // 12 used: they do not, and the call is refused for that quota.
+        let (_, over) = judge_start(&ids, &instances, &g_spot(16), |_| 12, vcpus);
+        assert_eq!(over, Some((key, 16)));
+        // Another capacity type's quota is not theirs.
+        let od = [((QuotaBucket::GAndVt, CapacityType::OnDemand), 0)]
+            .into_iter()
+            .collect();
+        assert_eq!(judge_start(&ids, &instances, &od, |_| 0, vcpus).1, None);
+    }
+
+    #[test]
+    fn listed_instances_count_while_pending_or_running() {
+        let q = VcpuQuotas::new(g_spot(16), [("g5.xlarge".to_string(), 4)].into_iter().collect());
+        q.set_instances([
+            ("i-1", "g5.xlarge", CapacityType::Spot, "running"),
+            ("i-2", "g5.xlarge", CapacityType::Spot, "pending"),
+            ("i-3", "g5.xlarge", CapacityType::Spot, "stopped"),
+            ("i-4", "g5.xlarge", CapacityType::Spot, "stopping"),
+        ]);
+        let c = q.counts.lock().unwrap();
+        assert_eq!(c.live.values().sum::<u32>(), 8);
+        assert_eq!(c.instances.len(), 4);
+        assert!(!c.instances["i-3"].2);
     }
 
     #[test]
