@@ -359,6 +359,13 @@ struct Uploaded {
     prefix: String,
 }
 
+/// The least time, seconds, between two reads of a worker's row for a run-time estimate it
+/// lacks (the agent reads it again at a job that declares no run time): the reconciler, which
+/// writes the figure, runs every minute at its fastest schedule (template.yaml
+/// `ReconcileSchedule`, `rate(1 minute)` to `rate(10 minutes)`), so reading more often finds
+/// nothing new.
+pub const ESTIMATE_REREAD_S: f64 = 60.0;
+
 struct Worker<'a, M, Q, J, R, C, O, I, L> {
     deps: &'a Deps<M, Q, J, R, C, O, I, L>,
     cfg: &'a AgentConfig,
@@ -379,6 +386,8 @@ struct Worker<'a, M, Q, J, R, C, O, I, L> {
     /// launched or last started this worker, or later ([`WorkerRecord::run_time_estimate_s`]);
     /// read again while `None` ([`Worker::read_run_time_estimate`]).
     run_time_estimate_s: Option<f64>,
+    /// When the row was last read again for `run_time_estimate_s`, unix seconds (not at start).
+    estimate_read_at: Option<f64>,
     report: AgentReport,
 }
 
@@ -484,6 +493,7 @@ where
         spot_price_usd_per_h,
         row_lane: lane,
         run_time_estimate_s,
+        estimate_read_at: None,
         report: AgentReport {
             exit: ExitReason::Shutdown,
             jobs: Vec::new(),
@@ -1663,7 +1673,13 @@ where
             self.hand_back(&job).await;
             return None;
         }
-        if job.spec.est_runtime_s.is_none() && self.run_time_estimate_s.is_none() && job.spec.lane == self.row_lane {
+        if job.spec.est_runtime_s.is_none()
+            && self.run_time_estimate_s.is_none()
+            && job.spec.lane == self.row_lane
+            && self
+                .estimate_read_at
+                .is_none_or(|t| self.clock.now() - t >= ESTIMATE_REREAD_S)
+        {
             self.read_run_time_estimate().await;
         }
         if let Some(why) = self.keeps_off_this_worker(&job) {
@@ -1727,9 +1743,12 @@ where
 
     /// Read this worker's row again for a run-time estimate its launch or start did not give
     /// it: the reconciler writes the lane's on rows without one once the lane has one
-    /// (`onoff_control::reconcile::give_run_time_estimates`). One `GetItem` per claimed job that
-    /// declares no run time, until the row has a figure; a failed read keeps none.
+    /// (`onoff_control::reconcile::give_run_time_estimates`). One `GetItem` at a claimed job of
+    /// the row's lane that declares no run time, at most one per [`ESTIMATE_REREAD_S`], until
+    /// the row has a figure (a lane that never gets one costs a read a minute at most, however
+    /// many jobs it claims); a failed read keeps none.
     async fn read_run_time_estimate(&mut self) {
+        self.estimate_read_at = Some(self.clock.now());
         match self.deps.registry.get(self.id()).await {
             Ok(Some(r)) => self.run_time_estimate_s = r.run_time_estimate_s,
             Ok(None) => {}

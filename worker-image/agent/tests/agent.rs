@@ -1758,6 +1758,48 @@ async fn an_agent_whose_row_had_no_estimate_reads_the_one_the_reconciler_gave_it
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_agent_without_an_estimate_reads_its_row_again_at_most_once_a_minute() {
+    // A lane that never gets an estimate (no prior, too few jobs finished with a run time): the
+    // row stays without one. Five jobs of 10 s declaring none come at once, then a sixth at
+    // +150 s, 100 s after they end (within the idle timeout). The agent reads its row again at the first, not at the next four (within a
+    // minute of that read: the reconciler, which would write it, runs once a minute at most),
+    // and again at the sixth. A lane's claims cost at most one GetItem a minute, not one each.
+    // The same jobs declaring their run time cost no read at all: the difference is the reads
+    // for the estimate.
+    async fn reads(declared: bool) -> (usize, AgentReport) {
+        let dir = tempdir(if declared { "reread-declared" } else { "reread" });
+        let w = World::default();
+        register(&w, "i-spot");
+        script(&w, "p", 10);
+        let jobs = |ids: std::ops::Range<u32>| {
+            for i in ids {
+                let id = format!("job-{i}");
+                submit(&w, &id, "p", 1, 600.0);
+                if declared {
+                    let mut rec = job(&w, &id);
+                    rec.spec.est_runtime_s = Some(10.0);
+                    w.jobs.put(rec);
+                }
+            }
+        };
+        jobs(0..5);
+        let later = async {
+            tokio::time::sleep(Duration::from_secs(150)).await;
+            jobs(5..6);
+        };
+        let c = cfg(dir.path());
+        let ((r, _), ()) = tokio::join!(agent(&w, "i-spot", &c), later);
+        (w.registry.gets(), r)
+    }
+    let (undeclared, r) = reads(false).await;
+    assert_eq!((r.jobs.len(), r.deferred), (6, 0), "{r:?}");
+    let (declared, r) = reads(true).await;
+    assert_eq!((r.jobs.len(), r.deferred), (6, 0), "{r:?}");
+    assert_eq!(undeclared - declared, 2, "{undeclared} reads against {declared}");
+    assert!(onoff_agent::agent::ESTIMATE_REREAD_S < 150.0 - 5.0 * 10.0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_worker_launched_for_a_job_claims_that_job_first_and_its_message_is_dropped_later() {
     // The queue holds another job's message first; the worker the scaler launched for job-due
     // (its row's pinned_job) claims job-due by id before it polls, then serves the queue: the
