@@ -410,7 +410,7 @@ impl Ec2Fleet {
     /// ([`without_gone`]: before, one unknown request left its whole batch open, each to launch
     /// again). The requests of instances this fleet launched are known from their launch
     /// (`launched_requests`), whatever the lookups answer yet.
-    async fn cancel_spot_requests(&self, ids: &[String]) -> Result<(), FleetError> {
+    async fn cancel_spot_requests_of(&self, ids: &[String]) -> Result<(), FleetError> {
         let mut requests: Vec<String> = {
             let launched = self
                 .launched_requests
@@ -448,6 +448,12 @@ impl Ec2Fleet {
         }
         requests.sort_unstable();
         requests.dedup();
+        self.cancel_requests(&requests).await
+    }
+
+    /// Cancel the spot requests `requests` (ids), [`crate::limits::MAX_TERMINATE_IDS`] per call;
+    /// not-found ones are done, and the others of their batch still cancelled ([`without_gone`]).
+    async fn cancel_requests(&self, requests: &[String]) -> Result<(), FleetError> {
         for batch in requests.chunks(crate::limits::MAX_TERMINATE_IDS) {
             without_gone(batch, "sir-", |ids| async move {
                 self.client
@@ -496,7 +502,7 @@ impl Ec2Fleet {
     /// Whatever the fleet launches now: a worker launched while the policy stopped spot workers
     /// has its persistent request still when `scale_down.stop_idle` no longer covers spot.
     async fn terminate_ids(&self, ids: &[String]) -> Result<(), FleetError> {
-        self.cancel_spot_requests(ids).await?;
+        self.cancel_spot_requests_of(ids).await?;
         {
             let mut launched = self
                 .launched_requests
@@ -993,6 +999,51 @@ impl onoff_control::ports::FleetLister for Ec2Fleet {
                 stopped: matches!(i.state.as_str(), "stopping" | "stopped"),
             })
             .collect())
+    }
+
+    /// DescribeSpotInstanceRequests for this deployment's tag (`onoff:managed`) and the states
+    /// that may still launch (`open`, `active`, `disabled`; not `closed`, `cancelled` or
+    /// `failed`), every page. An instant fleet's one-time requests carry no tag and are not
+    /// listed. Allowed by the functions' `FindThisStacksSpotRequests` grant.
+    async fn list_spot_requests(&self) -> Result<Vec<onoff_control::ports::SpotRequest>, FleetError> {
+        let mut pages = self
+            .client
+            .describe_spot_instance_requests()
+            .filters(
+                aws_sdk_ec2::types::Filter::builder()
+                    .name(format!("tag:{TAG_MANAGED}"))
+                    .values(&self.deployment)
+                    .build(),
+            )
+            .filters(
+                aws_sdk_ec2::types::Filter::builder()
+                    .name("state")
+                    .values("open")
+                    .values("active")
+                    .values("disabled")
+                    .build(),
+            )
+            .into_paginator()
+            .send();
+        let mut out = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| fleet_error(&e))?;
+            out.extend(page.spot_instance_requests().iter().filter_map(|r| {
+                Some(onoff_control::ports::SpotRequest {
+                    id: r.spot_instance_request_id()?.to_string(),
+                    instance_id: r.instance_id().map(str::to_string),
+                    // Undated (EC2 dates every request): never old enough to cancel.
+                    created_at: r.create_time().map_or(f64::MAX, |t| t.as_secs_f64()),
+                })
+            }));
+        }
+        Ok(out)
+    }
+
+    /// CancelSpotInstanceRequests, allowed for this stack's tagged requests only
+    /// (`CancelOnlyThisStacksSpotRequests`).
+    async fn cancel_spot_requests(&self, ids: &[String]) -> Result<(), FleetError> {
+        self.cancel_requests(ids).await
     }
 }
 

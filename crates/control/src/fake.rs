@@ -35,6 +35,8 @@ pub enum FleetCall {
     Stop(Vec<String>),
     /// `start`.
     Start(Vec<String>),
+    /// `cancel_spot_requests`.
+    CancelRequests(Vec<String>),
 }
 
 /// A fleet in memory.
@@ -83,6 +85,9 @@ struct FleetInner {
     spot_quote_calls: usize,
     /// vCPUs per instance type, for the quotas.
     vcpus: BTreeMap<String, u32>,
+    /// Persistent spot requests ([`FakeFleet::add_spot_request`]), each with whether it is
+    /// cancelled.
+    spot_requests: BTreeMap<String, (crate::ports::SpotRequest, bool)>,
 }
 
 impl FleetInner {
@@ -458,6 +463,12 @@ impl<F: crate::ports::FleetLister> crate::ports::FleetLister for FaultyFleet<F> 
     async fn list_managed(&self) -> Result<Vec<crate::ports::FleetInstance>, FleetError> {
         self.inner.list_managed().await
     }
+    async fn list_spot_requests(&self) -> Result<Vec<crate::ports::SpotRequest>, FleetError> {
+        self.inner.list_spot_requests().await
+    }
+    async fn cancel_spot_requests(&self, ids: &[String]) -> Result<(), FleetError> {
+        self.inner.cancel_spot_requests(ids).await
+    }
 }
 
 impl crate::ports::FleetLister for FakeFleet {
@@ -481,9 +492,61 @@ impl crate::ports::FleetLister for FakeFleet {
             })
             .collect())
     }
+
+    async fn list_spot_requests(&self) -> Result<Vec<crate::ports::SpotRequest>, FleetError> {
+        let s = self.inner.lock().expect("lock");
+        Ok(s.spot_requests
+            .iter()
+            .filter(|(_, r)| !r.1)
+            .map(|(id, (r, _))| crate::ports::SpotRequest {
+                id: id.clone(),
+                ..r.clone()
+            })
+            .collect())
+    }
+
+    async fn cancel_spot_requests(&self, ids: &[String]) -> Result<(), FleetError> {
+        let mut s = self.inner.lock().expect("lock");
+        s.calls.push(FleetCall::CancelRequests(ids.to_vec()));
+        if let Some(e) = s.one_shot.pop_front() {
+            return Err(e);
+        }
+        // Unknown or cancelled already: done, as the EC2 adapter takes not-found.
+        for id in ids {
+            if let Some(r) = s.spot_requests.get_mut(id) {
+                r.1 = true;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl FakeFleet {
+    /// A persistent spot request `id` of this deployment, made at `created_at` (unix seconds),
+    /// with its instance now (`None`: open, as after its instance terminated).
+    pub fn add_spot_request(&self, id: &str, instance_id: Option<&str>, created_at: f64) {
+        let r = crate::ports::SpotRequest {
+            id: id.to_string(),
+            instance_id: instance_id.map(str::to_string),
+            created_at,
+        };
+        self.inner
+            .lock()
+            .expect("lock")
+            .spot_requests
+            .insert(id.to_string(), (r, false));
+    }
+
+    /// The spot requests cancelled so far.
+    pub fn cancelled_spot_requests(&self) -> Vec<String> {
+        let s = self.inner.lock().expect("lock");
+        s.spot_requests
+            .iter()
+            .filter(|(_, r)| r.1)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     /// Stop instance `id` as EC2 does on its own (a spot interruption that stops, a start that
     /// found no capacity): not through [`Fleet::stop`], no call recorded.
     pub fn stop_behind_the_back(&self, id: &str) {

@@ -960,7 +960,20 @@ pub struct FleetInstance {
     pub stopped: bool,
 }
 
-/// Listing the fleet's instances.
+/// A persistent spot request onoff made (a stoppable spot worker's, tagged `onoff:managed`)
+/// that may still launch: open (waiting to launch, as after its instance terminated), active
+/// (its instance runs) or disabled (its instance is stopped).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpotRequest {
+    /// Request id (`sir-...`).
+    pub id: String,
+    /// Its instance, if it has one now.
+    pub instance_id: Option<String>,
+    /// When it was made, unix seconds.
+    pub created_at: f64,
+}
+
+/// Listing the fleet's instances and persistent spot requests, for the reaper.
 #[allow(async_fn_in_trait)]
 pub trait FleetLister {
     /// Every instance onoff launched (tagged `onoff:managed`) that is pending, running, stopping
@@ -969,6 +982,19 @@ pub trait FleetLister {
     /// # Errors
     /// Provider failures.
     async fn list_managed(&self) -> Result<Vec<FleetInstance>, FleetError>;
+
+    /// Every persistent spot request of this deployment that may still launch ([`SpotRequest`]).
+    ///
+    /// # Errors
+    /// Provider failures.
+    async fn list_spot_requests(&self) -> Result<Vec<SpotRequest>, FleetError>;
+
+    /// Cancel the spot requests `ids`, leaving their instances as they are. Idempotent: a request
+    /// gone or cancelled already is done.
+    ///
+    /// # Errors
+    /// Provider failures.
+    async fn cancel_spot_requests(&self, ids: &[String]) -> Result<(), FleetError>;
 }
 
 /// Sending wake-up messages (`{"job_id": ..., "gpus": ...}`, [`wake_up_body`]) to lane queues.

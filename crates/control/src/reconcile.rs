@@ -7,6 +7,9 @@
 //!   registered as booting, at the catalogue price), else (orphans) terminated once
 //!   `launch_grace_s` passed;
 //! - workers whose instance is gone are marked Terminating and their jobs re-queued;
+//! - persistent spot requests of this deployment whose instance is no live worker's (it
+//!   terminated, or the request is open to launch again) are cancelled once `launch_grace_s`
+//!   passed since they were made (`cancel_orphan_requests`);
 //! - workers whose heartbeat is older than `heartbeat_timeout_s`, or that never reported within
 //!   `boot_timeout_s` of launch, are terminated and their jobs re-queued;
 //! - RUNNING jobs whose lease expired are re-queued (or FAILED after `max_lease_expiries`), each
@@ -96,6 +99,9 @@ pub struct ReconcileReport {
     pub orphans_adopted: Vec<String>,
     /// Workers whose instance was gone.
     pub workers_gone: Vec<String>,
+    /// Persistent spot requests cancelled because no live worker has their instance (the
+    /// reaper's `cancel_orphan_requests`).
+    pub spot_requests_cancelled: Vec<String>,
     /// Workers terminated for a stale heartbeat or a boot that never finished.
     pub workers_lost: Vec<String>,
     /// Jobs re-queued (lost worker or expired lease).
@@ -304,6 +310,48 @@ enum Unknown {
     /// Not a launch of this policy's lanes, past its boot timeout, or with a live row the scan
     /// did not show: an orphan once `launch_grace_s` passed.
     Other,
+}
+
+/// Cancel the persistent spot requests of this deployment (stoppable spot workers') whose
+/// instance is no live worker's, once `opts.launch_grace_s` passed since they were made (a
+/// launch's row may not be written or visible yet). A persistent request whose instance
+/// terminated opens again and launches another ("To ensure that no new Spot Instance is
+/// launched, you must first cancel the Spot request", EC2 User Guide, "Terminate a Spot
+/// Instance"). onoff cancels a request as it terminates its instance, and the agent as it exits
+/// on an error, but an instance that powers off before its agent runs (the worker image not
+/// pulled, the user data failing) leaves its request open: EC2 launched another in its place,
+/// which failed the same way, for as long as the image stayed broken. The reaper ends the chain:
+/// such a request is open without an instance, or names an instance gone or unknown (an
+/// unknown one of ours is an orphan the pass above terminates). A Stopped worker's request
+/// (disabled) names a live row and is kept. `live` is the live rows once the lost ones are out.
+async fn cancel_orphan_requests<F: FleetLister>(
+    fleet: &F,
+    live: &[WorkerRecord],
+    opts: &ReconcileOptions,
+    now: f64,
+    report: &mut ReconcileReport,
+) {
+    let requests = match fleet.list_spot_requests().await {
+        Ok(r) => r,
+        Err(e) => {
+            report.errors.push(format!("list spot requests: {e}"));
+            return;
+        }
+    };
+    let known: BTreeSet<&str> = live.iter().map(|w| w.id.as_str()).collect();
+    let orphans: Vec<String> = requests
+        .into_iter()
+        .filter(|r| now - r.created_at >= opts.launch_grace_s)
+        .filter(|r| r.instance_id.as_deref().is_none_or(|i| !known.contains(i)))
+        .map(|r| r.id)
+        .collect();
+    if orphans.is_empty() {
+        return;
+    }
+    match fleet.cancel_spot_requests(&orphans).await {
+        Ok(()) => report.spot_requests_cancelled = orphans,
+        Err(e) => report.errors.push(format!("cancel spot requests {orphans:?}: {e}")),
+    }
 }
 
 /// Register instance `i`, which no live worker row knows, as a booting worker of its lane, when
@@ -621,6 +669,9 @@ where
             }
         }
         live.retain(|w| !lost.contains(&w.id));
+        if instances.is_some() {
+            cancel_orphan_requests(fleet, &live, opts, now, &mut report).await;
+        }
         let reaped = reap_jobs(&active, &lost, opts, now, jobs, queues).await;
         // The decision below sees the leases just ended as they now are. Not by listing the
         // active jobs again: the index is eventually consistent and may still show them RUNNING

@@ -460,6 +460,66 @@ fn a_worker_whose_instance_is_gone_and_an_expired_lease_are_handled() {
     );
 }
 
+/// A stoppable spot worker's persistent request opens again when its instance terminates, and
+/// EC2 launches another: an instance that powers off before its agent runs (a worker image that
+/// does not pull) left a chain of launches for as long as the image stayed broken. The reaper
+/// cancels this deployment's requests whose instance is no live worker's, once the launch grace
+/// passed, and keeps those of live workers, Stopped ones included.
+#[test]
+fn the_reaper_cancels_spot_requests_whose_instance_is_no_live_workers() {
+    let w = World::new();
+    w.submit(2);
+    w.reconcile(NOW + 1.0, false);
+    let workers: Vec<String> = w.workers.records().keys().cloned().collect();
+    for id in &workers {
+        w.workers
+            .agent_heartbeat(id, WorkerState::Idle, None, NOW + 990.0)
+            .unwrap();
+    }
+    // Worker 0's instance powered itself off: gone, its request open again (no instance yet).
+    pollster::block_on(onoff_control::ports::Fleet::terminate(
+        &w.fleet,
+        std::slice::from_ref(&workers[0]),
+    ))
+    .unwrap();
+    w.fleet.add_spot_request("sir-gone", None, NOW);
+    // A request that launched an instance no row knows (its replacement).
+    w.fleet.add_spot_request("sir-replaced", Some("i-replacement"), NOW);
+    // Worker 1's own request, and a Stopped worker's (disabled): kept.
+    w.fleet.add_spot_request("sir-live", Some(&workers[1]), NOW);
+    let mut stopped = w.workers.records()[&workers[1]].clone();
+    stopped.id = "i-stopped".into();
+    stopped.state = WorkerState::Stopped;
+    stopped.heartbeat_at = None;
+    pollster::block_on(w.workers.register_launch(stopped)).unwrap();
+    w.fleet.add_instance("i-stopped", offerings()[0].key.clone());
+    w.fleet.stop_behind_the_back("i-stopped");
+    w.fleet.add_spot_request("sir-stopped", Some("i-stopped"), NOW);
+    // One made within the launch grace (its row may not be visible yet): kept this time.
+    let at = NOW + 1_000.0;
+    w.fleet.add_spot_request("sir-young", None, at - 10.0);
+    let r = w.reconcile(at, true);
+    assert_eq!(r.workers_gone, vec![workers[0].clone()]);
+    assert_eq!(
+        r.spot_requests_cancelled,
+        ["sir-gone", "sir-replaced"],
+        "{:?}",
+        r.errors
+    );
+    assert_eq!(w.fleet.cancelled_spot_requests(), ["sir-gone", "sir-replaced"]);
+    // The next run, past the grace, cancels the young one too, and nothing twice (worker 1
+    // still reporting).
+    w.workers
+        .agent_heartbeat(&workers[1], WorkerState::Idle, None, at + 590.0)
+        .unwrap();
+    let r = w.reconcile(at + 600.0, true);
+    assert_eq!(r.spot_requests_cancelled, ["sir-young"], "{:?}", r.errors);
+    // Without the reaper (the scaler's runs) no request is looked at.
+    w.fleet.add_spot_request("sir-later", None, NOW);
+    let r = w.reconcile(at + 700.0, false);
+    assert!(r.spot_requests_cancelled.is_empty(), "{r:?}");
+}
+
 /// The active index is eventually consistent: listed again right after the reaper re-queued a
 /// job, it may still show the job RUNNING on its lost worker. The decision sees it queued, and its
 /// replacement launches in the same run, not a run later.

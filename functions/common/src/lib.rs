@@ -546,6 +546,7 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
         "workers_given_estimates": r.workers_given_estimates,
         "workers_lost": r.workers_lost,
         "workers_gone": r.workers_gone,
+        "spot_requests_cancelled": r.spot_requests_cancelled,
         "jobs_requeued": r.jobs_requeued,
         "jobs_failed": r.jobs_failed,
         "jobs_woken": r.jobs_woken,

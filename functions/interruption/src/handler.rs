@@ -233,7 +233,7 @@ mod tests {
         assert!(ctx.fleet.running().contains_key(id));
         assert!(!ctx.fleet.calls().iter().any(|c| match c {
             FleetCall::Terminate(ids) | FleetCall::Cancel(ids) | FleetCall::Stop(ids) => ids.iter().any(|i| i == id),
-            FleetCall::Launch(_) | FleetCall::Start(_) => false,
+            FleetCall::Launch(_) | FleetCall::Start(_) | FleetCall::CancelRequests(_) => false,
         }));
         let rec = &ctx.jobs.records()[&job];
         assert_eq!((rec.state, rec.lease_owner.as_deref()), (JobState::Running, Some(id)));
