@@ -2626,26 +2626,14 @@ async fn a_full_vcpu_quota_refuses_the_start_of_a_stopped_instance_as_ec2_does()
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert_eq!(refused[0].1.kind, FleetErrorKind::QuotaExceeded, "{refused:?}");
     assert!(refused[0].1.message.starts_with("VcpuLimitExceeded"), "{refused:?}");
-    let state_of = |id: String| {
-        let fleet = fleet.clone();
-        async move {
-            fleet
-                .describe_managed()
-                .await
-                .unwrap()
-                .into_iter()
-                .find(|i| i.instance_id == id)
-                .map(|i| i.state)
-        }
-    };
-    assert_eq!(state_of(a.clone()).await.as_deref(), Some("stopped"));
+    assert_eq!(state_of(&fleet, &a).await.as_deref(), Some("stopped"));
     assert_eq!(quotas.refused(), 1);
     // Room again (one terminated): it starts.
     fleet.terminate(&[third, b]).await.unwrap();
     tell().await;
     let refused = fleet.start(std::slice::from_ref(&a)).await.unwrap();
     assert!(refused.is_empty(), "{refused:?}");
-    assert_ne!(state_of(a).await.as_deref(), Some("stopped"));
+    assert_ne!(state_of(&fleet, &a).await.as_deref(), Some("stopped"));
     assert_eq!(quotas.refused(), 1);
 }
 

@@ -400,6 +400,26 @@ impl Storable for Refusal {
     type Storer = StoreReplace<Self>;
 }
 
+/// Refuse the request of `context` (form body `params`) whole: sent as a dry run, which moto
+/// answers without doing anything, and its answer replaced by EC2's refusal `body` (HTTP 400).
+fn refuse_whole(
+    context: &mut BeforeTransmitInterceptorContextMut<'_>,
+    cfg: &mut ConfigBag,
+    mut params: Vec<(String, String)>,
+    body: String,
+) {
+    params.push(("DryRun".into(), "true".into()));
+    let new_body = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(params)
+        .finish();
+    let request = context.request_mut();
+    request
+        .headers_mut()
+        .insert("content-length", new_body.len().to_string());
+    *request.body_mut() = aws_smithy_types::body::SdkBody::from(new_body);
+    cfg.interceptor_state().store_put(RunRefusal { body });
+}
+
 /// A RunInstances or StartInstances refused whole: the body of EC2's answer, from the call's
 /// request to its answer.
 #[derive(Debug, Clone)]
@@ -509,18 +529,7 @@ impl VcpuQuotas {
         };
         self.refused.fetch_add(1, Ordering::Relaxed);
         tracing::info!(instances = ?ids, "emulated vCPU quota: StartInstances refused");
-        let mut out = params;
-        out.push(("DryRun".into(), "true".into()));
-        let new_body = form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(out)
-            .finish();
-        request
-            .headers_mut()
-            .insert("content-length", new_body.len().to_string());
-        *request.body_mut() = aws_smithy_types::body::SdkBody::from(new_body);
-        cfg.interceptor_state().store_put(RunRefusal {
-            body: run_refusal_body(capacity, limit),
-        });
+        refuse_whole(context, cfg, params, run_refusal_body(capacity, limit));
         Ok(())
     }
 }
@@ -594,18 +603,7 @@ impl Intercept for VcpuQuotas {
                 asked = ask.count,
                 "emulated vCPU quota: RunInstances refused"
             );
-            let mut out = params.clone();
-            out.push(("DryRun".into(), "true".into()));
-            let new_body = form_urlencoded::Serializer::new(String::new())
-                .extend_pairs(out)
-                .finish();
-            request
-                .headers_mut()
-                .insert("content-length", new_body.len().to_string());
-            *request.body_mut() = aws_smithy_types::body::SdkBody::from(new_body);
-            cfg.interceptor_state().store_put(RunRefusal {
-                body: run_refusal_body(ask.capacity, limit),
-            });
+            refuse_whole(context, cfg, params, run_refusal_body(ask.capacity, limit));
             return Ok(());
         }
         let errors = refusal_errors(&ask, &verdict, &params);
