@@ -62,8 +62,9 @@ enum Cmd {
     /// $ and GPU-hours per job, project or day; spot share, savings, idle workers.
     #[cfg(feature = "local")]
     Cost(ops::CostArgs),
-    /// The live workers (state, job or idle time, $/h), instances without a worker row, and what
-    /// holds launches back: offerings skipped after a capacity error, vCPU quotas found full.
+    /// The live workers (state, job or idle time, $/h), instances without a worker row, spot
+    /// requests no worker holds, and what holds launches back: offerings skipped after a capacity
+    /// error, vCPU quotas found full.
     #[cfg(feature = "local")]
     Workers(ops::WorkersArgs),
 }

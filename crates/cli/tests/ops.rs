@@ -182,6 +182,9 @@ fn the_operator_verbs_on_a_served_local_stack() {
     assert_eq!(live[0]["ec2_state"], "running", "{w}");
     assert!(w["ec2_error"].is_null(), "{w}");
     assert_eq!(w["unregistered"].as_array().map(Vec::len), Some(0), "{w}");
+    // The stack's spot requests read too (the emulator makes none for RunInstances).
+    assert!(w["spot_requests_error"].is_null(), "{w}");
+    assert_eq!(w["unheld_spot_requests"].as_array().map(Vec::len), Some(0), "{w}");
     let price = live[0]["price_usd_per_h"].as_f64().unwrap();
     assert!(
         price > 0.0 && (w["usd_per_h"].as_f64().unwrap() - price).abs() < 1e-9,

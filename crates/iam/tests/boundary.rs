@@ -885,11 +885,12 @@ fn an_operator_runs_the_cli_verbs_and_launches_nothing() {
         // `onoff submit` checks a spec against the offerings of the subnets' zones.
         Request::new("ec2:DescribeSubnets", "*"),
         // `onoff cost` and `onoff workers` read the workers table; `onoff workers` the marks of
-        // the control table and EC2's instances too.
+        // the control table and EC2's instances and spot requests too.
         Request::new("dynamodb:Scan", &workers),
         Request::new("dynamodb:Scan", &format!("{jobs}/index/active")),
         Request::new("dynamodb:Scan", &control),
         Request::new("ec2:DescribeInstances", "*"),
+        Request::new("ec2:DescribeSpotInstanceRequests", "*"),
     ] {
         assert_allowed(&a, &op, r);
     }
@@ -910,6 +911,12 @@ fn an_operator_runs_the_cli_verbs_and_launches_nothing() {
             &format!("arn:aws:ec2:us-east-1:{ACCOUNT}:launch-template/{LT}"),
         ),
         Request::new("ec2:TerminateInstances", &instance("i-1")).with("ec2:ResourceTag/onoff:managed", "st"),
+        // Seeing the stack's spot requests is not cancelling them (the reaper does).
+        Request::new(
+            "ec2:CancelSpotInstanceRequests",
+            &format!("arn:aws:ec2:us-east-1:{ACCOUNT}:spot-instances-request/sir-1"),
+        )
+        .with("ec2:ResourceTag/onoff:managed", "st"),
         Request::new("s3:GetObject", &obj("checkpoints/job-1/1/state.bin")),
         Request::new(
             "dynamodb:PutItem",

@@ -10,14 +10,17 @@
 //!   finds gone (its job is re-queued);
 //! - the offerings marked unavailable after a capacity error, and the vCPU quotas found full
 //!   (`QuotaMark`), from the control table: why nothing of a type launches now, and which quota to
-//!   raise.
+//!   raise;
+//! - the stack's persistent spot requests that no live worker holds (`FleetLister::list_spot_requests`):
+//!   EC2 launches again from such a request until the reconciler cancels it (an instance that
+//!   powered off before its agent ran: a worker image that does not pull).
 
 use anyhow::Result;
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use onoff_aws::fleet::ManagedInstance;
 use onoff_aws::state::state_name;
 use onoff_control::job::JobState;
-use onoff_control::ports::{JobRecord, JobStore, WorkerRecord, WorkerRegistry};
+use onoff_control::ports::{FleetLister, JobRecord, JobStore, SpotRequest, WorkerRecord, WorkerRegistry};
 use onoff_control::quota::QuotaMark;
 use onoff_policy::{CapacityType, UnavailableOffering, WorkerState};
 use serde::Serialize;
@@ -74,6 +77,42 @@ pub struct UnregisteredInstance {
     pub up_s: Option<f64>,
 }
 
+/// A persistent spot request of the stack that no live worker holds: EC2 launches again from it
+/// (open), or it names an instance no row knows, until the reconciler cancels it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UnheldSpotRequest {
+    pub id: String,
+    /// Its instance now (`None`: open, waiting to launch another).
+    pub instance_id: Option<String>,
+    /// Seconds since it was made.
+    pub age_s: f64,
+    /// Seconds until the reconciler's next run past its launch grace may cancel it (0: the next).
+    pub cancelled_in_s: f64,
+}
+
+/// The requests of `requests` whose instance is none of `live` (worker ids, every lane), at `now`
+/// (unix seconds), oldest first; the reconciler cancels each once `grace_s` passed since it was
+/// made (`ReconcileOptions::launch_grace_s`).
+pub fn unheld_spot_requests(
+    requests: Vec<SpotRequest>,
+    live: &[String],
+    now: f64,
+    grace_s: f64,
+) -> Vec<UnheldSpotRequest> {
+    let mut out: Vec<UnheldSpotRequest> = requests
+        .into_iter()
+        .filter(|r| r.instance_id.as_ref().is_none_or(|i| !live.contains(i)))
+        .map(|r| UnheldSpotRequest {
+            id: r.id,
+            instance_id: r.instance_id,
+            age_s: (now - r.created_at).max(0.0),
+            cancelled_in_s: (r.created_at + grace_s - now).max(0.0),
+        })
+        .collect();
+    out.sort_by(|a, b| b.age_s.total_cmp(&a.age_s));
+    out
+}
+
 /// An offering skipped after a capacity error, until `until` (unix seconds).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HeldOffering {
@@ -114,6 +153,10 @@ pub struct WorkersReport {
     pub ec2_error: Option<String>,
     pub unavailable_offerings: Vec<HeldOffering>,
     pub full_quotas: Vec<FullQuota>,
+    /// The stack's persistent spot requests no live worker holds ([`unheld_spot_requests`]).
+    pub unheld_spot_requests: Vec<UnheldSpotRequest>,
+    /// Why EC2's spot requests were not read, when they were not.
+    pub spot_requests_error: Option<String>,
     /// Rows of the workers table that did not parse: (instance id, why).
     pub unreadable: Vec<(String, String)>,
 }
@@ -235,6 +278,8 @@ pub fn report(
         ec2_error,
         unavailable_offerings,
         full_quotas,
+        unheld_spot_requests: Vec::new(),
+        spot_requests_error: None,
         unreadable: Vec::new(),
     }
 }
@@ -338,6 +383,25 @@ pub fn render(r: &WorkersReport, now: f64) -> String {
             i.up_s.map_or_else(|| "?".into(), span)
         ));
     }
+    for q in &r.unheld_spot_requests {
+        out.push_str(&format!(
+            "spot request {} ({}, made {} ago) is held by no worker: EC2 launches again from it until the \
+             reconciler cancels it ({})\n",
+            q.id,
+            q.instance_id
+                .as_deref()
+                .map_or_else(|| "open, no instance".to_string(), |i| format!("instance {i}")),
+            span(q.age_s),
+            if q.cancelled_in_s > 0.0 {
+                format!("at its first run in {}", span(q.cancelled_in_s))
+            } else {
+                "at its next run".to_string()
+            }
+        ));
+    }
+    if let Some(e) = &r.spot_requests_error {
+        out.push_str(&format!("EC2 spot requests not read ({e})\n"));
+    }
     for q in &r.full_quotas {
         out.push_str(&format!(
             "quota full until {}: {} (launches of {} vCPUs or more refused)\n  {}\n",
@@ -395,6 +459,8 @@ pub async fn workers(a: WorkersArgs) -> Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("reading the unavailable offerings: {e}"))?;
     let instances = ctx.fleet.describe_managed().await.map_err(|e| e.to_string());
+    let requests = ctx.fleet.list_spot_requests().await.map_err(|e| e.to_string());
+    let live_ids: Vec<String> = listed.items.iter().map(|w| w.id.clone()).collect();
     let mut r = report(
         listed.items,
         instances,
@@ -405,6 +471,13 @@ pub async fn workers(a: WorkersArgs) -> Result<()> {
         ops.settings.policy.scale_down.stopped_usd_per_h(),
     );
     r.unreadable = listed.unreadable;
+    match requests {
+        Ok(requests) => {
+            r.unheld_spot_requests =
+                unheld_spot_requests(requests, &live_ids, now, ops.settings.reconcile.launch_grace_s);
+        }
+        Err(e) => r.spot_requests_error = Some(e),
+    }
     if ops.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
@@ -600,5 +673,48 @@ mod tests {
             row.trim_end_matches(['│', ' ']).ends_with('?'),
             "EC2's state unknown: {row}"
         );
+    }
+
+    #[test]
+    fn spot_requests_no_live_worker_holds_are_shown_with_when_the_reconciler_cancels_them() {
+        let req = |id: &str, instance: Option<&str>, created_at: f64| SpotRequest {
+            id: id.into(),
+            instance_id: instance.map(str::to_string),
+            created_at,
+        };
+        let live = vec!["i-live".to_string(), "i-stopped".to_string()];
+        let now = 1_000.0;
+        let unheld = unheld_spot_requests(
+            vec![
+                req("sir-live", Some("i-live"), 0.0),
+                req("sir-stopped", Some("i-stopped"), 0.0),
+                req("sir-young", None, now - 60.0),
+                req("sir-open", None, now - 600.0),
+                req("sir-other", Some("i-replacement"), now - 300.0),
+            ],
+            &live,
+            now,
+            180.0,
+        );
+        let ids: Vec<&str> = unheld.iter().map(|u| u.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["sir-open", "sir-other", "sir-young"],
+            "oldest first, held ones left out"
+        );
+        assert_eq!(unheld[2].cancelled_in_s, 120.0);
+        assert_eq!(unheld[0].cancelled_in_s, 0.0);
+        let mut r = report(Vec::new(), Ok(Vec::new()), &[], Vec::new(), None, now, 0.01);
+        r.unheld_spot_requests = unheld;
+        let text = render(&r, now);
+        assert!(
+            text.contains("spot request sir-open (open, no instance, made 10m00s ago) is held by no worker"),
+            "{text}"
+        );
+        assert!(text.contains("(instance i-replacement, made 5m00s ago)"), "{text}");
+        assert!(text.contains("at its first run in 2m00s"), "{text}");
+        assert!(text.contains("at its next run"), "{text}");
+        r.spot_requests_error = Some("UnauthorizedOperation: no".into());
+        assert!(render(&r, now).contains("EC2 spot requests not read (UnauthorizedOperation: no)"));
     }
 }
