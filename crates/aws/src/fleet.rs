@@ -448,25 +448,7 @@ impl Ec2Fleet {
         }
         requests.sort_unstable();
         requests.dedup();
-        self.cancel_requests(&requests).await
-    }
-
-    /// Cancel the spot requests `requests` (ids), [`crate::limits::MAX_TERMINATE_IDS`] per call;
-    /// not-found ones are done, and the others of their batch still cancelled ([`without_gone`]).
-    async fn cancel_requests(&self, requests: &[String]) -> Result<(), FleetError> {
-        for batch in requests.chunks(crate::limits::MAX_TERMINATE_IDS) {
-            without_gone(batch, "sir-", |ids| async move {
-                self.client
-                    .cancel_spot_instance_requests()
-                    .set_spot_instance_request_ids(Some(ids))
-                    .send()
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| fleet_error(&e))
-            })
-            .await?;
-        }
-        Ok(())
+        onoff_control::ports::FleetLister::cancel_spot_requests(self, &requests).await
     }
 
     /// The state of instance `id` as EC2 names it (`pending`, `running`, `stopping`, `stopped`,
@@ -1041,9 +1023,22 @@ impl onoff_control::ports::FleetLister for Ec2Fleet {
     }
 
     /// CancelSpotInstanceRequests, allowed for this stack's tagged requests only
-    /// (`CancelOnlyThisStacksSpotRequests`).
-    async fn cancel_spot_requests(&self, ids: &[String]) -> Result<(), FleetError> {
-        self.cancel_requests(ids).await
+    /// (`CancelOnlyThisStacksSpotRequests`), [`crate::limits::MAX_TERMINATE_IDS`] per call;
+    /// not-found ones are done, and the others of their batch still cancelled (`without_gone`).
+    async fn cancel_spot_requests(&self, requests: &[String]) -> Result<(), FleetError> {
+        for batch in requests.chunks(crate::limits::MAX_TERMINATE_IDS) {
+            without_gone(batch, "sir-", |ids| async move {
+                self.client
+                    .cancel_spot_instance_requests()
+                    .set_spot_instance_request_ids(Some(ids))
+                    .send()
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| fleet_error(&e))
+            })
+            .await?;
+        }
+        Ok(())
     }
 }
 

@@ -361,12 +361,17 @@ where
                     short = lr.offerings.clone();
                 }
             }
-            // Offerings that failed are skipped for a while, even when others filled in.
+            // Offerings that failed are skipped for a while, even when others filled in; a full
+            // quota's siblings too.
             let until = ctx.now + oc.unavailable_ttl_s;
-            let siblings = note_full_quotas(
+            for key in short.into_iter().chain(over_quota.iter().map(|(k, _)| k.clone())) {
+                skip_offering(avail, &mut unavailable, key.clone(), until, &mut out).await;
+                out.capacity_errors.push(key);
+            }
+            note_full_quotas(
                 ctx,
                 avail,
-                &unavailable,
+                &mut unavailable,
                 &over_quota,
                 until,
                 "launch",
@@ -374,19 +379,6 @@ where
                 &mut out,
             )
             .await;
-            short.extend(over_quota.into_iter().map(|(k, _)| k));
-            for key in short.into_iter().chain(siblings.iter().cloned()) {
-                if let Err(e) = avail.mark_unavailable(&key, until).await {
-                    out.errors.push(format!("mark unavailable {key}: {e}"));
-                }
-                unavailable.to_mut().push(UnavailableOffering {
-                    key: key.clone(),
-                    until,
-                });
-                if !siblings.contains(&key) {
-                    out.capacity_errors.push(key);
-                }
-            }
             if remaining == 0 || throttled {
                 break;
             }
@@ -612,38 +604,28 @@ where
             {
                 out.errors.push(format!("mark {worker} stopped again: {e}"));
             }
-            if e.kind == FleetErrorKind::InsufficientCapacity {
-                if let Err(e) = avail.mark_unavailable(offering, until).await {
-                    out.errors.push(format!("mark unavailable {offering}: {e}"));
-                }
-                unavailable.to_mut().push(UnavailableOffering {
-                    key: offering.clone(),
-                    until,
-                });
+            if matches!(
+                e.kind,
+                FleetErrorKind::InsufficientCapacity | FleetErrorKind::QuotaExceeded
+            ) {
+                skip_offering(avail, unavailable, offering.clone(), until, out).await;
                 out.capacity_errors.push(offering.clone());
-            } else if e.kind == FleetErrorKind::QuotaExceeded {
                 // EC2 counts a started instance against its vCPU quota as it counts a launched
                 // one: the quota is marked as a launch marks it, so the launch in its place
                 // goes to another bucket or capacity type instead of meeting the same refusal.
-                let refused = [(offering.clone(), e.clone())];
-                let siblings = note_full_quotas(
-                    ctx,
-                    avail,
-                    unavailable,
-                    &refused,
-                    until,
-                    &format!("start {worker} on"),
-                    "a launch takes its place",
-                    out,
-                )
-                .await;
-                for key in std::iter::once(offering.clone()).chain(siblings) {
-                    if let Err(e) = avail.mark_unavailable(&key, until).await {
-                        out.errors.push(format!("mark unavailable {key}: {e}"));
-                    }
-                    unavailable.to_mut().push(UnavailableOffering { key, until });
+                if e.kind == FleetErrorKind::QuotaExceeded {
+                    note_full_quotas(
+                        ctx,
+                        avail,
+                        unavailable,
+                        &[(offering.clone(), e.clone())],
+                        until,
+                        &format!("start {worker} on"),
+                        "a launch takes its place",
+                        out,
+                    )
+                    .await;
                 }
-                out.capacity_errors.push(offering.clone());
             } else if e.kind == FleetErrorKind::NotFound {
                 out.errors
                     .push(format!("start {worker}: {e} (terminated, launching instead)"));
@@ -746,27 +728,44 @@ struct QuotaNote<'a> {
     error: &'a FleetError,
 }
 
+/// Skip offering `key` until `until` (unix seconds): marked unavailable for the next runs
+/// (a failed mark is an error line) and for the rest of this one.
+async fn skip_offering<A: OfferingAvailability>(
+    avail: &A,
+    unavailable: &mut Cow<'_, [UnavailableOffering]>,
+    key: OfferingKey,
+    until: f64,
+    out: &mut ActOutcome,
+) {
+    if let Err(e) = avail.mark_unavailable(&key, until).await {
+        out.errors.push(format!("mark unavailable {key}: {e}"));
+    }
+    unavailable.to_mut().push(UnavailableOffering { key, until });
+}
+
 /// Note the vCPU quotas that refused `over_quota` (offerings, each with EC2's refusal): one mark
 /// per quota (bucket and capacity type, from the fewest vCPUs refused up) stored among the
 /// unavailable offerings until `until`, read back by the next runs; the quota named in
 /// `out.quotas_full`; and one error line each: `what`, the offerings the quota refused, EC2's
-/// error, the advice and `then`. Returns every other offering of the catalogue a full quota covers, in any zone, not
-/// yet unavailable: the caller skips them too. Without them a fallback would try the bucket's
-/// next types one call at a time, each refused for the same quota, and never reach another
-/// bucket or capacity type. (Nothing refused, the usual case: no pass over the catalogue.)
+/// error, the advice and `then`. Every other offering of the catalogue a full quota covers, in
+/// any zone, not yet unavailable, is skipped until `until` too ([`skip_offering`]; not a
+/// capacity error): without them a fallback would try the bucket's next types one call at a
+/// time, each refused for the same quota, and never reach another bucket or capacity type. The
+/// refused offerings themselves are the caller's to skip. (Nothing refused, the usual case: no
+/// pass over the catalogue.)
 #[allow(clippy::too_many_arguments)]
 async fn note_full_quotas<A: OfferingAvailability>(
     ctx: ActContext<'_>,
     avail: &A,
-    unavailable: &[UnavailableOffering],
+    unavailable: &mut Cow<'_, [UnavailableOffering]>,
     over_quota: &[(OfferingKey, FleetError)],
     until: f64,
     what: &str,
     then: &str,
     out: &mut ActOutcome,
-) -> Vec<OfferingKey> {
+) {
     if over_quota.is_empty() {
-        return Vec::new();
+        return;
     }
     let mut notes: Vec<QuotaNote> = Vec::new();
     for (k, e) in over_quota {
@@ -824,5 +823,7 @@ async fn note_full_quotas<A: OfferingAvailability>(
             ctx.cfg.offers.unavailable_ttl_s
         ));
     }
-    siblings
+    for key in siblings {
+        skip_offering(avail, unavailable, key, until, out).await;
+    }
 }

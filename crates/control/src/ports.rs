@@ -973,6 +973,15 @@ pub struct SpotRequest {
     pub created_at: f64,
 }
 
+impl SpotRequest {
+    /// Whether a live worker holds it: its instance is one of theirs (`is_live`). One that is
+    /// open (no instance) or names an instance no live row knows is held by none, and EC2
+    /// launches again from it until it is cancelled.
+    pub fn is_held(&self, is_live: impl Fn(&str) -> bool) -> bool {
+        self.instance_id.as_deref().is_some_and(is_live)
+    }
+}
+
 /// Listing the fleet's instances and persistent spot requests, for the reaper.
 #[allow(async_fn_in_trait)]
 pub trait FleetLister {

@@ -342,7 +342,7 @@ async fn cancel_orphan_requests<F: FleetLister>(
     let orphans: Vec<String> = requests
         .into_iter()
         .filter(|r| now - r.created_at >= opts.launch_grace_s)
-        .filter(|r| r.instance_id.as_deref().is_none_or(|i| !known.contains(i)))
+        .filter(|r| !r.is_held(|i| known.contains(i)))
         .map(|r| r.id)
         .collect();
     if orphans.is_empty() {

@@ -101,7 +101,7 @@ pub fn unheld_spot_requests(
 ) -> Vec<UnheldSpotRequest> {
     let mut out: Vec<UnheldSpotRequest> = requests
         .into_iter()
-        .filter(|r| r.instance_id.as_ref().is_none_or(|i| !live.contains(i)))
+        .filter(|r| !r.is_held(|i| live.iter().any(|l| l == i)))
         .map(|r| UnheldSpotRequest {
             id: r.id,
             instance_id: r.instance_id,
