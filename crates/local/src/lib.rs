@@ -1939,6 +1939,10 @@ impl onoff_fn_common::ScalerTrigger for Asking {
 /// The user jobs run as when `onoff local` runs as root (the worker image's `onoff-job`).
 pub const LOCAL_JOB_UID: u32 = 10002;
 
+/// The worker image's agent user (`onoff`, worker-image/Dockerfile), which owns the work dir
+/// template.yaml's user data makes (`install -d -o 10001 -g 10001 -m 0750 /var/lib/onoff`).
+pub const LOCAL_AGENT_UID: u32 = 10001;
+
 /// Whether this process can start jobs as another user (it runs as root).
 #[must_use]
 pub fn can_switch_user() -> bool {
@@ -1981,6 +1985,14 @@ async fn start_agent(
     })
     .await?;
     let work = run_dir.join("workers").join(id);
+    if extras.refuse_uid.is_some() && !work.exists() {
+        // As template.yaml's user data makes it on a worker: the agent user's (10001), mode 0750,
+        // so an agent that does not open it to its jobs' user fails their starts here as there.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(&work)?;
+        std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o750))?;
+        std::os::unix::fs::chown(&work, Some(LOCAL_AGENT_UID), Some(LOCAL_AGENT_UID))?;
+    }
     std::fs::create_dir_all(&work)?;
     // Appended to: a stopped instance's agent starts again, and its earlier log stays.
     let log = std::fs::OpenOptions::new()

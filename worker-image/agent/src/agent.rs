@@ -29,6 +29,7 @@ use onoff_policy::{CapacityType, OfferingKey, WorkerState};
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
+use crate::cache::{clear_job_dir, prepare_work_dir, JobCache};
 use crate::config::{AgentConfig, ShutdownMode};
 use crate::ports::{
     Control, Identity, Inbox, Instance, JobCommand, JobEvent, Launcher, Message, Metadata, Notice, Objects, Registry,
@@ -202,6 +203,9 @@ pub enum AgentError {
     /// The workers table could not be read or written.
     #[error("workers table: {0}")]
     Registry(#[from] StoreError),
+    /// The work dir could not be made ready for jobs ([`crate::cache::prepare_work_dir`]).
+    #[error("work dir {0}")]
+    WorkDir(String),
 }
 
 /// Unix seconds from a base and tokio's clock (paused in tests).
@@ -388,6 +392,8 @@ struct Worker<'a, M, Q, J, R, C, O, I, L> {
     run_time_estimate_s: Option<f64>,
     /// When the row was last read again for `run_time_estimate_s`, unix seconds (not at start).
     estimate_read_at: Option<f64>,
+    /// The project cache jobs get as `ONOFF_CACHE_DIR`; `None` with `ONOFF_CACHE_GIB` = 0.
+    cache: Option<JobCache>,
     report: AgentReport,
 }
 
@@ -482,6 +488,17 @@ where
         cfg.lanes.clone()
     };
     tracing::info!(instance = %me.instance_id, ?lanes, price_usd_per_h = price, "agent started");
+    // No attempt of this agent is under way yet: every job work dir is an earlier run's.
+    match prepare_work_dir(&cfg.work_dir, cfg.job_user) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(dirs = n, "removed the work dirs of jobs an earlier agent left"),
+        Err(e) => {
+            let e = AgentError::WorkDir(format!("{}: {e}", cfg.work_dir.display()));
+            release_request_on_exit(&deps.instance, &me.instance_id, &e).await;
+            return Err(e);
+        }
+    }
+    let cache = JobCache::new(&cfg.work_dir, cfg.cache_gib);
     let mut w = Worker {
         deps,
         cfg,
@@ -494,6 +511,7 @@ where
         row_lane: lane,
         run_time_estimate_s,
         estimate_read_at: None,
+        cache,
         report: AgentReport {
             exit: ExitReason::Shutdown,
             jobs: Vec::new(),
@@ -1011,11 +1029,38 @@ where
             report = attempt => report,
             never = watcher => match never {},
         };
+        self.after_attempt(&job);
         let alerts = tx.borrow().clone();
         // A stop (a spot notice, the agent's shutdown) or a rebalance recommendation seen during
         // the attempt ends the agent once the attempt is settled, however the job ended.
         let exit = alerts.stop.or_else(|| alerts.rebalance.map(ExitReason::Notice));
         (report, exit)
+    }
+
+    /// Once an attempt is settled: its project's cache goes back to the agent (removed if it
+    /// cannot: no job of another project may read it), its work dir is removed, and the cache is
+    /// trimmed to its bound ([`crate::cache`]). Failures are logged: they cost room, never a job.
+    fn after_attempt(&self, job: &JobRecord) {
+        if let Some(cache) = &self.cache {
+            if let Err(e) = cache.take_back(&job.spec.project, self.cfg.job_user) {
+                let dir = cache.dir_of(&job.spec.project);
+                tracing::warn!(job = %job.id, error = %e, "take the project cache back: removing it");
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+        if let Err(e) = clear_job_dir(&self.cfg.work_dir, &job.id) {
+            tracing::warn!(job = %job.id, error = %e, "remove the job's work dir");
+        }
+        if let Some(cache) = &self.cache {
+            match cache.trim() {
+                Ok(t) if !t.projects.is_empty() => tracing::info!(
+                    projects = ?t.projects, removed_bytes = t.bytes, kept_bytes = t.kept_bytes,
+                    "project cache over ONOFF_CACHE_GIB: least recently used projects removed"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "trim the project cache"),
+            }
+        }
     }
 
     /// The attempt's watcher: renews the lease every third of it, heartbeats, polls IMDS for
@@ -1262,6 +1307,12 @@ where
                 return report;
             }
             env.push(("HOME".into(), dir.display().to_string()));
+        }
+        if let Some(cache) = &self.cache {
+            match cache.lend(&job.spec.project, self.cfg.job_user) {
+                Ok(d) => env.push(("ONOFF_CACHE_DIR".into(), d.display().to_string())),
+                Err(e) => tracing::warn!(job = %id, error = %e, "project cache: the job runs without ONOFF_CACHE_DIR"),
+            }
         }
         let cmd = JobCommand {
             argv: job.spec.command.clone(),

@@ -62,6 +62,10 @@ pub struct AgentConfig {
     /// firewall rule (template.yaml's user data), reach the instance metadata service. Needs the
     /// agent to run as root. Unset: jobs run as the agent's user.
     pub job_user: Option<(u32, u32)>,
+    /// `ONOFF_CACHE_GIB` ([`crate::cache::DEFAULT_CACHE_GIB`], 20): bound of the project cache
+    /// the jobs get as `ONOFF_CACHE_DIR`, kept on this worker between jobs and through stops,
+    /// GiB; 0: no cache ([`crate::cache`]).
+    pub cache_gib: f64,
     /// `ONOFF_POLICY` (the functions' policy TOML; default `PolicyConfig::default()`): the agent
     /// reads only the deadline rule's figures (`offers.boot_estimate_s`,
     /// `offers.checkpoint_interval_s`, `limits.deadline_margin_s`): a spot worker hands back a
@@ -94,6 +98,7 @@ impl Default for AgentConfig {
             deployment: "onoff".into(),
             gpus: None,
             job_user: None,
+            cache_gib: crate::cache::DEFAULT_CACHE_GIB,
             policy: onoff_policy::PolicyConfig::default(),
         }
     }
@@ -160,6 +165,7 @@ impl AgentConfig {
         c.rerun_limits.max_hand_backs =
             secs("ONOFF_MAX_HAND_BACKS", f64::from(c.rerun_limits.max_hand_backs), 1.0)? as u32;
         c.time_scale = secs("ONOFF_TIME_SCALE", c.time_scale, 1e-3)?;
+        c.cache_gib = secs("ONOFF_CACHE_GIB", c.cache_gib, 0.0)?;
         c.shutdown = match get("ONOFF_SHUTDOWN").as_deref().map(str::trim) {
             None | Some("terminate") => ShutdownMode::Terminate,
             Some("api-only") => ShutdownMode::ApiOnly,
@@ -247,6 +253,11 @@ mod tests {
             (20.0, ShutdownMode::None, 20.0)
         );
         assert_eq!(c.gpus, Some(8));
+        assert_eq!(c.cache_gib, 20.0);
+        let c = AgentConfig::from_lookup(|k| (k == "ONOFF_CACHE_GIB").then(|| "0".to_string())).unwrap();
+        assert_eq!(c.cache_gib, 0.0);
+        let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_CACHE_GIB").then(|| "-1".to_string())).unwrap_err();
+        assert_eq!(bad.name, "ONOFF_CACHE_GIB");
         let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_GPUS").then(|| "eight".to_string())).unwrap_err();
         assert_eq!(bad.name, "ONOFF_GPUS");
         let bad = AgentConfig::from_lookup(|k| (k == "ONOFF_LEASE_S").then(|| "soon".to_string())).unwrap_err();

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use onoff_control::fake::FakeRegistry;
@@ -639,11 +639,39 @@ pub struct Script {
 }
 
 /// Starts [`Script`]s by program name (`argv[0]`); an unknown program cannot be started.
+///
+/// Every scripted job also keeps a model in its project cache: at its start it looks for
+/// `$ONOFF_CACHE_DIR/model.bin` ([`ScriptedLauncher::cache_hits`]) and writes it
+/// ([`ScriptedLauncher::set_model_bytes`] bytes, 1 KiB unless set) when it is not there. As it
+/// exits it leaves a copy of its work dir behind ([`ScriptedLauncher::work_dir`]), since the
+/// agent removes the dir itself once the attempt is settled.
 #[derive(Debug, Default)]
 pub struct ScriptedLauncher {
     scripts: Mutex<BTreeMap<String, Script>>,
     started: Mutex<Vec<JobCommand>>,
     failures: Mutex<BTreeMap<usize, u64>>,
+    cache_hits: Mutex<Vec<Option<bool>>>,
+    model_bytes: Mutex<Option<usize>>,
+    work_dirs: Arc<Mutex<BTreeMap<usize, WorkDirCopy>>>,
+}
+
+/// A job's work dir as the job left it: each file's path, mode bits and bytes.
+pub type WorkDirCopy = BTreeMap<std::path::PathBuf, (u32, Vec<u8>)>;
+
+fn copy_tree(dir: &Path, into: &mut WorkDirCopy) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let path = e.path();
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => copy_tree(&path, into),
+            Ok(m) => {
+                let bytes = std::fs::read(&path).unwrap_or_default();
+                into.insert(path, (m.permissions().mode() & 0o7777, bytes));
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 impl ScriptedLauncher {
@@ -661,6 +689,23 @@ impl ScriptedLauncher {
     /// Every command started, in order.
     pub fn started(&self) -> Vec<JobCommand> {
         self.started.lock().expect("lock").clone()
+    }
+
+    /// Per start, in order: whether the job found its model in `$ONOFF_CACHE_DIR` (`None`: it
+    /// was given no cache).
+    pub fn cache_hits(&self) -> Vec<Option<bool>> {
+        self.cache_hits.lock().expect("lock").clone()
+    }
+
+    /// The size of the model a job writes into its cache when it does not find it there.
+    pub fn set_model_bytes(&self, n: usize) {
+        *self.model_bytes.lock().expect("lock") = Some(n);
+    }
+
+    /// The work dir of the `n`-th start (from 0) as the job left it when it exited (`None`: it
+    /// has not exited).
+    pub fn work_dir(&self, n: usize) -> Option<WorkDirCopy> {
+        self.work_dirs.lock().expect("lock").get(&n).cloned()
     }
 }
 
@@ -687,11 +732,23 @@ impl Launcher for ScriptedLauncher {
             .get(&cmd.argv[0])
             .cloned()
             .ok_or_else(|| format!("cannot start {:?}: No such file or directory", cmd.argv[0]))?;
-        let fail_after_s = {
+        let (nth, fail_after_s) = {
             let mut started = self.started.lock().expect("lock");
             started.push(cmd.clone());
-            self.failures.lock().expect("lock").get(&(started.len() - 1)).copied()
+            let nth = started.len() - 1;
+            (nth, self.failures.lock().expect("lock").get(&nth).copied())
         };
+        let hit = env_of(cmd, "ONOFF_CACHE_DIR").map(|d| {
+            let model = Path::new(d).join("model.bin");
+            let hit = model.exists();
+            if !hit {
+                let n = self.model_bytes.lock().expect("lock").unwrap_or(1024);
+                let _ = std::fs::write(&model, vec![0u8; n]);
+            }
+            hit
+        });
+        self.cache_hits.lock().expect("lock").push(hit);
+        let (work_dirs, cwd) = (self.work_dirs.clone(), cmd.cwd.clone());
         let ckpt = env_of(cmd, "ONOFF_CHECKPOINT_DIR").map(std::path::PathBuf::from);
         let ckpt_now = env_of(cmd, "ONOFF_CHECKPOINT_NOW_FILE").map(std::path::PathBuf::from);
         let output = env_of(cmd, "ONOFF_OUTPUT_DIR").map(std::path::PathBuf::from);
@@ -750,6 +807,9 @@ impl Launcher for ScriptedLauncher {
                     }
                 }
             };
+            let mut copy = WorkDirCopy::new();
+            copy_tree(&cwd, &mut copy);
+            work_dirs.lock().expect("lock").insert(nth, copy);
             let _ = etx.send(JobEvent::Exited(code)).await;
         });
         Ok(JobHandle { events, control })

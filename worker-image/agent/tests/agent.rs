@@ -827,8 +827,9 @@ async fn the_job_gets_its_input_and_contract_variables() {
     assert_eq!(get("ONOFF_JOB_ID").as_deref(), Some("job-1"));
     assert_eq!(get("ONOFF_ATTEMPT").as_deref(), Some("1"));
     assert_eq!(get("ONOFF_JOB_INPUT_URI").as_deref(), Some("s3://b/inputs/items.txt"));
-    let input = get("ONOFF_JOB_INPUT").unwrap();
-    assert_eq!(std::fs::read_to_string(&input).unwrap(), "1\n2\n");
+    let input = std::path::PathBuf::from(get("ONOFF_JOB_INPUT").unwrap());
+    assert_eq!(w.launcher.work_dir(0).unwrap()[&input].1, b"1\n2\n");
+    assert!(!input.exists(), "the work dir is gone once the attempt is settled");
     assert!(get("ONOFF_CHECKPOINT_DIR").is_some() && get("ONOFF_STOP_FILE").is_some());
     assert!(get("ONOFF_RESUME_DIR").is_none(), "nothing to resume from");
     // A missing input fails the attempt with the reason.
@@ -1325,17 +1326,19 @@ async fn a_long_job_keeps_a_session_of_its_own_renewed_before_it_expires() {
     let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     assert!(get("AWS_ACCESS_KEY_ID").is_none() && get("AWS_SESSION_TOKEN").is_none());
     let config = std::path::PathBuf::from(get("AWS_CONFIG_FILE").expect("AWS_CONFIG_FILE"));
-    let text = std::fs::read_to_string(&config).unwrap();
+    // The work dir as the job left it (the agent removes it once the attempt is settled).
+    let left = w.launcher.work_dir(0).unwrap();
+    let text = String::from_utf8(left[&config].1.clone()).unwrap();
     let process = text
         .lines()
         .find_map(|l| l.strip_prefix("credential_process = cat "))
         .expect("a credential_process line");
-    let creds: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(process).unwrap()).unwrap();
+    let (mode, json) = &left[std::path::Path::new(process)];
+    let creds: serde_json::Value = serde_json::from_slice(json).unwrap();
     assert_eq!(creds["Version"], 1);
     assert_eq!(creds["AccessKeyId"], "ASIAJOB5", "the file holds the newest session");
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(process).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o600, "only the job's user reads its credentials");
+    assert_eq!(mode & 0o777, 0o600, "only the job's user reads its credentials");
+    assert!(!config.exists(), "no session is left on the volume after the attempt");
 }
 
 /// `onoff cancel` on a running job: the next lease renewal tells the agent, which stops the job's
@@ -2013,4 +2016,88 @@ async fn a_message_received_again_during_the_claim_is_deleted_by_its_next_receiv
         w.inbox.remaining()
     );
     assert_eq!(report.exit, ExitReason::IdleTimeout);
+}
+
+/// A settled attempt leaves no work dir, and an agent starting removes those an earlier one left
+/// (killed mid-job). What a job keeps in `ONOFF_CACHE_DIR` the next job of its project finds on
+/// the same worker, also under a later agent on the same volume (an instance stopped and started
+/// again); each project has its own directory; and the cache stays within `ONOFF_CACHE_GIB`, the
+/// least recently used project out first.
+#[tokio::test(start_paused = true)]
+async fn jobs_leave_no_work_dir_and_a_projects_cache_serves_its_next_job_within_its_bound() {
+    let dir = tempdir("cache");
+    let w = World::default();
+    script(&w, "work", 5);
+    // 2,000-byte models and a bound of 5,000 bytes: two projects' fit, three do not.
+    w.launcher.set_model_bytes(2000);
+    let c = AgentConfig {
+        cache_gib: 5000.0 / f64::from(1u32 << 30),
+        ..cfg(dir.path())
+    };
+    let left = dir.path().join("jobs/job-0/checkpoint/3");
+    std::fs::create_dir_all(&left).unwrap();
+    std::fs::write(left.join("weights"), b"stale").unwrap();
+    let submit_for = |id: &str, project: &str| {
+        submit(&w, id, "work", 1, 600.0);
+        let mut rec = job(&w, id);
+        rec.spec.project = project.into();
+        w.jobs.put(rec);
+    };
+    for (id, project) in [
+        ("job-1", "a"),
+        ("job-2", "a"),
+        ("job-3", "b"),
+        ("job-4", "c"),
+        ("job-5", "a"),
+    ] {
+        submit_for(id, project);
+    }
+    register(&w, "i-a");
+    let (r, _) = agent(&w, "i-a", &c).await;
+    assert_eq!(r.jobs.len(), 5);
+    assert!(r.jobs.iter().all(|j| j.outcome == Outcome::Succeeded));
+    // job-2 finds job-1's model; job-4's project fills the cache past its bound, so `a`, the
+    // least recently used, goes, and job-5 fetches its model again.
+    assert_eq!(
+        w.launcher.cache_hits(),
+        [Some(false), Some(true), Some(false), Some(false), Some(false)]
+    );
+    let cache_dir = |n: usize| {
+        let env = &w.launcher.started()[n].env;
+        env.iter().find(|(k, _)| k == "ONOFF_CACHE_DIR").map(|(_, v)| v.clone())
+    };
+    let p = |name: &str| dir.path().join("cache").join(name).display().to_string();
+    assert_eq!(
+        (0..5).map(cache_dir).collect::<Vec<_>>(),
+        ["p-a", "p-a", "p-b", "p-c", "p-a"].map(|n| Some(p(n)))
+    );
+    // After job-5, `b` was the least recently used of the three.
+    let kept: std::collections::BTreeSet<String> = std::fs::read_dir(dir.path().join("cache"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(kept, ["p-a", "p-c"].map(String::from).into());
+    // No job's work dir is left, the earlier agent's included.
+    assert_eq!(std::fs::read_dir(dir.path().join("jobs")).unwrap().count(), 0);
+    // Another agent on the same volume (the instance stopped and started): project c's model is
+    // still there.
+    submit_for("job-6", "c");
+    register(&w, "i-b");
+    let (r, _) = agent(&w, "i-b", &c).await;
+    assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
+    assert_eq!(w.launcher.cache_hits()[5], Some(true));
+    // ONOFF_CACHE_GIB = 0: no cache for the job.
+    submit_for("job-7", "c");
+    register(&w, "i-c");
+    let (r, _) = agent(
+        &w,
+        "i-c",
+        &AgentConfig {
+            cache_gib: 0.0,
+            ..c.clone()
+        },
+    )
+    .await;
+    assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
+    assert_eq!((w.launcher.cache_hits()[6], cache_dir(6)), (None, None));
 }

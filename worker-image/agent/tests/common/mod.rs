@@ -25,6 +25,7 @@ pub fn cfg(dir: &std::path::Path) -> AgentConfig {
         deployment: "test".into(),
         gpus: None,
         job_user: None,
+        cache_gib: 1.0,
         policy: Default::default(),
     }
 }
