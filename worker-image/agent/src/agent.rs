@@ -1055,7 +1055,8 @@ where
             match cache.trim() {
                 Ok(t) if !t.projects.is_empty() => tracing::info!(
                     projects = ?t.projects, removed_bytes = t.bytes, kept_bytes = t.kept_bytes,
-                    "project cache over ONOFF_CACHE_GIB: least recently used projects removed"
+                    limit_bytes = t.limit_bytes,
+                    "project cache over ONOFF_CACHE_GIB or half the free room: least recently used projects removed"
                 ),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "trim the project cache"),

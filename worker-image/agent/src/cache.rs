@@ -15,9 +15,11 @@
 //!
 //! The cache is bounded: after each attempt, whole project directories are removed, least
 //! recently used first, until the cache holds at most `ONOFF_CACHE_GIB` (default
-//! [`DEFAULT_CACHE_GIB`]). A project whose own directory is over the bound on its own is emptied.
-//! Whole directories, never single files, so a job never finds half of what it wrote (a model's
-//! index without its weights).
+//! [`DEFAULT_CACHE_GIB`]) and at most half of the room it could have (the volume's free space
+//! plus what the cache holds: [`room_limit`]), so the jobs always keep at least as much free
+//! space as the cache takes, whatever the AMI and the worker image leave of the volume. A project
+//! whose own directory is over the limit on its own is emptied. Whole directories, never single
+//! files, so a job never finds half of what it wrote (a model's index without its weights).
 //!
 //! Projects do not see each other's caches when jobs run as their own user (`ONOFF_JOB_UID`):
 //! `cache/` is the agent's, mode 0711 (a job may pass through it, not list it); a project's
@@ -28,10 +30,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-/// Default bound of the project cache, GiB. The stack's root volume is 100 GiB
-/// (`WorkerRootVolumeGiB`), of which the AMI, the worker image and a job's own work dir
-/// (checkpoints, resume data, input, outputs) take their share: 20 GiB holds a 7B-parameter
-/// model in 16-bit weights (about 14 GiB) with room to spare.
+/// Default bound of the project cache, GiB: 20 GiB holds a 7B-parameter model in 16-bit weights
+/// (about 14 GiB) with room to spare. The stack's root volume is 100 GiB (`WorkerRootVolumeGiB`),
+/// of which the AMI, the worker image and a job's own work dir (checkpoints, resume data, input,
+/// outputs) take their share; [`room_limit`] keeps the cache to half of what they leave.
 pub const DEFAULT_CACHE_GIB: f64 = 20.0;
 
 /// Make the work dir ready for jobs when the agent starts: created if missing; with `job_user`
@@ -109,6 +111,21 @@ pub struct Trimmed {
     pub bytes: u64,
     /// Bytes the cache holds after the trim.
     pub kept_bytes: u64,
+    /// The limit it was trimmed to, bytes ([`room_limit`]).
+    pub limit_bytes: u64,
+}
+
+/// What the cache may hold, bytes: its bound, and at most half of the room it could have (the
+/// volume's `free_bytes` plus the `cache_bytes` it holds), so jobs keep as much free space as the
+/// cache takes. `free_bytes` unknown (the volume could not be read): the bound alone.
+pub fn room_limit(max_bytes: u64, cache_bytes: u64, free_bytes: Option<u64>) -> u64 {
+    free_bytes.map_or(max_bytes, |free| max_bytes.min(free.saturating_add(cache_bytes) / 2))
+}
+
+/// Free bytes of the volume holding `path`, for an unprivileged user (`f_bavail`).
+fn free_bytes(path: &Path) -> Option<u64> {
+    let s = nix::sys::statvfs::statvfs(path).ok()?;
+    Some(s.blocks_available().saturating_mul(s.fragment_size()))
 }
 
 impl JobCache {
@@ -164,13 +181,21 @@ impl JobCache {
     }
 
     /// Remove whole project directories, least recently used first, until the cache holds at
-    /// most its bound. A directory that does not hold a number of bytes the walk can read counts
-    /// as over the bound, and is removed.
+    /// most its limit ([`room_limit`] of its bound and the volume's free space). A directory
+    /// whose size the walk cannot read counts as over the limit, and is removed.
     ///
     /// # Errors
     /// The cache could not be listed; a removal that fails is skipped (it is retried at the next
     /// trim).
     pub fn trim(&self) -> io::Result<Trimmed> {
+        self.trim_with(free_bytes(&self.root))
+    }
+
+    /// [`JobCache::trim`] with the volume's free bytes given (`None`: unknown).
+    ///
+    /// # Errors
+    /// As [`JobCache::trim`].
+    pub fn trim_with(&self, free_bytes: Option<u64>) -> io::Result<Trimmed> {
         let entries = match std::fs::read_dir(&self.root) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Trimmed::default()),
@@ -187,9 +212,12 @@ impl JobCache {
         }
         dirs.sort();
         let mut total: u64 = dirs.iter().map(|d| d.1).fold(0, u64::saturating_add);
-        let mut out = Trimmed::default();
+        let mut out = Trimmed {
+            limit_bytes: room_limit(self.max_bytes, total, free_bytes),
+            ..Trimmed::default()
+        };
         for (_, bytes, path) in dirs {
-            if total <= self.max_bytes {
+            if total <= out.limit_bytes {
                 break;
             }
             let removed = if path.is_dir() && !path.is_symlink() {
@@ -252,19 +280,44 @@ mod tests {
             age(&d, ago);
         }
         // 3,530 bytes held, 3,072 allowed: `old` goes, whole; the two others stay.
-        let t = cache.trim().unwrap();
+        let t = cache.trim_with(None).unwrap();
         assert_eq!(t.projects, vec!["old".to_string()]);
         assert_eq!((t.bytes, t.kept_bytes), (1510, 2020));
         assert!(!cache.dir_of("old").exists());
         assert!(cache.dir_of("mid").join("model/weights.bin").exists());
         // Within the bound: nothing goes.
-        assert_eq!(cache.trim().unwrap().projects, Vec::<String>::new());
+        assert_eq!(cache.trim_with(None).unwrap().projects, Vec::<String>::new());
         // Lending a project marks it used: `mid` is now the newest, so `new` goes next.
         cache.lend("mid", None).unwrap();
         write(&cache.dir_of("mid").join("more.bin"), 2000);
-        let t = cache.trim().unwrap();
+        let t = cache.trim_with(None).unwrap();
         assert_eq!(t.projects, vec!["new".to_string()]);
         assert_eq!(t.kept_bytes, 3010);
+    }
+
+    #[test]
+    fn the_cache_takes_at_most_half_the_room_it_could_have() {
+        let gib = 1u64 << 30;
+        // 20 GiB allowed, 10 GiB free and 14 GiB cached: 24 GiB of room, 12 for the cache.
+        assert_eq!(room_limit(20 * gib, 14 * gib, Some(10 * gib)), 12 * gib);
+        // A roomy volume: the bound.
+        assert_eq!(room_limit(20 * gib, 14 * gib, Some(500 * gib)), 20 * gib);
+        assert_eq!(room_limit(20 * gib, 14 * gib, None), 20 * gib);
+        // Trimmed on a volume with 1,000 bytes free: 3,530 bytes cached, 2,265 allowed.
+        let work = tempfile::tempdir().unwrap();
+        let cache = JobCache::new(work.path(), 1.0).unwrap();
+        for (p, bytes, ago) in [("old", 1500, 300), ("mid", 1000, 200), ("new", 1000, 100)] {
+            let d = cache.lend(p, None).unwrap();
+            write(&d.join("model/weights.bin"), bytes);
+            write(&d.join("model/index.json"), 10);
+            age(&d, ago);
+        }
+        let t = cache.trim_with(Some(1000)).unwrap();
+        assert_eq!(t.limit_bytes, 2265);
+        assert_eq!((t.projects, t.kept_bytes), (vec!["old".to_string()], 2020));
+        // The volume as it is: never more than its bound, nor more than half the room.
+        let t = cache.trim().unwrap();
+        assert!(t.limit_bytes <= 1 << 30 && t.kept_bytes <= t.limit_bytes, "{t:?}");
     }
 
     #[test]
@@ -273,7 +326,7 @@ mod tests {
         let cache = JobCache::new(work.path(), 1.0 / f64::from(1u32 << 20)).unwrap();
         let d = cache.lend("big", None).unwrap();
         write(&d.join("w.bin"), 2000);
-        let t = cache.trim().unwrap();
+        let t = cache.trim_with(None).unwrap();
         assert_eq!((t.projects, t.kept_bytes), (vec!["big".to_string()], 0));
         // Lent again, it starts empty.
         let d = cache.lend("big", None).unwrap();
