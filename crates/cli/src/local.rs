@@ -675,6 +675,16 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
             |u| format!("uid {u}, refused by the local instance metadata service")
         )
     );
+    println!(
+        "  agents' privileges {}",
+        r.agent_capabilities.as_ref().map_or_else(
+            || "this process's own (not root, or no setpriv)".to_string(),
+            |c| format!(
+                "root with only {} and no new privileges, as in the worker's container",
+                c.join(", ")
+            )
+        )
+    );
     if r.handler_errors > 0 {
         let injected: u32 = r
             .dead_letters

@@ -155,6 +155,10 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
     // As root (CI), jobs run as a user of their own, as on a worker.
     if nix_is_root() {
         assert_eq!(v["job_user"], 10002, "{v}");
+        // And the agents with only the worker container's capabilities, where setpriv is.
+        if std::path::Path::new("/usr/bin/setpriv").exists() {
+            assert_eq!(v["agent_capabilities"].as_array().map(Vec::len), Some(6), "{v}");
+        }
     }
     // Submit asks the scaler instead of launching; the launch follows within a second, and the
     // SDK's retry backoff when a lost answer is retried on the way (standard mode: a jittered

@@ -328,6 +328,10 @@ pub struct LocalReport {
     /// The user jobs ran as ([`LOCAL_JOB_UID`]); `None`: the agents' own (not root, or
     /// `--no-job-user`), and a job could then reach the local IMDS.
     pub job_user: Option<u32>,
+    /// The capabilities the agents ran with, as the worker's container gives them
+    /// ([`AGENT_CAPABILITIES`], through `setpriv`: [`container_privileges`]); `None`: this
+    /// process's own (not root, or no `setpriv`).
+    pub agent_capabilities: Option<Vec<String>>,
     /// Scale requests invoked (submit's or interruption's asynchronous invoke of the scaler), each
     /// an event of its own: the asks that found none pending ([`Self::scale_asks`]).
     pub scale_requests_served: usize,
@@ -1649,6 +1653,8 @@ async fn run_with(
     }
     report.denied_calls = kinds.into_iter().take(20).map(|(k, n)| format!("{k} ({n}x)")).collect();
     report.job_user = job_uid;
+    report.agent_capabilities =
+        container_privileges(job_uid.is_some()).map(|_| AGENT_CAPABILITIES.iter().map(|c| c.to_string()).collect());
     // The same calls against the template's full policies (conditions, session and resource
     // policies), which moto does not evaluate.
     if let (Some(stack), Some(s)) = (&iam_stack, &sessions) {
@@ -1939,6 +1945,55 @@ impl onoff_fn_common::ScalerTrigger for Asking {
 /// The user jobs run as when `onoff local` runs as root (the worker image's `onoff-job`).
 pub const LOCAL_JOB_UID: u32 = 10002;
 
+/// The capabilities template.yaml's user data gives the agent's container (`--user 0:0
+/// --cap-drop ALL --cap-add ...`): starting each job as its own user (SETUID, SETGID), signalling
+/// it (KILL), handing it its work dir (CHOWN) and reading and hard-linking its files
+/// (DAC_OVERRIDE, FOWNER).
+pub const AGENT_CAPABILITIES: [&str; 6] = ["setuid", "setgid", "kill", "chown", "fowner", "dac_override"];
+
+/// How a local agent is started with the privileges of the worker's container, as root with
+/// only [`AGENT_CAPABILITIES`] and no new privileges (`--security-opt no-new-privileges`):
+/// util-linux's `setpriv`, with the bounding set cut to those capabilities, so what the agent
+/// does that needs more fails here as it would on a worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setpriv {
+    /// `setpriv`, found on `PATH`.
+    pub program: std::path::PathBuf,
+    /// Its arguments, up to the agent's program.
+    pub args: Vec<String>,
+}
+
+/// [`Setpriv`] when the agent runs as root with a job user (`as_root`), as on a worker, and
+/// `setpriv` is on `PATH`; `None` otherwise (the agent then runs with this process's
+/// privileges, and a warning says so once).
+pub fn container_privileges(as_root: bool) -> Option<Setpriv> {
+    if !as_root {
+        return None;
+    }
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("setpriv"))
+            .find(|p| p.is_file())
+    });
+    let Some(program) = found else {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!("setpriv (util-linux) is not on PATH: the agents run with every privilege of this process, not only the worker container's capabilities");
+        });
+        return None;
+    };
+    let caps: Vec<String> = AGENT_CAPABILITIES.iter().map(|c| format!("+{c}")).collect();
+    Some(Setpriv {
+        program,
+        args: vec![
+            format!("--bounding-set=-all,{}", caps.join(",")),
+            "--inh-caps=-all".into(),
+            "--no-new-privs".into(),
+            "--".into(),
+        ],
+    })
+}
+
 /// The worker image's agent user (`onoff`, worker-image/Dockerfile), which owns the work dir
 /// template.yaml's user data makes (`install -d -o 10001 -g 10001 -m 0750 /var/lib/onoff`).
 pub const LOCAL_AGENT_UID: u32 = 10001;
@@ -1999,7 +2054,14 @@ async fn start_agent(
         .create(true)
         .append(true)
         .open(run_dir.join("workers").join(format!("{id}.log")))?;
-    let mut cmd = tokio::process::Command::new(bin);
+    let mut cmd = match container_privileges(extras.refuse_uid.is_some()) {
+        Some(setpriv) => {
+            let mut c = tokio::process::Command::new(setpriv.program);
+            c.args(&setpriv.args).arg(bin);
+            c
+        }
+        None => tokio::process::Command::new(bin),
+    };
     if let Some(g) = extras.gpus {
         cmd.env("ONOFF_GPUS", g.to_string());
     }
@@ -2037,4 +2099,65 @@ async fn start_agent(
         });
     }
     Ok((Agent { child, pgid }, imds))
+}
+
+#[cfg(test)]
+mod container_tests {
+    use super::*;
+
+    /// The local agents get the capabilities template.yaml's user data gives the agent's
+    /// container, no more and no fewer, so the two cannot drift apart.
+    #[test]
+    fn the_local_agents_capabilities_are_the_worker_containers() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml");
+        let template = std::fs::read_to_string(path).unwrap();
+        let run = template
+            .lines()
+            .find(|l| l.contains("ExecStart=/usr/bin/docker run"))
+            .expect("the agent unit's docker run");
+        let words: Vec<&str> = run.split_whitespace().collect();
+        let after = |flag: &str| -> Vec<String> {
+            words
+                .windows(2)
+                .filter(|w| w[0] == flag)
+                .map(|w| w[1].to_ascii_lowercase())
+                .collect()
+        };
+        assert_eq!(after("--cap-drop"), ["all"]);
+        assert_eq!(after("--user"), ["0:0"]);
+        assert_eq!(after("--security-opt"), ["no-new-privileges"]);
+        let mut added = after("--cap-add");
+        added.sort();
+        let mut ours: Vec<String> = AGENT_CAPABILITIES.iter().map(|c| c.to_string()).collect();
+        ours.sort();
+        assert_eq!(added, ours);
+    }
+
+    /// Under `setpriv`, a root process has exactly those capabilities (CapEff of
+    /// /proc/self/status: CHOWN 0, DAC_OVERRIDE 1, FOWNER 3, KILL 5, SETGID 6, SETUID 7) and no
+    /// new privileges.
+    #[test]
+    fn setpriv_leaves_a_root_process_only_the_containers_capabilities() {
+        assert!(container_privileges(false).is_none());
+        let Some(sp) = container_privileges(can_switch_user()) else {
+            eprintln!("not root, or no setpriv: nothing to check here");
+            return;
+        };
+        let out = std::process::Command::new(&sp.program)
+            .args(&sp.args)
+            .args(["grep", "-E", "^(CapEff|CapBnd|NoNewPrivs)", "/proc/self/status"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text} {}", String::from_utf8_lossy(&out.stderr));
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        assert_eq!(u64::from_str_radix(&field("CapEff:"), 16).unwrap(), 0xeb, "{text}");
+        assert_eq!(u64::from_str_radix(&field("CapBnd:"), 16).unwrap(), 0xeb, "{text}");
+        assert_eq!(field("NoNewPrivs:"), "1", "{text}");
+    }
 }
