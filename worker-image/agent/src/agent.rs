@@ -499,6 +499,17 @@ where
         }
     }
     let cache = JobCache::new(&cfg.work_dir, cfg.cache_gib);
+    if let Some(c) = &cache {
+        // A project's directory an earlier agent lent and never took back (killed mid-job), and
+        // a bound that may have been lowered since.
+        let failed = c.take_back_all(cfg.job_user);
+        if !failed.is_empty() {
+            tracing::warn!(projects = ?failed, "project caches left to a job could not be taken back: removed");
+        }
+        if let Err(e) = c.trim() {
+            tracing::warn!(error = %e, "trim the project cache");
+        }
+    }
     let mut w = Worker {
         deps,
         cfg,

@@ -180,6 +180,28 @@ impl JobCache {
         crate::process::chown_tree(&dir, me.0, me.1)
     }
 
+    /// Take every project's directory back ([`JobCache::take_back`]): when the agent starts, so
+    /// a directory an earlier agent lent and never took back (killed mid-job) is not left
+    /// readable to the next job, of another project. Returns the projects it could not take
+    /// back; their directories are removed.
+    pub fn take_back_all(&self, user: Option<(u32, u32)>) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut failed = Vec::new();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(project) = name.strip_prefix("p-") else {
+                continue;
+            };
+            if self.take_back(project, user).is_err() {
+                let _ = std::fs::remove_dir_all(e.path());
+                failed.push(project.to_string());
+            }
+        }
+        failed
+    }
+
     /// Remove whole project directories, least recently used first, until the cache holds at
     /// most its limit ([`room_limit`] of its bound and the volume's free space). A directory
     /// whose size the walk cannot read counts as over the limit, and is removed.
@@ -408,6 +430,9 @@ mod tests {
         cache.take_back("b", Some(user)).unwrap();
         cache.lend("a", Some(user)).unwrap();
         assert_eq!(run(&["cat", &model]).await.unwrap(), Some(0));
+        // Left lent (the agent killed mid-job): the next agent takes it back as it starts.
+        assert!(cache.take_back_all(Some(user)).is_empty());
+        assert_ne!(run(&["cat", &model]).await.unwrap(), Some(0));
     }
 
     #[test]
