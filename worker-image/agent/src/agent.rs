@@ -436,6 +436,17 @@ where
         start: Instant::now(),
     };
     let me = deps.metadata.identity().await.map_err(AgentError::Metadata)?;
+    // Before the row: no attempt of this agent is under way yet, so every job work dir is an
+    // earlier run's, and without a work dir no job could run.
+    match prepare_work_dir(&cfg.work_dir, cfg.job_user) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(dirs = n, "removed the work dirs of jobs an earlier agent left"),
+        Err(e) => {
+            let e = AgentError::WorkDir(format!("{}: {e}", cfg.work_dir.display()));
+            release_request_on_exit(&deps.instance, &me.instance_id, &e).await;
+            return Err(e);
+        }
+    }
     let record = match deps.registry.get(&me.instance_id).await {
         Ok(r) => r,
         Err(e) => {
@@ -488,16 +499,6 @@ where
         cfg.lanes.clone()
     };
     tracing::info!(instance = %me.instance_id, ?lanes, price_usd_per_h = price, "agent started");
-    // No attempt of this agent is under way yet: every job work dir is an earlier run's.
-    match prepare_work_dir(&cfg.work_dir, cfg.job_user) {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(dirs = n, "removed the work dirs of jobs an earlier agent left"),
-        Err(e) => {
-            let e = AgentError::WorkDir(format!("{}: {e}", cfg.work_dir.display()));
-            release_request_on_exit(&deps.instance, &me.instance_id, &e).await;
-            return Err(e);
-        }
-    }
     let cache = JobCache::new(&cfg.work_dir, cfg.cache_gib);
     if let Some(c) = &cache {
         // A project's directory an earlier agent lent and never took back (killed mid-job), and

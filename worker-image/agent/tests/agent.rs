@@ -573,6 +573,18 @@ async fn an_agent_that_cannot_register_releases_its_spot_request_before_it_exits
     let r = run(&deps, &cfg(dir.path()), T0, std::future::pending()).await.unwrap();
     assert_eq!(r.exit, ExitReason::IdleTimeout);
     assert!(deps.instance.released().is_empty());
+    // A work dir it cannot make (a file in its place): no job could run, so it exits before it
+    // registers, its request released the same way.
+    let w = World::default();
+    let blocked = dir.path().join("not-a-dir");
+    std::fs::write(&blocked, b"").unwrap();
+    let deps = own_deps(&w, "i-w");
+    let err = run(&deps, &cfg(&blocked.join("work")), T0, std::future::pending())
+        .await
+        .expect_err("no work dir");
+    assert!(err.to_string().starts_with("work dir "), "{err}");
+    assert_eq!(deps.instance.released(), ["i-w"]);
+    assert!(w.registry.records().is_empty(), "not registered");
 }
 
 /// An idle agent `id` while the control plane holds it: each of `holds` is (seconds since the
