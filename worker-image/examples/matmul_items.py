@@ -13,7 +13,10 @@ Real computation over input items that follows the job contract in worker-image/
 - resumes from $ONOFF_RESUME_DIR/state.json when there is one;
 - stops after the current item on SIGTERM or when $ONOFF_STOP_FILE exists: checkpoint, exit 143;
 - when $ONOFF_CHECKPOINT_NOW_FILE exists (a rebalance recommendation), writes a checkpoint after the
-  current item, deletes the file and keeps going.
+  current item, deletes the file and keeps going;
+- with --model-mb M, first loads a "model" of M MiB (deterministic bytes, folded into the digest):
+  from $ONOFF_CACHE_DIR when an earlier job of the project left it there on this worker, else it
+  builds it (the stand-in for a download) and leaves it there for the next job.
 
 Runs on the Python 3 standard library alone (CPU). When `torch` imports and CUDA is available it does
 the matrix products on the GPU instead, with the same result: the products are done in float64,
@@ -112,6 +115,41 @@ def chain_start(size: int) -> bytes:
 def chain_next(digest: bytes, trace: int) -> bytes:
     """Fold one item's trace into the digest."""
     return hashlib.sha256(digest + f"{trace}\n".encode()).digest()
+
+
+MODEL_TAG = b"onoff-matmul-items/model/1"
+"""Seeds the model's bytes; another model is another tag."""
+
+
+def model_bytes(mib: int) -> bytes:
+    """The model of `mib` MiB: SHA-256 of the tag and a counter, block after block."""
+    blocks = (mib << 20) // 32
+    return b"".join(hashlib.sha256(MODEL_TAG + i.to_bytes(8, "little")).digest() for i in range(blocks))
+
+
+def load_model(mib: int, cache_dir: str | None) -> tuple[bytes, str]:
+    """The model's SHA-256 and where it came from: `cache` ($ONOFF_CACHE_DIR held it, written by an
+    earlier job of the project on this worker) or `built` (then left in the cache, written under a
+    temporary name and renamed, so a job never finds half of it)."""
+    path = os.path.join(cache_dir, f"matmul-model-{mib}mib.bin") if cache_dir else None
+    if path:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            if len(data) == mib << 20:
+                return hashlib.sha256(data).digest(), "cache"
+        except OSError:
+            pass
+    data = model_bytes(mib)
+    if path:
+        try:
+            tmp = f"{path}.tmp-{os.getpid()}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError as e:
+            print(f"model: not kept in {cache_dir}: {e}", file=sys.stderr, flush=True)
+    return hashlib.sha256(data).digest(), "built"
 
 
 def items_fingerprint(seeds: list[int]) -> str:
@@ -264,6 +302,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--min-item-ms", type=float, default=0.0, metavar="MS",
                    help="sleep so that each item takes at least MS milliseconds (for replays that need "
                    "predictable job durations; default 0)")
+    p.add_argument("--model-mb", type=int, default=0, metavar="M",
+                   help="load a model of M MiB first, from $ONOFF_CACHE_DIR when it is there (default 0: none)")
     p.add_argument("--fail-at", type=int, metavar="I",
                    help="for tests: exit 3 on reaching item I (0-based), before computing it")
     p.add_argument("--fail-attempts", type=int, metavar="A",
@@ -277,6 +317,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--checkpoint-every must be >= 1")
     if args.min_item_ms < 0:
         p.error("--min-item-ms must be >= 0")
+    if not 0 <= args.model_mb <= 4096:
+        p.error("--model-mb must be between 0 and 4096")
     return args
 
 
@@ -288,6 +330,12 @@ def run(args: argparse.Namespace, env: dict, stop: StopFlag) -> int:
     checkpoint_dir = env.get("ONOFF_CHECKPOINT_DIR") or None
 
     start, digest = 0, chain_start(args.size)
+    model = None
+    if args.model_mb:
+        model_digest, model = load_model(args.model_mb, env.get("ONOFF_CACHE_DIR") or None)
+        digest = hashlib.sha256(digest + model_digest).digest()
+        print(f"model: {args.model_mb} MiB, {'from the cache' if model == 'cache' else 'built'}",
+              file=sys.stderr, flush=True)
     resume_dir = env.get("ONOFF_RESUME_DIR")
     if resume_dir:
         resumed = load_resume(resume_dir, args.size, fingerprint, total)
@@ -349,7 +397,10 @@ def run(args: argparse.Namespace, env: dict, stop: StopFlag) -> int:
     if args.output:
         tmp = f"{args.output}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"items": total, "digest": digest.hex(), "device": device, "size": args.size}, f)
+            result = {"items": total, "digest": digest.hex(), "device": device, "size": args.size}
+            if model:
+                result["model"] = model
+            json.dump(result, f)
             f.write("\n")
         os.replace(tmp, args.output)
     return EXIT_OK

@@ -132,6 +132,40 @@ class JobTest(unittest.TestCase):
         other_seed = run_job(["--items", 5, "--size", 4, "--seed", 1])
         self.assertNotEqual(result_digest(other_seed.stdout), GOLDEN_5x4)
 
+    def test_a_model_is_built_once_and_then_read_from_the_cache_with_the_same_result(self):
+        cache = self.path("cache")
+        os.makedirs(cache)
+        out = self.path("result.json")
+        args = ["--items", 5, "--size", 4, "--model-mb", 1, "--output", out]
+        first = run_job(args, ONOFF_CACHE_DIR=cache)
+        self.assertEqual(first.returncode, 0, first.stderr)
+        self.assertIn("model: 1 MiB, built", first.stderr)
+        with open(out) as f:
+            self.assertEqual(json.load(f)["model"], "built")
+        self.assertEqual(os.listdir(cache), ["matmul-model-1mib.bin"])
+        second = run_job(args, ONOFF_CACHE_DIR=cache)
+        self.assertIn("model: 1 MiB, from the cache", second.stderr)
+        with open(out) as f:
+            self.assertEqual(json.load(f)["model"], "cache")
+        # The model is in the result, wherever it came from; none, the result is the golden one.
+        self.assertEqual(result_digest(first.stdout), result_digest(second.stdout))
+        no_cache = run_job(args)
+        self.assertIn("built", no_cache.stderr)
+        self.assertEqual(result_digest(no_cache.stdout), result_digest(first.stdout))
+        self.assertNotEqual(result_digest(first.stdout), GOLDEN_5x4)
+        model = hashlib.sha256(mi.model_bytes(1)).digest()
+        start = hashlib.sha256(hashlib.sha256(f"{mi.FORMAT} size=4".encode()).digest() + model).digest()
+        h = start
+        for seed in range(5):
+            h = hashlib.sha256(h + f"{naive_trace(seed, 4)}\n".encode()).digest()
+        self.assertEqual(result_digest(first.stdout), h.hex())
+        # A half-written model (a job killed while it wrote one under its final name) is built again.
+        with open(os.path.join(cache, "matmul-model-1mib.bin"), "r+b") as f:
+            f.truncate(1000)
+        third = run_job(args, ONOFF_CACHE_DIR=cache)
+        self.assertIn("built", third.stderr)
+        self.assertEqual(result_digest(third.stdout), result_digest(first.stdout))
+
     def test_input_file_seeds(self):
         seeds_file = self.path("seeds.txt")
         with open(seeds_file, "w") as f:

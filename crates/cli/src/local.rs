@@ -600,6 +600,10 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         r.jobs_succeeded, r.jobs_failed, r.jobs_rejected, r.jobs_lost, r.duplicate_completions, r.resumed_from_checkpoint
     );
     println!(
+        "  attempts   {}, {} of them found their project's model in the worker's cache (ONOFF_CACHE_DIR)",
+        r.attempts, r.attempts_with_warm_cache
+    );
+    println!(
         "  faults     {} spot interruption notices, {} workers killed without notice, {} events delivered twice, {} write answers lost{}",
         r.spot_notices_sent,
         r.workers_killed,

@@ -231,6 +231,12 @@ pub struct LocalReport {
     pub duplicate_completions: usize,
     /// Jobs that ran at least once from a checkpoint.
     pub resumed_from_checkpoint: usize,
+    /// Job attempts the agents reported (their EMF lines).
+    pub attempts: usize,
+    /// Attempts whose project cache (`ONOFF_CACHE_DIR`) held what an earlier job of the project
+    /// left on the same worker when they started: the replayed jobs keep a 1 MiB model there
+    /// (the example workload's `--model-mb 1`), so this counts the starts that found it.
+    pub attempts_with_warm_cache: usize,
     /// Instances the control plane launched.
     pub instances_launched: usize,
     /// The zones they were launched in, each once: only zones with a subnet of the stack's
@@ -410,6 +416,8 @@ struct AttemptLine {
     completed: bool,
     resumed: bool,
     started_at: f64,
+    /// The job's project cache held something when it started (`CacheBytesAtStart` > 0).
+    cache_warm: bool,
 }
 
 struct Agent {
@@ -1566,6 +1574,8 @@ async fn run_with(
     }
     report.duplicate_completions = completions.values().map(|n| n.saturating_sub(1)).sum();
     report.resumed_from_checkpoint = resumed.len();
+    report.attempts = lines.len();
+    report.attempts_with_warm_cache = lines.iter().filter(|l| l.cache_warm).count();
     let mut waits: Vec<f64> = first_start
         .iter()
         .filter_map(|(id, t)| submitted_at.get(*id).map(|s| (t - s).max(0.0) * opts.compress))
@@ -2094,6 +2104,7 @@ async fn start_agent(
                     completed: v["Completed"].as_bool().unwrap_or(false),
                     resumed: !v["ResumedFrom"].is_null(),
                     started_at: v["StartedAt"].as_f64().unwrap_or(0.0),
+                    cache_warm: v["CacheBytesAtStart"].as_u64().is_some_and(|b| b > 0),
                 });
             }
         });

@@ -54,7 +54,7 @@ pub fn plan(opts: &LocalOptions, lane: &str) -> anyhow::Result<Vec<ReplayJob>> {
                 "command": [
                     opts.python, workload.display().to_string(),
                     "--items", items.to_string(), "--seed", j.id.to_string(), "--size", "16",
-                    "--checkpoint-every", "2", "--min-item-ms", opts.item_ms.to_string(),
+                    "--checkpoint-every", "2", "--min-item-ms", opts.item_ms.to_string(), "--model-mb", "1",
                 ],
                 "gpus": j.gpus.min(8),
                 "lane": lane,

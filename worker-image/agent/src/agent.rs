@@ -160,6 +160,9 @@ pub struct JobReport {
     pub checkpoint: Option<String>,
     /// Files of `ONOFF_OUTPUT_DIR` uploaded to `outputs/<job_id>/` when the attempt ended.
     pub outputs_uploaded: usize,
+    /// Bytes the job's project cache held when the job started (`ONOFF_CACHE_DIR`: what earlier
+    /// jobs of the project left on this worker); `None`: no cache, or the job never started.
+    pub cache_bytes_at_start: Option<u64>,
 }
 
 impl JobReport {
@@ -955,6 +958,7 @@ where
                 ("ExitCode", r.exit_code.into()),
                 ("Completed", r.completed.into()),
                 ("ResumedFrom", r.resumed_from.into()),
+                ("CacheBytesAtStart", r.cache_bytes_at_start.into()),
             ],
         );
         onoff_control::emf::emit(&line);
@@ -1190,6 +1194,7 @@ where
             items: None,
             checkpoint: None,
             outputs_uploaded: 0,
+            cache_bytes_at_start: None,
         };
         let dir = self.cfg.work_dir.join("jobs").join(&id);
         let (ckpt_dir, resume_dir, input_dir) = (dir.join("checkpoint"), dir.join("resume"), dir.join("input"));
@@ -1323,7 +1328,10 @@ where
         }
         if let Some(cache) = &self.cache {
             match cache.lend(&job.spec.project, self.cfg.job_user) {
-                Ok(d) => env.push(("ONOFF_CACHE_DIR".into(), d.display().to_string())),
+                Ok(d) => {
+                    report.cache_bytes_at_start = Some(cache.bytes_of(&job.spec.project));
+                    env.push(("ONOFF_CACHE_DIR".into(), d.display().to_string()));
+                }
                 Err(e) => tracing::warn!(job = %id, error = %e, "project cache: the job runs without ONOFF_CACHE_DIR"),
             }
         }

@@ -144,6 +144,11 @@ impl JobCache {
         self.root.join(format!("p-{project}"))
     }
 
+    /// Bytes `project`'s directory holds (0 when it has none, or its files cannot be read).
+    pub fn bytes_of(&self, project: &str) -> u64 {
+        tree_bytes(&self.dir_of(project)).unwrap_or(0)
+    }
+
     /// Make `project`'s directory ready for one of its jobs and return it: created if new,
     /// marked as used now (its modification time, which [`JobCache::trim`] orders by), and with
     /// `user`, handed to the job's user, files and all.
