@@ -1170,6 +1170,31 @@ fn the_workers_user_data_sets_what_the_agent_requires_as_the_functions_have_it()
             "the user data does not set {name}"
         );
     }
+    // And nothing the agent does not read: a misspelt name would be ignored on every worker, its
+    // default silently in force. Every variable it sets is named in the agent's sources (or its
+    // path dependencies') and documented in worker-image/README.md.
+    let named = env_names_in(&path_dependency_closure(&root().join("worker-image/agent")));
+    let readme = read("worker-image/README.md");
+    // The env file's lines (the script's own shell variables are not the agent's).
+    let env_file: Vec<&str> = user_data
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| !l.starts_with("cat > /etc/onoff/agent.env <<'ENV'"))
+        .skip(1)
+        .take_while(|l| *l != "ENV")
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+        .collect();
+    assert!(env_file.len() >= 10, "the env file's lines: {env_file:?}");
+    for name in env_file.iter().filter(|n| **n != "AWS_REGION") {
+        assert!(
+            named.contains_key(*name),
+            "the user data sets {name}, which the agent never reads"
+        );
+        assert!(
+            readme.contains(&format!("`{name}`")),
+            "the user data sets {name}, which worker-image/README.md does not document"
+        );
+    }
     let f = functions(&t).into_iter().next().expect("a function");
     let env = stack.eval(&f.props["Environment"]["Variables"]);
     for (name, value) in &set {

@@ -1,7 +1,7 @@
-//! The agent's environment as template.yaml's user data writes it (`/etc/onoff/agent.env`): every
-//! variable it sets is one the agent reads and worker-image/README.md documents (a misspelt name
-//! would be ignored on every worker, its default silently in force), and the values, with the
-//! stack's references filled in, parse as the agent parses them at start.
+//! The agent's environment as template.yaml's user data writes it (`/etc/onoff/agent.env`): the
+//! values, with the stack's references filled in, parse as the agent parses them at start. That
+//! the user data sets every variable the agent requires, and none it does not read, is
+//! tests/tests/template.rs's `the_workers_user_data_sets_what_the_agent_requires_as_the_functions_have_it`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -58,41 +58,6 @@ fn resolve(v: &str) -> String {
     }
     out.push_str(rest);
     out
-}
-
-/// The string literals of the files that read the agent's settings.
-fn sources() -> String {
-    let mut text = String::new();
-    for dir in ["worker-image/agent/src", "crates/aws/src"] {
-        for e in std::fs::read_dir(repo().join(dir)).unwrap() {
-            let p = e.unwrap().path();
-            if p.extension().is_some_and(|x| x == "rs") {
-                text.push_str(&std::fs::read_to_string(p).unwrap());
-            }
-        }
-    }
-    text
-}
-
-#[test]
-fn every_variable_the_user_data_sets_is_one_the_agent_reads_and_the_readme_documents() {
-    let env = template_env();
-    assert!(env.len() >= 10, "{env:?}");
-    let code = sources();
-    let readme = std::fs::read_to_string(repo().join("worker-image/README.md")).unwrap();
-    for name in env.keys() {
-        if name == "AWS_REGION" {
-            continue;
-        }
-        assert!(
-            code.contains(&format!("\"{name}\"")),
-            "template.yaml sets {name}, which the agent never reads"
-        );
-        assert!(
-            readme.contains(&format!("`{name}`")),
-            "template.yaml sets {name}, which worker-image/README.md does not document"
-        );
-    }
 }
 
 #[test]
