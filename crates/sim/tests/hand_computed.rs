@@ -1099,3 +1099,23 @@ fn a_lanes_prior_lets_undeclared_items_share_a_worker_before_any_has_finished() 
     );
     assert!(close(none.wait_p99_s, 200.0), "{none:?}");
 }
+
+/// Queued jobs take the run-time estimate as it changes, as the reconciler's run gives them
+/// theirs: five 10 s items (1 GPU) at 0 s and five 10 s items of 2 GPUs at 305 s, run times
+/// undeclared, no prior, and a job must wait 100 s before it causes a launch
+/// (`anti_thrash.scale_up_window_s`). The first five get a worker each (launched at 100 s, boot
+/// 200 s, done at 310 s); the second five arrive before any job has finished, each counted as
+/// an hour, and are still queued at 310 s, when the first five's mean, 10 s, becomes the estimate.
+/// At their launch (405 s) they are 50 s of work, within the 120 s short-job horizon: one
+/// 4-GPU worker runs them one after the other (the 1-GPU workers cannot). Had they kept the
+/// hour they were queued with, each would get a worker of its own (10 launches).
+#[test]
+fn queued_undeclared_jobs_take_the_estimate_that_comes_while_they_wait() {
+    let s = undeclared(200.0);
+    let mut jobs = vec![(0.0, 10.0, 1); 5];
+    jobs.extend([(305.0, 10.0, 2); 5]);
+    let mut cfg = policy(60.0);
+    cfg.anti_thrash.scale_up_window_s = 100.0;
+    let r = run_policy(&trace(&jobs), cfg, &s);
+    assert_eq!((r.jobs_completed, r.launches), (10, 6), "{r:?}");
+}
