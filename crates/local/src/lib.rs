@@ -807,6 +807,8 @@ async fn run_with(
     // local IMDS refuses it). Their files must then be reachable: the run dir is opened to others
     // and the workload copied into it (the checkout may sit in a private home).
     let job_uid = (opts.job_user && can_switch_user()).then_some(LOCAL_JOB_UID);
+    // And then with the worker container's privileges only, where setpriv is.
+    let setpriv = container_privileges(job_uid.is_some());
     let mut replay_opts = opts.clone();
     if job_uid.is_some() {
         use std::os::unix::fs::PermissionsExt;
@@ -1369,6 +1371,7 @@ async fn run_with(
                                 .as_ref()
                                 .map(|s| (s.worker.role_name().to_string(), s.worker.imds_json())),
                             refuse_uid: job_uid,
+                            setpriv: setpriv.clone(),
                         };
                         let agent = start_agent(&opts.agent_bin, id, inst, &agent_env, run_dir, &attempts, imds).await;
                         match agent {
@@ -1663,8 +1666,9 @@ async fn run_with(
     }
     report.denied_calls = kinds.into_iter().take(20).map(|(k, n)| format!("{k} ({n}x)")).collect();
     report.job_user = job_uid;
-    report.agent_capabilities =
-        container_privileges(job_uid.is_some()).map(|_| AGENT_CAPABILITIES.iter().map(|c| c.to_string()).collect());
+    report.agent_capabilities = setpriv
+        .as_ref()
+        .map(|_| AGENT_CAPABILITIES.iter().map(|c| c.to_string()).collect());
     // The same calls against the template's full policies (conditions, session and resource
     // policies), which moto does not evaluate.
     if let (Some(stack), Some(s)) = (&iam_stack, &sessions) {
@@ -2022,6 +2026,8 @@ struct ImdsExtras {
     credentials: Option<(String, String)>,
     /// The job user, refused by its IMDS.
     refuse_uid: Option<u32>,
+    /// How its agent is started with the worker container's privileges ([`container_privileges`]).
+    setpriv: Option<Setpriv>,
 }
 
 /// Start an instance's IMDS and its agent process (in its own process group, so a kill takes the
@@ -2050,21 +2056,23 @@ async fn start_agent(
     })
     .await?;
     let work = run_dir.join("workers").join(id);
-    if extras.refuse_uid.is_some() && !work.exists() {
-        // As template.yaml's user data makes it on a worker: the agent user's (10001), mode 0750,
-        // so an agent that does not open it to its jobs' user fails their starts here as there.
-        use std::os::unix::fs::PermissionsExt;
+    if !work.exists() {
         std::fs::create_dir_all(&work)?;
-        std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o750))?;
-        std::os::unix::fs::chown(&work, Some(LOCAL_AGENT_UID), Some(LOCAL_AGENT_UID))?;
+        if extras.refuse_uid.is_some() {
+            // As template.yaml's user data makes it on a worker: the agent user's (10001), mode
+            // 0750, so an agent that does not open it to its jobs' user fails their starts here
+            // as there.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o750))?;
+            std::os::unix::fs::chown(&work, Some(LOCAL_AGENT_UID), Some(LOCAL_AGENT_UID))?;
+        }
     }
-    std::fs::create_dir_all(&work)?;
     // Appended to: a stopped instance's agent starts again, and its earlier log stays.
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(run_dir.join("workers").join(format!("{id}.log")))?;
-    let mut cmd = match container_privileges(extras.refuse_uid.is_some()) {
+    let mut cmd = match extras.setpriv {
         Some(setpriv) => {
             let mut c = tokio::process::Command::new(setpriv.program);
             c.args(&setpriv.args).arg(bin);
