@@ -1235,6 +1235,77 @@ fn the_workers_user_data_sets_what_the_agent_requires_as_the_functions_have_it()
     assert_eq!(set["ONOFF_WORKER_IMAGE"], REQUIRED_PARAMETERS[0].1);
 }
 
+/// The agent's container (and so every job) gets half of the instance's memory as `/dev/shm`, not
+/// Docker's 64 MiB: the user data's own shell computes the size and writes it into the agent's
+/// unit. Both run here through bash, on this machine's `/proc/meminfo`, the unit written to a
+/// temporary file, so a CloudFormation escape or a shell expansion gone wrong (`$SHM_MIBm`, an
+/// empty size) fails here rather than on every worker.
+#[test]
+fn the_workers_container_gets_half_the_instances_memory_as_shared_memory() {
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    let lt = t["Resources"]
+        .as_object()
+        .unwrap()
+        .values()
+        .find(|r| r["Type"] == "AWS::EC2::LaunchTemplate")
+        .expect("a launch template");
+    let user_data = scalar_text(&stack.eval(&lt["Properties"]["LaunchTemplateData"]["UserData"]));
+    let lines: Vec<&str> = user_data.lines().map(str::trim).collect();
+    let shm_line = lines
+        .iter()
+        .position(|l| l.starts_with("SHM_MIB="))
+        .expect("the user data sizes /dev/shm");
+    let unit_start = lines
+        .iter()
+        .position(|l| *l == "cat > /etc/systemd/system/onoff-agent.service <<UNIT")
+        .expect("the agent's unit, written with expansion");
+    assert!(shm_line < unit_start, "the size is known when the unit is written");
+    let unit_end = unit_start
+        + lines[unit_start..]
+            .iter()
+            .position(|l| *l == "UNIT")
+            .expect("the unit's end");
+    let out = std::env::temp_dir().join(format!("onoff-unit-{}", std::process::id()));
+    let script = format!(
+        "set -euo pipefail\n{}\nREGION=us-east-1 INSTANCE_ID=i-0 ONOFF_IMAGE=img\ncat > {} <<UNIT\n{}\nUNIT\n",
+        lines[shm_line],
+        out.display(),
+        lines[unit_start + 1..unit_end].join("\n")
+    );
+    let run = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let unit = std::fs::read_to_string(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    let exec = unit
+        .lines()
+        .find(|l| l.starts_with("ExecStart=/usr/bin/docker run"))
+        .expect("the agent's docker run");
+    let words: Vec<&str> = exec.split_whitespace().collect();
+    let size = words
+        .windows(2)
+        .find(|w| w[0] == "--shm-size")
+        .map(|w| w[1])
+        .expect("docker run sets --shm-size");
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let total_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("MemTotal");
+    assert_eq!(
+        size,
+        format!("{}m", total_kib / 2048),
+        "half of this machine's memory, MiB"
+    );
+    assert!(total_kib / 2048 > 64, "more than Docker's default");
+}
+
 // ---- metrics ------------------------------------------------------------------------------------
 
 /// Metrics the template uses that the code does not print yet: asked of the functions' code

@@ -32,6 +32,10 @@ if [ "$GPUS" -gt 0 ]; then echo "ONOFF_GPUS=$GPUS" >> /etc/onoff/agent.env; fi
 # Work dir on the host (instance store or EBS), owned by the image's `onoff` user (UID 10001).
 install -d -o 10001 -g 10001 -m 0750 /var/lib/onoff
 
+# /dev/shm of the container (and its jobs): half of the instance's memory, as a Linux host sizes
+# its own. Docker's default, 64 MiB, is too little for PyTorch's DataLoader workers or NCCL.
+SHM_MIB=$(awk '/^MemTotal:/ { print int($2 / 2048) }' /proc/meminfo)
+
 cat > /usr/local/bin/onoff-pull <<PULL
 #!/bin/bash
 # Log in to ECR and pull the worker image, with a few retries.
@@ -59,7 +63,7 @@ Requires=docker.service
 Type=simple
 ExecStartPre=-/usr/bin/docker rm -f onoff-agent
 ExecStartPre=/usr/local/bin/onoff-pull
-ExecStart=/usr/bin/docker run --name onoff-agent --rm --gpus all --network host --stop-timeout 120 --env-file /etc/onoff/agent.env -v /var/lib/onoff:/var/lib/onoff ${ONOFF_IMAGE}
+ExecStart=/usr/bin/docker run --name onoff-agent --rm --gpus all --network host --stop-timeout 120 --shm-size ${SHM_MIB}m --env-file /etc/onoff/agent.env -v /var/lib/onoff:/var/lib/onoff ${ONOFF_IMAGE}
 ExecStop=/usr/bin/docker stop -t 120 onoff-agent
 TimeoutStartSec=900
 TimeoutStopSec=150

@@ -1965,6 +1965,18 @@ pub const LOCAL_JOB_UID: u32 = 10002;
 /// (DAC_OVERRIDE, FOWNER).
 pub const AGENT_CAPABILITIES: [&str; 6] = ["setuid", "setgid", "kill", "chown", "fowner", "dac_override"];
 
+/// What the worker image's `ENV` (worker-image/Dockerfile) gives its agent, less what names a
+/// path of the image (`PATH`, `VIRTUAL_ENV`, `ONOFF_WORK_DIR`): a local agent starts with these,
+/// as the container's agent does, and its jobs inherit them as they would there.
+pub const IMAGE_ENV: [(&str, &str); 2] = [("PYTHONUNBUFFERED", "1"), ("PYTHONDONTWRITEBYTECODE", "1")];
+
+/// This machine's variables a local agent keeps (when set): what finds programs and what reads
+/// text and time. A container's agent gets nothing of its host's environment (template.yaml's
+/// `docker run` passes only `--env-file`), so a local agent gets nothing else of this one's: no
+/// `HOME` (the SDK reads no profile of this machine's), none of the shell's or CI's variables,
+/// which its jobs would otherwise inherit.
+pub const HOST_ENV_KEPT: [&str; 6] = ["PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "RUST_BACKTRACE"];
+
 /// How a local agent is started with the privileges of the worker's container, as root with
 /// only [`AGENT_CAPABILITIES`] and no new privileges (`--security-opt no-new-privileges`):
 /// util-linux's `setpriv`, with the bounding set cut to those capabilities, so what the agent
@@ -2059,9 +2071,9 @@ async fn start_agent(
     if !work.exists() {
         std::fs::create_dir_all(&work)?;
         if extras.refuse_uid.is_some() {
-            // As template.yaml's user data makes it on a worker: the agent user's (10001), mode
-            // 0750, so an agent that does not open it to its jobs' user fails their starts here
-            // as there.
+            // As template.yaml's user data made it on a worker until 2026-12 (it makes it 0711
+            // now; a stopped worker's volume keeps the old mode): the agent user's (10001), mode
+            // 0750, so an agent that does not open it to its jobs' user fails their starts here.
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o750))?;
             std::os::unix::fs::chown(&work, Some(LOCAL_AGENT_UID), Some(LOCAL_AGENT_UID))?;
@@ -2080,6 +2092,13 @@ async fn start_agent(
         }
         None => tokio::process::Command::new(bin),
     };
+    cmd.env_clear()
+        .envs(
+            HOST_ENV_KEPT
+                .iter()
+                .filter_map(|k| std::env::var_os(k).map(|v| (*k, v))),
+        )
+        .envs(IMAGE_ENV);
     if let Some(g) = extras.gpus {
         cmd.env("ONOFF_GPUS", g.to_string());
     }
@@ -2150,6 +2169,34 @@ mod container_tests {
         let mut ours: Vec<String> = AGENT_CAPABILITIES.iter().map(|c| c.to_string()).collect();
         ours.sort();
         assert_eq!(added, ours);
+    }
+
+    #[test]
+    fn the_local_agents_image_env_is_the_worker_images() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../worker-image/Dockerfile");
+        let dockerfile = std::fs::read_to_string(path).unwrap();
+        // The runtime stage's ENV instruction, its continuation lines joined.
+        let runtime = &dockerfile[dockerfile.rfind("\nFROM ").expect("a runtime stage")..];
+        let start = runtime.find("\nENV ").expect("an ENV") + 5;
+        let mut text = String::new();
+        for line in runtime[start..].lines() {
+            let l = line.trim();
+            text.push_str(l.trim_end_matches('\\'));
+            text.push(' ');
+            if !l.ends_with('\\') {
+                break;
+            }
+        }
+        let mut set: Vec<(String, String)> = text
+            .split_whitespace()
+            .map(|kv| kv.split_once('=').expect("KEY=value"))
+            .filter(|(k, _)| !["PATH", "VIRTUAL_ENV", "ONOFF_WORK_DIR"].contains(k))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        set.sort();
+        let mut ours: Vec<(String, String)> = IMAGE_ENV.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        ours.sort();
+        assert_eq!(set, ours);
     }
 
     /// Under `setpriv`, a root process has exactly those capabilities (CapEff of

@@ -501,7 +501,11 @@ where
     } else {
         cfg.lanes.clone()
     };
-    tracing::info!(instance = %me.instance_id, ?lanes, price_usd_per_h = price, "agent started");
+    let shm_bytes = crate::process::fs_size_bytes(std::path::Path::new(crate::process::SHM_DIR));
+    tracing::info!(instance = %me.instance_id, ?lanes, price_usd_per_h = price, ?shm_bytes, "agent started");
+    if let Some(w) = crate::process::shm_warning(shm_bytes) {
+        tracing::warn!("{w}");
+    }
     let cache = JobCache::new(&cfg.work_dir, cfg.cache_gib);
     if let Some(c) = &cache {
         // A project's directory an earlier agent lent and never took back (killed mid-job), and
@@ -1326,11 +1330,16 @@ where
             }
             env.push(("HOME".into(), dir.display().to_string()));
         }
+        let mut defaults = Vec::new();
         if let Some(cache) = &self.cache {
             match cache.lend(&job.spec.project, self.cfg.job_user) {
                 Ok(d) => {
                     report.cache_bytes_at_start = Some(cache.bytes_of(&job.spec.project));
                     env.push(("ONOFF_CACHE_DIR".into(), d.display().to_string()));
+                    // The XDG cache (pip's, Hugging Face's HF_HOME, torch hub's, vLLM's, ...
+                    // default under it) is the project's cache, not `$HOME/.cache` in the job's
+                    // work dir, which goes with the attempt. An image that sets its own keeps it.
+                    defaults.push(("XDG_CACHE_HOME".into(), d.display().to_string()));
                 }
                 Err(e) => tracing::warn!(job = %id, error = %e, "project cache: the job runs without ONOFF_CACHE_DIR"),
             }
@@ -1338,6 +1347,7 @@ where
         let cmd = JobCommand {
             argv: job.spec.command.clone(),
             env,
+            defaults,
             cwd: dir.clone(),
         };
         let mut handle = match self.deps.launcher.start(&cmd) {

@@ -41,10 +41,10 @@ pub const DEFAULT_CACHE_GIB: f64 = 20.0;
 /// reaches its own work dir under it, and lists nothing of the agent's); the work dirs an earlier
 /// agent left removed ([`clear_job_dirs`]). Returns how many there were.
 ///
-/// The template's user data makes `/var/lib/onoff` the agent user's, mode 0750, before the agent
-/// runs (template.yaml). A job's process changes into its work dir after it has become the job's
-/// user, so under a 0750 work dir of another user every job failed to start with "Permission
-/// denied" (EACCES).
+/// Until 2026-12 the template's user data made `/var/lib/onoff` the agent user's with mode 0750
+/// (it makes it 0711 now), and a stopped worker's volume keeps what it had. A job's process
+/// changes into its work dir after it has become the job's user, so under a 0750 work dir of
+/// another user every job failed to start with "Permission denied" (EACCES).
 ///
 /// # Errors
 /// The work dir could not be made or opened: no job could run, so the agent stops.
@@ -400,6 +400,7 @@ mod tests {
             let started = launcher.start(&JobCommand {
                 argv: argv.iter().map(|a| a.to_string()).collect(),
                 env: vec![],
+                defaults: vec![],
                 cwd: dir,
             });
             async move {

@@ -280,8 +280,10 @@ pub trait Instance {
 pub struct JobCommand {
     /// argv; the first element is the program. Never run through a shell.
     pub argv: Vec<String>,
-    /// Variables added to the agent's environment.
+    /// Variables added to the agent's environment (they win over it).
     pub env: Vec<(String, String)>,
+    /// Variables the job gets unless the agent's environment (the image's `ENV`) sets them.
+    pub defaults: Vec<(String, String)>,
     /// Working directory.
     pub cwd: PathBuf,
 }

@@ -102,42 +102,78 @@ pub fn write_job_credentials(
     ])
 }
 
-/// What a job inherits of the agent's environment: these variables, and those starting with
-/// [`JOB_ENV_PREFIXES`]. Nothing else: not the agent's AWS credentials (`AWS_ACCESS_KEY_ID`,
-/// ...), not its settings. A job's AWS credentials are its own session's
+/// Prefixes of the agent's variables a job does not inherit: the agent's settings (`ONOFF_*`:
+/// tables, queues, its role's names; a job gets its own `ONOFF_*` variables) and AWS's
+/// (`AWS_ACCESS_KEY_ID`, `AWS_SESSION_TOKEN`, `AWS_PROFILE`, `AWS_CONTAINER_CREDENTIALS_*`,
+/// `AWS_EC2_METADATA_SERVICE_ENDPOINT`, ...: whatever would lead an SDK to the agent's
+/// credentials), except [`JOB_ENV_AWS_KEPT`]. A job's AWS credentials are its own session's
 /// ([`crate::ports::Objects::job_session`]).
-pub const JOB_ENV_PASSTHROUGH: &[&str] = &[
-    "PATH",
-    "HOME",
-    "LANG",
-    "LC_ALL",
-    "TZ",
-    "TMPDIR",
-    "USER",
-    "LD_LIBRARY_PATH",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    // An endpoint override (local emulators); on AWS it is unset.
-    "AWS_ENDPOINT_URL",
-];
+pub const JOB_ENV_WITHHELD_PREFIXES: &[&str] = &["ONOFF_", "AWS_"];
 
-/// Prefixes of inherited variables: the GPU runtime's.
-pub const JOB_ENV_PREFIXES: &[&str] = &["NVIDIA_", "CUDA_"];
+/// `AWS_*` variables a job does inherit: the region, and an endpoint override (local emulators;
+/// on AWS it is unset). They carry no credentials.
+pub const JOB_ENV_AWS_KEPT: &[&str] = &["AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL"];
 
-/// The job's environment: the inherited part of `agent_env` ([`JOB_ENV_PASSTHROUGH`],
-/// [`JOB_ENV_PREFIXES`]), `AWS_EC2_METADATA_DISABLED=true` (SDKs in the job do not look for
+/// Whether a job inherits the agent's variable `name`: every one but [`JOB_ENV_WITHHELD_PREFIXES`]
+/// (less [`JOB_ENV_AWS_KEPT`]). So what the image sets (`ENV` of the worker image or of one
+/// built `FROM` it: `PATH`, `PYTHONUNBUFFERED`, `PYTHONPATH`, `HF_HOME`, `NVIDIA_*`, ...) reaches
+/// the job, as it would reach a process the container ran itself.
+pub fn job_inherits(name: &str) -> bool {
+    JOB_ENV_AWS_KEPT.contains(&name) || !JOB_ENV_WITHHELD_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// The job's environment, each name once, later entries winning: `defaults` (what the agent
+/// offers unless the image sets it: `XDG_CACHE_HOME`), the inherited part of `agent_env`
+/// ([`job_inherits`]), `AWS_EC2_METADATA_DISABLED=true` (SDKs in the job do not look for
 /// credentials or a region in the instance metadata), then the job's own `vars`.
 pub fn job_env(
     agent_env: impl IntoIterator<Item = (String, String)>,
+    defaults: &[(String, String)],
     vars: &[(String, String)],
 ) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = agent_env
-        .into_iter()
-        .filter(|(k, _)| JOB_ENV_PASSTHROUGH.contains(&k.as_str()) || JOB_ENV_PREFIXES.iter().any(|p| k.starts_with(p)))
-        .collect();
+    let mut env: Vec<(String, String)> = defaults.to_vec();
+    env.extend(agent_env.into_iter().filter(|(k, _)| job_inherits(k)));
     env.push(("AWS_EC2_METADATA_DISABLED".into(), "true".into()));
     env.extend(vars.iter().cloned());
-    env
+    // Each name once, at its last value (as `Command::envs` would leave it).
+    let mut seen = std::collections::HashSet::new();
+    let mut out: Vec<(String, String)> = env.into_iter().rev().filter(|(k, _)| seen.insert(k.clone())).collect();
+    out.reverse();
+    out
+}
+
+/// Where POSIX shared memory lives: `shm_open`, Python's `multiprocessing` queues and
+/// `shared_memory`, the tensors PyTorch's DataLoader workers (`num_workers > 0`) hand their
+/// parent, NCCL's buffers between GPUs of one instance. A tmpfs: it takes memory only as it fills.
+pub const SHM_DIR: &str = "/dev/shm";
+
+/// Size of [`SHM_DIR`] under which the agent warns when it starts: 1 GiB, bytes. Docker gives a
+/// container 64 MiB of it unless `docker run --shm-size` says otherwise (Docker's reference,
+/// "docker container run": `--shm-size`, "If you omit the size entirely, the system uses
+/// `64m`"), and a DataLoader passing batches of a few tens of MB through it fails with "No space
+/// left on device" or a bus error. template.yaml's user data gives the agent's container half
+/// of the instance's memory, as a Linux host sizes its own `/dev/shm`.
+pub const SHM_WARN_BYTES: u64 = 1 << 30;
+
+/// Size of the filesystem holding `path`, bytes (`statvfs`: `f_blocks` × `f_frsize`); `None` when
+/// it cannot be read.
+pub fn fs_size_bytes(path: &std::path::Path) -> Option<u64> {
+    let s = nix::sys::statvfs::statvfs(path).ok()?;
+    Some(s.blocks().saturating_mul(s.fragment_size()))
+}
+
+/// The warning the agent logs at start for a `/dev/shm` of `bytes`, if it is under
+/// [`SHM_WARN_BYTES`] (or could not be read: `None`).
+pub fn shm_warning(bytes: Option<u64>) -> Option<String> {
+    let advice = "jobs that share memory between processes (PyTorch DataLoader workers, NCCL \
+                  within an instance) may fail with \"No space left on device\" or a bus error: \
+                  run the agent's container with --shm-size (template.yaml's user data gives it \
+                  half of the instance's memory)";
+    match bytes {
+        Some(b) if b >= SHM_WARN_BYTES => None,
+        Some(b) => Some(format!("{SHM_DIR} holds only {} MiB: {advice}", b >> 20)),
+        None => Some(format!("{SHM_DIR} could not be read: {advice}")),
+    }
 }
 
 fn forward<R: AsyncRead + Unpin + Send + 'static>(r: R, tx: mpsc::Sender<JobEvent>) -> tokio::task::JoinHandle<()> {
@@ -181,7 +217,7 @@ impl Launcher for ProcessLauncher {
         let mut child = command
             .args(args)
             .env_clear()
-            .envs(job_env(std::env::vars(), &cmd.env))
+            .envs(job_env(std::env::vars(), &cmd.defaults, &cmd.env))
             .current_dir(&cmd.cwd)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -240,13 +276,15 @@ mod tests {
             ("AWS_ACCESS_KEY_ID", "AKIAAGENT"),
             ("AWS_SECRET_ACCESS_KEY", "agent-secret"),
             ("AWS_SESSION_TOKEN", "agent-token"),
+            ("AWS_PROFILE", "agent"),
+            ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://127.0.0.1:2"),
             ("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:1"),
             ("ONOFF_JOBS_TABLE", "jobs"),
             ("AWS_REGION", "us-east-1"),
             ("NVIDIA_VISIBLE_DEVICES", "0"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()));
-        let env = job_env(agent, &[("AWS_ACCESS_KEY_ID".into(), "ASIAJOB".into())]);
+        let env = job_env(agent, &[], &[("AWS_ACCESS_KEY_ID".into(), "ASIAJOB".into())]);
         let get = |k: &str| {
             env.iter()
                 .filter(|(n, _)| n == k)
@@ -254,14 +292,64 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(get("AWS_ACCESS_KEY_ID"), ["ASIAJOB"], "only the job's own key");
-        assert!(get("AWS_SECRET_ACCESS_KEY").is_empty());
-        assert!(get("AWS_SESSION_TOKEN").is_empty());
-        assert!(get("AWS_EC2_METADATA_SERVICE_ENDPOINT").is_empty());
-        assert!(get("ONOFF_JOBS_TABLE").is_empty());
+        for withheld in [
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_PROFILE",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+            "ONOFF_JOBS_TABLE",
+        ] {
+            assert!(get(withheld).is_empty(), "{withheld} reached the job");
+        }
         assert_eq!(get("AWS_EC2_METADATA_DISABLED"), ["true"]);
         assert_eq!(get("PATH"), ["/usr/bin"]);
         assert_eq!(get("AWS_REGION"), ["us-east-1"]);
         assert_eq!(get("NVIDIA_VISIBLE_DEVICES"), ["0"]);
+    }
+
+    #[test]
+    fn a_job_inherits_what_the_image_sets_and_the_image_wins_over_the_agents_defaults() {
+        // The worker image's ENV and a derived image's (PYTHONPATH, HF_HOME, a variable of the
+        // user's own) reach the job; an image's XDG_CACHE_HOME wins over the agent's default,
+        // and the job's own variables over both.
+        let agent = [
+            ("PYTHONUNBUFFERED", "1"),
+            ("PYTHONPATH", "/app"),
+            ("HF_HOME", "/models"),
+            ("MODEL_NAME", "llama"),
+            ("XDG_CACHE_HOME", "/image-cache"),
+            ("ONOFF_WORK_DIR", "/var/lib/onoff"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let defaults = [
+            ("XDG_CACHE_HOME".to_string(), "/var/lib/onoff/cache/p-a".to_string()),
+            ("TORCH_HOME".to_string(), "/default-torch".to_string()),
+        ];
+        let vars = [("HF_HOME".to_string(), "/job-models".to_string())];
+        let env: std::collections::BTreeMap<_, _> = job_env(agent.clone(), &defaults, &vars).into_iter().collect();
+        assert_eq!(env.len(), job_env(agent, &defaults, &vars).len(), "each name once");
+        assert_eq!(env["PYTHONUNBUFFERED"], "1");
+        assert_eq!(env["PYTHONPATH"], "/app");
+        assert_eq!(env["MODEL_NAME"], "llama");
+        assert_eq!(env["XDG_CACHE_HOME"], "/image-cache", "the image's own wins");
+        assert_eq!(env["TORCH_HOME"], "/default-torch", "a default the image leaves stays");
+        assert_eq!(env["HF_HOME"], "/job-models", "the job's own wins");
+        assert!(!env.contains_key("ONOFF_WORK_DIR"));
+    }
+
+    #[test]
+    fn a_containers_default_shm_is_warned_of_and_half_of_an_instances_memory_is_not() {
+        // Docker's default, 64 MiB: warned of, with the size and the remedy.
+        let w = shm_warning(Some(64 << 20)).expect("64 MiB is warned of");
+        assert!(w.contains("64 MiB") && w.contains("--shm-size"), "{w}");
+        assert!(shm_warning(None).is_some(), "an unreadable /dev/shm is warned of");
+        // Half of the smallest GPU instance's memory (g4dn.xlarge, 16 GiB) is not.
+        assert_eq!(shm_warning(Some(8 << 30)), None);
+        assert_eq!(shm_warning(Some(SHM_WARN_BYTES)), None);
+        // This machine's /dev/shm is read as a size, not as free space.
+        let size = fs_size_bytes(std::path::Path::new(SHM_DIR)).expect("/dev/shm is readable here");
+        assert!(size > 0);
     }
 
     #[tokio::test]
@@ -276,6 +364,7 @@ mod tests {
                     "echo secret=${AWS_SECRET_ACCESS_KEY:-none}".into(),
                 ],
                 env: vec![],
+                defaults: vec![],
                 cwd: std::env::temp_dir(),
             })
             .expect("starts");
@@ -350,6 +439,7 @@ mod tests {
         JobCommand {
             argv: argv.iter().map(|s| s.to_string()).collect(),
             env: vec![("ONOFF_JOB_ID".into(), "job-1".into())],
+            defaults: vec![],
             cwd: std::env::temp_dir(),
         }
     }

@@ -2083,6 +2083,19 @@ async fn jobs_leave_no_work_dir_and_a_projects_cache_serves_its_next_job_within_
         (0..5).map(cache_dir).collect::<Vec<_>>(),
         ["p-a", "p-a", "p-b", "p-c", "p-a"].map(|n| Some(p(n)))
     );
+    // The XDG cache (pip, Hugging Face, torch hub) defaults to the project's cache, unless the
+    // image sets its own.
+    let xdg_default = |n: usize| {
+        let cmd = &w.launcher.started()[n];
+        cmd.defaults
+            .iter()
+            .find(|(k, _)| k == "XDG_CACHE_HOME")
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        (0..5).map(xdg_default).collect::<Vec<_>>(),
+        (0..5).map(cache_dir).collect::<Vec<_>>()
+    );
     // After job-5, `b` was the least recently used of the three.
     let kept: std::collections::BTreeSet<String> = std::fs::read_dir(dir.path().join("cache"))
         .unwrap()
@@ -2111,5 +2124,8 @@ async fn jobs_leave_no_work_dir_and_a_projects_cache_serves_its_next_job_within_
     )
     .await;
     assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
-    assert_eq!((w.launcher.cache_hits()[6], cache_dir(6)), (None, None));
+    assert_eq!(
+        (w.launcher.cache_hits()[6], cache_dir(6), xdg_default(6)),
+        (None, None, None)
+    );
 }

@@ -52,6 +52,7 @@ fn resolve(v: &str) -> String {
             "JobRole.Arn" => "arn:aws:iam::123456789012:role/gpu-JobRole",
             "WorkerIdleTimeoutSeconds" => "3900",
             "WaitValueUsdPerHour" => "1",
+            "WorkerCacheGiB" => "64",
             _ => "gpu-resource",
         });
         rest = &rest[end + 1..];
@@ -68,11 +69,17 @@ fn the_user_datas_values_parse_as_the_agent_parses_them() {
     assert_eq!(cfg.job_user, Some((10002, 10002)));
     assert_eq!((cfg.idle_timeout_s, cfg.gpus), (3900.0, Some(4)));
     assert_eq!(cfg.policy.scale_down.wait_value_usd_per_h, 1.0);
-    assert_eq!(
-        cfg.cache_gib,
-        onoff_agent::cache::DEFAULT_CACHE_GIB,
-        "the template leaves the cache bound"
-    );
+    assert_eq!(cfg.cache_gib, 64.0, "WorkerCacheGiB");
+    // The parameter's default is the agent's own.
+    let template = std::fs::read_to_string(repo().join("template.yaml")).unwrap();
+    let default: f64 = template
+        .lines()
+        .skip_while(|l| *l != "  WorkerCacheGiB:")
+        .find_map(|l| l.trim().strip_prefix("Default: "))
+        .expect("WorkerCacheGiB has a default")
+        .parse()
+        .unwrap();
+    assert_eq!(default, onoff_agent::cache::DEFAULT_CACHE_GIB);
     // The agent's resources, as its main reads them (the control table and launch template are
     // the control plane's only).
     let r = onoff_aws::settings::Resources::from_lookup(|k| match k {
