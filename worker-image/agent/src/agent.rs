@@ -1330,16 +1330,16 @@ where
             }
             env.push(("HOME".into(), dir.display().to_string()));
         }
-        let mut defaults = Vec::new();
+        let mut defaults: Vec<(String, String)> = Vec::new();
         if let Some(cache) = &self.cache {
             match cache.lend(&job.spec.project, self.cfg.job_user) {
                 Ok(d) => {
                     report.cache_bytes_at_start = Some(cache.bytes_of(&job.spec.project));
                     env.push(("ONOFF_CACHE_DIR".into(), d.display().to_string()));
-                    // The XDG cache (pip's, Hugging Face's HF_HOME, torch hub's, vLLM's, ...
-                    // default under it) is the project's cache, not `$HOME/.cache` in the job's
-                    // work dir, which goes with the attempt. An image that sets its own keeps it.
-                    defaults.push(("XDG_CACHE_HOME".into(), d.display().to_string()));
+                    // The XDG cache (pip's, Hugging Face's, torch hub's) and the compiled kernels
+                    // of Triton and torch.compile go to the project's cache, not under the job's
+                    // HOME, which goes with the attempt. An image that sets its own keeps it.
+                    defaults = crate::cache::cache_env_defaults(&d);
                 }
                 Err(e) => tracing::warn!(job = %id, error = %e, "project cache: the job runs without ONOFF_CACHE_DIR"),
             }

@@ -36,6 +36,36 @@ use std::time::SystemTime;
 /// outputs) take their share; [`room_limit`] keeps the cache to half of what they leave.
 pub const DEFAULT_CACHE_GIB: f64 = 20.0;
 
+/// What a job gets, unless the image sets it, to keep the caches of common GPU tooling in its
+/// project's cache (`ONOFF_CACHE_DIR`) rather than under its `HOME`, which goes with the attempt:
+/// (variable, subdirectory; empty: the project's directory itself).
+///
+/// - `XDG_CACHE_HOME`: pip's cache, Hugging Face's (`HF_HOME` defaults to
+///   `$XDG_CACHE_HOME/huggingface`), torch hub's (`$XDG_CACHE_HOME/torch`), vLLM's.
+/// - `TRITON_CACHE_DIR`: Triton's compiled kernels (default `~/.triton/cache`, not under XDG).
+/// - `TORCHINDUCTOR_CACHE_DIR`: `torch.compile`'s (default `/tmp/torchinductor_<user>`, in the
+///   container's own layer, gone with the container at a stop).
+pub const CACHE_ENV_DEFAULTS: [(&str, &str); 3] = [
+    ("XDG_CACHE_HOME", ""),
+    ("TRITON_CACHE_DIR", "triton"),
+    ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
+];
+
+/// [`CACHE_ENV_DEFAULTS`] for a project's cache directory `dir`.
+pub fn cache_env_defaults(dir: &Path) -> Vec<(String, String)> {
+    CACHE_ENV_DEFAULTS
+        .iter()
+        .map(|(k, sub)| {
+            let path = if sub.is_empty() {
+                dir.to_path_buf()
+            } else {
+                dir.join(sub)
+            };
+            (k.to_string(), path.display().to_string())
+        })
+        .collect()
+}
+
 /// Make the work dir ready for jobs when the agent starts: created if missing; with `job_user`
 /// (jobs run as their own user, `ONOFF_JOB_UID`), opened to be passed through (mode 0711: a job
 /// reaches its own work dir under it, and lists nothing of the agent's); the work dirs an earlier

@@ -2083,18 +2083,21 @@ async fn jobs_leave_no_work_dir_and_a_projects_cache_serves_its_next_job_within_
         (0..5).map(cache_dir).collect::<Vec<_>>(),
         ["p-a", "p-a", "p-b", "p-c", "p-a"].map(|n| Some(p(n)))
     );
-    // The XDG cache (pip, Hugging Face, torch hub) defaults to the project's cache, unless the
-    // image sets its own.
-    let xdg_default = |n: usize| {
+    // The XDG cache (pip, Hugging Face, torch hub) and the compiled kernels of Triton and
+    // torch.compile default to the project's cache, unless the image sets its own.
+    let default_of = |n: usize, k: &str| {
         let cmd = &w.launcher.started()[n];
-        cmd.defaults
-            .iter()
-            .find(|(k, _)| k == "XDG_CACHE_HOME")
-            .map(|(_, v)| v.clone())
+        cmd.defaults.iter().find(|(name, _)| name == k).map(|(_, v)| v.clone())
     };
+    let xdg_default = |n: usize| default_of(n, "XDG_CACHE_HOME");
     assert_eq!(
         (0..5).map(xdg_default).collect::<Vec<_>>(),
         (0..5).map(cache_dir).collect::<Vec<_>>()
+    );
+    assert_eq!(default_of(2, "TRITON_CACHE_DIR"), Some(format!("{}/triton", p("p-b"))));
+    assert_eq!(
+        default_of(2, "TORCHINDUCTOR_CACHE_DIR"),
+        Some(format!("{}/torchinductor", p("p-b")))
     );
     // After job-5, `b` was the least recently used of the three.
     let kept: std::collections::BTreeSet<String> = std::fs::read_dir(dir.path().join("cache"))
