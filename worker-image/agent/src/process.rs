@@ -354,23 +354,35 @@ mod tests {
 
     #[tokio::test]
     async fn a_job_process_does_not_see_the_agents_credentials() {
-        // The variable is set in this (the agent's) process; the job must not see it.
+        // The variables are set in this (the agent's) process: the job must not see its secret
+        // or its settings, and must see what an image's ENV would set, unless the job's own
+        // default gives way to it.
         std::env::set_var("AWS_SECRET_ACCESS_KEY", "agent-secret-for-the-test");
+        std::env::set_var("ONOFF_SETTING_FOR_THE_TEST", "agent-setting");
+        std::env::set_var("IMAGE_VAR_FOR_THE_TEST", "from-the-image");
         let h = ProcessLauncher::default()
             .start(&JobCommand {
                 argv: vec![
                     "sh".into(),
                     "-c".into(),
-                    "echo secret=${AWS_SECRET_ACCESS_KEY:-none}".into(),
+                    "echo secret=${AWS_SECRET_ACCESS_KEY:-none} setting=${ONOFF_SETTING_FOR_THE_TEST:-none} \
+                     image=${IMAGE_VAR_FOR_THE_TEST:-none} default=${DEFAULT_FOR_THE_TEST:-none}"
+                        .into(),
                 ],
                 env: vec![],
-                defaults: vec![],
+                defaults: vec![
+                    ("IMAGE_VAR_FOR_THE_TEST".into(), "the-agents-default".into()),
+                    ("DEFAULT_FOR_THE_TEST".into(), "the-agents-default".into()),
+                ],
                 cwd: std::env::temp_dir(),
             })
             .expect("starts");
         let (lines, code) = collect(h).await;
         assert_eq!(code, Some(0));
-        assert_eq!(lines, ["secret=none"]);
+        assert_eq!(
+            lines,
+            ["secret=none setting=none image=from-the-image default=the-agents-default"]
+        );
     }
 
     #[test]
