@@ -365,6 +365,10 @@ impl JobStore for DynamoJobs {
             Ok(_) => Ok(()),
             Err(e) if condition_failed(&e) => match self.state_of(id).await? {
                 None => Err(StoreError::NotFound(id.into())),
+                // Already there: the SDK's retry of this very write, whose first answer was lost
+                // (or another's move to the same state). Either way the job is where it was
+                // asked to be.
+                Some(now) if now == to => Ok(()),
                 Some(now) => Err(StoreError::Conflict(format!(
                     "{id} is {}, not {}",
                     now.as_str(),

@@ -1242,7 +1242,8 @@ async fn two_workers_claiming_one_job_get_one_claim() {
 /// done: a claim is the worker's, a settle (with or without an attempt record) and a re-queue of
 /// a lost lease are done, not a lost lease or a conflict; a progress record sets the cost so far,
 /// so the retry counts nothing twice; a scale-down's move of a worker to Terminating is done; a
-/// cancel of a waiting job is a cancel, not "already finished". Each write is applied once.
+/// cancel of a waiting job is a cancel, not "already finished"; an operator's transition is done.
+/// Each write is applied once.
 #[tokio::test]
 async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     use onoff_aws::jobs::DynamoJobs;
@@ -1263,7 +1264,7 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     // Every job write, each sent again after its answer was lost: the same steps the fake's test
     // runs (crates/control/tests/contract.rs), so the two stores are held to one contract.
     contract::lost_answers_are_taken_as_done(&jobs, || lose.arm(), "lost", now).await;
-    assert_eq!(lose.lost(), 11, "every write the contract armed lost its answer");
+    assert_eq!(lose.lost(), 12, "every write the contract armed lost its answer");
 
     // A scale-down's move of an idle worker to Terminating: done on the retry, so its instance
     // is terminated (refused, it would be left running under a Terminating row).

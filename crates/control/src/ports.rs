@@ -788,8 +788,12 @@ pub trait JobStore {
     /// lease unless `to` is RUNNING. For operators and tests; workers and the reaper use
     /// [`JobStore::claim`], [`JobStore::finish`] and [`JobStore::requeue_lost`].
     ///
+    /// A job already in `to` is `Ok` (the write's own retry after its answer was lost, as the
+    /// SDK sends it: `contract::lost_answers_are_taken_as_done`).
+    ///
     /// # Errors
-    /// [`StoreError::Conflict`] when the job is not in `from`; [`StoreError::NotFound`]; store failures.
+    /// [`StoreError::Conflict`] when the job is in neither `from` nor `to`; [`StoreError::NotFound`];
+    /// store failures.
     async fn transition(
         &self,
         id: &str,

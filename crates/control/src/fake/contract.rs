@@ -60,7 +60,7 @@ async fn claimed<J: JobStore>(jobs: &J, id: &str, owner: &str, now: f64) -> JobR
 pub async fn lost_answers_are_taken_as_done<J: JobStore>(jobs: &J, lose: impl Fn(), tag: &str, now: f64) {
     let limits = RerunLimits::default();
     let new = |n: &str| JobRecord::new(format!("{tag}-{n}"), spec(), "contract".into(), now);
-    let [a, b, c, d] = [new("a"), new("b"), new("c"), new("d")];
+    let [a, b, c, d, e] = [new("a"), new("b"), new("c"), new("d"), new("e")];
 
     // create: the retry finds the row its first try wrote (the caller still sends its wake-up).
     lose();
@@ -69,7 +69,7 @@ pub async fn lost_answers_are_taken_as_done<J: JobStore>(jobs: &J, lose: impl Fn
         matches!(&created, Created::Existing(r) if r.state == JobState::Queued && r.attempts == 0),
         "a create whose answer was lost: {created:?}"
     );
-    for r in [&b, &c, &d] {
+    for r in [&b, &c, &d, &e] {
         assert_eq!(jobs.create(r).await.expect("create"), Created::New);
     }
 
@@ -205,6 +205,24 @@ pub async fn lost_answers_are_taken_as_done<J: JobStore>(jobs: &J, lose: impl Fn
     let row = jobs.get(&d.id).await.expect("get").expect("row");
     assert_eq!((row.state, row.lease_owner), (JobState::Cancelled, None));
     assert_eq!(row.attempt_log.len(), 1, "appended once");
+
+    // transition (an operator's or a test's): done, the job in the state asked for; one from a
+    // state the job is not in, to one it is not in either, is still refused.
+    lose();
+    jobs.transition(&e.id, JobState::Queued, JobState::Cancelled)
+        .await
+        .expect("a transition whose answer was lost is done");
+    assert_eq!(
+        jobs.get(&e.id).await.expect("get").expect("row").state,
+        JobState::Cancelled
+    );
+    assert!(
+        matches!(
+            jobs.transition(&e.id, JobState::Running, JobState::Failed).await,
+            Err(StoreError::Conflict(_))
+        ),
+        "a transition from a state the job is not in"
+    );
 }
 
 fn worker(id: &str, now: f64) -> WorkerRecord {
