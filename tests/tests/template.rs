@@ -1144,17 +1144,22 @@ fn agent_required_env() -> Vec<String> {
     names
 }
 
-#[test]
-fn the_workers_user_data_sets_what_the_agent_requires_as_the_functions_have_it() {
-    let t = template();
-    let stack = Stack::new(&t, &[]);
+/// The workers' user data (the launch template's, Base64 undone), as `stack` renders it.
+fn worker_user_data(t: &Value, stack: &Stack) -> String {
     let lt = t["Resources"]
         .as_object()
         .unwrap()
         .values()
         .find(|r| r["Type"] == "AWS::EC2::LaunchTemplate")
         .expect("a launch template");
-    let user_data = scalar_text(&stack.eval(&lt["Properties"]["LaunchTemplateData"]["UserData"]));
+    scalar_text(&stack.eval(&lt["Properties"]["LaunchTemplateData"]["UserData"]))
+}
+
+#[test]
+fn the_workers_user_data_sets_what_the_agent_requires_as_the_functions_have_it() {
+    let t = template();
+    let stack = Stack::new(&t, &[]);
+    let user_data = worker_user_data(&t, &stack);
     let set: BTreeMap<&str, &str> = user_data
         .lines()
         .map(str::trim)
@@ -1224,7 +1229,7 @@ fn the_workers_user_data_sets_what_the_agent_requires_as_the_functions_have_it()
     }
     // The wait value is a parameter: the workers follow it.
     let stack = Stack::new(&t, &[("WaitValueUsdPerHour", "7.5")]);
-    let user_data = scalar_text(&stack.eval(&lt["Properties"]["LaunchTemplateData"]["UserData"]));
+    let user_data = worker_user_data(&t, &stack);
     let policy = user_data
         .lines()
         .map(str::trim)
@@ -1244,13 +1249,7 @@ fn the_workers_user_data_sets_what_the_agent_requires_as_the_functions_have_it()
 fn the_workers_container_gets_half_the_instances_memory_as_shared_memory() {
     let t = template();
     let stack = Stack::new(&t, &[]);
-    let lt = t["Resources"]
-        .as_object()
-        .unwrap()
-        .values()
-        .find(|r| r["Type"] == "AWS::EC2::LaunchTemplate")
-        .expect("a launch template");
-    let user_data = scalar_text(&stack.eval(&lt["Properties"]["LaunchTemplateData"]["UserData"]));
+    let user_data = worker_user_data(&t, &stack);
     let lines: Vec<&str> = user_data.lines().map(str::trim).collect();
     let shm_line = lines
         .iter()

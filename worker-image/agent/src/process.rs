@@ -123,7 +123,7 @@ pub fn job_inherits(name: &str) -> bool {
 }
 
 /// The job's environment, each name once, later entries winning: `defaults` (what the agent
-/// offers unless the image sets it: `XDG_CACHE_HOME`), the inherited part of `agent_env`
+/// offers unless the image sets it: [`crate::cache::CACHE_ENV_DEFAULTS`]), the inherited part of `agent_env`
 /// ([`job_inherits`]), `AWS_EC2_METADATA_DISABLED=true` (SDKs in the job do not look for
 /// credentials or a region in the instance metadata), then the job's own `vars`.
 pub fn job_env(
