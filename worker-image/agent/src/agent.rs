@@ -32,8 +32,8 @@ use tokio::time::{sleep_until, Instant};
 use crate::cache::{clear_job_dir, prepare_work_dir, JobCache};
 use crate::config::{AgentConfig, ShutdownMode};
 use crate::ports::{
-    Control, Identity, Inbox, Instance, JobCommand, JobEvent, Launcher, Message, Metadata, Notice, Objects, Registry,
-    SessionError,
+    Control, Identity, Inbox, Instance, JobCommand, JobEvent, JobExit, Launcher, Message, Metadata, Notice, Objects,
+    Registry, SessionError,
 };
 use crate::process::{chown_tree, write_job_credentials};
 
@@ -1388,7 +1388,7 @@ where
                 let _ = handle.control.send(Control::Kill).await;
                 while let Some(ev) = handle.events.recv().await {
                     if let JobEvent::Exited(c) = ev {
-                        report.exit_code = c;
+                        report.exit_code = c.code();
                         break;
                     }
                 }
@@ -1449,8 +1449,8 @@ where
                         }
                         log_lines.push((self.clock.now(), l));
                     }
-                    Some(JobEvent::Exited(code)) => break code,
-                    None => break None,
+                    Some(JobEvent::Exited(exit)) => break exit,
+                    None => break JobExit::Unknown,
                 },
                 changed = alerts.changed(), if watched => {
                     // The sender lives until the attempt ends; were it gone, the job would run
@@ -1518,8 +1518,8 @@ where
             }
         }
         let cancelling = cancelling || alerts.borrow().cancel;
-        report.exit_code = exit_code;
-        report.completed = exit_code == Some(0);
+        report.exit_code = exit_code.code();
+        report.completed = exit_code == JobExit::Code(0);
         if report.completed {
             // SUCCEEDED is recorded before anything optional: a job that exited 0 must never run
             // again, whatever a last upload does (nobody resumes a finished job's checkpoint). An
@@ -1579,10 +1579,9 @@ where
             tracing::info!(job = %id, outcome = report.outcome.as_str(), "stopped for {reason:?}");
             return report;
         }
-        let why = match exit_code {
-            Some(c) => format!("exit code {c}"),
-            None => "killed by a signal".to_string(),
-        };
+        // The agent asked for no end here (a stop and a cancel are settled above): whatever
+        // signal ended the job came from elsewhere, the kernel's OOM killer most often.
+        let why = exit_code.describe();
         report.outcome = self.settle(job, AttemptEnd::Failed(why), &report).await;
         if report.outcome != Outcome::LostLease {
             self.upload_outputs(job, &output_dir, &stream, &mut report).await;

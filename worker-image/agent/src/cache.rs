@@ -438,7 +438,7 @@ mod tests {
                 let mut code = None;
                 while let Some(ev) = h.events.recv().await {
                     if let JobEvent::Exited(c) = ev {
-                        code = c;
+                        code = c.code();
                     }
                 }
                 Ok::<_, String>(code)

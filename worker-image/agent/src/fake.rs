@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::ports::{
-    Control, Identity, Inbox, Instance, JobCommand, JobEvent, JobHandle, Launcher, Message, Metadata, Notice, Objects,
-    Registry,
+    Control, Identity, Inbox, Instance, JobCommand, JobEvent, JobExit, JobHandle, Launcher, Message, Metadata, Notice,
+    Objects, Registry,
 };
 
 /// IMDS in memory: a fixed identity and a settable notice.
@@ -649,7 +649,8 @@ pub struct Script {
 pub struct ScriptedLauncher {
     scripts: Mutex<BTreeMap<String, Script>>,
     started: Mutex<Vec<JobCommand>>,
-    failures: Mutex<BTreeMap<usize, u64>>,
+    /// Per start: after how many seconds of work it ends, and how.
+    failures: Mutex<BTreeMap<usize, (u64, JobExit)>>,
     cache_hits: Mutex<Vec<Option<bool>>>,
     model_bytes: Mutex<Option<usize>>,
     work_dirs: Arc<Mutex<BTreeMap<usize, WorkDirCopy>>>,
@@ -683,7 +684,19 @@ impl ScriptedLauncher {
     /// The `n`-th start (counted from 0 over every program) crashes with exit code 1 after
     /// `after_s` seconds of work.
     pub fn fail_start(&self, n: usize, after_s: u64) {
-        self.failures.lock().expect("lock").insert(n, after_s);
+        self.failures
+            .lock()
+            .expect("lock")
+            .insert(n, (after_s, JobExit::Code(1)));
+    }
+
+    /// The `n`-th start is killed by `signal` (9: SIGKILL, as the kernel's OOM killer sends it)
+    /// after `after_s` seconds of work, the agent having asked for nothing.
+    pub fn kill_start(&self, n: usize, after_s: u64, signal: i32) {
+        self.failures
+            .lock()
+            .expect("lock")
+            .insert(n, (after_s, JobExit::Signal(signal)));
     }
 
     /// Every command started, in order.
@@ -772,11 +785,11 @@ impl Launcher for ScriptedLauncher {
                 if done >= script.items {
                     result(done);
                     let _ = etx.send(JobEvent::Line(format!("finished {done}"))).await;
-                    break Some(script.exit_code);
+                    break JobExit::Code(script.exit_code);
                 }
-                if fail_after_s.is_some_and(|s| worked_s >= s) {
+                if let Some((_, exit)) = fail_after_s.filter(|(s, _)| worked_s >= *s) {
                     let _ = etx.send(JobEvent::Line(format!("crashed at {done}"))).await;
-                    break Some(1);
+                    break exit;
                 }
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_secs(1)) => {
@@ -801,9 +814,9 @@ impl Launcher for ScriptedLauncher {
                             }
                             result(done);
                             let _ = etx.send(JobEvent::Line(format!("stopped at {done}"))).await;
-                            break Some(143);
+                            break JobExit::Code(143);
                         }
-                        Some(Control::Kill) | None => break None,
+                        Some(Control::Kill) | None => break JobExit::Signal(9),
                     }
                 }
             };

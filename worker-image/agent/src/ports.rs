@@ -293,8 +293,59 @@ pub struct JobCommand {
 pub enum JobEvent {
     /// A line of its stdout or stderr.
     Line(String),
-    /// It exited: the code, or `None` when killed by a signal.
-    Exited(Option<i32>),
+    /// It ended.
+    Exited(JobExit),
+}
+
+/// How a job's process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobExit {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal ended it: its number (9 SIGKILL, 7 SIGBUS, ...).
+    Signal(i32),
+    /// Not known (waiting for it failed).
+    Unknown,
+}
+
+impl JobExit {
+    /// The exit code, if it exited.
+    pub fn code(self) -> Option<i32> {
+        match self {
+            JobExit::Code(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The attempt's reason for an end the agent did not ask for: "exit code 3", or the signal
+    /// by name with what most often sends it to a GPU job, e.g. "killed by SIGKILL (signal 9):
+    /// the kernel's out-of-memory killer, most often (the instance's memory was full)".
+    pub fn describe(self) -> String {
+        let name = |n: i32| {
+            nix::sys::signal::Signal::try_from(n)
+                .map_or_else(|_| format!("signal {n}"), |s| format!("{s} (signal {n})"))
+        };
+        match self {
+            JobExit::Code(c) => format!("exit code {c}"),
+            JobExit::Signal(n) => {
+                let hint = match nix::sys::signal::Signal::try_from(n) {
+                    Ok(nix::sys::signal::Signal::SIGKILL) => {
+                        ": the kernel's out-of-memory killer, most often (the instance's memory was full)"
+                    }
+                    Ok(nix::sys::signal::Signal::SIGBUS) => {
+                        ": shared memory (/dev/shm) full, most often, or a file mapped in memory cut short"
+                    }
+                    Ok(nix::sys::signal::Signal::SIGSEGV) => ": a crash (invalid memory access)",
+                    Ok(nix::sys::signal::Signal::SIGABRT) => {
+                        ": the program aborted (a failed assertion or an error it did not handle)"
+                    }
+                    _ => "",
+                };
+                format!("killed by {}{hint}", name(n))
+            }
+            JobExit::Unknown => "ended, how is not known (waiting for it failed)".into(),
+        }
+    }
 }
 
 /// Asking a running job to stop, every process it started included.
@@ -393,5 +444,26 @@ impl<T: Instance> Instance for &T {
 impl<T: Launcher> Launcher for &T {
     fn start(&self, cmd: &JobCommand) -> Result<JobHandle, String> {
         (**self).start(cmd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobExit;
+
+    #[test]
+    fn an_end_is_described_by_its_code_or_its_signals_name_and_likely_sender() {
+        assert_eq!(JobExit::Code(3).describe(), "exit code 3");
+        assert_eq!(JobExit::Code(3).code(), Some(3));
+        let kill = JobExit::Signal(9).describe();
+        assert!(
+            kill.starts_with("killed by SIGKILL (signal 9): the kernel's out-of-memory killer"),
+            "{kill}"
+        );
+        assert_eq!(JobExit::Signal(9).code(), None);
+        assert!(JobExit::Signal(7).describe().contains("/dev/shm"));
+        assert_eq!(JobExit::Signal(15).describe(), "killed by SIGTERM (signal 15)");
+        // A number nix has no name for (a real-time signal) is given as a number.
+        assert_eq!(JobExit::Signal(40).describe(), "killed by signal 40");
     }
 }

@@ -12,7 +12,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::mpsc;
 
-use crate::ports::{Control, JobCommand, JobEvent, JobHandle, Launcher};
+use crate::ports::{Control, JobCommand, JobEvent, JobExit, JobHandle, Launcher};
 
 /// Starts jobs as processes, as the agent's user or, with `user`, as another (uid, gid); the
 /// agent must then run as root (it sets the ids between fork and exec, dropping supplementary
@@ -258,8 +258,18 @@ impl Launcher for ProcessLauncher {
             for r in readers.into_iter().flatten() {
                 let _ = tokio::time::timeout(Duration::from_secs(2), r).await;
             }
-            let code = status.ok().and_then(|s| s.code());
-            let _ = etx.send(JobEvent::Exited(code)).await;
+            let exit = match status {
+                Ok(s) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    match (s.code(), s.signal()) {
+                        (Some(c), _) => JobExit::Code(c),
+                        (None, Some(n)) => JobExit::Signal(n),
+                        (None, None) => JobExit::Unknown,
+                    }
+                }
+                Err(_) => JobExit::Unknown,
+            };
+            let _ = etx.send(JobEvent::Exited(exit)).await;
         });
         Ok(JobHandle { events, control })
     }
@@ -385,6 +395,22 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_job_a_signal_ends_reports_the_signal() {
+        for (sig, n) in [("KILL", 9), ("BUS", 7)] {
+            let mut h = ProcessLauncher::default()
+                .start(&cmd(&["sh", "-c", &format!("kill -{sig} $$")]))
+                .unwrap();
+            let mut exit = None;
+            while let Some(ev) = h.events.recv().await {
+                if let JobEvent::Exited(e) = ev {
+                    exit = Some(e);
+                }
+            }
+            assert_eq!(exit, Some(JobExit::Signal(n)), "{sig}");
+        }
+    }
+
     #[test]
     fn job_credentials_are_a_private_credential_process_file() {
         let dir = std::env::temp_dir().join(format!("onoff-creds-{}", std::process::id()));
@@ -441,7 +467,7 @@ mod tests {
         while let Some(ev) = h.events.recv().await {
             match ev {
                 JobEvent::Line(l) => lines.push(l),
-                JobEvent::Exited(c) => return (lines, c),
+                JobEvent::Exited(c) => return (lines, c.code()),
             }
         }
         panic!("no exit event")

@@ -661,6 +661,41 @@ async fn a_crashing_job_is_retried_then_failed_with_its_reason() {
     assert!(w.jobs.errors()["job:job-2"].contains("no-such-program"));
 }
 
+/// A job a signal ended, the agent having asked for nothing, fails its attempt with the signal by
+/// name and what most often sends it: SIGKILL the kernel's out-of-memory killer, SIGBUS a full
+/// `/dev/shm`. Before, the reason was "killed by a signal", whichever it was.
+#[tokio::test(start_paused = true)]
+async fn a_job_killed_by_a_signal_names_it_in_its_reason() {
+    let dir = tempdir("killed");
+    let w = World::default();
+    register(&w, "i-a");
+    script(&w, "work", 20);
+    w.launcher.kill_start(0, 5, 9);
+    w.launcher.kill_start(1, 5, 7);
+    submit(&w, "job-1", "work", 1, 600.0);
+    submit(&w, "job-2", "work", 1, 600.0);
+    let (r, _) = agent(&w, "i-a", &cfg(dir.path())).await;
+    let outcomes: Vec<_> = r
+        .jobs
+        .iter()
+        .map(|j| (j.job_id.as_str(), j.outcome, j.exit_code))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![("job-1", Outcome::Failed, None), ("job-2", Outcome::Failed, None)]
+    );
+    let errors = w.jobs.errors();
+    let (oom, bus) = (&errors["job:job-1"], &errors["job:job-2"]);
+    assert!(
+        oom.contains("killed by SIGKILL (signal 9)") && oom.contains("out-of-memory killer"),
+        "{oom}"
+    );
+    assert!(
+        bus.contains("killed by SIGBUS (signal 7)") && bus.contains("/dev/shm"),
+        "{bus}"
+    );
+}
+
 /// A reason quotes what failed; on a row whose spec is near its 256 KiB it must still fit
 /// DynamoDB's 400 KB item (the fake jobs table refuses a write past it, as DynamoDB does).
 #[tokio::test(start_paused = true)]
