@@ -2354,6 +2354,7 @@ async fn cancel_and_the_attempt_log_are_conditional_writes_on_the_row() {
         ended_at: now + 30.0,
         outcome: "released".into(),
         exit_code: Some(143),
+        signal: None,
         checkpoint: None,
         seconds: 30.0,
         cost_usd: 0.0033,

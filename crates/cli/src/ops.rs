@@ -274,6 +274,18 @@ fn now() -> f64 {
     onoff_aws::state::unix_now()
 }
 
+/// The `exit` column of an attempt: its exit code, or the signal that ended it by name
+/// (`SIGKILL`: the kernel's out-of-memory killer, most often; the attempt's reason says more).
+fn exit_column(code: Option<i32>, signal: Option<i32>) -> String {
+    match (code, signal) {
+        (Some(c), _) => c.to_string(),
+        (None, Some(n)) => {
+            nix::sys::signal::Signal::try_from(n).map_or_else(|_| format!("signal {n}"), |s| s.to_string())
+        }
+        (None, None) => "-".into(),
+    }
+}
+
 fn when(t: f64) -> String {
     let s = t as i64;
     let (days, rem) = (s.div_euclid(86_400), s.rem_euclid(86_400));
@@ -807,7 +819,7 @@ pub async fn status(a: StatusArgs) -> Result<()> {
             when(x.started_at),
             when(x.ended_at),
             x.outcome.clone(),
-            x.exit_code.map_or_else(|| "-".into(), |c| c.to_string()),
+            exit_column(x.exit_code, x.signal),
             x.checkpoint.clone().unwrap_or_default(),
         ]);
     }
@@ -1334,6 +1346,14 @@ pub async fn cost(a: CostArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_attempts_exit_is_its_code_or_its_signals_name() {
+        assert_eq!(super::exit_column(Some(3), None), "3");
+        assert_eq!(super::exit_column(None, Some(9)), "SIGKILL");
+        assert_eq!(super::exit_column(None, Some(40)), "signal 40");
+        assert_eq!(super::exit_column(None, None), "-");
+    }
+
     use super::{log_page_step, put_source, LogStep};
 
     /// The CLI looks a rejection up under the source the submit function records it by: the S3

@@ -360,6 +360,9 @@ pub struct AttemptRecord {
     /// The process's exit code, if it exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// The signal that ended the process, if one did (9: SIGKILL, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
     /// S3 prefix of the last checkpoint it uploaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<String>,
@@ -798,6 +801,7 @@ mod tests {
             ended_at,
             outcome: "failed".into(),
             exit_code: Some(1),
+            signal: None,
             checkpoint: None,
             seconds: 5.0,
             cost_usd: 0.0,
@@ -909,6 +913,7 @@ mod tests {
             ended_at: 70.0,
             outcome: AttemptEnd::Released("notice".into()).name().into(),
             exit_code: None,
+            signal: None,
             checkpoint: Some("checkpoints/job-1/00000000000000000003/".into()),
             seconds: 60.0,
             cost_usd: 0.0067,

@@ -1332,6 +1332,7 @@ fn finished_runs(w: &World, n: usize, run_s: f64, t0: f64) {
             ended_at: at + 1.0 + run_s,
             outcome: "succeeded".into(),
             exit_code: Some(0),
+            signal: None,
             checkpoint: None,
             seconds: run_s,
             cost_usd: 0.0,

@@ -370,6 +370,7 @@ fn attempt(job: &onoff_control::ports::JobRecord, end: &AttemptEnd) -> AttemptRe
         ended_at: NOW + 100.0,
         outcome: end.name().into(),
         exit_code: None,
+        signal: None,
         checkpoint: Some("checkpoints/x/1".into()),
         seconds: 100.0,
         cost_usd: 0.5,

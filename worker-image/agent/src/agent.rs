@@ -141,6 +141,8 @@ pub struct JobReport {
     pub outcome: Outcome,
     /// The process's exit code (`None`: killed by a signal, or never started).
     pub exit_code: Option<i32>,
+    /// The signal that ended the process, if one did.
+    pub exit_signal: Option<i32>,
     /// Whether the process exited 0 (the work completed, whatever was recorded).
     pub completed: bool,
     /// Checkpoint sequence it resumed from.
@@ -992,6 +994,7 @@ where
                 ended_at: now,
                 outcome: end.name().to_string(),
                 exit_code: r.exit_code,
+                signal: r.exit_signal,
                 checkpoint: r.checkpoint.clone(),
                 seconds: r.seconds,
                 cost_usd: r.cost_usd,
@@ -1189,6 +1192,7 @@ where
             started_at: self.clock.now(),
             outcome: Outcome::Failed,
             exit_code: None,
+            exit_signal: None,
             completed: false,
             resumed_from: None,
             checkpoints_uploaded: 0,
@@ -1389,6 +1393,7 @@ where
                 while let Some(ev) = handle.events.recv().await {
                     if let JobEvent::Exited(c) = ev {
                         report.exit_code = c.code();
+                        report.exit_signal = c.signal();
                         break;
                     }
                 }
@@ -1519,6 +1524,7 @@ where
         }
         let cancelling = cancelling || alerts.borrow().cancel;
         report.exit_code = exit_code.code();
+        report.exit_signal = exit_code.signal();
         report.completed = exit_code == JobExit::Code(0);
         if report.completed {
             // SUCCEEDED is recorded before anything optional: a job that exited 0 must never run

@@ -317,6 +317,14 @@ impl JobExit {
         }
     }
 
+    /// The signal's number, if a signal ended it.
+    pub fn signal(self) -> Option<i32> {
+        match self {
+            JobExit::Signal(n) => Some(n),
+            _ => None,
+        }
+    }
+
     /// The attempt's reason for an end the agent did not ask for: "exit code 3", or the signal
     /// by name with what most often sends it to a GPU job, e.g. "killed by SIGKILL (signal 9):
     /// the kernel's out-of-memory killer, most often (the instance's memory was full)".

@@ -694,6 +694,12 @@ async fn a_job_killed_by_a_signal_names_it_in_its_reason() {
         bus.contains("killed by SIGBUS (signal 7)") && bus.contains("/dev/shm"),
         "{bus}"
     );
+    // The attempt records keep the signal (`onoff status` shows it in place of an exit code).
+    let ended = |id: &str| {
+        let a = &job(&w, id).attempt_log[0];
+        (a.exit_code, a.signal)
+    };
+    assert_eq!((ended("job-1"), ended("job-2")), ((None, Some(9)), (None, Some(7))));
 }
 
 /// A reason quotes what failed; on a row whose spec is near its 256 KiB it must still fit

@@ -33,6 +33,7 @@ fn attempt(rec: &JobRecord, owner: &str, ended_at: f64, outcome: &str) -> Attemp
         ended_at,
         outcome: outcome.into(),
         exit_code: Some(0),
+        signal: None,
         checkpoint: None,
         seconds: 60.0,
         cost_usd: 0.4 / 60.0,
