@@ -1207,12 +1207,16 @@ where
         let dir = self.cfg.work_dir.join("jobs").join(&id);
         let (ckpt_dir, resume_dir, input_dir) = (dir.join("checkpoint"), dir.join("resume"), dir.join("input"));
         let output_dir = dir.join("output");
+        // The job's temporary files: under its work dir, so they go with the attempt. The
+        // container's /tmp lives as long as the container, on the instance's volume, shared by
+        // every job the worker runs (and every project's: they run as one user).
+        let tmp_dir = dir.join("tmp");
         let (stop_file, checkpoint_now_file) = (dir.join("STOP"), dir.join("CHECKPOINT_NOW"));
         let prepared = (|| -> std::io::Result<()> {
             if dir.exists() {
                 std::fs::remove_dir_all(&dir)?;
             }
-            for d in [&ckpt_dir, &resume_dir, &input_dir, &output_dir] {
+            for d in [&ckpt_dir, &resume_dir, &input_dir, &output_dir, &tmp_dir] {
                 std::fs::create_dir_all(d)?;
             }
             Ok(())
@@ -1236,6 +1240,7 @@ where
             ("ONOFF_CHECKPOINT_DIR".into(), ckpt_dir.display().to_string()),
             ("ONOFF_STOP_FILE".into(), stop_file.display().to_string()),
             ("ONOFF_OUTPUT_DIR".into(), output_dir.display().to_string()),
+            ("TMPDIR".into(), tmp_dir.display().to_string()),
             (
                 "ONOFF_CHECKPOINT_NOW_FILE".into(),
                 checkpoint_now_file.display().to_string(),

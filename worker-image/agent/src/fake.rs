@@ -644,7 +644,8 @@ pub struct Script {
 /// `$ONOFF_CACHE_DIR/model.bin` ([`ScriptedLauncher::cache_hits`]) and writes it
 /// ([`ScriptedLauncher::set_model_bytes`] bytes, 1 KiB unless set) when it is not there. As it
 /// exits it leaves a copy of its work dir behind ([`ScriptedLauncher::work_dir`]), since the
-/// agent removes the dir itself once the attempt is settled.
+/// agent removes the dir itself once the attempt is settled. It leaves a temporary file
+/// (`scratch`) in `$TMPDIR` when that is set.
 #[derive(Debug, Default)]
 pub struct ScriptedLauncher {
     scripts: Mutex<BTreeMap<String, Script>>,
@@ -761,6 +762,10 @@ impl Launcher for ScriptedLauncher {
             hit
         });
         self.cache_hits.lock().expect("lock").push(hit);
+        // A temporary file, as a job's libraries leave them: where `TMPDIR` says.
+        if let Some(tmp) = env_of(cmd, "TMPDIR") {
+            let _ = std::fs::write(Path::new(tmp).join("scratch"), b"temporary");
+        }
         let (work_dirs, cwd) = (self.work_dirs.clone(), cmd.cwd.clone());
         let ckpt = env_of(cmd, "ONOFF_CHECKPOINT_DIR").map(std::path::PathBuf::from);
         let ckpt_now = env_of(cmd, "ONOFF_CHECKPOINT_NOW_FILE").map(std::path::PathBuf::from);

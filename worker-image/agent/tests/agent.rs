@@ -2146,6 +2146,15 @@ async fn jobs_leave_no_work_dir_and_a_projects_cache_serves_its_next_job_within_
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(kept, ["p-a", "p-c"].map(String::from).into());
+    // A job's temporary files are in its own work dir (TMPDIR), not the container's shared /tmp,
+    // and go with it.
+    let tmp = dir.path().join("jobs/job-1/tmp");
+    let cmd = &w.launcher.started()[0];
+    assert_eq!(
+        cmd.env.iter().find(|(k, _)| k == "TMPDIR").map(|(_, v)| v.clone()),
+        Some(tmp.display().to_string())
+    );
+    assert!(w.launcher.work_dir(0).unwrap().contains_key(&tmp.join("scratch")));
     // No job's work dir is left, the earlier agent's included.
     assert_eq!(std::fs::read_dir(dir.path().join("jobs")).unwrap().count(), 0);
     // Another agent on the same volume (the instance stopped and started): project c's model is
