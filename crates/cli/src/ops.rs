@@ -1346,6 +1346,8 @@ pub async fn cost(a: CostArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::{log_page_step, put_source, LogStep};
+
     #[test]
     fn an_attempts_exit_is_its_code_or_its_signals_name() {
         assert_eq!(super::exit_column(Some(3), None), "3");
@@ -1353,8 +1355,6 @@ mod tests {
         assert_eq!(super::exit_column(None, Some(40)), "signal 40");
         assert_eq!(super::exit_column(None, None), "-");
     }
-
-    use super::{log_page_step, put_source, LogStep};
 
     /// The CLI looks a rejection up under the source the submit function records it by: the S3
     /// event's unquoted `eTag`, not PutObject's quoted `ETag` header.

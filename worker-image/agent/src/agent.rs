@@ -139,10 +139,8 @@ pub struct JobReport {
     pub started_at: f64,
     /// How it ended.
     pub outcome: Outcome,
-    /// The process's exit code (`None`: killed by a signal, or never started).
-    pub exit_code: Option<i32>,
-    /// The signal that ended the process, if one did.
-    pub exit_signal: Option<i32>,
+    /// How the process ended (`None`: it never started).
+    pub exit: Option<JobExit>,
     /// Whether the process exited 0 (the work completed, whatever was recorded).
     pub completed: bool,
     /// Checkpoint sequence it resumed from.
@@ -168,6 +166,11 @@ pub struct JobReport {
 }
 
 impl JobReport {
+    /// The process's exit code (`None`: a signal ended it, or it never started).
+    pub fn exit_code(&self) -> Option<i32> {
+        self.exit.and_then(JobExit::code)
+    }
+
     /// $ per item, when items were reported.
     pub fn usd_per_item(&self) -> Option<f64> {
         self.items.filter(|&n| n > 0).map(|n| self.cost_usd / n as f64)
@@ -961,7 +964,7 @@ where
                 ("InstanceId", self.id().into()),
                 ("Attempt", r.attempt.into()),
                 ("StartedAt", r.started_at.into()),
-                ("ExitCode", r.exit_code.into()),
+                ("ExitCode", r.exit_code().into()),
                 ("Completed", r.completed.into()),
                 ("ResumedFrom", r.resumed_from.into()),
                 ("CacheBytesAtStart", r.cache_bytes_at_start.into()),
@@ -993,8 +996,8 @@ where
                 started_at: r.started_at,
                 ended_at: now,
                 outcome: end.name().to_string(),
-                exit_code: r.exit_code,
-                signal: r.exit_signal,
+                exit_code: r.exit_code(),
+                signal: r.exit.and_then(JobExit::signal),
                 checkpoint: r.checkpoint.clone(),
                 seconds: r.seconds,
                 cost_usd: r.cost_usd,
@@ -1191,8 +1194,7 @@ where
             attempt: job.attempts,
             started_at: self.clock.now(),
             outcome: Outcome::Failed,
-            exit_code: None,
-            exit_signal: None,
+            exit: None,
             completed: false,
             resumed_from: None,
             checkpoints_uploaded: 0,
@@ -1388,7 +1390,7 @@ where
         let mut rebalanced = false;
         let mut watched = true;
         let far = Instant::now() + Duration::from_secs(86_400 * 365 * 10);
-        let exit_code = loop {
+        let exit = loop {
             let a = alerts.borrow_and_update().clone();
             if let Some(why) = a.lease_lost {
                 // Another writer ended the lease (the reaper, a cancel): another worker may run
@@ -1397,8 +1399,7 @@ where
                 let _ = handle.control.send(Control::Kill).await;
                 while let Some(ev) = handle.events.recv().await {
                     if let JobEvent::Exited(c) = ev {
-                        report.exit_code = c.code();
-                        report.exit_signal = c.signal();
+                        report.exit = Some(c);
                         break;
                     }
                 }
@@ -1528,9 +1529,8 @@ where
             }
         }
         let cancelling = cancelling || alerts.borrow().cancel;
-        report.exit_code = exit_code.code();
-        report.exit_signal = exit_code.signal();
-        report.completed = exit_code == JobExit::Code(0);
+        report.exit = Some(exit);
+        report.completed = exit == JobExit::Code(0);
         if report.completed {
             // SUCCEEDED is recorded before anything optional: a job that exited 0 must never run
             // again, whatever a last upload does (nobody resumes a finished job's checkpoint). An
@@ -1592,7 +1592,7 @@ where
         }
         // The agent asked for no end here (a stop and a cancel are settled above): whatever
         // signal ended the job came from elsewhere, the kernel's OOM killer most often.
-        let why = exit_code.describe();
+        let why = exit.describe();
         report.outcome = self.settle(job, AttemptEnd::Failed(why), &report).await;
         if report.outcome != Outcome::LostLease {
             self.upload_outputs(job, &output_dir, &stream, &mut report).await;

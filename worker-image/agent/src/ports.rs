@@ -329,28 +329,26 @@ impl JobExit {
     /// by name with what most often sends it to a GPU job, e.g. "killed by SIGKILL (signal 9):
     /// the kernel's out-of-memory killer, most often (the instance's memory was full)".
     pub fn describe(self) -> String {
-        let name = |n: i32| {
-            nix::sys::signal::Signal::try_from(n)
-                .map_or_else(|_| format!("signal {n}"), |s| format!("{s} (signal {n})"))
-        };
+        use nix::sys::signal::Signal;
         match self {
             JobExit::Code(c) => format!("exit code {c}"),
-            JobExit::Signal(n) => {
-                let hint = match nix::sys::signal::Signal::try_from(n) {
-                    Ok(nix::sys::signal::Signal::SIGKILL) => {
-                        ": the kernel's out-of-memory killer, most often (the instance's memory was full)"
-                    }
-                    Ok(nix::sys::signal::Signal::SIGBUS) => {
-                        ": shared memory (/dev/shm) full, most often, or a file mapped in memory cut short"
-                    }
-                    Ok(nix::sys::signal::Signal::SIGSEGV) => ": a crash (invalid memory access)",
-                    Ok(nix::sys::signal::Signal::SIGABRT) => {
-                        ": the program aborted (a failed assertion or an error it did not handle)"
-                    }
-                    _ => "",
-                };
-                format!("killed by {}{hint}", name(n))
-            }
+            JobExit::Signal(n) => match Signal::try_from(n) {
+                Ok(sig) => {
+                    let hint = match sig {
+                        Signal::SIGKILL => {
+                            ": the kernel's out-of-memory killer, most often (the instance's memory was full)"
+                        }
+                        Signal::SIGBUS => {
+                            ": shared memory (/dev/shm) full, most often, or a file mapped in memory cut short"
+                        }
+                        Signal::SIGSEGV => ": a crash (invalid memory access)",
+                        Signal::SIGABRT => ": the program aborted (a failed assertion or an error it did not handle)",
+                        _ => "",
+                    };
+                    format!("killed by {sig} (signal {n}){hint}")
+                }
+                Err(_) => format!("killed by signal {n}"),
+            },
             JobExit::Unknown => "ended, how is not known (waiting for it failed)".into(),
         }
     }

@@ -639,7 +639,7 @@ async fn a_crashing_job_is_retried_then_failed_with_its_reason() {
     );
     submit(&w, "job-1", "crash", 2, 600.0);
     let (r, _) = agent(&w, "i-a", &cfg(dir.path())).await;
-    let outcomes: Vec<_> = r.jobs.iter().map(|j| (j.outcome, j.attempt, j.exit_code)).collect();
+    let outcomes: Vec<_> = r.jobs.iter().map(|j| (j.outcome, j.attempt, j.exit_code())).collect();
     assert_eq!(
         outcomes,
         vec![(Outcome::Retrying, 1, Some(3)), (Outcome::Failed, 2, Some(3))]
@@ -678,7 +678,7 @@ async fn a_job_killed_by_a_signal_names_it_in_its_reason() {
     let outcomes: Vec<_> = r
         .jobs
         .iter()
-        .map(|j| (j.job_id.as_str(), j.outcome, j.exit_code))
+        .map(|j| (j.job_id.as_str(), j.outcome, j.exit_code()))
         .collect();
     assert_eq!(
         outcomes,
@@ -1426,7 +1426,7 @@ async fn a_running_job_cancelled_by_the_user_is_stopped_recorded_and_never_retri
     let (_, (r, _)) = tokio::join!(cancel, agent(&w, "i-a", &c));
     assert_eq!(w.launcher.started().len(), 1, "never run again");
     assert_eq!(r.jobs[0].outcome, Outcome::Cancelled);
-    assert_eq!(r.jobs[0].exit_code, Some(143), "stopped by SIGTERM");
+    assert_eq!(r.jobs[0].exit_code(), Some(143), "stopped by SIGTERM");
     // Seen within one renewal (every 20 s): stopped well before its 600 s of work.
     assert!(r.jobs[0].seconds < 100.0 + 20.0 + 1.0, "{} s", r.jobs[0].seconds);
     let rec = job(&w, "job-1");
