@@ -48,6 +48,7 @@ fn views(reg: &FakeRegistry, cfg: &PolicyConfig) -> Vec<WorkerView> {
             pinned_job: r.pinned_job.clone(),
             spot_price_usd_per_h: r.spot_price_usd_per_h,
             stopped_until: None,
+            cached_projects: r.cached_projects.clone(),
         })
         .collect()
 }

@@ -21,7 +21,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailur
 use crate::dynamo::{condition_failed, epoch_s, n, s, store_error};
 use onoff_control::ports::{
     ArrivalStats, Asks, Listing, OfferingAvailability, ScaleAsk, StoreError, WorkerRecord, WorkerRegistry,
-    MAX_ASKED_JOBS, MAX_ASKED_JOB_ID_BYTES, MAX_KEPT_ASKED_JOBS,
+    MAX_ASKED_JOBS, MAX_ASKED_JOB_ID_BYTES, MAX_CACHED_PROJECTS, MAX_KEPT_ASKED_JOBS,
 };
 use onoff_policy::{CapacityType, OfferingKey, UnavailableOffering, WorkerState};
 
@@ -159,7 +159,19 @@ fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<WorkerReco
         hold_until: num("hold_until"),
         spot_price_usd_per_h: num("spot_price_usd_per_h"),
         run_time_estimate_s: num("run_time_estimate_s"),
+        // A list of names; anything else in it (a row written by hand) is skipped.
+        cached_projects: item
+            .get("cached_projects")
+            .and_then(|v| v.as_l().ok())
+            .map(|l| l.iter().filter_map(|v| v.as_s().ok().cloned()).collect())
+            .unwrap_or_default(),
     })
+}
+
+/// `projects` as a row's `cached_projects`: the first [`MAX_CACHED_PROJECTS`] as a list of
+/// strings; `None` for none (the attribute is then left out).
+fn cached_projects_value(projects: &[String]) -> Option<AttributeValue> {
+    (!projects.is_empty()).then(|| AttributeValue::L(projects.iter().take(MAX_CACHED_PROJECTS).map(s).collect()))
 }
 
 impl WorkerRegistry for DynamoWorkers {
@@ -189,6 +201,9 @@ impl WorkerRegistry for DynamoWorkers {
         }
         if let Some(e) = r.run_time_estimate_s {
             req = req.item("run_time_estimate_s", n(e));
+        }
+        if let Some(c) = cached_projects_value(&r.cached_projects) {
+            req = req.item("cached_projects", c);
         }
         // A launch has none of these (`WorkerRecord::launched`); a record that has them keeps
         // them, so the row reads back as the record it was given, as in the fake.
@@ -555,6 +570,28 @@ impl DynamoWorkers {
             .expression_attribute_values(":st", s(state_name(WorkerState::Stopped)))
             .expression_attribute_values(":h", n(now));
         written(req, id, "mark worker busy").await
+    }
+
+    /// What the agent writes when its project cache changes: the projects it holds, most
+    /// recently used first ([`WorkerRecord::cached_projects`]; the first
+    /// [`MAX_CACHED_PROJECTS`] are kept, none removes the attribute), whatever the row's state.
+    /// Sending it again is done.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown worker; store failures.
+    pub async fn set_cached_projects(&self, id: &str, projects: &[String]) -> Result<(), StoreError> {
+        let req = self.update_if(id).condition_expression("attribute_exists(instance_id)");
+        let req = match cached_projects_value(projects) {
+            Some(v) => req
+                .update_expression("SET cached_projects = :c")
+                .expression_attribute_values(":c", v),
+            None => req.update_expression("REMOVE cached_projects"),
+        };
+        match req.send().await {
+            Ok(_) => Ok(()),
+            Err(e) if condition_failed(&e) => Err(StoreError::NotFound(id.to_string())),
+            Err(e) => Err(store_error("record the worker's cached projects", &e)),
+        }
     }
 
     /// What the agent's heartbeat writes: state, idle-since and heartbeat time (the worker must

@@ -708,6 +708,19 @@ async fn the_workers_table_keeps_the_registry_contract_the_fake_keeps() {
 }
 
 #[tokio::test]
+async fn the_workers_table_records_an_agents_cached_projects_as_the_fake_does() {
+    let c = clients().await;
+    let name = unique("workers");
+    table(&c, &name, onoff_aws::state::WORKER_KEY).await;
+    let reg = DynamoWorkers::new(c.dynamodb.clone(), &name, ARN_PREFIX);
+    let set = |id: String, projects: Vec<String>| {
+        let reg = reg.clone();
+        async move { reg.set_cached_projects(&id, &projects).await }
+    };
+    contract::cached_projects_are_recorded_bounded(&reg, set, "i-0cac4e0000000000", 1_700_000_000.0).await;
+}
+
+#[tokio::test]
 async fn scale_down_and_an_agent_claim_race_through_conditional_writes_and_one_wins() {
     let c = clients().await;
     let name = unique("workers");

@@ -654,11 +654,25 @@ impl FakeRegistry {
             },
         )
     }
+
+    /// What the agent writes when its project cache changes, as `DynamoWorkers::set_cached_projects`:
+    /// the first [`crate::ports::MAX_CACHED_PROJECTS`] of `projects` (most recently used first),
+    /// whatever the row's state.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown worker; an injected failure.
+    pub fn set_cached_projects(&self, id: &str, projects: &[String]) -> Result<(), StoreError> {
+        let kept = &projects[..projects.len().min(crate::ports::MAX_CACHED_PROJECTS)];
+        self.write_if(id, |_| true, |w| w.cached_projects = kept.to_vec())
+            .map(|_| ())
+    }
 }
 
 impl WorkerRegistry for FakeRegistry {
-    async fn register_launch(&self, record: WorkerRecord) -> Result<(), StoreError> {
+    async fn register_launch(&self, mut record: WorkerRecord) -> Result<(), StoreError> {
         self.injected()?;
+        // As the table's adapter: the first MAX_CACHED_PROJECTS only.
+        record.cached_projects.truncate(crate::ports::MAX_CACHED_PROJECTS);
         self.workers
             .lock()
             .expect("lock")

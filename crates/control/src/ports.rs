@@ -340,13 +340,25 @@ pub struct WorkerRecord {
     /// gives the row the lane's ([`WorkerRegistry::set_run_time_estimate_if_unset`]): the agent
     /// then counts `offers.default_runtime_s`.
     pub run_time_estimate_s: Option<f64>,
+    /// The projects whose cache the worker's volume holds, most recently used first, at most
+    /// [`MAX_CACHED_PROJECTS`]: written by its agent when its project cache changes (the agent's
+    /// `ONOFF_CACHE_DIR` directories); empty when none, or for rows written before it existed. A
+    /// stop keeps the volume, so the policy starts a stopped worker holding a job's project's
+    /// cache before an equally cheap one that does not ([`onoff_policy::WorkerView::cached_projects`]).
+    pub cached_projects: Vec<String>,
 }
+
+/// At most this many projects are recorded in a worker's row ([`WorkerRecord::cached_projects`],
+/// the most recently used ones): 16 names of at most 64 bytes (`JobSpec::parse`) are about 1 KiB
+/// of the 400 KB DynamoDB allows an item ("Service, account, and table quotas in Amazon
+/// DynamoDB"), and the default 20 GiB cache (`ONOFF_CACHE_GIB`) holds a few models, not 16.
+pub const MAX_CACHED_PROJECTS: usize = 16;
 
 impl WorkerRecord {
     /// A worker as registered at its launch: state Pending, launched at `launched_at` (unix
     /// seconds), billed `price_usd_per_h` ($/h; 0 when its agent registers it, see
     /// [`WorkerRegistry::set_price_if_unpriced`]), with no project, idle time, heartbeat, pinned
-    /// job, hold, spot reference or run-time estimate. Set those with struct update syntax.
+    /// job, hold, spot reference, run-time estimate or cached project. Set those with struct update syntax.
     pub fn launched(
         id: impl Into<String>,
         lane: impl Into<String>,
@@ -368,6 +380,7 @@ impl WorkerRecord {
             hold_until: None,
             spot_price_usd_per_h: None,
             run_time_estimate_s: None,
+            cached_projects: Vec::new(),
         }
     }
 }

@@ -844,6 +844,7 @@ where
                 spot_price_usd_per_h: w.spot_price_usd_per_h,
                 // A stopped worker's hold is its stopped keep-alive.
                 stopped_until: w.hold_until.filter(|_| w.state == WorkerState::Stopped),
+                cached_projects: w.cached_projects.clone(),
             })
         })
         .collect();

@@ -26,6 +26,17 @@ fn the_fake_workers_table_keeps_its_conditions_and_takes_retries_as_done() {
 }
 
 #[test]
+fn the_fake_workers_table_records_an_agents_cached_projects_bounded() {
+    let reg = onoff_control::fake::FakeRegistry::default();
+    pollster::block_on(contract::cached_projects_are_recorded_bounded(
+        &reg,
+        |id, projects| std::future::ready(reg.set_cached_projects(&id, &projects)),
+        "i-0cac4e0000000000",
+        1_700_000_000.0,
+    ));
+}
+
+#[test]
 fn the_fake_fleet_answers_as_ec2() {
     let fleet = onoff_control::fake::FakeFleet::new();
     fleet.stops_take_time();

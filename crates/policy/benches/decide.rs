@@ -76,6 +76,7 @@ fn setup() -> (
                 pinned_job: None,
                 spot_price_usd_per_h: None,
                 stopped_until: None,
+                cached_projects: Vec::new(),
             }
         })
         .collect();

@@ -124,6 +124,14 @@ pub struct WorkerView {
     /// for a stopped worker whose keep is not recorded (the break-even from its stop applies).
     #[serde(default)]
     pub stopped_until: Option<f64>,
+    /// The projects whose cache its volume holds, most recently used first (its agent's
+    /// `ONOFF_CACHE_DIR` directories, at most `onoff_control::ports::MAX_CACHED_PROJECTS`), as its agent
+    /// last wrote them; empty when none or unknown. A stopped worker keeps them through its stop
+    /// (the volume is EBS): among stopped workers equally cheap per job, one holding the
+    /// project's cache is started for it first, so its job does not download again what the
+    /// last one left (model weights, datasets, compiled kernels).
+    #[serde(default)]
+    pub cached_projects: Vec<String>,
 }
 
 impl WorkerState {

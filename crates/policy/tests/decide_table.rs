@@ -2429,6 +2429,73 @@ fn unmet_jobs_start_stopped_workers_before_launching() {
 }
 
 #[test]
+fn among_equally_cheap_stopped_workers_one_holding_the_projects_cache_is_started_first() {
+    // s1 was stopped an hour ago, s2 a minute ago, both g5.xlarge spot: equally cheap per job.
+    let with_cache = |w: onoff_policy::WorkerView, projects: &[&str]| onoff_policy::WorkerView {
+        cached_projects: projects.iter().map(|p| p.to_string()).collect(),
+        ..w
+    };
+    let g6 = |w: onoff_policy::WorkerView| onoff_policy::WorkerView {
+        offering: key(G6, CapacityType::Spot),
+        price_usd_per_h: 0.13,
+        ..w
+    };
+    let s1 = || stopped("s1", 1, 3600.0, Some(NOW + 3600.0));
+    let s2 = || stopped("s2", 2, 60.0, Some(NOW + 3600.0));
+    // (row, stopped workers, jobs, started in order)
+    let rows: Vec<(&str, Vec<onoff_policy::WorkerView>, usize, Vec<&str>)> = vec![
+        (
+            "neither holds it: the most recently stopped",
+            vec![s1(), s2()],
+            1,
+            vec!["s2"],
+        ),
+        (
+            "the older one holds it",
+            vec![with_cache(s1(), &["p"]), s2()],
+            1,
+            vec!["s1"],
+        ),
+        (
+            "among other projects' caches",
+            vec![with_cache(s1(), &["q", "p"]), with_cache(s2(), &["q"])],
+            1,
+            vec!["s1"],
+        ),
+        (
+            "another project's cache counts for nothing",
+            vec![with_cache(s1(), &["q"]), s2()],
+            1,
+            vec!["s2"],
+        ),
+        (
+            "both hold it: the most recently stopped",
+            vec![with_cache(s1(), &["p"]), with_cache(s2(), &["p"])],
+            1,
+            vec!["s2"],
+        ),
+        (
+            "two jobs: the one holding it, then the other",
+            vec![with_cache(s1(), &["p"]), s2()],
+            2,
+            vec!["s1", "s2"],
+        ),
+        // Cost first: a dearer offering's cache does not outweigh a cheaper start.
+        (
+            "a dearer worker holding it",
+            vec![with_cache(g6(s1()), &["p"]), s2()],
+            1,
+            vec!["s2"],
+        ),
+    ];
+    for (row, ws, n, want) in rows {
+        let plan = World::new(jobs("j", n), ws).decide(&stopping_cfg(), NOW);
+        let got: Vec<&str> = starts(&plan).iter().map(|x| x.0).collect();
+        assert_eq!(got, want, "{row}: {plan:#?}");
+    }
+}
+
+#[test]
 fn a_stopped_worker_is_started_only_where_a_launch_would_be_worth_it() {
     let mut unavailable = World::new(jobs("j", 1), vec![stopped("s", 1, 60.0, None)]);
     unavailable.unavailable = vec![UnavailableOffering {

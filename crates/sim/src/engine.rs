@@ -721,6 +721,7 @@ impl World {
                 spot_price_usd_per_h: self.spot_reference[oi]
                     .filter(|_| self.onoff_agent && self.lane_spot.get(lane).copied().unwrap_or(false)),
                 stopped_until: None,
+                cached_projects: Vec::new(),
             });
             self.wsim.push(WorkerSim {
                 num,

@@ -402,6 +402,9 @@ struct Worker<'a, M, Q, J, R, C, O, I, L> {
     estimate_read_at: Option<f64>,
     /// The project cache jobs get as `ONOFF_CACHE_DIR`; `None` with `ONOFF_CACHE_GIB` = 0.
     cache: Option<JobCache>,
+    /// The projects the worker's row says its cache holds ([`WorkerRecord::cached_projects`]):
+    /// as read at start, then as last written ([`Worker::record_cache`]).
+    cache_recorded: std::cell::RefCell<Vec<String>>,
     report: AgentReport,
 }
 
@@ -463,13 +466,14 @@ where
             return Err(e);
         }
     };
-    let (lane, price, pinned, spot_price_usd_per_h, run_time_estimate_s) = match record {
+    let (lane, price, pinned, spot_price_usd_per_h, run_time_estimate_s, cache_recorded) = match record {
         Some(r) => (
             r.lane,
             r.price_usd_per_h,
             r.pinned_job,
             r.spot_price_usd_per_h,
             r.run_time_estimate_s,
+            r.cached_projects,
         ),
         None => {
             let lane = cfg.lanes.first().cloned().unwrap_or_else(|| "standard".into());
@@ -498,7 +502,7 @@ where
                 return Err(e);
             }
             tracing::warn!(instance = %me.instance_id, "not registered by the control plane: registered with price 0");
-            (lane, 0.0, None, None, None)
+            (lane, 0.0, None, None, None, Vec::new())
         }
     };
     let lanes = if cfg.lanes.is_empty() {
@@ -512,6 +516,8 @@ where
         tracing::warn!("{w}");
     }
     let cache = JobCache::new(&cfg.work_dir, cfg.cache_gib);
+    // What the cache holds once ready (none without a cache; unknown when it cannot be read).
+    let mut held = Some(Vec::new());
     if let Some(c) = &cache {
         // A project's directory an earlier agent lent and never took back (killed mid-job), and
         // a bound that may have been lowered since.
@@ -519,9 +525,13 @@ where
         if !failed.is_empty() {
             tracing::warn!(projects = ?failed, "project caches left to a job could not be taken back: removed");
         }
-        if let Err(e) = c.trim() {
-            tracing::warn!(error = %e, "trim the project cache");
-        }
+        held = match c.trim() {
+            Ok(t) => Some(t.held),
+            Err(e) => {
+                tracing::warn!(error = %e, "trim the project cache");
+                None
+            }
+        };
     }
     let mut w = Worker {
         deps,
@@ -536,6 +546,7 @@ where
         run_time_estimate_s,
         estimate_read_at: None,
         cache,
+        cache_recorded: std::cell::RefCell::new(cache_recorded),
         report: AgentReport {
             exit: ExitReason::Shutdown,
             jobs: Vec::new(),
@@ -547,6 +558,10 @@ where
             pinned_claimed: None,
         },
     };
+    // A started worker's row says what its cache held when it stopped; a new one's, nothing.
+    if let Some(held) = held {
+        w.record_cache(held).await;
+    }
     let mut shutdown: Pin<Box<dyn Future<Output = ()> + Send + '_>> = Box::pin(shutdown);
     let exit = loop {
         let exit = w.serve(shutdown.as_mut()).await;
@@ -1055,7 +1070,9 @@ where
             report = attempt => report,
             never = watcher => match never {},
         };
-        self.after_attempt(&job);
+        if let Some(held) = self.after_attempt(&job) {
+            self.record_cache(held).await;
+        }
         let alerts = tx.borrow().clone();
         // A stop (a spot notice, the agent's shutdown) or a rebalance recommendation seen during
         // the attempt ends the agent once the attempt is settled, however the job ended.
@@ -1066,7 +1083,9 @@ where
     /// Once an attempt is settled: its project's cache goes back to the agent (removed if it
     /// cannot: no job of another project may read it), its work dir is removed, and the cache is
     /// trimmed to its bound ([`crate::cache`]). Failures are logged: they cost room, never a job.
-    fn after_attempt(&self, job: &JobRecord) {
+    /// Returns the projects the cache holds now ([`crate::cache::Trimmed::held`]); `None`
+    /// without a cache, or when the trim could not read it.
+    fn after_attempt(&self, job: &JobRecord) -> Option<Vec<String>> {
         if let Some(cache) = &self.cache {
             if let Err(e) = cache.take_back(&job.spec.project, self.cfg.job_user) {
                 let dir = cache.dir_of(&job.spec.project);
@@ -1077,16 +1096,41 @@ where
         if let Err(e) = clear_job_dir(&self.cfg.work_dir, &job.id) {
             tracing::warn!(job = %job.id, error = %e, "remove the job's work dir");
         }
-        if let Some(cache) = &self.cache {
-            match cache.trim() {
-                Ok(t) if !t.projects.is_empty() => tracing::info!(
-                    projects = ?t.projects, removed_bytes = t.bytes, kept_bytes = t.kept_bytes,
-                    limit_bytes = t.limit_bytes,
-                    "project cache over ONOFF_CACHE_GIB or half the free room: least recently used projects removed"
-                ),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "trim the project cache"),
+        let cache = self.cache.as_ref()?;
+        match cache.trim() {
+            Ok(t) => {
+                if !t.projects.is_empty() {
+                    tracing::info!(
+                        projects = ?t.projects, removed_bytes = t.bytes, kept_bytes = t.kept_bytes,
+                        limit_bytes = t.limit_bytes,
+                        "project cache over ONOFF_CACHE_GIB or half the free room: least recently used projects removed"
+                    );
+                }
+                Some(t.held)
             }
+            Err(e) => {
+                tracing::warn!(error = %e, "trim the project cache");
+                None
+            }
+        }
+    }
+
+    /// Record in the worker's row the projects its cache holds (`held`, most recently used
+    /// first; the first [`onoff_control::ports::MAX_CACHED_PROJECTS`]) when they differ from what
+    /// the row says, so the policy starts this worker for their jobs first once it is stopped
+    /// ([`WorkerRecord::cached_projects`]). A failed write is logged and tried again after the
+    /// next attempt: it costs a preference, never a job.
+    async fn record_cache(&self, mut held: Vec<String>) {
+        held.truncate(onoff_control::ports::MAX_CACHED_PROJECTS);
+        if *self.cache_recorded.borrow() == held {
+            return;
+        }
+        match self.deps.registry.set_cached_projects(self.id(), &held).await {
+            Ok(()) => {
+                tracing::info!(projects = ?held, "recorded the project cache in the worker's row");
+                *self.cache_recorded.borrow_mut() = held;
+            }
+            Err(e) => tracing::warn!(error = %e, "record the project cache in the worker's row"),
         }
     }
 

@@ -161,6 +161,9 @@ impl Registry for DynamoRegistry {
         }
         self.0.heartbeat(id, state, idle_since, now).await
     }
+    async fn set_cached_projects(&self, id: &str, projects: &[String]) -> Result<(), StoreError> {
+        self.0.set_cached_projects(id, projects).await
+    }
 }
 
 /// Job inputs and outputs on S3, job logs on CloudWatch Logs, job sessions from STS.

@@ -143,6 +143,12 @@ pub struct Trimmed {
     pub kept_bytes: u64,
     /// The limit it was trimmed to, bytes ([`room_limit`]).
     pub limit_bytes: u64,
+    /// The projects whose directories the cache still holds with a byte or more in them, most
+    /// recently used first: what the agent records in its worker's row
+    /// ([`onoff_control::ports::WorkerRecord::cached_projects`]), so the policy starts this
+    /// worker, once stopped, for their jobs first. An empty directory (a job that kept nothing)
+    /// is not listed.
+    pub held: Vec<String>,
 }
 
 /// What the cache may hold, bytes: its bound, and at most half of the room it could have (the
@@ -274,24 +280,29 @@ impl JobCache {
             ..Trimmed::default()
         };
         for (_, bytes, path) in dirs {
-            if total <= out.limit_bytes {
-                break;
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if total > out.limit_bytes {
+                let removed = if path.is_dir() && !path.is_symlink() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+                if removed.is_ok() {
+                    total = total.saturating_sub(bytes);
+                    out.bytes = out.bytes.saturating_add(bytes);
+                    out.projects.push(name.strip_prefix("p-").unwrap_or(&name).to_string());
+                    continue;
+                }
             }
-            let removed = if path.is_dir() && !path.is_symlink() {
-                std::fs::remove_dir_all(&path)
-            } else {
-                std::fs::remove_file(&path)
-            };
-            if removed.is_ok() {
-                total = total.saturating_sub(bytes);
-                out.bytes = out.bytes.saturating_add(bytes);
-                let name = path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                out.projects.push(name.strip_prefix("p-").unwrap_or(&name).to_string());
+            if let Some(project) = name.strip_prefix("p-").filter(|_| bytes > 0 && path.is_dir()) {
+                out.held.push(project.to_string());
             }
         }
+        // Oldest first so far.
+        out.held.reverse();
         out.kept_bytes = total;
         Ok(out)
     }
@@ -340,6 +351,11 @@ mod tests {
         let t = cache.trim_with(None).unwrap();
         assert_eq!(t.projects, vec!["old".to_string()]);
         assert_eq!((t.bytes, t.kept_bytes), (1510, 2020));
+        assert_eq!(
+            t.held,
+            vec!["new".to_string(), "mid".to_string()],
+            "most recently used first"
+        );
         assert!(!cache.dir_of("old").exists());
         assert!(cache.dir_of("mid").join("model/weights.bin").exists());
         // Within the bound: nothing goes.
@@ -350,6 +366,27 @@ mod tests {
         let t = cache.trim_with(None).unwrap();
         assert_eq!(t.projects, vec!["new".to_string()]);
         assert_eq!(t.kept_bytes, 3010);
+        assert_eq!(t.held, vec!["mid".to_string()]);
+    }
+
+    #[test]
+    fn a_project_directory_the_job_left_empty_is_not_listed_as_held() {
+        let work = tempfile::tempdir().unwrap();
+        let cache = JobCache::new(work.path(), 1.0).unwrap();
+        assert_eq!(
+            cache.trim_with(None).unwrap().held,
+            Vec::<String>::new(),
+            "no cache yet"
+        );
+        let d = cache.lend("kept", None).unwrap();
+        write(&d.join("hub/model.bin"), 100);
+        age(&d, 60);
+        cache.lend("nothing", None).unwrap();
+        // A stray file beside the project directories is no project.
+        write(&work.path().join("cache/p-stray"), 10);
+        let t = cache.trim_with(None).unwrap();
+        assert_eq!(t.held, vec!["kept".to_string()], "{t:?}");
+        assert!(cache.dir_of("nothing").exists(), "kept on the volume, only not listed");
     }
 
     #[test]

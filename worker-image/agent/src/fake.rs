@@ -354,6 +354,10 @@ impl Registry for FakeRegistry {
     async fn mark_busy(&self, id: &str, now: f64) -> Result<bool, StoreError> {
         FakeRegistry::mark_busy(self, id, now)
     }
+
+    async fn set_cached_projects(&self, id: &str, projects: &[String]) -> Result<(), StoreError> {
+        FakeRegistry::set_cached_projects(self, id, projects)
+    }
 }
 
 /// Files of one checkpoint: (relative path, bytes).

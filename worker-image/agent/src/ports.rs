@@ -143,6 +143,14 @@ pub trait Registry {
         idle_since: Option<f64>,
         now: f64,
     ) -> Result<(), StoreError>;
+
+    /// The projects whose cache this worker's volume holds, most recently used first
+    /// ([`WorkerRecord::cached_projects`]; at most
+    /// [`onoff_control::ports::MAX_CACHED_PROJECTS`] are kept; none clears them), in any state.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the row is gone; store failures.
+    async fn set_cached_projects(&self, id: &str, projects: &[String]) -> Result<(), StoreError>;
 }
 
 /// The states an agent deregistering (Terminating) moves its row from: every live one. Not
@@ -411,6 +419,9 @@ impl<T: Registry> Registry for &T {
     }
     async fn mark_busy(&self, id: &str, now: f64) -> Result<bool, StoreError> {
         (**self).mark_busy(id, now).await
+    }
+    async fn set_cached_projects(&self, id: &str, projects: &[String]) -> Result<(), StoreError> {
+        (**self).set_cached_projects(id, projects).await
     }
     async fn register(&self, record: WorkerRecord) -> Result<(), StoreError> {
         (**self).register(record).await

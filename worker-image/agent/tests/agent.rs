@@ -2077,6 +2077,67 @@ async fn a_message_received_again_during_the_claim_is_deleted_by_its_next_receiv
 /// again); each project has its own directory; and the cache stays within `ONOFF_CACHE_GIB`, the
 /// least recently used project out first.
 #[tokio::test(start_paused = true)]
+async fn a_worker_records_in_its_row_which_projects_its_cache_holds() {
+    let dir = tempdir("cache-row");
+    let w = World::default();
+    script(&w, "work", 5);
+    // 2,000-byte models and a bound of 5,000 bytes: two projects' fit, three do not.
+    w.launcher.set_model_bytes(2000);
+    let c = AgentConfig {
+        cache_gib: 5000.0 / f64::from(1u32 << 30),
+        ..cfg(dir.path())
+    };
+    let submit_for = |id: &str, project: &str| {
+        submit(&w, id, "work", 1, 600.0);
+        let mut rec = job(&w, id);
+        rec.spec.project = project.into();
+        w.jobs.put(rec);
+    };
+    let recorded = |id: &str| pollster::block_on(w.registry.get(id)).unwrap().unwrap().cached_projects;
+    // A row that lists a cache the volume does not hold (another volume, a lost write): the
+    // agent puts it right when it starts, before any job.
+    register(&w, "i-a");
+    w.registry.set_cached_projects("i-a", &["gone".into()]).unwrap();
+    for (id, project) in [("job-1", "a"), ("job-2", "b"), ("job-3", "c")] {
+        submit_for(id, project);
+    }
+    let (r, _) = agent(&w, "i-a", &c).await;
+    assert_eq!(r.jobs.len(), 3);
+    // `a` was trimmed when `c`'s model came; the most recently used first.
+    assert_eq!(recorded("i-a"), ["c", "b"]);
+    // The same volume again (the instance stopped and started): a job of `b` makes it the most
+    // recently used.
+    submit_for("job-4", "b");
+    register(&w, "i-b");
+    let (r, _) = agent(&w, "i-b", &c).await;
+    assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
+    assert_eq!(w.launcher.cache_hits()[3], Some(true));
+    assert_eq!(recorded("i-b"), ["b", "c"]);
+    // A job that keeps nothing in its project's cache does not list the project.
+    w.launcher.set_model_bytes(0);
+    submit_for("job-5", "keeps-nothing");
+    register(&w, "i-c");
+    let (r, _) = agent(&w, "i-c", &c).await;
+    assert_eq!(r.jobs[0].outcome, Outcome::Succeeded);
+    assert!(dir.path().join("cache/p-keeps-nothing").exists());
+    assert_eq!(recorded("i-c"), ["b", "c"]);
+    // ONOFF_CACHE_GIB = 0: jobs get no cache, and the row lists none.
+    register(&w, "i-d");
+    w.registry.set_cached_projects("i-d", &["b".into()]).unwrap();
+    let (r, _) = agent(
+        &w,
+        "i-d",
+        &AgentConfig {
+            cache_gib: 0.0,
+            ..c.clone()
+        },
+    )
+    .await;
+    assert!(r.jobs.is_empty());
+    assert_eq!(recorded("i-d"), Vec::<String>::new());
+}
+
+#[tokio::test(start_paused = true)]
 async fn jobs_leave_no_work_dir_and_a_projects_cache_serves_its_next_job_within_its_bound() {
     let dir = tempdir("cache");
     let w = World::default();

@@ -63,6 +63,9 @@ pub struct WorkerLine {
     /// EC2's state of its instance (`pending`, `running`); `None` when EC2 lists no pending or
     /// running instance for it (the reconciler will find it gone), or when EC2 was not read.
     pub ec2_state: Option<String>,
+    /// The projects whose cache its volume holds, most recently used first, as its agent last
+    /// recorded them: a stopped worker is started for their jobs first.
+    pub cached_projects: Vec<String>,
 }
 
 /// An instance of the stack that no live worker row names.
@@ -213,6 +216,7 @@ pub fn report(
             ec2_state: instances
                 .as_ref()
                 .and_then(|is| is.iter().find(|i| i.instance_id == w.id).map(|i| i.state.clone())),
+            cached_projects: w.cached_projects.clone(),
         })
         .collect();
     let unregistered: Vec<UnregisteredInstance> = instances
@@ -309,9 +313,14 @@ pub fn render(r: &WorkersReport, now: f64) -> String {
             let doing = match (&w.job, w.idle_s) {
                 (Some(j), _) => j.clone(),
                 (None, _) if w.state == state_name(WorkerState::Stopped) => format!(
-                    "stopped{}",
+                    "stopped{}{}",
                     w.hold_until
-                        .map_or_else(String::new, |t| format!(", kept {} more", span(t - now)))
+                        .map_or_else(String::new, |t| format!(", kept {} more", span(t - now))),
+                    if w.cached_projects.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; cache: {}", w.cached_projects.join(", "))
+                    }
                 ),
                 (None, Some(s)) => format!(
                     "idle {}{}",
@@ -534,6 +543,7 @@ mod tests {
             state: WorkerState::Stopped,
             idle_since: Some(400.0),
             hold_until: Some(now + 3.0 * 3600.0),
+            cached_projects: vec!["llm".into(), "asr".into()],
             ..WorkerRecord::launched("i-stop", "standard", spot.clone(), 0.40, 20.0)
         };
         let spec: onoff_control::job::JobSpec =
@@ -615,7 +625,7 @@ mod tests {
         for needle in [
             "4 worker(s) (1 pending, 1 running, 1 idle, 1 stopped): $1.7600/h",
             "idle 60s, held 5m00s more",
-            "stopped, kept 3h00m more",
+            "stopped, kept 3h00m more; cache: llm, asr",
             "gone: EC2 lists no pending or running instance",
             "instance i-stray (g5.xlarge us-east-1a spot, pending, up 100s) has no worker row",
             "All G and VT Spot Instance Requests",

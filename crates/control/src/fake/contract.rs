@@ -273,6 +273,7 @@ where
         hold_until: Some(now + 600.0),
         spot_price_usd_per_h: Some(0.4375),
         run_time_estimate_s: Some(120.5),
+        cached_projects: vec!["p".into(), "q".into()],
         ..worker(&a, now)
     };
     reg.register_launch(full.clone()).await.expect("register");
@@ -350,6 +351,10 @@ where
         "the start's estimate replaces the launch's"
     );
     assert_eq!((r.idle_since, r.hold_until, r.heartbeat_at), (None, None, None));
+    assert_eq!(
+        r.cached_projects, full.cached_projects,
+        "a stop and a start keep what the volume's cache holds"
+    );
     assert_eq!(
         reg.mark_started(&a, now + 2_100.0, None, None, None).await,
         Ok(false),
@@ -1014,4 +1019,61 @@ pub async fn asked_jobs_are_kept_with_the_count_and_forgotten_by_id<L: Lease>(le
     assert_eq!(full.count, 4 + asks_to_fill as u64 + 1);
     assert_eq!(full.jobs.len(), MAX_KEPT_ASKED_JOBS);
     assert!(!full.jobs.contains(&"job-late".to_string()));
+}
+
+/// What an agent writes of its project cache (`set`: `DynamoWorkers::set_cached_projects` or
+/// [`crate::fake::FakeRegistry::set_cached_projects`], for worker id and projects): the list as
+/// given, most recently used first, cut to [`crate::ports::MAX_CACHED_PROJECTS`]; none clears it;
+/// written in any state (a Stopped row too); an unknown worker is [`StoreError::NotFound`]. Worker
+/// ids as in [`worker_rows_keep_their_conditions`].
+///
+/// # Panics
+/// On the first promise the store breaks, naming it.
+pub async fn cached_projects_are_recorded_bounded<R, S, F>(reg: &R, set: S, tag: &str, now: f64)
+where
+    R: WorkerRegistry,
+    S: Fn(String, Vec<String>) -> F,
+    F: std::future::Future<Output = Result<(), StoreError>>,
+{
+    let a = format!("{tag}1");
+    reg.register_launch(worker(&a, now)).await.expect("register");
+    assert!(row(reg, &a).await.cached_projects.is_empty(), "a launch holds no cache");
+
+    let two = vec!["recent".to_string(), "older".to_string()];
+    set(a.clone(), two.clone()).await.expect("record the cache");
+    assert_eq!(row(reg, &a).await.cached_projects, two, "in the order given");
+    set(a.clone(), two.clone()).await.expect("the write's own retry");
+    assert_eq!(row(reg, &a).await.cached_projects, two);
+
+    let many: Vec<String> = (0..crate::ports::MAX_CACHED_PROJECTS + 4)
+        .map(|i| format!("p{i}"))
+        .collect();
+    set(a.clone(), many.clone()).await.expect("record a long list");
+    assert_eq!(
+        row(reg, &a).await.cached_projects,
+        many[..crate::ports::MAX_CACHED_PROJECTS],
+        "the most recently used MAX_CACHED_PROJECTS"
+    );
+
+    // A Stopped row is written too: the volume keeps its cache through the stop.
+    reg.set_state(&a, WorkerState::Idle).await.expect("idle");
+    assert_eq!(reg.mark_stopped(&a, now + 100.0, now + 3_700.0, now).await, Ok(true));
+    set(a.clone(), vec!["last".to_string()])
+        .await
+        .expect("on a stopped row");
+    let r = row(reg, &a).await;
+    assert_eq!(
+        (r.state, r.cached_projects),
+        (WorkerState::Stopped, vec!["last".to_string()])
+    );
+
+    set(a.clone(), Vec::new()).await.expect("clear");
+    assert!(row(reg, &a).await.cached_projects.is_empty(), "none clears the list");
+    set(a.clone(), Vec::new()).await.expect("clear again");
+
+    assert!(
+        matches!(set(format!("{tag}9"), two).await, Err(StoreError::NotFound(_))),
+        "an unknown worker"
+    );
+    assert_eq!(reg.get(&format!("{tag}9")).await, Ok(None), "no row is made for it");
 }

@@ -542,6 +542,7 @@ mod tests {
             pinned_job: None,
             spot_price_usd_per_h: None,
             stopped_until: None,
+            cached_projects: Vec::new(),
             seq: 0,
             offering: crate::offering::OfferingKey {
                 instance_type: "g5.xlarge".into(),

@@ -198,6 +198,7 @@ mod tests {
             pinned_job: None,
             spot_price_usd_per_h: None,
             stopped_until: None,
+            cached_projects: Vec::new(),
         }
     }
 

@@ -640,7 +640,9 @@ pub(crate) struct StartFor<'r> {
 }
 
 /// Start up to `n` of a lane's stopped workers (`stopped`; the ones started are taken out of
-/// it) for `for_.req` instead of launching, the cheapest per job first; returns how many were
+/// it) for `for_.req` instead of launching, the cheapest per job first, and among those equally
+/// cheap one holding `for_.project`'s cache ([`WorkerView::cached_projects`]), then the most
+/// recently stopped; returns how many were
 /// started. A stopped worker is started when it fits the request (GPUs, memory, capacity type),
 /// its offering is available and still allowed, and its expected cost per job started
 /// ([`PriceTable::restart_cost_at`]), less the wait a start saves over a cold start
@@ -715,12 +717,15 @@ pub(crate) fn push_starts(
     if fit.is_empty() {
         return 0;
     }
-    // Cheapest first; among equals the most recently stopped (its volume the freshest), then by
-    // launch sequence and id: never by the order the workers were listed in.
+    // Cheapest first; among equals one whose volume holds the project's cache (its job finds
+    // what the project's last job left), then the most recently stopped (its volume the
+    // freshest), then by launch sequence and id: never by the order the workers were listed in.
     let since = |w: &WorkerView| w.idle_since.unwrap_or(w.launched_at);
+    let cached = |w: &WorkerView| for_.project.is_some_and(|p| w.cached_projects.iter().any(|c| c == p));
     let order = |a: &(usize, f64), b: &(usize, f64)| {
         let (wa, wb) = (stopped[a.0], stopped[b.0]);
         a.1.total_cmp(&b.1)
+            .then(cached(wb).cmp(&cached(wa)))
             .then(since(wb).total_cmp(&since(wa)))
             .then(wb.seq.cmp(&wa.seq))
             .then_with(|| wa.id.cmp(&wb.id))

@@ -96,6 +96,7 @@ pub fn worker(
         pinned_job: None,
         spot_price_usd_per_h: None,
         stopped_until: None,
+        cached_projects: Vec::new(),
     }
 }
 
