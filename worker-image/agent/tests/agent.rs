@@ -2076,23 +2076,33 @@ async fn a_message_received_again_during_the_claim_is_deleted_by_its_next_receiv
 /// the same worker, also under a later agent on the same volume (an instance stopped and started
 /// again); each project has its own directory; and the cache stays within `ONOFF_CACHE_GIB`, the
 /// least recently used project out first.
-#[tokio::test(start_paused = true)]
-async fn a_worker_records_in_its_row_which_projects_its_cache_holds() {
-    let dir = tempdir("cache-row");
+/// A world whose jobs (program `work`, 5 items) keep a 2,000-byte model in their project's cache,
+/// and an agent configuration bounding the cache to 5,000 bytes: two projects' models fit, three
+/// do not. The work dir is a new temporary directory named after `name`.
+fn cache_world(name: &str) -> (tempfile::TempDir, World, AgentConfig) {
+    let dir = tempdir(name);
     let w = World::default();
     script(&w, "work", 5);
-    // 2,000-byte models and a bound of 5,000 bytes: two projects' fit, three do not.
     w.launcher.set_model_bytes(2000);
     let c = AgentConfig {
         cache_gib: 5000.0 / f64::from(1u32 << 30),
         ..cfg(dir.path())
     };
-    let submit_for = |id: &str, project: &str| {
-        submit(&w, id, "work", 1, 600.0);
-        let mut rec = job(&w, id);
-        rec.spec.project = project.into();
-        w.jobs.put(rec);
-    };
+    (dir, w, c)
+}
+
+/// Submit job `id` (program `work`, one attempt) of `project`.
+fn submit_for_project(w: &World, id: &str, project: &str) {
+    submit(w, id, "work", 1, 600.0);
+    let mut rec = job(w, id);
+    rec.spec.project = project.into();
+    w.jobs.put(rec);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_records_in_its_row_which_projects_its_cache_holds() {
+    let (dir, w, c) = cache_world("cache-row");
+    let submit_for = |id: &str, project: &str| submit_for_project(&w, id, project);
     let recorded = |id: &str| pollster::block_on(w.registry.get(id)).unwrap().unwrap().cached_projects;
     // A row that lists a cache the volume does not hold (another volume, a lost write): the
     // agent puts it right when it starts, before any job.
@@ -2139,24 +2149,11 @@ async fn a_worker_records_in_its_row_which_projects_its_cache_holds() {
 
 #[tokio::test(start_paused = true)]
 async fn jobs_leave_no_work_dir_and_a_projects_cache_serves_its_next_job_within_its_bound() {
-    let dir = tempdir("cache");
-    let w = World::default();
-    script(&w, "work", 5);
-    // 2,000-byte models and a bound of 5,000 bytes: two projects' fit, three do not.
-    w.launcher.set_model_bytes(2000);
-    let c = AgentConfig {
-        cache_gib: 5000.0 / f64::from(1u32 << 30),
-        ..cfg(dir.path())
-    };
+    let (dir, w, c) = cache_world("cache");
     let left = dir.path().join("jobs/job-0/checkpoint/3");
     std::fs::create_dir_all(&left).unwrap();
     std::fs::write(left.join("weights"), b"stale").unwrap();
-    let submit_for = |id: &str, project: &str| {
-        submit(&w, id, "work", 1, 600.0);
-        let mut rec = job(&w, id);
-        rec.spec.project = project.into();
-        w.jobs.put(rec);
-    };
+    let submit_for = |id: &str, project: &str| submit_for_project(&w, id, project);
     for (id, project) in [
         ("job-1", "a"),
         ("job-2", "a"),
