@@ -51,7 +51,9 @@ PULL
 chmod 0755 /usr/local/bin/onoff-pull
 
 # --stop-timeout / TimeoutStopSec: when the host stops the container, the agent gets time to let its
-# job checkpoint and to release it (Docker's default is 10 s).
+# job checkpoint and to release it (Docker's default is 10 s). --ulimit: the open-file limits
+# Amazon Linux 2's Docker gives containers (32768 soft, 65536 hard), on any AMI: Docker 25 and later
+# elsewhere give 1024, too few for PyTorch's DataLoader workers sharing tensors.
 cat > /etc/systemd/system/onoff-agent.service <<UNIT
 [Unit]
 Description=onoff worker agent
@@ -63,7 +65,7 @@ Requires=docker.service
 Type=simple
 ExecStartPre=-/usr/bin/docker rm -f onoff-agent
 ExecStartPre=/usr/local/bin/onoff-pull
-ExecStart=/usr/bin/docker run --name onoff-agent --rm --gpus all --network host --stop-timeout 120 --shm-size ${SHM_MIB}m --env-file /etc/onoff/agent.env -v /var/lib/onoff:/var/lib/onoff ${ONOFF_IMAGE}
+ExecStart=/usr/bin/docker run --name onoff-agent --rm --gpus all --network host --stop-timeout 120 --shm-size ${SHM_MIB}m --ulimit nofile=32768:65536 --env-file /etc/onoff/agent.env -v /var/lib/onoff:/var/lib/onoff ${ONOFF_IMAGE}
 ExecStop=/usr/bin/docker stop -t 120 onoff-agent
 TimeoutStartSec=900
 TimeoutStopSec=150

@@ -511,8 +511,15 @@ where
         cfg.lanes.clone()
     };
     let shm_bytes = crate::process::fs_size_bytes(std::path::Path::new(crate::process::SHM_DIR));
-    tracing::info!(instance = %me.instance_id, ?lanes, price_usd_per_h = price, ?shm_bytes, "agent started");
-    if let Some(w) = crate::process::shm_warning(shm_bytes) {
+    let nofile = crate::process::nofile_limits();
+    tracing::info!(instance = %me.instance_id, ?lanes, price_usd_per_h = price, ?shm_bytes, ?nofile, "agent started");
+    for w in [
+        crate::process::shm_warning(shm_bytes),
+        crate::process::nofile_warning(nofile),
+    ]
+    .into_iter()
+    .flatten()
+    {
         tracing::warn!("{w}");
     }
     let cache = JobCache::new(&cfg.work_dir, cfg.cache_gib);

@@ -176,6 +176,35 @@ pub fn shm_warning(bytes: Option<u64>) -> Option<String> {
     }
 }
 
+/// Soft limit on open files under which the agent warns when it starts: 4096. A job inherits
+/// the agent's limits. Docker 25 and later give a container systemd's 1024 soft limit
+/// (moby/moby#45534, containerd/containerd#8924) unless the daemon or `docker run --ulimit`
+/// sets one; PyTorch's DataLoader workers pass each shared tensor as a file descriptor, and at
+/// 1024 fail with "Too many open files". template.yaml's user data sets 32768 (soft) and 65536
+/// (hard), what Amazon Linux 2's Docker package gives every container
+/// (`--default-ulimit nofile=32768:65536` in its `/etc/sysconfig/docker`), so a worker's jobs find
+/// the same on any AMI.
+pub const NOFILE_WARN: u64 = 4096;
+
+/// This process's limits on open files, (soft, hard) (`getrlimit(RLIMIT_NOFILE)`; unlimited is
+/// `u64::MAX`); `None` when they cannot be read.
+pub fn nofile_limits() -> Option<(u64, u64)> {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).ok()
+}
+
+/// The warning the agent logs at start for open-file limits `limits` (soft, hard), if the soft
+/// one is under [`NOFILE_WARN`] (or they could not be read: `None`).
+pub fn nofile_warning(limits: Option<(u64, u64)>) -> Option<String> {
+    let advice = "jobs that open many files or pass many tensors between processes (PyTorch \
+                  DataLoader workers) may fail with \"Too many open files\": run the agent's \
+                  container with --ulimit nofile=32768:65536 (template.yaml's user data does)";
+    match limits {
+        Some((soft, _)) if soft >= NOFILE_WARN => None,
+        Some((soft, hard)) => Some(format!("open files are limited to {soft} (hard {hard}): {advice}")),
+        None => Some(format!("the open-file limit could not be read: {advice}")),
+    }
+}
+
 fn forward<R: AsyncRead + Unpin + Send + 'static>(r: R, tx: mpsc::Sender<JobEvent>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut lines = BufReader::new(r).lines();
@@ -360,6 +389,24 @@ mod tests {
         // This machine's /dev/shm is read as a size, not as free space.
         let size = fs_size_bytes(std::path::Path::new(SHM_DIR)).expect("/dev/shm is readable here");
         assert!(size > 0);
+    }
+
+    #[test]
+    fn a_containers_default_open_file_limit_is_warned_of_and_the_templates_is_not() {
+        // Docker 25+'s default for a container: warned of, with the limits and the remedy.
+        let w = nofile_warning(Some((1024, 524_288))).expect("1024 is warned of");
+        assert!(
+            w.contains("1024") && w.contains("524288") && w.contains("--ulimit"),
+            "{w}"
+        );
+        assert!(nofile_warning(None).is_some(), "unreadable limits are warned of");
+        // What the template's user data sets, and unlimited, are not.
+        assert_eq!(nofile_warning(Some((32_768, 65_536))), None);
+        assert_eq!(nofile_warning(Some((NOFILE_WARN, NOFILE_WARN))), None);
+        assert_eq!(nofile_warning(Some((u64::MAX, u64::MAX))), None);
+        // This process's are read, soft within hard.
+        let (soft, hard) = nofile_limits().expect("readable here");
+        assert!(0 < soft && soft <= hard, "{soft} {hard}");
     }
 
     #[tokio::test]

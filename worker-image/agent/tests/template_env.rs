@@ -90,3 +90,35 @@ fn the_user_datas_values_parse_as_the_agent_parses_them() {
     assert_eq!(r.queue_urls.len(), 2);
     assert_eq!(r.instance_arn_prefix, "arn:aws:ec2:us-east-1:123456789012:instance/");
 }
+
+/// The words of the `docker run` that starts the agent's container in `text` (a user data).
+fn agent_docker_run(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix("ExecStart=/usr/bin/docker run "))
+        .expect("the agent's unit runs its container")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_agents_container_gets_open_file_limits_the_agent_does_not_warn_of_in_both_user_datas() {
+    for file in ["template.yaml", "worker-image/examples/user-data.sh"] {
+        let words = agent_docker_run(&std::fs::read_to_string(repo().join(file)).unwrap());
+        let limits = words
+            .windows(2)
+            .find(|w| w[0] == "--ulimit" && w[1].starts_with("nofile="))
+            .map(|w| w[1]["nofile=".len()..].to_string())
+            .unwrap_or_else(|| panic!("{file}: docker run sets no open-file limit: {words:?}"));
+        let (soft, hard) = limits.split_once(':').expect("soft:hard");
+        let (soft, hard): (u64, u64) = (soft.parse().unwrap(), hard.parse().unwrap());
+        assert!(soft <= hard, "{file}: {limits}");
+        assert_eq!(
+            onoff_agent::process::nofile_warning(Some((soft, hard))),
+            None,
+            "{file}: {limits}"
+        );
+        assert!(words.iter().any(|w| w == "--shm-size"), "{file}: {words:?}");
+    }
+}
