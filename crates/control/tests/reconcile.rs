@@ -1147,6 +1147,52 @@ fn an_idle_worker_is_stopped_kept_through_the_reaper_and_started_again_for_the_n
 }
 
 #[test]
+fn a_stopped_worker_whose_volume_holds_the_jobs_project_cache_is_started_before_a_fresher_one() {
+    // Two workers run a job each; `a` is stopped at NOW + 1,160, `b` at NOW + 1,220. Then a job
+    // of project `p` comes: with no cache recorded the most recently stopped, `b`, is started;
+    // with `a`'s agent having recorded `p` (and `b`'s another project), `a` is.
+    for a_holds_p in [false, true] {
+        let w = World::stopping();
+        let jobs = w.submit(2);
+        w.reconcile(NOW + 1.0, false);
+        let ids: Vec<String> = w.workers.records().keys().cloned().collect();
+        assert_eq!(ids.len(), 2, "one worker per job");
+        let (a, b) = (&ids[0], &ids[1]);
+        for (job, id) in jobs.iter().zip([a, b]) {
+            pollster::block_on(w.jobs.claim(job, id, NOW + 10_000.0, NOW + 400.0)).unwrap();
+            pollster::block_on(w.jobs.transition(job, JobState::Running, JobState::Succeeded)).unwrap();
+        }
+        w.workers
+            .agent_heartbeat(a, WorkerState::Idle, Some(NOW + 500.0), NOW + 1_150.0)
+            .unwrap();
+        w.workers
+            .agent_heartbeat(b, WorkerState::Idle, Some(NOW + 600.0), NOW + 1_150.0)
+            .unwrap();
+        let r = w.reconcile(NOW + 1_160.0, true);
+        assert_eq!(r.acted.stopped, vec![a.clone()], "{:?}", r.plan);
+        w.workers
+            .agent_heartbeat(b, WorkerState::Idle, Some(NOW + 600.0), NOW + 1_210.0)
+            .unwrap();
+        let r = w.reconcile(NOW + 1_220.0, true);
+        assert_eq!(r.acted.stopped, vec![b.clone()], "{:?}", r.plan);
+        if a_holds_p {
+            w.workers.set_cached_projects(a, &["p".into()]).unwrap();
+            w.workers.set_cached_projects(b, &["q".into()]).unwrap();
+        }
+        w.submit_timed("next", 3600.0);
+        let r = w.reconcile(NOW + 2_000.0, true);
+        let want = if a_holds_p { a } else { b };
+        assert_eq!(
+            &r.acted.started,
+            &vec![want.clone()],
+            "cache recorded: {a_holds_p}; {:?}",
+            r.plan
+        );
+        assert!(r.acted.launched.is_empty(), "{:?}", r.plan);
+    }
+}
+
+#[test]
 fn a_job_arriving_while_ec2_still_stops_the_idle_worker_waits_for_it_rather_than_a_launch() {
     let w = World::stopping();
     let (id, r) = w.idle_worker_released();
