@@ -358,7 +358,8 @@ impl WorkerRecord {
     /// A worker as registered at its launch: state Pending, launched at `launched_at` (unix
     /// seconds), billed `price_usd_per_h` ($/h; 0 when its agent registers it, see
     /// [`WorkerRegistry::set_price_if_unpriced`]), with no project, idle time, heartbeat, pinned
-    /// job, hold, spot reference, run-time estimate or cached project. Set those with struct update syntax.
+    /// job, hold, spot reference, run-time estimate or cached project. Set those with struct
+    /// update syntax.
     pub fn launched(
         id: impl Into<String>,
         lane: impl Into<String>,

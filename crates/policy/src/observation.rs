@@ -125,8 +125,8 @@ pub struct WorkerView {
     #[serde(default)]
     pub stopped_until: Option<f64>,
     /// The projects whose cache its volume holds, most recently used first (its agent's
-    /// `ONOFF_CACHE_DIR` directories, at most `onoff_control::ports::MAX_CACHED_PROJECTS`), as its agent
-    /// last wrote them; empty when none or unknown. A stopped worker keeps them through its stop
+    /// `ONOFF_CACHE_DIR` directories, at most `onoff_control::ports::MAX_CACHED_PROJECTS`), as
+    /// its agent last wrote them; empty when none or unknown. A stopped worker keeps them through its stop
     /// (the volume is EBS): among stopped workers equally cheap per job, one holding the
     /// project's cache is started for it first, so its job does not download again what the
     /// last one left (model weights, datasets, compiled kernels).

@@ -297,7 +297,8 @@ impl JobCache {
                     continue;
                 }
             }
-            if let Some(project) = name.strip_prefix("p-").filter(|_| bytes > 0 && path.is_dir()) {
+            let real_dir = path.is_dir() && !path.is_symlink();
+            if let Some(project) = name.strip_prefix("p-").filter(|_| bytes > 0 && real_dir) {
                 out.held.push(project.to_string());
             }
         }
