@@ -64,7 +64,8 @@ pub struct WorkerLine {
     /// running instance for it (the reconciler will find it gone), or when EC2 was not read.
     pub ec2_state: Option<String>,
     /// The projects whose cache its volume holds, most recently used first, as its agent last
-    /// recorded them: a stopped worker is started for their jobs first.
+    /// recorded them (shown for idle and stopped workers): a stopped worker is started for their
+    /// jobs first.
     pub cached_projects: Vec<String>,
 }
 
@@ -310,20 +311,21 @@ pub fn render(r: &WorkersReport, now: f64) -> String {
             "ec2",
         ]);
         for w in &r.workers {
+            // What its volume holds for the next job of a project, on a worker waiting for one.
+            let cache = if w.cached_projects.is_empty() {
+                String::new()
+            } else {
+                format!("; cache: {}", w.cached_projects.join(", "))
+            };
             let doing = match (&w.job, w.idle_s) {
                 (Some(j), _) => j.clone(),
                 (None, _) if w.state == state_name(WorkerState::Stopped) => format!(
-                    "stopped{}{}",
+                    "stopped{}{cache}",
                     w.hold_until
-                        .map_or_else(String::new, |t| format!(", kept {} more", span(t - now))),
-                    if w.cached_projects.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; cache: {}", w.cached_projects.join(", "))
-                    }
+                        .map_or_else(String::new, |t| format!(", kept {} more", span(t - now)))
                 ),
                 (None, Some(s)) => format!(
-                    "idle {}{}",
+                    "idle {}{}{cache}",
                     span(s),
                     w.hold_until
                         .map_or_else(String::new, |t| format!(", held {} more", span(t - now)))
@@ -535,6 +537,7 @@ mod tests {
             state: WorkerState::Idle,
             idle_since: Some(940.0),
             hold_until: Some(1300.0),
+            cached_projects: vec!["llm".into()],
             ..WorkerRecord::launched("i-idle", "standard", spot.clone(), 0.25, 50.0)
         };
         let gone = WorkerRecord::launched("i-gone", "express", spot.clone(), 1.0, 200.0);
@@ -624,7 +627,7 @@ mod tests {
         let text = render(&r, now);
         for needle in [
             "4 worker(s) (1 pending, 1 running, 1 idle, 1 stopped): $1.7600/h",
-            "idle 60s, held 5m00s more",
+            "idle 60s, held 5m00s more; cache: llm",
             "stopped, kept 3h00m more; cache: llm, asr",
             "gone: EC2 lists no pending or running instance",
             "instance i-stray (g5.xlarge us-east-1a spot, pending, up 100s) has no worker row",
