@@ -1831,7 +1831,7 @@ impl Deployment {
     }
 
     async fn submit_one(&self, name: &str, now: f64) -> String {
-        use onoff_control::submit::{submit, Source, Submitted};
+        use onoff_control::submit::{submit, Source};
         let spec = format!(
             r#"{{"image":"img","command":["x"],"project":"p","lane":"{}"}}"#,
             self.lane
@@ -1839,12 +1839,11 @@ impl Deployment {
         let src = Source::Sqs {
             message_id: unique(name),
         };
-        match submit(&spec, &src, &[self.lane.as_str()], now, &self.jobs, &self.queues)
+        submit(&spec, &src, &[self.lane.as_str()], now, &self.jobs, &self.queues)
             .await
             .unwrap()
-        {
-            Submitted::New(id) | Submitted::Existing(id) => id,
-        }
+            .id()
+            .to_string()
     }
 
     async fn running_ids(&self) -> Vec<String> {

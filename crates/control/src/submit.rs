@@ -1,11 +1,22 @@
 //! The submit use case: validate a job spec, write the job record, enqueue it.
 //!
 //! Order: validate → create the record (idempotent by id) → send the wake-up message → record
-//! `sent_at`. A retry after a failure at any step resumes there; a resubmission of a job already
-//! sent sends nothing (and if the message is lost anyway, the reaper sends another within two
-//! lease periods). A bad spec leaves an error record with its reason and nothing else: one over
+//! `sent_at`. The submission is done once the record is written: the row is the job. A wake-up
+//! message that cannot be sent is left to the reconciler's reaper, which sends one to a pending
+//! row that never had one at its next run ([`Submitted::Unsent`]; `reconcile::reap_jobs`), so
+//! the submission is not retried for it. A failure before the record is written is retryable; a
+//! retry resumes there, and a resubmission of a job already written sends at most its missing
+//! wake-up. A bad spec leaves an error record with its reason and nothing else: one over
 //! [`MAX_SPEC_BYTES`], one that does not parse or validate, one the [`Rules`] say no allowed
 //! instance can run ([`feasible`]), and one the jobs table refuses as invalid.
+//!
+//! So a submission that ends in the submission queue's dead-letter queue made no job. That
+//! matters on AWS: a dead-letter queue redrive (`StartMessageMoveTask`, the console's "Start DLQ
+//! redrive") gives every message it moves a new message id ("All redriven messages are considered
+//! new messages and are assigned a new messageID and enqueueTime", Amazon SQS Developer Guide,
+//! "Configure a dead-letter queue redrive"), and a message without a `client_token` is keyed by its
+//! id: had a written job's submission been dead-lettered, its redrive would have made a second
+//! job.
 
 pub use crate::admission::{feasible, too_large, Admission, Rules, MAX_SPEC_BYTES};
 use crate::job::{bounded_reason, job_id_for, JobSpec};
@@ -59,6 +70,33 @@ pub enum Submitted {
     New(String),
     /// A resubmission of an existing job (enqueued now if it had not been).
     Existing(String),
+    /// A job written (new, or an existing one never enqueued) whose wake-up message could not
+    /// be sent, or whose `sent_at` could not be recorded after it was: the submission is done
+    /// all the same, and the reconciler's reaper sends a message at its next run where the
+    /// lane's queue holds fewer than it has pending jobs (a pending row with no message
+    /// recorded is due at once, `JobRecord::needs_wake_up`).
+    Unsent {
+        /// The job.
+        id: String,
+        /// Whether this submission created it.
+        new: bool,
+        /// Why the message was not sent (the queue's or the table's error).
+        reason: String,
+    },
+}
+
+impl Submitted {
+    /// The job's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Submitted::New(id) | Submitted::Existing(id) | Submitted::Unsent { id, .. } => id,
+        }
+    }
+
+    /// Whether this submission created the job.
+    pub fn is_new(&self) -> bool {
+        matches!(self, Submitted::New(_) | Submitted::Unsent { new: true, .. })
+    }
 }
 
 /// Why a submission failed.
@@ -162,7 +200,15 @@ pub async fn submit<J: JobStore, Q: JobQueue, R: Rules + ?Sized>(
     };
     match wake(jobs, queue, &id, &stored, 0, now).await {
         Ok(()) | Err(WakeError::Store(StoreError::NotFound(_))) => {}
-        Err(e) => return Err(retryable(&e)),
+        // The row is written: the job exists, and the reaper sends its message. Retrying the
+        // submission instead could dead-letter a job's submission (module docs).
+        Err(e) => {
+            return Ok(Submitted::Unsent {
+                id,
+                new: !existing,
+                reason: e.to_string(),
+            })
+        }
     }
     Ok(if existing {
         Submitted::Existing(id)

@@ -7,7 +7,7 @@ use onoff_control::ports::{
     wake_up_body, Claim, FleetError, FleetErrorKind, JobStore, LaunchRequest, WorkerRecord, WorkerRegistry,
 };
 use onoff_control::reconcile::{reconcile, ReconcileOptions, ReconcileReport};
-use onoff_control::submit::{submit, Source, Submitted};
+use onoff_control::submit::{submit, Source};
 use onoff_policy::{Action, CapacityType, LaneConfig, Offering, OfferingKey, PolicyConfig, WorkerState};
 
 const NOW: f64 = 1_700_000_000.0;
@@ -90,9 +90,10 @@ impl World {
                 let src = Source::Sqs {
                     message_id: format!("m{i}"),
                 };
-                match pollster::block_on(submit(&spec, &src, &["standard"], NOW, &self.jobs, &self.queue)).unwrap() {
-                    Submitted::New(id) | Submitted::Existing(id) => id,
-                }
+                pollster::block_on(submit(&spec, &src, &["standard"], NOW, &self.jobs, &self.queue))
+                    .unwrap()
+                    .id()
+                    .to_string()
             })
             .collect()
     }
@@ -110,9 +111,10 @@ impl World {
         let src = Source::Sqs {
             message_id: format!("m-{token}"),
         };
-        match pollster::block_on(submit(&spec, &src, &["standard"], at, &self.jobs, &self.queue)).unwrap() {
-            Submitted::New(id) | Submitted::Existing(id) => id,
-        }
+        pollster::block_on(submit(&spec, &src, &["standard"], at, &self.jobs, &self.queue))
+            .unwrap()
+            .id()
+            .to_string()
     }
 
     /// A worker launched for job `first` (queued), which it claims at `NOW + 100` and runs;
@@ -1285,9 +1287,10 @@ fn finished_stream(w: &World) -> f64 {
         let src = Source::Sqs {
             message_id: format!("s{i}"),
         };
-        let id = match pollster::block_on(submit(&spec, &src, &["standard"], at, &w.jobs, &w.queue)).unwrap() {
-            Submitted::New(id) | Submitted::Existing(id) => id,
-        };
+        let id = pollster::block_on(submit(&spec, &src, &["standard"], at, &w.jobs, &w.queue))
+            .unwrap()
+            .id()
+            .to_string();
         pollster::block_on(w.jobs.claim(&id, "i-gone", at + 10_000.0, at + 1.0)).unwrap();
         pollster::block_on(w.jobs.transition(&id, JobState::Running, JobState::Succeeded)).unwrap();
     }

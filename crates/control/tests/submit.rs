@@ -3,7 +3,9 @@
 use onoff_control::fake::{FakeJobs, FakeQueue};
 use onoff_control::job::{AttemptEnd, JobState, RerunLimits, Settle};
 use onoff_control::ports::{Claim, JobStore, StoreError};
+use onoff_control::reconcile::{reap_jobs, ReconcileOptions};
 use onoff_control::submit::{submit, Source, SubmitError, Submitted};
+use std::collections::BTreeSet;
 
 const LANES: &[&str] = &["express", "standard"];
 const NOW: f64 = 1_700_000_000.0;
@@ -77,22 +79,64 @@ fn a_bad_spec_leaves_an_error_record_and_nothing_else() {
 }
 
 #[test]
-fn a_failed_send_is_retryable_and_the_retry_enqueues_once() {
+fn a_failed_send_still_submits_the_job_and_the_reaper_sends_its_message() {
     let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
     queue.fail_next("AWS.SimpleQueueService.NonExistentQueue");
-    let err = pollster::block_on(submit(GOOD, &s3("jobs/a.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap_err();
-    assert!(matches!(err, SubmitError::Retryable { .. }), "{err:?}");
-    let rec = jobs.records().into_values().next().unwrap();
-    assert_eq!(rec.sent_at, None);
-    // The retry (SQS redelivery, S3 event retry) finds the job and enqueues it.
+    let got = pollster::block_on(submit(GOOD, &s3("jobs/a.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap();
+    let Submitted::Unsent { id, new: true, reason } = &got else {
+        panic!("{got:?}")
+    };
+    assert!(reason.contains("NonExistentQueue"), "{reason}");
+    assert!(got.is_new());
+    let rec = jobs.records()[id].clone();
+    assert_eq!((rec.state, rec.sent_at), (JobState::Queued, None));
+    assert!(queue.sent().is_empty());
+    // The reconciler's next run sends the message the submission could not.
+    let snapshot = pollster::block_on(jobs.active()).unwrap().items;
+    let opts = ReconcileOptions::default();
+    pollster::block_on(reap_jobs(&snapshot, &BTreeSet::new(), &opts, NOW + 60.0, &jobs, &queue));
+    assert_eq!(
+        queue.sent(),
+        vec![("standard".to_string(), format!(r#"{{"gpus":2,"job_id":"{id}"}}"#))]
+    );
+    assert_eq!(jobs.records()[id].sent_at, Some(NOW + 60.0));
+    // A redelivery of the same submission finds the job sent: nothing more.
     let again = pollster::block_on(submit(GOOD, &s3("jobs/a.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap();
-    assert!(matches!(again, Submitted::Existing(_)));
+    assert_eq!(again, Submitted::Existing(id.clone()));
     assert_eq!(queue.sent().len(), 1);
-    assert_eq!(jobs.records().into_values().next().unwrap().sent_at, Some(NOW));
-    // A store failure is retryable too.
+    // A store failure before the row is written is retryable: nothing was made.
     jobs.fail_next(StoreError::Other("ProvisionedThroughputExceeded".into()));
     let err = pollster::block_on(submit(GOOD, &s3("jobs/c.json", "e1"), LANES, NOW, &jobs, &queue)).unwrap_err();
     assert!(matches!(err, SubmitError::Retryable { .. }));
+    assert_eq!(jobs.records().len(), 1);
+}
+
+/// A submission the queue's redrive policy dead-letters (every receive failed) made no job: a
+/// dead-letter queue redrive, which sends the body again under a new message id, makes exactly
+/// one. And a submission that made a job is never failed back to SQS, so its redrive cannot
+/// make a second (the send failing on every try included).
+#[test]
+fn a_dead_lettered_submission_made_no_job_so_its_redrive_under_a_new_message_id_makes_one() {
+    let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
+    let sqs = |id: &str| Source::Sqs { message_id: id.into() };
+    // maxReceiveCount receives of message m1, each refused by the table before a row is written.
+    for _ in 0..5 {
+        jobs.fail_next(StoreError::Other("ProvisionedThroughputExceeded".into()));
+        let err = pollster::block_on(submit(GOOD, &sqs("m1"), LANES, NOW, &jobs, &queue)).unwrap_err();
+        assert!(matches!(err, SubmitError::Retryable { .. }), "{err:?}");
+    }
+    assert!(jobs.records().is_empty());
+    // The redrive: the same body, message id m2.
+    let got = pollster::block_on(submit(GOOD, &sqs("m2"), LANES, NOW + 900.0, &jobs, &queue)).unwrap();
+    assert!(matches!(got, Submitted::New(_)), "{got:?}");
+    assert_eq!(jobs.records().len(), 1);
+    // Message m3's row is written but its send fails on each receive: the first receive is a
+    // success already (nothing for SQS to redeliver or dead-letter), and the one job it made is
+    // all there is.
+    queue.fail_next("ServiceUnavailable");
+    let got = pollster::block_on(submit(GOOD, &sqs("m3"), LANES, NOW, &jobs, &queue)).unwrap();
+    assert!(matches!(got, Submitted::Unsent { new: true, .. }), "{got:?}");
+    assert_eq!(jobs.records().len(), 2);
 }
 
 #[test]

@@ -3,8 +3,11 @@
 //! Each spec is validated, checked against the policy and the catalogue (some allowed instance must
 //! be able to run it), written as a job and enqueued in its lane (idempotent by client token, or
 //! by S3 key, ETag and version id, or by SQS message id). A bad spec gets an error record with its
-//! reason; an SQS record that fails is reported in `batchItemFailures`, so SQS redelivers it and,
-//! after maxReceiveCount, moves it to the dead-letter queue. After new jobs it asks the scaler to
+//! reason; an SQS record that fails (rejected, or not written) is reported in `batchItemFailures`,
+//! so SQS redelivers it and, after maxReceiveCount, moves it to the dead-letter queue. A job
+//! written whose wake-up message could not be sent is submitted all the same (the reconciler
+//! sends the message): a record in the dead-letter queue made no job, so a redrive, which gives
+//! it a new message id, makes one at most. After new jobs it asks the scaler to
 //! run at once (an asynchronous invoke: this function holds no launch rights), so scale-from-zero
 //! does not wait for the alarm period.
 //!
@@ -128,6 +131,12 @@ where
                         new_jobs.push(job);
                     }
                     Ok(Submitted::Existing(job)) => tracing::info!(%job, message = %id, "already submitted"),
+                    Ok(Submitted::Unsent { id: job, new, reason }) => {
+                        tracing::warn!(%job, message = %id, %reason, "submitted; its wake-up message was not sent: the reconciler's next run sends it");
+                        if new {
+                            new_jobs.push(job);
+                        }
+                    }
                     Err(e) => {
                         match &e {
                             SubmitError::Rejected { .. } => {
@@ -178,6 +187,13 @@ where
                     }
                     Ok(Submitted::Existing(job)) => {
                         results.push(serde_json::json!({ "key": key, "job": job, "existing": true }))
+                    }
+                    Ok(Submitted::Unsent { id: job, new, reason }) => {
+                        tracing::warn!(%job, %key, %reason, "submitted; its wake-up message was not sent: the reconciler's next run sends it");
+                        results.push(serde_json::json!({ "key": key, "job": job, "existing": !new, "unsent": reason }));
+                        if new {
+                            new_jobs.push(job);
+                        }
                     }
                     Err(e @ SubmitError::Rejected { .. }) => {
                         tracing::warn!(error = %e, "rejected; the error record holds the reason");
@@ -253,6 +269,35 @@ mod tests {
         .unwrap();
         assert_eq!(ctx.jobs.records().len(), 1);
         assert_eq!(asks.scale_requests.lock().unwrap().len(), 1);
+    }
+
+    /// A record whose job is written but whose wake-up message cannot be sent is not failed
+    /// back to SQS: the job exists, so a redelivery, and after maxReceiveCount a dead-letter
+    /// queue redrive under a new message id, would only risk a second one. The scaler is asked
+    /// for it as for any new job; the reconciler sends its message.
+    #[tokio::test]
+    async fn a_record_whose_job_is_written_is_not_failed_back_when_its_message_cannot_be_sent() {
+        let ctx = fake_ctx();
+        let asks = FakeObjects::default();
+        ctx.queues
+            .fail_next("AWS.SimpleQueueService.NonExistentQueue: the queue was deleted");
+        let out = handle(
+            &ctx,
+            &asks,
+            LambdaEvent::new(sample("sqs-submission-batch.json"), lambda_runtime::Context::default()),
+        )
+        .await
+        .unwrap();
+        // Only the malformed record fails.
+        let failures = out["batchItemFailures"].as_array().unwrap();
+        assert_eq!(failures.len(), 1, "{out}");
+        assert_eq!(failures[0]["itemIdentifier"], "2e1424d4-f796-459a-8184-9c92662be6da");
+        let jobs = ctx.jobs.records();
+        assert_eq!(jobs.len(), 1);
+        let job = jobs.values().next().unwrap();
+        assert_eq!((job.state, job.sent_at), (JobState::Queued, None));
+        assert!(ctx.queues.sent().is_empty());
+        assert_eq!(*asks.scale_requests.lock().unwrap(), ["submit: 1 new job(s)"]);
     }
 
     const BUCKET: &str = "onoff-jobs-123456789012";
