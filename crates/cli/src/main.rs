@@ -67,6 +67,10 @@ enum Cmd {
     /// error, vCPU quotas found full.
     #[cfg(feature = "local")]
     Workers(ops::WorkersArgs),
+    /// What the dead-letter queues and the failed-events queue hold, why (each message's error
+    /// record or the function's error) and what to do; read only (the `onoff-dead-letters` alarm).
+    #[cfg(feature = "local")]
+    DeadLetters(ops::DeadLettersArgs),
 }
 
 #[derive(clap::Args)]
@@ -210,6 +214,8 @@ fn main() -> Result<()> {
         Cmd::Cost(a) => block_on(ops::cost(a)),
         #[cfg(feature = "local")]
         Cmd::Workers(a) => block_on(ops::workers(a)),
+        #[cfg(feature = "local")]
+        Cmd::DeadLetters(a) => block_on(ops::dead_letters(a)),
     }
 }
 

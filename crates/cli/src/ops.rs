@@ -18,8 +18,12 @@
 //! - `cost`: from the attempts the jobs table records and the workers table.
 //! - `workers`: the live workers, EC2's instances of the stack, and what holds launches back
 //!   ([`mod@workers`]).
+//! - `dead-letters`: what the dead-letter queues and the failed-events queue hold, and why
+//!   ([`mod@dead_letters`]).
 
+mod dead_letters;
 mod workers;
+pub use dead_letters::{dead_letters, DeadLettersArgs};
 pub use workers::{workers, WorkersArgs};
 
 use std::collections::BTreeMap;
@@ -65,6 +69,8 @@ pub struct Ops {
     jobs_table: String,
     workers_table: String,
     log_group: String,
+    /// URLs of the dead-letter queues (submissions', each lane's) and the failed-events queue.
+    dead_letter_queues: Vec<String>,
     settings: onoff_fn_common::Settings,
     /// The worker image jobs must name (a deployed stack's `WorkerImageUri`).
     image: Option<String>,
@@ -144,6 +150,7 @@ impl Ops {
             jobs_table: s.jobs_table,
             workers_table: s.workers_table,
             log_group: s.log_group,
+            dead_letter_queues: s.dead_letter_queues,
             settings,
             image: Some(onoff_local::iam::LOCAL_IMAGE.into()),
             json: t.json,
@@ -225,6 +232,15 @@ impl Ops {
             jobs_table,
             workers_table: output("WorkersTableName")?,
             log_group: output("WorkerLogGroupName")?,
+            dead_letter_queues: [
+                "SubmissionDeadLetterQueueUrl",
+                "ExpressDeadLetterQueueUrl",
+                "StandardDeadLetterQueueUrl",
+                "FailedEventsQueueUrl",
+            ]
+            .into_iter()
+            .map(output)
+            .collect::<Result<_>>()?,
             settings,
             image,
             json: t.json,

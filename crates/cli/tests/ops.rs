@@ -2,7 +2,9 @@
 //! worker at most): a job submitted from a YAML spec runs, `onoff logs` shows its own lines and
 //! `onoff outputs` downloads the file it wrote; a long job is cancelled while it runs and one
 //! while it waits (`onoff workers` shows the one worker running the first); a job put by the AWS
-//! CLI (`aws s3 cp` under `jobs/`) runs too; `onoff cost` per project adds up to what the jobs
+//! CLI (`aws s3 cp` under `jobs/`) runs too; a spec sent to the submission queue that submit
+//! refuses reaches its dead-letter queue, where `onoff dead-letters` shows it with its reason;
+//! `onoff cost` per project adds up to what the jobs
 //! recorded; after Ctrl-C nothing is left running. The account has no G spot quota (played by the
 //! emulator), so the workers are on-demand and `onoff workers` names the full quota. Every verb
 //! runs under `OperatorAccess`, and none of its calls is denied.
@@ -278,6 +280,90 @@ fn the_operator_verbs_on_a_served_local_stack() {
         })
     });
     assert!(ok(&onoff(&stack, &["logs", &by_cli])).contains("put by the aws cli"));
+
+    // 4a. A spec sent to the submission queue that submit refuses: after the queue's
+    // maxReceiveCount receives SQS moves it to its dead-letter queue, and `onoff dead-letters`
+    // shows it with the reason submit recorded. Reading it does not take it away: a second read
+    // shows it again.
+    let send = Command::new(venv_bin.join("aws"))
+        .args([
+            "sqs",
+            "send-message",
+            "--queue-url",
+            s["submission_queue"].as_str().unwrap(),
+        ])
+        .args([
+            "--message-body",
+            r#"{"image":"onoff-local","name":"poison","project":"alpha","lane":"nope","command":["true"]}"#,
+        ])
+        .args([
+            "--endpoint-url",
+            s["endpoint"].as_str().unwrap(),
+            "--region",
+            "us-east-1",
+        ])
+        .env("AWS_ACCESS_KEY_ID", creds["aws_access_key_id"].as_str().unwrap())
+        .env(
+            "AWS_SECRET_ACCESS_KEY",
+            creds["aws_secret_access_key"].as_str().unwrap(),
+        )
+        .env("AWS_SESSION_TOKEN", creds["aws_session_token"].as_str().unwrap())
+        .output()
+        .expect("the AWS CLI runs");
+    ok(&send);
+    let sent: serde_json::Value = serde_json::from_slice(&send.stdout).expect("send-message answers JSON");
+    let message_id = sent["MessageId"].as_str().expect("a message id").to_string();
+    let submissions_dlq = |report: &serde_json::Value| {
+        report
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["kind"] == "submissions")
+            .cloned()
+            .expect("the submissions' dead-letter queue is read")
+    };
+    let mut dead = serde_json::Value::Null;
+    wait_for(
+        "the refused spec in the dead-letter queue",
+        Duration::from_secs(120),
+        || {
+            dead = submissions_dlq(&json(&stack, &["dead-letters"]));
+            dead["messages"].as_u64() == Some(1)
+        },
+    );
+    for read in 0..2 {
+        if read == 1 {
+            dead = submissions_dlq(&json(&stack, &["dead-letters"]));
+        }
+        let shown = dead["shown"].as_array().unwrap();
+        assert_eq!(shown.len(), 1, "read {read}: {dead}");
+        let m = &shown[0];
+        assert_eq!(m["message_id"], message_id.as_str(), "{m}");
+        assert_eq!(m["what"], r#"job spec "poison" of project alpha"#, "{m}");
+        assert!(m["reason"].as_str().is_some_and(|r| r.contains("unknown lane")), "{m}");
+        assert!(m["receives"].as_u64().is_some_and(|n| n >= 5), "{m}");
+        assert!(
+            dead["action"].as_str().unwrap().contains("start-message-move-task"),
+            "{dead}"
+        );
+    }
+    let all = json(&stack, &["dead-letters"]);
+    let kinds: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["kind"].as_str().unwrap())
+        .collect();
+    // The local stack has one lane, standard.
+    assert_eq!(kinds, ["submissions", "lane", "failed_events"], "{all}");
+    let text = ok(&onoff(&stack, &["dead-letters"]));
+    assert!(text.contains("unknown lane") && text.contains("what to do"), "{text}");
+    // No job was made of it.
+    let jobs = json(&stack, &["jobs"]);
+    assert!(
+        !jobs.as_array().unwrap().iter().any(|j| j["name"] == "poison"),
+        "{jobs}"
+    );
 
     // 4b. Outputs S3 would refuse (a key over 1,024 bytes): the job still SUCCEEDED, its row says
     // why nothing went up, and `onoff outputs` fails with that reason.

@@ -894,6 +894,40 @@ fn an_operator_runs_the_cli_verbs_and_launches_nothing() {
     ] {
         assert_allowed(&a, &op, r);
     }
+    // `onoff dead-letters` reads the dead-letter queues and the failed-events queue, and puts
+    // back what it read; it changes nothing else there, and reads no other queue.
+    let queue = |name: &str| format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}");
+    for q in [
+        "st-submissions-dlq",
+        "st-express-dlq",
+        "st-standard-dlq",
+        "st-failed-events",
+    ] {
+        for action in [
+            "sqs:GetQueueAttributes",
+            "sqs:ReceiveMessage",
+            "sqs:ChangeMessageVisibility",
+        ] {
+            assert_allowed(&a, &op, Request::new(action, &queue(q)));
+        }
+        for action in [
+            "sqs:DeleteMessage",
+            "sqs:SendMessage",
+            "sqs:PurgeQueue",
+            "sqs:StartMessageMoveTask",
+        ] {
+            assert_denied(&a, &op, Request::new(action, &queue(q)));
+        }
+    }
+    for q in [
+        "st-submissions",
+        "st-express",
+        "st-standard",
+        "other-express-dlq",
+        "st-other-express-dlq",
+    ] {
+        assert_denied(&a, &op, Request::new("sqs:ReceiveMessage", &queue(q)));
+    }
     // Updates of anything else, or that read the row back, or that name no attribute.
     for r in [
         cancel(&["job_id", "state", "attempts"], "NONE"),

@@ -84,6 +84,10 @@ pub struct LocalStack {
     pub workers_table: String,
     /// The workers' log group (a stream per job attempt: `<job_id>/<attempt>`).
     pub log_group: String,
+    /// URLs of the submission queue's dead-letter queue, each lane's, and the failed-events
+    /// queue (`onoff dead-letters`).
+    #[serde(default)]
+    pub dead_letter_queues: Vec<String>,
     /// The functions' environment (`ONOFF_*`), as the template sets it.
     pub functions_env: BTreeMap<String, String>,
     /// IAM was enforced.
@@ -702,6 +706,10 @@ async fn run_with(
         jobs_table: res.jobs_table.clone(),
         workers_table: res.workers_table.clone(),
         log_group: log_group.clone(),
+        dead_letter_queues: std::iter::once(provisioned.submission_queue.1.clone())
+            .chain(provisioned.dead_letter_queues.iter().map(|(_, url)| url.clone()))
+            .chain(std::iter::once(provisioned.failed_events_queue.clone()))
+            .collect(),
         functions_env: fn_env.iter().cloned().collect(),
         iam_enforced: sessions.is_some(),
         submitter: sessions.as_ref().map(|s| creds(&s.submitter)),
