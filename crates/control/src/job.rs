@@ -140,12 +140,7 @@ impl JobSpec {
                 problem: format!("unknown lane {}; lanes: {}", quoted(&self.lane), lanes.join(", ")),
             });
         }
-        let name_ok = |s: &str| {
-            !s.is_empty()
-                && s.len() <= 64
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        };
+        let name_ok = onoff_policy::config::is_plain_name;
         if !name_ok(&self.project) {
             return bad("project", "must be 1-64 characters of A-Z a-z 0-9 - _ .");
         }

@@ -547,8 +547,7 @@ impl PolicyConfig {
             // The name is a tag value on the lane's instances (`onoff:lane`, at most 256
             // characters) and the active index's partition key: a short name of plain
             // characters, as a job's project is.
-            let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-            if l.name.is_empty() || l.name.len() > 64 || !l.name.chars().all(plain) {
+            if !is_plain_name(&l.name) {
                 bad(
                     format!("lanes[{i}].name"),
                     "must be 1-64 characters of A-Z a-z 0-9 - _ .",
@@ -679,4 +678,14 @@ impl PolicyConfig {
             Err(ConfigError::Invalid(p))
         }
     }
+}
+
+/// Whether `name` is 1-64 characters of `A-Z a-z 0-9 - _ .`: the rule for a lane's name, a job's
+/// project and job type (`JobSpec::parse`). Such a name fits a tag value (256 characters), a
+/// DynamoDB key, a file name, and is never `.` or `..` behind a prefix.
+pub fn is_plain_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }

@@ -147,7 +147,8 @@ pub struct Trimmed {
     /// recently used first: what the agent records in its worker's row
     /// ([`onoff_control::ports::WorkerRecord::cached_projects`]), so the policy starts this
     /// worker, once stopped, for their jobs first. An empty directory (a job that kept nothing)
-    /// is not listed.
+    /// is not listed, nor one whose name is no project's
+    /// ([`onoff_policy::config::is_plain_name`]).
     pub held: Vec<String>,
 }
 
@@ -298,7 +299,13 @@ impl JobCache {
                 }
             }
             let real_dir = path.is_dir() && !path.is_symlink();
-            if let Some(project) = name.strip_prefix("p-").filter(|_| bytes > 0 && real_dir) {
+            // Only a project's directory is listed: one named by a job running as the agent
+            // (`p-` and up to 253 bytes of anything) is not a project's, and would grow the
+            // worker's row by what it names.
+            if let Some(project) = name
+                .strip_prefix("p-")
+                .filter(|p| bytes > 0 && real_dir && onoff_policy::config::is_plain_name(p))
+            {
                 out.held.push(project.to_string());
             }
         }
@@ -385,6 +392,10 @@ mod tests {
         cache.lend("nothing", None).unwrap();
         // A stray file beside the project directories is no project.
         write(&work.path().join("cache/p-stray"), 10);
+        // Nor a directory whose name no project could have (a job running as the agent made
+        // it): 200 bytes, or a space.
+        write(&work.path().join(format!("cache/p-{}/f", "x".repeat(200))), 10);
+        write(&work.path().join("cache/p-not a project/f"), 10);
         let t = cache.trim_with(None).unwrap();
         assert_eq!(t.held, vec!["kept".to_string()], "{t:?}");
         assert!(cache.dir_of("nothing").exists(), "kept on the volume, only not listed");

@@ -13,6 +13,13 @@
 //! [`PEEK_VISIBILITY_S`] (so the next receive returns others, not it again) and put back at once
 //! (ChangeMessageVisibilityBatch to 0). Receiving counts: a message's `ApproximateReceiveCount`
 //! grows by one per read, which moves nothing (no dead-letter queue has one of its own).
+//!
+//! A queue whose counts say it is empty is not read. The others are read with a 1 s long poll
+//! until the count is reached or a receive returns nothing: a short poll asks a sample of SQS's
+//! servers, and of a small queue "you might not receive any messages in a particular
+//! ReceiveMessage response", where a long poll "eliminates false empty responses by querying all
+//! [...] Amazon SQS servers" (Amazon SQS Developer Guide, "Amazon SQS short and long polling").
+//! moto does not sample servers: the difference shows on AWS only.
 
 use anyhow::{Context, Result};
 use aws_sdk_sqs::types::{ChangeMessageVisibilityBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName};
@@ -212,16 +219,16 @@ async fn read_queue(ops: &Ops, url: &str, kind: QueueKind, limit: usize) -> Resu
     let mut shown: Vec<DeadLetter> = Vec::new();
     let mut receipts: Vec<String> = Vec::new();
     let mut read = Ok(());
-    // Receives until `limit` are read or one returns nothing (a short poll may miss some
-    // messages of a large queue: the count above is of all of them).
-    while shown.len() < limit {
+    // Receives until the count or `limit` is read, or a long poll returns nothing (module docs).
+    let visible = count(QueueAttributeName::ApproximateNumberOfMessages) as usize;
+    while shown.len() < limit.min(visible) {
         let want = (limit - shown.len()).min(10) as i32;
         let got = match sqs
             .receive_message()
             .queue_url(url)
             .max_number_of_messages(want)
             .visibility_timeout(PEEK_VISIBILITY_S)
-            .wait_time_seconds(0)
+            .wait_time_seconds(1)
             .message_system_attribute_names(MessageSystemAttributeName::All)
             .message_attribute_names("All")
             .send()
