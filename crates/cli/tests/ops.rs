@@ -342,6 +342,10 @@ fn the_operator_verbs_on_a_served_local_stack() {
         assert_eq!(m["what"], r#"job spec "poison" of project alpha"#, "{m}");
         assert!(m["reason"].as_str().is_some_and(|r| r.contains("unknown lane")), "{m}");
         assert!(m["receives"].as_u64().is_some_and(|n| n >= 5), "{m}");
+        // Deleted by SQS 14 days after it was first sent (the queue's retention), not after it
+        // moved.
+        let (sent, expires) = (m["sent_at"].as_f64().unwrap(), m["expires_at"].as_f64().unwrap());
+        assert!((expires - sent - 1_209_600.0).abs() < 1e-3, "{m}");
         assert!(
             dead["action"].as_str().unwrap().contains("start-message-move-task"),
             "{dead}"

@@ -104,6 +104,11 @@ pub struct DeadLetter {
     pub message_id: String,
     /// When it was first sent, unix seconds (SQS's `SentTimestamp`).
     pub sent_at: Option<f64>,
+    /// When SQS deletes it, unix seconds: its first send plus the queue's retention. A message
+    /// moved to a dead-letter queue keeps its enqueue time ("The expiration of a message is
+    /// always based on its original enqueue timestamp", Amazon SQS Developer Guide, "Using
+    /// dead-letter queues in Amazon SQS"), so its time in the source queue counts.
+    pub expires_at: Option<f64>,
     /// Receives so far (SQS's `ApproximateReceiveCount`, this read included).
     pub receives: Option<u64>,
     /// What it is: a job spec's project and name, a wake-up message's job, an event's kind.
@@ -208,6 +213,7 @@ async fn read_queue(ops: &Ops, url: &str, kind: QueueKind, limit: usize) -> Resu
         .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
         .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
         .attribute_names(QueueAttributeName::QueueArn)
+        .attribute_names(QueueAttributeName::MessageRetentionPeriod)
         .send()
         .await
         .map_err(|e| anyhow::anyhow!("reading queue {name}: {}", aws_error(&e)))?;
@@ -216,6 +222,7 @@ async fn read_queue(ops: &Ops, url: &str, kind: QueueKind, limit: usize) -> Resu
     let messages = count(QueueAttributeName::ApproximateNumberOfMessages)
         + count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible);
     let arn = attr(QueueAttributeName::QueueArn).unwrap_or_else(|| name.clone());
+    let retention_s = attr(QueueAttributeName::MessageRetentionPeriod).and_then(|v| v.parse::<f64>().ok());
     let mut shown: Vec<DeadLetter> = Vec::new();
     let mut receipts: Vec<String> = Vec::new();
     let mut read = Ok(());
@@ -272,11 +279,13 @@ async fn read_queue(ops: &Ops, url: &str, kind: QueueKind, limit: usize) -> Resu
                     .await
                     .unwrap_or_else(|e| Some(format!("(its error record could not be read: {e})"))),
             };
+            let sent_at = sys(MessageSystemAttributeName::SentTimestamp)
+                .and_then(|t| t.parse::<f64>().ok())
+                .map(|ms| ms / 1000.0);
             shown.push(DeadLetter {
                 message_id: id,
-                sent_at: sys(MessageSystemAttributeName::SentTimestamp)
-                    .and_then(|t| t.parse::<f64>().ok())
-                    .map(|ms| ms / 1000.0),
+                sent_at,
+                expires_at: sent_at.zip(retention_s).map(|(t, r)| t + r),
                 receives: sys(MessageSystemAttributeName::ApproximateReceiveCount).and_then(|n| n.parse().ok()),
                 what: describe(kind, body),
                 reason: reason.map(|r| cut(&r, MAX_REASON_BYTES)),
@@ -356,12 +365,19 @@ pub async fn dead_letters(a: DeadLettersArgs) -> Result<()> {
             continue;
         }
         let mut t = Table::new();
-        t.load_preset(UTF8_BORDERS_ONLY)
-            .set_header(["message", "sent", "receives", "what", "reason"]);
+        t.load_preset(UTF8_BORDERS_ONLY).set_header([
+            "message",
+            "sent",
+            "deleted by SQS",
+            "receives",
+            "what",
+            "reason",
+        ]);
         for d in &r.shown {
             t.add_row([
                 d.message_id.clone(),
                 d.sent_at.map_or("-".into(), when),
+                d.expires_at.map_or("-".into(), when),
                 d.receives.map_or("-".into(), |n| n.to_string()),
                 d.what.clone(),
                 d.reason.clone().unwrap_or_else(|| "(none recorded)".into()),
