@@ -376,6 +376,11 @@ fn parse_duration(text: &str) -> Option<f64> {
 pub struct SubmitArgs {
     /// A job spec, YAML or JSON (crates/control/src/job.rs); flags override its fields.
     spec: Option<PathBuf>,
+    /// Start from job JOB's spec instead of a file (a job in any state: run a FAILED or
+    /// CANCELLED one again, or a variant of any): its fields, the flags overriding them, under
+    /// a new client token, so it is a new job.
+    #[arg(long, value_name = "JOB", conflicts_with = "spec", value_parser = onoff_control::job::parse_job_id)]
+    from: Option<String>,
     /// Container image (default: the stack's worker image).
     #[arg(long)]
     image: Option<String>,
@@ -410,17 +415,32 @@ pub struct SubmitArgs {
     target: Target,
 }
 
-/// The spec `a` describes, as JSON text (fields of the file, then the flags).
-fn spec_text(a: &SubmitArgs, default_image: Option<&str>, now: f64) -> Result<(serde_json::Value, String)> {
-    let mut spec: serde_json::Value = match &a.spec {
-        Some(path) => {
+/// The spec `a` describes, as JSON text: the fields of `base` (a job's spec, `--from`) or of the
+/// file, then the flags.
+fn spec_text(
+    a: &SubmitArgs,
+    base: Option<&JobSpec>,
+    default_image: Option<&str>,
+    now: f64,
+) -> Result<(serde_json::Value, String)> {
+    let mut spec: serde_json::Value = match (&a.spec, base) {
+        (_, Some(job)) => {
+            let mut v = serde_json::to_value(job)?;
+            if let Some(obj) = v.as_object_mut() {
+                // A new job: the old token would name the old one.
+                obj.remove("client_token");
+                obj.retain(|_, v| !v.is_null());
+            }
+            v
+        }
+        (Some(path), None) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             // YAML is a superset of JSON: one parser for both.
             let v: serde_yaml::Value =
                 serde_yaml::from_str(&text).with_context(|| format!("{} is neither YAML nor JSON", path.display()))?;
             serde_json::to_value(v).with_context(|| format!("{}: not a job spec", path.display()))?
         }
-        None => serde_json::json!({}),
+        (None, None) => serde_json::json!({}),
     };
     let obj = spec.as_object_mut().context("a job spec is a mapping of fields")?;
     let mut set = |k: &str, v: serde_json::Value| {
@@ -522,14 +542,36 @@ pub async fn submit(a: SubmitArgs) -> Result<()> {
     let now = now();
     // The spec's own errors first (no such file, not YAML, a field missing or of the wrong type):
     // they need no stack and no credentials. Its lane and whether the stack can run it are
-    // checked once the stack is found.
-    let (early, early_text) = spec_text(&a, Some(PRECHECK_IMAGE), now)?;
-    if early.get("command").is_none() {
-        bail!("nothing to run: give the command after `--` (`onoff submit [SPEC] -- python train.py`) or as the spec's `command`");
+    // checked once the stack is found. A spec `--from` a job is read from the stack.
+    if a.from.is_none() {
+        let (early, early_text) = spec_text(&a, None, Some(PRECHECK_IMAGE), now)?;
+        if early.get("command").is_none() {
+            bail!("nothing to run: give the command after `--` (`onoff submit [SPEC] -- python train.py`) or as the spec's `command`");
+        }
+        let lane = early["lane"].as_str().unwrap_or("standard");
+        JobSpec::parse(&early_text, &[lane], now).map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    let lane = early["lane"].as_str().unwrap_or("standard");
-    JobSpec::parse(&early_text, &[lane], now).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut ops = Ops::connect(&a.target).await?;
+    let base = match &a.from {
+        Some(id) => {
+            let job = ops
+                .jobs
+                .get(id)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .with_context(|| format!("no job {id} in this stack (`onoff jobs` lists them)"))?;
+            if let (Some(d), None) = (job.spec.deadline, &a.deadline) {
+                if d <= now {
+                    bail!(
+                        "the deadline of {id} ({}) has passed: give the new job one with --deadline (a duration such as 2h, or unix seconds)",
+                        when(d)
+                    );
+                }
+            }
+            Some(job.spec)
+        }
+        None => None,
+    };
     // Admission counts only the offerings in the zones of the workers' subnets, as the submit
     // function does; without ec2:DescribeSubnets the check counts every zone (the function
     // checks again).
@@ -537,7 +579,7 @@ pub async fn submit(a: SubmitArgs) -> Result<()> {
     if let Err(e) = onoff_fn_common::offer_subnet_zones(&mut ops.settings, &fleet).await {
         eprintln!("onoff: warning: {e}; the spec is checked against every zone (the stack checks it again)");
     }
-    let (spec, text) = spec_text(&a, ops.image.as_deref(), now)?;
+    let (spec, text) = spec_text(&a, base.as_ref(), ops.image.as_deref(), now)?;
     // The submit function's own checks, before anything is put.
     let rules = Admission {
         policy: &ops.settings.policy,
@@ -591,11 +633,14 @@ pub async fn submit(a: SubmitArgs) -> Result<()> {
     if ops.json {
         println!(
             "{}",
-            serde_json::json!({"job_id": id, "object": format!("s3://{}/{key}", ops.bucket), "state": state.map(|s| s.as_str()), "spec": spec})
+            serde_json::json!({"job_id": id, "object": format!("s3://{}/{key}", ops.bucket), "state": state.map(|s| s.as_str()), "spec": spec, "from": a.from})
         );
     } else {
         match state {
-            Some(s) => println!("{id}  {}", s.as_str()),
+            Some(s) => match &a.from {
+                Some(old) => println!("{id}  {}  (from {old})", s.as_str()),
+                None => println!("{id}  {}", s.as_str()),
+            },
             None if a.no_wait => println!("{id}  submitted (s3://{}/{key})", ops.bucket),
             None => println!(
                 "{id}  submitted (s3://{}/{key}); not admitted within a minute: see `onoff status {id}`",
@@ -1363,6 +1408,68 @@ pub async fn cost(a: CostArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::{log_page_step, put_source, LogStep};
+
+    #[derive(clap::Parser)]
+    struct Submit {
+        #[command(flatten)]
+        a: super::SubmitArgs,
+    }
+
+    fn submit_args(args: &[&str]) -> super::SubmitArgs {
+        use clap::Parser as _;
+        Submit::parse_from(std::iter::once("submit").chain(args.iter().copied())).a
+    }
+
+    /// `--from JOB` starts from the job's spec: its fields, the flags over them, a new client
+    /// token (the old one would name the old job), and no field the spec left unset.
+    #[test]
+    fn a_spec_from_a_job_keeps_its_fields_under_a_new_token_with_the_flags_over_them() {
+        let old: onoff_control::job::JobSpec = serde_json::from_str(
+            r#"{"image":"img","command":["python","train.py"],"project":"vision","gpus":2,
+                "name":"sweep-3","client_token":"t-1","max_attempts":5}"#,
+        )
+        .unwrap();
+        let a = submit_args(&[
+            "--from",
+            "job-0123456789abcdef",
+            "--gpus",
+            "4",
+            "--",
+            "python",
+            "again.py",
+        ]);
+        let (spec, text) = super::spec_text(&a, Some(&old), Some("default-image"), 1_000.0).unwrap();
+        let new = onoff_control::job::JobSpec::parse(&text, &["standard"], 1_000.0).unwrap();
+        assert_eq!(
+            (
+                new.image.as_str(),
+                new.project.as_str(),
+                new.name.as_deref(),
+                new.max_attempts
+            ),
+            ("img", "vision", Some("sweep-3"), 5)
+        );
+        assert_eq!(
+            (new.gpus, new.command),
+            (4, vec!["python".to_string(), "again.py".into()])
+        );
+        let token = new.client_token.unwrap();
+        assert!(token.starts_with("cli-") && token != "t-1", "{token}");
+        assert!(spec.get("deadline").is_none() && spec.get("input").is_none(), "{spec}");
+        // A token given is kept.
+        let a = submit_args(&["--from", "job-0123456789abcdef", "--client-token", "mine"]);
+        let (spec, _) = super::spec_text(&a, Some(&old), None, 1_000.0).unwrap();
+        assert_eq!(spec["client_token"], "mine");
+    }
+
+    #[test]
+    fn from_a_job_and_a_spec_file_are_one_or_the_other() {
+        use clap::Parser as _;
+        let both = Submit::try_parse_from(["submit", "spec.yaml", "--from", "job-0123456789abcdef"]);
+        assert!(both.is_err());
+        let not_a_job = Submit::try_parse_from(["submit", "--from", "j1"]);
+        assert!(not_a_job.is_err());
+    }
 
     #[test]
     fn an_attempts_exit_is_its_code_or_its_signals_name() {

@@ -1,7 +1,8 @@
 //! The operator verbs end to end on `onoff local --serve` (its own moto server, IAM enforced, one
 //! worker at most): a job submitted from a YAML spec runs, `onoff logs` shows its own lines and
 //! `onoff outputs` downloads the file it wrote; a long job is cancelled while it runs and one
-//! while it waits (`onoff workers` shows the one worker running the first); a job put by the AWS
+//! while it waits (`onoff workers` shows the one worker running the first), and the second
+//! submitted again from its row (`onoff submit --from`) runs; a job put by the AWS
 //! CLI (`aws s3 cp` under `jobs/`) runs too; a spec sent to the submission queue that submit
 //! refuses reaches its dead-letter queue, where `onoff dead-letters` shows it with its reason;
 //! `onoff cost` per project adds up to what the jobs
@@ -234,6 +235,19 @@ fn the_operator_verbs_on_a_served_local_stack() {
     assert_eq!(status["attempt_log"][0]["outcome"], "cancelled", "{status}");
     let c = json(&stack, &["cancel", &long]);
     assert_eq!(c["outcome"], "finished", "a finished job is left as it is: {c}");
+    // 3a. The cancelled waiting job submitted again (`--from`): a new job of its name, project
+    // and command, which runs; the old one stays CANCELLED.
+    let again = submit(&stack, &["--from", &waiting]);
+    assert_ne!(again, waiting);
+    wait_for("the job submitted again succeeds", Duration::from_secs(120), || {
+        state(&stack, &again) == "SUCCEEDED"
+    });
+    let (old, new) = (json(&stack, &["status", &waiting]), json(&stack, &["status", &again]));
+    assert_eq!(old["state"], "CANCELLED", "{old}");
+    for field in ["name", "project", "command", "image", "lane", "gpus"] {
+        assert_eq!(old["spec"][field], new["spec"][field], "{field}: {old} / {new}");
+    }
+    assert_ne!(old["spec"]["client_token"], new["spec"]["client_token"], "{new}");
     let long_log = ok(&onoff(&stack, &["logs", &long]));
     assert!(long_log.contains("tick 0"), "{long_log}");
 
