@@ -261,26 +261,16 @@ fn the_operator_verbs_on_a_served_local_stack() {
         .to_string(),
     )
     .unwrap();
-    let creds = &s["submitter"];
-    let cp = Command::new(venv_bin.join("aws"))
-        .args(["s3", "cp"])
-        .arg(&cli_spec)
-        .arg(format!("s3://{}/jobs/by-aws-cli.json", s["bucket"].as_str().unwrap()))
-        .args([
-            "--endpoint-url",
-            s["endpoint"].as_str().unwrap(),
-            "--region",
-            "us-east-1",
-        ])
-        .env("AWS_ACCESS_KEY_ID", creds["aws_access_key_id"].as_str().unwrap())
-        .env(
-            "AWS_SECRET_ACCESS_KEY",
-            creds["aws_secret_access_key"].as_str().unwrap(),
-        )
-        .env("AWS_SESSION_TOKEN", creds["aws_session_token"].as_str().unwrap())
-        .output()
-        .expect("the AWS CLI runs");
-    ok(&cp);
+    ok(&aws_as_submitter(
+        &venv_bin,
+        &s,
+        &[
+            "s3",
+            "cp",
+            cli_spec.to_str().unwrap(),
+            &format!("s3://{}/jobs/by-aws-cli.json", s["bucket"].as_str().unwrap()),
+        ],
+    ));
     let mut by_cli = String::new();
     wait_for("the AWS CLI's job succeeds", Duration::from_secs(120), || {
         let jobs = json(&stack, &["jobs", "--project", "alpha"]);
@@ -299,31 +289,18 @@ fn the_operator_verbs_on_a_served_local_stack() {
     // maxReceiveCount receives SQS moves it to its dead-letter queue, and `onoff dead-letters`
     // shows it with the reason submit recorded. Reading it does not take it away: a second read
     // shows it again.
-    let send = Command::new(venv_bin.join("aws"))
-        .args([
+    let send = aws_as_submitter(
+        &venv_bin,
+        &s,
+        &[
             "sqs",
             "send-message",
             "--queue-url",
             s["submission_queue"].as_str().unwrap(),
-        ])
-        .args([
             "--message-body",
             r#"{"image":"onoff-local","name":"poison","project":"alpha","lane":"nope","command":["true"]}"#,
-        ])
-        .args([
-            "--endpoint-url",
-            s["endpoint"].as_str().unwrap(),
-            "--region",
-            "us-east-1",
-        ])
-        .env("AWS_ACCESS_KEY_ID", creds["aws_access_key_id"].as_str().unwrap())
-        .env(
-            "AWS_SECRET_ACCESS_KEY",
-            creds["aws_secret_access_key"].as_str().unwrap(),
-        )
-        .env("AWS_SESSION_TOKEN", creds["aws_session_token"].as_str().unwrap())
-        .output()
-        .expect("the AWS CLI runs");
+        ],
+    );
     ok(&send);
     let sent: serde_json::Value = serde_json::from_slice(&send.stdout).expect("send-message answers JSON");
     let message_id = sent["MessageId"].as_str().expect("a message id").to_string();
@@ -502,6 +479,28 @@ fn the_operator_verbs_on_a_served_local_stack() {
     let after = onoff(&stack, &["jobs"]);
     assert!(!after.status.success(), "no stack to talk to once it stopped");
     let _ = std::fs::remove_dir_all(&run_dir);
+}
+
+/// The AWS CLI (`aws ARGS`, from the venv in `venv_bin`) against the local stack of `stack.json`
+/// `s`, under its submitter session.
+fn aws_as_submitter(venv_bin: &Path, s: &serde_json::Value, args: &[&str]) -> Output {
+    let creds = &s["submitter"];
+    Command::new(venv_bin.join("aws"))
+        .args(args)
+        .args([
+            "--endpoint-url",
+            s["endpoint"].as_str().unwrap(),
+            "--region",
+            "us-east-1",
+        ])
+        .env("AWS_ACCESS_KEY_ID", creds["aws_access_key_id"].as_str().unwrap())
+        .env(
+            "AWS_SECRET_ACCESS_KEY",
+            creds["aws_secret_access_key"].as_str().unwrap(),
+        )
+        .env("AWS_SESSION_TOKEN", creds["aws_session_token"].as_str().unwrap())
+        .output()
+        .expect("the AWS CLI runs")
 }
 
 fn nix_interrupt(pid: u32) {

@@ -234,17 +234,22 @@ mod tests {
         serde_json::from_str(&text).unwrap()
     }
 
+    /// `handle` of the sample SQS batch (`events/sqs-submission-batch.json`).
+    async fn handle_sqs_sample(ctx: &onoff_fn_common::testing::FakeCtx, asks: &FakeObjects) -> serde_json::Value {
+        handle(
+            ctx,
+            asks,
+            LambdaEvent::new(sample("sqs-submission-batch.json"), lambda_runtime::Context::default()),
+        )
+        .await
+        .unwrap()
+    }
+
     #[tokio::test]
     async fn the_sqs_sample_submits_the_good_record_and_fails_the_malformed_one() {
         let ctx = fake_ctx();
         let asks = FakeObjects::default();
-        let out = handle(
-            &ctx,
-            &asks,
-            LambdaEvent::new(sample("sqs-submission-batch.json"), lambda_runtime::Context::default()),
-        )
-        .await
-        .unwrap();
+        let out = handle_sqs_sample(&ctx, &asks).await;
         let failures = out["batchItemFailures"].as_array().unwrap();
         assert_eq!(failures.len(), 1, "{out}");
         assert_eq!(failures[0]["itemIdentifier"], "2e1424d4-f796-459a-8184-9c92662be6da");
@@ -260,13 +265,7 @@ mod tests {
         assert!(ctx.fleet.running().is_empty());
         assert_eq!(*asks.scale_requests.lock().unwrap(), ["submit: 1 new job(s)"]);
         // Redelivered (at-least-once): still one job, and no new job to ask for.
-        handle(
-            &ctx,
-            &asks,
-            LambdaEvent::new(sample("sqs-submission-batch.json"), lambda_runtime::Context::default()),
-        )
-        .await
-        .unwrap();
+        handle_sqs_sample(&ctx, &asks).await;
         assert_eq!(ctx.jobs.records().len(), 1);
         assert_eq!(asks.scale_requests.lock().unwrap().len(), 1);
     }
@@ -281,13 +280,7 @@ mod tests {
         let asks = FakeObjects::default();
         ctx.queues
             .fail_next("AWS.SimpleQueueService.NonExistentQueue: the queue was deleted");
-        let out = handle(
-            &ctx,
-            &asks,
-            LambdaEvent::new(sample("sqs-submission-batch.json"), lambda_runtime::Context::default()),
-        )
-        .await
-        .unwrap();
+        let out = handle_sqs_sample(&ctx, &asks).await;
         // Only the malformed record fails.
         let failures = out["batchItemFailures"].as_array().unwrap();
         assert_eq!(failures.len(), 1, "{out}");
