@@ -245,14 +245,20 @@ mod tests {
         .unwrap()
     }
 
+    /// The answer to the sample batch reports its malformed record, and only it, as failed.
+    #[track_caller]
+    fn only_the_malformed_record_fails(out: &serde_json::Value) {
+        let failures = out["batchItemFailures"].as_array().unwrap();
+        assert_eq!(failures.len(), 1, "{out}");
+        assert_eq!(failures[0]["itemIdentifier"], "2e1424d4-f796-459a-8184-9c92662be6da");
+    }
+
     #[tokio::test]
     async fn the_sqs_sample_submits_the_good_record_and_fails_the_malformed_one() {
         let ctx = fake_ctx();
         let asks = FakeObjects::default();
         let out = handle_sqs_sample(&ctx, &asks).await;
-        let failures = out["batchItemFailures"].as_array().unwrap();
-        assert_eq!(failures.len(), 1, "{out}");
-        assert_eq!(failures[0]["itemIdentifier"], "2e1424d4-f796-459a-8184-9c92662be6da");
+        only_the_malformed_record_fails(&out);
         let jobs = ctx.jobs.records();
         assert_eq!(jobs.len(), 1);
         assert_eq!(jobs.values().next().unwrap().state, JobState::Queued);
@@ -281,10 +287,7 @@ mod tests {
         ctx.queues
             .fail_next("AWS.SimpleQueueService.NonExistentQueue: the queue was deleted");
         let out = handle_sqs_sample(&ctx, &asks).await;
-        // Only the malformed record fails.
-        let failures = out["batchItemFailures"].as_array().unwrap();
-        assert_eq!(failures.len(), 1, "{out}");
-        assert_eq!(failures[0]["itemIdentifier"], "2e1424d4-f796-459a-8184-9c92662be6da");
+        only_the_malformed_record_fails(&out);
         let jobs = ctx.jobs.records();
         assert_eq!(jobs.len(), 1);
         let job = jobs.values().next().unwrap();
