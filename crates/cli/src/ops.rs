@@ -808,6 +808,7 @@ pub async fn status(a: StatusArgs) -> Result<()> {
     if ops.json {
         let mut v = row_json(&r, now);
         v["spec"] = serde_json::to_value(&r.spec)?;
+        v["sent_at"] = r.sent_at.into();
         v["attempt_log"] = serde_json::to_value(&r.attempt_log)?;
         v["lease_owner"] = r.lease_owner.clone().into();
         v["last_checkpoint"] = r.last_checkpoint.clone().into();
@@ -842,6 +843,14 @@ pub async fn status(a: StatusArgs) -> Result<()> {
     println!("submitted  {} from {}", when(r.created_at), r.source);
     if let Some(f) = r.finished_at {
         println!("finished   {}", when(f));
+    }
+    if r.state.is_pending() {
+        // A worker learns of a pending job from its wake-up message: none sent yet means the
+        // submission could not send it, and the reconciler's next run sends one.
+        match r.sent_at {
+            Some(t) => println!("wake-up    message sent {}", when(t)),
+            None => println!("wake-up    no message sent yet: the reconciler's next run sends one"),
+        }
     }
     println!(
         "attempts   {} counted, {} lease(s) lost, {} hand-back(s); wait {}, run {}, cost ${}",

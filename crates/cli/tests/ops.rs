@@ -223,6 +223,10 @@ fn the_operator_verbs_on_a_served_local_stack() {
         ],
     );
     assert_eq!(state(&stack, &waiting), "QUEUED");
+    // Its wake-up message was sent with the submission.
+    assert!(json(&stack, &["status", &waiting])["sent_at"].is_f64());
+    let text = ok(&onoff(&stack, &["status", &waiting]));
+    assert!(text.contains("wake-up    message sent"), "{text}");
     let c = json(&stack, &["cancel", &waiting]);
     assert_eq!(c["outcome"], "cancelled", "{c}");
     assert_eq!(state(&stack, &waiting), "CANCELLED");
