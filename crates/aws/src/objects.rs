@@ -11,6 +11,25 @@
 
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 
+/// The submission an S3 ObjectCreated record names, as the submit function takes it: the key
+/// decoded ([`url_decoded_key`]), the version id kept unless empty or `null` (a bucket without
+/// versioning); `None` for an object outside `jobs/`, which is no submission.
+#[must_use]
+pub fn s3_submission(
+    bucket: &str,
+    raw_key: &str,
+    etag: &str,
+    version_id: Option<&str>,
+) -> Option<onoff_control::submit::Source> {
+    let key = url_decoded_key(raw_key);
+    key.starts_with("jobs/").then(|| onoff_control::submit::Source::S3 {
+        bucket: bucket.to_string(),
+        key,
+        etag: etag.to_string(),
+        version: version_id.filter(|v| !v.is_empty() && *v != "null").map(str::to_string),
+    })
+}
+
 /// A key as S3 gives it URL-encoded, decoded: an event's `s3.object.key`, or a listing asked with
 /// `EncodingType=url` (which a key XML 1.0 cannot carry, e.g. with a control character, needs:
 /// ListObjectsV2, `EncodingType`). `+` is a space, `%xx` a byte (as botocore's `unquote_plus`

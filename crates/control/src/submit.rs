@@ -46,6 +46,28 @@ pub enum Source {
 }
 
 impl Source {
+    /// The key a job submitted from here is idempotent by (its id is [`job_id_for`] of it): the
+    /// spec's `client_token` within its `project` when it has one, else the source itself (an
+    /// S3 object version with its ETag, an SQS message id).
+    pub fn job_key(&self, client_token: Option<&str>, project: &str) -> String {
+        match (client_token, self) {
+            (Some(t), _) => format!("token:{project}:{t}"),
+            (
+                None,
+                Source::S3 {
+                    bucket,
+                    key,
+                    etag,
+                    version,
+                },
+            ) => match version {
+                Some(v) => format!("s3:{bucket}/{key}#{etag}@{v}"),
+                None => format!("s3:{bucket}/{key}#{etag}"),
+            },
+            (None, Source::Sqs { message_id }) => format!("sqs:{message_id}"),
+        }
+    }
+
     /// Text stored on the job and on error records.
     pub fn describe(&self) -> String {
         match self {
@@ -167,23 +189,7 @@ pub async fn submit<J: JobStore, Q: JobQueue, R: Rules + ?Sized>(
         Ok(s) => s,
         Err(e) => return Err(reject(source, e.to_string(), now, jobs).await),
     };
-    let key = match (&spec.client_token, source) {
-        (Some(t), _) => format!("token:{}:{t}", spec.project),
-        (
-            None,
-            Source::S3 {
-                bucket,
-                key,
-                etag,
-                version,
-            },
-        ) => match version {
-            Some(v) => format!("s3:{bucket}/{key}#{etag}@{v}"),
-            None => format!("s3:{bucket}/{key}#{etag}"),
-        },
-        (None, Source::Sqs { message_id }) => format!("sqs:{message_id}"),
-    };
-    let id = job_id_for(&key);
+    let id = job_id_for(&source.job_key(spec.client_token.as_deref(), &spec.project));
     let record = JobRecord::new(id.clone(), spec.clone(), desc.clone(), now);
     let created = match jobs.create(&record).await {
         Ok(c) => c,

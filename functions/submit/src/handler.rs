@@ -159,15 +159,23 @@ where
                 .map_err(|e| HandlerError::NonRetryable(format!("not an S3 event: {e}")))?;
             let mut results = Vec::new();
             for r in &s3.records {
-                let bucket = r.s3.bucket.name.clone().unwrap_or_default();
                 // S3 event keys are URL-encoded (`+` for space, `%xx`).
-                let key = onoff_aws::objects::url_decoded_key(r.s3.object.key.as_deref().unwrap_or_default());
-                let etag = r.s3.object.e_tag.clone().unwrap_or_default();
-                let version = r.s3.object.version_id.clone().filter(|v| !v.is_empty() && v != "null");
-                if !key.starts_with("jobs/") {
-                    tracing::info!(%key, "not under jobs/: ignored");
+                let raw_key = r.s3.object.key.as_deref().unwrap_or_default();
+                let Some(Source::S3 {
+                    bucket,
+                    key,
+                    etag,
+                    version,
+                }) = onoff_aws::objects::s3_submission(
+                    r.s3.bucket.name.as_deref().unwrap_or_default(),
+                    raw_key,
+                    r.s3.object.e_tag.as_deref().unwrap_or_default(),
+                    r.s3.object.version_id.as_deref(),
+                )
+                else {
+                    tracing::info!(key = %raw_key, "not under jobs/: ignored");
                     continue;
-                }
+                };
                 let obj = ObjectRef {
                     bucket: bucket.clone(),
                     key: key.clone(),

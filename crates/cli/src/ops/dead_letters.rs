@@ -7,7 +7,8 @@
 //! A submission or wake-up message there is explained by its error record in the jobs table
 //! (`error#sqs:<message id>`: submit and the agent write it before they leave the message, and
 //! SQS keeps a message's id when it moves it to its dead-letter queue); an event by the
-//! `ErrorCode` and `ErrorMessage` attributes Lambda sends it with.
+//! `ErrorCode` and `ErrorMessage` attributes Lambda sends it with, and an S3 event also by what
+//! became of its object: the job made of it, its error record, or neither (put it again).
 //!
 //! The queues are read, never changed: each message is received with a visibility timeout of
 //! [`PEEK_VISIBILITY_S`] (so the next receive returns others, not it again) and put back at once
@@ -25,6 +26,7 @@ use anyhow::{Context, Result};
 use aws_sdk_sqs::types::{ChangeMessageVisibilityBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName};
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use onoff_control::job::MAX_REASON_BYTES;
+use onoff_control::ports::JobStore as _;
 use serde::Serialize;
 
 use super::{aws_error, when, Ops, Target};
@@ -203,6 +205,54 @@ pub fn describe(kind: QueueKind, body: &str) -> String {
     }
 }
 
+/// The submissions an S3 event (`body`, Lambda's failed event) stood for: one per record of
+/// an object created under `jobs/`, as the submit function names them.
+pub fn s3_submissions(body: &str) -> Vec<onoff_control::submit::Source> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
+        return Vec::new();
+    };
+    let records = v["Records"].as_array().map(Vec::as_slice).unwrap_or_default();
+    records
+        .iter()
+        .filter(|r| r["eventSource"] == "aws:s3")
+        .filter_map(|r| {
+            let o = &r["s3"]["object"];
+            onoff_aws::objects::s3_submission(
+                r["s3"]["bucket"]["name"].as_str().unwrap_or_default(),
+                o["key"].as_str()?,
+                o["eTag"].as_str().unwrap_or_default(),
+                o["versionId"].as_str(),
+            )
+        })
+        .collect()
+}
+
+/// What became of the submissions of a failed S3 event (`body`): the job made of each object
+/// (the id submit gives a spec without a `client_token`), its error record's reason, or
+/// neither. `None` for any other event.
+async fn s3_outcome(ops: &Ops, body: &str) -> Option<String> {
+    let sources = s3_submissions(body);
+    if sources.is_empty() {
+        return None;
+    }
+    let mut said = Vec::new();
+    for src in sources {
+        let id = onoff_control::job::job_id_for(&src.job_key(None, ""));
+        let line = match ops.jobs.get(&id).await {
+            Ok(Some(_)) => format!("job {id} was made of it: nothing to do"),
+            Ok(None) => match ops.jobs.error_record(&src.describe()).await {
+                Ok(Some(reason)) => format!("rejected: {reason}"),
+                Ok(None) => "no job under its object version (one with a client_token is under that:                              `onoff jobs`); put it again"
+                    .to_string(),
+                Err(e) => format!("its error record could not be read: {e}"),
+            },
+            Err(e) => format!("its job could not be read: {e}"),
+        };
+        said.push(line);
+    }
+    Some(said.join("; "))
+}
+
 /// Read queue `url` (of `kind`): its counts and up to `limit` messages, put back after.
 async fn read_queue(ops: &Ops, url: &str, kind: QueueKind, limit: usize) -> Result<QueueReport> {
     let sqs = &ops.clients.sqs;
@@ -282,12 +332,18 @@ async fn read_queue(ops: &Ops, url: &str, kind: QueueKind, limit: usize) -> Resu
             let sent_at = sys(MessageSystemAttributeName::SentTimestamp)
                 .and_then(|t| t.parse::<f64>().ok())
                 .map(|ms| ms / 1000.0);
+            let mut what = describe(kind, body);
+            if kind == QueueKind::FailedEvents {
+                if let Some(outcome) = s3_outcome(ops, body).await {
+                    what = format!("{what} ({outcome})");
+                }
+            }
             shown.push(DeadLetter {
                 message_id: id,
                 sent_at,
                 expires_at: sent_at.zip(retention_s).map(|(t, r)| t + r),
                 receives: sys(MessageSystemAttributeName::ApproximateReceiveCount).and_then(|n| n.parse().ok()),
-                what: describe(kind, body),
+                what,
                 reason: reason.map(|r| cut(&r, MAX_REASON_BYTES)),
                 body: cut(body, BODY_BYTES),
             });
@@ -450,6 +506,33 @@ mod tests {
             "scale request (submit: 2 new job(s))"
         );
         assert_eq!(describe(QueueKind::FailedEvents, "[1]"), "an event of unknown kind");
+    }
+
+    /// A failed S3 event names the submissions submit would have made of it, as submit names
+    /// them: the key decoded, the version id kept ("null" is none), objects outside `jobs/` left out.
+    #[test]
+    fn a_failed_s3_events_submissions_are_named_as_submit_names_them() {
+        let body = std::fs::read_to_string(format!(
+            "{}/../../events/s3-object-created.json",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        let got = s3_submissions(&body);
+        assert_eq!(got.len(), 1, "{got:?}");
+        let onoff_control::submit::Source::S3 { key, version, .. } = &got[0] else {
+            panic!("{got:?}")
+        };
+        assert_eq!(key, "jobs/resnet sweep/run-1.json");
+        let mut v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["Records"][0]["s3"]["object"]["versionId"] = "null".into();
+        let unversioned = s3_submissions(&v.to_string());
+        assert!(
+            matches!(&unversioned[0], onoff_control::submit::Source::S3 { version: None, .. }),
+            "{unversioned:?} (had {version:?})"
+        );
+        v["Records"][0]["s3"]["object"]["key"] = "outputs/x.json".into();
+        assert!(s3_submissions(&v.to_string()).is_empty());
+        assert!(s3_submissions(r#"{"detail-type":"x"}"#).is_empty());
     }
 
     #[test]
