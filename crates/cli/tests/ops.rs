@@ -4,7 +4,8 @@
 //! while it waits (`onoff workers` shows the one worker running the first), and the second
 //! submitted again from its row (`onoff submit --from`) runs; a job put by the AWS
 //! CLI (`aws s3 cp` under `jobs/`) runs too; a spec sent to the submission queue that submit
-//! refuses reaches its dead-letter queue, where `onoff dead-letters` shows it with its reason;
+//! refuses reaches its dead-letter queue, where `onoff dead-letters` shows it with its reason, and
+//! a malformed EC2 event the interruption function failed on with the function's error;
 //! `onoff cost` per project adds up to what the jobs
 //! recorded; after Ctrl-C nothing is left running. The account has no G spot quota (played by the
 //! emulator), so the workers are on-demand and `onoff workers` names the full quota. Every verb
@@ -102,6 +103,12 @@ fn the_operator_verbs_on_a_served_local_stack() {
             // refuses it, and the control plane launches on-demand instead.
             "--vcpu-quota",
             "spot:g-vt=0",
+            // One malformed EC2 event: the interruption function fails on it three times, and
+            // Lambda's failed-events queue holds it for `onoff dead-letters`.
+            "--malformed-events",
+            "1",
+            "--retry-delays-s",
+            "1,2",
             "--run-dir",
         ])
         .arg(&run_dir)
@@ -346,6 +353,33 @@ fn the_operator_verbs_on_a_served_local_stack() {
             "{dead}"
         );
     }
+    // The malformed event, with the function's error as Lambda sent it.
+    let mut failed = serde_json::Value::Null;
+    wait_for(
+        "the malformed event in the failed-events queue",
+        Duration::from_secs(60),
+        || {
+            let all = json(&stack, &["dead-letters"]);
+            failed = all
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|q| q["kind"] == "failed_events")
+                .cloned()
+                .unwrap();
+            failed["messages"].as_u64() == Some(1)
+        },
+    );
+    let event = &failed["shown"][0];
+    assert_eq!(
+        event["what"], "EventBridge: EC2 Spot Instance Interruption Warning",
+        "{failed}"
+    );
+    assert!(
+        event["reason"].as_str().is_some_and(|r| r.contains("instance-id")),
+        "the function's error names what the event lacks: {failed}"
+    );
+    assert!(failed["action"].as_str().unwrap().contains("EC2 events"), "{failed}");
     let all = json(&stack, &["dead-letters"]);
     let kinds: Vec<&str> = all
         .as_array()
