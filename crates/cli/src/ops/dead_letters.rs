@@ -242,7 +242,7 @@ async fn s3_outcome(ops: &Ops, body: &str) -> Option<String> {
             Ok(Some(_)) => format!("job {id} was made of it: nothing to do"),
             Ok(None) => match ops.jobs.error_record(&src.describe()).await {
                 Ok(Some(reason)) => format!("rejected: {reason}"),
-                Ok(None) => "no job under its object version (one with a client_token is under that:                              `onoff jobs`); put it again"
+                Ok(None) => "no job under its object version (a spec with a client_token is keyed by it instead: see `onoff jobs`); put it again"
                     .to_string(),
                 Err(e) => format!("its error record could not be read: {e}"),
             },
