@@ -463,7 +463,7 @@ where
 /// no worker and did nothing (no action, no count above 0): an idle deployment then publishes no
 /// custom metric at all. CloudWatch bills a custom metric for each hour it receives data ($0.30
 /// per metric-month, prorated by the hour and metered only when metrics are sent: Amazon
-/// CloudWatch pricing), so printing these 16 on every scheduled run kept $4.80 a month of metrics
+/// CloudWatch pricing), so printing these 17 on every scheduled run kept $4.80 a month of metrics
 /// alive through idle months; the alarms on them treat missing data as not breaching, and the
 /// run that releases the last worker still prints its zeros.
 pub fn fleet_metrics_line(
@@ -502,6 +502,14 @@ pub fn fleet_metrics_line(
         ("JobsWoken", report.jobs_woken.len() as f64, "Count"),
         ("JobsFailedLeaseLost", report.jobs_failed.len() as f64, "Count"),
         ("UnreadableRows", report.unreadable.len() as f64, "Count"),
+        // What the run failed to do (a wake-up message not sent, a row not written, a call
+        // refused): logged one by one as `reconcile` warnings; `onoff-reconcile-errors` goes off
+        // when every run of 15 minutes has some.
+        (
+            "ReconcileErrors",
+            (report.errors.len() + report.acted.errors.len()) as f64,
+            "Count",
+        ),
     ];
     let quiet = workers.is_empty() && report.plan.actions.is_empty() && metrics.iter().all(|m| m.1 == 0.0);
     (!quiet).then(|| emf::line("onoff", now, &[("Deployment", deployment)], &metrics))
@@ -661,7 +669,7 @@ mod tests {
             (Some(1.0), Some(0.011))
         );
         assert_eq!(v["Deployment"], "st");
-        assert_eq!(names(&line).len(), 16);
+        assert_eq!(names(&line).len(), 17);
         // The run that terminates the last worker prints its zeros, so the graphs fall to 0.
         let last = ReconcileReport {
             plan: onoff_policy::Plan {
@@ -688,6 +696,16 @@ mod tests {
         let line = fleet_metrics_line("st", 0.011, &refused, &[], now).expect("a refusal: published");
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["LaunchesRefusedByQuota"].as_f64(), Some(1.0));
+        // So does a run that failed at something, for its alarm: the reaper's failed send of a
+        // wake-up message (a submission left it to the reaper) and a failed write of act.
+        let mut failed = ReconcileReport::default();
+        failed
+            .errors
+            .push("wake j-1: send wake-up message: AWS.SimpleQueueService.NonExistentQueue".into());
+        failed.acted.errors.push("mark i-1 stopped: throttled".into());
+        let line = fleet_metrics_line("st", 0.011, &failed, &[], now).expect("errors: published");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["ReconcileErrors"].as_f64(), Some(2.0));
     }
 
     fn spot_price(offerings: &[Offering], instance_type: &str, zone: &str) -> f64 {
