@@ -504,7 +504,7 @@ pub fn fleet_metrics_line(
         ("UnreadableRows", report.unreadable.len() as f64, "Count"),
         // What the run failed to do (a wake-up message not sent, a row not written, a call
         // refused): logged one by one as `reconcile` warnings; `onoff-reconcile-errors` goes off
-        // when every run of 15 minutes has some.
+        // when each 5-minute period of 15 minutes has some.
         (
             "ReconcileErrors",
             (report.errors.len() + report.acted.errors.len()) as f64,
