@@ -83,18 +83,18 @@ impl QueueKind {
                 "each one made no job: a record submit refused has its reason (fix the spec or the \
                  policy and send it again), one without a reason failed for another cause (the \
                  submit function's log). Once fixed, `aws sqs start-message-move-task --source-arn \
-                 {arn}` moves them all back to the submission queue; a job is made once per message \
-                 (module docs of onoff_control::submit)"
+                 {arn}` moves them all back to the submission queue (rights `OperatorAccess` does not give); a job \
+                 is made once per message (module docs of onoff_control::submit)"
             ),
             QueueKind::Lane => "poison wake-up messages: no job is waiting for them (a job's row is \
                  the truth, and the reconciler sends a pending job a fresh message). Read the \
-                 reasons and purge the queue (`aws sqs purge-queue`)"
+                 reasons and purge the queue (`aws sqs purge-queue`, a right `OperatorAccess` does not give)"
                 .to_string(),
             QueueKind::FailedEvents => "events a function failed on past Lambda's retries. \
                  EC2 events and scale requests need nothing (the reconciler's next run reads \
                  EC2 and the jobs table itself); an S3 event is a job spec never submitted: put \
                  it again (a new object version is a new submission). Then purge the queue \
-                 (`aws sqs purge-queue`)"
+                 (`aws sqs purge-queue`, a right `OperatorAccess` does not give)"
                 .to_string(),
         }
     }
