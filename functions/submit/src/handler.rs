@@ -77,6 +77,24 @@ where
     submit(&text, source, rules, now, jobs, queue).await
 }
 
+/// Log what a submission from `from` did (a wake-up message left to the reconciler as a
+/// warning), and keep a new job's id in `new_jobs` for the scale request.
+fn noted(done: &Submitted, from: &str, new_jobs: &mut Vec<String>) {
+    match done {
+        Submitted::New(job) => tracing::info!(%job, %from, "submitted"),
+        Submitted::Existing(job) => tracing::info!(%job, %from, "already submitted"),
+        Submitted::Unsent { id, reason, .. } => tracing::warn!(
+            job = %id,
+            %from,
+            %reason,
+            "submitted; its wake-up message was not sent: the reconciler's next run sends it"
+        ),
+    }
+    if done.is_new() {
+        new_jobs.push(done.id().to_string());
+    }
+}
+
 /// Handle an S3 event or an SQS batch.
 ///
 /// # Errors
@@ -126,17 +144,7 @@ where
                 )
                 .await
                 {
-                    Ok(Submitted::New(job)) => {
-                        tracing::info!(%job, message = %id, "submitted");
-                        new_jobs.push(job);
-                    }
-                    Ok(Submitted::Existing(job)) => tracing::info!(%job, message = %id, "already submitted"),
-                    Ok(Submitted::Unsent { id: job, new, reason }) => {
-                        tracing::warn!(%job, message = %id, %reason, "submitted; its wake-up message was not sent: the reconciler's next run sends it");
-                        if new {
-                            new_jobs.push(job);
-                        }
-                    }
+                    Ok(done) => noted(&done, &format!("sqs:{id}"), &mut new_jobs),
                     Err(e) => {
                         match &e {
                             SubmitError::Rejected { .. } => {
@@ -161,19 +169,22 @@ where
             for r in &s3.records {
                 // S3 event keys are URL-encoded (`+` for space, `%xx`).
                 let raw_key = r.s3.object.key.as_deref().unwrap_or_default();
-                let Some(Source::S3 {
-                    bucket,
-                    key,
-                    etag,
-                    version,
-                }) = onoff_aws::objects::s3_submission(
+                let Some(source) = onoff_aws::objects::s3_submission(
                     r.s3.bucket.name.as_deref().unwrap_or_default(),
                     raw_key,
                     r.s3.object.e_tag.as_deref().unwrap_or_default(),
                     r.s3.object.version_id.as_deref(),
-                )
-                else {
+                ) else {
                     tracing::info!(key = %raw_key, "not under jobs/: ignored");
+                    continue;
+                };
+                let Source::S3 {
+                    bucket,
+                    key,
+                    etag,
+                    version,
+                } = &source
+                else {
                     continue;
                 };
                 let obj = ObjectRef {
@@ -182,26 +193,17 @@ where
                     version: version.clone(),
                     etag: Some(etag.clone()),
                 };
-                let source = Source::S3 {
-                    bucket,
-                    key: key.clone(),
-                    etag,
-                    version,
-                };
                 match submit_object(objects, &obj, &source, &rules, now, &ctx.jobs, &ctx.queues).await {
-                    Ok(Submitted::New(job)) => {
-                        results.push(serde_json::json!({ "key": key, "job": job }));
-                        new_jobs.push(job);
-                    }
-                    Ok(Submitted::Existing(job)) => {
-                        results.push(serde_json::json!({ "key": key, "job": job, "existing": true }))
-                    }
-                    Ok(Submitted::Unsent { id: job, new, reason }) => {
-                        tracing::warn!(%job, %key, %reason, "submitted; its wake-up message was not sent: the reconciler's next run sends it");
-                        results.push(serde_json::json!({ "key": key, "job": job, "existing": !new, "unsent": reason }));
-                        if new {
-                            new_jobs.push(job);
+                    Ok(done) => {
+                        let mut line = serde_json::json!({ "key": key, "job": done.id() });
+                        if !done.is_new() {
+                            line["existing"] = true.into();
                         }
+                        if let Submitted::Unsent { reason, .. } = &done {
+                            line["unsent"] = reason.as_str().into();
+                        }
+                        results.push(line);
+                        noted(&done, &source.describe(), &mut new_jobs);
                     }
                     Err(e @ SubmitError::Rejected { .. }) => {
                         tracing::warn!(error = %e, "rejected; the error record holds the reason");

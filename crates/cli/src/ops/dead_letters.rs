@@ -186,19 +186,15 @@ pub fn describe(kind: QueueKind, body: &str) -> String {
                     None => format!("EventBridge: {kind}"),
                 };
             }
-            let records = v["Records"].as_array().map(Vec::as_slice).unwrap_or_default();
-            if let Some(r) = records.first() {
-                if r["eventSource"] == "aws:s3" {
-                    let keys: Vec<String> = records
-                        .iter()
-                        .map(|r| {
-                            let key =
-                                onoff_aws::objects::url_decoded_key(r["s3"]["object"]["key"].as_str().unwrap_or("?"));
-                            format!("s3://{}/{key}", r["s3"]["bucket"]["name"].as_str().unwrap_or("?"))
-                        })
-                        .collect();
-                    return format!("S3 event: {}", keys.join(", "));
-                }
+            let objects: Vec<String> = s3_submissions(body)
+                .iter()
+                .filter_map(|s| match s {
+                    onoff_control::submit::Source::S3 { bucket, key, .. } => Some(format!("s3://{bucket}/{key}")),
+                    onoff_control::submit::Source::Sqs { .. } => None,
+                })
+                .collect();
+            if !objects.is_empty() {
+                return format!("S3 event: {}", objects.join(", "));
             }
             "an event of unknown kind".to_string()
         }
@@ -384,12 +380,14 @@ async fn read_queue(ops: &Ops, url: &str, kind: QueueKind, limit: usize) -> Resu
     }
     read?;
     shown.sort_by(|a, b| a.sent_at.partial_cmp(&b.sent_at).unwrap_or(std::cmp::Ordering::Equal));
+    // The counts are approximate: never fewer than were read.
+    let messages = messages.max(shown.len() as u64);
     Ok(QueueReport {
         queue: name,
         kind,
         url: url.to_string(),
-        messages: messages.max(shown.len() as u64),
-        action: if messages == 0 && shown.is_empty() {
+        messages,
+        action: if messages == 0 {
             String::new()
         } else {
             kind.advice(&arn)
