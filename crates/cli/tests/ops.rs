@@ -299,7 +299,16 @@ fn the_operator_verbs_on_a_served_local_stack() {
     // 4a. A spec sent to the submission queue that submit refuses: after the queue's
     // maxReceiveCount receives SQS moves it to its dead-letter queue, and `onoff dead-letters`
     // shows it with the reason submit recorded. Reading it does not take it away: a second read
-    // shows it again.
+    // shows it again. It carries the client token of job `again` (3a), so `onoff dead-letters`
+    // finds that job under the id submit gives the message and says a move back makes no second
+    // job: the lookup it makes for a submission whose job was written after all.
+    let (poison_project, poison_token) = (
+        new["spec"]["project"].as_str().unwrap().to_string(),
+        new["spec"]["client_token"].as_str().unwrap().to_string(),
+    );
+    let poison = serde_json::json!({"image": "onoff-local", "name": "poison", "project": poison_project,
+        "lane": "nope", "command": ["true"], "client_token": poison_token})
+    .to_string();
     let send = aws_as_submitter(
         &venv_bin,
         &s,
@@ -309,7 +318,7 @@ fn the_operator_verbs_on_a_served_local_stack() {
             "--queue-url",
             s["submission_queue"].as_str().unwrap(),
             "--message-body",
-            r#"{"image":"onoff-local","name":"poison","project":"alpha","lane":"nope","command":["true"]}"#,
+            &poison,
         ],
     );
     ok(&send);
@@ -341,7 +350,14 @@ fn the_operator_verbs_on_a_served_local_stack() {
         assert_eq!(shown.len(), 1, "read {read}: {dead}");
         let m = &shown[0];
         assert_eq!(m["message_id"], message_id.as_str(), "{m}");
-        assert_eq!(m["what"], r#"job spec "poison" of project alpha"#, "{m}");
+        assert_eq!(
+            m["what"],
+            format!(
+                r#"job spec "poison" of project {poison_project} (job {again} holds its client_token: a move back makes no second job)"#
+            )
+            .as_str(),
+            "{m}"
+        );
         assert!(m["reason"].as_str().is_some_and(|r| r.contains("unknown lane")), "{m}");
         assert!(m["receives"].as_u64().is_some_and(|n| n >= 5), "{m}");
         // Deleted by SQS 14 days after it was first sent (the queue's retention), not after it

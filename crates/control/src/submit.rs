@@ -142,6 +142,23 @@ pub enum SubmitError {
     },
 }
 
+/// The id [`submit`] gives the job of spec `text` from `source`, read without validating the spec:
+/// its `client_token` and `project` when both are strings, else `None` (a spec without a project
+/// string never parses, so no job was made of it). For `onoff dead-letters`, which asks whether a
+/// dead-lettered submission made a job after all: the rare case where the job's write was applied,
+/// its answer lost, and the table refused every later receive. Such a message without a
+/// `client_token` is keyed by its message id, which a redrive changes (module docs), so it must be
+/// deleted rather than moved back.
+pub fn job_id_of(text: &str, source: &Source) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let project = v.get("project")?.as_str()?;
+    let token = match v.get("client_token") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(t) => Some(t.as_str()?),
+    };
+    Some(job_id_for(&source.job_key(token, project)))
+}
+
 /// Write the error record for a submission from `source` rejected for `reason` (a rejection's
 /// only effect) and return the [`SubmitError::Rejected`] to report, or
 /// [`SubmitError::Retryable`] when the record could not be written. For rejections found before

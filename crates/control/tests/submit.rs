@@ -4,7 +4,7 @@ use onoff_control::fake::{FakeJobs, FakeQueue};
 use onoff_control::job::{AttemptEnd, JobState, RerunLimits, Settle};
 use onoff_control::ports::{Claim, JobStore, StoreError};
 use onoff_control::reconcile::{reap_jobs, ReconcileOptions};
-use onoff_control::submit::{submit, Source, SubmitError, Submitted};
+use onoff_control::submit::{job_id_of, submit, Source, SubmitError, Submitted};
 use std::collections::BTreeSet;
 
 const LANES: &[&str] = &["express", "standard"];
@@ -137,6 +137,44 @@ fn a_dead_lettered_submission_made_no_job_so_its_redrive_under_a_new_message_id_
     let got = pollster::block_on(submit(GOOD, &sqs("m3"), LANES, NOW, &jobs, &queue)).unwrap();
     assert!(matches!(got, Submitted::Unsent { new: true, .. }), "{got:?}");
     assert_eq!(jobs.records().len(), 2);
+}
+
+/// `job_id_of` names the job `submit` makes of the same text and source, without the rules: with
+/// and without a `client_token`, from SQS and S3. `onoff dead-letters` looks a dead-lettered
+/// submission's job up by it, for the case where the job was written and its answer lost.
+#[test]
+fn job_id_of_names_the_job_submit_makes_of_the_same_message() {
+    let (jobs, queue) = (FakeJobs::default(), FakeQueue::default());
+    let sqs = |id: &str| Source::Sqs { message_id: id.into() };
+    let tokened = r#"{"image":"img","command":["true"],"project":"vision","client_token":"t-7"}"#;
+    let nulled = r#"{"image":"img","command":["true"],"project":"vision","client_token":null}"#;
+    for (text, source) in [
+        (GOOD, sqs("m1")),
+        (tokened, sqs("m2")),
+        (nulled, sqs("m3")),
+        (GOOD, s3("jobs/a.json", "e1")),
+        (tokened, s3("jobs/b.json", "e2")),
+    ] {
+        let got = pollster::block_on(submit(text, &source, LANES, NOW, &jobs, &queue)).unwrap();
+        assert_eq!(
+            job_id_of(text, &source).as_deref(),
+            Some(got.id()),
+            "{text} from {source:?}"
+        );
+    }
+    // A token names one job whatever message carries it; without one, each message is its own.
+    assert_eq!(job_id_of(tokened, &sqs("m9")), job_id_of(tokened, &sqs("m2")));
+    assert_ne!(job_id_of(GOOD, &sqs("m9")), job_id_of(GOOD, &sqs("m1")));
+    assert_eq!(jobs.records().len(), 4);
+    // No project string, a token that is not a string, not JSON: no spec submit takes, no id.
+    for text in [
+        r#"{"image":"img","command":["true"]}"#,
+        r#"{"image":"img","command":["true"],"project":7}"#,
+        r#"{"image":"img","command":["true"],"project":"vision","client_token":7}"#,
+        "not json",
+    ] {
+        assert_eq!(job_id_of(text, &sqs("m1")), None, "{text}");
+    }
 }
 
 #[test]

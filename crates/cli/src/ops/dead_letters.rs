@@ -8,7 +8,10 @@
 //! (`error#sqs:<message id>`: submit and the agent write it before they leave the message, and
 //! SQS keeps a message's id when it moves it to its dead-letter queue); an event by the
 //! `ErrorCode` and `ErrorMessage` attributes Lambda sends it with, and an S3 event also by what
-//! became of its object: the job made of it, its error record, or neither (put it again).
+//! became of its object: the job made of it, its error record, or neither (put it again). A
+//! submission is also looked up under the job id submit would give it: in a rare case (the job's
+//! write applied, its answer lost, the table refusing every later receive) a dead-lettered
+//! submission made its job, and without a `client_token` a move back would make a second one.
 //!
 //! The queues are read, never changed: each message is received with a visibility timeout of
 //! [`PEEK_VISIBILITY_S`] (so the next receive returns others, not it again) and put back at once
@@ -80,9 +83,10 @@ impl QueueKind {
     fn advice(self, arn: &str) -> String {
         match self {
             QueueKind::Submissions => format!(
-                "each one made no job: a record submit refused has its reason (fix the spec or the \
-                 policy and send it again), one without a reason failed for another cause (the \
-                 submit function's log). Once fixed, `aws sqs start-message-move-task --source-arn \
+                "each one made no job unless its line names one: a record submit refused has its \
+                 reason (fix the spec or the policy and send it again), one without a reason failed \
+                 for another cause (the submit function's log). Delete a message whose line says \
+                 a move back would make a second job. Once fixed, `aws sqs start-message-move-task --source-arn \
                  {arn}` moves them all back to the submission queue (rights `OperatorAccess` does not give); a job \
                  is made once per message (module docs of onoff_control::submit)"
             ),
@@ -249,6 +253,32 @@ async fn s3_outcome(ops: &Ops, body: &str) -> Option<String> {
     Some(said.join("; "))
 }
 
+/// Whether a job exists under the key submit gives the spec `body` of submission message `id`
+/// (`onoff_control::submit::job_id_of`), and so what a move back would do. A dead-lettered
+/// submission normally made none (module docs of onoff_control::submit); one did when the job's
+/// write was applied, its answer lost, and the table refused every later receive. `None` when no
+/// job is found, or the body names none.
+async fn submission_outcome(ops: &Ops, id: &str, body: &str) -> Option<String> {
+    let source = onoff_control::submit::Source::Sqs {
+        message_id: id.to_string(),
+    };
+    let job = onoff_control::submit::job_id_of(body, &source)?;
+    let tokened = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .is_some_and(|v| v["client_token"].is_string());
+    match ops.jobs.get(&job).await {
+        Ok(None) => None,
+        Ok(Some(_)) if tokened => Some(format!(
+            "job {job} holds its client_token: a move back makes no second job"
+        )),
+        Ok(Some(_)) => Some(format!(
+            "job {job} was made of it, its write's answer lost: delete this message before a move \
+             back, which gives it a new message id and so would make a second job"
+        )),
+        Err(e) => Some(format!("its job {job} could not be read: {e}")),
+    }
+}
+
 /// Read queue `url` (of `kind`): its counts and up to `limit` messages, put back after.
 async fn read_queue(ops: &Ops, url: &str, kind: QueueKind, limit: usize) -> Result<QueueReport> {
     let sqs = &ops.clients.sqs;
@@ -329,10 +359,13 @@ async fn read_queue(ops: &Ops, url: &str, kind: QueueKind, limit: usize) -> Resu
                 .and_then(|t| t.parse::<f64>().ok())
                 .map(|ms| ms / 1000.0);
             let mut what = describe(kind, body);
-            if kind == QueueKind::FailedEvents {
-                if let Some(outcome) = s3_outcome(ops, body).await {
-                    what = format!("{what} ({outcome})");
-                }
+            let outcome = match kind {
+                QueueKind::FailedEvents => s3_outcome(ops, body).await,
+                QueueKind::Submissions => submission_outcome(ops, &id, body).await,
+                QueueKind::Lane => None,
+            };
+            if let Some(outcome) = outcome {
+                what = format!("{what} ({outcome})");
             }
             shown.push(DeadLetter {
                 message_id: id,
