@@ -181,6 +181,21 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
     assert_eq!(v["index_lag_s"], 1.0, "{v}");
     assert!(n("jobs_read_past_index") >= 1.0, "{v}");
     assert!(n("spot_notices_sent") >= 1.0, "the run injected a spot notice: {v}");
+    // The interruption function counted the notices it drained a worker for (the dashboard's
+    // graph), each once though every 5th event is delivered twice: at most one per notice sent,
+    // and the malformed events not at all.
+    let metrics = std::fs::read_to_string(run_dir.join("control-plane-metrics.log")).expect("the functions' metrics");
+    let counted: f64 = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["Notice"] == "interruption-warning")
+        .map(|m| m["SpotNotices"].as_f64().expect("a count"))
+        .sum();
+    assert!(
+        counted >= 1.0 && counted <= n("spot_notices_sent"),
+        "{counted} notices counted of {}",
+        n("spot_notices_sent")
+    );
     assert!(n("workers_killed") >= 1.0, "the run killed a worker: {v}");
     assert!(
         n("resumed_from_checkpoint") >= 1.0,

@@ -458,6 +458,40 @@ where
     }
 }
 
+/// A spot notice EC2 sent one of the deployment's workers, as the dashboard counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpotNotice {
+    /// "EC2 Spot Instance Interruption Warning": the instance is reclaimed in two minutes.
+    InterruptionWarning,
+    /// "EC2 Instance Rebalance Recommendation": the instance is at elevated risk.
+    RebalanceRecommendation,
+}
+
+impl SpotNotice {
+    /// The value of the metric's `Notice` dimension.
+    pub fn dimension(self) -> &'static str {
+        match self {
+            SpotNotice::InterruptionWarning => "interruption-warning",
+            SpotNotice::RebalanceRecommendation => "rebalance-recommendation",
+        }
+    }
+}
+
+/// The EMF line of one spot notice to a worker of `deployment` (namespace `onoff`, metric
+/// `SpotNotices`, value 1, dimensions `Deployment` and `Notice`): the interruption function prints
+/// it when it drains one of the deployment's own workers, so the dashboard counts onoff's notices,
+/// where the EventBridge rule's `TriggeredRules` counts every spot instance's of the account. A
+/// custom metric is billed only for the hours it receives data (Amazon CloudWatch pricing), so
+/// a month without notices pays nothing for it.
+pub fn spot_notice_line(deployment: &str, notice: SpotNotice, now: f64) -> String {
+    emf::line(
+        "onoff",
+        now,
+        &[("Deployment", deployment), ("Notice", notice.dimension())],
+        &[("SpotNotices", 1.0, "Count")],
+    )
+}
+
 /// The fleet's EMF line for a reconcile (namespace `onoff`, dimension `Deployment`): worker counts
 /// by state, spend, the longest unheld idle time and what the run did. `None` when the run leaves
 /// no worker and did nothing (no action, no count above 0): an idle deployment then publishes no
@@ -632,6 +666,28 @@ mod tests {
         ];
         assert_eq!(idle_seconds_max(&workers, now), 7_200.0);
         assert_eq!(idle_seconds_max(&workers[..1], now), 0.0);
+    }
+
+    #[test]
+    fn a_spot_notice_is_one_count_of_its_kind_for_its_deployment() {
+        for (notice, kind) in [
+            (SpotNotice::InterruptionWarning, "interruption-warning"),
+            (SpotNotice::RebalanceRecommendation, "rebalance-recommendation"),
+        ] {
+            let v: serde_json::Value = serde_json::from_str(&spot_notice_line("st", notice, 1_800_000_000.0)).unwrap();
+            let cw = &v["_aws"]["CloudWatchMetrics"][0];
+            assert_eq!(cw["Namespace"], "onoff");
+            assert_eq!(cw["Dimensions"], serde_json::json!([["Deployment", "Notice"]]));
+            assert_eq!(
+                cw["Metrics"],
+                serde_json::json!([{"Name": "SpotNotices", "Unit": "Count"}])
+            );
+            assert_eq!(
+                (v["Deployment"].as_str(), v["Notice"].as_str()),
+                (Some("st"), Some(kind))
+            );
+            assert_eq!(v["SpotNotices"], 1.0);
+        }
     }
 
     #[test]

@@ -6,14 +6,16 @@
 //! where the dead-letter alarm tells the operator. After a worker is drained it asks the scaler to run at once (an asynchronous
 //! invoke: this function holds no launch rights), so replacement capacity is launched elsewhere
 //! when the backlog needs it; a failure of that request is logged, not retried (the event's own
-//! work is done and recorded; the schedule and the alarm catch up).
+//! work is done and recorded; the schedule and the alarm catch up). Each notice to one of the
+//! deployment's workers is counted (`SpotNotices`, `onoff_fn_common::spot_notice_line`); a
+//! duplicate delivery and an instance of the account that is no worker are not.
 
 use lambda_runtime::LambdaEvent;
 use onoff_control::interruption::{handle_event, HandleError, Handled};
 use onoff_control::ports::{
     Backlog, EventLog, Fleet, FleetLister, JobQueue, JobStore, Lease, OfferingAvailability, WorkerRegistry,
 };
-use onoff_fn_common::{Ctx, HandlerError, ScalerTrigger};
+use onoff_fn_common::{emf, spot_notice_line, Ctx, HandlerError, ScalerTrigger, SpotNotice};
 
 /// Handle one EventBridge event.
 ///
@@ -64,10 +66,20 @@ where
     {
         Ok(Handled::Drained { worker }) => {
             tracing::info!(%worker, "drained after a spot interruption warning");
+            emf::emit(&spot_notice_line(
+                &ctx.settings.deployment,
+                SpotNotice::InterruptionWarning,
+                now,
+            ));
             Ok(replace("drained", worker).await)
         }
         Ok(Handled::Rebalanced { worker }) => {
             tracing::info!(%worker, "drained after a rebalance recommendation; its job runs on");
+            emf::emit(&spot_notice_line(
+                &ctx.settings.deployment,
+                SpotNotice::RebalanceRecommendation,
+                now,
+            ));
             Ok(replace("rebalanced", worker).await)
         }
         Ok(Handled::Terminated { worker }) => Ok(serde_json::json!({ "terminated": worker })),
