@@ -497,7 +497,7 @@ pub fn spot_notice_line(deployment: &str, notice: SpotNotice, now: f64) -> Strin
 /// no worker and did nothing (no action, no count above 0): an idle deployment then publishes no
 /// custom metric at all. CloudWatch bills a custom metric for each hour it receives data ($0.30
 /// per metric-month, prorated by the hour and metered only when metrics are sent: Amazon
-/// CloudWatch pricing), so printing these 17 on every scheduled run kept $4.80 a month of metrics
+/// CloudWatch pricing), so printing these 18 on every scheduled run would keep $5.40 a month of metrics
 /// alive through idle months; the alarms on them treat missing data as not breaching, and the
 /// run that releases the last worker still prints its zeros.
 pub fn fleet_metrics_line(
@@ -523,6 +523,7 @@ pub fn fleet_metrics_line(
         ("WorkersPending", count(WorkerState::Pending), "Count"),
         ("WorkersRunning", count(WorkerState::Running), "Count"),
         ("WorkersIdle", count(WorkerState::Idle), "Count"),
+        ("GpusIdle", idle_gpus(workers, offerings), "Count"),
         ("WorkersDraining", count(WorkerState::Draining), "Count"),
         ("WorkersStopped", count(WorkerState::Stopped), "Count"),
         ("SpendUsdPerHour", spend, "None"),
@@ -547,6 +548,24 @@ pub fn fleet_metrics_line(
     ];
     let quiet = workers.is_empty() && report.plan.actions.is_empty() && metrics.iter().all(|m| m.1 == 0.0);
     (!quiet).then(|| emf::line("onoff", now, &[("Deployment", deployment)], &metrics))
+}
+
+/// The GPUs of the idle workers: each worker's instance type's GPU count from `offerings` (the
+/// region's catalogue), 1 for a type the catalogue lacks. Its hourly average is the idle
+/// GPU-hours per hour the dashboard plots (`WorkersIdle` counts instances, which undercounts a
+/// multi-GPU worker).
+pub fn idle_gpus(workers: &[onoff_control::ports::WorkerRecord], offerings: &[Offering]) -> f64 {
+    workers
+        .iter()
+        .filter(|w| w.state == WorkerState::Idle)
+        .map(|w| {
+            offerings
+                .iter()
+                .find(|o| o.key.instance_type == w.offering.instance_type)
+                .map_or(1, |o| o.gpus.max(1))
+        })
+        .map(f64::from)
+        .sum()
 }
 
 fn action_name(a: &Action) -> &'static str {
@@ -669,6 +688,39 @@ mod tests {
     }
 
     #[test]
+    fn idle_gpus_count_each_idle_workers_gpus_from_the_catalogue() {
+        let ctx = testing::fake_ctx();
+        let offerings = &ctx.settings.offerings;
+        let gpus_of = |t: &str| offerings.iter().find(|o| o.key.instance_type == t).map(|o| o.gpus);
+        assert_eq!((gpus_of("g4dn.12xlarge"), gpus_of("g5.xlarge")), (Some(4), Some(1)));
+        let worker = |id: &str, t: &str, state: WorkerState| onoff_control::ports::WorkerRecord {
+            state,
+            ..onoff_control::ports::WorkerRecord::launched(
+                id,
+                "standard",
+                onoff_policy::OfferingKey {
+                    instance_type: t.into(),
+                    zone: "us-east-1a".into(),
+                    capacity_type: onoff_policy::CapacityType::OnDemand,
+                },
+                1.0,
+                0.0,
+            )
+        };
+        let workers = [
+            worker("i-4", "g4dn.12xlarge", WorkerState::Idle),
+            worker("i-1", "g5.xlarge", WorkerState::Idle),
+            worker("i-busy", "g4dn.12xlarge", WorkerState::Running),
+            worker("i-stopped", "g4dn.12xlarge", WorkerState::Stopped),
+        ];
+        assert_eq!(idle_gpus(&workers, offerings), 5.0);
+        // A type the catalogue lacks counts as one GPU, as WorkersIdle counts it.
+        let unknown = [worker("i-x", "p9.mystery", WorkerState::Idle)];
+        assert_eq!(idle_gpus(&unknown, offerings), 1.0);
+        assert_eq!(idle_gpus(&[], offerings), 0.0);
+    }
+
+    #[test]
     fn a_spot_notice_is_one_count_of_its_kind_for_its_deployment() {
         for (notice, kind) in [
             (SpotNotice::InterruptionWarning, "interruption-warning"),
@@ -725,7 +777,7 @@ mod tests {
             (Some(1.0), Some(0.011))
         );
         assert_eq!(v["Deployment"], "st");
-        assert_eq!(names(&line).len(), 17);
+        assert_eq!(names(&line).len(), 18);
         // The run that terminates the last worker prints its zeros, so the graphs fall to 0.
         let last = ReconcileReport {
             plan: onoff_policy::Plan {
