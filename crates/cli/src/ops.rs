@@ -597,7 +597,7 @@ pub async fn submit(a: SubmitArgs) -> Result<()> {
         }
     }
     let token = parsed.client_token.clone().unwrap_or_default();
-    let id = job_id_for(&format!("token:{}:{token}", parsed.project));
+    let id = job_id_for(&onoff_control::submit::token_key(&token, &parsed.project));
     let key = format!("jobs/{id}.json");
     let put = ops
         .clients

@@ -45,13 +45,19 @@ pub enum Source {
     },
 }
 
+/// The key a spec with `client_token` in `project` is idempotent by, whatever its source (a job
+/// id is [`job_id_for`] of it): what `onoff submit`, which always sets a token, names its object by.
+pub fn token_key(client_token: &str, project: &str) -> String {
+    format!("token:{project}:{client_token}")
+}
+
 impl Source {
     /// The key a job submitted from here is idempotent by (its id is [`job_id_for`] of it): the
     /// spec's `client_token` within its `project` when it has one, else the source itself (an
     /// S3 object version with its ETag, an SQS message id).
     pub fn job_key(&self, client_token: Option<&str>, project: &str) -> String {
         match (client_token, self) {
-            (Some(t), _) => format!("token:{project}:{t}"),
+            (Some(t), _) => token_key(t, project),
             (
                 None,
                 Source::S3 {

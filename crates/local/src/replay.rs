@@ -66,7 +66,7 @@ pub fn plan(opts: &LocalOptions, lane: &str) -> anyhow::Result<Vec<ReplayJob>> {
             });
             ReplayJob {
                 name: format!("philly-{:05}", j.id),
-                job_id: job_id_for(&format!("token:{}:{token}", j.project)),
+                job_id: job_id_for(&onoff_control::submit::token_key(&token, &j.project)),
                 at_s: (j.arrival_s - first) / opts.compress,
                 run_s,
                 spec,
