@@ -30,6 +30,43 @@ pub fn s3_submission(
     })
 }
 
+/// Every version under `prefix` of `bucket`, page after page of at most `page_size` (S3 answers
+/// 1,000 versions a ListObjectVersions call at most: `IsTruncated`, then `NextKeyMarker` and
+/// `NextVersionIdMarker` for the next; Amazon S3 API Reference, ListObjectVersions). For the
+/// local stack, which plays a versioned bucket's events from the listing.
+///
+/// # Errors
+/// The first call S3 refuses.
+pub async fn list_versions(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    prefix: &str,
+    page_size: i32,
+) -> Result<
+    Vec<aws_sdk_s3::types::ObjectVersion>,
+    SdkError<aws_sdk_s3::operation::list_object_versions::ListObjectVersionsError>,
+> {
+    let mut all = Vec::new();
+    let (mut key_marker, mut version_marker) = (None, None);
+    loop {
+        let page = s3
+            .list_object_versions()
+            .bucket(bucket)
+            .prefix(prefix)
+            .max_keys(page_size)
+            .set_key_marker(key_marker)
+            .set_version_id_marker(version_marker)
+            .send()
+            .await?;
+        all.extend(page.versions().iter().cloned());
+        if page.is_truncated() != Some(true) || page.next_key_marker().is_none() {
+            return Ok(all);
+        }
+        key_marker = page.next_key_marker().map(str::to_string);
+        version_marker = page.next_version_id_marker().map(str::to_string);
+    }
+}
+
 /// A key as S3 gives it URL-encoded, decoded: an event's `s3.object.key`, or a listing asked with
 /// `EncodingType=url` (which a key XML 1.0 cannot carry, e.g. with a control character, needs:
 /// ListObjectsV2, `EncodingType`). `+` is a space, `%xx` a byte (as botocore's `unquote_plus`

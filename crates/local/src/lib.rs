@@ -1050,16 +1050,9 @@ async fn run_with(
         if now >= next_s3 {
             next_s3 = now + Duration::from_millis(500);
             // The bucket has versioning (as the template's): every version is an event, named
-            // by its version id.
-            let listed = clients
-                .s3
-                .list_object_versions()
-                .bucket(&res.bucket)
-                .prefix("jobs/")
-                .send()
-                .await;
-            if let Ok(out) = listed {
-                for o in out.versions() {
+            // by its version id. Every page: S3 (and moto) answer 1,000 versions at most.
+            if let Ok(versions) = onoff_aws::objects::list_versions(&clients.s3, &res.bucket, "jobs/", 1000).await {
+                for o in &versions {
                     let (Some(key), Some(etag)) = (o.key(), o.e_tag()) else {
                         continue;
                     };
@@ -1525,11 +1518,12 @@ async fn run_with(
         .filter(|(_, i)| i.ended_at.is_none())
         .map(|(id, _)| id.clone())
         .collect();
-    if !left.is_empty() {
+    // TerminateInstances takes 1,000 ids at most (onoff_aws::limits::MAX_TERMINATE_IDS).
+    for batch in left.chunks(onoff_aws::limits::MAX_TERMINATE_IDS) {
         let _ = clients
             .ec2
             .terminate_instances()
-            .set_instance_ids(Some(left))
+            .set_instance_ids(Some(batch.to_vec()))
             .send()
             .await;
     }
