@@ -1252,7 +1252,10 @@ impl FakeJobs {
             settle.reason = Some(crate::job::CANCELLED_REASON.into());
         }
         if let Some(a) = &settle.attempt {
-            r.attempt_log.push(a.clone());
+            // As the jobs table keeps it: JSON text, read back by the next get.
+            let text = serde_json::to_string(a).expect("an attempt record serialises");
+            r.attempt_log
+                .push(serde_json::from_str(&text).expect("an attempt record parses"));
         }
         r.claimed_at = None;
         r.state = settle.to;
