@@ -1050,7 +1050,7 @@ pub async fn wake<J: JobStore, Q: JobQueue>(
     now: f64,
 ) -> Result<(), WakeError> {
     queue
-        .send(&spec.lane, &wake_up_body(job_id, spec.gpus), delay_s)
+        .send(&spec.lane, &wake_up_body(job_id, spec.gpus, now), delay_s)
         .await
         .map_err(WakeError::Queue)?;
     jobs.mark_sent(job_id, now).await.map_err(WakeError::Store)
@@ -1067,20 +1067,25 @@ pub enum WakeError {
     Store(StoreError),
 }
 
-/// Body of a wake-up message: `{"job_id": ..., "gpus": ...}`. The job's GPUs let a worker too
-/// small for it pass the message on without claiming the job ([`WakeUp::too_big_for`]); the row
-/// stays the truth, and a body without them (an older sender's) is claimed as any.
-pub fn wake_up_body(job_id: &str, gpus: u32) -> String {
-    serde_json::json!({ "job_id": job_id, "gpus": gpus }).to_string()
+/// Body of a wake-up message: `{"job_id": ..., "gpus": ..., "sent_at": ...}`. The job's GPUs
+/// let a worker too small for it pass the message on without claiming the job
+/// ([`WakeUp::too_big_for`]); the row stays the truth, and a body without them (an older
+/// sender's) is claimed as any. `sent_at` (unix seconds) is what [`wake`] records as the row's
+/// `sent_at` once the message is sent: a message older than the row's has been superseded by a
+/// later one, and a worker passing messages on drops it ([`WakeUp::stale`]).
+pub fn wake_up_body(job_id: &str, gpus: u32, sent_at: f64) -> String {
+    serde_json::json!({ "job_id": job_id, "gpus": gpus, "sent_at": sent_at }).to_string()
 }
 
 /// A wake-up message as a worker reads it ([`wake_up_body`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct WakeUp {
     /// The job.
     pub job_id: String,
     /// The GPUs its spec asks for, when the message says.
     pub gpus: Option<u32>,
+    /// When it was sent (the row's `sent_at` it was sent under), unix seconds, when it says.
+    pub sent_at: Option<f64>,
 }
 
 impl WakeUp {
@@ -1093,7 +1098,35 @@ impl WakeUp {
                 .get("gpus")
                 .and_then(serde_json::Value::as_u64)
                 .and_then(|g| u32::try_from(g).ok()),
+            sent_at: v.get("sent_at").and_then(serde_json::Value::as_f64),
         })
+    }
+
+    /// Why a worker that would pass this message on should drop it instead, given its job's row
+    /// (`None`: no such job): the job is unknown, no longer waits (running under a lease, or
+    /// finished), or a later wake-up message was sent for it (the row's `sent_at` is later than
+    /// this message's). `None` when it must go on.
+    ///
+    /// Such messages went round for as long as their job's shape waited: each one a worker too
+    /// small for it passes on as a fresh message. A duplicate (the reaper's, sent while the first
+    /// was in flight) then counted in the lane's queue as another waiting job's message, and the
+    /// reaper, which sends as many as the queue falls short of the pending jobs, sent none to a
+    /// job whose own message was gone (`reconcile::reap_jobs`): it waited beside an idle worker
+    /// of its size.
+    pub fn stale(&self, row: Option<&JobRecord>) -> Option<String> {
+        let Some(r) = row else {
+            return Some(format!("no job {}", self.job_id));
+        };
+        if !r.state.is_pending() {
+            return Some(format!("job {} is {}", self.job_id, r.state.as_str()));
+        }
+        match (self.sent_at, r.sent_at) {
+            (Some(mine), Some(latest)) if latest > mine => Some(format!(
+                "a later wake-up message of job {} was sent (at {latest}, this one at {mine})",
+                self.job_id
+            )),
+            _ => None,
+        }
     }
 
     /// Whether the job asks for more GPUs than a worker with `gpus` has (`None`: unknown, as an
@@ -1357,12 +1390,13 @@ mod tests {
 
     #[test]
     fn a_wake_up_says_its_jobs_gpus_and_a_body_without_them_is_claimed_as_any() {
-        let w = WakeUp::parse(&wake_up_body("job-8", 8)).unwrap();
+        let w = WakeUp::parse(&wake_up_body("job-8", 8, 1_700_000_000.125)).unwrap();
         assert_eq!(
             w,
             WakeUp {
                 job_id: "job-8".into(),
-                gpus: Some(8)
+                gpus: Some(8),
+                sent_at: Some(1_700_000_000.125),
             }
         );
         assert!(w.too_big_for(Some(4)));
@@ -1378,5 +1412,35 @@ mod tests {
         }
         // GPUs that are not a count are ignored, not poison.
         assert_eq!(WakeUp::parse(r#"{"job_id":"j","gpus":"8"}"#).unwrap().gpus, None);
+    }
+
+    #[test]
+    fn a_message_is_stale_once_its_job_stops_waiting_or_a_later_one_was_sent() {
+        use super::JobRecord;
+        use crate::job::{JobSpec, JobState};
+        let t = 1_700_000_000.0;
+        let spec: JobSpec = serde_json::from_str(r#"{"image":"i","command":["x"],"project":"p","gpus":8}"#).unwrap();
+        let mut row = JobRecord::new("job-8".into(), spec, "test".into(), t);
+        let at = |sent: f64| WakeUp::parse(&wake_up_body("job-8", 8, sent)).unwrap();
+        // Waiting, and this is the message its row was last sent under (or a later one whose
+        // `sent_at` is not recorded yet): it goes on.
+        row.sent_at = Some(t + 10.0);
+        assert_eq!(at(t + 10.0).stale(Some(&row)), None);
+        assert_eq!(at(t + 20.0).stale(Some(&row)), None);
+        // An earlier one: a later message was sent, this one is a duplicate.
+        assert!(at(t).stale(Some(&row)).is_some_and(|w| w.contains("later wake-up")));
+        // An older sender's body (no time) is never taken for a duplicate.
+        let old = WakeUp::parse(r#"{"job_id":"job-8","gpus":8}"#).unwrap();
+        assert_eq!(old.stale(Some(&row)), None);
+        // A row never sent (the reaper's to send): nothing is later.
+        row.sent_at = None;
+        assert_eq!(at(t).stale(Some(&row)), None);
+        // The job runs, or has finished, or is gone: no message need go on.
+        for s in [JobState::Running, JobState::Succeeded, JobState::Cancelled] {
+            row.state = s;
+            assert!(at(t).stale(Some(&row)).is_some_and(|w| w.contains(s.as_str())), "{s:?}");
+            assert!(old.stale(Some(&row)).is_some(), "{s:?}");
+        }
+        assert!(at(t).stale(None).is_some_and(|w| w.contains("no job")));
     }
 }

@@ -977,7 +977,7 @@ fn a_job_whose_message_waits_in_its_queue_is_not_sent_another() {
     assert_eq!(r.jobs_woken, vec![other.clone()], "{r:?}");
     assert_eq!(
         w.queue.receive("standard").as_deref(),
-        Some(wake_up_body(other, 1).as_str())
+        Some(wake_up_body(other, 1, t + 60.0).as_str())
     );
     // The count cannot be read: every due job of the lane gets a fresh message, and the error
     // says why.

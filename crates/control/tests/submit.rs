@@ -34,7 +34,10 @@ fn a_valid_spec_becomes_one_queued_job_and_one_message() {
     );
     assert_eq!(
         queue.sent(),
-        vec![("standard".to_string(), format!(r#"{{"gpus":2,"job_id":"{id}"}}"#))]
+        vec![(
+            "standard".to_string(),
+            format!(r#"{{"gpus":2,"job_id":"{id}","sent_at":1700000000.0}}"#)
+        )]
     );
 }
 
@@ -97,7 +100,10 @@ fn a_failed_send_still_submits_the_job_and_the_reaper_sends_its_message() {
     pollster::block_on(reap_jobs(&snapshot, &BTreeSet::new(), &opts, NOW + 60.0, &jobs, &queue));
     assert_eq!(
         queue.sent(),
-        vec![("standard".to_string(), format!(r#"{{"gpus":2,"job_id":"{id}"}}"#))]
+        vec![(
+            "standard".to_string(),
+            format!(r#"{{"gpus":2,"job_id":"{id}","sent_at":1700000060.0}}"#)
+        )]
     );
     assert_eq!(jobs.records()[id].sent_at, Some(NOW + 60.0));
     // A redelivery of the same submission finds the job sent: nothing more.

@@ -184,7 +184,8 @@ pub struct AgentReport {
     pub exit: ExitReason,
     /// Every job attempt, in order.
     pub jobs: Vec<JobReport>,
-    /// Messages dropped because their job was finished or held by another worker's live lease.
+    /// Messages dropped because their job was finished or held by another worker's live lease,
+    /// or (a message this worker would pass on) a later message of its job was sent.
     pub dropped: u32,
     /// Messages left for the dead-letter queue (malformed, unknown job), each with an error record.
     pub poison: u32,
@@ -853,6 +854,30 @@ where
         // waits, which a claim and a counted hand-back each time turned into FAILED after
         // `max_hand_backs` (50 minutes with one small idle worker in the lane).
         if wake_up.too_big_for(self.cfg.gpus) {
+            // Only a message its job still waits on goes on (`WakeUp::stale`): a duplicate went
+            // round with it for as long as the job waited, and counted in the lane's queue as
+            // the message of another waiting job, whose own gone message the reaper then did not
+            // replace.
+            match self.deps.jobs.get(&wake_up.job_id).await {
+                Ok(None) => {
+                    let reason = format!("no job {} in the jobs table", wake_up.job_id);
+                    self.poison(&msg, &format!("sqs:{}", msg.message_id), &reason).await;
+                    return None;
+                }
+                Ok(Some(row)) => {
+                    if let Some(why) = wake_up.stale(Some(&row)) {
+                        tracing::info!(job = %wake_up.job_id, %why, "message dropped, not passed on");
+                        self.report.dropped += 1;
+                        if let Err(e) = self.deps.inbox.delete(&msg.lane, &msg.receipt).await {
+                            tracing::warn!(error = %e, "delete dropped message");
+                        }
+                        return None;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(job = %wake_up.job_id, error = %e, "reading the job's row: message passed on as it is");
+                }
+            }
             tracing::info!(job = %wake_up.job_id, wants = ?wake_up.gpus, has = ?self.cfg.gpus, "job needs more GPUs: message passed on unclaimed");
             self.report.passed_on += 1;
             if let Err(e) = self

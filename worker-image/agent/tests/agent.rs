@@ -56,7 +56,7 @@ fn register_as(w: &World, id: &str, capacity: CapacityType, pinned: Option<&str>
 /// Submit a 1-GPU job and its wake-up message, as submit does.
 fn submit(w: &World, id: &str, program: &str, max_attempts: u32, checkpoint_interval_s: f64) {
     put_job(w, id, program, max_attempts, checkpoint_interval_s);
-    w.inbox.send("standard", &wake_up_body(id, 1));
+    w.inbox.send("standard", &wake_up_body(id, 1, T0));
 }
 
 /// A 1-GPU job's row, without a message.
@@ -248,7 +248,7 @@ async fn a_job_waiting_long_for_a_worker_of_its_size_is_passed_on_not_failed_by_
     rec.spec.gpus = 4;
     w.jobs.put(rec);
     // The message as every sender writes it: with the job's GPUs.
-    w.inbox.send("standard", &wake_up_body("job-4gpu", 4));
+    w.inbox.send("standard", &wake_up_body("job-4gpu", 4, T0));
     let small = AgentConfig {
         gpus: Some(1),
         // Past the big worker's arrival: the fake inbox hands a message to the receiver that has
@@ -282,6 +282,58 @@ async fn a_job_waiting_long_for_a_worker_of_its_size_is_passed_on_not_failed_by_
     let rec = job(&w, "job-4gpu");
     assert_eq!((rec.state, rec.hand_backs, rec.attempts), (JobState::Succeeded, 0, 1));
     assert!(w.inbox.remaining().is_empty(), "{:?}", w.inbox.remaining());
+}
+
+/// A worker too small for a job passes on only the message its job still waits on: a duplicate
+/// (sent before the row's latest `sent_at`) and the message of a job that no longer waits are
+/// dropped, one of an unknown job is poison. Before, every one of them went round for as long as
+/// the job waited, and counted in the lane's queue as a waiting job's message.
+#[tokio::test(start_paused = true)]
+async fn a_too_small_worker_passes_on_only_the_message_its_job_still_waits_on() {
+    let dir = tempdir("stale-pass-on");
+    let w = World::default();
+    register(&w, "i-small");
+    for id in ["job-4gpu", "job-done"] {
+        put_job(&w, id, "train", 1, 600.0);
+        let mut rec = job(&w, id);
+        rec.spec.gpus = 4;
+        rec.sent_at = Some(T0 + 5.0);
+        if id == "job-done" {
+            rec.state = JobState::Succeeded;
+        }
+        w.jobs.put(rec);
+    }
+    // The first message and the reaper's later one, of the waiting job; one of the finished job;
+    // one of a job the table does not hold.
+    let old = w.inbox.send("standard", &wake_up_body("job-4gpu", 4, T0));
+    let latest = w.inbox.send("standard", &wake_up_body("job-4gpu", 4, T0 + 5.0));
+    let done = w.inbox.send("standard", &wake_up_body("job-done", 4, T0 + 5.0));
+    let unknown = w.inbox.send("standard", &wake_up_body("job-none", 4, T0));
+    let small = AgentConfig {
+        gpus: Some(1),
+        idle_timeout_s: 600.0,
+        ..cfg(dir.path())
+    };
+    let (r, _) = agent(&w, "i-small", &small).await;
+    assert!(r.jobs.is_empty(), "{:?}", r.jobs);
+    assert_eq!(r.dropped, 2, "{r:?}");
+    assert!(r.poison >= 1, "{r:?}");
+    assert!(r.passed_on >= 1, "{r:?}");
+    let left: Vec<String> = w.inbox.remaining().into_iter().map(|(id, _)| id).collect();
+    assert!(!left.contains(&old) && !left.contains(&done), "{left:?}");
+    // The latest goes on (as a fresh message each time, so not under its first id), the unknown
+    // job's is left for the dead-letter queue with its reason.
+    assert!(!left.contains(&latest), "{left:?}");
+    assert_eq!(w.inbox.pending_for("standard", "job-4gpu"), 1, "{left:?}");
+    assert!(
+        w.jobs
+            .errors()
+            .get(&format!("sqs:{unknown}"))
+            .is_some_and(|e| e.contains("no job")),
+        "{:?}",
+        w.jobs.errors()
+    );
+    assert_eq!(job(&w, "job-4gpu").state, JobState::Queued);
 }
 
 #[tokio::test(start_paused = true)]
@@ -471,7 +523,7 @@ async fn the_preferred_lanes_job_comes_first_though_short_polls_miss() {
     let mut express = job(&w, "job-express");
     express.spec.lane = "express".into();
     w.jobs.put(express);
-    w.inbox.send("express", &wake_up_body("job-express", 1));
+    w.inbox.send("express", &wake_up_body("job-express", 1, T0));
     let mut c = cfg(dir.path());
     c.lanes = vec!["express".into(), "standard".into()];
     let (r, _) = agent(&w, "i-a", &c).await;
