@@ -2044,14 +2044,11 @@ async fn one_create_fleet_call_spreads_over_its_overrides() {
     assert_eq!(zones.len(), 2, "diversified over both overrides: {res:?}");
 }
 
-#[tokio::test]
-async fn spec_objects_are_read_by_version_and_an_overwrite_without_one_is_detected() {
-    use onoff_aws::objects::{ObjectError, ObjectRef, S3Objects};
-    let c = clients().await;
-    let bucket = unique("specs");
-    c.s3.create_bucket().bucket(&bucket).send().await.unwrap();
+/// A bucket `name` with versioning, as the template's.
+async fn versioned_bucket(c: &Clients, name: &str) {
+    c.s3.create_bucket().bucket(name).send().await.unwrap();
     c.s3.put_bucket_versioning()
-        .bucket(&bucket)
+        .bucket(name)
         .versioning_configuration(
             aws_sdk_s3::types::VersioningConfiguration::builder()
                 .status(aws_sdk_s3::types::BucketVersioningStatus::Enabled)
@@ -2060,6 +2057,14 @@ async fn spec_objects_are_read_by_version_and_an_overwrite_without_one_is_detect
         .send()
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn spec_objects_are_read_by_version_and_an_overwrite_without_one_is_detected() {
+    use onoff_aws::objects::{ObjectError, ObjectRef, S3Objects};
+    let c = clients().await;
+    let bucket = unique("specs");
+    versioned_bucket(&c, &bucket).await;
     let put = |body: &'static str| {
         c.s3.put_object()
             .bucket(&bucket)
@@ -2104,17 +2109,7 @@ async fn spec_objects_are_read_by_version_and_an_overwrite_without_one_is_detect
 async fn every_version_under_a_prefix_is_listed_page_after_page() {
     let c = clients().await;
     let bucket = unique("versions");
-    c.s3.create_bucket().bucket(&bucket).send().await.unwrap();
-    c.s3.put_bucket_versioning()
-        .bucket(&bucket)
-        .versioning_configuration(
-            aws_sdk_s3::types::VersioningConfiguration::builder()
-                .status(aws_sdk_s3::types::BucketVersioningStatus::Enabled)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
+    versioned_bucket(&c, &bucket).await;
     // Three keys, one of them overwritten twice, and one outside the prefix.
     for (key, body) in [
         ("jobs/a.json", "1"),

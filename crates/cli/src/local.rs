@@ -31,9 +31,9 @@ pub struct LocalArgs {
     /// Wall milliseconds the example workload spends per item, at least.
     #[arg(long, default_value_t = 250.0)]
     item_ms: f64,
-    /// Spot interruption notices injected, per busy worker per wall minute (0: none). One is due
-    /// every 1/RATE busy-worker-minutes, the first after half that; each worker takes one fault
-    /// at most. Default 1 (0 with --serve).
+    /// Spot interruption notices injected, per busy spot worker per wall minute (0: none; EC2
+    /// sends none to on-demand instances). One is due every 1/RATE busy-spot-worker-minutes, the
+    /// first after half that; each worker takes one fault at most. Default 1 (0 with --serve).
     #[arg(long)]
     spot_notices: Option<f64>,
     /// Abrupt worker deaths (agent and job killed, instance gone, no notice), per busy worker per

@@ -134,8 +134,9 @@ pub struct LocalOptions {
     pub max_job_s: f64,
     /// Wall milliseconds the example workload spends per item (at least).
     pub item_ms: f64,
-    /// Spot interruption notices per busy worker per wall minute: one is due every 1/rate
-    /// busy-worker-minutes (the first after half that), on a busy worker the seed picks.
+    /// Spot interruption notices per busy spot worker per wall minute: one is due every 1/rate
+    /// busy-spot-worker-minutes (the first after half that), on a busy spot worker the seed picks
+    /// (EC2 sends none to on-demand instances).
     pub spot_notices: f64,
     /// Abrupt worker deaths (process killed, instance gone, no notice) per busy worker per wall
     /// minute, due like `spot_notices`.
@@ -1397,7 +1398,9 @@ async fn run_with(
         if now >= next_faults {
             let dt = (now - next_faults).as_secs_f64() + 1.0;
             next_faults = now + Duration::from_secs(1);
-            let mut eligible: Vec<String> = instances
+            // (instance, whether it is spot): EC2 sends spot interruption notices to spot
+            // instances only; any instance may die.
+            let mut eligible: Vec<(String, bool)> = instances
                 .iter()
                 .filter(|(id, i)| {
                     i.ended_at.is_none()
@@ -1405,19 +1408,22 @@ async fn run_with(
                         && i.agent.is_some()
                         && worker_states.get(*id) == Some(&WorkerState::Running)
                 })
-                .map(|(id, _)| id.clone())
+                .map(|(id, i)| (id.clone(), i.capacity == CapacityType::Spot))
                 .collect();
-            let busy_minutes = eligible.len() as f64 * dt / 60.0;
-            notices_due += opts.spot_notices * busy_minutes;
-            kills_due += opts.kill_workers * busy_minutes;
-            // The next worker to take a fault of a kind whose fault is due.
-            let mut take = |due: &mut f64| {
-                (*due >= 1.0 && !eligible.is_empty()).then(|| {
+            let spot_busy = eligible.iter().filter(|(_, spot)| *spot).count();
+            notices_due += opts.spot_notices * spot_busy as f64 * dt / 60.0;
+            kills_due += opts.kill_workers * eligible.len() as f64 * dt / 60.0;
+            // The next worker to take a fault of a kind whose fault is due (a spot one for a
+            // notice).
+            let mut take = |due: &mut f64, spot_only: bool| {
+                let candidates: Vec<usize> = (0..eligible.len()).filter(|&k| !spot_only || eligible[k].1).collect();
+                (*due >= 1.0 && !candidates.is_empty()).then(|| {
                     *due -= 1.0;
-                    eligible.swap_remove(rng.random_range(0..eligible.len()))
+                    let k = candidates[rng.random_range(0..candidates.len())];
+                    eligible.swap_remove(k).0
                 })
             };
-            while let Some(id) = take(&mut notices_due) {
+            while let Some(id) = take(&mut notices_due, true) {
                 let inst = instances.get_mut(&id).expect("eligible instance exists");
                 inst.faulted = true;
                 report.spot_notices_sent += 1;
@@ -1434,7 +1440,7 @@ async fn run_with(
                 inst.reclaim_at = Some(now + Duration::from_secs_f64(opts.notice_lead_s));
                 tracing::info!(instance = %id, "injected a spot interruption notice");
             }
-            while let Some(id) = take(&mut kills_due) {
+            while let Some(id) = take(&mut kills_due, false) {
                 let inst = instances.get_mut(&id).expect("eligible instance exists");
                 inst.faulted = true;
                 report.workers_killed += 1;
