@@ -66,7 +66,7 @@ pub struct Message {
     pub message_id: String,
     /// Receipt handle (for visibility changes and delete).
     pub receipt: String,
-    /// Body: `{"job_id": "...", "gpus": n}` (`onoff_control::ports::wake_up_body`).
+    /// Body: `{"job_id": "...", "gpus": n, "sent_at": t}` (`onoff_control::ports::wake_up_body`).
     pub body: String,
     /// Times received (SQS ApproximateReceiveCount).
     pub receive_count: u32,
