@@ -1102,10 +1102,10 @@ impl WakeUp {
         })
     }
 
-    /// Why a worker that would pass this message on should drop it instead, given its job's row
-    /// (`None`: no such job): the job is unknown, no longer waits (running under a lease, or
-    /// finished), or a later wake-up message was sent for it (the row's `sent_at` is later than
-    /// this message's). `None` when it must go on.
+    /// Why a worker that would pass this message on should drop it instead, given its job's row:
+    /// the job no longer waits (running under a lease, or finished), or a later wake-up message
+    /// was sent for it (the row's `sent_at` is later than this message's). `None` when it must go
+    /// on. (A message of a job with no row is poison, as on the claim path.)
     ///
     /// Such messages went round for as long as their job's shape waited: each one a worker too
     /// small for it passes on as a fresh message. A duplicate (the reaper's, sent while the first
@@ -1113,10 +1113,7 @@ impl WakeUp {
     /// reaper, which sends as many as the queue falls short of the pending jobs, sent none to a
     /// job whose own message was gone (`reconcile::reap_jobs`): it waited beside an idle worker
     /// of its size.
-    pub fn stale(&self, row: Option<&JobRecord>) -> Option<String> {
-        let Some(r) = row else {
-            return Some(format!("no job {}", self.job_id));
-        };
+    pub fn stale(&self, r: &JobRecord) -> Option<String> {
         if !r.state.is_pending() {
             return Some(format!("job {} is {}", self.job_id, r.state.as_str()));
         }
@@ -1425,22 +1422,21 @@ mod tests {
         // Waiting, and this is the message its row was last sent under (or a later one whose
         // `sent_at` is not recorded yet): it goes on.
         row.sent_at = Some(t + 10.0);
-        assert_eq!(at(t + 10.0).stale(Some(&row)), None);
-        assert_eq!(at(t + 20.0).stale(Some(&row)), None);
+        assert_eq!(at(t + 10.0).stale(&row), None);
+        assert_eq!(at(t + 20.0).stale(&row), None);
         // An earlier one: a later message was sent, this one is a duplicate.
-        assert!(at(t).stale(Some(&row)).is_some_and(|w| w.contains("later wake-up")));
+        assert!(at(t).stale(&row).is_some_and(|w| w.contains("later wake-up")));
         // An older sender's body (no time) is never taken for a duplicate.
         let old = WakeUp::parse(r#"{"job_id":"job-8","gpus":8}"#).unwrap();
-        assert_eq!(old.stale(Some(&row)), None);
+        assert_eq!(old.stale(&row), None);
         // A row never sent (the reaper's to send): nothing is later.
         row.sent_at = None;
-        assert_eq!(at(t).stale(Some(&row)), None);
-        // The job runs, or has finished, or is gone: no message need go on.
+        assert_eq!(at(t).stale(&row), None);
+        // The job runs, or has finished: no message need go on.
         for s in [JobState::Running, JobState::Succeeded, JobState::Cancelled] {
             row.state = s;
-            assert!(at(t).stale(Some(&row)).is_some_and(|w| w.contains(s.as_str())), "{s:?}");
-            assert!(old.stale(Some(&row)).is_some(), "{s:?}");
+            assert!(at(t).stale(&row).is_some_and(|w| w.contains(s.as_str())), "{s:?}");
+            assert!(old.stale(&row).is_some(), "{s:?}");
         }
-        assert!(at(t).stale(None).is_some_and(|w| w.contains("no job")));
     }
 }

@@ -865,7 +865,7 @@ where
                     return None;
                 }
                 Ok(Some(row)) => {
-                    if let Some(why) = wake_up.stale(Some(&row)) {
+                    if let Some(why) = wake_up.stale(&row) {
                         tracing::info!(job = %wake_up.job_id, %why, "message dropped, not passed on");
                         self.report.dropped += 1;
                         if let Err(e) = self.deps.inbox.delete(&msg.lane, &msg.receipt).await {

@@ -263,9 +263,8 @@ async fn submission_outcome(ops: &Ops, id: &str, body: &str) -> Option<String> {
         message_id: id.to_string(),
     };
     let job = onoff_control::submit::job_id_of(body, &source)?;
-    let tokened = serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .is_some_and(|v| v["client_token"].is_string());
+    // Keyed by its client token, not by this message's id.
+    let tokened = job != onoff_control::job::job_id_for(&source.job_key(None, ""));
     match ops.jobs.get(&job).await {
         Ok(None) => None,
         Ok(Some(_)) if tokened => Some(format!(
