@@ -465,8 +465,8 @@ pub fn run(a: LocalArgs) -> Result<()> {
 /// dead-lettered, an event dead-lettered that was not one of them (a function failed on a real
 /// event past its retries), a dead-letter send that failed, a dead letter not read back from the
 /// failed-events queue, a poison message without an error record or not in the submission
-/// queue's dead-letter queue, or a retry still pending at the end (unless the run was cut
-/// short).
+/// queue's dead-letter queue, a retry still pending or an EC2 event undelivered at the end
+/// (unless the run was cut short).
 fn dead_letter_faults(r: &LocalReport) -> Vec<String> {
     let mut bad = Vec::new();
     let injected = |d: &&onoff_local::lambda::DeadLetter| is_injected(r, d);
@@ -554,6 +554,12 @@ fn dead_letter_faults(r: &LocalReport) -> Vec<String> {
         bad.push(format!(
             "{} failed event(s) still waiting for Lambda's retry at the end (--drain-s)",
             r.retries_pending
+        ));
+    }
+    if r.events_undelivered > 0 && !r.interrupted {
+        bad.push(format!(
+            "{} EC2 event(s) never delivered to the interruption function (--drain-s)",
+            r.events_undelivered
         ));
     }
     bad
@@ -780,6 +786,7 @@ mod tests {
         assert!(faults(&|r| r.dead_letter_errors.push("AccessDenied".into())).contains("AccessDenied"));
         assert!(faults(&|r| r.failed_events_read_back = 0).contains("1 dead letter(s) sent, 0 read back"));
         assert!(faults(&|r| r.retries_pending = 1).contains("still waiting"));
+        assert!(faults(&|r| r.events_undelivered = 2).contains("2 EC2 event(s) never delivered"));
         assert!(faults(&|r| r
             .submission_batches_failed
             .push("an empty itemIdentifier".into()))
@@ -828,6 +835,7 @@ mod tests {
             r.dead_letters.clear();
             r.failed_events_read_back = 0;
             r.retries_pending = 1;
+            r.events_undelivered = 1;
         })
         .is_empty());
     }

@@ -237,6 +237,7 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
     assert_eq!(n("failed_events_read_back"), dead.len() as f64, "{v}");
     assert_eq!(v["dead_letter_errors"], serde_json::json!([]));
     assert_eq!(n("retries_pending"), 0.0);
+    assert_eq!(n("events_undelivered"), 0.0, "{v}");
     // Events delivered twice changed nothing above: no job twice, none lost.
     assert!(n("events_delivered_twice") >= 5.0, "{v}");
     // Every third job went through the submission queue, and was deleted there once submit took

@@ -52,6 +52,14 @@ use crate::replay::ReplayJob;
 /// machine that a 500-job run failed a healthy job for lost leases.
 const AGENT_LEASE_S: f64 = 15.0;
 
+/// Wall time one pass of the run's loop spends putting the replay's due job specs, again
+/// delivering S3 notifications (to submit), and again EC2 events (to interruption), before the instance runner, the faults and the monitor have
+/// their turn; what is left is delivered in the next pass (each pass delivers at least one of
+/// each). On AWS the machines boot while the functions
+/// run; here one loop does both, and a burst of 80 submissions once took 67 s of invocations in
+/// one pass, while 11 launched instances waited that long to boot (`--seed 21`, stop 65).
+const EVENT_SLICE: Duration = Duration::from_millis(500);
+
 /// The zones the local stack's workers get a subnet in (the default subnet of each): three of
 /// us-east-1's six, as a user's VPC gives subnets in some zones and not all. The functions offer
 /// only these zones (`onoff_fn_common::offer_subnet_zones`); a launch elsewhere would land outside
@@ -301,6 +309,10 @@ pub struct LocalReport {
     pub retries_pending: usize,
     /// Asynchronous events delivered a second time ([`LocalOptions::deliver_twice_every`]).
     pub events_delivered_twice: usize,
+    /// EC2 events (spot notices, state changes) the run ended before delivering to the
+    /// interruption function. A green run has none: the run waits for them (up to
+    /// [`LocalOptions::drain_s`]).
+    pub events_undelivered: usize,
     /// Replayed jobs sent to the submission queue instead of put as S3 job specs (counted in
     /// [`LocalReport::jobs_submitted`] too).
     pub jobs_via_queue: usize,
@@ -958,7 +970,8 @@ async fn run_with(
 
     // Scale requests: Lambda would start the scaler within moments of the asynchronous invoke
     // (and concurrently with the asker's next events); here it runs right after the invocation
-    // that asked. Each invoke is an event of its own, as on AWS: the askers' own protocol
+    // that asked, or, for S3 notifications, after the pass's notifications (submit's invocations
+    // run side by side on AWS: the asks of a burst join one pending request). Each invoke is an event of its own, as on AWS: the askers' own protocol
     // (`onoff_fn_common::request_scale`, against the emulated control table) is what keeps them
     // few. Timed from the start of that invocation to the end of the scaler's run (its launch
     // calls included).
@@ -1005,8 +1018,10 @@ async fn run_with(
     loop {
         let now = Instant::now();
         let elapsed = (now - t0).as_secs_f64();
-        // Replay: put job specs whose arrival has come.
-        while pending.front().is_some_and(|j| j.at_s <= elapsed) {
+        // Replay: put job specs whose arrival has come (a slice's worth: a client uploads while
+        // the machines boot).
+        let slice = Instant::now();
+        while slice.elapsed() < EVENT_SLICE && pending.front().is_some_and(|j| j.at_s <= elapsed) {
             let j = pending.pop_front().expect("front exists");
             if opts.via_queue_every > 0 && (report.jobs_submitted + 1).is_multiple_of(opts.via_queue_every) {
                 // As a client sends a job to the submission queue (`aws sqs send-message`).
@@ -1053,7 +1068,12 @@ async fn run_with(
             // The bucket has versioning (as the template's): every version is an event, named
             // by its version id. Every page: S3 (and moto) answer 1,000 versions at most.
             if let Ok(versions) = onoff_aws::objects::list_versions(&clients.s3, &res.bucket, "jobs/", 1000).await {
+                let slice = Instant::now();
                 for o in &versions {
+                    if slice.elapsed() >= EVENT_SLICE {
+                        // The rest next pass (not yet seen): the machines have their turn.
+                        break;
+                    }
                     let (Some(key), Some(etag)) = (o.key(), o.e_tag()) else {
                         continue;
                     };
@@ -1083,11 +1103,13 @@ async fn run_with(
                         })
                         .await;
                     since_invocation_start(&asks, t);
-                    serve_scale_requests!();
                     invoke_err("submit", r, &mut report.handler_errors);
                 }
             }
         }
+        // After the pass's notifications, as the scaler starts while submit's next invocations
+        // still run: asks made meanwhile join the pending request
+        // (`onoff_fn_common::request_scale`) instead of each running the scaler in turn.
         serve_scale_requests!();
         // Lambda's SQS event source mapping on the submission queue: it polls with the
         // function's role, hands submit a batch of up to BatchSize records synchronously, and
@@ -1215,7 +1237,9 @@ async fn run_with(
             onoff_aws::fleet::tag_as_ec2_does(&clients.ec2, &prefix, &res.launch_template).await;
         }
         // EC2 events -> interruption.
-        while let Some(ev) = events.pop_front() {
+        let slice = Instant::now();
+        while slice.elapsed() < EVENT_SLICE {
+            let Some(ev) = events.pop_front() else { break };
             let t = Instant::now();
             let r = lambda
                 .invoke(Principal::Interruption, ev, |ev| {
@@ -1499,8 +1523,10 @@ async fn run_with(
                 break;
             }
             if let Some(d) = drain_started {
-                // Done when no instance is left and Lambda holds no event for a retry.
+                // Done when no instance is left, every EC2 event is delivered and Lambda holds
+                // no event for a retry.
                 let settled = live_instances == 0
+                    && events.is_empty()
                     && lambda.pending_retries() == 0
                     && queue_empty(&clients.sqs, &submission_url).await;
                 if settled || now - d >= Duration::from_secs_f64(opts.drain_s) {
@@ -1512,6 +1538,13 @@ async fn run_with(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    report.events_undelivered = events.len();
+    if !events.is_empty() {
+        tracing::warn!(
+            left = events.len(),
+            "EC2 events never delivered to the interruption function before the run ended"
+        );
+    }
     // Clean up: nothing left running, in the emulator or on this machine.
     on_progress(&Progress {
         phase: "cleaning up",
