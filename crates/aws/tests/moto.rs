@@ -895,6 +895,7 @@ async fn unavailable_offerings_keep_the_latest_expiry() {
         capacity: CapacityType::Spot,
         vcpus: 4,
         until: 3_000.0,
+        ceiling: Some(36),
     };
     ctl.mark_unavailable(&m.key(), m.until).await.unwrap();
     let (marks, rest) = QuotaMark::split(ctl.unavailable(2_500.0).await.unwrap());

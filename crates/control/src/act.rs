@@ -27,7 +27,7 @@ use crate::ports::{
     Decimal, Fleet, FleetError, FleetErrorKind, LaunchRequest, Launched, OfferingAvailability, WorkerRecord,
     WorkerRegistry,
 };
-use crate::quota::{QuotaBucket, QuotaMark};
+use crate::quota::{held_vcpus, QuotaBucket, QuotaMark};
 
 /// Consecutive launch actions that differ only in their offering.
 struct LaunchGroup<'a> {
@@ -370,6 +370,7 @@ where
             }
             note_full_quotas(
                 ctx,
+                registry,
                 avail,
                 &mut unavailable,
                 &over_quota,
@@ -616,6 +617,7 @@ where
                 if e.kind == FleetErrorKind::QuotaExceeded {
                     note_full_quotas(
                         ctx,
+                        registry,
                         avail,
                         unavailable,
                         &[(offering.clone(), e.clone())],
@@ -751,11 +753,14 @@ async fn skip_offering<A: OfferingAvailability>(
 /// any zone, not yet unavailable, is skipped until `until` too ([`skip_offering`]; not a
 /// capacity error): without them a fallback would try the bucket's next types one call at a
 /// time, each refused for the same quota, and never reach another bucket or capacity type. The
-/// refused offerings themselves are the caller's to skip. (Nothing refused, the usual case: no
-/// pass over the catalogue.)
+/// refused offerings themselves are the caller's to skip. Each mark gets its ceiling
+/// ([`QuotaMark::ceiling`]) from the vCPUs `registry`'s live workers hold in its quota (one read
+/// of the registry; none when it fails). (Nothing refused, the usual case: no pass over the
+/// catalogue, no read.)
 #[allow(clippy::too_many_arguments)]
-async fn note_full_quotas<A: OfferingAvailability>(
+async fn note_full_quotas<R: WorkerRegistry, A: OfferingAvailability>(
     ctx: ActContext<'_>,
+    registry: &R,
     avail: &A,
     unavailable: &mut Cow<'_, [UnavailableOffering]>,
     over_quota: &[(OfferingKey, FleetError)],
@@ -767,6 +772,18 @@ async fn note_full_quotas<A: OfferingAvailability>(
     if over_quota.is_empty() {
         return;
     }
+    // What our live workers hold of each quota (this run's launches registered already).
+    let held = match registry.list_live().await {
+        Ok(l) if l.unreadable.is_empty() => {
+            let keys: Vec<&OfferingKey> = l.items.iter().map(|w| &w.offering).collect();
+            held_vcpus(&keys, ctx.offerings)
+        }
+        Ok(_) => None,
+        Err(e) => {
+            out.errors.push(format!("list workers for a full quota's ceiling: {e}"));
+            None
+        }
+    };
     let mut notes: Vec<QuotaNote> = Vec::new();
     for (k, e) in over_quota {
         let vcpus = ctx.offerings.iter().find(|o| o.key == *k).map_or(0, |o| o.vcpus);
@@ -785,10 +802,24 @@ async fn note_full_quotas<A: OfferingAvailability>(
                     capacity: k.capacity_type,
                     vcpus,
                     until,
+                    ceiling: None,
                 },
                 keys: vec![k.clone()],
                 error: e,
             }),
+        }
+    }
+    for n in &mut notes {
+        n.mark.ceiling = held.as_ref().map(|h| {
+            let of_quota = h
+                .iter()
+                .find(|(b, c, _)| *b == n.mark.bucket && *c == n.mark.capacity)
+                .map_or(0, |&(_, _, v)| v);
+            of_quota + n.mark.vcpus
+        });
+        if n.mark.vcpus == 0 {
+            // The refused type is not in the catalogue: its size, and so the ceiling, unknown.
+            n.mark.ceiling = None;
         }
     }
     let siblings: Vec<OfferingKey> = ctx
@@ -814,9 +845,17 @@ async fn note_full_quotas<A: OfferingAvailability>(
             None => bucket.name(capacity),
         });
         let keys = n.keys.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        let ceiling = match n.mark.ceiling {
+            Some(c) if c > vcpus => format!(
+                "; this deployment's workers hold {} vCPUs of it, so types of {c} vCPUs or more would not fit even \
+                 once they end, and are left out of the choice while the mark lasts",
+                c - vcpus
+            ),
+            _ => String::new(),
+        };
         out.errors.push(format!(
             "{what} {keys}: {}: {}; every {} offering of those families with at least {vcpus} vCPUs is skipped for {} s \
-             and {then}",
+             and {then}{ceiling}",
             n.error,
             bucket.advice(capacity, vcpus),
             capacity.as_str(),

@@ -155,12 +155,14 @@ impl QuotaBucket {
 /// vCPUs were refused, and are not tried again before `until` (unix seconds).
 ///
 /// Kept among the unavailable offerings, under a key no offering has ([`QuotaMark::key`]:
-/// instance type `quota:<bucket>:<vcpus>`, zone `*`), so it costs no store of its own: the
-/// reconciler reads it back with the rest ([`QuotaMark::split`]). While no live worker of this
-/// deployment holds any of that quota (nothing of ours will free it), the offerings it covers are
-/// left out of the catalogue the policy decides on ([`without_full_quotas`]): a job does not wait
-/// for spot capacity a zero spot quota will never give it, and runs on on-demand, or on another
-/// family, from the next run on.
+/// instance type `quota:<bucket>:<vcpus>`, or `quota:<bucket>:<vcpus>:<ceiling>`, zone `*`), so it
+/// costs no store of its own: the reconciler reads it back with the rest ([`QuotaMark::split`]).
+/// While no live worker of this deployment holds any of that quota (nothing of ours will free
+/// it), the offerings it covers are left out of the catalogue the policy decides on
+/// ([`without_full_quotas`]): a job does not wait for spot capacity a zero spot quota will never
+/// give it, and runs on on-demand, or on another family, from the next run on. The offerings at
+/// or above its `ceiling` are left out even while workers of ours hold the quota: they would not
+/// fit were every one of those workers gone.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QuotaMark {
     /// The bucket.
@@ -171,13 +173,22 @@ pub struct QuotaMark {
     pub vcpus: u32,
     /// Until when, unix seconds.
     pub until: f64,
+    /// vCPUs no launch of ours can have room for while the quota and the account's other use of
+    /// it stay as they are: the vCPUs this deployment's live workers of the bucket and capacity
+    /// type held when EC2 refused `vcpus` more, plus `vcpus` (the room left to us was less than
+    /// that). `None` when those holdings were not known (the registry unread, a worker's type
+    /// not in the catalogue), or for a mark an older build stored.
+    pub ceiling: Option<u32>,
 }
 
 impl QuotaMark {
     /// The key it is stored under among the unavailable offerings.
     pub fn key(&self) -> OfferingKey {
         OfferingKey {
-            instance_type: format!("quota:{}:{}", self.bucket.id(), self.vcpus),
+            instance_type: match self.ceiling {
+                Some(c) => format!("quota:{}:{}:{c}", self.bucket.id(), self.vcpus),
+                None => format!("quota:{}:{}", self.bucket.id(), self.vcpus),
+            },
             zone: "*".into(),
             capacity_type: self.capacity,
         }
@@ -185,13 +196,20 @@ impl QuotaMark {
 
     /// The mark stored as `u`, if `u` is one.
     pub fn from_unavailable(u: &UnavailableOffering) -> Option<Self> {
-        let rest = u.key.instance_type.strip_prefix("quota:")?;
-        let (id, vcpus) = rest.rsplit_once(':')?;
+        let mut parts = u.key.instance_type.strip_prefix("quota:")?.split(':');
+        let (id, vcpus, ceiling) = (parts.next()?, parts.next()?, parts.next());
+        if parts.next().is_some() {
+            return None;
+        }
         Some(Self {
             bucket: QuotaBucket::ALL.into_iter().find(|b| b.id() == id)?,
             capacity: u.key.capacity_type,
             vcpus: vcpus.parse().ok()?,
             until: u.until,
+            ceiling: match ceiling {
+                Some(c) => Some(c.parse().ok()?),
+                None => None,
+            },
         })
     }
 
@@ -212,12 +230,20 @@ impl QuotaMark {
     pub fn covers(&self, o: &OfferingKey, vcpus: u32) -> bool {
         o.capacity_type == self.capacity && vcpus >= self.vcpus && QuotaBucket::of(&o.instance_type) == self.bucket
     }
+
+    /// Whether `o` (of `vcpus` vCPUs) would not fit this quota even with every worker of ours
+    /// gone: of its bucket and capacity type, at or above its [`QuotaMark::ceiling`].
+    pub fn never_fits(&self, o: &OfferingKey, vcpus: u32) -> bool {
+        self.ceiling.is_some_and(|c| vcpus >= c && self.covers(o, vcpus))
+    }
 }
 
 /// `offerings` without those a mark in `marks` covers whose quota no live worker holds (`held`:
 /// the offerings of this deployment's live workers): nothing of ours will free such a quota, so
 /// neither waiting for those offerings nor launching them helps until the operator raises it.
-/// `None` when nothing is left out.
+/// Nor those a mark says never fit ([`QuotaMark::never_fits`]), held or not: in a 32-vCPU spot
+/// quota that our 1-GPU workers fill, an 8-GPU job does not wait for a 192-vCPU spot type each
+/// time a mark lapses, but runs on on-demand or another family. `None` when nothing is left out.
 pub fn without_full_quotas(
     offerings: &[Offering],
     marks: &[QuotaMark],
@@ -231,15 +257,35 @@ pub fn without_full_quotas(
                 .any(|k| k.capacity_type == m.capacity && QuotaBucket::of(&k.instance_type) == m.bucket)
         })
         .collect();
-    if futile.is_empty() {
+    if futile.is_empty() && marks.iter().all(|m| m.ceiling.is_none()) {
         return None;
     }
     let kept: Vec<Offering> = offerings
         .iter()
-        .filter(|o| !futile.iter().any(|m| m.covers(&o.key, o.vcpus)))
+        .filter(|o| {
+            !futile.iter().any(|m| m.covers(&o.key, o.vcpus)) && !marks.iter().any(|m| m.never_fits(&o.key, o.vcpus))
+        })
         .cloned()
         .collect();
     (kept.len() < offerings.len()).then_some(kept)
+}
+
+/// The vCPUs a quota mark's ceiling counts as held in each bucket and capacity type: those of
+/// `live` (this deployment's live workers' offerings, in every state the registry lists: a
+/// stopped or terminating one is counted too, so a ceiling errs high, towards trying), each
+/// looked up by instance type in `offerings`. `None` when a worker's type is not in `offerings`
+/// (its vCPUs unknown: no ceiling is set).
+pub fn held_vcpus(live: &[&OfferingKey], offerings: &[Offering]) -> Option<Vec<(QuotaBucket, CapacityType, u32)>> {
+    let mut held: Vec<(QuotaBucket, CapacityType, u32)> = Vec::new();
+    for k in live {
+        let vcpus = offerings.iter().find(|o| o.key.instance_type == k.instance_type)?.vcpus;
+        let bucket = QuotaBucket::of(&k.instance_type);
+        match held.iter_mut().find(|(b, c, _)| *b == bucket && *c == k.capacity_type) {
+            Some((_, _, n)) => *n += vcpus,
+            None => held.push((bucket, k.capacity_type, vcpus)),
+        }
+    }
+    Some(held)
 }
 
 #[cfg(test)]
@@ -280,6 +326,7 @@ mod tests {
             capacity: CapacityType::Spot,
             vcpus: 4,
             until: 100.0,
+            ceiling: None,
         };
         let stored = UnavailableOffering {
             key: m.key(),
@@ -296,14 +343,35 @@ mod tests {
         let (marks, rest) = QuotaMark::split(vec![plain.clone(), stored]);
         assert_eq!((marks, rest), (vec![m], vec![plain.clone()]));
         for b in QuotaBucket::ALL {
-            let m = QuotaMark { bucket: b, ..m };
-            assert_eq!(
-                QuotaMark::from_unavailable(&UnavailableOffering {
-                    key: m.key(),
-                    until: 100.0
-                }),
-                Some(m)
-            );
+            for ceiling in [None, Some(36)] {
+                let m = QuotaMark {
+                    bucket: b,
+                    ceiling,
+                    ..m
+                };
+                assert_eq!(
+                    QuotaMark::from_unavailable(&UnavailableOffering {
+                        key: m.key(),
+                        until: 100.0
+                    }),
+                    Some(m)
+                );
+            }
+        }
+        assert_eq!(
+            QuotaMark { ceiling: Some(36), ..m }.key().instance_type,
+            "quota:g-vt:4:36"
+        );
+        // Not a mark: read as a plain (and harmless) unavailable offering.
+        for bad in ["quota:g-vt:4:36:1", "quota:g-vt:x", "quota:g-vt:4:x", "quota:nope:4"] {
+            let u = UnavailableOffering {
+                key: OfferingKey {
+                    instance_type: bad.into(),
+                    ..m.key()
+                },
+                until: 100.0,
+            };
+            assert_eq!(QuotaMark::from_unavailable(&u), None, "{bad}");
         }
         // Covers its bucket and capacity type from its size up.
         let key = |t: &str, c| OfferingKey {
@@ -344,6 +412,7 @@ mod tests {
             capacity: CapacityType::Spot,
             vcpus: 32,
             until: 100.0,
+            ceiling: None,
         };
         let kept = without_full_quotas(&offs, &[mark], &[]).expect("the 32-vCPU spot type is left out");
         assert_eq!(kept.len(), 3);
@@ -352,6 +421,107 @@ mod tests {
         assert_eq!(without_full_quotas(&offs, &[mark], &[&offs[0].key]), None);
         // One on G on-demand or P spot holds another quota.
         assert!(without_full_quotas(&offs, &[mark], &[&offs[2].key, &offs[3].key]).is_some());
+    }
+
+    #[test]
+    fn a_type_above_a_full_quotas_ceiling_is_left_out_even_while_ours_hold_the_quota() {
+        let offering = |t: &str, vcpus, c| Offering {
+            key: OfferingKey {
+                instance_type: t.into(),
+                zone: "z1".into(),
+                capacity_type: c,
+            },
+            gpus: 1,
+            gpu_model: "X".into(),
+            gpu_memory_gib: 24.0,
+            vcpus,
+            price_usd_per_h: 1.0,
+            interruption: None,
+        };
+        let offs = [
+            offering("g5.xlarge", 4, CapacityType::Spot),
+            offering("g5.12xlarge", 48, CapacityType::Spot),
+            offering("g5.48xlarge", 192, CapacityType::Spot),
+            offering("g5.48xlarge", 192, CapacityType::OnDemand),
+        ];
+        // Refused 4 more vCPUs while our workers held 32: room for us under 36.
+        let mark = QuotaMark {
+            bucket: QuotaBucket::GAndVt,
+            capacity: CapacityType::Spot,
+            vcpus: 4,
+            until: 100.0,
+            ceiling: Some(36),
+        };
+        let held = [&offs[0].key];
+        let kept = without_full_quotas(&offs, &[mark], &held).expect("the big spot types are left out");
+        let kept: Vec<String> = kept.iter().map(|o| o.key.to_string()).collect();
+        assert_eq!(kept, [offs[0].key.to_string(), offs[3].key.to_string()]);
+        // Without a ceiling, a held quota leaves everything in (it frees as our workers end).
+        assert_eq!(
+            without_full_quotas(&offs, &[QuotaMark { ceiling: None, ..mark }], &held),
+            None
+        );
+        // A ceiling above every type of the bucket leaves nothing out.
+        assert_eq!(
+            without_full_quotas(
+                &offs,
+                &[QuotaMark {
+                    ceiling: Some(500),
+                    ..mark
+                }],
+                &held
+            ),
+            None
+        );
+        assert!(mark.never_fits(&offs[1].key, 48));
+        assert!(!mark.never_fits(&offs[3].key, 192), "on-demand is another quota");
+        assert!(!mark.never_fits(&offs[0].key, 4));
+    }
+
+    #[test]
+    fn held_vcpus_add_up_per_bucket_and_capacity_type_and_need_every_type_known() {
+        let offering = |t: &str, vcpus, c| Offering {
+            key: OfferingKey {
+                instance_type: t.into(),
+                zone: "z1".into(),
+                capacity_type: c,
+            },
+            gpus: 1,
+            gpu_model: "X".into(),
+            gpu_memory_gib: 24.0,
+            vcpus,
+            price_usd_per_h: 1.0,
+            interruption: None,
+        };
+        let offs = [
+            offering("g5.xlarge", 4, CapacityType::Spot),
+            offering("g5.2xlarge", 8, CapacityType::OnDemand),
+            offering("p3.2xlarge", 8, CapacityType::Spot),
+        ];
+        // A worker in another zone or of the other capacity type is found by its type.
+        let other_zone = OfferingKey {
+            zone: "z2".into(),
+            ..offs[0].key.clone()
+        };
+        let on_demand_g5 = OfferingKey {
+            capacity_type: CapacityType::OnDemand,
+            ..offs[0].key.clone()
+        };
+        let held = held_vcpus(&[&offs[0].key, &other_zone, &on_demand_g5, &offs[2].key], &offs).unwrap();
+        assert_eq!(
+            held,
+            [
+                (QuotaBucket::GAndVt, CapacityType::Spot, 8),
+                (QuotaBucket::GAndVt, CapacityType::OnDemand, 4),
+                (QuotaBucket::P, CapacityType::Spot, 8),
+            ]
+        );
+        let unknown = OfferingKey {
+            instance_type: "g6.xlarge".into(),
+            ..offs[0].key.clone()
+        };
+        assert_eq!(held_vcpus(&[&offs[0].key, &unknown], &offs), None);
+        assert_eq!(held_vcpus(&[], &offs), Some(vec![]));
     }
 
     #[test]

@@ -881,6 +881,8 @@ fn a_full_vcpu_quota_skips_its_whole_bucket_and_names_the_quota() {
         capacity: CapacityType::Spot,
         vcpus: 4,
         until: 100.0 + cfg.offers.unavailable_ttl_s,
+        // Nothing of ours held the quota: the room is under 4 vCPUs.
+        ceiling: Some(4),
     };
     assert_eq!(avail.marked().get(&g_vt_spot.key()), Some(&g_vt_spot.until));
     let quota_notes: Vec<&String> = out.errors.iter().filter(|e| e.contains("L-3819A6DF")).collect();
@@ -918,7 +920,7 @@ fn a_full_vcpu_quota_skips_its_whole_bucket_and_names_the_quota() {
         .filter(|k| k.instance_type != "g5.8xlarge")
         .map(|k| k.instance_type.as_str())
         .collect();
-    assert_eq!(others, ["quota:g-vt:32"], "{marked:?}");
+    assert_eq!(others, ["quota:g-vt:32:32"], "{marked:?}");
 }
 
 /// A plan that stops `id`, kept stopped for `keep_s`.
@@ -1309,6 +1311,9 @@ fn a_start_refused_for_a_full_vcpu_quota_marks_the_quota_and_launches_outside_it
         capacity: CapacityType::Spot,
         vcpus: 4,
         until,
+        // Both workers' 4 vCPUs counted as held, the stopped one's too (a ceiling errs high,
+        // towards trying): types of 12 vCPUs or more never fit while the mark lasts.
+        ceiling: Some(12),
     };
     assert_eq!(avail.marked().get(&mark.key()), Some(&until), "{:?}", avail.marked());
     assert_eq!(out.quotas_full.len(), 1, "{out:?}");

@@ -1115,6 +1115,79 @@ fn with_no_spot_quota_jobs_run_on_demand_from_the_next_run_and_the_quota_is_name
     assert_eq!(spot_calls(), 1, "{:?}", w.fleet.calls());
 }
 
+/// A spot quota our small workers fill, and an 8-GPU job (stop 64's every-fault run: a 32-vCPU
+/// G spot quota, 1-GPU spot workers, an 8-GPU job that tried a 192-vCPU spot type every 180 s for
+/// about 20 minutes). A small type refused while ours hold 8 vCPUs says the room left to us is
+/// under 12 vCPUs: from the next run on, the 192-vCPU spot type is no choice even while our
+/// workers hold the quota, and the 8-GPU job runs on on-demand.
+#[test]
+fn a_type_a_spot_quota_can_never_fit_runs_on_demand_while_our_workers_hold_the_quota() {
+    use onoff_control::fake::FleetCall;
+    use onoff_control::quota::QuotaBucket;
+    let small = offerings();
+    let mut offs = small.clone();
+    for capacity_type in [CapacityType::Spot, CapacityType::OnDemand] {
+        offs.push(Offering {
+            key: OfferingKey {
+                instance_type: "g5.48xlarge".into(),
+                zone: "us-east-1a".into(),
+                capacity_type,
+            },
+            gpus: 8,
+            vcpus: 192,
+            price_usd_per_h: if capacity_type == CapacityType::Spot {
+                5.0
+            } else {
+                16.288
+            },
+            ..small[0].clone()
+        });
+    }
+    let w = World::new();
+    w.fleet
+        .set_vcpu_quota(QuotaBucket::GAndVt, CapacityType::Spot, 8, &offs);
+    let big_launches = |capacity: CapacityType| {
+        w.fleet
+            .calls()
+            .iter()
+            .filter(|c| {
+                matches!(c, FleetCall::Launch(r)
+                    if r.offerings.iter().any(|k| k.instance_type == "g5.48xlarge" && k.capacity_type == capacity))
+            })
+            .count()
+    };
+    // Two 1-GPU jobs: two 4-vCPU spot workers fill the quota.
+    w.submit(2);
+    let r = w.reconcile_with(&offs, NOW + 1.0, false);
+    assert_eq!(r.acted.launched.len(), 2, "{r:?}");
+    // A third 1-GPU job and an 8-GPU one: both refused on spot.
+    w.submit_one("third", NOW + 30.0, None);
+    let spec = r#"{"image":"i","command":["x"],"project":"p","client_token":"big","gpus":8}"#;
+    let src = Source::Sqs {
+        message_id: "m-big".into(),
+    };
+    pollster::block_on(submit(spec, &src, &["standard"], NOW + 30.0, &w.jobs, &w.queue)).unwrap();
+    let r = w.reconcile_with(&offs, NOW + 60.0, false);
+    assert!(!r.acted.quotas_full.is_empty(), "{r:?}");
+    let spot_tries = big_launches(CapacityType::Spot);
+    let refused_small =
+        r.acted.errors.iter().any(|e| {
+            e.contains("g5.xlarge") && e.contains("types of 12 vCPUs or more would not fit even once they end")
+        });
+    assert!(refused_small, "{:?}", r.acted.errors);
+    // While the marks last and our workers still hold the quota: on-demand, no spot try.
+    let r = w.reconcile_with(&offs, NOW + 120.0, false);
+    let big: Vec<_> = r
+        .acted
+        .launched
+        .iter()
+        .filter(|l| l.launched.offering.instance_type == "g5.48xlarge")
+        .collect();
+    assert_eq!(big.len(), 1, "{r:?}");
+    assert_eq!(big[0].launched.offering.capacity_type, CapacityType::OnDemand);
+    assert_eq!(big_launches(CapacityType::Spot), spot_tries, "{:?}", w.fleet.calls());
+}
+
 #[test]
 fn an_idle_worker_is_stopped_kept_through_the_reaper_and_started_again_for_the_next_job() {
     let w = World::stopping();

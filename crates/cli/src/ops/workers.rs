@@ -137,6 +137,9 @@ pub struct FullQuota {
     /// The vCPUs of the launch it refused: offerings of the bucket with at least as many are
     /// skipped.
     pub vcpus: u32,
+    /// vCPUs at and above which a type would not fit even with the deployment's workers gone
+    /// (`QuotaMark::ceiling`), when known.
+    pub ceiling: Option<u32>,
     pub until: f64,
     /// What to do about it.
     pub advice: String,
@@ -264,6 +267,7 @@ pub fn report(
             code: q.bucket.code(q.capacity),
             capacity_type: capacity(q.capacity),
             vcpus: q.vcpus,
+            ceiling: q.ceiling,
             until: q.until,
             advice: q.bucket.advice(q.capacity, q.vcpus),
         })
@@ -414,8 +418,12 @@ pub fn render(r: &WorkersReport, now: f64) -> String {
         out.push_str(&format!("EC2 spot requests not read ({e})\n"));
     }
     for q in &r.full_quotas {
+        let never = match q.ceiling {
+            Some(c) if c > q.vcpus => format!("; {c} or more would not fit even with this deployment's workers gone"),
+            _ => String::new(),
+        };
         out.push_str(&format!(
-            "quota full until {}: {} (launches of {} vCPUs or more refused)\n  {}\n",
+            "quota full until {}: {} (launches of {} vCPUs or more refused{never})\n  {}\n",
             when(q.until),
             q.quota,
             q.vcpus,
@@ -562,6 +570,7 @@ mod tests {
             capacity: CapacityType::Spot,
             vcpus: 4,
             until: 1180.0,
+            ceiling: Some(36),
         };
         let marks = vec![
             UnavailableOffering {
@@ -633,6 +642,7 @@ mod tests {
             "instance i-stray (g5.xlarge us-east-1a spot, pending, up 100s) has no worker row",
             "All G and VT Spot Instance Requests",
             "--quota-code L-3819A6DF",
+            "launches of 4 vCPUs or more refused; 36 or more would not fit even with this deployment's workers gone",
             "g5.2xlarge us-east-1b spot until",
         ] {
             assert!(text.contains(needle), "{needle:?} in:\n{text}");
