@@ -159,6 +159,9 @@ fn record_from_item(item: &HashMap<String, AttributeValue>) -> Result<WorkerReco
         hold_until: num("hold_until"),
         spot_price_usd_per_h: num("spot_price_usd_per_h"),
         run_time_estimate_s: num("run_time_estimate_s"),
+        min_job_gpus: num("min_job_gpus")
+            .filter(|g| g.fract() == 0.0 && (1.0..=f64::from(u16::MAX)).contains(g))
+            .map(|g| g as u32),
         // A list of names; anything else in it (a row written by hand) is skipped.
         cached_projects: item
             .get("cached_projects")
@@ -201,6 +204,9 @@ impl WorkerRegistry for DynamoWorkers {
         }
         if let Some(e) = r.run_time_estimate_s {
             req = req.item("run_time_estimate_s", n(e));
+        }
+        if let Some(g) = r.min_job_gpus {
+            req = req.item("min_job_gpus", n(f64::from(g)));
         }
         if let Some(c) = cached_projects_value(&r.cached_projects) {
             req = req.item("cached_projects", c);

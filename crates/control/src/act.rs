@@ -73,6 +73,9 @@ pub struct LaunchedWorker {
     /// The lane's run-time estimate at the launch, seconds ([`ActContext::run_time_estimates`],
     /// [`WorkerRecord::run_time_estimate_s`]).
     pub run_time_estimate_s: Option<f64>,
+    /// The fewest GPUs a job it runs may ask for ([`WorkerRecord::min_job_gpus`]); `None` when
+    /// its offering is not in the catalogue.
+    pub min_job_gpus: Option<u32>,
     /// Why it was launched.
     pub reason: Reason,
 }
@@ -86,6 +89,7 @@ impl LaunchedWorker {
             pinned_job: self.job.clone(),
             spot_price_usd_per_h: self.spot_price_usd_per_h,
             run_time_estimate_s: self.run_time_estimate_s,
+            min_job_gpus: self.min_job_gpus,
             ..WorkerRecord::launched(
                 &self.launched.instance_id,
                 lane_name,
@@ -154,6 +158,21 @@ pub struct ActContext<'a> {
 }
 
 impl ActContext<'_> {
+    /// The fewest GPUs a job may ask for and run on a worker of `offering`
+    /// ([`choice::smallest_job_gpus`]); `None` when the offering is not in the catalogue.
+    fn min_job_gpus(&self, offering: &OfferingKey) -> Option<u32> {
+        let o = self
+            .offerings
+            .iter()
+            .find(|o| o.key.instance_type == offering.instance_type)?;
+        Some(choice::smallest_job_gpus(
+            self.offerings,
+            o.gpus,
+            o.gpu_memory_gib,
+            &self.cfg.offers,
+        ))
+    }
+
     /// Lane `lane`'s run-time estimate, seconds ([`ActContext::run_time_estimates`]), if any.
     fn run_time_estimate(&self, lane: usize) -> Option<f64> {
         let name = &self.cfg.lanes.get(lane)?.name;
@@ -300,6 +319,7 @@ where
                         let worker = LaunchedWorker {
                             spot_price_usd_per_h,
                             run_time_estimate_s: ctx.run_time_estimate(g.lane),
+                            min_job_gpus: ctx.min_job_gpus(&l.offering),
                             launched: l,
                             lane: g.lane,
                             project: g.project.clone(),

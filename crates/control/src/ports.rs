@@ -346,6 +346,12 @@ pub struct WorkerRecord {
     /// stop keeps the volume, so the policy starts a stopped worker holding a job's project's
     /// cache before an equally cheap one that does not ([`onoff_policy::WorkerView::cached_projects`]).
     pub cached_projects: Vec<String>,
+    /// The fewest GPUs a job may ask for and be run by this worker, as the policy matches jobs
+    /// to workers ([`onoff_policy::choice::smallest_job_gpus`] at its launch: 5 for an 8-GPU
+    /// worker by default). Its agent passes the wake-up message of a smaller job on unclaimed,
+    /// for a worker of the job's size. `None` for rows its agent registered or written before it
+    /// existed: such a worker takes any job it has the GPUs for.
+    pub min_job_gpus: Option<u32>,
 }
 
 /// At most this many projects are recorded in a worker's row ([`WorkerRecord::cached_projects`],
@@ -358,7 +364,7 @@ impl WorkerRecord {
     /// A worker as registered at its launch: state Pending, launched at `launched_at` (unix
     /// seconds), billed `price_usd_per_h` ($/h; 0 when its agent registers it, see
     /// [`WorkerRegistry::set_price_if_unpriced`]), with no project, idle time, heartbeat, pinned
-    /// job, hold, spot reference, run-time estimate or cached project. Set those with struct
+    /// job, hold, spot reference, run-time estimate, cached project or smallest job. Set those with struct
     /// update syntax.
     pub fn launched(
         id: impl Into<String>,
@@ -382,6 +388,7 @@ impl WorkerRecord {
             spot_price_usd_per_h: None,
             run_time_estimate_s: None,
             cached_projects: Vec::new(),
+            min_job_gpus: None,
         }
     }
 }
@@ -1130,6 +1137,13 @@ impl WakeUp {
     /// agent without `ONOFF_GPUS`): such a worker passes the message on unclaimed.
     pub fn too_big_for(&self, gpus: Option<u32>) -> bool {
         matches!((self.gpus, gpus), (Some(want), Some(have)) if want > have)
+    }
+
+    /// Whether the job asks for fewer GPUs than a worker serving jobs from `min_job_gpus` up
+    /// takes ([`WorkerRecord::min_job_gpus`]; `None`: any): such a worker passes the message on
+    /// unclaimed.
+    pub fn too_small_for(&self, min_job_gpus: Option<u32>) -> bool {
+        matches!((self.gpus, min_job_gpus), (Some(want), Some(least)) if want < least)
     }
 }
 

@@ -292,6 +292,23 @@ pub fn held_vcpus(live: &[&OfferingKey], offerings: &[Offering]) -> Option<Vec<(
 mod tests {
     use super::*;
 
+    /// A 1-GPU offering of type `t` in zone z1.
+    fn offering(t: &str, vcpus: u32, c: CapacityType) -> Offering {
+        Offering {
+            key: OfferingKey {
+                instance_type: t.into(),
+                zone: "z1".into(),
+                capacity_type: c,
+            },
+            gpus: 1,
+            gpu_model: "X".into(),
+            gpu_memory_gib: 24.0,
+            vcpus,
+            price_usd_per_h: 1.0,
+            interruption: None,
+        }
+    }
+
     #[test]
     fn families_fall_in_their_buckets() {
         for (ty, bucket) in [
@@ -388,19 +405,6 @@ mod tests {
 
     #[test]
     fn a_full_quota_leaves_the_choice_only_while_nothing_of_ours_holds_it() {
-        let offering = |t: &str, vcpus, c| Offering {
-            key: OfferingKey {
-                instance_type: t.into(),
-                zone: "z1".into(),
-                capacity_type: c,
-            },
-            gpus: 1,
-            gpu_model: "X".into(),
-            gpu_memory_gib: 24.0,
-            vcpus,
-            price_usd_per_h: 1.0,
-            interruption: None,
-        };
         let offs = [
             offering("g5.xlarge", 4, CapacityType::Spot),
             offering("g5.8xlarge", 32, CapacityType::Spot),
@@ -425,19 +429,6 @@ mod tests {
 
     #[test]
     fn a_type_above_a_full_quotas_ceiling_is_left_out_even_while_ours_hold_the_quota() {
-        let offering = |t: &str, vcpus, c| Offering {
-            key: OfferingKey {
-                instance_type: t.into(),
-                zone: "z1".into(),
-                capacity_type: c,
-            },
-            gpus: 1,
-            gpu_model: "X".into(),
-            gpu_memory_gib: 24.0,
-            vcpus,
-            price_usd_per_h: 1.0,
-            interruption: None,
-        };
         let offs = [
             offering("g5.xlarge", 4, CapacityType::Spot),
             offering("g5.12xlarge", 48, CapacityType::Spot),
@@ -480,19 +471,6 @@ mod tests {
 
     #[test]
     fn held_vcpus_add_up_per_bucket_and_capacity_type_and_need_every_type_known() {
-        let offering = |t: &str, vcpus, c| Offering {
-            key: OfferingKey {
-                instance_type: t.into(),
-                zone: "z1".into(),
-                capacity_type: c,
-            },
-            gpus: 1,
-            gpu_model: "X".into(),
-            gpu_memory_gib: 24.0,
-            vcpus,
-            price_usd_per_h: 1.0,
-            interruption: None,
-        };
         let offs = [
             offering("g5.xlarge", 4, CapacityType::Spot),
             offering("g5.2xlarge", 8, CapacityType::OnDemand),

@@ -822,6 +822,45 @@ fn gpu_launch(offering: OfferingKey, count: u32) -> Plan {
     plan
 }
 
+/// A launched worker's row says the fewest GPUs a job may ask for and run on it, as the policy
+/// matches them (`choice::smallest_job_gpus`): its agent passes smaller jobs on.
+#[test]
+fn a_launched_workers_row_says_the_fewest_gpus_of_a_job_it_serves() {
+    let mut offs = gpu_offerings();
+    let eight = Offering {
+        key: key("g5.48xlarge", "z1"),
+        gpus: 8,
+        vcpus: 192,
+        price_usd_per_h: 5.0,
+        ..offs[0].clone()
+    };
+    offs.push(eight.clone());
+    let cfg = PolicyConfig::default();
+    let (fleet, reg, avail) = (FakeFleet::new(), FakeRegistry::default(), FakeAvailability::default());
+    // Each at a time of its own: a launch of the same decision is the same fleet request (its
+    // client token).
+    let launch = |offs: &[Offering], offering: &OfferingKey, now: f64| {
+        let mut plan = launch_plan(offering.clone(), 1);
+        if let Action::Launch { request, .. } = &mut plan.actions[0] {
+            request.gpus = offs.iter().find(|o| o.key == *offering).unwrap().gpus;
+        }
+        let out = pollster::block_on(act(&plan, at(&cfg, offs, now), &fleet, &reg, &avail));
+        assert_eq!(out.launched.len(), 1, "{out:?}");
+        reg.records()[&out.launched[0].launched.instance_id].min_job_gpus
+    };
+    // No 2- or 4-GPU type: a 2-GPU job is scheduled on 8 GPUs, so the 8-GPU worker serves it.
+    assert_eq!(launch(&offs, &eight.key, 100.0), Some(2));
+    offs.push(Offering {
+        key: key("g5.12xlarge", "z1"),
+        gpus: 4,
+        vcpus: 48,
+        ..eight.clone()
+    });
+    for (offering, want, now) in [(key("g5.xlarge", "z1"), 1, 200.0), (eight.key.clone(), 5, 300.0)] {
+        assert_eq!(launch(&offs, &offering, now), Some(want), "{offering}");
+    }
+}
+
 /// A full vCPU quota refuses every type of its bucket of families, in every zone: the fallback
 /// leaves the bucket at once (users of other tools report spot fallbacks that retried the same
 /// quota type after type), and the operator is told which quota to raise.

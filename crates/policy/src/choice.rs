@@ -176,6 +176,33 @@ pub fn schedule_gpus(offerings: &[Offering], gpus: u32, min_mem_gib: f64, cfg: &
     smallest.unwrap_or(gpus)
 }
 
+/// The fewest GPUs a job may ask for (per instance) and still be served by a worker of
+/// `worker_gpus` GPUs with `worker_mem_gib` GiB each, as the policy matches jobs to workers: the
+/// least `g` whose scheduled size ([`schedule_gpus`] over `offerings`, at the configured
+/// `min_gpu_memory_gib`) fits the worker under the fit rule ([`fits`], `max_gpu_oversize`).
+/// With the default rule (no job on twice the GPUs it asks for, rounded up to a power of two),
+/// 5 for an 8-GPU worker, 2 for a 4-GPU worker in us-east-1's x86_64 catalogue (a 2-GPU job is
+/// scheduled on 4) and 1 for a 1-GPU one. `worker_gpus` when none fits
+/// (never less than 1). O(`worker_gpus` × offerings). The agent passes on a job asking for fewer
+/// (`WorkerRecord::min_job_gpus`), as the simulator's workers never take one: an 8-GPU worker
+/// launched for an 8-GPU job does not run a 1-GPU job at eight times the price while the 8-GPU
+/// job waits and another is launched for it.
+pub fn smallest_job_gpus(offerings: &[Offering], worker_gpus: u32, worker_mem_gib: f64, cfg: &OfferConfig) -> u32 {
+    (1..=worker_gpus)
+        .find(|&g| {
+            let scheduled = schedule_gpus(offerings, g, cfg.min_gpu_memory_gib, cfg);
+            fits(
+                worker_gpus,
+                worker_mem_gib,
+                scheduled,
+                cfg.min_gpu_memory_gib,
+                cfg.max_gpu_oversize,
+            )
+        })
+        .unwrap_or(worker_gpus)
+        .max(1)
+}
+
 /// Eligible offerings for `req`, best (lowest expected cost per job) first, with their cost in $;
 /// equal costs keep the order of `offerings`.
 pub fn rank<'a>(
@@ -795,6 +822,53 @@ mod tests {
             ..OfferConfig::default()
         };
         assert_eq!(schedule_gpus(&offs, 2, 0.0, &oversize), 2);
+    }
+
+    #[test]
+    fn a_worker_serves_jobs_from_the_fewest_gpus_the_fit_rule_gives_it() {
+        // The catalogue of the test above: no 2-GPU type.
+        let offs: Vec<Offering> = [
+            ("g4dn.xlarge", 1, 16.0),
+            ("g4dn.12xlarge", 4, 16.0),
+            ("p4d.24xlarge", 8, 40.0),
+        ]
+        .iter()
+        .map(|(ty, g, mem)| Offering {
+            gpus: *g,
+            gpu_memory_gib: *mem,
+            ..offering(ty, "z", 1.0)
+        })
+        .collect();
+        let cfg = OfferConfig::default();
+        // (worker GPUs, GiB per GPU, fewest job GPUs it serves)
+        for (gpus, mem, want) in [
+            (1, 16.0, 1),
+            (4, 16.0, 2), // a 2-GPU job is scheduled on 4 GPUs here; a 1-GPU one is not
+            (8, 40.0, 5), // 5 to 8 round up to 8; 4 on 8 is twice the GPUs
+        ] {
+            assert_eq!(smallest_job_gpus(&offs, gpus, mem, &cfg), want, "{gpus} GPUs");
+        }
+        // Every one of them agrees with the matching rule the policy uses.
+        for (gpus, mem) in [(1, 16.0), (4, 16.0), (8, 40.0)] {
+            let least = smallest_job_gpus(&offs, gpus, mem, &cfg);
+            for g in 1..=gpus {
+                let scheduled = schedule_gpus(&offs, g, cfg.min_gpu_memory_gib, &cfg);
+                let served = fits(gpus, mem, scheduled, cfg.min_gpu_memory_gib, cfg.max_gpu_oversize);
+                assert_eq!(served, g >= least, "{g} GPUs on {gpus}");
+            }
+        }
+        // Oversize 2: an 8-GPU worker serves from 3 GPUs (rounded up to 4, times 2).
+        let oversize = OfferConfig {
+            max_gpu_oversize: 2,
+            ..OfferConfig::default()
+        };
+        assert_eq!(smallest_job_gpus(&offs, 8, 40.0, &oversize), 3);
+        // Only the 8-GPU type allowed: a 1-GPU job is scheduled on it, so it serves every job.
+        let only_p4d = OfferConfig {
+            allowed_instance_types: vec!["p4d.24xlarge".into()],
+            ..OfferConfig::default()
+        };
+        assert_eq!(smallest_job_gpus(&offs, 8, 40.0, &only_p4d), 1);
     }
 
     #[test]

@@ -192,8 +192,9 @@ pub struct AgentReport {
     /// Jobs handed back to their lane unrun because they ask for more GPUs than this worker has
     /// (`ONOFF_GPUS`), claimed first: their message did not say how many GPUs they ask for.
     pub handed_back: u32,
-    /// Messages passed on unclaimed because their job asks for more GPUs than this worker has
-    /// (the message says: [`onoff_control::ports::WakeUp`]).
+    /// Messages passed on unclaimed because their job asks for more GPUs than this worker has,
+    /// or fewer than it serves ([`WorkerRecord::min_job_gpus`]; the message says how many:
+    /// [`onoff_control::ports::WakeUp`]).
     pub passed_on: u32,
     /// Jobs given back unrun because this spot worker would put their deadline at risk
     /// (`onoff_policy::deadline::keeps_off_spot`), or because this on-demand worker costs them
@@ -401,6 +402,9 @@ struct Worker<'a, M, Q, J, R, C, O, I, L> {
     run_time_estimate_s: Option<f64>,
     /// When the row was last read again for `run_time_estimate_s`, unix seconds (not at start).
     estimate_read_at: Option<f64>,
+    /// The fewest GPUs a job may ask for and be run here ([`WorkerRecord::min_job_gpus`]): the
+    /// message of a smaller job is passed on, for a worker of its size.
+    min_job_gpus: Option<u32>,
     /// The project cache jobs get as `ONOFF_CACHE_DIR`; `None` with `ONOFF_CACHE_GIB` = 0.
     cache: Option<JobCache>,
     /// The projects the worker's row says its cache holds ([`WorkerRecord::cached_projects`]):
@@ -467,7 +471,7 @@ where
             return Err(e);
         }
     };
-    let (lane, price, pinned, spot_price_usd_per_h, run_time_estimate_s, cache_recorded) = match record {
+    let (lane, price, pinned, spot_price_usd_per_h, run_time_estimate_s, cache_recorded, min_job_gpus) = match record {
         Some(r) => (
             r.lane,
             r.price_usd_per_h,
@@ -475,6 +479,7 @@ where
             r.spot_price_usd_per_h,
             r.run_time_estimate_s,
             r.cached_projects,
+            r.min_job_gpus,
         ),
         None => {
             let lane = cfg.lanes.first().cloned().unwrap_or_else(|| "standard".into());
@@ -503,7 +508,7 @@ where
                 return Err(e);
             }
             tracing::warn!(instance = %me.instance_id, "not registered by the control plane: registered with price 0");
-            (lane, 0.0, None, None, None, Vec::new())
+            (lane, 0.0, None, None, None, Vec::new(), None)
         }
     };
     let lanes = if cfg.lanes.is_empty() {
@@ -553,6 +558,7 @@ where
         row_lane: lane,
         run_time_estimate_s,
         estimate_read_at: None,
+        min_job_gpus,
         cache,
         cache_recorded: std::cell::RefCell::new(cache_recorded),
         report: AgentReport {
@@ -853,7 +859,12 @@ where
         // policy keeps waiting for a spot offering of its size is bounced for as long as it
         // waits, which a claim and a counted hand-back each time turned into FAILED after
         // `max_hand_backs` (50 minutes with one small idle worker in the lane).
-        if wake_up.too_big_for(self.cfg.gpus) {
+        // A job smaller than the policy runs on this worker (a 1-GPU job on an 8-GPU worker
+        // launched for an 8-GPU job): the same, for a worker of its size. Run here, it would cost
+        // this worker's price instead of its size's, and leave the job this worker was launched
+        // for waiting while the policy launched another.
+        let too_small = wake_up.too_small_for(self.min_job_gpus);
+        if too_small || wake_up.too_big_for(self.cfg.gpus) {
             // Only a message its job still waits on goes on (`WakeUp::stale`): a duplicate went
             // round with it for as long as the job waited, and counted in the lane's queue as
             // the message of another waiting job, whose own gone message the reaper then did not
@@ -878,7 +889,11 @@ where
                     tracing::warn!(job = %wake_up.job_id, error = %e, "reading the job's row: message passed on as it is");
                 }
             }
-            tracing::info!(job = %wake_up.job_id, wants = ?wake_up.gpus, has = ?self.cfg.gpus, "job needs more GPUs: message passed on unclaimed");
+            if too_small {
+                tracing::info!(job = %wake_up.job_id, wants = ?wake_up.gpus, has = ?self.cfg.gpus, serves_from = ?self.min_job_gpus, "job needs fewer GPUs than this worker serves: message passed on unclaimed");
+            } else {
+                tracing::info!(job = %wake_up.job_id, wants = ?wake_up.gpus, has = ?self.cfg.gpus, "job needs more GPUs: message passed on unclaimed");
+            }
             self.report.passed_on += 1;
             if let Err(e) = self
                 .deps

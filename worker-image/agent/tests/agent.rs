@@ -284,6 +284,66 @@ async fn a_job_waiting_long_for_a_worker_of_its_size_is_passed_on_not_failed_by_
     assert!(w.inbox.remaining().is_empty(), "{:?}", w.inbox.remaining());
 }
 
+/// A worker larger than a job's size, as the policy matches them (an 8-GPU worker launched for an
+/// 8-GPU job serves jobs from 5 GPUs up: `WorkerRecord::min_job_gpus`), passes a 1-GPU job's
+/// message on unclaimed, and runs the 8-GPU job; a 1-GPU worker runs the 1-GPU job. Before, the
+/// first message the 8-GPU worker received was the 1-GPU job's, which it ran at eight times the
+/// price while the 8-GPU job waited and the policy launched another 8-GPU worker for it (stop 65's
+/// every-fault run: 13 g5.48xlarge launched for one 8-GPU job).
+#[tokio::test(start_paused = true)]
+async fn a_worker_larger_than_a_job_passes_its_message_on_for_a_worker_of_its_size() {
+    let dir = tempdir("too-big-worker");
+    let w = World::default();
+    let big_offering = OfferingKey {
+        instance_type: "g5.48xlarge".into(),
+        zone: "us-east-1a".into(),
+        capacity_type: CapacityType::OnDemand,
+    };
+    pollster::block_on(w.registry.register_launch(WorkerRecord {
+        min_job_gpus: Some(5),
+        ..WorkerRecord::launched("i-big", "standard", big_offering, 16.288, T0)
+    }))
+    .unwrap();
+    register(&w, "i-small");
+    script(&w, "train", 10);
+    // The 1-GPU job's message first, then the 8-GPU job's.
+    submit(&w, "job-1gpu", "train", 1, 600.0);
+    put_job(&w, "job-8gpu", "train", 1, 600.0);
+    let mut rec = job(&w, "job-8gpu");
+    rec.spec.gpus = 8;
+    w.jobs.put(rec);
+    w.inbox.send("standard", &wake_up_body("job-8gpu", 8, T0));
+    let big = AgentConfig {
+        gpus: Some(8),
+        idle_timeout_s: 120.0,
+        ..cfg(&dir.path().join("big"))
+    };
+    let small = AgentConfig {
+        gpus: Some(1),
+        idle_timeout_s: 120.0,
+        ..cfg(&dir.path().join("small"))
+    };
+    // The small worker boots a minute later: the big one sees the 1-GPU job's message first.
+    let late_small = async {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        agent(&w, "i-small", &small).await
+    };
+    let ((rb, _), (rs, _)) = tokio::join!(agent(&w, "i-big", &big), late_small);
+    let ran = |r: &AgentReport| r.jobs.iter().map(|j| j.job_id.clone()).collect::<Vec<_>>();
+    assert_eq!(ran(&rb), ["job-8gpu"], "{rb:?}");
+    assert_eq!(ran(&rs), ["job-1gpu"], "{rs:?}");
+    assert!(rb.passed_on >= 1, "{rb:?}");
+    assert_eq!((rb.handed_back, rs.passed_on), (0, 0));
+    for id in ["job-1gpu", "job-8gpu"] {
+        let rec = job(&w, id);
+        assert_eq!(
+            (rec.state, rec.attempts, rec.hand_backs),
+            (JobState::Succeeded, 1, 0),
+            "{id}"
+        );
+    }
+}
+
 /// A worker too small for a job passes on only the message its job still waits on: a duplicate
 /// (sent before the row's latest `sent_at`) and the message of a job that no longer waits are
 /// dropped, one of an unknown job is poison. Before, every one of them went round for as long as

@@ -276,6 +276,7 @@ where
         spot_price_usd_per_h: Some(0.4375),
         run_time_estimate_s: Some(120.5),
         cached_projects: vec!["p".into(), "q".into()],
+        min_job_gpus: Some(5),
         ..worker(&a, now)
     };
     reg.register_launch(full.clone()).await.expect("register");
