@@ -780,10 +780,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_job_is_scheduled_past_a_size_the_catalogue_lacks() {
-        // (type, GPUs, GiB per GPU): an x86_64 catalogue with no 2-GPU type.
-        let offs: Vec<Offering> = [
+    /// An x86_64 catalogue with no 2-GPU type: (type, GPUs, GiB per GPU) g4dn.xlarge (1, 16),
+    /// g4dn.12xlarge (4, 16), p4d.24xlarge (8, 40).
+    fn no_two_gpu_type() -> Vec<Offering> {
+        [
             ("g4dn.xlarge", 1, 16.0),
             ("g4dn.12xlarge", 4, 16.0),
             ("p4d.24xlarge", 8, 40.0),
@@ -794,7 +794,12 @@ mod tests {
             gpu_memory_gib: *mem,
             ..offering(ty, "z", 1.0)
         })
-        .collect();
+        .collect()
+    }
+
+    #[test]
+    fn a_job_is_scheduled_past_a_size_the_catalogue_lacks() {
+        let offs = no_two_gpu_type();
         let cfg = OfferConfig::default();
         // (GPUs asked, GiB per GPU asked, scheduled as)
         let cases = [
@@ -826,19 +831,7 @@ mod tests {
 
     #[test]
     fn a_worker_serves_jobs_from_the_fewest_gpus_the_fit_rule_gives_it() {
-        // The catalogue of the test above: no 2-GPU type.
-        let offs: Vec<Offering> = [
-            ("g4dn.xlarge", 1, 16.0),
-            ("g4dn.12xlarge", 4, 16.0),
-            ("p4d.24xlarge", 8, 40.0),
-        ]
-        .iter()
-        .map(|(ty, g, mem)| Offering {
-            gpus: *g,
-            gpu_memory_gib: *mem,
-            ..offering(ty, "z", 1.0)
-        })
-        .collect();
+        let offs = no_two_gpu_type();
         let cfg = OfferConfig::default();
         // (worker GPUs, GiB per GPU, fewest job GPUs it serves)
         for (gpus, mem, want) in [
