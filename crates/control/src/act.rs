@@ -830,17 +830,16 @@ async fn note_full_quotas<R: WorkerRegistry, A: OfferingAvailability>(
         }
     }
     for n in &mut notes {
-        n.mark.ceiling = held.as_ref().map(|h| {
+        // None when the refused type is not in the catalogue (0 vCPUs): its size, and so the
+        // ceiling, unknown.
+        let m = &mut n.mark;
+        m.ceiling = held.as_ref().filter(|_| m.vcpus > 0).map(|h| {
             let of_quota = h
                 .iter()
-                .find(|(b, c, _)| *b == n.mark.bucket && *c == n.mark.capacity)
+                .find(|(b, c, _)| *b == m.bucket && *c == m.capacity)
                 .map_or(0, |&(_, _, v)| v);
-            of_quota + n.mark.vcpus
+            of_quota + m.vcpus
         });
-        if n.mark.vcpus == 0 {
-            // The refused type is not in the catalogue: its size, and so the ceiling, unknown.
-            n.mark.ceiling = None;
-        }
     }
     let siblings: Vec<OfferingKey> = ctx
         .offerings

@@ -53,11 +53,12 @@ use crate::replay::ReplayJob;
 const AGENT_LEASE_S: f64 = 15.0;
 
 /// Wall time one pass of the run's loop spends putting the replay's due job specs, again
-/// delivering S3 notifications (to submit), and again EC2 events (to interruption), before the instance runner, the faults and the monitor have
-/// their turn; what is left is delivered in the next pass (each pass delivers at least one of
-/// each). On AWS the machines boot while the functions
-/// run; here one loop does both, and a burst of 80 submissions once took 67 s of invocations in
-/// one pass, while 11 launched instances waited that long to boot (`--seed 21`, stop 65).
+/// delivering S3 notifications (to submit), and again EC2 events (to interruption), before the
+/// instance runner, the faults and the monitor have their turn; what is left is delivered in the
+/// next pass (each pass delivers at least one of each). On AWS the machines boot while the
+/// functions run; here one loop does both, and a burst of 80 submissions once took 67 s of
+/// invocations in one pass, while 11 launched instances waited that long to boot (`--seed 21`,
+/// stop 65).
 const EVENT_SLICE: Duration = Duration::from_millis(500);
 
 /// The zones the local stack's workers get a subnet in (the default subnet of each): three of
@@ -971,10 +972,10 @@ async fn run_with(
     // Scale requests: Lambda would start the scaler within moments of the asynchronous invoke
     // (and concurrently with the asker's next events); here it runs right after the invocation
     // that asked, or, for S3 notifications, after the pass's notifications (submit's invocations
-    // run side by side on AWS: the asks of a burst join one pending request). Each invoke is an event of its own, as on AWS: the askers' own protocol
-    // (`onoff_fn_common::request_scale`, against the emulated control table) is what keeps them
-    // few. Timed from the start of that invocation to the end of the scaler's run (its launch
-    // calls included).
+    // run side by side on AWS: the asks of a burst join one pending request). Each invoke is an
+    // event of its own, as on AWS: the askers' own protocol (`onoff_fn_common::request_scale`,
+    // against the emulated control table) is what keeps them few. Timed from the start of that
+    // invocation to the end of the scaler's run (its launch calls included).
     macro_rules! serve_scale_requests {
         () => {
             let requests: Vec<(Instant, String)> = std::mem::take(&mut *asks.lock().expect("lock"));

@@ -889,11 +889,12 @@ where
                     tracing::warn!(job = %wake_up.job_id, error = %e, "reading the job's row: message passed on as it is");
                 }
             }
-            if too_small {
-                tracing::info!(job = %wake_up.job_id, wants = ?wake_up.gpus, has = ?self.cfg.gpus, serves_from = ?self.min_job_gpus, "job needs fewer GPUs than this worker serves: message passed on unclaimed");
+            let why = if too_small {
+                "job needs fewer GPUs than this worker serves"
             } else {
-                tracing::info!(job = %wake_up.job_id, wants = ?wake_up.gpus, has = ?self.cfg.gpus, "job needs more GPUs: message passed on unclaimed");
-            }
+                "job needs more GPUs"
+            };
+            tracing::info!(job = %wake_up.job_id, wants = ?wake_up.gpus, has = ?self.cfg.gpus, serves_from = ?self.min_job_gpus, why, "message passed on unclaimed");
             self.report.passed_on += 1;
             if let Err(e) = self
                 .deps
