@@ -59,6 +59,14 @@ pub enum Reason {
     },
     /// A booting worker is no longer needed: nothing is queued for it and the warm pool is full.
     PendingNotNeeded,
+    /// An idle worker none of the lane's queued jobs fits held a place the worker cap keeps
+    /// from them: it goes before its keep-alive ran out, so they can be launched for.
+    MakeRoom {
+        /// The lane's jobs the cap held back.
+        held_jobs: u32,
+        /// The cap that held them (the lane's or the fleet's `max_workers`).
+        limit: u32,
+    },
     /// The budget breaker is tripped: the fleet spends more than the cap.
     BudgetBreaker {
         /// Current spend rate, $/h.
@@ -130,6 +138,10 @@ impl std::fmt::Display for Reason {
                 write!(f, "cooldown decay step at {step_s:.0} s (idle {idle_s:.0} s)")
             }
             Reason::PendingNotNeeded => write!(f, "booting worker no longer needed"),
+            Reason::MakeRoom { held_jobs, limit } => write!(
+                f,
+                "idle, fits none of the {held_jobs} job(s) held at max workers {limit}: room made"
+            ),
             Reason::BudgetBreaker {
                 spend_usd_per_h,
                 cap_usd_per_h,

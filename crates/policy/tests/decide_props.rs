@@ -474,6 +474,39 @@ fn check_invariants(c: &Case, plan: &Plan) -> Result<(), TestCaseError> {
                             prop_assert!(keepalive::in_first_release(w.seq, cfg.scale_down.release_fraction));
                         }
                     }
+                    Reason::MakeRoom { held_jobs, limit } => {
+                        // Only while the cap holds that many of the lane's jobs, one worker per
+                        // held job at most.
+                        prop_assert!(!breaker);
+                        let capped: u32 = plan
+                            .held
+                            .iter()
+                            .filter(|h| h.lane == w.lane && matches!(h.reason, Reason::MaxWorkers { .. }))
+                            .map(|h| h.count)
+                            .sum();
+                        prop_assert_eq!(*held_jobs, capped, "{:?}", reason);
+                        prop_assert!(
+                            plan.held
+                                .iter()
+                                .any(|h| h.lane == w.lane && h.reason == Reason::MaxWorkers { limit: *limit }),
+                            "{reason:?}"
+                        );
+                        let made = plan
+                            .actions
+                            .iter()
+                            .filter_map(|a| match a {
+                                Action::Terminate { worker, reason } | Action::Stop { worker, reason, .. } => {
+                                    Some((worker, reason))
+                                }
+                                _ => None,
+                            })
+                            .filter(|(worker, reason)| {
+                                matches!(reason, Reason::MakeRoom { .. })
+                                    && by_id.get(worker.as_str()).is_some_and(|x| x.lane == w.lane)
+                            })
+                            .count() as u32;
+                        prop_assert!(made <= capped, "{made} released for {capped} held");
+                    }
                     r => prop_assert!(false, "terminate with reason {r:?}"),
                 }
             }
@@ -782,6 +815,7 @@ fn generator_reaches_every_branch() {
                     Reason::DecayStep { .. } => "terminate decay",
                     Reason::BudgetBreaker { .. } => "terminate breaker",
                     Reason::StoppedKeepAliveExpired { .. } => "terminate stopped",
+                    Reason::MakeRoom { .. } => "terminate make-room",
                     _ => "terminate other",
                 },
                 Action::CancelLaunch { .. } => "cancel",
@@ -812,6 +846,7 @@ fn generator_reaches_every_branch() {
         "terminate decay",
         "terminate breaker",
         "terminate stopped",
+        "terminate make-room",
         "cancel",
         "stop",
         "start",

@@ -398,6 +398,67 @@ fn launches_capped_by_max_workers() {
     }
 }
 
+#[test]
+fn idle_workers_no_held_job_fits_make_room_at_the_cap() {
+    // A lane capped at `cap` workers: one running 1-GPU worker, idle 8-GPU workers (idle for
+    // the given seconds, launched `age` seconds ago), queued 1-GPU jobs (an 8-GPU worker serves
+    // jobs of 5 GPUs or more, `max_gpu_oversize` 1).
+    // (cap, idle 8-GPU workers' idle seconds, age, min_runtime_s, queued, expected released)
+    type Row = (u32, &'static [f64], f64, f64, usize, &'static [&'static str]);
+    let rows: &[Row] = &[
+        // At the cap, 3 jobs held: the idle 8-GPU worker goes, 5 s into its keep-alive.
+        (2, &[5.0], 3600.0, 0.0, 3, &["big0"]),
+        // Two idle and one job held: the longest idle goes, the other keeps its keep-alive.
+        (3, &[5.0, 50.0], 3600.0, 0.0, 1, &["big1"]),
+        // Two held, two idle: both go.
+        (3, &[5.0, 50.0], 3600.0, 0.0, 2, &["big0", "big1"]),
+        // Room left under the cap: nothing is held, the keep-alive stands.
+        (8, &[5.0], 3600.0, 0.0, 3, &[]),
+        // Nothing queued: nothing held.
+        (2, &[5.0], 3600.0, 0.0, 0, &[]),
+        // Within the minimum run time: kept.
+        (2, &[5.0], 100.0, 600.0, 3, &[]),
+    ];
+    for &(cap, idle_for, age, min_runtime, queued, want) in rows {
+        let mut cfg = cfg();
+        cfg.lanes[0].max_workers = cap;
+        cfg.anti_thrash.min_runtime_s = min_runtime;
+        let mut ws = vec![running("r0")];
+        for (i, s) in idle_for.iter().enumerate() {
+            ws.push(worker(
+                &format!("big{i}"),
+                10 + i as u64,
+                WorkerState::Idle,
+                8,
+                NOW - age,
+                Some(NOW - s),
+            ));
+        }
+        let plan = World::new(jobs("j", queued), ws).decide(&cfg, NOW);
+        let row = format!("cap {cap}, idle {idle_for:?}, age {age}, min runtime {min_runtime}, queued {queued}");
+        let mut released = terminated(&plan);
+        released.sort_unstable();
+        assert_eq!(released, want, "{row}: {plan:#?}");
+        let held = held_count(&plan, |r| matches!(r, Reason::MaxWorkers { .. }));
+        for a in &plan.actions {
+            if let Action::Terminate { reason, .. } = a {
+                assert_eq!(
+                    reason,
+                    &Reason::MakeRoom {
+                        held_jobs: held,
+                        limit: cap
+                    },
+                    "{row}"
+                );
+            }
+        }
+        if !want.is_empty() {
+            // The room is made, not taken in the same decision: the cap still holds.
+            assert_eq!(plan.launches(), 0, "{row}: {plan:#?}");
+        }
+    }
+}
+
 fn two_lanes(max_a: u32, max_b: u32, total: u32) -> PolicyConfig {
     let mut cfg = cfg();
     cfg.lanes = vec![

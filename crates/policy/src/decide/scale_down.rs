@@ -244,6 +244,53 @@ fn release_stopped(cfg: &PolicyConfig, now: f64, stopped: &[&WorkerView], plan: 
     }
 }
 
+/// Release idle workers of `lane` that hold the room its capped jobs wait for: while the lane's
+/// or the fleet's worker cap holds N of the lane's jobs back (`Reason::MaxWorkers` in
+/// `plan.held`), up to N of `idle` (the lane's idle workers nobody matched: none of its queued
+/// jobs fits them, `max_gpu_oversize`) go whatever their keep-alive, the longest idle first and
+/// only past `anti_thrash.min_runtime_s`, so the next decision launches for the held jobs. A
+/// keep-alive would save a later job of the worker's size a cold start; the jobs held now would
+/// wait the whole of it, at the idle worker's price. Returns the workers left for the
+/// keep-alive, in `idle`'s order (most recently idle first).
+#[allow(clippy::too_many_arguments)]
+fn make_room<'a>(
+    obs: &Observation<'_>,
+    cfg: &PolicyConfig,
+    now: f64,
+    lane: LaneId,
+    mut idle: Vec<&'a WorkerView>,
+    stopped: &mut Stopped<'_>,
+    lines: &mut smallvec::SmallVec<[StopLine; 4]>,
+    plan: &mut Plan,
+    memo: &mut RankMemo,
+) -> Vec<&'a WorkerView> {
+    let (mut held, mut limit) = (0u32, 0u32);
+    for h in plan.held.iter().filter(|h| h.lane == lane) {
+        if let Reason::MaxWorkers { limit: l } = h.reason {
+            held += h.count;
+            limit = l;
+        }
+    }
+    if held == 0 || idle.is_empty() {
+        return idle;
+    }
+    let mut left = held;
+    let mut i = idle.len();
+    while i > 0 && left > 0 {
+        i -= 1;
+        let w = idle[i];
+        if now - w.launched_at < cfg.anti_thrash.min_runtime_s {
+            continue;
+        }
+        let reason = Reason::MakeRoom { held_jobs: held, limit };
+        plan.actions
+            .push(release(obs, cfg, lane, &mut *stopped, lines, w, reason, memo));
+        idle.remove(i);
+        left -= 1;
+    }
+    idle
+}
+
 /// Release `lane`'s idle workers nobody matched once their keep-alive ran out (the most recently
 /// idle ones of the warm shape form the warm pool and stay; the keep-alive of the others depends
 /// on their place in line, see [`keepalive::keep_alive_s`]); over the budget cap, every idle
@@ -301,6 +348,17 @@ pub(crate) fn scale_down(
         }
         return;
     }
+    let idle_free = make_room(
+        obs,
+        cfg,
+        now,
+        lane,
+        idle_free,
+        &mut *stopped,
+        &mut stop_lines,
+        plan,
+        memo,
+    );
     let backlog = lane_obs.map(|o| o.backlog.total(cfg.limits.count_delayed)).unwrap_or(0);
     if now - fleet.last_launch[lane] < cfg.anti_thrash.scale_down_delay_after_scale_up_s
         || backlog > cfg.anti_thrash.scale_down_max_backlog
