@@ -459,6 +459,30 @@ fn idle_workers_no_held_job_fits_make_room_at_the_cap() {
     }
 }
 
+#[test]
+fn a_warm_pool_held_at_the_cap_makes_no_room() {
+    // Nothing queued, a scheduled pool of two 1-GPU workers, the lane at its cap of 2 (one
+    // running 1-GPU worker, one idle 8-GPU worker): the pool's want is held at the cap, but only
+    // jobs make room; the 8-GPU worker keeps its keep-alive (5 s idle).
+    let mut cfg = cfg();
+    cfg.lanes[0].max_workers = 2;
+    cfg.lanes[0].warm_pool = vec![WarmWindow {
+        start_hour: 0,
+        end_hour: 24,
+        size: 2,
+    }];
+    let ws = vec![
+        running("r0"),
+        worker("big0", 10, WorkerState::Idle, 8, NOW - 3600.0, Some(NOW - 5.0)),
+    ];
+    let plan = World::new(vec![], ws).decide(&cfg, NOW);
+    assert!(
+        held_count(&plan, |r| matches!(r, Reason::MaxWorkers { .. })) > 0,
+        "the pool's want is held at the cap: {plan:#?}"
+    );
+    assert!(terminated(&plan).is_empty(), "{plan:#?}");
+}
+
 fn two_lanes(max_a: u32, max_b: u32, total: u32) -> PolicyConfig {
     let mut cfg = cfg();
     cfg.lanes = vec![

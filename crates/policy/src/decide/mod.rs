@@ -95,6 +95,8 @@ pub fn decide_with_memo<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64,
         fleet.count_running_by_project_and_type(obs, nl);
     }
     scale_up::scale_up(obs, cfg, now, unmet, &mut fleet, &mut plan, memo);
+    // Jobs the worker caps held, per lane, before the warm phase adds its own wants held at them.
+    let capped = scale_down::held_at_cap(&plan, nl);
     for (lane, lane_plan) in lanes.iter_mut().enumerate() {
         let warm = warm::warm_capacity(obs, cfg, now, lane, &mut fleet, &mut plan, memo);
         lane_plan.warm_target = warm.target();
@@ -105,6 +107,7 @@ pub fn decide_with_memo<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64,
             lane,
             &warm,
             queue_empty[lane],
+            capped[lane],
             &mut fleet,
             &mut plan,
             memo,

@@ -244,36 +244,40 @@ fn release_stopped(cfg: &PolicyConfig, now: f64, stopped: &[&WorkerView], plan: 
     }
 }
 
+/// Per lane, the jobs the worker caps hold back and the cap that held them last
+/// (`Reason::MaxWorkers` in `plan.held` after scale-up; the warm phase's wants held at a cap come
+/// later and are not jobs).
+pub(crate) fn held_at_cap(plan: &Plan, lanes: usize) -> smallvec::SmallVec<[(u32, u32); 4]> {
+    let mut capped: smallvec::SmallVec<[(u32, u32); 4]> = smallvec::smallvec![(0, 0); lanes];
+    for h in &plan.held {
+        if let (Reason::MaxWorkers { limit }, Some(c)) = (&h.reason, capped.get_mut(h.lane)) {
+            *c = (c.0 + h.count, *limit);
+        }
+    }
+    capped
+}
+
 /// Release idle workers of `lane` that hold the room its capped jobs wait for: while the lane's
-/// or the fleet's worker cap holds N of the lane's jobs back (`Reason::MaxWorkers` in
-/// `plan.held`), up to N of `idle` (the lane's idle workers nobody matched: none of its queued
-/// jobs fits them, `max_gpu_oversize`) go whatever their keep-alive, the longest idle first and
-/// only past `anti_thrash.min_runtime_s`, so the next decision launches for the held jobs. A
-/// keep-alive would save a later job of the worker's size a cold start; the jobs held now would
-/// wait the whole of it, at the idle worker's price. Returns the workers left for the
-/// keep-alive, in `idle`'s order (most recently idle first).
+/// or the fleet's worker cap holds `held` of the lane's jobs back (`limit`, [`held_at_cap`]), up
+/// to `held` of `idle` (the lane's idle workers nobody matched: none of its queued jobs fits them,
+/// `max_gpu_oversize`) go whatever their keep-alive, the longest idle first and only past
+/// `anti_thrash.min_runtime_s`, so the next decision launches for the held jobs. A keep-alive
+/// would save a later job of the worker's size a cold start; the jobs held now would wait the
+/// whole of it, at the idle worker's price. Returns the workers left for the keep-alive, in
+/// `idle`'s order (most recently idle first).
 #[allow(clippy::too_many_arguments)]
 fn make_room<'a>(
     obs: &Observation<'_>,
     cfg: &PolicyConfig,
     now: f64,
     lane: LaneId,
+    (held, limit): (u32, u32),
     mut idle: Vec<&'a WorkerView>,
     stopped: &mut Stopped<'_>,
     lines: &mut smallvec::SmallVec<[StopLine; 4]>,
     plan: &mut Plan,
     memo: &mut RankMemo,
 ) -> Vec<&'a WorkerView> {
-    let (mut held, mut limit) = (0u32, 0u32);
-    for h in plan.held.iter().filter(|h| h.lane == lane) {
-        if let Reason::MaxWorkers { limit: l } = h.reason {
-            held += h.count;
-            limit = l;
-        }
-    }
-    if held == 0 || idle.is_empty() {
-        return idle;
-    }
     let mut left = held;
     let mut i = idle.len();
     while i > 0 && left > 0 {
@@ -298,7 +302,9 @@ fn make_room<'a>(
 /// ([`release`]); stopped workers past their stopped keep-alive are terminated
 /// ([`release_stopped`]). Nothing is released within the delay after a scale-up
 /// or while the backlog is over `scale_down_max_backlog`. Booting workers are cancelled only when
-/// the lane has no queued job at all (`queue_empty`), the warm pool's share excepted.
+/// the lane has no queued job at all (`queue_empty`), the warm pool's share excepted. First,
+/// while the caps hold jobs of the lane (`capped`, [`held_at_cap`]), idle workers none of them
+/// fits make room ([`make_room`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scale_down(
     obs: &Observation<'_>,
@@ -307,6 +313,7 @@ pub(crate) fn scale_down(
     lane: LaneId,
     warm: &Warm,
     queue_empty: bool,
+    capped: (u32, u32),
     fleet: &mut Fleet<'_>,
     plan: &mut Plan,
     memo: &mut RankMemo,
@@ -353,6 +360,7 @@ pub(crate) fn scale_down(
         cfg,
         now,
         lane,
+        capped,
         idle_free,
         &mut *stopped,
         &mut stop_lines,
