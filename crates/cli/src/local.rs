@@ -357,20 +357,48 @@ fn progress_line(p: &Progress) -> String {
     )
 }
 
+/// What `<run-dir>/control-plane.log` keeps: the functions' lines as their CloudWatch log groups
+/// would (the `info` lines: each decision's action, target and reason, each notice drained, each job
+/// submitted), and every other component's warnings. Each handler's line names its function and
+/// request id (the `invoke` span, [`onoff_local::lambda`]).
+const CONTROL_PLANE_LOG_FILTER: &str = "warn,onoff=info,scaler=info,reconciler=info,interruption=info,submit=info";
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `warn`), and to `<run_dir>/control-plane.log`
+/// ([`CONTROL_PLANE_LOG_FILTER`], whatever `RUST_LOG` says), created or truncated here.
+///
+/// # Errors
+/// The run dir cannot be created or the log file written.
+fn logging(run_dir: &Path) -> Result<()> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::{fmt, EnvFilter, Layer as _};
+    std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    let path = run_dir.join("control-plane.log");
+    let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    tracing_subscriber::registry()
+        .with(
+            fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"))),
+        )
+        .with(
+            fmt::layer()
+                .with_writer(std::sync::Mutex::new(file))
+                .with_ansi(false)
+                .with_filter(EnvFilter::new(CONTROL_PLANE_LOG_FILTER)),
+        )
+        .init();
+    Ok(())
+}
+
 /// Run `onoff local`. Fails (exit 1) when a job was lost or completed twice, an instance was left
 /// running, IAM refused a call or the template's policies deny one, an invocation ran past its
 /// function's `Timeout`, or the failed events are not what was injected ([`dead_letter_faults`]):
 /// the run's report is printed first either way.
 pub fn run(a: LocalArgs) -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
     let opts = options(&a)?;
+    logging(&opts.run_dir)?;
     let tty = std::io::stderr().is_terminal();
     let bar = if tty && !a.quiet {
         let b = ProgressBar::new_spinner();
@@ -434,6 +462,12 @@ pub fn run(a: LocalArgs) -> Result<()> {
     }
     if report.duplicate_completions > 0 {
         bad.push(format!("{} job(s) completed twice", report.duplicate_completions));
+    }
+    if report.attempts_off_lane > 0 {
+        bad.push(format!(
+            "{} attempt(s) ran on a worker of another lane than their job's",
+            report.attempts_off_lane
+        ));
     }
     if report.instances_left_running > 0 && !report.interrupted {
         bad.push(format!(
@@ -625,6 +659,18 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
         "  instances  {} launched, {} stopped and {} started again, {} left running at the end",
         r.instances_launched, r.instances_stopped, r.instances_started, r.instances_left_running
     );
+    if r.lanes.len() > 1 {
+        let lanes: Vec<String> = r
+            .lanes
+            .iter()
+            .map(|(l, f)| format!("{l}: {}/{} jobs, {} instances", f.succeeded, f.jobs, f.instances))
+            .collect();
+        println!(
+            "  lanes      {}; {} attempt(s) on another lane's worker",
+            lanes.join("; "),
+            r.attempts_off_lane
+        );
+    }
     for q in &r.vcpu_quotas {
         println!(
             "  quota      {}{}: {} vCPUs, at most {} held at once; {} launch(es) refused or cut",
@@ -703,7 +749,7 @@ fn print_report(r: &LocalReport, o: &LocalOptions) {
             .map(|d| d.invocations)
             .sum();
         println!(
-            "  handlers   {} invocation(s) returned an error, {injected} of them the malformed events' (RUST_LOG=warn shows each)",
+            "  handlers   {} invocation(s) returned an error, {injected} of them the malformed events' (control-plane.log has each)",
             r.handler_errors
         );
     }

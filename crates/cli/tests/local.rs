@@ -196,6 +196,38 @@ fn local_run_with_faults_finishes_every_job_exactly_once() {
         "{counted} notices counted of {}",
         n("spot_notices_sent")
     );
+    // The functions' log lines, as their log groups would hold them: each line a handler logged
+    // names its function and request; the scaler's and the reconciler's decisions give action,
+    // what it acts on (a launch: its lane, count and offering) and reason; the interruption function says which worker it drained, once per notice it counted; the malformed events'
+    // failures are there.
+    let log = std::fs::read_to_string(run_dir.join("control-plane.log")).expect("the functions' log");
+    let launches: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" decision ") && l.contains("action=\"launch\""))
+        .collect();
+    assert!(!launches.is_empty(), "no launch decision logged:\n{log}");
+    for l in &launches {
+        assert!(
+            (l.contains("invoke{function=scaler ") || l.contains("invoke{function=reconciler "))
+                && l.contains("request_id=")
+                && l.contains("on=lane standard: ")
+                && l.contains("reason="),
+            "{l}"
+        );
+    }
+    let drained: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("drained after a spot interruption warning"))
+        .collect();
+    assert!(
+        drained.len() == counted as usize && drained.iter().all(|l| l.contains("invoke{function=interruption ")),
+        "{counted} notices counted, drained lines: {drained:?}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("handler error") && l.contains("lacks detail.instance-id")),
+        "the malformed events' failures are not logged:\n{log}"
+    );
     assert!(n("workers_killed") >= 1.0, "the run killed a worker: {v}");
     assert!(
         n("resumed_from_checkpoint") >= 1.0,
@@ -363,6 +395,74 @@ fn a_local_run_with_spot_on_create_fleet_is_denied_nothing() {
     assert_eq!((n("jobs_lost"), n("duplicate_completions")), (0.0, 0.0), "{v}");
     assert!(n("spot_notices_sent") >= 1.0, "a spot worker ended at a notice: {v}");
     assert_eq!(n("instances_stopped"), 0.0, "spot workers are not stopped: {v}");
+    assert_eq!(n("access_denied"), 0.0, "refused calls: {}", v["denied_calls"]);
+    let check = &v["policy_check"];
+    assert_eq!(check["denied"], 0, "denied by the template's policies: {check}");
+    assert_eq!(n("instances_left_running"), 0.0, "{v}");
+    assert!(out.status.success(), "exit status {:?}; stderr:\n{stderr}", out.status);
+    let _ = std::fs::remove_dir_all(&run_dir);
+}
+
+/// Two priority lanes end to end (examples/local-lanes.toml): the replayed jobs spread over an
+/// on-demand `express` lane and a spot-first `standard` one under a fleet cap of 4, each lane
+/// with its own queue and workers. Every job ends once, in its lane, run only by workers of its
+/// lane, with nothing denied.
+#[test]
+fn a_local_run_with_two_lanes_runs_each_job_on_its_own_lanes_workers() {
+    let _one = ONE_STACK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let moto = std::env::var("ONOFF_MOTO_SERVER")
+        .expect("ONOFF_MOTO_SERVER is not set: run the tests with scripts/test.sh, which installs moto server");
+    let run_dir = std::env::temp_dir().join(format!("onoff-local-lanes-{}", std::process::id()));
+    let policy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/local-lanes.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_onoff"))
+        .args(["local", "--moto-server", &moto])
+        .args([
+            "--json",
+            "--quiet",
+            "--jobs",
+            "10",
+            "--compress",
+            "60",
+            "--max-job-s",
+            "10",
+            "--spot-notices",
+            "2",
+            "--kill-workers",
+            "0",
+            "--seed",
+            "7",
+            "--timeout-s",
+            "300",
+            "--drain-s",
+            "60",
+            "--policy",
+        ])
+        .arg(&policy)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .output()
+        .expect("onoff runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    eprintln!("{v:#}");
+    let n = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} missing in {v}"));
+    assert_eq!(n("jobs_succeeded"), 10.0, "every job succeeds: {v}");
+    assert_eq!((n("jobs_lost"), n("duplicate_completions")), (0.0, 0.0), "{v}");
+    for lane in ["express", "standard"] {
+        let f = &v["lanes"][lane];
+        assert_eq!(
+            (f["jobs"].as_u64(), f["succeeded"].as_u64()),
+            (Some(5), Some(5)),
+            "{lane}: {v}"
+        );
+        assert!(
+            f["instances"].as_u64().unwrap_or(0) >= 1,
+            "no worker launched for {lane}: {v}"
+        );
+    }
+    assert!(n("attempts") >= 10.0, "{v}");
+    assert_eq!(n("attempts_off_lane"), 0.0, "a job ran on another lane's worker: {v}");
     assert_eq!(n("access_denied"), 0.0, "refused calls: {}", v["denied_calls"]);
     let check = &v["policy_check"];
     assert_eq!(check["denied"], 0, "denied by the template's policies: {check}");

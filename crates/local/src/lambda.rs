@@ -27,6 +27,7 @@ use onoff_iam::AsyncInvokeConfig;
 pub use onoff_iam::Principal;
 use serde::Serialize;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// Lambda's waits before an asynchronous invocation's first and second retry, seconds (Lambda
 /// Developer Guide, "How Lambda handles errors and retries with asynchronous invocation": "a
@@ -365,7 +366,11 @@ impl Lambda {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let started = Instant::now();
-        let r = tokio::time::timeout(timeout, handler(LambdaEvent::new(event, cx))).await;
+        // Every line the handler logs names its function and request, as Lambda's log stream
+        // per function and its request id do. At WARN, so that the warnings the default filter
+        // shows name them too.
+        let span = tracing::warn_span!("invoke", function = %p.as_str(), %request_id);
+        let r = tokio::time::timeout(timeout, handler(LambdaEvent::new(event, cx)).instrument(span)).await;
         runs.invocations += 1;
         runs.longest_s = runs.longest_s.max(started.elapsed().as_secs_f64());
         let r = r.unwrap_or_else(|_| {

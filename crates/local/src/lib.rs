@@ -253,6 +253,13 @@ pub struct LocalReport {
     pub attempts_with_warm_cache: usize,
     /// Instances the control plane launched.
     pub instances_launched: usize,
+    /// Per lane of the policy: the replayed jobs in it (spread over the lanes in turn,
+    /// [`replay::plan`]), those that ended SUCCEEDED, and the instances launched for it. One lane
+    /// unless `--policy` names more.
+    pub lanes: BTreeMap<String, LaneFigures>,
+    /// Attempts run by a worker of another lane than their job's: each worker takes its own
+    /// lane's jobs only (`ONOFF_LANES`), so any is a fault.
+    pub attempts_off_lane: usize,
     /// The zones they were launched in, each once: only zones with a subnet of the stack's
     /// ([`LOCAL_ZONES`]); an instance elsewhere would, on AWS, be outside the workers' VPC.
     pub zones_launched_in: Vec<String>,
@@ -427,10 +434,23 @@ pub struct Progress {
     pub phase: &'static str,
 }
 
+/// One lane's figures in a [`LocalReport`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LaneFigures {
+    /// Replayed jobs submitted into the lane.
+    pub jobs: usize,
+    /// Of them, those that ended SUCCEEDED.
+    pub succeeded: usize,
+    /// Instances launched for the lane (their `onoff:lane` tag).
+    pub instances: usize,
+}
+
 /// One line an agent printed about a job attempt (its EMF line).
 #[derive(Debug, Clone)]
 struct AttemptLine {
     job_id: String,
+    /// The lane of the worker that ran it.
+    worker_lane: String,
     completed: bool,
     resumed: bool,
     started_at: f64,
@@ -848,8 +868,9 @@ async fn run_with(
     let plan = if opts.serve {
         Vec::new()
     } else {
-        replay::plan(&replay_opts, &lane)?
+        replay::plan(&replay_opts, &lanes)?
     };
+    let job_lanes: BTreeMap<String, String> = plan.iter().map(|j| (j.job_id.clone(), j.lane.clone())).collect();
     let job_ids: BTreeSet<String> = plan.iter().map(|j| j.job_id.clone()).collect();
     let replay_keys: Vec<String> = plan.iter().map(|j| format!("jobs/{}.json", j.name)).collect();
     let mut pending: VecDeque<ReplayJob> = plan.into_iter().collect();
@@ -1618,6 +1639,19 @@ async fn run_with(
         *e = e.min(l.started_at);
     }
     report.duplicate_completions = completions.values().map(|n| n.saturating_sub(1)).sum();
+    report.lanes = lanes.iter().map(|l| (l.clone(), LaneFigures::default())).collect();
+    for (job, lane) in &job_lanes {
+        let f = report.lanes.entry(lane.clone()).or_default();
+        f.jobs += 1;
+        f.succeeded += usize::from(final_states.get(job) == Some(&JobState::Succeeded));
+    }
+    for i in instances.values() {
+        report.lanes.entry(i.lane.clone()).or_default().instances += 1;
+    }
+    report.attempts_off_lane = lines
+        .iter()
+        .filter(|l| job_lanes.get(&l.job_id).is_some_and(|lane| *lane != l.worker_lane))
+        .count();
     report.resumed_from_checkpoint = resumed.len();
     report.attempts = lines.len();
     report.attempts_with_warm_cache = lines.iter().filter(|l| l.cache_warm).count();
@@ -2161,6 +2195,7 @@ async fn start_agent(
     let pgid = child.id().map(|p| p as i32);
     if let Some(out) = child.stdout.take() {
         let attempts = attempts.clone();
+        let worker_lane = inst.lane.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(out).lines();
             while let Ok(Some(l)) = lines.next_line().await {
@@ -2170,6 +2205,7 @@ async fn start_agent(
                 let Some(job_id) = v["JobId"].as_str() else { continue };
                 attempts.lock().expect("lock").push(AttemptLine {
                     job_id: job_id.to_string(),
+                    worker_lane: worker_lane.clone(),
                     completed: v["Completed"].as_bool().unwrap_or(false),
                     resumed: !v["ResumedFrom"].is_null(),
                     started_at: v["StartedAt"].as_f64().unwrap_or(0.0),

@@ -19,13 +19,18 @@ pub struct ReplayJob {
     pub run_s: f64,
     /// The job spec.
     pub spec: serde_json::Value,
+    /// Its lane (the spec's `lane`).
+    pub lane: String,
 }
 
-/// The jobs of the replay, in arrival order.
+/// The jobs of the replay, in arrival order, spread over `lanes` in turn (the i-th job in
+/// `lanes[i % lanes.len()]`: a Philly job names no lane).
 ///
 /// # Errors
-/// The trace cannot be read, is not a Philly trace, or has no jobs in the window.
-pub fn plan(opts: &LocalOptions, lane: &str) -> anyhow::Result<Vec<ReplayJob>> {
+/// The trace cannot be read, is not a Philly trace, or has no jobs in the window; `lanes` is
+/// empty.
+pub fn plan(opts: &LocalOptions, lanes: &[String]) -> anyhow::Result<Vec<ReplayJob>> {
+    anyhow::ensure!(!lanes.is_empty(), "no lane to replay the jobs into");
     anyhow::ensure!(opts.compress > 0.0, "--compress must be > 0");
     anyhow::ensure!(opts.item_ms > 0.0, "--item-ms must be > 0");
     let trace = Trace::load(&opts.trace, AzureModel::default())?;
@@ -45,7 +50,9 @@ pub fn plan(opts: &LocalOptions, lane: &str) -> anyhow::Result<Vec<ReplayJob>> {
     let workload = std::fs::canonicalize(&opts.workload).unwrap_or_else(|_| opts.workload.clone());
     Ok(jobs
         .iter()
-        .map(|j| {
+        .enumerate()
+        .map(|(i, j)| {
+            let lane = &lanes[i % lanes.len()];
             let run_s = (j.duration_s / opts.compress).min(opts.max_job_s);
             let items = ((run_s * 1000.0 / opts.item_ms).round() as u64).max(2);
             let token = format!("philly-{}", j.id);
@@ -70,6 +77,7 @@ pub fn plan(opts: &LocalOptions, lane: &str) -> anyhow::Result<Vec<ReplayJob>> {
                 at_s: (j.arrival_s - first) / opts.compress,
                 run_s,
                 spec,
+                lane: lane.clone(),
             }
         })
         .collect())

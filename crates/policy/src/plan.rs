@@ -67,6 +67,15 @@ pub enum Reason {
         /// The cap that held them (the lane's or the fleet's `max_workers`).
         limit: u32,
     },
+    /// An idle worker of one lane held a place under the fleet's worker cap
+    /// (`limits.max_workers_total`) that jobs of other lanes wait for, lanes whose own cap has
+    /// room: it goes before its keep-alive ran out, so they can be launched for.
+    MakeRoomForLanes {
+        /// The other lanes' jobs the fleet's cap alone held back.
+        held_jobs: u32,
+        /// The fleet's cap, `limits.max_workers_total`.
+        limit: u32,
+    },
     /// The budget breaker is tripped: the fleet spends more than the cap.
     BudgetBreaker {
         /// Current spend rate, $/h.
@@ -141,6 +150,10 @@ impl std::fmt::Display for Reason {
             Reason::MakeRoom { held_jobs, limit } => write!(
                 f,
                 "idle, fits none of the {held_jobs} job(s) held at max workers {limit}: room made"
+            ),
+            Reason::MakeRoomForLanes { held_jobs, limit } => write!(
+                f,
+                "idle, while the fleet's max workers {limit} holds {held_jobs} job(s) of other lanes: room made"
             ),
             Reason::BudgetBreaker {
                 spend_usd_per_h,

@@ -97,6 +97,9 @@ fn raw_worker() -> impl Strategy<Value = RawWorker> {
 #[derive(Debug, Clone)]
 struct Limits {
     two_lanes: bool,
+    /// With two lanes, every job in the first: the second's idle workers match none (the fleet's
+    /// cap holding the first lane's jobs makes room there).
+    jobs_in_first: bool,
     max_total: u32,
     lane_max: [u32; 2],
     quotas: Vec<Option<u32>>,
@@ -149,6 +152,9 @@ fn limits() -> impl Strategy<Value = Limits> {
                 (jobs_per_worker, activation, band, mode, warm, min_runtime, delay, count_delayed),
             )| Limits {
                 two_lanes,
+                // A quarter of the cases, from a draw made anyway (a draw of its own would shift
+                // every case after it).
+                jobs_in_first: b % 4 == 0,
                 max_total,
                 lane_max: [a, b],
                 quotas,
@@ -256,7 +262,7 @@ fn build(l: Limits, raw_jobs: Vec<RawJob>, raw_workers: Vec<RawWorker>, world: R
         .map(
             |(i, (ls, p, t, gpus, instances, mem, runtime, deadline, age))| PendingJob {
                 id: format!("j{i}"),
-                lane: ls as usize % nl,
+                lane: if l.jobs_in_first { 0 } else { ls as usize % nl },
                 project: PROJECTS[p as usize].into(),
                 job_type: TYPES.get(t as usize).map(|s| s.to_string()),
                 gpus_per_instance: gpus,
@@ -511,6 +517,36 @@ fn check_invariants(c: &Case, plan: &Plan) -> Result<(), TestCaseError> {
                             })
                             .count() as u32;
                         prop_assert!(made <= *held_jobs, "{made} released for {held_jobs} held jobs");
+                    }
+                    Reason::MakeRoomForLanes { held_jobs, limit } => {
+                        // Only while the fleet's cap holds that many jobs (of lanes with room of
+                        // their own), one worker per held job at most, the places the other
+                        // releases freed counted first.
+                        prop_assert!(!breaker);
+                        prop_assert_eq!(*limit, cfg.limits.max_workers_total);
+                        let at_fleet_cap: u32 = plan
+                            .held
+                            .iter()
+                            .filter(|h| h.reason == Reason::MaxWorkers { limit: *limit })
+                            .map(|h| h.count)
+                            .sum();
+                        prop_assert!(
+                            *held_jobs > 0 && *held_jobs <= at_fleet_cap && *held_jobs <= c.jobs.len() as u32,
+                            "{reason:?}: {at_fleet_cap} held at the fleet's cap, {} queued",
+                            c.jobs.len()
+                        );
+                        let freed = plan
+                            .actions
+                            .iter()
+                            .filter(|a| match a {
+                                Action::Terminate { worker, .. } | Action::Stop { worker, .. } => {
+                                    by_id.get(worker.as_str()).is_some_and(|x| x.state == WorkerState::Idle)
+                                }
+                                Action::CancelLaunch { .. } => true,
+                                _ => false,
+                            })
+                            .count() as u32;
+                        prop_assert!(freed <= *held_jobs, "{freed} released for {held_jobs} held jobs");
                     }
                     r => prop_assert!(false, "terminate with reason {r:?}"),
                 }
@@ -821,6 +857,7 @@ fn generator_reaches_every_branch() {
                     Reason::BudgetBreaker { .. } => "terminate breaker",
                     Reason::StoppedKeepAliveExpired { .. } => "terminate stopped",
                     Reason::MakeRoom { .. } => "terminate make-room",
+                    Reason::MakeRoomForLanes { .. } => "terminate make-room lanes",
                     _ => "terminate other",
                 },
                 Action::CancelLaunch { .. } => "cancel",
@@ -852,6 +889,7 @@ fn generator_reaches_every_branch() {
         "terminate breaker",
         "terminate stopped",
         "terminate make-room",
+        "terminate make-room lanes",
         "cancel",
         "stop",
         "start",

@@ -535,6 +535,92 @@ fn max_workers_total_is_shared_by_lane_priority() {
 }
 
 #[test]
+fn idle_workers_of_one_lane_make_room_for_jobs_the_fleet_cap_holds_in_another() {
+    // Lane a: one running 1-GPU worker and queued 1-GPU jobs; lane b: idle 1-GPU workers (idle
+    // for the given seconds, launched `age` seconds ago) and nothing queued. The fleet's cap is
+    // every live worker, so lane a's jobs are held at it unless lane a's own cap holds them first.
+    // (lane a's cap, fleet cap, lane b's idle seconds, age, min_runtime_s, queued in a,
+    //  expected released, of them made room for)
+    type Row = (
+        u32,
+        u32,
+        &'static [f64],
+        f64,
+        f64,
+        usize,
+        &'static [&'static str],
+        usize,
+    );
+    let rows: &[Row] = &[
+        // One job held at the fleet's cap: the longest idle of lane b goes, the other stays.
+        (8, 3, &[5.0, 50.0], 3600.0, 0.0, 1, &["b1"], 1),
+        // Two held: both go.
+        (8, 3, &[5.0, 50.0], 3600.0, 0.0, 2, &["b0", "b1"], 2),
+        // Lane a's own cap holds them (1 worker, the running one): lane b's release would not
+        // let them launch, so nothing goes.
+        (1, 3, &[5.0, 50.0], 3600.0, 0.0, 2, &[], 0),
+        // Lane a's cap lets one more launch beyond the fleet's room: one goes for 3 held.
+        (2, 3, &[5.0, 50.0], 3600.0, 0.0, 3, &["b1"], 1),
+        // Room under the fleet's cap: lane a launches, nothing is released.
+        (8, 8, &[5.0, 50.0], 3600.0, 0.0, 2, &[], 0),
+        // Nothing queued: nothing held.
+        (8, 3, &[5.0, 50.0], 3600.0, 0.0, 0, &[], 0),
+        // Within the minimum run time: kept.
+        (8, 3, &[5.0, 50.0], 100.0, 600.0, 2, &[], 0),
+        // A worker past its keep-alive goes anyway: that room is the held job's, and the other
+        // stays.
+        (8, 3, &[5.0, 100_000.0], 3600.0, 0.0, 1, &["b1"], 0),
+    ];
+    for &(cap_a, total, idle_for, age, min_runtime, queued, want, made) in rows {
+        let mut cfg = two_lanes(cap_a, 8, total);
+        cfg.anti_thrash.min_runtime_s = min_runtime;
+        let mut ws = vec![running("r0")];
+        for (i, s) in idle_for.iter().enumerate() {
+            let mut w = worker(
+                &format!("b{i}"),
+                10 + i as u64,
+                WorkerState::Idle,
+                1,
+                NOW - age,
+                Some(NOW - s),
+            );
+            w.lane = 1;
+            ws.push(w);
+        }
+        let mut w = World::new(jobs("a", queued), ws);
+        w.lanes = vec![lane(queued as u32, 1), lane(0, 0)];
+        let plan = w.decide(&cfg, NOW);
+        let row =
+            format!("caps {cap_a}/{total}, idle {idle_for:?}, age {age}, min runtime {min_runtime}, queued {queued}");
+        let mut released = terminated(&plan);
+        released.sort_unstable();
+        assert_eq!(released, want, "{row}: {plan:#?}");
+        let fleet_held = held_count(&plan, |r| matches!(r, Reason::MaxWorkers { limit } if *limit == total));
+        let for_lanes: Vec<&Reason> = plan
+            .actions
+            .iter()
+            .map(Action::reason)
+            .filter(|r| matches!(r, Reason::MakeRoomForLanes { .. }))
+            .collect();
+        assert_eq!(for_lanes.len(), made, "{row}: {plan:#?}");
+        for r in for_lanes {
+            assert_eq!(
+                r,
+                &Reason::MakeRoomForLanes {
+                    held_jobs: (cap_a - 1).min(fleet_held),
+                    limit: total
+                },
+                "{row}"
+            );
+        }
+        if made > 0 {
+            // The room is made, not taken in the same decision: the cap still holds.
+            assert_eq!(plan.launches(), 0, "{row}: {plan:#?}");
+        }
+    }
+}
+
+#[test]
 fn a_full_fleet_holds_every_project_s_jobs_left_with_fair_share_up_to_the_limit() {
     // Three projects of 4 jobs each and room for 5 workers: 2 + 2 + 1 launched by fair share, the
     // other 7 held in one entry for the fleet's limit, whichever project they are of.

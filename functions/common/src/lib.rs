@@ -435,7 +435,7 @@ where
             return Ok(serde_json::json!({ "skipped": "lease held by another invocation" }));
         };
         for a in &report.plan.actions {
-            tracing::info!(action = ?action_name(a), reason = %a.reason(), "decision");
+            tracing::info!(action = ?action_name(a), on = %action_target(a, &s.policy), reason = %a.reason(), "decision");
         }
         for e in report.errors.iter().chain(&report.acted.errors) {
             tracing::warn!(error = %e, "reconcile");
@@ -566,6 +566,29 @@ pub fn idle_gpus(workers: &[onoff_control::ports::WorkerRecord], offerings: &[Of
         })
         .map(f64::from)
         .sum()
+}
+
+/// What an action acts on, for its log line: the lane, count and offering of a launch or start,
+/// the worker of the others.
+fn action_target(a: &Action, policy: &PolicyConfig) -> String {
+    let lane = |l: usize| policy.lanes.get(l).map_or("?", |c| c.name.as_str());
+    match a {
+        Action::Launch {
+            lane: l,
+            offering,
+            count,
+            ..
+        } => format!("lane {}: {count} x {offering}", lane(*l)),
+        Action::Start {
+            worker,
+            lane: l,
+            offering,
+            ..
+        } => format!("lane {}: {worker} ({offering})", lane(*l)),
+        Action::Terminate { worker, .. } | Action::CancelLaunch { worker, .. } | Action::Stop { worker, .. } => {
+            worker.clone()
+        }
+    }
 }
 
 fn action_name(a: &Action) -> &'static str {

@@ -19,7 +19,9 @@
 //!    never busy ones, never within the delay after a scale-up or the minimum run time; booting
 //!    workers nothing needs are cancelled. A released worker is stopped where
 //!    `scale_down.stop_idle` covers it (kept stopped for its place in line, then terminated),
-//!    else terminated.
+//!    else terminated. Jobs a worker cap holds make room first: the lane's idle workers none of
+//!    them fits go (`make_room`), and, for jobs only the fleet's cap holds, idle workers of any
+//!    lane, once the lanes' own releases are counted (`make_room_for_lanes`).
 
 mod fleet;
 mod matching;
@@ -29,7 +31,7 @@ mod warm;
 
 use crate::choice::RankMemo;
 use crate::config::PolicyConfig;
-use crate::observation::{Observation, PendingJob};
+use crate::observation::{Observation, PendingJob, WorkerView};
 use crate::plan::{LanePlan, Plan};
 
 /// A class of free capacity in a lane: workers with the same GPUs, memory and capacity type.
@@ -97,6 +99,15 @@ pub fn decide_with_memo<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64,
     scale_up::scale_up(obs, cfg, now, unmet, &mut fleet, &mut plan, memo);
     // Jobs the worker caps held, per lane, before the warm phase adds its own wants held at them.
     let capped = scale_down::held_at_cap(&plan, nl);
+    // Of them, those only the fleet's cap holds: any lane's idle worker makes room for them.
+    let fleet_held = if nl > 1 {
+        scale_down::held_at_fleet_cap(cfg, &fleet, &capped)
+    } else {
+        0
+    };
+    let across = fleet_held > 0 && fleet.breaker.is_none();
+    let mut kept: Vec<&WorkerView> = Vec::new();
+    let released_from = plan.actions.len();
     for (lane, lane_plan) in lanes.iter_mut().enumerate() {
         let warm = warm::warm_capacity(obs, cfg, now, lane, &mut fleet, &mut plan, memo);
         lane_plan.warm_target = warm.target();
@@ -108,10 +119,15 @@ pub fn decide_with_memo<'a>(obs: &Observation<'a>, cfg: &PolicyConfig, now: f64,
             &warm,
             queue_empty[lane],
             capped[lane],
+            across.then_some(&mut kept),
             &mut fleet,
             &mut plan,
             memo,
         );
+    }
+    if across {
+        let freed = scale_down::released_live(&plan.actions[released_from..]);
+        scale_down::make_room_for_lanes(obs, cfg, fleet_held, freed, kept, &mut fleet.stopped, &mut plan, memo);
     }
     plan.lanes = lanes;
     plan

@@ -257,6 +257,94 @@ pub(crate) fn held_at_cap(plan: &Plan, lanes: usize) -> smallvec::SmallVec<[(u32
     capped
 }
 
+/// The jobs, over all lanes, that only the fleet's cap (`limits.max_workers_total`) holds back
+/// after scale-up: per lane with jobs held at a cap ([`held_at_cap`]), as many as its own cap
+/// would still let launch beyond the fleet's room. A worker of any lane released makes room for
+/// them; a lane at its own cap gains nothing from another lane's release.
+pub(crate) fn held_at_fleet_cap(cfg: &PolicyConfig, fleet: &Fleet<'_>, capped: &[(u32, u32)]) -> u32 {
+    let total_room = cfg.limits.max_workers_total.saturating_sub(fleet.live_total);
+    capped
+        .iter()
+        .zip(&cfg.lanes)
+        .zip(&fleet.lane_live)
+        .map(|((&(held, _), lc), &live)| {
+            let lane_room = lc.max_workers.saturating_sub(live);
+            if lane_room > total_room {
+                held.min(lane_room - total_room)
+            } else {
+                0
+            }
+        })
+        .sum()
+}
+
+/// Live workers `actions` release (idle ones stopped or terminated, booting ones cancelled), each
+/// a place under the worker caps; a stopped worker's termination frees none.
+pub(crate) fn released_live(actions: &[Action]) -> u32 {
+    actions
+        .iter()
+        .filter(|a| match a {
+            Action::Terminate { reason, .. } => !matches!(reason, Reason::StoppedKeepAliveExpired { .. }),
+            Action::Stop { .. } | Action::CancelLaunch { .. } => true,
+            Action::Launch { .. } | Action::Start { .. } => false,
+        })
+        .count() as u32
+}
+
+/// Release idle workers of any lane for the jobs of other lanes only the fleet's cap holds
+/// (`held_jobs`, [`held_at_fleet_cap`]): the places the lanes' scale-down already freed
+/// (`freed`, [`released_live`]) go to them first, then up to the rest of `kept` (the idle
+/// workers nobody matched that scale-down kept, past `anti_thrash.min_runtime_s`, any lane)
+/// go, the longest idle first, whatever their keep-alive or warm-pool place, as within a lane
+/// ([`make_room`]). A stopped worker's stopped keep-alive is priced as the first of its line
+/// (the lines of this decision's other stops are not carried over: a longer keep at most).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn make_room_for_lanes(
+    obs: &Observation<'_>,
+    cfg: &PolicyConfig,
+    held_jobs: u32,
+    freed: u32,
+    mut kept: Vec<&WorkerView>,
+    stopped: &mut Stopped<'_>,
+    plan: &mut Plan,
+    memo: &mut RankMemo,
+) {
+    let left = held_jobs.saturating_sub(freed) as usize;
+    if left == 0 {
+        return;
+    }
+    kept.sort_by(|a, b| {
+        a.idle_since
+            .unwrap_or(f64::INFINITY)
+            .total_cmp(&b.idle_since.unwrap_or(f64::INFINITY))
+            .then(a.seq.cmp(&b.seq))
+    });
+    let mut lines: Vec<(LaneId, smallvec::SmallVec<[StopLine; 4]>)> = Vec::new();
+    for w in kept.into_iter().take(left) {
+        let li = match lines.iter().position(|(l, _)| *l == w.lane) {
+            Some(i) => i,
+            None => {
+                lines.push((w.lane, smallvec::SmallVec::new()));
+                lines.len() - 1
+            }
+        };
+        let reason = Reason::MakeRoomForLanes {
+            held_jobs,
+            limit: cfg.limits.max_workers_total,
+        };
+        plan.actions.push(release(
+            obs,
+            cfg,
+            w.lane,
+            &mut *stopped,
+            &mut lines[li].1,
+            w,
+            reason,
+            memo,
+        ));
+    }
+}
+
 /// Release idle workers of `lane` that hold the room its capped jobs wait for: while the lane's
 /// or the fleet's worker cap holds `held` of the lane's jobs back (`limit`, [`held_at_cap`]), up
 /// to `held` of `idle` (the lane's idle workers nobody matched: none of its queued jobs fits them,
@@ -304,20 +392,23 @@ fn make_room<'a>(
 /// or while the backlog is over `scale_down_max_backlog`. Booting workers are cancelled only when
 /// the lane has no queued job at all (`queue_empty`), the warm pool's share excepted. First,
 /// while the caps hold jobs of the lane (`capped`, [`held_at_cap`]), idle workers none of them
-/// fits make room ([`make_room`]).
+/// fits make room ([`make_room`]). With `kept`, the idle workers nobody matched that stay, past
+/// `anti_thrash.min_runtime_s`, are added to it (for [`make_room_for_lanes`]).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn scale_down(
-    obs: &Observation<'_>,
+pub(crate) fn scale_down<'a>(
+    obs: &Observation<'a>,
     cfg: &PolicyConfig,
     now: f64,
     lane: LaneId,
     warm: &Warm,
     queue_empty: bool,
     capped: (u32, u32),
-    fleet: &mut Fleet<'_>,
+    kept: Option<&mut Vec<&'a WorkerView>>,
+    fleet: &mut Fleet<'a>,
     plan: &mut Plan,
     memo: &mut RankMemo,
 ) {
+    let past_min_runtime = |w: &WorkerView| now - w.launched_at >= cfg.anti_thrash.min_runtime_s;
     let oc = &cfg.offers;
     let running_ends = fleet.running_ends;
     let lane_obs = obs.lanes.get(lane);
@@ -371,8 +462,12 @@ pub(crate) fn scale_down(
     if now - fleet.last_launch[lane] < cfg.anti_thrash.scale_down_delay_after_scale_up_s
         || backlog > cfg.anti_thrash.scale_down_max_backlog
     {
+        if let Some(kept) = kept {
+            kept.extend(idle_free.iter().copied().filter(|w| past_min_runtime(w)));
+        }
         return;
     }
+    let loop_start = plan.actions.len();
     // The most recently idle workers form the warm pool; the others are in line behind them,
     // per GPU count, for the keep-alive.
     let mut held: smallvec::SmallVec<[u32; 8]> = smallvec::smallvec![0u32; warm.shapes.len()];
@@ -503,6 +598,21 @@ pub(crate) fn scale_down(
             plan.actions
                 .push(release(obs, cfg, lane, &mut *stopped, &mut stop_lines, w, reason, memo));
         }
+    }
+    if let Some(kept) = kept {
+        let gone: Vec<&str> = plan.actions[loop_start..]
+            .iter()
+            .filter_map(|a| match a {
+                Action::Terminate { worker, .. } | Action::Stop { worker, .. } => Some(worker.as_str()),
+                _ => None,
+            })
+            .collect();
+        kept.extend(
+            idle_free
+                .iter()
+                .copied()
+                .filter(|w| past_min_runtime(w) && !gone.contains(&w.id.as_str())),
+        );
     }
     // Booting workers nothing needs: only when the lane has no queued job at all.
     if queue_empty && free_pending > 0 {
