@@ -359,47 +359,27 @@ fn a_local_run_with_spot_on_create_fleet_is_denied_nothing() {
     let policy = policy.replacen("[scale_down]\n", "[scale_down]\nstop_idle = \"on-demand\"\n", 1);
     let policy_file = run_dir.join("policy.toml");
     std::fs::write(&policy_file, policy).expect("policy written");
-    let out = Command::new(env!("CARGO_BIN_EXE_onoff"))
-        .args(["local", "--moto-server", &moto])
-        .args([
-            "--json",
-            "--quiet",
-            "--jobs",
-            "8",
-            "--compress",
-            "60",
-            "--max-job-s",
-            "12",
-            "--spot-notices",
-            "2",
-            "--kill-workers",
-            "1",
-            "--seed",
-            "5",
-            "--timeout-s",
-            "300",
-            "--drain-s",
-            "60",
-            "--policy",
-        ])
-        .arg(&policy_file)
-        .arg("--run-dir")
-        .arg(run_dir.join("run"))
-        .output()
-        .expect("onoff runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    let args = [
+        "--jobs",
+        "8",
+        "--max-job-s",
+        "12",
+        "--spot-notices",
+        "2",
+        "--kill-workers",
+        "1",
+        "--seed",
+        "5",
+        "--policy",
+        policy_file.to_str().expect("utf-8 path"),
+    ];
+    let (v, out) = run_local(&moto, &args, &run_dir.join("run"));
     let n = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} missing in {v}"));
     assert_eq!(n("jobs_succeeded"), 8.0, "every job succeeds: {v}");
     assert_eq!((n("jobs_lost"), n("duplicate_completions")), (0.0, 0.0), "{v}");
     assert!(n("spot_notices_sent") >= 1.0, "a spot worker ended at a notice: {v}");
     assert_eq!(n("instances_stopped"), 0.0, "spot workers are not stopped: {v}");
-    assert_eq!(n("access_denied"), 0.0, "refused calls: {}", v["denied_calls"]);
-    let check = &v["policy_check"];
-    assert_eq!(check["denied"], 0, "denied by the template's policies: {check}");
-    assert_eq!(n("instances_left_running"), 0.0, "{v}");
-    assert!(out.status.success(), "exit status {:?}; stderr:\n{stderr}", out.status);
+    assert_clean_end(&v, &out);
     let _ = std::fs::remove_dir_all(&run_dir);
 }
 
@@ -414,37 +394,22 @@ fn a_local_run_with_two_lanes_runs_each_job_on_its_own_lanes_workers() {
         .expect("ONOFF_MOTO_SERVER is not set: run the tests with scripts/test.sh, which installs moto server");
     let run_dir = std::env::temp_dir().join(format!("onoff-local-lanes-{}", std::process::id()));
     let policy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/local-lanes.toml");
-    let out = Command::new(env!("CARGO_BIN_EXE_onoff"))
-        .args(["local", "--moto-server", &moto])
-        .args([
-            "--json",
-            "--quiet",
-            "--jobs",
-            "10",
-            "--compress",
-            "60",
-            "--max-job-s",
-            "10",
-            "--spot-notices",
-            "2",
-            "--kill-workers",
-            "0",
-            "--seed",
-            "7",
-            "--timeout-s",
-            "300",
-            "--drain-s",
-            "60",
-            "--policy",
-        ])
-        .arg(&policy)
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .output()
-        .expect("onoff runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    let policy = policy.to_str().expect("utf-8 path");
+    let args = [
+        "--jobs",
+        "10",
+        "--max-job-s",
+        "10",
+        "--spot-notices",
+        "2",
+        "--kill-workers",
+        "0",
+        "--seed",
+        "7",
+        "--policy",
+        policy,
+    ];
+    let (v, out) = run_local(&moto, &args, &run_dir);
     eprintln!("{v:#}");
     let n = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} missing in {v}"));
     assert_eq!(n("jobs_succeeded"), 10.0, "every job succeeds: {v}");
@@ -463,10 +428,51 @@ fn a_local_run_with_two_lanes_runs_each_job_on_its_own_lanes_workers() {
     }
     assert!(n("attempts") >= 10.0, "{v}");
     assert_eq!(n("attempts_off_lane"), 0.0, "a job ran on another lane's worker: {v}");
-    assert_eq!(n("access_denied"), 0.0, "refused calls: {}", v["denied_calls"]);
+    assert_clean_end(&v, &out);
+    let _ = std::fs::remove_dir_all(&run_dir);
+}
+
+/// `onoff local` on `moto` with `args` besides the ones every such run here takes (`--json`,
+/// `--quiet`, a compression of 60, a 300 s timeout and a 60 s drain, `run_dir`): its JSON report
+/// and its output.
+fn run_local(moto: &str, args: &[&str], run_dir: &std::path::Path) -> (serde_json::Value, std::process::Output) {
+    let out = Command::new(env!("CARGO_BIN_EXE_onoff"))
+        .args(["local", "--moto-server", moto])
+        .args([
+            "--json",
+            "--quiet",
+            "--compress",
+            "60",
+            "--timeout-s",
+            "300",
+            "--drain-s",
+            "60",
+        ])
+        .args(args)
+        .arg("--run-dir")
+        .arg(run_dir)
+        .output()
+        .expect("onoff runs");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}); stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (v, out)
+}
+
+/// How every run must end: no call refused by IAM or denied by the template's policies, no
+/// instance left running, exit status 0.
+fn assert_clean_end(v: &serde_json::Value, out: &std::process::Output) {
+    assert_eq!(v["access_denied"], 0, "refused calls: {}", v["denied_calls"]);
     let check = &v["policy_check"];
     assert_eq!(check["denied"], 0, "denied by the template's policies: {check}");
-    assert_eq!(n("instances_left_running"), 0.0, "{v}");
-    assert!(out.status.success(), "exit status {:?}; stderr:\n{stderr}", out.status);
-    let _ = std::fs::remove_dir_all(&run_dir);
+    assert_eq!(v["instances_left_running"], 0, "{v}");
+    assert!(
+        out.status.success(),
+        "exit status {:?}; stderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
