@@ -756,6 +756,50 @@ fn a_job_verb_refuses_what_is_not_a_job_id_before_it_connects() {
     }
 }
 
+/// `onoff local --policy` with a lane template.yaml gives no queue is refused before the emulator
+/// starts (the moto server named here does not exist), naming the template's lanes: under the
+/// template's policies every call on that lane's queue would be denied.
+#[cfg(feature = "local")]
+#[test]
+fn a_local_run_refuses_a_policy_lane_the_template_has_no_queue_for() {
+    let dir = std::env::temp_dir().join(format!("onoff-lane-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lanes = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/local-lanes.toml");
+    let policy = dir.join("gpu-lane.toml");
+    let text = std::fs::read_to_string(lanes)
+        .unwrap()
+        .replace("\"express\"", "\"gpu\"");
+    std::fs::write(&policy, text).unwrap();
+    let args = |p: &std::path::Path| {
+        onoff(&[
+            "local",
+            "--policy",
+            p.to_str().unwrap(),
+            "--agent-bin",
+            env!("CARGO_BIN_EXE_onoff"),
+            "--moto-server",
+            "/nonexistent/moto_server",
+            "--run-dir",
+            dir.join("run").to_str().unwrap(),
+            "--quiet",
+        ])
+    };
+    let out = args(&policy);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("policy lane \"gpu\" has no queue in template.yaml")
+            && err.contains("express (ExpressQueue), standard (StandardQueue)"),
+        "{err}"
+    );
+    // The shipped two-lane policy passes the check and reaches the emulator's start.
+    let out = args(std::path::Path::new(lanes));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("has no queue"), "{err}");
+    assert!(err.contains("/nonexistent/moto_server"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// `--undeclared-runtimes` replays the items without their run times: the table and a sweep say
 /// so in their first line, `--json` carries it, and on the shipped ten minutes of Azure items
 /// onoff launches more and costs more than with the run times declared (each undeclared item

@@ -558,6 +558,58 @@ pub fn function_async_config(template: &str, p: Principal) -> Result<AsyncInvoke
     Ok(c)
 }
 
+/// The lanes the template gives a queue, in its order: each as (lane, the queue's logical id),
+/// from `p`'s `ONOFF_QUEUE_URLS` (its own environment variable, else `Globals.Function`'s), a
+/// `!Sub` of `lane=${QueueLogicalId}` pairs joined by commas. A policy lane without one has no
+/// queue on AWS (the functions refuse to start) and none the template's policies grant.
+///
+/// # Errors
+/// `p` has no function, the template is not YAML, it sets no `ONOFF_QUEUE_URLS`, or the value is
+/// not such a `!Sub`.
+pub fn lane_queues(template: &str, p: Principal) -> Result<Vec<(String, String)>, Error> {
+    let t: Y = serde_yaml::from_str(template)?;
+    let (logical_id, function) = function_resource(&t, p)?;
+    let var = |env: Option<&Y>| {
+        env.and_then(|e| e.get("Variables"))
+            .and_then(|v| v.get("ONOFF_QUEUE_URLS"))
+            .cloned()
+    };
+    let value = var(function.get("Properties").and_then(|p| p.get("Environment")))
+        .or_else(|| {
+            var(t
+                .get("Globals")
+                .and_then(|g| g.get("Function"))
+                .and_then(|f| f.get("Environment")))
+        })
+        .ok_or_else(|| Error::Shape(format!("{logical_id}: no ONOFF_QUEUE_URLS")))?;
+    let text = match &value {
+        Y::Tagged(tagged) if tagged.tag == "Sub" => tagged.value.as_str(),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        Error::Shape(format!(
+            "{logical_id}: ONOFF_QUEUE_URLS {value:?} is not a !Sub of text"
+        ))
+    })?;
+    text.split(',')
+        .map(|pair| {
+            pair.trim()
+                .split_once('=')
+                .and_then(|(lane, queue)| {
+                    let queue = queue.strip_prefix("${")?.strip_suffix('}')?;
+                    let plain =
+                        |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+                    (plain(lane) && plain(queue)).then(|| (lane.to_string(), queue.to_string()))
+                })
+                .ok_or_else(|| {
+                    Error::Shape(format!(
+                        "{logical_id}: ONOFF_QUEUE_URLS pair {pair:?} is not lane=${{QueueLogicalId}}"
+                    ))
+                })
+        })
+        .collect()
+}
+
 /// The logical id of the queue `p`'s function sends the events it failed on to (its
 /// `DeadLetterQueue`, else `Globals.Function`'s, of `Type: SQS` and `TargetArn: !GetAtt X.Arn`);
 /// `None` when it has none (Lambda then discards them).
@@ -783,6 +835,52 @@ mod tests {
             function_timeout_s(r, Principal::Submit).is_err(),
             "a !Ref is not a number"
         );
+    }
+
+    #[test]
+    fn the_lanes_with_queues_are_the_functions_queue_urls_else_the_globals() {
+        let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter().map(|(a, b)| ((*a).to_string(), (*b).to_string())).collect()
+        };
+        for p in [
+            Principal::Scaler,
+            Principal::Reconciler,
+            Principal::Interruption,
+            Principal::Submit,
+        ] {
+            assert_eq!(
+                lane_queues(TEMPLATE, p).unwrap(),
+                pairs(&[("express", "ExpressQueue"), ("standard", "StandardQueue")]),
+                "{}",
+                p.as_str()
+            );
+        }
+        let t = "Globals:\n  Function:\n    Environment:\n      Variables:\n        ONOFF_QUEUE_URLS: !Sub \"a=${AQueue}\"\nResources:\n  ScalerFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      Environment:\n        Variables:\n          ONOFF_QUEUE_URLS: !Sub \"gpu-big=${BigQueue}, batch_1=${Q1}\"\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      Environment:\n        Variables:\n          OTHER: x\n";
+        assert_eq!(
+            lane_queues(t, Principal::Scaler).unwrap(),
+            pairs(&[("gpu-big", "BigQueue"), ("batch_1", "Q1")])
+        );
+        assert_eq!(lane_queues(t, Principal::Submit).unwrap(), pairs(&[("a", "AQueue")]));
+        let with = |value: &str| {
+            format!("Resources:\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      Environment:\n        Variables:\n          ONOFF_QUEUE_URLS: {value}\n")
+        };
+        for bad in [
+            "\"a=http://q/a\"",
+            "!Sub \"a=http://q/a\"",
+            "!Sub \"a=${AQueue},b\"",
+            "!Sub \"=${AQueue}\"",
+            "!Sub \"a=${AQueue.Arn}\"",
+            "!Sub [\"a=${Q}\", {Q: !Ref AQueue}]",
+        ] {
+            let err = lane_queues(&with(bad), Principal::Submit).unwrap_err().to_string();
+            assert!(err.contains("SubmitFunction: ONOFF_QUEUE_URLS"), "{bad}: {err}");
+        }
+        let none = "Resources:\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n";
+        assert!(lane_queues(none, Principal::Submit)
+            .unwrap_err()
+            .to_string()
+            .contains("no ONOFF_QUEUE_URLS"));
+        assert!(lane_queues(TEMPLATE, Principal::Worker).is_err(), "no function");
     }
 
     #[test]

@@ -223,16 +223,23 @@ pub const LOCAL_IMAGE: &str = "onoff-local";
 
 /// The local stand-ins for the deployment's names, as `onoff_iam` resolves the template with:
 /// the resources `onoff_aws::provision` created under `prefix` (the stack name), the roles this
-/// module creates (`<prefix>-<principal>`), moto's account and us-east-1.
-#[must_use]
-pub fn local_stack(prefix: &str, account: &str, res: &onoff_aws::settings::Resources) -> onoff_iam::Stack {
+/// module creates (`<prefix>-<principal>`), moto's account and us-east-1. Each lane queue of the
+/// template ([`onoff_iam::lane_queues`]) stands for the queue of the lane of that name.
+///
+/// # Errors
+/// The template's lane queues cannot be read ([`onoff_iam::lane_queues`]).
+pub fn local_stack(
+    prefix: &str,
+    account: &str,
+    res: &onoff_aws::settings::Resources,
+) -> Result<onoff_iam::Stack, onoff_iam::Error> {
     let region = "us-east-1";
     let mut refs = std::collections::BTreeMap::new();
     let mut atts = std::collections::BTreeMap::new();
     let queue_arn = |name: &str| format!("arn:aws:sqs:{region}:{account}:{name}");
-    for (logical, lane) in [("ExpressQueue", "express"), ("StandardQueue", "standard")] {
+    for (lane, logical) in onoff_iam::lane_queues(onoff_iam::TEMPLATE, onoff_iam::Principal::Scaler)? {
         let url = res
-            .queue_url(lane)
+            .queue_url(&lane)
             .map_or_else(|| format!("http://localhost/{account}/{prefix}-{lane}"), str::to_string);
         let name = url.rsplit('/').next().unwrap_or_default().to_string();
         atts.insert(format!("{logical}.Arn"), queue_arn(&name));
@@ -301,7 +308,7 @@ pub fn local_stack(prefix: &str, account: &str, res: &onoff_aws::settings::Resou
     );
     params.insert("WorkerVpcId".into(), "vpc-local".into());
     params.insert("WorkerImageUri".into(), LOCAL_IMAGE.into());
-    onoff_iam::Stack {
+    Ok(onoff_iam::Stack {
         partition: "aws".into(),
         region: region.into(),
         account: account.into(),
@@ -309,7 +316,7 @@ pub fn local_stack(prefix: &str, account: &str, res: &onoff_aws::settings::Resou
         refs,
         atts,
         params,
-    }
+    })
 }
 
 /// The sessions of a local run: one per function, one for the agents (the worker role), the

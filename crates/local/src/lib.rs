@@ -560,6 +560,48 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The run's policy: `--policy`'s file, else [`LOCAL_POLICY`].
+fn load_policy(opts: &LocalOptions) -> anyhow::Result<PolicyConfig> {
+    let text = match &opts.policy {
+        Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading policy {}", p.display()))?,
+        None => LOCAL_POLICY.to_string(),
+    };
+    PolicyConfig::from_toml_str(&text).context("policy")
+}
+
+/// Every lane of `policy` is one `template` (the template's lanes and their queues' logical ids,
+/// [`onoff_iam::lane_queues`]) gives a queue. A local run enforces the template's policies, which
+/// grant the functions and workers the queues of those lanes only: another lane's queue would be
+/// created, then every call on it denied. (Deployed, the functions refuse to start on such a
+/// lane: `ONOFF_QUEUE_URLS` names no queue for it.)
+///
+/// # Errors
+/// A lane without one, naming it, the template's lanes and the ways out.
+pub fn lanes_have_template_queues(policy: &PolicyConfig, template: &[(String, String)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = policy
+        .lanes
+        .iter()
+        .map(|l| l.name.as_str())
+        .filter(|l| !template.iter().any(|(t, _)| t == l))
+        .collect();
+    anyhow::ensure!(
+        missing.is_empty(),
+        "policy lane{} {} ha{} no queue in template.yaml (its ONOFF_QUEUE_URLS gives lanes {}): a local \
+         run enforces the template's IAM policies, which grant only those lanes' queues. Name the \
+         policy's lanes after them, add the lane's queue to template.yaml (and to ONOFF_QUEUE_URLS \
+         in Globals and the worker's user data), or run with --no-iam",
+        if missing.len() == 1 { "" } else { "s" },
+        missing.iter().map(|l| format!("{l:?}")).collect::<Vec<_>>().join(", "),
+        if missing.len() == 1 { "s" } else { "ve" },
+        template
+            .iter()
+            .map(|(l, q)| format!("{l} ({q})"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    Ok(())
+}
+
 /// Run it: start (or reach) the emulator, create the resources, replay, inject faults, drain,
 /// clean up. `on_progress` is called about twice a second. Ctrl-C (SIGINT) or SIGTERM ends the
 /// run early: the cleanup still stops every process and terminates every instance, and the report
@@ -578,6 +620,13 @@ pub async fn run_local(opts: &LocalOptions, mut on_progress: impl FnMut(&Progres
     // The functions' metric lines go to a file: stdout is the report's.
     let metrics = std::fs::File::create(run_dir.join("control-plane-metrics.log"))?;
     onoff_control::emf::redirect(Box::new(metrics));
+    // A policy the run would refuse later is refused before the emulator starts.
+    let policy = load_policy(opts)?;
+    if opts.iam {
+        let template = onoff_iam::lane_queues(onoff_iam::TEMPLATE, onoff_iam::Principal::Scaler)
+            .context("template.yaml's lane queues")?;
+        lanes_have_template_queues(&policy, &template)?;
+    }
 
     let mut moto = match &opts.endpoint {
         Some(e) => Moto::existing(e),
@@ -590,7 +639,7 @@ pub async fn run_local(opts: &LocalOptions, mut on_progress: impl FnMut(&Progres
             Moto::start(&program, &run_dir.join("moto.log")).await?
         }
     };
-    let result = run_with(opts, &run_dir, &moto.endpoint, started, &mut on_progress).await;
+    let result = run_with(opts, policy, &run_dir, &moto.endpoint, started, &mut on_progress).await;
     moto.stop().await;
     result
 }
@@ -598,6 +647,7 @@ pub async fn run_local(opts: &LocalOptions, mut on_progress: impl FnMut(&Progres
 #[allow(clippy::too_many_lines)]
 async fn run_with(
     opts: &LocalOptions,
+    mut policy: PolicyConfig,
     run_dir: &std::path::Path,
     endpoint: &str,
     started: Instant,
@@ -632,11 +682,6 @@ async fn run_with(
     };
 
     // Policy and resources.
-    let policy_text = match &opts.policy {
-        Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading policy {}", p.display()))?,
-        None => LOCAL_POLICY.to_string(),
-    };
-    let mut policy = PolicyConfig::from_toml_str(&policy_text).context("policy")?;
     if let Some(m) = opts.max_workers {
         policy.limits.max_workers_total = m;
         for l in &mut policy.lanes {
@@ -715,7 +760,7 @@ async fn run_with(
             .map_err(|e| anyhow::anyhow!("sts GetCallerIdentity: {}", aws_sdk_s3::error::DisplayErrorContext(e)))?
             .account
             .unwrap_or_default();
-        let stack = iam::local_stack(&prefix, &account, &res);
+        let stack = iam::local_stack(&prefix, &account, &res).context("template.yaml's lane queues")?;
         let s = iam::setup(endpoint, &stack)
             .await
             .context("IAM setup in the emulator")?;
@@ -2303,5 +2348,38 @@ mod container_tests {
         assert_eq!(u64::from_str_radix(&field("CapEff:"), 16).unwrap(), 0xeb, "{text}");
         assert_eq!(u64::from_str_radix(&field("CapBnd:"), 16).unwrap(), 0xeb, "{text}");
         assert_eq!(field("NoNewPrivs:"), "1", "{text}");
+    }
+}
+
+#[cfg(test)]
+mod policy_tests {
+    use super::*;
+
+    /// A policy lane the template gives no queue is refused, named with the template's lanes;
+    /// the shipped local policies pass.
+    #[test]
+    fn policy_lanes_without_a_template_queue_are_refused() {
+        let template = onoff_iam::lane_queues(onoff_iam::TEMPLATE, onoff_iam::Principal::Scaler).unwrap();
+        let lanes_toml = include_str!("../../../examples/local-lanes.toml");
+        for text in [LOCAL_POLICY, lanes_toml] {
+            let policy = PolicyConfig::from_toml_str(text).unwrap();
+            lanes_have_template_queues(&policy, &template).unwrap();
+        }
+        let one = PolicyConfig::from_toml_str(&lanes_toml.replace("\"express\"", "\"gpu\"")).unwrap();
+        let err = lanes_have_template_queues(&one, &template).unwrap_err().to_string();
+        assert!(
+            err.starts_with("policy lane \"gpu\" has no queue in template.yaml")
+                && err.contains("gives lanes express (ExpressQueue), standard (StandardQueue)")
+                && err.contains("--no-iam"),
+            "{err}"
+        );
+        let two = PolicyConfig::from_toml_str(
+            &lanes_toml
+                .replace("\"express\"", "\"gpu\"")
+                .replace("\"standard\"", "\"cpu\""),
+        )
+        .unwrap();
+        let err = lanes_have_template_queues(&two, &template).unwrap_err().to_string();
+        assert!(err.starts_with("policy lanes \"gpu\", \"cpu\" have no queue"), "{err}");
     }
 }

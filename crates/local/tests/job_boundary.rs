@@ -79,7 +79,7 @@ async fn provisioned(
     .await
     .expect("provision")
     .resources;
-    let stack = onoff_local::iam::local_stack(&prefix, "123456789012", &res);
+    let stack = onoff_local::iam::local_stack(&prefix, "123456789012", &res).expect("the template's lane queues");
     (moto, setup, res, stack)
 }
 
