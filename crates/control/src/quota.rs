@@ -270,6 +270,57 @@ pub fn without_full_quotas(
     (kept.len() < offerings.len()).then_some(kept)
 }
 
+/// Launches of one lane and shape (queued jobs', or its warm pool's) the decision held for want of
+/// any offering (`Reason::NoOffering`) while full vCPU quotas had left offerings that could take
+/// them out of the run's catalogue ([`without_full_quotas`]): the quotas to raise, not a job to
+/// fix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockedByQuotas {
+    /// The lane's name.
+    pub lane: String,
+    /// GPUs per instance asked for.
+    pub gpus: u32,
+    /// GPU memory per GPU asked for, GiB.
+    pub min_gpu_memory_gib: f64,
+    /// Jobs (or warm-pool workers) held.
+    pub held: u32,
+    /// The full quotas behind it, each once.
+    pub quotas: Vec<QuotaMark>,
+}
+
+impl std::fmt::Display for BlockedByQuotas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "lane {}: {} held for want of an offering of {} GPU(s) per instance, a full vCPU quota leaving out every one: ",
+            self.lane, self.held, self.gpus
+        )?;
+        for (i, m) in self.quotas.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            f.write_str(&m.bucket.advice(m.capacity, m.vcpus))?;
+        }
+        Ok(())
+    }
+}
+
+/// The marks of `marks` behind `left_out` (offerings [`without_full_quotas`] left out of the
+/// catalogue) holding an offering `eligible` says a job could otherwise run on: each mark once,
+/// in `marks`' order. Empty when no such offering was left out, so the job's lack of one has
+/// another cause (its GPUs, the lane's capacity types, a price or type filter).
+pub fn quotas_behind<'a>(
+    marks: &'a [QuotaMark],
+    left_out: &[&Offering],
+    eligible: impl Fn(&Offering) -> bool,
+) -> Vec<&'a QuotaMark> {
+    let runnable: Vec<&&Offering> = left_out.iter().filter(|o| eligible(o)).collect();
+    marks
+        .iter()
+        .filter(|m| runnable.iter().any(|o| m.covers(&o.key, o.vcpus)))
+        .collect()
+}
+
 /// The vCPUs a quota mark's ceiling counts as held in each bucket and capacity type: those of
 /// `live` (this deployment's live workers' offerings, in every state the registry lists: a
 /// stopped or terminating one is counted too, so a ceiling errs high, towards trying), each

@@ -36,7 +36,7 @@ use crate::ports::{
     wake, ArrivalStatsStore, Backlog, Fleet, FleetInstance, FleetLister, JobQueue, JobRecord, JobStore,
     OfferingAvailability, StoreError, WorkerRecord, WorkerRegistry, MAX_ASKED_JOBS,
 };
-use crate::quota::{without_full_quotas, QuotaMark};
+use crate::quota::{quotas_behind, without_full_quotas, BlockedByQuotas, QuotaMark};
 
 /// Reconcile settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -146,6 +146,10 @@ pub struct ReconcileReport {
     /// mean of the lane's last jobs to finish, [`onoff_policy::RecentRunTimes`]; before 5 have,
     /// the lane's `default_runtime_s` if it has one).
     pub run_time_estimates: Vec<(String, f64)>,
+    /// Jobs the decision held for want of any offering where full vCPU quotas had left offerings
+    /// that could run them out of the catalogue ([`blocked_by_quotas`]): waiting on the operator
+    /// (the handlers log each with the quota to raise), not on capacity.
+    pub blocked_by_quotas: Vec<BlockedByQuotas>,
 }
 
 /// End the lease of a RUNNING job whose lease expired or whose worker is lost: QUEUED with a
@@ -401,6 +405,55 @@ async fn adopt<W: WorkerRegistry>(
     // decision counts the instance as booting either way.
     workers.register_launch(record.clone()).await?;
     Ok(Unknown::Adopted(Box::new(record)))
+}
+
+/// The plan's holds for want of any offering (`Reason::NoOffering`) that full quotas explain: for
+/// each such hold, the marks of `marks` that left out of the catalogue (`all` less `kept`) an
+/// offering the lane's jobs of that many GPUs could otherwise run on (its capacity types, the
+/// GPU fit and the configured filters, `onoff_policy::choice::eligible`; availability aside: a
+/// refused launch also marks its offering unavailable for a while). Holds no left-out offering
+/// explains are not listed.
+pub fn blocked_by_quotas(
+    plan: &Plan,
+    cfg: &PolicyConfig,
+    all: &[Offering],
+    kept: &[Offering],
+    marks: &[QuotaMark],
+) -> Vec<BlockedByQuotas> {
+    let left_out: Vec<&Offering> = all.iter().filter(|o| !kept.iter().any(|k| k.key == o.key)).collect();
+    plan.held
+        .iter()
+        .filter_map(|h| {
+            let onoff_policy::Reason::NoOffering {
+                gpus,
+                min_gpu_memory_gib,
+            } = h.reason
+            else {
+                return None;
+            };
+            let lane = cfg.lanes.get(h.lane)?;
+            let req = onoff_policy::choice::Request {
+                gpus,
+                min_mem_gib: min_gpu_memory_gib,
+                capacity: lane.capacity,
+                instances: 1,
+                runtime_s: 0.0,
+            };
+            let quotas: Vec<QuotaMark> = quotas_behind(marks, &left_out, |o| {
+                onoff_policy::choice::eligible(o, &req, &cfg.offers, &[], 0.0)
+            })
+            .into_iter()
+            .copied()
+            .collect();
+            (!quotas.is_empty()).then(|| BlockedByQuotas {
+                lane: lane.name.clone(),
+                gpus,
+                min_gpu_memory_gib,
+                held: h.count,
+                quotas,
+            })
+        })
+        .collect()
 }
 
 /// A worker's price, $/h: as registered; for a worker its agent registered itself, with price
@@ -862,6 +915,9 @@ where
         fleet: None,
     };
     report.plan = decide(&obs, cfg, now);
+    if choice.is_some() {
+        report.blocked_by_quotas = blocked_by_quotas(&report.plan, cfg, offerings, offerings_now, &quotas_full);
+    }
     let ctx = ActContext {
         cfg,
         offerings: offerings_now,

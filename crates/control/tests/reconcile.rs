@@ -1188,6 +1188,114 @@ fn a_type_a_spot_quota_can_never_fit_runs_on_demand_while_our_workers_hold_the_q
     assert_eq!(big_launches(CapacityType::Spot), spot_tries, "{:?}", w.fleet.calls());
 }
 
+/// An on-demand lane whose 8-GPU jobs no on-demand quota of the account can hold (stop 68's
+/// two-lane run: a 96-vCPU on-demand G quota, an 8-GPU express job, g5.48xlarge's 192 vCPUs):
+/// after the refused launch, the job is held for want of any offering, and the report says the
+/// quota is why, with its code, so the handlers' log names the quota to raise. A 1-GPU job of the
+/// same lane runs; an 8-GPU job no offering fits for its own asks (GPU memory) is not put on the
+/// quota.
+#[test]
+fn a_job_only_a_full_quota_keeps_from_every_offering_is_reported_with_the_quota() {
+    use onoff_control::quota::{BlockedByQuotas, QuotaBucket, QuotaMark};
+    let lane = |name: &str, capacity| LaneConfig {
+        name: name.into(),
+        capacity,
+        predictive_max: 0,
+        ..LaneConfig::default()
+    };
+    let w = World {
+        cfg: PolicyConfig {
+            lanes: vec![
+                lane("express", onoff_policy::CapacityPreference::OnDemand),
+                lane("standard", onoff_policy::CapacityPreference::SpotFirst),
+            ],
+            ..cfg()
+        },
+        ..World::new()
+    };
+    let small = offerings();
+    let mut offs = Vec::new();
+    for capacity_type in [CapacityType::Spot, CapacityType::OnDemand] {
+        for (instance_type, gpus, vcpus) in [("g5.xlarge", 1, 4), ("g5.48xlarge", 8, 192)] {
+            offs.push(Offering {
+                key: OfferingKey {
+                    instance_type: instance_type.into(),
+                    zone: "us-east-1a".into(),
+                    capacity_type,
+                },
+                gpus,
+                vcpus,
+                price_usd_per_h: f64::from(gpus) * if capacity_type == CapacityType::Spot { 0.4 } else { 1.0 },
+                ..small[0].clone()
+            });
+        }
+    }
+    w.fleet
+        .set_vcpu_quota(QuotaBucket::GAndVt, CapacityType::OnDemand, 96, &offs);
+    let express = |token: &str, extra: &str, at: f64| {
+        let spec = format!(
+            r#"{{"image":"i","command":["x"],"project":"p","client_token":"{token}","lane":"express"{extra}}}"#
+        );
+        let src = Source::Sqs {
+            message_id: format!("m-{token}"),
+        };
+        pollster::block_on(submit(&spec, &src, &["express", "standard"], at, &w.jobs, &w.queue)).unwrap();
+    };
+    express("big", r#","gpus":8"#, NOW);
+    let r = w.reconcile_with(&offs, NOW + 1.0, false);
+    assert!(r.acted.launched.is_empty(), "{r:?}");
+    assert_eq!(
+        r.acted.quotas_full,
+        ["Running On-Demand G and VT instances (L-DB2E81BA)"]
+    );
+    assert!(
+        r.blocked_by_quotas.is_empty(),
+        "the run's catalogue still had it: {r:?}"
+    );
+
+    express("small", "", NOW + 30.0);
+    express("roomy", r#","gpus":8,"min_gpu_memory_gib":40"#, NOW + 30.0);
+    let r = w.reconcile_with(&offs, NOW + 60.0, false);
+    let launched: Vec<&OfferingKey> = r.acted.launched.iter().map(|l| &l.launched.offering).collect();
+    assert_eq!(launched, [&offs[2].key], "the 1-GPU job on on-demand g5.xlarge: {r:?}");
+    let mark = QuotaMark {
+        bucket: QuotaBucket::GAndVt,
+        capacity: CapacityType::OnDemand,
+        vcpus: 192,
+        until: NOW + 1.0 + w.cfg.offers.unavailable_ttl_s,
+        ceiling: Some(192),
+    };
+    assert_eq!(
+        r.blocked_by_quotas,
+        [BlockedByQuotas {
+            lane: "express".into(),
+            gpus: 8,
+            min_gpu_memory_gib: w.cfg.offers.min_gpu_memory_gib,
+            held: 1,
+            quotas: vec![mark],
+        }],
+        "{:?}",
+        r.plan.held
+    );
+    let said = r.blocked_by_quotas[0].to_string();
+    assert!(
+        said.starts_with("lane express: 1 held for want of an offering of 8 GPU(s) per instance, a full vCPU quota leaving out every one: ")
+            && said.contains("\"Running On-Demand G and VT instances\" (L-DB2E81BA)")
+            && said.contains("--quota-code L-DB2E81BA"),
+        "{said}"
+    );
+    // The 8-GPU job asking 40 GiB per GPU is held for want of an offering too, on its own
+    // account: no g5 has 40 GiB per GPU, left out or not.
+    let no_offering = r
+        .plan
+        .held
+        .iter()
+        .filter(|h| matches!(h.reason, onoff_policy::Reason::NoOffering { .. }))
+        .map(|h| h.count)
+        .sum::<u32>();
+    assert_eq!(no_offering, 2, "{:?}", r.plan.held);
+}
+
 #[test]
 fn an_idle_worker_is_stopped_kept_through_the_reaper_and_started_again_for_the_next_job() {
     let w = World::stopping();

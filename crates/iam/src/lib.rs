@@ -813,14 +813,17 @@ pub fn moto_projection(doc: &J) -> J {
 mod tests {
     use super::*;
 
+    /// The principals that run in a function.
+    const FUNCTIONS: [Principal; 4] = [
+        Principal::Scaler,
+        Principal::Reconciler,
+        Principal::Interruption,
+        Principal::Submit,
+    ];
+
     #[test]
     fn a_function_timeout_is_its_own_else_the_globals_else_lambdas_default() {
-        for p in [
-            Principal::Scaler,
-            Principal::Reconciler,
-            Principal::Interruption,
-            Principal::Submit,
-        ] {
+        for p in FUNCTIONS {
             assert_eq!(function_timeout_s(TEMPLATE, p).unwrap(), 60.0, "{}", p.as_str());
         }
         assert!(function_timeout_s(TEMPLATE, Principal::Worker).is_err());
@@ -842,12 +845,7 @@ mod tests {
         let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
             v.iter().map(|(a, b)| ((*a).to_string(), (*b).to_string())).collect()
         };
-        for p in [
-            Principal::Scaler,
-            Principal::Reconciler,
-            Principal::Interruption,
-            Principal::Submit,
-        ] {
+        for p in FUNCTIONS {
             assert_eq!(
                 lane_queues(TEMPLATE, p).unwrap(),
                 pairs(&[("express", "ExpressQueue"), ("standard", "StandardQueue")]),
@@ -887,18 +885,13 @@ mod tests {
     fn async_settings_are_the_functions_else_the_globals_else_lambdas_defaults() {
         // The shipped template: each function's own EventInvokeConfig, and the ages Lambda
         // keeps by default where it sets none (submit).
-        let got: Vec<(u32, u32)> = [
-            Principal::Scaler,
-            Principal::Reconciler,
-            Principal::Interruption,
-            Principal::Submit,
-        ]
-        .into_iter()
-        .map(|p| {
-            let c = function_async_config(TEMPLATE, p).unwrap();
-            (c.maximum_retry_attempts, c.maximum_event_age_s)
-        })
-        .collect();
+        let got: Vec<(u32, u32)> = FUNCTIONS
+            .into_iter()
+            .map(|p| {
+                let c = function_async_config(TEMPLATE, p).unwrap();
+                (c.maximum_retry_attempts, c.maximum_event_age_s)
+            })
+            .collect();
         assert_eq!(got, [(1, 300), (0, 120), (2, 3600), (2, 21_600)]);
         let t = "Globals:\n  Function:\n    EventInvokeConfig:\n      MaximumRetryAttempts: 1\nResources:\n  ScalerFunction:\n    Type: AWS::Serverless::Function\n    Properties:\n      EventInvokeConfig:\n        MaximumEventAgeInSeconds: 600\n  SubmitFunction:\n    Type: AWS::Serverless::Function\n";
         let scaler = function_async_config(t, Principal::Scaler).unwrap();
@@ -926,12 +919,7 @@ mod tests {
 
     #[test]
     fn every_function_sends_what_it_failed_on_to_the_failed_events_queue() {
-        for p in [
-            Principal::Scaler,
-            Principal::Reconciler,
-            Principal::Interruption,
-            Principal::Submit,
-        ] {
+        for p in FUNCTIONS {
             assert_eq!(
                 function_dead_letter_queue(TEMPLATE, p).unwrap().as_deref(),
                 Some("FailedEventsQueue"),

@@ -108,6 +108,8 @@ pub enum Reason {
     NoOffering {
         /// GPUs per instance asked for.
         gpus: u32,
+        /// GPU memory per GPU asked for, GiB (the job's or the config's floor, the larger).
+        min_gpu_memory_gib: f64,
     },
     /// Spot capacity for the job is unavailable, and on-demand would cost more than the job's
     /// wait is worth so far: it waits for spot (see `decide::scale_up::spot_only`).
@@ -170,7 +172,16 @@ impl std::fmt::Display for Reason {
                 write!(f, "project {project} at its quota of {max_gpus} GPUs")
             }
             Reason::JobTypeCap { job_type, cap } => write!(f, "job type {job_type} at its cap of {cap}"),
-            Reason::NoOffering { gpus } => write!(f, "no eligible offering with >= {gpus} GPUs"),
+            Reason::NoOffering {
+                gpus,
+                min_gpu_memory_gib,
+            } => {
+                write!(f, "no eligible offering with >= {gpus} GPUs")?;
+                if *min_gpu_memory_gib > 0.0 {
+                    write!(f, " of >= {min_gpu_memory_gib} GiB each")?;
+                }
+                Ok(())
+            }
             Reason::WaitingForSpot {
                 on_demand_premium_usd,
                 waited_s,

@@ -1226,7 +1226,7 @@ fn unavailable_offerings_fall_back_to_the_next_best() {
             Err(why) => {
                 assert!(got.is_empty(), "{unavail:?}");
                 let held = |r: &Reason| match r {
-                    Reason::NoOffering { gpus: 1 } => why == "no offering",
+                    Reason::NoOffering { gpus: 1, .. } => why == "no offering",
                     Reason::WaitingForCapacity { .. } => why == "waiting for capacity",
                     _ => false,
                 };

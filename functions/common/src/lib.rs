@@ -437,6 +437,16 @@ where
         for a in &report.plan.actions {
             tracing::info!(action = ?action_name(a), on = %action_target(a, &s.policy), reason = %a.reason(), "decision");
         }
+        // What the decision held back, and why: on AWS the function's answer (`summary`) goes
+        // nowhere for an asynchronous invocation, so this is where a job that waits is explained.
+        for h in &report.plan.held {
+            let lane = s.policy.lanes.get(h.lane).map_or("?", |c| c.name.as_str());
+            tracing::info!(lane, count = h.count, reason = %h.reason, "held");
+        }
+        // Jobs that wait on the operator: a full vCPU quota left out every offering they fit.
+        for b in &report.blocked_by_quotas {
+            tracing::warn!("{b}");
+        }
         for e in report.errors.iter().chain(&report.acted.errors) {
             tracing::warn!(error = %e, "reconcile");
         }
@@ -638,6 +648,7 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
         "quotas_full": r.acted.quotas_full,
         "unreadable": r.unreadable.iter().map(|(k, p)| format!("{k}: {p}")).collect::<Vec<_>>(),
         "held": r.plan.held.iter().map(|h| format!("{} x {}", h.count, h.reason)).collect::<Vec<_>>(),
+        "blocked_by_quotas": r.blocked_by_quotas.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "errors": r.errors.iter().chain(&r.acted.errors).collect::<Vec<_>>(),
         "asks_settled": r.asks_settled,
         "jobs_read_past_index": r.jobs_read_past_index,

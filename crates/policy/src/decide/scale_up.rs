@@ -424,6 +424,7 @@ fn scale_up_lane<'a>(
                 },
                 (None, None) => Reason::NoOffering {
                     gpus: job.gpus_per_instance,
+                    min_gpu_memory_gib: min_mem,
                 },
             };
             hold(reason, 1);

@@ -344,7 +344,10 @@ fn shape_capacity(
         plan.held.push(Held {
             lane,
             count: n,
-            reason: Reason::NoOffering { gpus },
+            reason: Reason::NoOffering {
+                gpus,
+                min_gpu_memory_gib: req.min_mem_gib,
+            },
         });
         n = 0;
     }
