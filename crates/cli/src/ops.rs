@@ -38,6 +38,7 @@ use onoff_aws::jobs::{record_from_item, DynamoJobs};
 use onoff_aws::settings::Clients;
 use onoff_control::job::{job_id_for, JobSpec, JobState, OutputsRecord};
 use onoff_control::ports::{CancelOutcome, JobRecord, JobStore};
+use onoff_control::reconcile::JobOfferings;
 use onoff_control::submit::{Admission, Rules};
 use onoff_policy::CapacityType;
 
@@ -284,6 +285,26 @@ impl Ops {
             .map_err(|e| anyhow::anyhow!("{e}"))?
             .with_context(|| format!("no job {id}"))
     }
+
+    /// [`onoff_control::reconcile::offerings_for`] a pending job of `spec`: the stack's policy
+    /// and catalogue, the control table's marks. `Err` with the reason when the marks cannot be
+    /// read (`onoff status` says so and goes on).
+    async fn job_offerings(&self, spec: &JobSpec, now: f64) -> std::result::Result<Option<JobOfferings>, String> {
+        let ctx = onoff_fn_common::ctx_from_clients(self.settings.clone(), &self.clients);
+        let marks = ctx
+            .avail
+            .unavailable(now)
+            .await
+            .map_err(|e| format!("reading the control table's marks: {e}"))?;
+        Ok(onoff_control::reconcile::offerings_for(
+            spec,
+            &self.settings.policy,
+            &self.settings.offerings,
+            marks,
+            self.settings.reconcile.max_gpus_per_instance,
+            now,
+        ))
+    }
 }
 
 fn now() -> f64 {
@@ -300,6 +321,49 @@ fn exit_column(code: Option<i32>, signal: Option<i32>) -> String {
         }
         (None, None) => "-".into(),
     }
+}
+
+/// `onoff status`'s lines on a waiting job's offerings ([`JobOfferings`]): how many its lane may
+/// launch for it and how many are free; each full vCPU quota among them with the command that
+/// raises it; and, when none is free, that it waits on those, not on its turn.
+fn offerings_lines(o: &JobOfferings, lane: &str) -> Vec<String> {
+    if o.eligible == 0 {
+        return vec![format!(
+            "offerings  none of the catalogue's offerings lane {lane} may launch fits it ({} GPU(s) per instance): it waits until the policy or the catalogue changes",
+            o.gpus_per_instance
+        )];
+    }
+    let mut head = format!(
+        "offerings  {} lane {lane} may launch for it ({} GPU(s) per instance), {} free",
+        o.eligible,
+        o.gpus_per_instance,
+        o.free()
+    );
+    if o.in_full_quotas > 0 {
+        head.push_str(&format!(", {} in a full vCPU quota", o.in_full_quotas));
+    }
+    if let Some(t) = o.capacity_errors_until {
+        head.push_str(&format!(
+            ", {} skipped after a capacity error (until {})",
+            o.after_capacity_errors,
+            when(t)
+        ));
+    }
+    let mut out = vec![head];
+    if o.free() == 0 {
+        out.push(
+            if o.in_full_quotas > 0 {
+                "waiting    on the quota below, not on its turn: it launches once the quota has room (raised, or freed by other instances)"
+            } else {
+                "waiting    on EC2 capacity: the skips end, and the launch is tried again"
+            }
+            .to_string(),
+        );
+    }
+    for m in &o.quotas {
+        out.push(format!("quota      {}", m.bucket.advice(m.capacity, m.vcpus)));
+    }
+    out
 }
 
 fn when(t: f64) -> String {
@@ -805,8 +869,30 @@ pub async fn status(a: StatusArgs) -> Result<()> {
     let ops = Ops::connect(&a.target).await?;
     let r = ops.job(&a.job).await?;
     let now = now();
+    // A waiting job: where the offerings its lane may launch for it stand (full quotas, capacity
+    // errors), as the control plane's marks say.
+    let offerings = if r.state.is_pending() {
+        Some(ops.job_offerings(&r.spec, now).await)
+    } else {
+        None
+    };
     if ops.json {
         let mut v = row_json(&r, now);
+        if let Some(o) = &offerings {
+            v["offerings"] = match o {
+                Ok(Some(o)) => serde_json::json!({
+                    "gpus_per_instance": o.gpus_per_instance,
+                    "eligible": o.eligible,
+                    "free": o.free(),
+                    "in_full_quotas": o.in_full_quotas,
+                    "quotas": o.quotas.iter().map(|m| m.bucket.advice(m.capacity, m.vcpus)).collect::<Vec<_>>(),
+                    "after_capacity_errors": o.after_capacity_errors,
+                    "capacity_errors_until": o.capacity_errors_until,
+                }),
+                Ok(None) => serde_json::json!({ "error": format!("the stack's policy has no lane {:?}", r.spec.lane) }),
+                Err(e) => serde_json::json!({ "error": e }),
+            };
+        }
         v["spec"] = serde_json::to_value(&r.spec)?;
         v["sent_at"] = r.sent_at.into();
         v["attempt_log"] = serde_json::to_value(&r.attempt_log)?;
@@ -850,6 +936,19 @@ pub async fn status(a: StatusArgs) -> Result<()> {
         match r.sent_at {
             Some(t) => println!("wake-up    message sent {}", when(t)),
             None => println!("wake-up    no message sent yet: the reconciler's next run sends one"),
+        }
+        match &offerings {
+            Some(Ok(Some(o))) => {
+                for line in offerings_lines(o, &r.spec.lane) {
+                    println!("{line}");
+                }
+            }
+            Some(Ok(None)) => println!(
+                "offerings  the stack's policy has no lane {:?}: no worker is launched for it",
+                r.spec.lane
+            ),
+            Some(Err(e)) => println!("offerings  not known: {e}"),
+            None => {}
         }
     }
     println!(
@@ -1417,6 +1516,65 @@ pub async fn cost(a: CostArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::{log_page_step, put_source, LogStep};
+
+    /// `onoff status` on a waiting job: a quota that keeps every offering says the job waits on
+    /// it, with the command; capacity errors say when the skips end; a job with free offerings
+    /// gets the count only.
+    #[test]
+    fn a_waiting_job_is_told_what_its_offerings_wait_on() {
+        use onoff_control::quota::{QuotaBucket, QuotaMark};
+        use onoff_control::reconcile::JobOfferings;
+        use onoff_policy::CapacityType;
+        let quota = QuotaMark {
+            bucket: QuotaBucket::GAndVt,
+            capacity: CapacityType::OnDemand,
+            vcpus: 192,
+            until: 0.0,
+            ceiling: Some(192),
+        };
+        let o = JobOfferings {
+            gpus_per_instance: 8,
+            eligible: 3,
+            in_full_quotas: 3,
+            quotas: vec![quota],
+            after_capacity_errors: 0,
+            capacity_errors_until: None,
+        };
+        let lines = super::offerings_lines(&o, "express");
+        assert_eq!(
+            lines[0],
+            "offerings  3 lane express may launch for it (8 GPU(s) per instance), 0 free, 3 in a full vCPU quota"
+        );
+        assert!(lines[1].starts_with("waiting    on the quota below"), "{lines:?}");
+        assert!(
+            lines[2].starts_with(
+                "quota      the account's vCPU quota \"Running On-Demand G and VT instances\" (L-DB2E81BA)"
+            ) && lines[2].contains("--quota-code L-DB2E81BA"),
+            "{lines:?}"
+        );
+        let skipped = JobOfferings {
+            in_full_quotas: 0,
+            quotas: Vec::new(),
+            after_capacity_errors: 3,
+            capacity_errors_until: Some(1_700_000_000.0),
+            ..o.clone()
+        };
+        let lines = super::offerings_lines(&skipped, "express");
+        assert!(
+            lines[0].ends_with("0 free, 3 skipped after a capacity error (until 2023-11-14 22:13:20Z)"),
+            "{lines:?}"
+        );
+        assert!(lines[1].starts_with("waiting    on EC2 capacity"), "{lines:?}");
+        let free = JobOfferings {
+            after_capacity_errors: 1,
+            ..skipped
+        };
+        let lines = super::offerings_lines(&free, "standard");
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains("3 lane standard may launch for it (8 GPU(s) per instance), 2 free"));
+        let none = JobOfferings { eligible: 0, ..o };
+        assert!(super::offerings_lines(&none, "express")[0].contains("none of the catalogue's offerings"));
+    }
 
     #[derive(clap::Parser)]
     struct Submit {

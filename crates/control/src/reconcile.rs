@@ -407,6 +407,84 @@ async fn adopt<W: WorkerRegistry>(
     Ok(Unknown::Adopted(Box::new(record)))
 }
 
+/// Where the offerings a pending job could be launched on stand, by the control plane's stored
+/// marks ([`offerings_for`]): what `onoff status` tells of a job that waits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobOfferings {
+    /// GPUs per instance the job is launched with (its shape, as the reconciler computes it).
+    pub gpus_per_instance: u32,
+    /// Offerings its lane may launch for it: the lane's capacity types, the GPU fit and memory,
+    /// the configured type, price and interruption filters.
+    pub eligible: usize,
+    /// Of those, the ones in a vCPU quota found full, and the marks that cover them (each once).
+    pub in_full_quotas: usize,
+    /// The full quotas.
+    pub quotas: Vec<QuotaMark>,
+    /// Of the rest, the ones skipped after a capacity error.
+    pub after_capacity_errors: usize,
+    /// When the last of those skips ends, unix seconds.
+    pub capacity_errors_until: Option<f64>,
+}
+
+impl JobOfferings {
+    /// Offerings neither in a full quota nor skipped: what a launch may take now.
+    pub fn free(&self) -> usize {
+        self.eligible
+            .saturating_sub(self.in_full_quotas + self.after_capacity_errors)
+    }
+}
+
+/// [`JobOfferings`] of a pending job of `spec` at `now`: `offerings` the catalogue, `marks` the
+/// control table's unavailable offerings and quota marks as stored
+/// ([`OfferingAvailability::list_unavailable`]), `max_gpus_per_instance` the reconciler's
+/// ([`ReconcileOptions::max_gpus_per_instance`]). `None` when `cfg` has no lane of the job's.
+pub fn offerings_for(
+    spec: &JobSpec,
+    cfg: &PolicyConfig,
+    offerings: &[Offering],
+    marks: Vec<onoff_policy::UnavailableOffering>,
+    max_gpus_per_instance: u32,
+    now: f64,
+) -> Option<JobOfferings> {
+    let lane = cfg.lanes.get(cfg.lane_index(&spec.lane)?)?;
+    let (gpus, _) = shape(&mut Vec::new(), spec, max_gpus_per_instance, offerings, cfg);
+    let req = onoff_policy::choice::Request {
+        gpus,
+        min_mem_gib: spec.min_gpu_memory_gib.max(cfg.offers.min_gpu_memory_gib),
+        capacity: lane.capacity,
+        instances: 1,
+        runtime_s: 0.0,
+    };
+    let (quotas, unavailable) = QuotaMark::split(marks.into_iter().filter(|m| m.until > now).collect());
+    let eligible: Vec<&Offering> = offerings
+        .iter()
+        .filter(|o| onoff_policy::choice::eligible(o, &req, &cfg.offers, &[], now))
+        .collect();
+    let mut out = JobOfferings {
+        gpus_per_instance: gpus,
+        eligible: eligible.len(),
+        in_full_quotas: 0,
+        quotas: Vec::new(),
+        after_capacity_errors: 0,
+        capacity_errors_until: None,
+    };
+    for o in eligible {
+        let covering: Vec<&QuotaMark> = quotas.iter().filter(|m| m.covers(&o.key, o.vcpus)).collect();
+        if !covering.is_empty() {
+            out.in_full_quotas += 1;
+            for m in covering {
+                if !out.quotas.contains(m) {
+                    out.quotas.push(*m);
+                }
+            }
+        } else if let Some(u) = unavailable.iter().find(|u| u.key == o.key) {
+            out.after_capacity_errors += 1;
+            out.capacity_errors_until = Some(out.capacity_errors_until.map_or(u.until, |t: f64| t.max(u.until)));
+        }
+    }
+    Some(out)
+}
+
 /// The plan's holds for want of any offering (`Reason::NoOffering`) that full quotas explain: for
 /// each such hold, the marks of `marks` that left out of the catalogue (`all` less `kept`) an
 /// offering the lane's jobs of that many GPUs could otherwise run on (its capacity types, the

@@ -1296,6 +1296,104 @@ fn a_job_only_a_full_quota_keeps_from_every_offering_is_reported_with_the_quota(
     assert_eq!(no_offering, 2, "{:?}", r.plan.held);
 }
 
+/// What `onoff status` tells of a waiting job: the offerings its lane may launch for it, and of
+/// those the ones in a full vCPU quota (with the quota) or skipped after a capacity error (until
+/// when), from the marks as the control table stores them; lapsed marks count for nothing.
+#[test]
+fn a_waiting_jobs_offerings_are_told_apart_by_the_stored_marks() {
+    use onoff_control::quota::{QuotaBucket, QuotaMark};
+    use onoff_control::reconcile::offerings_for;
+    use onoff_policy::UnavailableOffering;
+    let mut cfg = cfg();
+    cfg.lanes = vec![LaneConfig {
+        name: "express".into(),
+        capacity: onoff_policy::CapacityPreference::OnDemand,
+        ..LaneConfig::default()
+    }];
+    let mut offs = Vec::new();
+    for zone in ["us-east-1a", "us-east-1b"] {
+        for capacity_type in [CapacityType::Spot, CapacityType::OnDemand] {
+            for (instance_type, gpus, vcpus) in [("g5.xlarge", 1, 4), ("g5.48xlarge", 8, 192)] {
+                offs.push(Offering {
+                    key: OfferingKey {
+                        instance_type: instance_type.into(),
+                        zone: zone.into(),
+                        capacity_type,
+                    },
+                    gpus,
+                    vcpus,
+                    ..offerings()[0].clone()
+                });
+            }
+        }
+    }
+    let quota = QuotaMark {
+        bucket: QuotaBucket::GAndVt,
+        capacity: CapacityType::OnDemand,
+        vcpus: 192,
+        until: NOW + 100.0,
+        ceiling: Some(192),
+    };
+    let od = |t: &str, z: &str| OfferingKey {
+        instance_type: t.into(),
+        zone: z.into(),
+        capacity_type: CapacityType::OnDemand,
+    };
+    let marks = vec![
+        UnavailableOffering {
+            key: quota.key(),
+            until: quota.until,
+        },
+        UnavailableOffering {
+            key: od("g5.xlarge", "us-east-1a"),
+            until: NOW + 50.0,
+        },
+        // Lapsed: counts for nothing.
+        UnavailableOffering {
+            key: od("g5.xlarge", "us-east-1b"),
+            until: NOW - 1.0,
+        },
+    ];
+    let spec = |extra: &str| -> onoff_control::job::JobSpec {
+        serde_json::from_str(&format!(
+            r#"{{"image":"i","command":["x"],"project":"p","lane":"express"{extra}}}"#
+        ))
+        .unwrap()
+    };
+    let big = offerings_for(&spec(r#","gpus":8"#), &cfg, &offs, marks.clone(), 8, NOW).unwrap();
+    assert_eq!(
+        (big.gpus_per_instance, big.eligible, big.in_full_quotas, big.free()),
+        (8, 2, 2, 0),
+        "{big:?}"
+    );
+    assert_eq!(big.quotas, [quota]);
+    // Sixteen GPUs: two 8-GPU instances, the same offerings.
+    let two = offerings_for(&spec(r#","gpus":16"#), &cfg, &offs, marks.clone(), 8, NOW).unwrap();
+    assert_eq!((two.gpus_per_instance, two.in_full_quotas), (8, 2));
+    let small = offerings_for(&spec(""), &cfg, &offs, marks.clone(), 8, NOW).unwrap();
+    assert_eq!(
+        (
+            small.eligible,
+            small.in_full_quotas,
+            small.after_capacity_errors,
+            small.free()
+        ),
+        (2, 0, 1, 1),
+        "the on-demand g5.xlarge of each zone, one skipped: {small:?}"
+    );
+    assert_eq!(small.capacity_errors_until, Some(NOW + 50.0));
+    assert!(small.quotas.is_empty());
+    // Once the marks lapse, everything is free.
+    let later = offerings_for(&spec(r#","gpus":8"#), &cfg, &offs, marks.clone(), 8, NOW + 200.0).unwrap();
+    assert_eq!((later.eligible, later.free()), (2, 2));
+    let mut other = spec("");
+    other.lane = "batch".into();
+    assert!(
+        offerings_for(&other, &cfg, &offs, marks, 8, NOW).is_none(),
+        "no such lane"
+    );
+}
+
 #[test]
 fn an_idle_worker_is_stopped_kept_through_the_reaper_and_started_again_for_the_next_job() {
     let w = World::stopping();
