@@ -234,6 +234,27 @@ fn the_operator_verbs_on_a_served_local_stack() {
     assert!(json(&stack, &["status", &waiting])["sent_at"].is_f64());
     let text = ok(&onoff(&stack, &["status", &waiting]));
     assert!(text.contains("wake-up    message sent"), "{text}");
+    // The offerings its lane may launch for it: on-demand ones free, the spot ones in the full
+    // G spot quota (read under `OperatorAccess` from the control table's marks). The mark was
+    // there before (`onoff workers` above); when it is still there after, it was there for the
+    // status too.
+    let offerings = json(&stack, &["status", &waiting])["offerings"].clone();
+    let (eligible, free) = (
+        offerings["eligible"].as_u64().unwrap_or(0),
+        offerings["free"].as_u64().unwrap_or(0),
+    );
+    assert!(eligible > 0 && free > 0 && free <= eligible, "{offerings}");
+    let still_full = json(&stack, &["workers"])["full_quotas"]
+        .as_array()
+        .is_some_and(|q| q.iter().any(|q| q["code"] == "L-3819A6DF"));
+    if still_full {
+        assert!(offerings["in_full_quotas"].as_u64().unwrap_or(0) > 0, "{offerings}");
+        assert!(offerings["quotas"].to_string().contains("L-3819A6DF"), "{offerings}");
+    }
+    assert!(
+        text.contains("offerings  ") && text.contains(" lane standard may launch for it"),
+        "{text}"
+    );
     let c = json(&stack, &["cancel", &waiting]);
     assert_eq!(c["outcome"], "cancelled", "{c}");
     assert_eq!(state(&stack, &waiting), "CANCELLED");
