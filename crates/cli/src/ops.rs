@@ -290,20 +290,33 @@ impl Ops {
     /// and catalogue, the control table's marks. `Err` with the reason when the marks cannot be
     /// read (`onoff status` says so and goes on).
     async fn job_offerings(&self, spec: &JobSpec, now: f64) -> std::result::Result<Option<JobOfferings>, String> {
-        let ctx = onoff_fn_common::ctx_from_clients(self.settings.clone(), &self.clients);
-        let marks = ctx
+        Ok(self.offerings_for(spec, self.marks(now).await?, now))
+    }
+
+    /// The control table's unavailable offerings and quota marks in force at `now`.
+    async fn marks(&self, now: f64) -> std::result::Result<Vec<onoff_policy::UnavailableOffering>, String> {
+        onoff_fn_common::ctx_from_clients(self.settings.clone(), &self.clients)
             .avail
             .unavailable(now)
             .await
-            .map_err(|e| format!("reading the control table's marks: {e}"))?;
-        Ok(onoff_control::reconcile::offerings_for(
+            .map_err(|e| format!("reading the control table's marks: {e}"))
+    }
+
+    /// [`onoff_control::reconcile::offerings_for`] with the stack's policy and catalogue.
+    fn offerings_for(
+        &self,
+        spec: &JobSpec,
+        marks: Vec<onoff_policy::UnavailableOffering>,
+        now: f64,
+    ) -> Option<JobOfferings> {
+        onoff_control::reconcile::offerings_for(
             spec,
             &self.settings.policy,
             &self.settings.offerings,
             marks,
             self.settings.reconcile.max_gpus_per_instance,
             now,
-        ))
+        )
     }
 }
 
@@ -321,6 +334,27 @@ fn exit_column(code: Option<i32>, signal: Option<i32>) -> String {
         }
         (None, None) => "-".into(),
     }
+}
+
+/// What a waiting job waits on besides its turn, in `onoff jobs`' reason column: `None` while an
+/// offering its lane may launch for it is free.
+fn waiting_on(o: &JobOfferings) -> Option<String> {
+    if o.eligible == 0 {
+        return Some("waits: no offering of its lane fits it".into());
+    }
+    if o.free() > 0 {
+        return None;
+    }
+    Some(match o.quotas.first() {
+        Some(m) => match m.bucket.code(m.capacity) {
+            Some(code) => format!("waits on a full vCPU quota ({code})"),
+            None => format!("waits on a full vCPU quota ({})", m.bucket.name(m.capacity)),
+        },
+        None => format!(
+            "waits on EC2 capacity (skips end {})",
+            o.capacity_errors_until.map_or_else(|| "-".into(), when)
+        ),
+    })
 }
 
 /// `onoff status`'s lines on a waiting job's offerings ([`JobOfferings`]): how many its lane may
@@ -808,8 +842,37 @@ pub async fn jobs(a: JobsArgs) -> Result<()> {
         .filter(|r| state.is_none_or(|s| r.state == s))
         .take(a.limit)
         .collect();
+    // What the waiting ones wait on, when it is not their turn (one read of the control table's
+    // marks for them all; none when no job waits).
+    let waiting_on: BTreeMap<&str, String> = if rows.iter().any(|r| r.state.is_pending()) {
+        match ops.marks(now).await {
+            Ok(marks) => rows
+                .iter()
+                .filter(|r| r.state.is_pending())
+                .filter_map(|r| {
+                    let o = ops.offerings_for(&r.spec, marks.clone(), now)?;
+                    Some((r.id.as_str(), waiting_on(&o)?))
+                })
+                .collect(),
+            Err(e) => {
+                eprintln!("onoff: what waiting jobs wait on is not shown: {e}");
+                BTreeMap::new()
+            }
+        }
+    } else {
+        BTreeMap::new()
+    };
     if ops.json {
-        let v: Vec<_> = rows.iter().map(|r| row_json(r, now)).collect();
+        let v: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let mut v = row_json(r, now);
+                if let Some(w) = waiting_on.get(r.id.as_str()) {
+                    v["waiting_on"] = w.clone().into();
+                }
+                v
+            })
+            .collect();
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
@@ -841,12 +904,24 @@ pub async fn jobs(a: JobsArgs) -> Result<()> {
             wait_s(r).map_or_else(|| "-".into(), span),
             span(run_s(r, now)),
             usd(r.cost_usd),
-            r.reason.clone().unwrap_or_default().chars().take(60).collect(),
+            r.reason
+                .clone()
+                .or_else(|| waiting_on.get(r.id.as_str()).cloned())
+                .unwrap_or_default()
+                .chars()
+                .take(60)
+                .collect(),
         ]);
     }
     println!("{t}");
     if rows.is_empty() {
         println!("no jobs");
+    }
+    if !waiting_on.is_empty() {
+        println!(
+            "{} waiting job(s) wait on more than their turn: `onoff status JOB` says what",
+            waiting_on.len()
+        );
     }
     Ok(())
 }
@@ -1567,13 +1642,30 @@ mod tests {
         assert!(lines[1].starts_with("waiting    on EC2 capacity"), "{lines:?}");
         let free = JobOfferings {
             after_capacity_errors: 1,
-            ..skipped
+            ..skipped.clone()
         };
         let lines = super::offerings_lines(&free, "standard");
         assert_eq!(lines.len(), 1, "{lines:?}");
         assert!(lines[0].contains("3 lane standard may launch for it (8 GPU(s) per instance), 2 free"));
-        let none = JobOfferings { eligible: 0, ..o };
+        let none = JobOfferings {
+            eligible: 0,
+            ..o.clone()
+        };
         assert!(super::offerings_lines(&none, "express")[0].contains("none of the catalogue's offerings"));
+        // `onoff jobs`' reason column.
+        assert_eq!(
+            super::waiting_on(&o).as_deref(),
+            Some("waits on a full vCPU quota (L-DB2E81BA)")
+        );
+        assert_eq!(
+            super::waiting_on(&skipped).as_deref(),
+            Some("waits on EC2 capacity (skips end 2023-11-14 22:13:20Z)")
+        );
+        assert_eq!(super::waiting_on(&free), None);
+        assert_eq!(
+            super::waiting_on(&none).as_deref(),
+            Some("waits: no offering of its lane fits it")
+        );
     }
 
     #[derive(clap::Parser)]
