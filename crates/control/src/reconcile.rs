@@ -434,6 +434,22 @@ impl JobOfferings {
     }
 }
 
+/// What [`onoff_policy::choice::eligible`] asks of an offering for one instance of `gpus` GPUs of
+/// `min_mem_gib` GiB each in a lane of `capacity` (run time and instance count do not enter it).
+fn launch_request(
+    gpus: u32,
+    min_mem_gib: f64,
+    capacity: onoff_policy::CapacityPreference,
+) -> onoff_policy::choice::Request {
+    onoff_policy::choice::Request {
+        gpus,
+        min_mem_gib,
+        capacity,
+        instances: 1,
+        runtime_s: 0.0,
+    }
+}
+
 /// [`JobOfferings`] of a pending job of `spec` at `now`: `offerings` the catalogue, `marks` the
 /// control table's unavailable offerings and quota marks as stored
 /// ([`OfferingAvailability::list_unavailable`]), `max_gpus_per_instance` the reconciler's
@@ -448,13 +464,11 @@ pub fn offerings_for(
 ) -> Option<JobOfferings> {
     let lane = cfg.lanes.get(cfg.lane_index(&spec.lane)?)?;
     let (gpus, _) = shape(&mut Vec::new(), spec, max_gpus_per_instance, offerings, cfg);
-    let req = onoff_policy::choice::Request {
+    let req = launch_request(
         gpus,
-        min_mem_gib: spec.min_gpu_memory_gib.max(cfg.offers.min_gpu_memory_gib),
-        capacity: lane.capacity,
-        instances: 1,
-        runtime_s: 0.0,
-    };
+        spec.min_gpu_memory_gib.max(cfg.offers.min_gpu_memory_gib),
+        lane.capacity,
+    );
     let (quotas, unavailable) = QuotaMark::split(marks.into_iter().filter(|m| m.until > now).collect());
     let eligible: Vec<&Offering> = offerings
         .iter()
@@ -510,13 +524,7 @@ pub fn blocked_by_quotas(
                 return None;
             };
             let lane = cfg.lanes.get(h.lane)?;
-            let req = onoff_policy::choice::Request {
-                gpus,
-                min_mem_gib: min_gpu_memory_gib,
-                capacity: lane.capacity,
-                instances: 1,
-                runtime_s: 0.0,
-            };
+            let req = launch_request(gpus, min_gpu_memory_gib, lane.capacity);
             let quotas: Vec<QuotaMark> = quotas_behind(marks, &left_out, |o| {
                 onoff_policy::choice::eligible(o, &req, &cfg.offers, &[], 0.0)
             })
