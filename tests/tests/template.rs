@@ -752,6 +752,10 @@ fn the_policy_the_parameters_assemble_parses_and_validates() {
         cfg.lanes.iter().all(|l| l.default_runtime_s.is_none()),
         "no lane's run-time prior by default"
     );
+    assert!(
+        cfg.lanes.iter().all(|l| l.quota_wait_limit_s.is_none()),
+        "no lane's quota wait limit by default: a blocked job waits for the quota"
+    );
 
     let (cfg, _) = render(&[
         ("MaxUsdPerHour", "250"),
@@ -762,6 +766,7 @@ fn the_policy_the_parameters_assemble_parses_and_validates() {
         ("Frozen", "true"),
         ("ExpressDefaultRuntimeSeconds", "5"),
         ("StandardDefaultRuntimeSeconds", "90.5"),
+        ("ExpressQuotaWaitLimitSeconds", "14400"),
     ]);
     assert_eq!(cfg.limits.max_usd_per_h, Some(250.0));
     assert_eq!(cfg.offers.max_price_usd_per_h, Some(4.5));
@@ -773,6 +778,8 @@ fn the_policy_the_parameters_assemble_parses_and_validates() {
     assert_eq!(standard.default_runtime_s, Some(90.5));
     let express = &cfg.lanes[cfg.lane_index("express").expect("express lane")];
     assert_eq!(express.default_runtime_s, Some(5.0));
+    assert_eq!(express.quota_wait_limit_s, Some(14_400.0));
+    assert_eq!(standard.quota_wait_limit_s, None);
 }
 
 // ---- triggers -----------------------------------------------------------------------------------
@@ -1779,6 +1786,8 @@ fn every_functions_environment_fits_lambdas_4_kb_with_the_longest_parameters() {
             ("MaxPriceUsdPerHour", "123.456789"),
             ("ExpressDefaultRuntimeSeconds", "86400.123456"),
             ("StandardDefaultRuntimeSeconds", "86400.123456"),
+            ("ExpressQuotaWaitLimitSeconds", "86400.123456"),
+            ("StandardQuotaWaitLimitSeconds", "86400.123456"),
         ],
     );
     for f in functions(&t) {

@@ -694,6 +694,53 @@ impl JobStore for DynamoJobs {
         Err(StoreError::Conflict(format!("{id} kept changing state; try again")))
     }
 
+    async fn fail_waiting(&self, seen: &JobRecord, reason: &str, now: f64) -> Result<bool, StoreError> {
+        let reason = bounded_reason(reason.to_string());
+        // As `seen` read the row: pending, and no attempt claimed, ended or handed back since
+        // (the attempt log is a list: `size` is its number of entries).
+        let log = if seen.attempt_log.is_empty() {
+            "(attribute_not_exists(attempt_log) OR size(attempt_log) = :n)"
+        } else {
+            "size(attempt_log) = :n"
+        };
+        let res = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("job_id", s(&seen.id))
+            .update_expression(
+                "SET #s = :failed, reason = :why, finished_at = :now, expires_at = :ttl \
+                 REMOVE active_lane, lease_owner, lease_expires_at",
+            )
+            .condition_expression(format!(
+                "(#s = :q OR #s = :r) AND attempts = :a AND hand_backs = :h AND lease_expiries = :x AND {log}"
+            ))
+            .expression_attribute_names("#s", "state")
+            .expression_attribute_values(":failed", s(JobState::Failed.as_str()))
+            .expression_attribute_values(":q", s(JobState::Queued.as_str()))
+            .expression_attribute_values(":r", s(JobState::Retrying.as_str()))
+            .expression_attribute_values(":a", n(f64::from(seen.attempts)))
+            .expression_attribute_values(":h", n(f64::from(seen.hand_backs)))
+            .expression_attribute_values(":x", n(f64::from(seen.lease_expiries)))
+            .expression_attribute_values(":n", n(seen.attempt_log.len() as f64))
+            .expression_attribute_values(":why", s(&reason))
+            .expression_attribute_values(":now", n(now))
+            .expression_attribute_values(":ttl", epoch_s(now + FINISHED_JOB_TTL_S))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            // Written on an earlier try whose answer was lost (its own end time and reason are on
+            // the row), or the job moved on.
+            Err(e) if condition_failed(&e) => Ok(self.get(&seen.id).await?.is_some_and(|r| {
+                r.state == JobState::Failed
+                    && r.finished_at == Some(now)
+                    && r.reason.as_deref() == Some(reason.as_str())
+            })),
+            Err(e) => Err(store_error("fail waiting job", &e)),
+        }
+    }
+
     async fn fail_unreadable(&self, id: &str, owner: &str, reason: &str, now: f64) -> Result<(), StoreError> {
         let res = self
             .client

@@ -1279,6 +1279,10 @@ async fn a_write_applied_whose_answer_was_lost_is_taken_as_done_on_the_retry() {
     // runs (crates/control/tests/contract.rs), so the two stores are held to one contract.
     contract::lost_answers_are_taken_as_done(&jobs, || lose.arm(), "lost", now).await;
     assert_eq!(lose.lost(), 12, "every write the contract armed lost its answer");
+    // The reaper's end of a job past its lane's quota wait limit: conditioned on the row as read
+    // (a size() of the attempt log, a list), its retry after a lost answer this call's.
+    contract::a_waiting_job_is_failed_only_as_it_was_read(&jobs, || lose.arm(), "quota", now).await;
+    assert_eq!(lose.lost(), 13, "the end's lost answer");
 
     // A scale-down's move of an idle worker to Terminating: done on the retry, so its instance
     // is terminated (refused, it would be left running under a Terminating row).

@@ -359,8 +359,10 @@ fn waiting_on(o: &JobOfferings) -> Option<String> {
 
 /// `onoff status`'s lines on a waiting job's offerings ([`JobOfferings`]): how many its lane may
 /// launch for it and how many are free; each full vCPU quota among them with the command that
-/// raises it; and, when none is free, that it waits on those, not on its turn.
-fn offerings_lines(o: &JobOfferings, lane: &str) -> Vec<String> {
+/// raises it; and, when none is free, that it waits on those, not on its turn, and, when its lane
+/// bounds that wait (`limit`: the lane's `quota_wait_limit_s` and the seconds the job has waited,
+/// both s), when the reconciler ends it.
+fn offerings_lines(o: &JobOfferings, lane: &str, limit: Option<(f64, f64)>) -> Vec<String> {
     if o.eligible == 0 {
         return vec![format!(
             "offerings  none of the catalogue's offerings lane {lane} may launch fits it ({} GPU(s) per instance): it waits until the policy or the catalogue changes",
@@ -393,6 +395,11 @@ fn offerings_lines(o: &JobOfferings, lane: &str) -> Vec<String> {
             }
             .to_string(),
         );
+        if let Some((limit_s, waited_s)) = limit.filter(|_| o.in_full_quotas > 0) {
+            out.push(format!(
+                "limit      lane {lane} ends it FAILED after {limit_s:.0} s of such a wait (quota_wait_limit_s; {waited_s:.0} s so far)"
+            ));
+        }
     }
     for m in &o.quotas {
         out.push(format!("quota      {}", m.bucket.advice(m.capacity, m.vcpus)));
@@ -951,6 +958,13 @@ pub async fn status(a: StatusArgs) -> Result<()> {
     } else {
         None
     };
+    // Its lane's bound on a wait full quotas keep it in, and its wait so far, seconds.
+    let limit = ops
+        .settings
+        .policy
+        .lane_index(&r.spec.lane)
+        .and_then(|i| ops.settings.policy.lanes[i].quota_wait_limit_s)
+        .map(|l| (l, now - r.waiting_since()));
     if ops.json {
         let mut v = row_json(&r, now);
         if let Some(o) = &offerings {
@@ -963,6 +977,7 @@ pub async fn status(a: StatusArgs) -> Result<()> {
                     "quotas": o.quotas.iter().map(|m| m.bucket.advice(m.capacity, m.vcpus)).collect::<Vec<_>>(),
                     "after_capacity_errors": o.after_capacity_errors,
                     "capacity_errors_until": o.capacity_errors_until,
+                    "quota_wait_limit_s": limit.map(|l| l.0),
                 }),
                 Ok(None) => serde_json::json!({ "error": format!("the stack's policy has no lane {:?}", r.spec.lane) }),
                 Err(e) => serde_json::json!({ "error": e }),
@@ -1014,7 +1029,7 @@ pub async fn status(a: StatusArgs) -> Result<()> {
         }
         match &offerings {
             Some(Ok(Some(o))) => {
-                for line in offerings_lines(o, &r.spec.lane) {
+                for line in offerings_lines(o, &r.spec.lane, limit) {
                     println!("{line}");
                 }
             }
@@ -1615,7 +1630,7 @@ mod tests {
             after_capacity_errors: 0,
             capacity_errors_until: None,
         };
-        let lines = super::offerings_lines(&o, "express");
+        let lines = super::offerings_lines(&o, "express", None);
         assert_eq!(
             lines[0],
             "offerings  3 lane express may launch for it (8 GPU(s) per instance), 0 free, 3 in a full vCPU quota"
@@ -1627,6 +1642,13 @@ mod tests {
             ) && lines[2].contains("--quota-code L-DB2E81BA"),
             "{lines:?}"
         );
+        // Its lane bounds the wait: when the reconciler ends it.
+        let limited = super::offerings_lines(&o, "express", Some((3600.0, 1200.4)));
+        assert_eq!(
+            limited[2],
+            "limit      lane express ends it FAILED after 3600 s of such a wait (quota_wait_limit_s; 1200 s so far)"
+        );
+        assert_eq!(limited.len(), lines.len() + 1, "{limited:?}");
         let skipped = JobOfferings {
             in_full_quotas: 0,
             quotas: Vec::new(),
@@ -1634,24 +1656,25 @@ mod tests {
             capacity_errors_until: Some(1_700_000_000.0),
             ..o.clone()
         };
-        let lines = super::offerings_lines(&skipped, "express");
+        let lines = super::offerings_lines(&skipped, "express", Some((3600.0, 4000.0)));
         assert!(
             lines[0].ends_with("0 free, 3 skipped after a capacity error (until 2023-11-14 22:13:20Z)"),
             "{lines:?}"
         );
         assert!(lines[1].starts_with("waiting    on EC2 capacity"), "{lines:?}");
+        assert_eq!(lines.len(), 2, "capacity errors are no quota: no limit line: {lines:?}");
         let free = JobOfferings {
             after_capacity_errors: 1,
             ..skipped.clone()
         };
-        let lines = super::offerings_lines(&free, "standard");
+        let lines = super::offerings_lines(&free, "standard", Some((3600.0, 4000.0)));
         assert_eq!(lines.len(), 1, "{lines:?}");
         assert!(lines[0].contains("3 lane standard may launch for it (8 GPU(s) per instance), 2 free"));
         let none = JobOfferings {
             eligible: 0,
             ..o.clone()
         };
-        assert!(super::offerings_lines(&none, "express")[0].contains("none of the catalogue's offerings"));
+        assert!(super::offerings_lines(&none, "express", None)[0].contains("none of the catalogue's offerings"));
         // `onoff jobs`' reason column.
         assert_eq!(
             super::waiting_on(&o).as_deref(),

@@ -432,6 +432,63 @@ fn a_local_run_with_two_lanes_runs_each_job_on_its_own_lanes_workers() {
     let _ = std::fs::remove_dir_all(&run_dir);
 }
 
+/// A lane's `quota_wait_limit_s` end to end: with an on-demand G quota of 96 vCPUs, the 8-GPU
+/// job of the on-demand `express` lane (examples/local-lanes.toml) fits no instance of its lane
+/// (g5.48xlarge has 192 vCPUs); with a limit of 30 s the reconciler's reaper ends it FAILED with
+/// the quota to raise, under the template's policies (nothing denied), and every other job
+/// succeeds. Without the limit it waits until the run's timeout and counts as lost.
+#[test]
+fn a_job_a_full_quota_blocks_past_its_lanes_wait_limit_is_failed_and_the_rest_run() {
+    let _one = ONE_STACK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let moto = std::env::var("ONOFF_MOTO_SERVER")
+        .expect("ONOFF_MOTO_SERVER is not set: run the tests with scripts/test.sh, which installs moto server");
+    let run_dir = std::env::temp_dir().join(format!("onoff-local-quota-wait-{}", std::process::id()));
+    let lanes = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/local-lanes.toml");
+    let lanes = std::fs::read_to_string(lanes).expect("examples/local-lanes.toml");
+    let on_demand = "capacity = \"on-demand\"\n";
+    assert_eq!(lanes.matches(on_demand).count(), 1, "one on-demand lane, express");
+    let policy = std::env::temp_dir().join(format!("onoff-quota-wait-{}.toml", std::process::id()));
+    std::fs::write(
+        &policy,
+        lanes.replace(on_demand, &format!("{on_demand}quota_wait_limit_s = 30.0\n")),
+    )
+    .unwrap();
+    let args = [
+        "--jobs",
+        "12",
+        "--vcpu-quota",
+        "on-demand:g-vt=96",
+        "--policy",
+        policy.to_str().expect("utf-8 path"),
+    ];
+    let (v, out) = run_local(&moto, &args, &run_dir);
+    eprintln!("{v:#}");
+    let n = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} missing in {v}"));
+    assert_eq!(
+        (n("jobs_succeeded"), n("jobs_failed"), n("jobs_lost")),
+        (11.0, 1.0, 0.0),
+        "{v}"
+    );
+    assert_eq!(v["lanes"]["express"]["succeeded"].as_u64(), Some(5), "{v}");
+    assert!(n("launches_refused_for_quota") >= 1.0, "{v}");
+    let log = std::fs::read_to_string(run_dir.join("control-plane.log")).expect("control-plane.log");
+    let ended: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("job FAILED: past its lane's quota wait limit"))
+        .collect();
+    assert_eq!(ended.len(), 1, "{ended:#?}");
+    assert!(
+        ended[0].contains("quota_wait_limit_s of 30 s")
+            && ended[0].contains("8 GPU(s) per instance")
+            && ended[0].contains("--quota-code L-DB2E81BA"),
+        "{}",
+        ended[0]
+    );
+    assert_clean_end(&v, &out);
+    let _ = std::fs::remove_dir_all(&run_dir);
+    let _ = std::fs::remove_file(&policy);
+}
+
 /// `onoff local` on `moto` with `args` besides the ones every such run here takes (`--json`,
 /// `--quiet`, a compression of 60, a 300 s timeout and a 60 s drain, `run_dir`): its JSON report
 /// and its output.

@@ -1677,6 +1677,35 @@ impl crate::ports::JobStore for FakeJobs {
             Ok(())
         })
     }
+
+    async fn fail_waiting(&self, seen: &crate::ports::JobRecord, reason: &str, now: f64) -> Result<bool, StoreError> {
+        use crate::job::JobState;
+        self.injected()?;
+        let reason = crate::job::bounded_reason(reason.to_string());
+        self.sent(|| {
+            let mut m = self.jobs.lock().expect("lock");
+            let Some(r) = m.get_mut(&seen.id) else {
+                return Ok(false);
+            };
+            let as_seen = r.state.is_pending()
+                && r.attempts == seen.attempts
+                && r.hand_backs == seen.hand_backs
+                && r.lease_expiries == seen.lease_expiries
+                && r.attempt_log.len() == seen.attempt_log.len();
+            if !as_seen {
+                // As the DynamoDB adapter: this very end, written on a try whose answer was lost.
+                return Ok(r.state == JobState::Failed
+                    && r.finished_at == Some(now)
+                    && r.reason.as_deref() == Some(reason.as_str()));
+            }
+            r.state = JobState::Failed;
+            r.reason = Some(reason.clone());
+            r.finished_at = Some(now);
+            r.lease_owner = None;
+            r.lease_expires_at = None;
+            Ok(true)
+        })
+    }
 }
 
 /// Lane queues in memory: every message sent (a log), and the messages each lane's queue holds

@@ -258,12 +258,14 @@ impl JobState {
     /// Whether the state machine allows `self -> to`. The table is in docs/control-plane.md
     /// ("Job lifecycle"): a claim takes QUEUED or RETRYING to RUNNING; an attempt ends RUNNING ->
     /// SUCCEEDED | FAILED | RETRYING (failed, counted) | QUEUED (released, handed back, or its
-    /// lease lost: not counted as a failure); any non-final state -> CANCELLED.
+    /// lease lost: not counted as a failure); QUEUED or RETRYING -> FAILED (the reaper, a job
+    /// past its lane's `quota_wait_limit_s`); any non-final state -> CANCELLED.
     pub fn can_go(self, to: JobState) -> bool {
         use JobState::*;
         matches!(
             (self, to),
             (Queued | Retrying, Running)
+                | (Queued | Retrying, Failed)
                 | (Running, Succeeded)
                 | (Running, Failed)
                 | (Running, Retrying)
@@ -738,6 +740,8 @@ mod tests {
         let allowed = [
             (Queued, Running),
             (Retrying, Running),
+            (Queued, Failed),
+            (Retrying, Failed),
             (Running, Succeeded),
             (Running, Failed),
             (Running, Retrying),

@@ -725,6 +725,16 @@ impl JobRecord {
     pub fn needs_wake_up(&self, now: f64, resend_after_s: f64) -> bool {
         self.state.is_pending() && self.sent_at.is_none_or(|t| now - t >= resend_after_s)
     }
+
+    /// Since when it has waited for a worker, unix seconds: its submission, or the end of its
+    /// last attempt that ran (the attempt log's; a hand-back or a deferral writes none, so the
+    /// wait before one counts on).
+    pub fn waiting_since(&self) -> f64 {
+        self.attempt_log
+            .iter()
+            .map(|a| a.ended_at)
+            .fold(self.created_at, f64::max)
+    }
 }
 
 /// Result of [`JobStore::create`].
@@ -954,6 +964,18 @@ pub trait JobStore {
     /// # Errors
     /// [`StoreError::Conflict`] when `owner` does not hold the lease; store failures.
     async fn fail_unreadable(&self, id: &str, owner: &str, reason: &str, now: f64) -> Result<(), StoreError>;
+
+    /// The reaper's end of a job that waited past its lane's `quota_wait_limit_s`: FAILED with
+    /// `reason` (cut to [`crate::job::MAX_REASON_BYTES`]), `finished_at = now`, out of the active
+    /// index. Applied only while the row is as `seen` read it: still pending (QUEUED or RETRYING)
+    /// with the same attempts, hand-backs, lost leases and attempt-log length, so a job a worker
+    /// claimed since, or that ran and came back, is left alone. `Ok(true)` when this call ended
+    /// it (its own write read back, when the answer to it was lost and the SDK sent it again);
+    /// `Ok(false)` when the job moved on or is gone.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn fail_waiting(&self, seen: &JobRecord, reason: &str, now: f64) -> Result<bool, StoreError>;
 }
 
 /// Queue depth per lane.
@@ -1374,6 +1396,9 @@ impl<T: JobStore> JobStore for &T {
     }
     async fn fail_unreadable(&self, id: &str, owner: &str, reason: &str, now: f64) -> Result<(), StoreError> {
         (**self).fail_unreadable(id, owner, reason, now).await
+    }
+    async fn fail_waiting(&self, seen: &JobRecord, reason: &str, now: f64) -> Result<bool, StoreError> {
+        (**self).fail_waiting(seen, reason, now).await
     }
 }
 

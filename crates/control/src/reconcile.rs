@@ -150,6 +150,10 @@ pub struct ReconcileReport {
     /// that could run them out of the catalogue ([`blocked_by_quotas`]): waiting on the operator
     /// (the handlers log each with the quota to raise), not on capacity.
     pub blocked_by_quotas: Vec<BlockedByQuotas>,
+    /// Jobs the reaper ended FAILED for waiting past their lane's `quota_wait_limit_s` while full
+    /// vCPU quotas kept them from every offering ([`quotas_blocking`]): (job id, the reason
+    /// written on its row).
+    pub jobs_past_quota_wait: Vec<(String, String)>,
 }
 
 /// End the lease of a RUNNING job whose lease expired or whose worker is lost: QUEUED with a
@@ -540,6 +544,88 @@ pub fn blocked_by_quotas(
             })
         })
         .collect()
+}
+
+/// The full vCPU quotas that keep a job of `gpus` GPUs per instance, of at least
+/// `min_gpu_memory_gib` GiB each, in `lane` from every offering the lane may launch for it: no
+/// offering of `kept` (the catalogue the run decided on, [`without_full_quotas`]) passes the
+/// lane's filters for it, and the marks of `marks` left out of it (`all` less `kept`) offerings
+/// that would. Empty when it is not so blocked (availability aside, as in [`blocked_by_quotas`]).
+pub fn quotas_blocking(
+    lane: &onoff_policy::LaneConfig,
+    gpus: u32,
+    min_gpu_memory_gib: f64,
+    cfg: &PolicyConfig,
+    all: &[Offering],
+    kept: &[Offering],
+    marks: &[QuotaMark],
+) -> Vec<QuotaMark> {
+    let req = launch_request(gpus, min_gpu_memory_gib, lane.capacity);
+    let eligible = |o: &Offering| onoff_policy::choice::eligible(o, &req, &cfg.offers, &[], 0.0);
+    if kept.iter().any(eligible) {
+        return Vec::new();
+    }
+    let left_out: Vec<&Offering> = all.iter().filter(|o| !kept.iter().any(|k| k.key == o.key)).collect();
+    quotas_behind(marks, &left_out, eligible).into_iter().copied().collect()
+}
+
+/// The reaper's end of the pending jobs of `pending` that waited past their lane's
+/// `quota_wait_limit_s` and that full quotas keep from every offering ([`quotas_blocking`]),
+/// where no worker of the lane that may yet run a job (`workers` but those draining or
+/// terminating: a stopped one may be started) has the GPUs and GPU memory to run them: each ended FAILED with the quotas to raise in its reason
+/// ([`JobStore::fail_waiting`], conditioned on the row as listed). Returns (job id, reason) of
+/// those it ended and the errors.
+#[allow(clippy::too_many_arguments)]
+async fn fail_past_quota_wait<J: JobStore>(
+    jobs: &J,
+    pending: &[PendingJob],
+    active: &[JobRecord],
+    workers: &[WorkerView],
+    cfg: &PolicyConfig,
+    all: &[Offering],
+    kept: &[Offering],
+    marks: &[QuotaMark],
+    now: f64,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let (mut ended, mut errors) = (Vec::new(), Vec::new());
+    for p in pending {
+        let Some(lane) = cfg.lanes.get(p.lane) else { continue };
+        let Some(limit) = lane.quota_wait_limit_s else { continue };
+        let Some(row) = active.iter().find(|r| r.id == p.id && r.state.is_pending()) else {
+            continue;
+        };
+        let waited = now - row.waiting_since();
+        if waited < limit {
+            continue;
+        }
+        let min_mem = p.min_gpu_memory_gib.max(cfg.offers.min_gpu_memory_gib);
+        if workers.iter().any(|w| {
+            w.lane == p.lane
+                && !matches!(w.state, WorkerState::Draining | WorkerState::Terminating)
+                && w.gpus >= p.gpus_per_instance
+                && w.gpu_memory_gib >= min_mem
+        }) {
+            continue;
+        }
+        let quotas = quotas_blocking(lane, p.gpus_per_instance, min_mem, cfg, all, kept, marks);
+        if quotas.is_empty() {
+            continue;
+        }
+        let advice: Vec<String> = quotas.iter().map(|m| m.bucket.advice(m.capacity, m.vcpus)).collect();
+        let reason = format!(
+            "waited {waited:.0} s, past lane {}'s quota_wait_limit_s of {limit:.0} s, while full vCPU quotas \
+             left out every offering of {} GPU(s) per instance the lane may launch for it: {}",
+            lane.name,
+            p.gpus_per_instance,
+            advice.join("; ")
+        );
+        match jobs.fail_waiting(row, &reason, now).await {
+            Ok(true) => ended.push((p.id.clone(), crate::job::bounded_reason(reason))),
+            Ok(false) => {}
+            Err(e) => errors.push(format!("end {} past its quota wait limit: {e}", p.id)),
+        }
+    }
+    (ended, errors)
 }
 
 /// A worker's price, $/h: as registered; for a worker its agent registered itself, with price
@@ -1003,6 +1089,22 @@ where
     report.plan = decide(&obs, cfg, now);
     if choice.is_some() {
         report.blocked_by_quotas = blocked_by_quotas(&report.plan, cfg, offerings, offerings_now, &quotas_full);
+        if opts.reap {
+            let (ended, errors) = fail_past_quota_wait(
+                jobs,
+                &pending,
+                &active,
+                &views,
+                cfg,
+                offerings,
+                offerings_now,
+                &quotas_full,
+                now,
+            )
+            .await;
+            report.jobs_past_quota_wait = ended;
+            report.errors.extend(errors);
+        }
     }
     let ctx = ActContext {
         cfg,

@@ -15,6 +15,18 @@ fn a_write_to_the_fake_jobs_table_whose_answer_was_lost_is_taken_as_done_on_the_
 }
 
 #[test]
+fn the_fake_jobs_table_ends_a_waiting_job_only_as_it_was_read() {
+    let jobs = FakeJobs::default();
+    pollster::block_on(contract::a_waiting_job_is_failed_only_as_it_was_read(
+        &jobs,
+        || jobs.lose_next_answer(),
+        "quota",
+        1_700_000_000.0,
+    ));
+    assert_eq!(jobs.answers_lost(), 1);
+}
+
+#[test]
 fn the_fake_workers_table_keeps_its_conditions_and_takes_retries_as_done() {
     let reg = onoff_control::fake::FakeRegistry::default();
     pollster::block_on(contract::worker_rows_keep_their_conditions(

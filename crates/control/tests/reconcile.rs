@@ -1188,22 +1188,17 @@ fn a_type_a_spot_quota_can_never_fit_runs_on_demand_while_our_workers_hold_the_q
     assert_eq!(big_launches(CapacityType::Spot), spot_tries, "{:?}", w.fleet.calls());
 }
 
-/// An on-demand lane whose 8-GPU jobs no on-demand quota of the account can hold (stop 68's
-/// two-lane run: a 96-vCPU on-demand G quota, an 8-GPU express job, g5.48xlarge's 192 vCPUs):
-/// after the refused launch, the job is held for want of any offering, and the report says the
-/// quota is why, with its code, so the handlers' log names the quota to raise. A 1-GPU job of the
-/// same lane runs; an 8-GPU job no offering fits for its own asks (GPU memory) is not put on the
-/// quota.
-#[test]
-fn a_job_only_a_full_quota_keeps_from_every_offering_is_reported_with_the_quota() {
-    use onoff_control::quota::{BlockedByQuotas, QuotaBucket, QuotaMark};
+/// A world of two lanes, `express` on-demand (its `quota_wait_limit_s` as given) and `standard`
+/// spot-first, no predictive pool.
+fn quota_world(quota_wait_limit_s: Option<f64>) -> World {
     let lane = |name: &str, capacity| LaneConfig {
         name: name.into(),
         capacity,
         predictive_max: 0,
+        quota_wait_limit_s,
         ..LaneConfig::default()
     };
-    let w = World {
+    World {
         cfg: PolicyConfig {
             lanes: vec![
                 lane("express", onoff_policy::CapacityPreference::OnDemand),
@@ -1212,7 +1207,13 @@ fn a_job_only_a_full_quota_keeps_from_every_offering_is_reported_with_the_quota(
             ..cfg()
         },
         ..World::new()
-    };
+    }
+}
+
+/// g5.xlarge (1 GPU, 4 vCPUs) and g5.48xlarge (8 GPUs, 192 vCPUs), spot and on-demand, in one
+/// zone; `w`'s fleet refuses on-demand G launches past 96 vCPUs, as EC2 refuses them past the
+/// account's quota: no 8-GPU instance ever fits on-demand.
+fn g5_offerings_in_a_96_vcpu_on_demand_quota(w: &World) -> Vec<Offering> {
     let small = offerings();
     let mut offs = Vec::new();
     for capacity_type in [CapacityType::Spot, CapacityType::OnDemand] {
@@ -1230,17 +1231,41 @@ fn a_job_only_a_full_quota_keeps_from_every_offering_is_reported_with_the_quota(
             });
         }
     }
-    w.fleet
-        .set_vcpu_quota(QuotaBucket::GAndVt, CapacityType::OnDemand, 96, &offs);
-    let express = |token: &str, extra: &str, at: f64| {
-        let spec = format!(
-            r#"{{"image":"i","command":["x"],"project":"p","client_token":"{token}","lane":"express"{extra}}}"#
-        );
-        let src = Source::Sqs {
-            message_id: format!("m-{token}"),
-        };
-        pollster::block_on(submit(&spec, &src, &["express", "standard"], at, &w.jobs, &w.queue)).unwrap();
+    w.fleet.set_vcpu_quota(
+        onoff_control::quota::QuotaBucket::GAndVt,
+        CapacityType::OnDemand,
+        96,
+        &offs,
+    );
+    offs
+}
+
+/// Submit a job to `lane` of `w` at `at` (`extra`: more JSON fields, each after a comma); its id.
+fn submit_to(w: &World, lane: &str, token: &str, extra: &str, at: f64) -> String {
+    let spec =
+        format!(r#"{{"image":"i","command":["x"],"project":"p","client_token":"{token}","lane":"{lane}"{extra}}}"#);
+    let src = Source::Sqs {
+        message_id: format!("m-{token}"),
     };
+    let lanes: Vec<&str> = w.cfg.lanes.iter().map(|l| l.name.as_str()).collect();
+    pollster::block_on(submit(&spec, &src, lanes.as_slice(), at, &w.jobs, &w.queue))
+        .unwrap()
+        .id()
+        .to_string()
+}
+
+/// An on-demand lane whose 8-GPU jobs no on-demand quota of the account can hold (stop 68's
+/// two-lane run: a 96-vCPU on-demand G quota, an 8-GPU express job, g5.48xlarge's 192 vCPUs):
+/// after the refused launch, the job is held for want of any offering, and the report says the
+/// quota is why, with its code, so the handlers' log names the quota to raise. A 1-GPU job of the
+/// same lane runs; an 8-GPU job no offering fits for its own asks (GPU memory) is not put on the
+/// quota.
+#[test]
+fn a_job_only_a_full_quota_keeps_from_every_offering_is_reported_with_the_quota() {
+    use onoff_control::quota::{BlockedByQuotas, QuotaBucket, QuotaMark};
+    let w = quota_world(None);
+    let offs = g5_offerings_in_a_96_vcpu_on_demand_quota(&w);
+    let express = |token: &str, extra: &str, at: f64| submit_to(&w, "express", token, extra, at);
     express("big", r#","gpus":8"#, NOW);
     let r = w.reconcile_with(&offs, NOW + 1.0, false);
     assert!(r.acted.launched.is_empty(), "{r:?}");
@@ -1294,6 +1319,80 @@ fn a_job_only_a_full_quota_keeps_from_every_offering_is_reported_with_the_quota(
         .map(|h| h.count)
         .sum::<u32>();
     assert_eq!(no_offering, 2, "{:?}", r.plan.held);
+}
+
+/// A lane's `quota_wait_limit_s`: a job full quotas keep from every offering its lane may launch
+/// for it is ended FAILED by the reaper once it has waited that long, with the quota to raise in
+/// its reason; a job no offering fits for its own asks, a job of a lane without the limit, one
+/// younger than the limit and one a worker of the lane could run wait on. Only the reaper ends
+/// them (the scaler's runs do not).
+#[test]
+fn a_job_a_full_quota_blocks_past_its_lanes_wait_limit_is_failed_with_the_quota_by_the_reaper() {
+    // 100 s: within the quota mark's 180 s (offers.unavailable_ttl_s), so one mark covers it.
+    let mut w = quota_world(Some(100.0));
+    w.cfg.lanes[1].capacity = onoff_policy::CapacityPreference::OnDemand;
+    w.cfg.lanes[1].quota_wait_limit_s = None;
+    let offs = g5_offerings_in_a_96_vcpu_on_demand_quota(&w);
+    let big = submit_to(&w, "express", "big", r#","gpus":8"#, NOW);
+    let roomy = submit_to(&w, "express", "roomy", r#","gpus":8,"min_gpu_memory_gib":40"#, NOW);
+    let unlimited = submit_to(&w, "standard", "unlimited", r#","gpus":8"#, NOW);
+    let state = |id: &str| pollster::block_on(w.jobs.get(id)).unwrap().unwrap();
+    // The first launch is refused (the quota marked); before the limit nothing is ended.
+    let r = w.reconcile_with(&offs, NOW + 1.0, true);
+    assert!(!r.acted.quotas_full.is_empty(), "{r:?}");
+    let r = w.reconcile_with(&offs, NOW + 60.0, true);
+    assert!(!r.blocked_by_quotas.is_empty(), "{r:?}");
+    assert!(r.jobs_past_quota_wait.is_empty(), "{r:?}");
+    // Past the limit, while the mark holds: the scaler's run (no reaper) ends nothing, the
+    // reconciler's ends the blocked express job.
+    let t = NOW + 150.0;
+    let r = w.reconcile_with(&offs, t, false);
+    assert!(r.jobs_past_quota_wait.is_empty(), "{r:?}");
+    let r = w.reconcile_with(&offs, t, true);
+    let ended: Vec<&str> = r.jobs_past_quota_wait.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ended, [big.as_str()], "{r:?}");
+    let row = state(&big);
+    assert_eq!((row.state, row.finished_at), (JobState::Failed, Some(t)));
+    let why = row.reason.unwrap();
+    assert!(
+        why.starts_with("waited 150 s, past lane express's quota_wait_limit_s of 100 s")
+            && why.contains("8 GPU(s) per instance")
+            && why.contains("--quota-code L-DB2E81BA"),
+        "{why}"
+    );
+    assert_eq!(r.jobs_past_quota_wait[0].1, why);
+    for id in [&roomy, &unlimited] {
+        assert_eq!(state(id).state, JobState::Queued, "{id}");
+    }
+    assert!(
+        pollster::block_on(w.jobs.active())
+            .unwrap()
+            .items
+            .iter()
+            .all(|j| j.id != big),
+        "out of the active index"
+    );
+    // A job a worker of its lane could run waits on, even past the limit: an 8-GPU express worker
+    // booting (registered as a launch would register it). The mark lapsed: the next run's launch
+    // is refused again and marks the quota anew.
+    let later = submit_to(&w, "express", "later", r#","gpus":8"#, t);
+    let r = w.reconcile_with(&offs, NOW + 190.0, true);
+    assert!(!r.acted.quotas_full.is_empty(), "{r:?}");
+    let booting = WorkerRecord::launched(
+        "i-big",
+        "express",
+        offs[3].key.clone(),
+        offs[3].price_usd_per_h,
+        NOW + 300.0,
+    );
+    pollster::block_on(w.workers.register_launch(booting)).unwrap();
+    let r = w.reconcile_with(&offs, NOW + 300.0, true);
+    assert!(
+        !r.blocked_by_quotas.is_empty(),
+        "the mark holds: standard's job is on it: {r:?}"
+    );
+    assert!(r.jobs_past_quota_wait.is_empty(), "{r:?}");
+    assert!(state(&later).state.is_pending());
 }
 
 /// What `onoff status` tells of a waiting job: the offerings its lane may launch for it, and of

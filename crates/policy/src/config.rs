@@ -123,6 +123,17 @@ pub struct LaneConfig {
     /// Default none (`offers.default_runtime_s`); must be > 0 when set. README "Run times
     /// declared or not" shows what it saves on the Azure hour.
     pub default_runtime_s: Option<f64>,
+    /// How long a job of this lane may wait while full EC2 vCPU quotas leave out every offering
+    /// the lane may launch for it, seconds: once it has waited this long (since its submission or
+    /// its last attempt's end) and the reaper finds it so blocked, the job is ended FAILED with
+    /// the quota to raise in its reason. Blocked means a quota no worker of this deployment will
+    /// free (none of ours holds it, or the job's offerings would not fit even were ours all
+    /// gone) and no live worker of the lane could run the job. The model is AWS Batch's
+    /// `jobStateTimeLimitActions` (a job queue's action on a job RUNNABLE for a given reason for
+    /// `maxTimeSeconds`, 600 to 86,400 s there; AWS Batch User Guide, "Jobs stuck in a RUNNABLE
+    /// status"). Default none: the job waits until the quota is raised, as in AWS Batch without
+    /// the action. Must be > 0 when set.
+    pub quota_wait_limit_s: Option<f64>,
 }
 
 impl Default for LaneConfig {
@@ -143,6 +154,7 @@ impl Default for LaneConfig {
             predictive_burst: 0.0,
             predictive_burst_min: 12,
             default_runtime_s: None,
+            quota_wait_limit_s: None,
         }
     }
 }
@@ -570,6 +582,9 @@ impl PolicyConfig {
             }
             if l.default_runtime_s.is_some_and(|r| !positive(r)) {
                 bad(format!("lanes[{i}].default_runtime_s"), "must be > 0 when set");
+            }
+            if l.quota_wait_limit_s.is_some_and(|r| !positive(r)) {
+                bad(format!("lanes[{i}].quota_wait_limit_s"), "must be > 0 when set");
             }
             if !(l.predictive_lookback_s >= 0.0
                 && l.predictive_lookback_s + l.predictive_window_s <= RECENT_ARRIVALS_KEPT_S)

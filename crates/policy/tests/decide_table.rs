@@ -2385,6 +2385,24 @@ fn predictive_look_back_beyond_the_arrivals_kept_is_rejected() {
     assert!(err.contains("lanes[0].predictive_lookback_s"), "{err}");
 }
 
+#[test]
+fn a_quota_wait_limit_is_a_positive_number_of_seconds_or_none() {
+    let lane = |extra: &str| PolicyConfig::from_toml_str(&format!("[[lanes]]\nname = \"express\"\n{extra}"));
+    assert_eq!(
+        lane("").unwrap().lanes[0].quota_wait_limit_s,
+        None,
+        "waits until the quota is raised"
+    );
+    assert_eq!(
+        lane("quota_wait_limit_s = 3600.0\n").unwrap().lanes[0].quota_wait_limit_s,
+        Some(3600.0)
+    );
+    for bad in ["0.0", "-5.0"] {
+        let err = lane(&format!("quota_wait_limit_s = {bad}\n")).unwrap_err().to_string();
+        assert!(err.contains("lanes[0].quota_wait_limit_s"), "{bad}: {err}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Short jobs share workers.
 

@@ -447,6 +447,10 @@ where
         for b in &report.blocked_by_quotas {
             tracing::warn!("{b}");
         }
+        // Jobs the reaper ended for waiting past their lane's quota_wait_limit_s.
+        for (job, reason) in &report.jobs_past_quota_wait {
+            tracing::warn!(%job, %reason, "job FAILED: past its lane's quota wait limit");
+        }
         for e in report.errors.iter().chain(&report.acted.errors) {
             tracing::warn!(error = %e, "reconcile");
         }
@@ -507,7 +511,7 @@ pub fn spot_notice_line(deployment: &str, notice: SpotNotice, now: f64) -> Strin
 /// no worker and did nothing (no action, no count above 0): an idle deployment then publishes no
 /// custom metric at all. CloudWatch bills a custom metric for each hour it receives data ($0.30
 /// per metric-month, prorated by the hour and metered only when metrics are sent: Amazon
-/// CloudWatch pricing), so printing these 18 on every scheduled run would keep $5.40 a month of metrics
+/// CloudWatch pricing), so printing these 19 on every scheduled run would keep $5.70 a month of metrics
 /// alive through idle months; the alarms on them treat missing data as not breaching, and the
 /// run that releases the last worker still prints its zeros.
 pub fn fleet_metrics_line(
@@ -546,6 +550,7 @@ pub fn fleet_metrics_line(
         ("JobsRequeued", report.jobs_requeued.len() as f64, "Count"),
         ("JobsWoken", report.jobs_woken.len() as f64, "Count"),
         ("JobsFailedLeaseLost", report.jobs_failed.len() as f64, "Count"),
+        ("JobsFailedQuotaWait", report.jobs_past_quota_wait.len() as f64, "Count"),
         ("UnreadableRows", report.unreadable.len() as f64, "Count"),
         // What the run failed to do (a wake-up message not sent, a row not written, a call
         // refused): logged one by one as `reconcile` warnings; `onoff-reconcile-errors` goes off
@@ -649,6 +654,7 @@ pub fn summary(r: &ReconcileReport) -> serde_json::Value {
         "unreadable": r.unreadable.iter().map(|(k, p)| format!("{k}: {p}")).collect::<Vec<_>>(),
         "held": r.plan.held.iter().map(|h| format!("{} x {}", h.count, h.reason)).collect::<Vec<_>>(),
         "blocked_by_quotas": r.blocked_by_quotas.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "jobs_past_quota_wait": r.jobs_past_quota_wait.iter().map(|(id, _)| id).collect::<Vec<_>>(),
         "errors": r.errors.iter().chain(&r.acted.errors).collect::<Vec<_>>(),
         "asks_settled": r.asks_settled,
         "jobs_read_past_index": r.jobs_read_past_index,
@@ -811,7 +817,7 @@ mod tests {
             (Some(1.0), Some(0.011))
         );
         assert_eq!(v["Deployment"], "st");
-        assert_eq!(names(&line).len(), 18);
+        assert_eq!(names(&line).len(), 19);
         // The run that terminates the last worker prints its zeros, so the graphs fall to 0.
         let last = ReconcileReport {
             plan: onoff_policy::Plan {
@@ -838,6 +844,12 @@ mod tests {
         let line = fleet_metrics_line("st", 0.011, &refused, &[], now).expect("a refusal: published");
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["LaunchesRefusedByQuota"].as_f64(), Some(1.0));
+        // A job the reaper ended past its lane's quota wait limit, with no worker at all.
+        let mut past = ReconcileReport::default();
+        past.jobs_past_quota_wait.push(("job-1".into(), "waited".into()));
+        let line = fleet_metrics_line("st", 0.011, &past, &[], now).expect("an end: published");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["JobsFailedQuotaWait"].as_f64(), Some(1.0));
         // So does a run that failed at something, for its alarm: the reaper's failed send of a
         // wake-up message (a submission left it to the reaper) and a failed write of act.
         let mut failed = ReconcileReport::default();

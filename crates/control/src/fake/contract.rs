@@ -228,6 +228,76 @@ pub async fn lost_answers_are_taken_as_done<J: JobStore>(jobs: &J, lose: impl Fn
     );
 }
 
+/// The reaper's end of a job past its lane's quota wait limit ([`JobStore::fail_waiting`]): a
+/// pending job as it was read is ended FAILED with the reason (cut to
+/// [`crate::job::MAX_REASON_BYTES`]) and leaves the active listing, and the write's retry after
+/// its answer was lost is this call's (`true`); a job claimed since, or one that ran and came
+/// back to the queue since, is left as it is (`false`), and so is a job already ended or unknown.
+/// Job ids start with `tag`; `now` is unix seconds.
+///
+/// # Panics
+/// On the first promise the store breaks, naming it.
+pub async fn a_waiting_job_is_failed_only_as_it_was_read<J: JobStore>(jobs: &J, lose: impl Fn(), tag: &str, now: f64) {
+    let new = |n: &str| JobRecord::new(format!("{tag}-{n}"), spec(), "contract".into(), now);
+    let [f, g, h] = [new("f"), new("g"), new("h")];
+    for r in [&f, &g, &h] {
+        assert_eq!(jobs.create(r).await.expect("create"), Created::New);
+    }
+    let read = |id: String| async move { jobs.get(&id).await.expect("get").expect("row") };
+
+    // Ended, with its answer lost: the retry is this call's end.
+    let seen = read(f.id.clone()).await;
+    let long = "q".repeat(3 * crate::job::MAX_REASON_BYTES);
+    lose();
+    assert!(
+        jobs.fail_waiting(&seen, &long, now + 10.0).await.expect("fail"),
+        "an end whose answer was lost is this call's"
+    );
+    let row = read(f.id.clone()).await;
+    assert_eq!((row.state, row.finished_at), (JobState::Failed, Some(now + 10.0)));
+    assert_eq!(row.reason, Some(crate::job::bounded_reason(long.clone())));
+    assert!(
+        !jobs.active().await.expect("active").items.iter().any(|r| r.id == f.id),
+        "an ended job leaves the active listing"
+    );
+    assert!(
+        !jobs.fail_waiting(&seen, &long, now + 11.0).await.expect("fail"),
+        "a job already ended is not ended again"
+    );
+
+    // Claimed since it was read: left RUNNING.
+    let seen_h = read(h.id.clone()).await;
+    claimed(jobs, &h.id, "i-h", now + 20.0).await;
+    assert!(!jobs.fail_waiting(&seen_h, "why", now + 21.0).await.expect("fail"));
+    assert_eq!(read(h.id.clone()).await.state, JobState::Running);
+
+    // Claimed and released (a spot notice) since it was read: QUEUED again with the same counts
+    // but for its attempt log, and left QUEUED.
+    let seen_g = read(g.id.clone()).await;
+    let rec = claimed(jobs, &g.id, "i-g", now + 30.0).await;
+    let mut released = Settle::of(
+        &rec,
+        &AttemptEnd::Released("spot notice".into()),
+        &RerunLimits::default(),
+    );
+    released.attempt = Some(attempt(&rec, "i-g", now + 40.0, "released"));
+    jobs.finish(&g.id, "i-g", &released, now + 40.0).await.expect("release");
+    let row = read(g.id.clone()).await;
+    assert_eq!((row.state, row.attempts), (JobState::Queued, seen_g.attempts));
+    assert!(!jobs.fail_waiting(&seen_g, "why", now + 41.0).await.expect("fail"));
+    assert_eq!(read(g.id.clone()).await.state, JobState::Queued);
+    // Read again, it is ended.
+    let again = read(g.id.clone()).await;
+    assert!(jobs.fail_waiting(&again, "why", now + 42.0).await.expect("fail"));
+    assert_eq!(read(g.id.clone()).await.state, JobState::Failed);
+
+    // Unknown: nothing to end.
+    let mut ghost = seen_h;
+    ghost.id = format!("{tag}-ghost");
+    assert!(!jobs.fail_waiting(&ghost, "why", now + 50.0).await.expect("fail"));
+    assert!(jobs.get(&ghost.id).await.expect("get").is_none(), "nothing created");
+}
+
 fn worker(id: &str, now: f64) -> WorkerRecord {
     WorkerRecord::launched(
         id,
