@@ -703,7 +703,12 @@ impl JobStore for DynamoJobs {
         } else {
             "size(attempt_log) = :n"
         };
-        let res = self
+        // And no fresh wake-up message since (a deferral, which changes no count, sends one).
+        let sent = match seen.sent_at {
+            Some(_) => "sent_at = :sent",
+            None => "attribute_not_exists(sent_at)",
+        };
+        let mut update = self
             .client
             .update_item()
             .table_name(&self.table)
@@ -713,7 +718,7 @@ impl JobStore for DynamoJobs {
                  REMOVE active_lane, lease_owner, lease_expires_at",
             )
             .condition_expression(format!(
-                "(#s = :q OR #s = :r) AND attempts = :a AND hand_backs = :h AND lease_expiries = :x AND {log}"
+                "(#s = :q OR #s = :r) AND attempts = :a AND hand_backs = :h AND lease_expiries = :x AND {log} AND {sent}"
             ))
             .expression_attribute_names("#s", "state")
             .expression_attribute_values(":failed", s(JobState::Failed.as_str()))
@@ -725,9 +730,11 @@ impl JobStore for DynamoJobs {
             .expression_attribute_values(":n", n(seen.attempt_log.len() as f64))
             .expression_attribute_values(":why", s(&reason))
             .expression_attribute_values(":now", n(now))
-            .expression_attribute_values(":ttl", epoch_s(now + FINISHED_JOB_TTL_S))
-            .send()
-            .await;
+            .expression_attribute_values(":ttl", epoch_s(now + FINISHED_JOB_TTL_S));
+        if let Some(t) = seen.sent_at {
+            update = update.expression_attribute_values(":sent", n(t));
+        }
+        let res = update.send().await;
         match res {
             Ok(_) => Ok(true),
             // Written on an earlier try whose answer was lost (its own end time and reason are on

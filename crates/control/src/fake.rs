@@ -1691,7 +1691,8 @@ impl crate::ports::JobStore for FakeJobs {
                 && r.attempts == seen.attempts
                 && r.hand_backs == seen.hand_backs
                 && r.lease_expiries == seen.lease_expiries
-                && r.attempt_log.len() == seen.attempt_log.len();
+                && r.attempt_log.len() == seen.attempt_log.len()
+                && r.sent_at == seen.sent_at;
             if !as_seen {
                 // As the DynamoDB adapter: this very end, written on a try whose answer was lost.
                 return Ok(r.state == JobState::Failed

@@ -968,8 +968,10 @@ pub trait JobStore {
     /// The reaper's end of a job that waited past its lane's `quota_wait_limit_s`: FAILED with
     /// `reason` (cut to [`crate::job::MAX_REASON_BYTES`]), `finished_at = now`, out of the active
     /// index. Applied only while the row is as `seen` read it: still pending (QUEUED or RETRYING)
-    /// with the same attempts, hand-backs, lost leases and attempt-log length, so a job a worker
-    /// claimed since, or that ran and came back, is left alone. `Ok(true)` when this call ended
+    /// with the same attempts, hand-backs, lost leases, attempt-log length and wake-up message
+    /// time (`sent_at`: every way back to the queue sends a fresh message, a deferral too, which
+    /// changes no count), so a job a worker claimed since, or that ran and came back, is left
+    /// alone. `Ok(true)` when this call ended
     /// it (its own write read back, when the answer to it was lost and the SDK sent it again);
     /// `Ok(false)` when the job moved on or is gone.
     ///

@@ -910,6 +910,13 @@ where
                 j.lease_expires_at = None;
             }
         }
+        // A fresh wake-up message's time, as `wake` recorded it (the quota wait's end is
+        // conditioned on it).
+        for id in &reaped.woken {
+            if let Some(j) = active.iter_mut().find(|j| j.id == *id) {
+                j.sent_at = Some(now);
+            }
+        }
         report.jobs_requeued = reaped.requeued;
         report.jobs_failed = reaped.failed;
         report.jobs_woken = reaped.woken;

@@ -7,7 +7,8 @@
 //! meets the row its first try wrote, as on DynamoDB).
 //!
 //! Users cancel jobs at random moments too (`request_cancel`); an agent that learns of a cancel at
-//! a renewal ends its attempt CANCELLED.
+//! a renewal ends its attempt CANCELLED. A reconciler ends jobs past a lane's quota wait limit
+//! from what it read (maybe long ago: `fail_waiting`, conditioned on the row as read).
 //!
 //! After every step:
 //! - a job succeeds at most once, and a final state never changes;
@@ -83,6 +84,9 @@ enum Op {
     Cancel(usize),
     /// The next write to the jobs table is applied and its answer lost: the SDK sends it again.
     LoseAnswer,
+    /// Reconciler `r` ends job `j` as past its quota wait limit, from what it read (if it read
+    /// the job waiting).
+    QuotaWaitEnd(usize, usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -98,6 +102,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..4u8).prop_map(Op::Advance),
         1 => (0..JOBS).prop_map(Op::Cancel),
         2 => Just(Op::LoseAnswer),
+        1 => (0..2usize, 0..JOBS).prop_map(|(r, j)| Op::QuotaWaitEnd(r, j)),
     ]
 }
 
@@ -267,6 +272,30 @@ impl World {
                 self.now += [1.0, LEASE_S / 3.0, LEASE_S + 1.0, 2.0 * LEASE_S + 1.0][d as usize];
             }
             Op::LoseAnswer => self.jobs.lose_next_answer(),
+            Op::QuotaWaitEnd(r, j) => {
+                let id = format!("job-{j}");
+                let Some(seen) = self.snapshots[r]
+                    .as_ref()
+                    .and_then(|(_, rows)| rows.iter().find(|row| row.id == id && row.state.is_pending()))
+                    .cloned()
+                else {
+                    return;
+                };
+                let before = self.jobs.records()[&id].clone();
+                let ended =
+                    pollster::block_on(self.jobs.fail_waiting(&seen, "past the quota wait limit", self.now)).unwrap();
+                let after = self.jobs.records()[&id].clone();
+                // Ended by this call, or found ended by one at this very instant (the read-back
+                // of a write whose answer was lost cannot tell the two apart).
+                let as_ended = after.state == JobState::Failed
+                    && after.reason.as_deref() == Some("past the quota wait limit")
+                    && (before.state.is_pending() || (before == after && after.finished_at == Some(self.now)));
+                if (ended && !as_ended) || (!ended && after != before) {
+                    self.violations.push(format!(
+                        "the quota wait end of {id} answered {ended}: {before:?} -> {after:?}"
+                    ));
+                }
+            }
             Op::Cancel(j) => {
                 let id = format!("job-{j}");
                 let waiting = self.jobs.records()[&id].state.is_pending();

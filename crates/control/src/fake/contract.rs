@@ -232,7 +232,8 @@ pub async fn lost_answers_are_taken_as_done<J: JobStore>(jobs: &J, lose: impl Fn
 /// pending job as it was read is ended FAILED with the reason (cut to
 /// [`crate::job::MAX_REASON_BYTES`]) and leaves the active listing, and the write's retry after
 /// its answer was lost is this call's (`true`); a job claimed since, or one that ran and came
-/// back to the queue since, is left as it is (`false`), and so is a job already ended or unknown.
+/// back to the queue since (released, or deferred and woken by a fresh message), is left as it is
+/// (`false`), and so is a job already ended or unknown.
 /// Job ids start with `tag`; `now` is unix seconds.
 ///
 /// # Panics
@@ -290,6 +291,37 @@ pub async fn a_waiting_job_is_failed_only_as_it_was_read<J: JobStore>(jobs: &J, 
     let again = read(g.id.clone()).await;
     assert!(jobs.fail_waiting(&again, "why", now + 42.0).await.expect("fail"));
     assert_eq!(read(g.id.clone()).await.state, JobState::Failed);
+
+    // Claimed and deferred (a spot worker's hand-back of a job whose deadline is at risk), which
+    // changes no count and logs no attempt, then woken by a fresh message: left QUEUED.
+    let k = new("k");
+    assert_eq!(jobs.create(&k).await.expect("create"), Created::New);
+    jobs.mark_sent(&k.id, now + 50.0).await.expect("sent");
+    let seen_k = read(k.id.clone()).await;
+    let rec = claimed(jobs, &k.id, "i-k", now + 51.0).await;
+    let deferred = Settle::of(
+        &rec,
+        &AttemptEnd::Deferred("deadline at risk on spot".into()),
+        &RerunLimits::default(),
+    );
+    jobs.finish(&k.id, "i-k", &deferred, now + 52.0).await.expect("defer");
+    jobs.mark_sent(&k.id, now + 52.0).await.expect("sent");
+    let row = read(k.id.clone()).await;
+    assert_eq!(
+        (row.state, row.attempts, row.hand_backs, row.attempt_log.len()),
+        (
+            JobState::Queued,
+            seen_k.attempts,
+            seen_k.hand_backs,
+            seen_k.attempt_log.len()
+        ),
+        "a deferral changes no count"
+    );
+    assert!(
+        !jobs.fail_waiting(&seen_k, "why", now + 53.0).await.expect("fail"),
+        "a job woken since it was read is left alone"
+    );
+    assert_eq!(read(k.id.clone()).await.state, JobState::Queued);
 
     // Unknown: nothing to end.
     let mut ghost = seen_h;
