@@ -588,10 +588,18 @@ async fn fail_past_quota_wait<J: JobStore>(
     now: f64,
 ) -> (Vec<(String, String)>, Vec<String>) {
     let (mut ended, mut errors) = (Vec::new(), Vec::new());
+    if cfg.lanes.iter().all(|l| l.quota_wait_limit_s.is_none()) {
+        return (ended, errors);
+    }
+    let rows: BTreeMap<&str, &JobRecord> = active
+        .iter()
+        .filter(|r| r.state.is_pending())
+        .map(|r| (r.id.as_str(), r))
+        .collect();
     for p in pending {
         let Some(lane) = cfg.lanes.get(p.lane) else { continue };
         let Some(limit) = lane.quota_wait_limit_s else { continue };
-        let Some(row) = active.iter().find(|r| r.id == p.id && r.state.is_pending()) else {
+        let Some(row) = rows.get(p.id.as_str()).copied() else {
             continue;
         };
         let waited = now - row.waiting_since();
