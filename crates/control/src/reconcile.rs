@@ -572,9 +572,10 @@ pub fn quotas_blocking(
 /// The reaper's end of the pending jobs of `pending` that waited past their lane's
 /// `quota_wait_limit_s` and that full quotas keep from every offering ([`quotas_blocking`]),
 /// where no worker of the lane that may yet run a job (`workers` but those draining or
-/// terminating: a stopped one may be started) has the GPUs and GPU memory to run them: each ended FAILED with the quotas to raise in its reason
-/// ([`JobStore::fail_waiting`], conditioned on the row as listed). Returns (job id, reason) of
-/// those it ended and the errors.
+/// terminating: a stopped one may be started) has the GPUs and GPU memory to run them: each
+/// ended FAILED with the quotas to raise in its reason ([`JobStore::fail_waiting`], conditioned
+/// on the row as listed in `active`). Returns (job id, reason) of those it ended, and the
+/// errors.
 #[allow(clippy::too_many_arguments)]
 async fn fail_past_quota_wait<J: JobStore>(
     jobs: &J,
@@ -920,10 +921,9 @@ where
         }
         // A fresh wake-up message's time, as `wake` recorded it (the quota wait's end is
         // conditioned on it).
-        for id in &reaped.woken {
-            if let Some(j) = active.iter_mut().find(|j| j.id == *id) {
-                j.sent_at = Some(now);
-            }
+        let woken: BTreeSet<&str> = reaped.woken.iter().map(String::as_str).collect();
+        for j in active.iter_mut().filter(|j| woken.contains(j.id.as_str())) {
+            j.sent_at = Some(now);
         }
         report.jobs_requeued = reaped.requeued;
         report.jobs_failed = reaped.failed;
